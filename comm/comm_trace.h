@@ -1,0 +1,69 @@
+// CommTrace: a ProcessGroup decorator that records every collective.
+#ifndef FSDP_COMM_COMM_TRACE_H_
+#define FSDP_COMM_COMM_TRACE_H_
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "comm/process_group.h"
+
+namespace fsdp::comm {
+
+struct CollectiveRecord {
+  std::string op;          // "all_gather_into_tensor", "reduce_scatter_tensor", ...
+  std::string reduce_op;   // "SUM", ... for reducing collectives, else ""
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int64_t input_numel = 0;
+  int64_t output_numel = 0;
+  int64_t input_bytes = 0;
+  int64_t output_bytes = 0;
+  int group_size = 0;
+  int root = -1;           // broadcast only
+};
+
+// Forwards every call to `inner` and records it (one record per call, in call order).
+// Records are taken after argument validation, so a rejected call is not recorded.
+// The record methods are thread-safe.
+class CommTrace final : public ProcessGroup {
+ public:
+  explicit CommTrace(ProcessGroupPtr inner);
+
+  std::string backend_name() const override;
+  const ProcessGroupPtr& inner() const { return inner_; }
+
+  std::vector<CollectiveRecord> records() const;
+  void clear();
+  // Byte totals over the records of `op` ("" = every op).
+  int64_t total_input_bytes(const std::string& op = "") const;
+  int64_t total_output_bytes(const std::string& op = "") const;
+  // One line per record plus a total, for logs and the demo.
+  std::string ToTable() const;
+
+ protected:
+  WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
+                          ReduceOp op) override;
+  WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
+                     const std::vector<int64_t>& output_split_sizes,
+                     const std::vector<int64_t>& input_split_sizes) override;
+  WorkPtr DoBarrier() override;
+  std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
+
+ private:
+  void Record(std::string op, std::string reduce_op, const at::Tensor& output,
+              const at::Tensor& input, int root = -1);
+
+  ProcessGroupPtr inner_;
+  mutable absl::Mutex mu_;
+  std::vector<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fsdp::comm
+
+#endif  // FSDP_COMM_COMM_TRACE_H_

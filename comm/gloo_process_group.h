@@ -1,0 +1,37 @@
+// Gloo backend: an adapter over LibTorch's c10d::ProcessGroupGloo (CPU tensors).
+#ifndef FSDP_COMM_GLOO_PROCESS_GROUP_H_
+#define FSDP_COMM_GLOO_PROCESS_GROUP_H_
+
+#include <string>
+
+#include "comm/process_group.h"
+#include "comm/torchrun_env.h"
+
+namespace fsdp::comm {
+
+struct GlooOptions {
+  // Collective deadline (gloo's own timeout) and default Work::wait timeout.
+  Timeout timeout = Timeout(300000);
+  // Address this rank's gloo transport binds to.
+  std::string hostname = "127.0.0.1";
+  // c10d's gloo worker threads per group.
+  int threads = 2;
+};
+
+// Ranks meet through a c10d::FileStore at `store_path` (ranks as threads or processes on
+// one machine). The file must not hold a previous run's keys: use a fresh path.
+ProcessGroupPtr CreateGlooProcessGroupWithFileStore(const std::string& store_path, int rank,
+                                                    int world_size,
+                                                    const GlooOptions& options = {});
+
+// Ranks meet through a c10d::TCPStore served by rank 0 at env.master_addr:master_port.
+ProcessGroupPtr CreateGlooProcessGroupWithTcpStore(const TorchrunEnv& env,
+                                                   const GlooOptions& options = {});
+
+// ReadTorchrunEnv() + CreateGlooProcessGroupWithTcpStore: what a program launched by
+// torchrun (or `./x run -n N`) calls.
+ProcessGroupPtr CreateGlooProcessGroupFromEnv(const GlooOptions& options = {});
+
+}  // namespace fsdp::comm
+
+#endif  // FSDP_COMM_GLOO_PROCESS_GROUP_H_

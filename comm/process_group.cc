@@ -1,0 +1,225 @@
+#include "comm/process_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdp::comm {
+
+std::string ReduceOp::ToString() const {
+  switch (kind_) {
+    case ReduceOpKind::kSum: return "SUM";
+    case ReduceOpKind::kAvg: return "AVG";
+    case ReduceOpKind::kMax: return "MAX";
+    case ReduceOpKind::kMin: return "MIN";
+    case ReduceOpKind::kPremulSum: return absl::StrFormat("PREMUL_SUM(%g)", factor_);
+  }
+  return "UNKNOWN";
+}
+
+// ------------------------------------------------------------------ Work
+
+void Work::wait() { wait(default_timeout_); }
+
+void Work::wait(Timeout timeout) {
+  if (!WaitFor(timeout)) {
+    std::string detail = TimeoutDetail();
+    TORCH_CHECK_WITH(DistBackendError, false, description_, " timed out after ",
+                     timeout.count(), " ms", detail.empty() ? "" : ": ", detail);
+  }
+  if (std::exception_ptr error = exception()) std::rethrow_exception(error);
+  if (completion_step_ && !completion_step_done_) {
+    completion_step_done_ = true;
+    completion_step_();
+  }
+}
+
+void Work::AddCompletionStep(std::function<void()> fn) {
+  if (!completion_step_) {
+    completion_step_ = std::move(fn);
+    return;
+  }
+  completion_step_ = [first = std::move(completion_step_), second = std::move(fn)] {
+    first();
+    second();
+  };
+}
+
+namespace {
+class CompletedWork final : public Work {
+ public:
+  explicit CompletedWork(std::string description) : Work(std::move(description), Timeout(0)) {}
+  bool is_completed() override { return true; }
+  std::exception_ptr exception() override { return nullptr; }
+
+ protected:
+  bool WaitFor(Timeout) override { return true; }
+};
+}  // namespace
+
+WorkPtr MakeCompletedWork(std::string description) {
+  return std::make_shared<CompletedWork>(std::move(description));
+}
+
+// ------------------------------------------------------------------ validation
+
+std::string DescribeTensor(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return absl::StrCat(c10::toString(t.scalar_type()), "[", absl::StrJoin(t.sizes(), ", "), "]",
+                      t.device().is_cpu() ? "" : absl::StrCat("@", t.device().str()));
+}
+
+namespace {
+
+void CheckTensor(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", arg, " is an undefined tensor");
+  TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous, got ", DescribeTensor(t),
+              " with strides [", absl::StrJoin(t.strides(), ", "), "]");
+  TORCH_CHECK(!t.is_sparse(), op, ": ", arg, " must be dense, got a sparse tensor");
+}
+
+void CheckSameKind(const char* op, const at::Tensor& output, const at::Tensor& input) {
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), op,
+              ": output and input dtypes differ: output ", DescribeTensor(output), ", input ",
+              DescribeTensor(input));
+  TORCH_CHECK(output.device() == input.device(), op, ": output and input devices differ: output on ",
+              output.device().str(), ", input on ", input.device().str());
+}
+
+void CheckReduceOp(const char* op, const at::Tensor& t, ReduceOp reduce_op) {
+  const auto dtype = t.scalar_type();
+  const bool integral = at::isIntegralType(dtype, /*includeBool=*/true);
+  TORCH_CHECK(!(integral && reduce_op.kind() == ReduceOpKind::kPremulSum), op, ": ",
+              reduce_op.ToString(), " needs a floating-point tensor, got ", DescribeTensor(t));
+  TORCH_CHECK(!(integral && reduce_op.kind() == ReduceOpKind::kAvg), op,
+              ": AVG needs a floating-point tensor (integer division would truncate), got ",
+              DescribeTensor(t));
+  TORCH_CHECK(!(at::isComplexType(dtype) && (reduce_op.kind() == ReduceOpKind::kMax ||
+                                              reduce_op.kind() == ReduceOpKind::kMin)),
+              op, ": ", reduce_op.ToString(), " is undefined for complex tensors, got ",
+              DescribeTensor(t));
+  TORCH_CHECK(!(dtype == at::kBool && reduce_op.kind() == ReduceOpKind::kSum), op,
+              ": SUM on a Bool tensor is not supported; use MAX (logical or) or MIN (and)");
+}
+
+}  // namespace
+
+std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at::Tensor& t,
+                                   int world_size) {
+  if (!splits.empty()) return splits;
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  return std::vector<int64_t>(world_size, rows / world_size);
+}
+
+// ------------------------------------------------------------------ ProcessGroup
+
+ProcessGroup::ProcessGroup(int rank, int size, Timeout timeout)
+    : rank_(rank), size_(size), timeout_(timeout) {
+  TORCH_CHECK(size >= 1, "ProcessGroup: size must be >= 1, got ", size);
+  TORCH_CHECK(rank >= 0 && rank < size, "ProcessGroup: rank must be in [0, ", size, "), got ",
+              rank);
+  TORCH_CHECK(timeout.count() > 0, "ProcessGroup: timeout must be positive, got ",
+              timeout.count(), " ms");
+}
+
+std::string ProcessGroup::WhoAmI() const {
+  return absl::StrCat(backend_name(), " rank ", rank_, "/", size_);
+}
+
+WorkPtr ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
+  constexpr const char* kOp = "all_gather_into_tensor";
+  CheckTensor(kOp, "output", output);
+  CheckTensor(kOp, "input", input);
+  CheckSameKind(kOp, output, input);
+  TORCH_CHECK(output.numel() == input.numel() * size_, kOp,
+              ": output must have world_size (", size_, ") x input numel (", input.numel(),
+              ") = ", input.numel() * size_, " elements, got output ", DescribeTensor(output),
+              " with ", output.numel());
+  return DoAllGather(output, input);
+}
+
+WorkPtr ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                            ReduceOp op) {
+  constexpr const char* kOp = "reduce_scatter_tensor";
+  CheckTensor(kOp, "output", output);
+  CheckTensor(kOp, "input", input);
+  CheckSameKind(kOp, output, input);
+  TORCH_CHECK(input.numel() == output.numel() * size_, kOp,
+              ": input must have world_size (", size_, ") x output numel (", output.numel(),
+              ") = ", output.numel() * size_, " elements, got input ", DescribeTensor(input),
+              " with ", input.numel());
+  CheckReduceOp(kOp, input, op);
+  return DoReduceScatter(output, input, op);
+}
+
+WorkPtr ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  constexpr const char* kOp = "all_reduce";
+  CheckTensor(kOp, "tensor", tensor);
+  CheckReduceOp(kOp, tensor, op);
+  return DoAllReduce(tensor, op);
+}
+
+WorkPtr ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
+  constexpr const char* kOp = "broadcast";
+  CheckTensor(kOp, "tensor", tensor);
+  TORCH_CHECK(root >= 0 && root < size_, kOp, ": root must be in [0, ", size_, "), got ", root);
+  return DoBroadcast(tensor, root);
+}
+
+WorkPtr ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                                        std::vector<int64_t> output_split_sizes,
+                                        std::vector<int64_t> input_split_sizes) {
+  constexpr const char* kOp = "all_to_all_single";
+  CheckTensor(kOp, "output", output);
+  CheckTensor(kOp, "input", input);
+  CheckSameKind(kOp, output, input);
+  const auto check_splits = [&](const char* arg, const at::Tensor& t,
+                                const std::vector<int64_t>& splits) {
+    TORCH_CHECK(t.dim() >= 1, kOp, ": ", arg, " must have at least one dimension, got ",
+                DescribeTensor(t));
+    if (splits.empty()) {
+      TORCH_CHECK(t.size(0) % size_ == 0, kOp, ": ", arg, " dim 0 (", t.size(0),
+                  ") must divide by world_size (", size_, ") when no split sizes are given");
+      return;
+    }
+    TORCH_CHECK(static_cast<int>(splits.size()) == size_, kOp, ": ", arg,
+                "_split_sizes must have world_size (", size_, ") entries, got ", splits.size());
+    for (size_t i = 0; i < splits.size(); ++i) {
+      TORCH_CHECK(splits[i] >= 0, kOp, ": ", arg, "_split_sizes[", i,
+                  "] must be >= 0, got ", splits[i]);
+    }
+    const int64_t total = std::accumulate(splits.begin(), splits.end(), int64_t{0});
+    TORCH_CHECK(total == t.size(0), kOp, ": ", arg, "_split_sizes sum to ", total, " but ", arg,
+                " dim 0 is ", t.size(0));
+  };
+  check_splits("output", output, output_split_sizes);
+  check_splits("input", input, input_split_sizes);
+  TORCH_CHECK(output.sizes().slice(1) == input.sizes().slice(1), kOp,
+              ": output and input must agree beyond dim 0, got output ", DescribeTensor(output),
+              " and input ", DescribeTensor(input));
+  return DoAllToAll(output, input, ResolveSplits(output_split_sizes, output, size_),
+                    ResolveSplits(input_split_sizes, input, size_));
+}
+
+WorkPtr ProcessGroup::barrier() { return DoBarrier(); }
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks) {
+  TORCH_CHECK(!ranks.empty(), "new_subgroup: ranks must not be empty");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    TORCH_CHECK(ranks[i] >= 0 && ranks[i] < size_, "new_subgroup: ranks[", i, "] = ", ranks[i],
+                " is not a rank of this group of size ", size_);
+    TORCH_CHECK(i == 0 || ranks[i] > ranks[i - 1],
+                "new_subgroup: ranks must be sorted and unique, got [",
+                absl::StrJoin(ranks, ", "), "]");
+  }
+  return DoNewSubgroup(ranks);
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,99 @@
+// ProcessGroup: the one narrow interface every package above comm/ talks to.
+#ifndef FSDP_COMM_PROCESS_GROUP_H_
+#define FSDP_COMM_PROCESS_GROUP_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/reduce_op.h"
+#include "comm/work.h"
+
+namespace fsdp::comm {
+
+// A group of `size()` ranks running the same sequence of collectives.
+//
+// Contract (as c10d): every rank of the group issues the same collectives in the same
+// order; tensors must be contiguous, and must stay alive and unmodified until the Work
+// completes. Collectives are asynchronous: results are in the outputs once Work::wait()
+// returns. A ProcessGroup object belongs to one rank and is used from one thread at a time.
+//
+// The public methods validate their arguments identically for every backend (a
+// c10::Error naming the argument and the bad value), then dispatch to the backend.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // "fake", "threaded", "gloo", "nccl", "trace(<inner>)".
+  virtual std::string backend_name() const = 0;
+
+  // The timeout Work::wait() uses when none is given, and the deadline of a collective.
+  Timeout timeout() const { return timeout_; }
+
+  // output (size() * input.numel() elements) = concatenation of every rank's input, in
+  // rank order. Output may be [W * d0, ...] or [W, ...] or flat.
+  WorkPtr all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
+  // output (input.numel() / size() elements) = reduction over ranks of input's rank-th
+  // chunk of the flattened input.
+  WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                ReduceOp op = ReduceOp::Sum());
+  // In place: tensor = reduction over ranks of tensor.
+  WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum());
+  // In place: tensor = root's tensor.
+  WorkPtr broadcast(const at::Tensor& tensor, int root);
+  // Splits along dim 0: input's i-th piece goes to rank i; output's j-th piece comes from
+  // rank j. Empty split sizes mean equal pieces (dim 0 must then divide by size()).
+  WorkPtr all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                            std::vector<int64_t> output_split_sizes = {},
+                            std::vector<int64_t> input_split_sizes = {});
+  WorkPtr barrier();
+
+  // Creates the group of `ranks` (of this group; sorted, unique). Collective over THIS
+  // group: every rank calls it with the same `ranks`, in the same order of calls.
+  // Returns nullptr on ranks that are not members.
+  std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks);
+
+ protected:
+  ProcessGroup(int rank, int size, Timeout timeout);
+
+  // Backend hooks, called with validated arguments. `description` names the collective
+  // for error messages.
+  virtual WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) = 0;
+  virtual WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
+                                  ReduceOp op) = 0;
+  virtual WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  virtual WorkPtr DoBroadcast(const at::Tensor& tensor, int root) = 0;
+  virtual WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
+                             const std::vector<int64_t>& output_split_sizes,
+                             const std::vector<int64_t>& input_split_sizes) = 0;
+  virtual WorkPtr DoBarrier() = 0;
+  virtual std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) = 0;
+
+  // "<backend> rank r/W" for messages.
+  std::string WhoAmI() const;
+
+ private:
+  int rank_;
+  int size_;
+  Timeout timeout_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// "all_reduce(SUM) Float[2, 3]": the text backends use in Work descriptions and traces.
+std::string DescribeTensor(const at::Tensor& t);
+
+// Equal split sizes along dim 0 when `splits` is empty, else `splits`.
+std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at::Tensor& t,
+                                   int world_size);
+
+}  // namespace fsdp::comm
+
+#endif  // FSDP_COMM_PROCESS_GROUP_H_

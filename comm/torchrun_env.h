@@ -1,0 +1,28 @@
+// The torchrun environment contract: how a launcher tells a process who it is.
+#ifndef FSDP_COMM_TORCHRUN_ENV_H_
+#define FSDP_COMM_TORCHRUN_ENV_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace fsdp::comm {
+
+// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as set by torchrun (or `./x run`).
+struct TorchrunEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+};
+
+// Reads and validates the contract from `getenv` (the process environment by default).
+// Throws c10::Error naming the variable and its bad value when one is missing, not an
+// integer, out of range (RANK >= WORLD_SIZE, port outside 1..65535, ...) or empty.
+TorchrunEnv ReadTorchrunEnv(
+    const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
+
+}  // namespace fsdp::comm
+
+#endif  // FSDP_COMM_TORCHRUN_ENV_H_

@@ -1,0 +1,63 @@
+// Work: the handle of one asynchronous collective.
+#ifndef FSDP_COMM_WORK_H_
+#define FSDP_COMM_WORK_H_
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace fsdp::comm {
+
+using Timeout = std::chrono::milliseconds;
+
+// The handle a collective returns. Output tensors hold the result only after wait()
+// returned. Not thread-safe: one rank's thread owns its Work objects.
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // True once the collective finished, successfully or with an error. Never blocks.
+  virtual bool is_completed() = 0;
+
+  // Blocks until the collective finished (using the group's timeout, or `timeout`).
+  // Throws c10::DistBackendError when the collective failed (the backend's message) or did
+  // not finish in time (the message says "timed out", the collective and the wait).
+  void wait();
+  void wait(Timeout timeout);
+
+  // The error of a failed collective; null while running or after success.
+  virtual std::exception_ptr exception() = 0;
+
+  // "all_reduce(SUM) Float[6] #3 on threaded rank 1/4": used in every error message.
+  const std::string& description() const { return description_; }
+
+  // Runs `fn` on the waiting thread right after a successful wait, before wait() returns
+  // (used for post-processing such as AVG's division on backends without AVG).
+  void AddCompletionStep(std::function<void()> fn);
+
+ protected:
+  Work(std::string description, Timeout default_timeout)
+      : description_(std::move(description)), default_timeout_(default_timeout) {}
+
+  // Waits up to `timeout`; returns false if the collective is still running then.
+  virtual bool WaitFor(Timeout timeout) = 0;
+  // Extra context for a timeout message (e.g. which ranks never joined).
+  virtual std::string TimeoutDetail() { return ""; }
+
+ private:
+  std::string description_;
+  Timeout default_timeout_;
+  std::function<void()> completion_step_;
+  bool completion_step_done_ = false;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already finished (zero-element collectives, world size 1).
+WorkPtr MakeCompletedWork(std::string description);
+
+}  // namespace fsdp::comm
+
+#endif  // FSDP_COMM_WORK_H_
