@@ -1,0 +1,309 @@
+// Conformance: every collective and ReduceOp on every real backend, world sizes 1-4,
+// dtypes f32/f64/bf16/f16/i64, sizes including 0 and uneven splits, each compared with a
+// direct computation in double precision.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "comm/process_group.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::comm {
+namespace {
+
+using fsdp::testing::Backend;
+using fsdp::testing::RunOnRanks;
+
+// Small integers, exact in every dtype, distinct per rank and index.
+double Value(int rank, int64_t i) { return static_cast<double>((rank * 7 + i * 3) % 11) - 5.0; }
+
+at::Tensor RankTensor(int rank, int64_t numel, at::ScalarType dtype, int64_t offset = 0) {
+  std::vector<double> values(numel);
+  for (int64_t i = 0; i < numel; ++i) values[i] = Value(rank, i + offset);
+  return at::tensor(values, at::kDouble).to(dtype);
+}
+
+std::vector<double> ToDoubles(const at::Tensor& t) {
+  at::Tensor d = t.to(at::kDouble).contiguous().view({-1});
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+double Tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return 2e-2;
+    case at::kHalf: return 2e-3;
+    case at::kFloat: return 1e-6;
+    case at::kDouble: return 1e-12;
+    default: return 0.0;
+  }
+}
+
+void ExpectValues(const at::Tensor& actual, const std::vector<double>& expected,
+                  const std::string& what) {
+  std::vector<double> got = ToDoubles(actual);
+  ASSERT_EQ(got.size(), expected.size()) << what;
+  const double tol = Tolerance(actual.scalar_type());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], expected[i], tol * std::max(1.0, std::abs(expected[i])))
+        << what << " at element " << i;
+  }
+}
+
+// Direct reduction of value(r, index) over ranks.
+double Reduce(ReduceOp op, int world, const std::function<double(int)>& value_of_rank) {
+  double acc = value_of_rank(0) * (op.kind() == ReduceOpKind::kPremulSum ? op.factor() : 1.0);
+  for (int r = 1; r < world; ++r) {
+    const double v = value_of_rank(r);
+    switch (op.kind()) {
+      case ReduceOpKind::kSum:
+      case ReduceOpKind::kAvg: acc += v; break;
+      case ReduceOpKind::kPremulSum: acc += v * op.factor(); break;
+      case ReduceOpKind::kMax: acc = std::max(acc, v); break;
+      case ReduceOpKind::kMin: acc = std::min(acc, v); break;
+    }
+  }
+  return op.kind() == ReduceOpKind::kAvg ? acc / world : acc;
+}
+
+std::vector<ReduceOp> OpsFor(at::ScalarType dtype) {
+  std::vector<ReduceOp> ops = {ReduceOp::Sum(), ReduceOp::Max(), ReduceOp::Min()};
+  if (at::isFloatingType(dtype)) {
+    ops.push_back(ReduceOp::Avg());
+    ops.push_back(ReduceOp::PremulSum(0.5));
+  }
+  return ops;
+}
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                             at::kLong};
+const std::vector<int64_t> kNumels = {0, 1, 5, 7};
+
+class Conformance : public ::testing::TestWithParam<std::tuple<Backend, int>> {
+ protected:
+  Backend backend() const { return std::get<0>(GetParam()); }
+  int world() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(Conformance, AllGatherIntoTensor) {
+  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+    const int W = pg->size();
+    for (auto dtype : kDtypes) {
+      for (int64_t n : kNumels) {
+        at::Tensor in = RankTensor(pg->rank(), n, dtype);
+        // Both output layouts FSDP uses: flat and [W, n].
+        for (bool stacked : {false, true}) {
+          at::Tensor out = stacked ? at::full({W, n}, 99, in.options())
+                                   : at::full({W * n}, 99, in.options());
+          pg->all_gather_into_tensor(out, in)->wait();
+          std::vector<double> expected;
+          for (int r = 0; r < W; ++r) {
+            for (int64_t i = 0; i < n; ++i) expected.push_back(Value(r, i));
+          }
+          ExpectValues(out, expected, absl::StrCat("all_gather ", c10::toString(dtype), " n=", n));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(Conformance, ReduceScatterTensorEveryOp) {
+  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+    const int W = pg->size();
+    const int me = pg->rank();
+    for (auto dtype : kDtypes) {
+      for (int64_t n : kNumels) {
+        for (ReduceOp op : OpsFor(dtype)) {
+          at::Tensor in = RankTensor(me, W * n, dtype);
+          at::Tensor in_copy = in.clone();
+          at::Tensor out = at::full({n}, 99, in.options());
+          pg->reduce_scatter_tensor(out, in, op)->wait();
+          std::vector<double> expected(n);
+          for (int64_t i = 0; i < n; ++i) {
+            expected[i] = Reduce(op, W, [&](int r) { return Value(r, me * n + i); });
+          }
+          const std::string what =
+              absl::StrCat("reduce_scatter ", op.ToString(), " ", c10::toString(dtype), " n=", n);
+          ExpectValues(out, expected, what);
+          EXPECT_TRUE(at::equal(in, in_copy)) << what << ": input was modified";
+        }
+      }
+    }
+  });
+}
+
+TEST_P(Conformance, AllReduceEveryOp) {
+  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+    const int W = pg->size();
+    for (auto dtype : kDtypes) {
+      for (int64_t n : kNumels) {
+        for (ReduceOp op : OpsFor(dtype)) {
+          at::Tensor t = RankTensor(pg->rank(), n, dtype);
+          pg->all_reduce(t, op)->wait();
+          std::vector<double> expected(n);
+          for (int64_t i = 0; i < n; ++i) {
+            expected[i] = Reduce(op, W, [&](int r) { return Value(r, i); });
+          }
+          ExpectValues(t, expected,
+                       absl::StrCat("all_reduce ", op.ToString(), " ", c10::toString(dtype), " n=", n));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(Conformance, BroadcastFromEveryRoot) {
+  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+    for (auto dtype : kDtypes) {
+      for (int64_t n : kNumels) {
+        for (int root = 0; root < pg->size(); ++root) {
+          at::Tensor t = RankTensor(pg->rank(), n, dtype).view({-1});
+          pg->broadcast(t, root)->wait();
+          std::vector<double> expected(n);
+          for (int64_t i = 0; i < n; ++i) expected[i] = Value(root, i);
+          ExpectValues(t, expected, absl::StrCat("broadcast root=", root, " ", c10::toString(dtype)));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(Conformance, AllToAllSingleEqualAndUnevenSplits) {
+  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+    const int W = pg->size();
+    const int me = pg->rank();
+    constexpr int64_t kCols = 3;
+    for (auto dtype : kDtypes) {
+      // Equal splits: 2 rows per peer.
+      {
+        at::Tensor in = RankTensor(me, 2 * W * kCols, dtype).view({2 * W, kCols});
+        at::Tensor out = at::full({2 * W, kCols}, 99, in.options());
+        pg->all_to_all_single(out, in)->wait();
+        std::vector<double> expected;
+        for (int j = 0; j < W; ++j) {
+          for (int64_t i = 0; i < 2 * kCols; ++i) expected.push_back(Value(j, me * 2 * kCols + i));
+        }
+        ExpectValues(out, expected, absl::StrCat("all_to_all equal ", c10::toString(dtype)));
+      }
+      // Uneven splits, zeros included: rank i sends (i + j) % 3 rows to rank j.
+      {
+        std::vector<int64_t> in_splits(W), out_splits(W);
+        for (int j = 0; j < W; ++j) {
+          in_splits[j] = (me + j) % 3;
+          out_splits[j] = (j + me) % 3;
+        }
+        int64_t in_rows = 0, out_rows = 0;
+        for (int j = 0; j < W; ++j) {
+          in_rows += in_splits[j];
+          out_rows += out_splits[j];
+        }
+        at::Tensor in = RankTensor(me, in_rows * kCols, dtype).view({in_rows, kCols});
+        at::Tensor out = at::full({out_rows, kCols}, 99, in.options());
+        pg->all_to_all_single(out, in, out_splits, in_splits)->wait();
+        std::vector<double> expected;
+        for (int j = 0; j < W; ++j) {
+          int64_t offset = 0;  // rows rank j sends to ranks before me
+          for (int k = 0; k < me; ++k) offset += (j + k) % 3;
+          for (int64_t i = 0; i < out_splits[j] * kCols; ++i) {
+            expected.push_back(Value(j, offset * kCols + i));
+          }
+        }
+        ExpectValues(out, expected, absl::StrCat("all_to_all uneven ", c10::toString(dtype)));
+      }
+    }
+  });
+}
+
+TEST_P(Conformance, SeveralOutstandingCollectivesCompleteInOrder) {
+  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+    const int W = pg->size();
+    constexpr int kCount = 4;
+    std::vector<at::Tensor> tensors;
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < kCount; ++k) {
+      tensors.push_back(RankTensor(pg->rank(), 6, at::kFloat, /*offset=*/k));
+      works.push_back(pg->all_reduce(tensors.back(), ReduceOp::Sum()));
+    }
+    at::Tensor gathered = at::empty({W * 6}, at::kFloat);
+    works.push_back(pg->all_gather_into_tensor(gathered, RankTensor(pg->rank(), 6, at::kFloat)));
+    works.push_back(pg->barrier());
+    for (int k = static_cast<int>(works.size()) - 1; k >= 0; --k) works[k]->wait();
+    for (int k = 0; k < kCount; ++k) {
+      std::vector<double> expected(6);
+      for (int64_t i = 0; i < 6; ++i) {
+        expected[i] = Reduce(ReduceOp::Sum(), W, [&](int r) { return Value(r, i + k); });
+      }
+      ExpectValues(tensors[k], expected, absl::StrCat("outstanding all_reduce #", k));
+      EXPECT_TRUE(works[k]->is_completed());
+    }
+  });
+}
+
+TEST_P(Conformance, WaitWithTimeoutThrowsThenLateRankCompletesIt) {
+  if (world() < 2) GTEST_SKIP() << "needs a second rank to be late";
+  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+    const int W = pg->size();
+    const bool late = pg->rank() == W - 1;
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    at::Tensor t = at::ones({4});
+    WorkPtr work = pg->all_reduce(t);
+    if (!late) {
+      try {
+        work->wait(std::chrono::milliseconds(50));
+        ADD_FAILURE() << "wait(50ms) returned although rank " << W - 1 << " had not joined";
+      } catch (const c10::Error& e) {
+        const std::string message = e.what_without_backtrace();
+        EXPECT_TRUE(absl::StrContains(message, "timed out after 50 ms")) << message;
+        EXPECT_TRUE(absl::StrContains(message, "all_reduce(SUM)")) << message;
+      }
+    }
+    work->wait();
+    EXPECT_TRUE(at::equal(t, at::full({4}, static_cast<float>(W))));
+  });
+}
+
+TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
+  if (world() < 2) GTEST_SKIP() << "needs a rank that stays away";
+  fsdp::testing::RunOptions options;
+  options.collective_timeout = std::chrono::milliseconds(1500);
+  RunOnRanks(
+      backend(), world(),
+      [](const ProcessGroupPtr& pg) {
+        if (pg->rank() == pg->size() - 1) {
+          // Stay alive (and silent) past the others' timeout.
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          return;
+        }
+        at::Tensor t = at::ones({8});
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          pg->all_reduce(t)->wait();
+          ADD_FAILURE() << "all_reduce completed without the last rank";
+        } catch (const c10::Error& e) {
+          const std::string message = absl::AsciiStrToLower(e.what_without_backtrace());
+          EXPECT_TRUE(absl::StrContains(message, "timed out")) << message;
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+      },
+      options);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, Conformance,
+    ::testing::Combine(::testing::Values(Backend::kThreaded, Backend::kGlooThreads,
+                                         Backend::kGlooProcesses),
+                       ::testing::Values(1, 2, 3, 4)),
+    [](const ::testing::TestParamInfo<Conformance::ParamType>& info) {
+      return absl::StrCat(fsdp::testing::BackendName(std::get<0>(info.param)), "_w",
+                          std::get<1>(info.param));
+    });
+
+}  // namespace
+}  // namespace fsdp::comm

@@ -1,0 +1,325 @@
+#include "testing/multi_rank.h"
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "comm/gloo_process_group.h"
+#include "comm/threaded_process_group.h"
+
+extern char** environ;
+
+namespace fsdp::testing {
+namespace {
+
+constexpr const char* kChildCallEnv = "FSDP_TESTING_CALL";
+constexpr const char* kFailureMarker = "FSDP_RANK_FAILURE: ";
+
+std::string ExceptionMessage(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+std::string CurrentTestName() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return info ? absl::StrCat(info->test_suite_name(), ".", info->name()) : "";
+}
+
+// Index of this RunOnRanksCollect call within the current test.
+int NextCallIndex() {
+  static std::string test;
+  static int index = 0;
+  const std::string current = CurrentTestName();
+  if (current != test) {
+    test = current;
+    index = 0;
+  }
+  return index++;
+}
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir ? dir : "/tmp";
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  TORCH_CHECK(fd >= 0, "FreePort: socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  TORCH_CHECK(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
+              "FreePort: bind() failed");
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// ------------------------------------------------------------------ threads
+
+std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const RankBody& body,
+                                      const RunOptions& options) {
+  std::vector<comm::ProcessGroupPtr> threaded;
+  if (backend == Backend::kThreaded) {
+    threaded = comm::CreateThreadedProcessGroups(world_size, options.collective_timeout);
+  }
+  static std::atomic<int> store_counter{0};
+  const std::string store_path = absl::StrCat(TempDir(), "/fsdp_gloo_store_", getpid(), "_",
+                                              store_counter++);
+  std::remove(store_path.c_str());
+
+  std::vector<RankOutcome> outcomes(world_size);
+  absl::Mutex mu;
+  int finished = 0;
+  std::vector<bool> done(world_size, false);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      outcomes[r].rank = r;
+      comm::ProcessGroupPtr group;
+      try {
+        if (backend == Backend::kThreaded) {
+          group = threaded[r];
+        } else {
+          comm::GlooOptions gloo;
+          gloo.timeout = options.collective_timeout;
+          group = comm::CreateGlooProcessGroupWithFileStore(store_path, r, world_size, gloo);
+        }
+        SCOPED_TRACE(absl::StrCat("rank ", r, " of ", world_size, " (", BackendName(backend), ")"));
+        body(group);
+      } catch (...) {
+        outcomes[r].ok = false;
+        outcomes[r].message = ExceptionMessage(std::current_exception());
+        if (backend == Backend::kThreaded) {
+          comm::AbortThreadedWorld(*threaded[r],
+                                   absl::StrCat("rank ", r, " failed: ", outcomes[r].message));
+        }
+      }
+      absl::MutexLock lock(&mu);
+      done[r] = true;
+      ++finished;
+    });
+  }
+  const auto all_done = [&] { return finished == world_size; };
+  bool in_time;
+  {
+    absl::MutexLock lock(&mu);
+    in_time = mu.AwaitWithTimeout(absl::Condition(&all_done), absl::FromChrono(options.deadline));
+  }
+  if (!in_time && backend == Backend::kThreaded) {
+    comm::AbortThreadedWorld(*threaded[0], "test deadline exceeded");
+    absl::MutexLock lock(&mu);
+    in_time = mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(5));
+  }
+  if (!in_time) {
+    std::vector<int> stuck;
+    {
+      absl::MutexLock lock(&mu);
+      for (int r = 0; r < world_size; ++r) {
+        if (!done[r]) stuck.push_back(r);
+      }
+    }
+    std::cerr << "\n[multi_rank] " << CurrentTestName() << ": rank(s) ["
+              << absl::StrJoin(stuck, ", ") << "] still running after the deadline of "
+              << options.deadline.count() << " ms (deadlock?); failing the test binary\n";
+    std::cerr.flush();
+    std::_Exit(1);
+  }
+  for (auto& t : threads) t.join();
+  std::remove(store_path.c_str());
+  return outcomes;
+}
+
+// ------------------------------------------------------------------ processes
+
+// Runs in a rank process: the body on this rank, then exit without running the rest.
+[[noreturn]] void RunAsChild(const RankBody& body, const RunOptions& options) {
+  int status = 0;
+  try {
+    comm::GlooOptions gloo;
+    gloo.timeout = options.collective_timeout;
+    auto group = comm::CreateGlooProcessGroupFromEnv(gloo);
+    SCOPED_TRACE(absl::StrCat("rank ", group->rank(), " of ", group->size(), " (gloo_processes)"));
+    body(group);
+    if (::testing::Test::HasFailure()) status = 1;
+  } catch (...) {
+    std::cerr << kFailureMarker << ExceptionMessage(std::current_exception()) << "\n";
+    status = 1;
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(status);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string FailureMessage(const std::string& output) {
+  const size_t marker = output.rfind(kFailureMarker);
+  if (marker != std::string::npos) {
+    std::string message = output.substr(marker + std::string(kFailureMarker).size());
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    return message;
+  }
+  constexpr size_t kTail = 3000;
+  return output.size() > kTail ? output.substr(output.size() - kTail) : output;
+}
+
+std::vector<RankOutcome> RunAsProcesses(int world_size, int call_index,
+                                        const RunOptions& options) {
+  const std::string test = CurrentTestName();
+  TORCH_CHECK(!test.empty(), "RunOnRanks(gloo_processes) must run inside a GoogleTest test");
+  const int port = FreePort();
+  // Children inherit the environment minus what would let them write the parent's test
+  // result files.
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name == "GTEST_OUTPUT" || name == "XML_OUTPUT_FILE" || name == "TEST_PREMATURE_EXIT_FILE" ||
+        name == "TEST_SHARD_STATUS_FILE" || name == "GTEST_SHARD_INDEX" ||
+        name == "GTEST_TOTAL_SHARDS" || name == "RANK" || name == "WORLD_SIZE" ||
+        name == "LOCAL_RANK" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
+        name == kChildCallEnv) {
+      continue;
+    }
+    base_env.push_back(entry);
+  }
+  std::vector<pid_t> pids(world_size, -1);
+  std::vector<std::string> logs(world_size);
+  for (int r = 0; r < world_size; ++r) {
+    std::vector<std::string> env = base_env;
+    env.push_back(absl::StrCat("RANK=", r));
+    env.push_back(absl::StrCat("WORLD_SIZE=", world_size));
+    env.push_back(absl::StrCat("LOCAL_RANK=", r));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back(absl::StrCat("MASTER_PORT=", port));
+    env.push_back(absl::StrCat(kChildCallEnv, "=", call_index));
+    std::vector<std::string> args = {"/proc/self/exe", absl::StrCat("--gtest_filter=", test)};
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    logs[r] = absl::StrCat(TempDir(), "/fsdp_rank_", getpid(), "_", port, "_", r, ".log");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, logs[r].c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    const int rc = posix_spawn(&pids[r], "/proc/self/exe", &actions, nullptr, argv.data(),
+                               envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    TORCH_CHECK(rc == 0, "RunOnRanks: posix_spawn of rank ", r, " failed with ", rc);
+  }
+
+  std::vector<RankOutcome> outcomes(world_size);
+  std::vector<bool> exited(world_size, false);
+  const absl::Time deadline = absl::Now() + absl::FromChrono(options.deadline);
+  int remaining = world_size;
+  while (remaining > 0 && absl::Now() < deadline) {
+    for (int r = 0; r < world_size; ++r) {
+      if (exited[r]) continue;
+      int status = 0;
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        exited[r] = true;
+        --remaining;
+        outcomes[r].rank = r;
+        outcomes[r].ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!outcomes[r].ok) {
+          outcomes[r].message = FailureMessage(ReadFile(logs[r]));
+          if (WIFSIGNALED(status)) {
+            outcomes[r].message = absl::StrCat("killed by signal ", WTERMSIG(status), "\n",
+                                               outcomes[r].message);
+          }
+        }
+      }
+    }
+    if (remaining > 0) absl::SleepFor(absl::Milliseconds(5));
+  }
+  for (int r = 0; r < world_size; ++r) {
+    if (exited[r]) continue;
+    kill(pids[r], SIGKILL);
+    waitpid(pids[r], nullptr, 0);
+    outcomes[r] = {r, false,
+                   absl::StrCat("still running after the deadline of ", options.deadline.count(),
+                                " ms (deadlock?); killed. Output:\n",
+                                FailureMessage(ReadFile(logs[r])))};
+  }
+  for (const auto& log : logs) std::remove(log.c_str());
+  return outcomes;
+}
+
+}  // namespace
+
+std::string BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kThreaded: return "threaded";
+    case Backend::kGlooThreads: return "gloo_threads";
+    case Backend::kGlooProcesses: return "gloo_processes";
+  }
+  return "unknown";
+}
+
+bool IsRankProcess() { return std::getenv(kChildCallEnv) != nullptr; }
+
+std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size,
+                                           const RankBody& body, const RunOptions& options) {
+  TORCH_CHECK(world_size >= 1, "RunOnRanks: world_size must be >= 1, got ", world_size);
+  if (backend != Backend::kGlooProcesses) return RunAsThreads(backend, world_size, body, options);
+  const int call_index = NextCallIndex();
+  if (const char* child_call = std::getenv(kChildCallEnv)) {
+    if (std::atoi(child_call) == call_index) RunAsChild(body, options);
+    // Another call of this test: the parent runs it in other children.
+    std::vector<RankOutcome> skipped(world_size);
+    for (int r = 0; r < world_size; ++r) skipped[r].rank = r;
+    return skipped;
+  }
+  return RunAsProcesses(world_size, call_index, options);
+}
+
+void RunOnRanks(Backend backend, int world_size, const RankBody& body,
+                const RunOptions& options) {
+  for (const RankOutcome& outcome : RunOnRanksCollect(backend, world_size, body, options)) {
+    if (!outcome.ok) {
+      ADD_FAILURE() << "rank " << outcome.rank << " of " << world_size << " ("
+                    << BackendName(backend) << ") failed: " << outcome.message;
+    }
+  }
+}
+
+}  // namespace fsdp::testing

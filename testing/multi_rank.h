@@ -1,0 +1,56 @@
+// Runs a GoogleTest body on W ranks: as threads (Threaded or Gloo+FileStore backends) or
+// as W processes (Gloo+TCPStore on 127.0.0.1 with the torchrun environment per child).
+#ifndef FSDP_TESTING_MULTI_RANK_H_
+#define FSDP_TESTING_MULTI_RANK_H_
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+
+namespace fsdp::testing {
+
+enum class Backend { kThreaded, kGlooThreads, kGlooProcesses };
+
+// "threaded", "gloo_threads", "gloo_processes" (usable in test names).
+std::string BackendName(Backend backend);
+
+struct RunOptions {
+  // The whole run must finish by then; stuck ranks fail the test (threads: the test binary
+  // exits with the stuck ranks named; processes: they are killed).
+  std::chrono::milliseconds deadline{120000};
+  // The groups' collective timeout (Work::wait default and Gloo's own deadline).
+  comm::Timeout collective_timeout{30000};
+};
+
+using RankBody = std::function<void(const comm::ProcessGroupPtr& group)>;
+
+struct RankOutcome {
+  int rank = 0;
+  bool ok = true;
+  // The rank's exception message, or (processes) the tail of its failing output.
+  std::string message;
+};
+
+// Runs `body` once per rank and returns every rank's outcome; rank failures do not throw.
+// When a threaded rank throws, the other ranks' pending and later collectives fail with
+// "rank R failed: <message>" at once. GoogleTest assertions inside `body` work on every
+// backend (in process mode the child's failure output becomes the rank's message).
+//
+// Process mode re-executes the current test binary filtered to the current test, once per
+// rank; a test may call this several times (each call is matched by its index).
+std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size,
+                                           const RankBody& body, const RunOptions& options = {});
+
+// RunOnRanksCollect, then one GoogleTest failure per failing rank, naming the rank.
+void RunOnRanks(Backend backend, int world_size, const RankBody& body,
+                const RunOptions& options = {});
+
+// True inside a rank process started by process mode.
+bool IsRankProcess();
+
+}  // namespace fsdp::testing
+
+#endif  // FSDP_TESTING_MULTI_RANK_H_
