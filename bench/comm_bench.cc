@@ -1,0 +1,144 @@
+// bench/comm: all-gather and reduce-scatter through our Gloo adapter vs calling
+// c10d::ProcessGroupGloo directly, same sizes, interleaved in one run.
+//
+// Run as W processes with the torchrun environment (`./x bench` uses `./x run -n 2`). Every
+// rank runs the same fixed-iteration sequence (the collectives must match across ranks),
+// only rank 0 reports. tools/bench_ratio.py prints ours/c10d per size from the JSON.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/gloo_process_group.h"
+#include "comm/torchrun_env.h"
+
+namespace {
+
+using fsdp::comm::ProcessGroupPtr;
+
+struct Groups {
+  int rank = 0;
+  int world = 1;
+  ProcessGroupPtr ours;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> direct;
+};
+
+Groups& G() {
+  static Groups groups;
+  return groups;
+}
+
+// Each path gets its own store and gloo context, configured identically.
+void InitGroups() {
+  const fsdp::comm::TorchrunEnv env = fsdp::comm::ReadTorchrunEnv();
+  Groups& g = G();
+  g.rank = env.rank;
+  g.world = env.world_size;
+  const std::string base = absl::StrCat("/tmp/fsdp_comm_bench_", env.master_port);
+  fsdp::comm::GlooOptions options;
+  g.ours = fsdp::comm::CreateGlooProcessGroupWithFileStore(base + "_ours", env.rank,
+                                                            env.world_size, options);
+  auto store = c10::make_intrusive<c10d::FileStore>(base + "_direct", env.world_size);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices.push_back(
+      c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+  gloo_options->threads = options.threads;
+  g.direct = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size,
+                                                         gloo_options);
+}
+
+int64_t Iterations(int64_t bytes) {
+  const int64_t budget = int64_t{256} << 20;  // ~256 MiB moved per benchmark
+  return std::max<int64_t>(10, std::min<int64_t>(400, budget / std::max<int64_t>(bytes, 1)));
+}
+
+// Shard bytes = state.range(0) per rank.
+void BM_AllGather_Ours(benchmark::State& state) {
+  const int64_t n = state.range(0) / 4;
+  at::Tensor in = at::ones({n});
+  at::Tensor out = at::empty({n * G().world});
+  for (auto _ : state) G().ours->all_gather_into_tensor(out, in)->wait();
+  state.SetBytesProcessed(state.iterations() * out.nbytes());
+}
+
+void BM_AllGather_C10d(benchmark::State& state) {
+  const int64_t n = state.range(0) / 4;
+  at::Tensor in = at::ones({n});
+  at::Tensor out = at::empty({n * G().world});
+  for (auto _ : state) G().direct->all_gather_single(out, in)->wait();
+  state.SetBytesProcessed(state.iterations() * out.nbytes());
+}
+
+void BM_ReduceScatter_Ours(benchmark::State& state) {
+  const int64_t n = state.range(0) / 4;
+  at::Tensor in = at::ones({n * G().world});
+  at::Tensor out = at::empty({n});
+  for (auto _ : state) G().ours->reduce_scatter_tensor(out, in)->wait();
+  state.SetBytesProcessed(state.iterations() * in.nbytes());
+}
+
+void BM_ReduceScatter_C10d(benchmark::State& state) {
+  const int64_t n = state.range(0) / 4;
+  at::Tensor in = at::ones({n * G().world});
+  at::Tensor out = at::empty({n});
+  for (auto _ : state) G().direct->reduce_scatter_single(out, in)->wait();
+  state.SetBytesProcessed(state.iterations() * in.nbytes());
+}
+
+void RegisterAll(int pair_repetitions) {
+  for (int64_t bytes = 1 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
+    const int64_t iters = Iterations(bytes * G().world);
+    // Ours and c10d alternate (repeated as pairs) so machine noise hits both alike;
+    // bench_ratio.py takes the median of each side.
+    for (int rep = 0; rep < pair_repetitions; ++rep) {
+    benchmark::RegisterBenchmark("AllGather/ours", BM_AllGather_Ours)->Arg(bytes)->Iterations(iters)->UseRealTime();
+    benchmark::RegisterBenchmark("AllGather/c10d", BM_AllGather_C10d)->Arg(bytes)->Iterations(iters)->UseRealTime();
+    benchmark::RegisterBenchmark("ReduceScatter/ours", BM_ReduceScatter_Ours)->Arg(bytes)->Iterations(iters)->UseRealTime();
+    benchmark::RegisterBenchmark("ReduceScatter/c10d", BM_ReduceScatter_C10d)->Arg(bytes)->Iterations(iters)->UseRealTime();
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  InitGroups();
+  // Only rank 0 reports; the others run the same sequence silently.
+  std::vector<char*> args(argv, argv + argc);
+  int pair_repetitions = 3;
+  for (auto it = args.begin() + 1; it != args.end();) {
+    if (std::strncmp(*it, "--pair_repetitions=", 19) == 0) {
+      pair_repetitions = std::max(1, std::atoi(*it + 19));
+      it = args.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (G().rank != 0) {
+    args.erase(std::remove_if(args.begin() + 1, args.end(),
+                              [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
+               args.end());
+    std::freopen("/dev/null", "w", stdout);
+  }
+  int args_count = static_cast<int>(args.size());
+  benchmark::Initialize(&args_count, args.data());
+  RegisterAll(pair_repetitions);
+  benchmark::RunSpecifiedBenchmarks();
+  G().ours->barrier()->wait();
+  if (G().rank == 0) {
+    const std::string base = absl::StrCat("/tmp/fsdp_comm_bench_", fsdp::comm::ReadTorchrunEnv().master_port);
+    std::remove((base + "_ours").c_str());
+    std::remove((base + "_direct").c_str());
+  }
+  benchmark::Shutdown();
+  return 0;
+}
