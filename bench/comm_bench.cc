@@ -61,36 +61,32 @@ int64_t Iterations(int64_t bytes) {
   return std::max<int64_t>(10, std::min<int64_t>(400, budget / std::max<int64_t>(bytes, 1)));
 }
 
-// Shard bytes = state.range(0) per rank.
-void BM_AllGather_Ours(benchmark::State& state) {
+// Shard bytes = state.range(0) per rank; `ours` picks the path.
+void BM_AllGather(benchmark::State& state, bool ours) {
   const int64_t n = state.range(0) / 4;
   at::Tensor in = at::ones({n});
   at::Tensor out = at::empty({n * G().world});
-  for (auto _ : state) G().ours->all_gather_into_tensor(out, in)->wait();
+  for (auto _ : state) {
+    if (ours) {
+      G().ours->all_gather_into_tensor(out, in)->wait();
+    } else {
+      G().direct->all_gather_single(out, in)->wait();
+    }
+  }
   state.SetBytesProcessed(state.iterations() * out.nbytes());
 }
 
-void BM_AllGather_C10d(benchmark::State& state) {
-  const int64_t n = state.range(0) / 4;
-  at::Tensor in = at::ones({n});
-  at::Tensor out = at::empty({n * G().world});
-  for (auto _ : state) G().direct->all_gather_single(out, in)->wait();
-  state.SetBytesProcessed(state.iterations() * out.nbytes());
-}
-
-void BM_ReduceScatter_Ours(benchmark::State& state) {
+void BM_ReduceScatter(benchmark::State& state, bool ours) {
   const int64_t n = state.range(0) / 4;
   at::Tensor in = at::ones({n * G().world});
   at::Tensor out = at::empty({n});
-  for (auto _ : state) G().ours->reduce_scatter_tensor(out, in)->wait();
-  state.SetBytesProcessed(state.iterations() * in.nbytes());
-}
-
-void BM_ReduceScatter_C10d(benchmark::State& state) {
-  const int64_t n = state.range(0) / 4;
-  at::Tensor in = at::ones({n * G().world});
-  at::Tensor out = at::empty({n});
-  for (auto _ : state) G().direct->reduce_scatter_single(out, in)->wait();
+  for (auto _ : state) {
+    if (ours) {
+      G().ours->reduce_scatter_tensor(out, in)->wait();
+    } else {
+      G().direct->reduce_scatter_single(out, in)->wait();
+    }
+  }
   state.SetBytesProcessed(state.iterations() * in.nbytes());
 }
 
@@ -100,10 +96,15 @@ void RegisterAll(int pair_repetitions) {
     // Ours and c10d alternate (repeated as pairs) so machine noise hits both alike;
     // bench_ratio.py takes the median of each side.
     for (int rep = 0; rep < pair_repetitions; ++rep) {
-    benchmark::RegisterBenchmark("AllGather/ours", BM_AllGather_Ours)->Arg(bytes)->Iterations(iters)->UseRealTime();
-    benchmark::RegisterBenchmark("AllGather/c10d", BM_AllGather_C10d)->Arg(bytes)->Iterations(iters)->UseRealTime();
-    benchmark::RegisterBenchmark("ReduceScatter/ours", BM_ReduceScatter_Ours)->Arg(bytes)->Iterations(iters)->UseRealTime();
-    benchmark::RegisterBenchmark("ReduceScatter/c10d", BM_ReduceScatter_C10d)->Arg(bytes)->Iterations(iters)->UseRealTime();
+      for (auto [name, fn] : {std::pair{"AllGather", &BM_AllGather},
+                              std::pair{"ReduceScatter", &BM_ReduceScatter}}) {
+        for (bool ours : {true, false}) {
+          benchmark::RegisterBenchmark(absl::StrCat(name, ours ? "/ours" : "/c10d").c_str(), fn, ours)
+              ->Arg(bytes)
+              ->Iterations(iters)
+              ->UseRealTime();
+        }
+      }
     }
   }
 }

@@ -87,22 +87,21 @@ void CommTrace::clear() {
   records_.clear();
 }
 
-int64_t CommTrace::total_input_bytes(const std::string& op) const {
+int64_t CommTrace::SumBytes(const std::string& op, int64_t CollectiveRecord::*field) const {
   absl::MutexLock lock(&mu_);
   int64_t total = 0;
   for (const auto& r : records_) {
-    if (op.empty() || r.op == op) total += r.input_bytes;
+    if (op.empty() || r.op == op) total += r.*field;
   }
   return total;
 }
 
+int64_t CommTrace::total_input_bytes(const std::string& op) const {
+  return SumBytes(op, &CollectiveRecord::input_bytes);
+}
+
 int64_t CommTrace::total_output_bytes(const std::string& op) const {
-  absl::MutexLock lock(&mu_);
-  int64_t total = 0;
-  for (const auto& r : records_) {
-    if (op.empty() || r.op == op) total += r.output_bytes;
-  }
-  return total;
+  return SumBytes(op, &CollectiveRecord::output_bytes);
 }
 
 std::string CommTrace::ToTable() const {

@@ -56,6 +56,7 @@ class CommTrace final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
 
  private:
+  int64_t SumBytes(const std::string& op, int64_t CollectiveRecord::*field) const;
   void Record(std::string op, std::string reduce_op, const at::Tensor& output,
               const at::Tensor& input, int root = -1);
 

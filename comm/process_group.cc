@@ -129,33 +129,34 @@ ProcessGroup::ProcessGroup(int rank, int size, Timeout timeout)
               timeout.count(), " ms");
 }
 
+void ProcessGroup::CheckShardedPair(const char* op, const at::Tensor& output,
+                                    const at::Tensor& input, bool output_is_full) const {
+  CheckTensor(op, "output", output);
+  CheckTensor(op, "input", input);
+  CheckSameKind(op, output, input);
+  const char* full_name = output_is_full ? "output" : "input";
+  const char* shard_name = output_is_full ? "input" : "output";
+  const at::Tensor& full = output_is_full ? output : input;
+  const at::Tensor& shard = output_is_full ? input : output;
+  TORCH_CHECK(full.numel() == shard.numel() * size_, op, ": ", full_name,
+              " must have world_size (", size_, ") x ", shard_name, " numel (", shard.numel(),
+              ") = ", shard.numel() * size_, " elements, got ", full_name, " ",
+              DescribeTensor(full), " with ", full.numel());
+}
+
 std::string ProcessGroup::WhoAmI() const {
   return absl::StrCat(backend_name(), " rank ", rank_, "/", size_);
 }
 
 WorkPtr ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
-  constexpr const char* kOp = "all_gather_into_tensor";
-  CheckTensor(kOp, "output", output);
-  CheckTensor(kOp, "input", input);
-  CheckSameKind(kOp, output, input);
-  TORCH_CHECK(output.numel() == input.numel() * size_, kOp,
-              ": output must have world_size (", size_, ") x input numel (", input.numel(),
-              ") = ", input.numel() * size_, " elements, got output ", DescribeTensor(output),
-              " with ", output.numel());
+  CheckShardedPair("all_gather_into_tensor", output, input, /*output_is_full=*/true);
   return DoAllGather(output, input);
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                             ReduceOp op) {
-  constexpr const char* kOp = "reduce_scatter_tensor";
-  CheckTensor(kOp, "output", output);
-  CheckTensor(kOp, "input", input);
-  CheckSameKind(kOp, output, input);
-  TORCH_CHECK(input.numel() == output.numel() * size_, kOp,
-              ": input must have world_size (", size_, ") x output numel (", output.numel(),
-              ") = ", output.numel() * size_, " elements, got input ", DescribeTensor(input),
-              " with ", input.numel());
-  CheckReduceOp(kOp, input, op);
+  CheckShardedPair("reduce_scatter_tensor", output, input, /*output_is_full=*/false);
+  CheckReduceOp("reduce_scatter_tensor", input, op);
   return DoReduceScatter(output, input, op);
 }
 

@@ -80,6 +80,10 @@ class ProcessGroup {
   std::string WhoAmI() const;
 
  private:
+  // Validates an all-gather / reduce-scatter pair: the full buffer holds size() shards.
+  void CheckShardedPair(const char* op, const at::Tensor& output, const at::Tensor& input,
+                        bool output_is_full) const;
+
   int rank_;
   int size_;
   Timeout timeout_;
