@@ -5,10 +5,10 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/internal/tcp_store.h"
 
 namespace fsdp::comm {
 namespace {
@@ -189,15 +189,7 @@ ProcessGroupPtr CreateGlooProcessGroupWithFileStore(const std::string& store_pat
 ProcessGroupPtr CreateGlooProcessGroupWithTcpStore(const TorchrunEnv& env,
                                                    const GlooOptions& options) {
   CheckOptions(options);
-  TORCH_CHECK(env.master_port >= 1 && env.master_port <= 65535,
-              "CreateGlooProcessGroupWithTcpStore: master_port must be in [1, 65535], got ",
-              env.master_port);
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(env.master_port);
-  store_options.isServer = env.rank == 0;
-  store_options.numWorkers = env.world_size;
-  store_options.timeout = options.timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  auto store = internal::ConnectTcpStore(env, options.timeout, "CreateGlooProcessGroupWithTcpStore");
   return std::make_shared<GlooProcessGroup>(store, env.rank, env.world_size, options);
 }
 
