@@ -15,6 +15,7 @@
 #include "comm/process_group.h"
 #include "comm/threaded_process_group.h"
 #include "comm/torchrun_env.h"
+#include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::comm {
@@ -22,16 +23,6 @@ namespace {
 
 using fsdp::testing::Backend;
 
-#define EXPECT_ERROR_CONTAINS(statement, substring)                                   \
-  do {                                                                                \
-    try {                                                                             \
-      statement;                                                                      \
-      ADD_FAILURE() << #statement << " did not throw";                                \
-    } catch (const c10::Error& e) {                                                   \
-      EXPECT_TRUE(absl::StrContains(e.what_without_backtrace(), substring))           \
-          << "message: " << e.what_without_backtrace() << "\nexpected: " << substring; \
-    }                                                                                 \
-  } while (0)
 
 // ------------------------------------------------------------------ Fake
 

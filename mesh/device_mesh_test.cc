@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "absl/strings/match.h"
+#include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::mesh {
@@ -15,16 +16,6 @@ namespace {
 
 using fsdp::testing::Backend;
 
-#define EXPECT_ERROR_CONTAINS(statement, substring)                                   \
-  do {                                                                                \
-    try {                                                                             \
-      statement;                                                                      \
-      ADD_FAILURE() << #statement << " did not throw";                                \
-    } catch (const c10::Error& e) {                                                   \
-      EXPECT_TRUE(absl::StrContains(e.what_without_backtrace(), substring))           \
-          << "message: " << e.what_without_backtrace() << "\nexpected: " << substring; \
-    }                                                                                 \
-  } while (0)
 
 // Coordinate of world rank r in a row-major mesh, by repeated division.
 std::vector<int64_t> Coord(int64_t r, const std::vector<int64_t>& shape) {
