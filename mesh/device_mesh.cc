@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -74,17 +75,56 @@ comm::ProcessGroupPtr CreateLineGroups(const comm::ProcessGroupPtr& world,
   return mine;
 }
 
+// Names root dimensions in messages ("dp_replicate, tp", or indices for an unnamed root).
+std::string RootDimNames(const std::vector<std::string>& root_names, const std::vector<int>& dims) {
+  std::vector<std::string> names;
+  for (int d : dims) names.push_back(root_names.empty() ? absl::StrCat(d) : root_names[d]);
+  return absl::StrJoin(names, ", ");
+}
+
 }  // namespace
 
-DeviceMesh::DeviceMesh(comm::ProcessGroupPtr world, std::vector<int64_t> shape,
-                       std::vector<std::string> dim_names, std::vector<int> ranks,
-                       std::vector<int64_t> coordinate, std::vector<comm::ProcessGroupPtr> groups)
-    : world_(std::move(world)),
-      shape_(std::move(shape)),
-      dim_names_(std::move(dim_names)),
-      ranks_(std::move(ranks)),
-      coordinate_(std::move(coordinate)),
-      groups_(std::move(groups)) {}
+// Why a root: each rank only holds its own line of a slice, yet group creation is collective
+// over the world, so flatten must enumerate every sibling line of the root; Concatenate must
+// recognize slices of one root and recombine their coordinates. PyTorch keeps the same facts
+// in _mesh_resources (root of each slice, flattened meshes of each root).
+struct DeviceMesh::Root {
+  comm::ProcessGroupPtr world;
+  std::vector<int64_t> shape;          // world ranks lie row-major in it
+  std::vector<std::string> dim_names;  // empty when unnamed
+  std::vector<int64_t> coordinate;     // this rank's
+  // The groups of the lines along each set of root dimensions (ascending) that a mesh
+  // dimension spans: every dimension at Create, then each flatten. All ranks fill it with the
+  // same keys in the same order (flatten is collective), so a cache hit is a hit on every
+  // rank and skipping new_subgroup keeps the ranks' collectives in step.
+  std::map<std::vector<int>, comm::ProcessGroupPtr> groups;
+};
+
+std::shared_ptr<DeviceMesh> DeviceMesh::FromRoot(std::shared_ptr<Root> root,
+                                                 std::vector<std::vector<int>> root_dims,
+                                                 std::vector<std::string> dim_names) {
+  std::shared_ptr<DeviceMesh> mesh(new DeviceMesh());
+  std::vector<int> all_dims;
+  for (const auto& dims : root_dims) {
+    int64_t size = 1;
+    int64_t coordinate = 0;
+    for (int d : dims) {
+      size *= root->shape[d];
+      coordinate = coordinate * root->shape[d] + root->coordinate[d];
+      all_dims.push_back(d);
+    }
+    mesh->shape_.push_back(size);
+    mesh->coordinate_.push_back(coordinate);
+    mesh->groups_.push_back(root->groups.at(dims));
+  }
+  // The root's ranks are 0..N-1 row-major, so line positions are world ranks.
+  mesh->ranks_ = LineRanks(root->shape, root->coordinate, all_dims);
+  mesh->world_ = root->world;
+  mesh->dim_names_ = std::move(dim_names);
+  mesh->root_dims_ = std::move(root_dims);
+  mesh->root_ = std::move(root);
+  return mesh;
+}
 
 std::shared_ptr<DeviceMesh> DeviceMesh::Create(comm::ProcessGroupPtr world,
                                                std::vector<int64_t> shape,
@@ -106,16 +146,17 @@ std::shared_ptr<DeviceMesh> DeviceMesh::Create(comm::ProcessGroupPtr world,
     TORCH_CHECK(!name.empty(), "DeviceMesh::Create: dim_names must not be empty strings");
     TORCH_CHECK(seen.insert(name).second, "DeviceMesh::Create: dim name '", name, "' is repeated");
   }
-  std::vector<int> ranks(numel);
-  std::iota(ranks.begin(), ranks.end(), 0);
-  std::vector<int64_t> coordinate = CoordinateOf(world->rank(), shape);
-  std::vector<comm::ProcessGroupPtr> groups;
+  auto root = std::make_shared<Root>();
+  root->coordinate = CoordinateOf(world->rank(), shape);
+  std::vector<std::vector<int>> root_dims;
   for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
-    groups.push_back(CreateLineGroups(world, shape, {d}));
+    root->groups[{d}] = CreateLineGroups(world, shape, {d});
+    root_dims.push_back({d});
   }
-  return std::shared_ptr<DeviceMesh>(new DeviceMesh(std::move(world), std::move(shape),
-                                                    std::move(dim_names), std::move(ranks),
-                                                    std::move(coordinate), std::move(groups)));
+  root->world = std::move(world);
+  root->shape = std::move(shape);
+  root->dim_names = dim_names;
+  return FromRoot(std::move(root), std::move(root_dims), std::move(dim_names));
 }
 
 int64_t DeviceMesh::size() const {
@@ -161,17 +202,9 @@ std::shared_ptr<DeviceMesh> DeviceMesh::slice(const std::vector<std::string>& na
                 name, "' named twice in a slice");
     dims.push_back(d);
   }
-  std::vector<int64_t> shape, coordinate;
-  std::vector<comm::ProcessGroupPtr> groups;
-  for (int d : dims) {
-    shape.push_back(shape_[d]);
-    coordinate.push_back(coordinate_[d]);
-    groups.push_back(groups_[d]);
-  }
-  std::vector<int> ranks;
-  for (int position : LineRanks(shape_, coordinate_, dims)) ranks.push_back(ranks_[position]);
-  return std::shared_ptr<DeviceMesh>(new DeviceMesh(world_, std::move(shape), names, std::move(ranks),
-                                                    std::move(coordinate), std::move(groups)));
+  std::vector<std::vector<int>> root_dims;
+  for (int d : dims) root_dims.push_back(root_dims_[d]);
+  return FromRoot(root_, std::move(root_dims), names);
 }
 
 std::shared_ptr<DeviceMesh> DeviceMesh::flatten(const std::vector<std::string>& names,
@@ -184,20 +217,20 @@ std::shared_ptr<DeviceMesh> DeviceMesh::flatten(const std::vector<std::string>& 
     TORCH_CHECK(dims[i] == dims[i - 1] + 1, "DeviceMesh::flatten: dimensions [",
                 absl::StrJoin(names, ", "), "] must be adjacent and in mesh order");
   }
-  TORCH_CHECK(ranks_.size() == static_cast<size_t>(world_->size()),
-              "DeviceMesh::flatten: only meshes over the whole world can be flattened; slice after "
-              "flattening instead");
-  int64_t size = 1;
-  int64_t coordinate = 0;
-  for (int d : dims) {
-    size *= shape_[d];
-    coordinate = coordinate * shape_[d] + coordinate_[d];
+  std::vector<int> flat;
+  for (int d : dims) flat.insert(flat.end(), root_dims_[d].begin(), root_dims_[d].end());
+  // Groups list their members in rank order; only ascending root dimensions make that order
+  // the row-major one, so that group rank == flattened coordinate.
+  TORCH_CHECK(std::is_sorted(flat.begin(), flat.end()), "DeviceMesh::flatten: dimensions [",
+              absl::StrJoin(names, ", "), "] span root dimensions [",
+              RootDimNames(root_->dim_names, flat),
+              "], out of the root mesh's order; flatten dimensions in root order");
+  if (root_->groups.count(flat) == 0) {
+    // Insert only after creation succeeded: a failed attempt must not look cached.
+    auto group = CreateLineGroups(root_->world, root_->shape, flat);
+    root_->groups.emplace(flat, std::move(group));
   }
-  std::vector<int> ranks;
-  for (int position : LineRanks(shape_, coordinate_, dims)) ranks.push_back(ranks_[position]);
-  auto group = dims.size() == 1 ? groups_[dims[0]] : CreateLineGroups(world_, shape_, dims);
-  return std::shared_ptr<DeviceMesh>(new DeviceMesh(world_, {size}, {new_name}, std::move(ranks),
-                                                    {coordinate}, {group}));
+  return FromRoot(root_, {flat}, {new_name});
 }
 
 std::string DeviceMesh::ToString() const {
@@ -208,6 +241,39 @@ std::string DeviceMesh::ToString() const {
   }
   return absl::StrCat("DeviceMesh((", absl::StrJoin(dims, ", "), "), ranks=[",
                       absl::StrJoin(ranks_, ", "), "])");
+}
+
+std::shared_ptr<DeviceMesh> Concatenate(const std::vector<std::shared_ptr<DeviceMesh>>& meshes) {
+  TORCH_CHECK(!meshes.empty(), "DeviceMesh Concatenate: needs at least one mesh");
+  std::vector<std::vector<int>> root_dims;
+  std::vector<std::string> names;
+  std::map<int, size_t> owner;  // root dimension -> index of the mesh spanning it
+  for (size_t i = 0; i < meshes.size(); ++i) {
+    const auto& mesh = meshes[i];
+    TORCH_CHECK(mesh != nullptr, "DeviceMesh Concatenate: mesh ", i, " is null");
+    // Rank arithmetic and group reuse need one row-major world layout.
+    TORCH_CHECK(mesh->root_ == meshes[0]->root_, "DeviceMesh Concatenate: meshes 0 (",
+                meshes[0]->ToString(), ") and ", i, " (", mesh->ToString(),
+                ") come from different root meshes; only meshes derived from one "
+                "DeviceMesh::Create can be concatenated");
+    for (int d = 0; d < mesh->ndim(); ++d) {
+      for (int r : mesh->root_dims_[d]) {
+        auto [it, fresh] = owner.emplace(r, i);
+        TORCH_CHECK(fresh, "DeviceMesh Concatenate: meshes ", it->second, " and ", i,
+                    " overlap: both span root dimension ",
+                    RootDimNames(mesh->root_->dim_names, {r}));
+      }
+      root_dims.push_back(mesh->root_dims_[d]);
+      if (!mesh->dim_names_.empty()) names.push_back(mesh->dim_names_[d]);
+    }
+  }
+  std::set<std::string> seen;
+  for (const auto& name : names) {
+    TORCH_CHECK(seen.insert(name).second, "DeviceMesh Concatenate: dimension name '", name,
+                "' appears twice in [", absl::StrJoin(names, ", "), "]");
+  }
+  // Only an unnamed root has no names, and it overlaps any other mesh: names are all or none.
+  return DeviceMesh::FromRoot(meshes[0]->root_, std::move(root_dims), std::move(names));
 }
 
 }  // namespace fsdp::mesh

@@ -16,9 +16,11 @@ namespace fsdp::mesh {
 // ranks that differ from this rank only in coordinate d (its rank within the group is
 // coordinate()[d]).
 //
-// Creation and flatten() are collective over the world group: every world rank calls them
-// with the same arguments in the same order (they create sub-groups). Slicing is local.
-// Not thread-safe; a mesh belongs to one rank.
+// Every mesh descends from one root mesh (a Create call) through slice / operator[] /
+// flatten / Concatenate; each of its dimensions spans one or more root dimensions (several
+// after flatten). Creation and flatten() are collective over the world group: every world
+// rank calls them with the same arguments in the same order (they create sub-groups).
+// Slicing and Concatenate are local. Not thread-safe; a mesh belongs to one rank.
 class DeviceMesh {
  public:
   // Builds a mesh over all ranks of `world`: product(shape) must equal world->size().
@@ -54,7 +56,12 @@ class DeviceMesh {
   std::shared_ptr<DeviceMesh> slice(const std::vector<std::string>& names) const;
 
   // A 1-D mesh whose single dimension `new_name` spans the named, adjacent dimensions
-  // (row-major). Collective: creates the flattened group.
+  // (row-major); works on any mesh of a root, sliced, flattened or concatenated (HSDP:
+  // mesh.slice({"dp_replicate", "dp_shard"})->flatten(..., "dp")). The root dimensions the
+  // names span must be in the root's order. Collective over the world group: creates the
+  // group of every line of the root along those dimensions, once per root; flattening the
+  // same root dimensions again (from any mesh of the root, under any name) reuses the
+  // groups and communicates nothing.
   std::shared_ptr<DeviceMesh> flatten(const std::vector<std::string>& names,
                                       const std::string& new_name) const;
 
@@ -62,10 +69,21 @@ class DeviceMesh {
   std::string ToString() const;
 
  private:
-  DeviceMesh(comm::ProcessGroupPtr world, std::vector<int64_t> shape,
-             std::vector<std::string> dim_names, std::vector<int> ranks,
-             std::vector<int64_t> coordinate, std::vector<comm::ProcessGroupPtr> groups);
+  // The layout and group cache shared by all meshes of one root (defined in the .cc).
+  struct Root;
 
+  friend std::shared_ptr<DeviceMesh> Concatenate(
+      const std::vector<std::shared_ptr<DeviceMesh>>& meshes);
+
+  DeviceMesh() = default;
+  // The mesh of `root` whose dimension d spans the root dimensions root_dims[d] (ascending,
+  // disjoint across d, each set's group already in the root's cache).
+  static std::shared_ptr<DeviceMesh> FromRoot(std::shared_ptr<Root> root,
+                                               std::vector<std::vector<int>> root_dims,
+                                               std::vector<std::string> dim_names);
+
+  std::shared_ptr<Root> root_;
+  std::vector<std::vector<int>> root_dims_;  // per dimension, the root dimensions it spans
   comm::ProcessGroupPtr world_;
   std::vector<int64_t> shape_;
   std::vector<std::string> dim_names_;
@@ -75,6 +93,15 @@ class DeviceMesh {
 };
 
 using DeviceMeshPtr = std::shared_ptr<DeviceMesh>;
+
+// The mesh whose dimensions are those of `meshes`, in order: names, shapes, coordinates and
+// groups concatenated, ranks row-major over the concatenated shape. FSDP2 + TP:
+// Concatenate({mesh["dp"], mesh["tp"]}) gives back the (dp, tp) layout of `mesh`; a
+// flattened mesh stays one dimension (Concatenate({hsdp->flatten(..., "dp"), mesh["tp"]})
+// is a (dp=4, tp=2) mesh). Like PyTorch's DeviceMesh._concatenate, the meshes must descend
+// from one root mesh and span disjoint root dimensions, and the names must stay unique.
+// Local: reuses the meshes' groups and creates none.
+std::shared_ptr<DeviceMesh> Concatenate(const std::vector<std::shared_ptr<DeviceMesh>>& meshes);
 
 }  // namespace fsdp::mesh
 

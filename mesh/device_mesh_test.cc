@@ -5,7 +5,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
+#include <numeric>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "testing/expect_error.h"
@@ -15,7 +18,6 @@ namespace fsdp::mesh {
 namespace {
 
 using fsdp::testing::Backend;
-
 
 // Coordinate of world rank r in a row-major mesh, by repeated division.
 std::vector<int64_t> Coord(int64_t r, const std::vector<int64_t>& shape) {
@@ -43,6 +45,30 @@ int64_t ExpectedSum(int me, const std::vector<int64_t>& shape, const std::vector
     if (same_line) sum += r;
   }
   return sum;
+}
+
+// World ranks on `me`'s line along `dims`, ordered row-major over `dims` in the given
+// order (brute force: filter every rank, sort by its coordinates along `dims`).
+std::vector<int> ExpectedLine(int me, const std::vector<int64_t>& shape, const std::vector<int>& dims) {
+  int64_t world = 1;
+  for (auto s : shape) world *= s;
+  const auto mine = Coord(me, shape);
+  std::vector<std::pair<std::vector<int64_t>, int>> members;
+  for (int r = 0; r < world; ++r) {
+    const auto c = Coord(r, shape);
+    bool same_line = true;
+    std::vector<int64_t> key;
+    for (int d : dims) key.push_back(c[d]);
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const bool free = std::find(dims.begin(), dims.end(), static_cast<int>(d)) != dims.end();
+      if (!free && c[d] != mine[d]) same_line = false;
+    }
+    if (same_line) members.emplace_back(key, r);
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> ranks;
+  for (const auto& [key, r] : members) ranks.push_back(r);
+  return ranks;
 }
 
 int64_t SumOverGroup(const comm::ProcessGroupPtr& group, int world_rank) {
@@ -117,6 +143,131 @@ TEST(DeviceMesh, NamedSlicingFlattenAndConcatenation) {
     EXPECT_EQ(dp_tp->group("tp"), mesh->group("tp"));
     EXPECT_TRUE(absl::StrContains(mesh->ToString(), "dp_replicate=2, dp_shard=2, tp=2"))
         << mesh->ToString();
+  });
+}
+
+class MeshBackends : public ::testing::TestWithParam<Backend> {};
+
+// HSDP's dp = dp_replicate x dp_shard, flattened from the 2-D slice each rank holds: every
+// rank must get the group of its own slice line although it only sees that line.
+TEST_P(MeshBackends, FlattenOfASliceGroupsEachSliceLine) {
+  fsdp::testing::RunOnRanks(GetParam(), 8, [](const comm::ProcessGroupPtr& pg) {
+    const std::vector<int64_t> shape = {2, 2, 2};
+    auto mesh = DeviceMesh::Create(pg, shape, {"dp_replicate", "dp_shard", "tp"});
+    const int me = pg->rank();
+    const auto c = Coord(me, shape);
+    auto hsdp = mesh->slice({"dp_replicate", "dp_shard"});
+    auto dp = hsdp->flatten({"dp_replicate", "dp_shard"}, "dp");
+    EXPECT_EQ(dp->shape(), (std::vector<int64_t>{4}));
+    EXPECT_EQ(dp->dim_names(), (std::vector<std::string>{"dp"}));
+    EXPECT_EQ(dp->ranks(), ExpectedLine(me, shape, {0, 1}));
+    EXPECT_EQ(dp->coordinate(), (std::vector<int64_t>{c[0] * 2 + c[1]}));
+    ASSERT_NE(dp->group(0), nullptr);
+    EXPECT_EQ(dp->group(0)->size(), 4);
+    EXPECT_EQ(dp->group(0)->rank(), dp->coordinate()[0]);
+    EXPECT_EQ(SumOverGroup(dp->group(0), me), ExpectedSum(me, shape, {0, 1}));
+
+    // Root dimensions that are not adjacent in the root.
+    auto rep_tp = mesh->slice({"dp_replicate", "tp"})->flatten({"dp_replicate", "tp"}, "rep_tp");
+    EXPECT_EQ(rep_tp->ranks(), ExpectedLine(me, shape, {0, 2}));
+    EXPECT_EQ(rep_tp->coordinate(), (std::vector<int64_t>{c[0] * 2 + c[2]}));
+    EXPECT_EQ(rep_tp->group(0)->rank(), rep_tp->coordinate()[0]);
+    EXPECT_EQ(SumOverGroup(rep_tp->group(0), me), ExpectedSum(me, shape, {0, 2}));
+
+    // The same root dimensions again, from any mesh of the root and under any name: the
+    // cached group, no new one.
+    EXPECT_EQ(hsdp->flatten({"dp_replicate", "dp_shard"}, "dp")->group(0), dp->group(0));
+    EXPECT_EQ(mesh->flatten({"dp_replicate", "dp_shard"}, "fsdp")->group(0), dp->group(0));
+    EXPECT_EQ(dp->flatten({"dp"}, "dp2")->group(0), dp->group(0));
+
+    // A flattened dimension flattens further: (dp, tp) spans the world, whose group is reused.
+    auto all = Concatenate({dp, (*mesh)["tp"]})->flatten({"dp", "tp"}, "all");
+    EXPECT_EQ(all->group(0), mesh->world());
+    EXPECT_EQ(all->ranks(), ExpectedLine(me, shape, {0, 1, 2}));
+    EXPECT_EQ(all->coordinate(), (std::vector<int64_t>{me}));
+  });
+}
+
+// FSDP2 + TP rebuilds its (dp, tp) mesh from the two 1-D slices.
+TEST_P(MeshBackends, ConcatenateRebuildsTheRootLayout) {
+  fsdp::testing::RunOnRanks(GetParam(), 4, [](const comm::ProcessGroupPtr& pg) {
+    const std::vector<int64_t> shape = {2, 2};
+    auto mesh = DeviceMesh::Create(pg, shape, {"dp", "tp"});
+    const int me = pg->rank();
+    auto dp = (*mesh)["dp"];
+    auto tp = (*mesh)["tp"];
+    auto again = Concatenate({dp, tp});
+    EXPECT_EQ(again->shape(), mesh->shape());
+    EXPECT_EQ(again->dim_names(), mesh->dim_names());
+    EXPECT_EQ(again->ranks(), mesh->ranks());
+    EXPECT_EQ(again->coordinate(), mesh->coordinate());
+    EXPECT_EQ(again->group(0), mesh->group(0));
+    EXPECT_EQ(again->group(1), mesh->group(1));
+    EXPECT_EQ(again->ToString(), mesh->ToString());
+    CheckEveryDimGroup(again, shape);
+
+    // The other order is the transposed mesh: ranks row-major over (tp, dp).
+    auto swapped = Concatenate({tp, dp});
+    EXPECT_EQ(swapped->dim_names(), (std::vector<std::string>{"tp", "dp"}));
+    EXPECT_EQ(swapped->ranks(), ExpectedLine(me, shape, {1, 0}));
+    EXPECT_EQ(swapped->ranks(), (std::vector<int>{0, 2, 1, 3}));
+    EXPECT_EQ(swapped->coordinate(), (std::vector<int64_t>{me % 2, me / 2}));
+    EXPECT_EQ(swapped->group("tp"), mesh->group("tp"));
+    EXPECT_EQ(swapped->group("dp"), mesh->group("dp"));
+  });
+}
+
+// HSDP + TP: the flattened dp stays one dimension of the concatenation.
+TEST_P(MeshBackends, ConcatenateAFlattenedDimension) {
+  fsdp::testing::RunOnRanks(GetParam(), 8, [](const comm::ProcessGroupPtr& pg) {
+    const std::vector<int64_t> shape = {2, 2, 2};
+    auto mesh = DeviceMesh::Create(pg, shape, {"dp_replicate", "dp_shard", "tp"});
+    const int me = pg->rank();
+    const auto c = Coord(me, shape);
+    auto dp = mesh->slice({"dp_replicate", "dp_shard"})->flatten({"dp_replicate", "dp_shard"}, "dp");
+    auto dp_tp = Concatenate({dp, (*mesh)["tp"]});
+    EXPECT_EQ(dp_tp->shape(), (std::vector<int64_t>{4, 2}));
+    EXPECT_EQ(dp_tp->dim_names(), (std::vector<std::string>{"dp", "tp"}));
+    EXPECT_EQ(dp_tp->ranks(), ExpectedLine(me, shape, {0, 1, 2}));
+    EXPECT_EQ(dp_tp->group(0), dp->group(0));
+    EXPECT_EQ(dp_tp->group(1), mesh->group("tp"));
+    CheckEveryDimGroup(dp_tp, {4, 2});
+
+    // A concatenation inside my replica, out of root order: (tp, dp_shard).
+    auto tp_shard = Concatenate({(*mesh)["tp"], (*mesh)["dp_shard"]});
+    EXPECT_EQ(tp_shard->shape(), (std::vector<int64_t>{2, 2}));
+    EXPECT_EQ(tp_shard->ranks(), ExpectedLine(me, shape, {2, 1}));
+    EXPECT_EQ(tp_shard->coordinate(), (std::vector<int64_t>{c[2], c[1]}));
+    EXPECT_EQ(SumOverGroup(tp_shard->group(0), me), ExpectedSum(me, shape, {2}));
+    EXPECT_EQ(SumOverGroup(tp_shard->group(1), me), ExpectedSum(me, shape, {1}));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MeshBackends,
+                         ::testing::Values(Backend::kThreaded, Backend::kGlooThreads),
+                         [](const auto& info) { return fsdp::testing::BackendName(info.param); });
+
+TEST(DeviceMesh, ConcatenateAndFlattenBadInput) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 8, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = DeviceMesh::Create(pg, {2, 2, 2}, {"dp_replicate", "dp_shard", "tp"});
+    auto other = DeviceMesh::Create(pg, {4, 2}, {"dp", "tp"});
+    auto dp = mesh->slice({"dp_replicate", "dp_shard"})->flatten({"dp_replicate", "dp_shard"}, "dp");
+    EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["dp_shard"], (*other)["tp"]})),
+                          "come from different root meshes; only meshes derived from one "
+                          "DeviceMesh::Create can be concatenated");
+    EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["dp_shard"], (*other)["tp"]})),
+                          "and 1 (DeviceMesh((tp=2)");
+    EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["tp"], (*mesh)["tp"]})),
+                          "meshes 0 and 1 overlap: both span root dimension tp");
+    EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["tp"], dp, (*mesh)["dp_shard"]})),
+                          "meshes 1 and 2 overlap: both span root dimension dp_shard");
+    EXPECT_ERROR_CONTAINS((Concatenate({mesh->flatten({"tp"}, "dp"), dp})),
+                          "dimension name 'dp' appears twice in [dp, dp]");
+    EXPECT_ERROR_CONTAINS((Concatenate({})), "needs at least one mesh");
+    EXPECT_ERROR_CONTAINS((Concatenate({dp, DeviceMeshPtr()})), "mesh 1 is null");
+    auto swapped = Concatenate({(*mesh)["tp"], (*mesh)["dp_shard"]});
+    EXPECT_ERROR_CONTAINS((swapped->flatten({"tp", "dp_shard"}, "x")),
+                          "span root dimensions [tp, dp_shard], out of the root mesh's order");
   });
 }
 

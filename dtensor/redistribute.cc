@@ -1,0 +1,340 @@
+#include "dtensor/redistribute.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdp::dtensor {
+namespace {
+
+int64_t Product(const std::vector<int64_t>& v) {
+  int64_t p = 1;
+  for (int64_t x : v) p *= x;
+  return p;
+}
+
+// The shape the tensor has at mesh dimension m: global shape cut by current[0..m).
+std::vector<int64_t> LogicalShape(const DTensorSpec& spec, const Placements& current, int m) {
+  const Placements prefix(current.begin(), current.begin() + m);
+  std::vector<int64_t> shape;
+  for (const auto& runs :
+       LocalSegments(spec.shape, spec.mesh->shape(), spec.mesh->coordinate(), prefix)) {
+    int64_t n = 0;
+    for (const Segment& s : runs) n += s.length;
+    shape.push_back(n);
+  }
+  return shape;
+}
+
+// Rows rank r holds of a shard placement over n rows: per piece j (in local order).
+std::vector<Chunk> PieceChunks(const Placement& shard, int64_t n, int64_t group_size, int64_t r) {
+  std::vector<Chunk> chunks;
+  const int64_t sf = shard.split_factor();
+  for (int64_t j = 0; j < sf; ++j) chunks.push_back(ChunkOf(n, group_size * sf, r + j * group_size));
+  return chunks;
+}
+
+int64_t RowsOf(const std::vector<Chunk>& chunks) {
+  int64_t rows = 0;
+  for (const Chunk& c : chunks) rows += c.size;
+  return rows;
+}
+
+int64_t MaxRows(const Placement& shard, int64_t n, int64_t group_size) {
+  int64_t rows = 0;
+  for (int64_t r = 0; r < group_size; ++r) {
+    rows = std::max(rows, RowsOf(PieceChunks(shard, n, group_size, r)));
+  }
+  return rows;
+}
+
+bool EvenPlainShard(const Placement& shard, int64_t n, int64_t group_size) {
+  return shard.split_factor() == 1 && n % group_size == 0;
+}
+
+// Whether cur -> tgt is one step; otherwise the planner goes through Replicate first.
+bool IsDirect(const Placement& cur, const Placement& tgt) {
+  if (cur.is_replicate() || tgt.is_replicate()) return true;
+  if (cur.is_partial()) return tgt.is_shard();  // P -> P' goes through Replicate
+  if (tgt.is_shard()) {                         // shard -> shard: a plain dim change
+    return cur.split_factor() == 1 && tgt.split_factor() == 1 && cur.dim() != tgt.dim();
+  }
+  return false;  // shard -> partial
+}
+
+TransformKind KindOf(const Placement& cur, const Placement& tgt) {
+  if (cur.is_shard() && tgt.is_replicate()) return TransformKind::kAllGather;
+  if (cur.is_partial() && tgt.is_replicate()) return TransformKind::kAllReduce;
+  if (cur.is_partial()) return TransformKind::kReduceScatter;
+  if (cur.is_replicate() && tgt.is_shard()) return TransformKind::kLocalChunk;
+  if (cur.is_replicate()) return TransformKind::kLocalPartition;
+  return TransformKind::kAllToAll;
+}
+
+int64_t StepBytes(const TransformStep& step, int64_t group_size, int64_t element_size) {
+  const std::vector<int64_t>& shape = step.logical_shape;
+  switch (step.kind) {
+    case TransformKind::kAllGather:
+    case TransformKind::kReduceScatter: {
+      const Placement& shard = step.kind == TransformKind::kAllGather ? step.src : step.dst;
+      const int64_t d = shard.dim();
+      const int64_t rest = shape[d] == 0 ? 0 : Product(shape) / shape[d];
+      return group_size * MaxRows(shard, shape[d], group_size) * rest * element_size;
+    }
+    case TransformKind::kAllReduce:
+      return Product(shape) * element_size;
+    case TransformKind::kAllToAll: {
+      const int64_t d = step.src.dim();
+      const int64_t rest = shape[d] == 0 ? 0 : Product(shape) / shape[d];
+      return rest * RowsOf(PieceChunks(step.src, shape[d], group_size, 0)) * element_size;
+    }
+    default:
+      return 0;
+  }
+}
+
+std::shared_ptr<const RedistributePlan> BuildPlan(const DTensorSpec& src, const Placements& dst) {
+  auto plan = std::make_shared<RedistributePlan>();
+  plan->src = src.placements;
+  plan->dst = dst;
+  Placements current = src.placements;
+  const int ndim = static_cast<int>(current.size());
+  // Each pass moves at least one mesh dimension closer to its target; 2 * ndim passes bound
+  // the worst case (every dimension through Replicate).
+  for (int pass = 0; current != dst; ++pass) {
+    TORCH_CHECK(pass <= 2 * ndim + 1, "redistribute: no plan from ", ToString(src.placements),
+                " to ", ToString(dst), " (internal planner error)");
+    // Inner mesh dimensions first: a shard of dim d at mesh dim m is cut out of what the
+    // earlier mesh dimensions left, so it must be undone before those change.
+    for (int m = ndim - 1; m >= 0; --m) {
+      Placement tgt = dst[m];
+      const Placement& cur = current[m];
+      if (tgt.is_shard()) {
+        // The earlier mesh dimensions must already shard tgt's tensor dim as the target
+        // does; otherwise replicate here first and come back in a later pass.
+        for (int i = 0; i < m; ++i) {
+          const bool involved = current[i].is_shard(tgt.dim()) || dst[i].is_shard(tgt.dim());
+          if (involved && current[i] != dst[i]) tgt = Placement::Replicate();
+        }
+      }
+      if (cur == tgt) continue;
+      if (!IsDirect(cur, tgt)) tgt = Placement::Replicate();
+      TransformStep step{m, cur, tgt, KindOf(cur, tgt), LogicalShape(src, current, m), 0};
+      step.bytes = StepBytes(step, src.mesh->size(m), c10::elementSize(src.dtype));
+      plan->steps.push_back(std::move(step));
+      current[m] = tgt;
+    }
+  }
+  return plan;
+}
+
+// ---- execution: one function per transform, each with its copy-in / copy-out ----
+
+at::Tensor AllGatherShards(const at::Tensor& local, const Placement& shard,
+                           const std::vector<int64_t>& logical, const comm::ProcessGroupPtr& group) {
+  const int64_t d = shard.dim(), n = logical[d], world = group->size();
+  const int64_t max_rows = MaxRows(shard, n, world);
+  at::Tensor rows = local.movedim(d, 0);
+  if (rows.size(0) < max_rows) {  // pad to the largest shard so every rank sends equal bytes
+    std::vector<int64_t> pad_shape = rows.sizes().vec();
+    pad_shape[0] = max_rows - rows.size(0);
+    rows = at::cat({rows, at::zeros(pad_shape, rows.options())}, 0);
+  }
+  rows = rows.contiguous();
+  std::vector<int64_t> out_shape = rows.sizes().vec();
+  out_shape[0] = world * max_rows;
+  at::Tensor gathered = at::empty(out_shape, rows.options());
+  group->all_gather_into_tensor(gathered, rows)->wait();
+  if (!EvenPlainShard(shard, n, world)) {  // drop padding, put pieces in global order
+    std::vector<at::Tensor> ordered(world * shard.split_factor());
+    for (int64_t r = 0; r < world; ++r) {
+      int64_t offset = r * max_rows;
+      const auto chunks = PieceChunks(shard, n, world, r);
+      for (size_t j = 0; j < chunks.size(); ++j) {
+        ordered[r + j * world] = gathered.narrow(0, offset, chunks[j].size);
+        offset += chunks[j].size;
+      }
+    }
+    gathered = at::cat(ordered, 0);
+  }
+  return gathered.movedim(0, d).contiguous();
+}
+
+at::Tensor ReduceScatterShards(const at::Tensor& local, const Placement& shard,
+                               const comm::ReduceOp& op, const std::vector<int64_t>& logical,
+                               const comm::ProcessGroupPtr& group) {
+  const int64_t d = shard.dim(), n = logical[d], world = group->size();
+  const int64_t max_rows = MaxRows(shard, n, world);
+  const at::Tensor rows = local.movedim(d, 0);
+  at::Tensor input;
+  if (EvenPlainShard(shard, n, world)) {
+    input = rows.contiguous();
+  } else {  // rank r's pieces first, each rank's block padded to max_rows
+    std::vector<at::Tensor> blocks;
+    for (int64_t r = 0; r < world; ++r) {
+      std::vector<at::Tensor> parts;
+      for (const Chunk& c : PieceChunks(shard, n, world, r)) parts.push_back(rows.narrow(0, c.offset, c.size));
+      at::Tensor block = at::cat(parts, 0);
+      if (block.size(0) < max_rows) {
+        std::vector<int64_t> pad_shape = block.sizes().vec();
+        pad_shape[0] = max_rows - block.size(0);
+        block = at::cat({block, at::zeros(pad_shape, block.options())}, 0);
+      }
+      blocks.push_back(block);
+    }
+    input = at::cat(blocks, 0);
+  }
+  std::vector<int64_t> out_shape = rows.sizes().vec();
+  out_shape[0] = max_rows;
+  at::Tensor out = at::empty(out_shape, rows.options());
+  group->reduce_scatter_tensor(out, input, op)->wait();
+  const int64_t mine = RowsOf(PieceChunks(shard, n, world, group->rank()));
+  return out.narrow(0, 0, mine).movedim(0, d).contiguous();
+}
+
+at::Tensor AllReducePartial(const at::Tensor& local, const comm::ReduceOp& op,
+                            const comm::ProcessGroupPtr& group) {
+  at::Tensor out = local.clone(at::MemoryFormat::Contiguous);
+  group->all_reduce(out, op)->wait();
+  return out;
+}
+
+at::Tensor ChunkLocally(const at::Tensor& local, const Placement& shard,
+                        const std::vector<int64_t>& logical, int64_t world, int64_t coordinate) {
+  const int64_t d = shard.dim();
+  const auto pieces = ShardPieces(shard, logical[d], world, coordinate);
+  if (pieces.empty()) return local.narrow(d, 0, 0).contiguous();
+  if (pieces.size() == 1) return local.narrow(d, pieces[0].start, pieces[0].length).contiguous();
+  std::vector<at::Tensor> parts;
+  for (const Segment& s : pieces) parts.push_back(local.narrow(d, s.start, s.length));
+  return at::cat(parts, d);
+}
+
+// Replicate -> Partial: the ranks' values must reduce back to the replicated value.
+at::Tensor PartitionLocally(const at::Tensor& local, const comm::ReduceOp& op, int64_t world,
+                            int64_t coordinate) {
+  if (op.kind() != comm::ReduceOpKind::kSum) return local.clone();  // avg/max/min of copies
+  if (at::isFloatingType(local.scalar_type()) || at::isComplexType(local.scalar_type())) {
+    return local / static_cast<double>(world);  // as PyTorch's Partial._partition_value
+  }
+  // Integers cannot be divided exactly: coordinate 0 keeps the value, the others add 0.
+  return coordinate == 0 ? local.clone() : at::zeros_like(local);
+}
+
+at::Tensor AllToAllShards(const at::Tensor& local, const Placement& src, const Placement& dst,
+                          const std::vector<int64_t>& logical, const comm::ProcessGroupPtr& group) {
+  const int64_t i = src.dim(), j = dst.dim(), world = group->size(), me = group->rank();
+  std::vector<at::Tensor> sends;
+  std::vector<int64_t> in_splits, out_splits;
+  std::vector<std::vector<int64_t>> recv_shapes;
+  for (int64_t r = 0; r < world; ++r) {
+    const Chunk to_r = ChunkOf(logical[j], world, r);
+    sends.push_back(local.narrow(j, to_r.offset, to_r.size).contiguous().view(-1));
+    in_splits.push_back(sends.back().numel());
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape[i] = ChunkOf(logical[i], world, r).size;
+    shape[j] = ChunkOf(logical[j], world, me).size;
+    out_splits.push_back(Product(shape));
+    recv_shapes.push_back(std::move(shape));
+  }
+  const at::Tensor input = at::cat(sends, 0);
+  at::Tensor output = at::empty({std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0})},
+                                local.options());
+  group->all_to_all_single(output, input, out_splits, in_splits)->wait();
+  std::vector<at::Tensor> parts;
+  int64_t offset = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    parts.push_back(output.narrow(0, offset, out_splits[r]).view(recv_shapes[r]));
+    offset += out_splits[r];
+  }
+  return at::cat(parts, i);
+}
+
+}  // namespace
+
+const char* TransformKindName(TransformKind kind) {
+  switch (kind) {
+    case TransformKind::kAllGather: return "all_gather";
+    case TransformKind::kAllReduce: return "all_reduce";
+    case TransformKind::kReduceScatter: return "reduce_scatter";
+    case TransformKind::kAllToAll: return "all_to_all";
+    case TransformKind::kLocalChunk: return "local_chunk";
+    case TransformKind::kLocalPartition: return "local_partition";
+  }
+  return "?";
+}
+
+std::string RedistributePlan::ToString(const mesh::DeviceMesh& mesh) const {
+  if (steps.empty()) return absl::StrCat(dtensor::ToString(src), " -> ", dtensor::ToString(dst), ": no-op");
+  std::vector<std::string> lines;
+  for (const TransformStep& s : steps) {
+    const std::string name = mesh.dim_names().empty() ? "" : absl::StrCat(" (", mesh.dim_names()[s.mesh_dim], ")");
+    lines.push_back(absl::StrCat("mesh dim ", s.mesh_dim, name, ": ", s.src.ToString(), " -> ",
+                                 s.dst.ToString(), ": ", TransformKindName(s.kind), " over ",
+                                 mesh.size(s.mesh_dim), " ranks, logical [",
+                                 absl::StrJoin(s.logical_shape, ", "), "], ", s.bytes, " B"));
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+int64_t RedistributePlan::total_bytes() const {
+  int64_t total = 0;
+  for (const TransformStep& s : steps) total += s.bytes;
+  return total;
+}
+
+std::shared_ptr<const RedistributePlan> PlanRedistribute(const DTensorSpec& src,
+                                                         const Placements& dst) {
+  const Placements target = ValidatePlacements(dst, src.mesh->ndim(),
+                                               static_cast<int64_t>(src.shape.size()), "redistribute");
+  // Plans depend only on this key; a thread owns one rank, so a per-thread cache needs no lock.
+  thread_local absl::flat_hash_map<std::string, std::shared_ptr<const RedistributePlan>> cache;
+  std::string key = absl::StrCat(absl::StrJoin(src.mesh->shape(), ","), "|",
+                                 absl::StrJoin(src.mesh->coordinate(), ","), "|",
+                                 absl::StrJoin(src.shape, ","), "|", static_cast<int>(src.dtype),
+                                 "|", ToString(src.placements), "|", ToString(target));
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() > 4096) cache.clear();  // bound memory for programs with many shapes
+  auto plan = BuildPlan(src, target);
+  cache.emplace(std::move(key), plan);
+  return plan;
+}
+
+at::Tensor RunRedistributePlan(const at::Tensor& local, const DTensorSpec& src,
+                               const RedistributePlan& plan) {
+  const mesh::DeviceMesh& mesh = *src.mesh;
+  at::Tensor t = local;
+  for (const TransformStep& s : plan.steps) {
+    const comm::ProcessGroupPtr& group = mesh.group(s.mesh_dim);
+    switch (s.kind) {
+      case TransformKind::kAllGather:
+        t = AllGatherShards(t, s.src, s.logical_shape, group);
+        break;
+      case TransformKind::kAllReduce:
+        t = AllReducePartial(t, s.src.reduce_op(), group);
+        break;
+      case TransformKind::kReduceScatter:
+        t = ReduceScatterShards(t, s.dst, s.src.reduce_op(), s.logical_shape, group);
+        break;
+      case TransformKind::kAllToAll:
+        t = AllToAllShards(t, s.src, s.dst, s.logical_shape, group);
+        break;
+      case TransformKind::kLocalChunk:
+        t = ChunkLocally(t, s.dst, s.logical_shape, mesh.size(s.mesh_dim), mesh.coordinate()[s.mesh_dim]);
+        break;
+      case TransformKind::kLocalPartition:
+        t = PartitionLocally(t, s.dst.reduce_op(), mesh.size(s.mesh_dim), mesh.coordinate()[s.mesh_dim]);
+        break;
+    }
+  }
+  return t;
+}
+
+}  // namespace fsdp::dtensor
