@@ -66,7 +66,6 @@ DTensor DTensor::from_local(at::Tensor local, mesh::DeviceMeshPtr mesh, Placemen
 }
 
 DTensor DTensor::FromSpec(at::Tensor local, DTensorSpec spec) {
-  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(local.sizes().vec() == spec.local_shape());
   return DTensor(std::move(local), std::move(spec));
 }
 
@@ -145,7 +144,8 @@ DTensor distribute_tensor(const at::Tensor& tensor, const mesh::DeviceMeshPtr& m
   const Placements replicated(normalized.size(), Placement::Replicate());
   at::Tensor local = RunRedistributePlan(data, spec.WithPlacements(replicated),
                                          *PlanRedistribute(spec.WithPlacements(replicated), normalized));
-  if (local.is_alias_of(tensor)) local = local.clone();  // the DTensor owns its storage
+  // The DTensor owns exactly its shard (not a view keeping the full tensor alive).
+  if (local.is_alias_of(tensor) || local.is_alias_of(data)) local = local.clone();
   local = local.detach().requires_grad_(tensor.requires_grad());
   return DTensor::FromSpec(std::move(local), std::move(spec));
 }

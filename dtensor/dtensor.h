@@ -31,7 +31,9 @@ class DTensor {
   static DTensor from_local(at::Tensor local, mesh::DeviceMeshPtr mesh, Placements placements,
                             std::optional<std::vector<int64_t>> shape = std::nullopt,
                             std::optional<std::vector<int64_t>> stride = std::nullopt);
-  // Wraps `local` with a spec the caller guarantees (checked only in debug builds).
+  // Wraps `local` with a spec the caller vouches for, unchecked (FSDP: its own chunk of a
+  // tensor-parallel shard can differ from the StridedShard layout when sizes are uneven,
+  // exactly as in PyTorch).
   static DTensor FromSpec(at::Tensor local, DTensorSpec spec);
 
   bool defined() const { return local_.defined(); }

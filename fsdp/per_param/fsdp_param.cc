@@ -1,0 +1,292 @@
+#include "fsdp/per_param/fsdp_param.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdp::per_param {
+namespace {
+
+std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+at::Tensor CastIfNeeded(const at::Tensor& t, std::optional<c10::ScalarType> dtype) {
+  return dtype && t.scalar_type() != *dtype ? t.to(*dtype) : t;
+}
+
+}  // namespace
+
+void FreeStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == 0) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(0));
+  storage->set_nbytes(0);
+}
+
+void AllocStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = (t.storage_offset() + t.numel()) * t.element_size();
+  if (storage->nbytes() == nbytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo mesh_info,
+                     std::optional<FSDPMeshInfo> post_forward_mesh_info, int64_t shard_dim,
+                     const MixedPrecisionPolicy& mp_policy, OffloadPolicy offload_policy,
+                     std::optional<dtensor::DTensorSpec> tp_spec)
+    : param_(std::move(param)),
+      module_info_(std::move(module_info)),
+      mesh_info_(std::move(mesh_info)),
+      post_forward_mesh_info_(std::move(post_forward_mesh_info)),
+      offload_(offload_policy),
+      tp_spec_(std::move(tp_spec)),
+      orig_dtype_(param_.scalar_type()) {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(param_.is_contiguous(), "FSDP does not support non-contiguous parameters yet: ",
+              module_info_.param_name, " shape=", Shape(param_.sizes()),
+              " stride=", Shape(param_.strides()));
+  TORCH_CHECK(param_.dim() >= 1, "FSDP does not support 0-D parameters: ", module_info_.param_name,
+              " (view it as shape [1])");
+  if (shard_dim < 0) shard_dim += param_.dim();
+  TORCH_CHECK(shard_dim >= 0 && shard_dim < param_.dim(), "Shard dim ", shard_dim,
+              " is invalid for ", param_.dim(), "D tensor: ", Shape(param_.sizes()));
+  const int64_t world = mesh_info_.shard_size();
+  TORCH_CHECK(shard_dim == 0 || param_.size(shard_dim) % world == 0,
+              "FSDP does not support uneven sharding on dim ", shard_dim, ": ",
+              Shape(param_.sizes()), " (world size: ", world, ")");
+  layout_ = MakeDimShardLayout(param_.sizes().vec(), shard_dim, world, mesh_info_.shard_rank());
+
+  // FSDP owns the padded sharded storage; the sharded parameter is a view into it.
+  at::Tensor padded = at::zeros(layout_.padded_sharded_size, param_.options());
+  const int64_t rows = layout_.sharded_size[shard_dim];
+  if (rows > 0) padded.narrow(shard_dim, 0, rows).copy_(param_.narrow(shard_dim, layout_.offset, rows));
+  if (offload_.offload_to_cpu) padded = padded.cpu();
+  sharded_param_data_ = padded.view(-1);
+  sharded_local_ = padded.narrow(shard_dim, 0, rows);
+  TORCH_INTERNAL_ASSERT(sharded_local_.is_contiguous());
+  InitShardingSpec(layout_.orig_size, orig_dtype_);
+  if (post_forward_mesh_info_) {
+    const auto pf = MakeDimShardLayout(layout_.orig_size, 0, post_forward_mesh_info_->shard_size(),
+                                       post_forward_mesh_info_->shard_rank());
+    post_forward_size_ = pf.sharded_size;
+  }
+  SetParamData(sharded_local_);
+  InitDtypeAttrs(mp_policy);
+}
+
+void FSDPParam::InitShardingSpec(const std::vector<int64_t>& local_size, c10::ScalarType dtype) {
+  using dtensor::Placement;
+  const Placement fsdp = Placement::Shard(layout_.shard_dim);
+  if (!tp_spec_) {
+    dtensor::Placements placements;
+    switch (mesh_info_.kind) {
+      case FSDPMeshInfo::Kind::kFsdp: placements = {fsdp}; break;
+      case FSDPMeshInfo::Kind::kHsdp: placements = {Placement::Replicate(), fsdp}; break;
+      case FSDPMeshInfo::Kind::kDdp: placements = {Placement::Replicate()}; break;
+    }
+    sharding_spec_ = dtensor::DTensorSpec::Make(mesh_info_.mesh, placements, local_size, dtype);
+    return;
+  }
+  // FSDP + TP: FSDP's dim-0 chunk of the TP shard is a StridedShard of the global tensor
+  // with split factor = the number of TP shards of that dim.
+  TORCH_CHECK(tp_spec_->placements.size() <= 2, "FSDP only supports 1D TP/EP or 2D EP+TP, not ",
+              dtensor::ToString(tp_spec_->placements));
+  int64_t split_factor = 1;
+  for (size_t m = 0; m < tp_spec_->placements.size(); ++m) {
+    if (tp_spec_->placements[m].is_shard(layout_.shard_dim)) split_factor *= tp_spec_->mesh->size(static_cast<int>(m));
+  }
+  dtensor::Placements placements;
+  if (mesh_info_.kind == FSDPMeshInfo::Kind::kHsdp) placements.push_back(Placement::Replicate());
+  if (mesh_info_.kind == FSDPMeshInfo::Kind::kDdp) {
+    placements.push_back(Placement::Replicate());
+  } else {
+    placements.push_back(split_factor > 1 ? Placement::StridedShard(layout_.shard_dim, split_factor) : fsdp);
+  }
+  for (const Placement& p : tp_spec_->placements) placements.push_back(p);
+  auto spmd_mesh = mesh::Concatenate({mesh_info_.mesh, tp_spec_->mesh});
+  sharding_spec_ = dtensor::DTensorSpec::Make(spmd_mesh, placements, tp_spec_->shape, dtype);
+}
+
+void FSDPParam::InitDtypeAttrs(const MixedPrecisionPolicy& policy) {
+  orig_dtype_ = sharded_local_.scalar_type();
+  const ResolvedDtypes resolved = ResolveDtypes(policy, orig_dtype_);
+  param_dtype_ = resolved.param_dtype;
+  reduce_dtype_ = resolved.reduce_dtype;
+}
+
+void FSDPParam::AssertInStates(std::initializer_list<ShardedState> states, const char* what) const {
+  for (ShardedState s : states) {
+    if (s == sharded_state_) return;
+  }
+  std::vector<std::string> names;
+  for (ShardedState s : states) names.push_back(fsdp::ToString(s));
+  TORCH_CHECK(false, "FSDPParam(", fqn_, ")::", what, ": expects to be in one of [",
+              absl::StrJoin(names, ", "), "], not ", fsdp::ToString(sharded_state_));
+}
+
+void FSDPParam::SetParamData(const at::Tensor& data) {
+  at::NoGradGuard no_grad;
+  param_.set_data(data);
+}
+
+int64_t FSDPParam::AllGatherInputNumel() const {
+  return sharded_state_ == ShardedState::kShardedPostForward ? post_forward_data_.numel()
+                                                             : sharded_param_data_.numel();
+}
+
+at::Tensor FSDPParam::AllGatherInput() const {
+  AssertInStates({ShardedState::kSharded, ShardedState::kShardedPostForward}, "all_gather_inputs");
+  if (sharded_state_ == ShardedState::kShardedPostForward) {
+    return post_forward_data_;  // already in the parameter dtype
+  }
+  return CastIfNeeded(sharded_param_data_, param_dtype_);
+}
+
+const at::Tensor& FSDPParam::InitAllGatherOutput(int64_t world_size) {
+  const int64_t numel = world_size * AllGatherInputNumel();
+  const c10::ScalarType dtype = param_dtype_.value_or(orig_dtype_);
+  if (!all_gather_output_.defined() || all_gather_output_.numel() != numel ||
+      all_gather_output_.scalar_type() != dtype) {
+    // Recreated only when the dtype policy changed before the first forward.
+    all_gather_output_ = at::empty({numel}, sharded_param_data_.options().dtype(dtype));
+    unsharded_view_ = at::Tensor();
+  }
+  return all_gather_output_;
+}
+
+void FSDPParam::AllocAllGatherOutput() { AllocStorage(all_gather_output_); }
+
+void FSDPParam::InitUnshardedParam() {
+  if (unsharded_view_.defined()) return;  // same storage across unshards
+  unsharded_view_ = all_gather_output_.as_strided(layout_.orig_size, ContiguousStrides(layout_.orig_size), 0);
+}
+
+void FSDPParam::FreeUnshardedParam() {
+  if (all_gather_output_.defined()) FreeStorage(all_gather_output_);
+}
+
+void FSDPParam::ToSharded() {
+  if (sharded_state_ == ShardedState::kUnsharded) {
+    stashed_unsharded_grad_ = param_.grad();
+    param_.mutable_grad() = stashed_sharded_grad_;
+    stashed_sharded_grad_ = at::Tensor();
+  }
+  SetParamData(sharded_local_);
+  FreeUnshardedParam();
+  post_forward_data_ = at::Tensor();
+  sharded_state_ = ShardedState::kSharded;
+}
+
+void FSDPParam::ToShardedPostForward() {
+  TORCH_CHECK(!is_dtensor(), "Resharding to smaller mesh is not supported for DTensor parameters yet");
+  AssertInStates({ShardedState::kUnsharded}, "to_sharded_post_forward");
+  TORCH_INTERNAL_ASSERT(post_forward_mesh_info_.has_value());
+  const int64_t world = post_forward_mesh_info_->shard_size();
+  const int64_t numel = all_gather_output_.numel();
+  TORCH_CHECK(numel % world == 0, "All-gather output size (", numel,
+              ") must be divisible by the shard world size (", world, ")");
+  const int64_t shard_numel = numel / world;
+  // A copy, so that the full all-gather output can be freed.
+  post_forward_data_ = all_gather_output_.narrow(0, shard_numel * post_forward_mesh_info_->shard_rank(), shard_numel).clone();
+  stashed_unsharded_grad_ = param_.grad();
+  param_.mutable_grad() = stashed_sharded_grad_;
+  stashed_sharded_grad_ = at::Tensor();
+  SetParamData(post_forward_data_.as_strided(post_forward_size_, ContiguousStrides(post_forward_size_), 0));
+  FreeUnshardedParam();
+  sharded_state_ = ShardedState::kShardedPostForward;
+}
+
+void FSDPParam::ToUnsharded() {
+  TORCH_INTERNAL_ASSERT(unsharded_view_.defined(), "ToUnsharded before InitUnshardedParam");
+  if (sharded_state_ != ShardedState::kUnsharded) {
+    stashed_sharded_grad_ = param_.grad();
+    param_.mutable_grad() = stashed_unsharded_grad_;
+    stashed_unsharded_grad_ = at::Tensor();
+  }
+  SetParamData(unsharded_view_);
+  post_forward_data_ = at::Tensor();
+  sharded_state_ = ShardedState::kUnsharded;
+}
+
+at::Tensor FSDPParam::TakeUnshardedGrad() {
+  if (unsharded_accumulated_grad_.defined()) {
+    at::Tensor g = std::move(unsharded_accumulated_grad_);
+    unsharded_accumulated_grad_ = at::Tensor();
+    return g;
+  }
+  at::Tensor g;
+  if (sharded_state_ == ShardedState::kUnsharded) {
+    g = param_.grad();
+    param_.mutable_grad() = at::Tensor();
+  } else {
+    g = std::move(stashed_unsharded_grad_);
+    stashed_unsharded_grad_ = at::Tensor();
+  }
+  return g;
+}
+
+void FSDPParam::ToAccumulatedGradIfNeeded() {
+  at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? param_.mutable_grad() : stashed_unsharded_grad_;
+  if (!reduce_dtype_ || !grad.defined() || grad.scalar_type() == *reduce_dtype_) return;
+  unsharded_accumulated_grad_ = grad.to(*reduce_dtype_);
+  grad = at::Tensor();
+}
+
+void FSDPParam::AccumulateUnshardedGradIfNeeded() {
+  at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? param_.mutable_grad() : stashed_unsharded_grad_;
+  if (!unsharded_accumulated_grad_.defined() || !grad.defined()) return;
+  at::NoGradGuard no_grad;
+  unsharded_accumulated_grad_.add_(grad);
+  grad = at::Tensor();
+}
+
+void FSDPParam::AccumulateShardedGrad(const at::Tensor& sharded_grad) {
+  TORCH_CHECK(sharded_grad.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_,
+              "): expects size ", Shape(layout_.sharded_size), " but got ", Shape(sharded_grad.sizes()));
+  at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? stashed_sharded_grad_ : param_.mutable_grad();
+  at::NoGradGuard no_grad;
+  if (grad.defined()) {
+    grad.add_(sharded_grad);
+  } else {
+    grad = sharded_grad;
+  }
+}
+
+at::Tensor FSDPParam::sharded_grad() const {
+  return sharded_state_ == ShardedState::kUnsharded ? stashed_sharded_grad_ : param_.grad();
+}
+
+void FSDPParam::ResetShardedParam() {
+  AssertInStates({ShardedState::kSharded}, "reset_sharded_param");
+  const at::Tensor current = param_.data();
+  if (current.is_alias_of(sharded_param_data_)) return;  // unchanged or changed in place
+  TORCH_CHECK(current.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_,
+              ")::reset_sharded_param: expects size ", Shape(layout_.sharded_size), " but got ",
+              Shape(current.sizes()));
+  at::NoGradGuard no_grad;
+  at::Tensor padded = at::zeros(layout_.padded_sharded_size, current.options());
+  const int64_t rows = layout_.sharded_size[layout_.shard_dim];
+  if (rows > 0) padded.narrow(layout_.shard_dim, 0, rows).copy_(current);
+  sharded_param_data_ = padded.view(-1);
+  sharded_local_ = padded.narrow(layout_.shard_dim, 0, rows);
+  SetParamData(sharded_local_);
+}
+
+dtensor::DTensor FSDPParam::ShardedDTensor() const {
+  return dtensor::DTensor::FromSpec(sharded_local_, sharding_spec_);
+}
+
+dtensor::DTensor FSDPParam::ShardedGradDTensor() const {
+  const at::Tensor g = sharded_grad();
+  return g.defined() ? dtensor::DTensor::FromSpec(g, sharding_spec_) : dtensor::DTensor();
+}
+
+std::string FSDPParam::ToString() const {
+  return absl::StrCat("FSDPParam(fqn=", fqn_, ", orig_size=", Shape(layout_.orig_size), ")");
+}
+
+}  // namespace fsdp::per_param

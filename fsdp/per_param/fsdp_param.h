@@ -1,0 +1,156 @@
+// FSDPParam: one parameter's sharded storage, its unsharded view, and the transitions
+// between them (PyTorch's _fsdp_param.py).
+#ifndef FSDP_FSDP_PER_PARAM_FSDP_PARAM_H_
+#define FSDP_FSDP_PER_PARAM_FSDP_PARAM_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtensor/dtensor.h"
+#include "fsdp/common/mesh_info.h"
+#include "fsdp/common/mixed_precision.h"
+#include "fsdp/common/sharding.h"
+#include "fsdp/common/training_state.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::per_param {
+
+// Where a parameter lives in the module tree; `shared` lists the other (module, name)
+// pairs holding the same tensor (tied weights). Non-owning: the modules outlive FSDP.
+struct ParamModuleInfo {
+  torch::nn::Module* module = nullptr;
+  std::string param_name;
+  std::vector<std::pair<torch::nn::Module*, std::string>> shared;
+};
+
+// As PyTorch's CPUOffloadPolicy: sharded parameters and gradients live on the CPU and are
+// copied to the compute device for the all-gather (on a CPU-only build both are the CPU,
+// so offloading changes no data movement).
+struct OffloadPolicy {
+  bool offload_to_cpu = false;
+  bool pin_memory = false;
+};
+
+// Frees / re-allocates a tensor's storage in place, keeping the StorageImpl (autograd's
+// saved views of an unsharded parameter see the re-gathered data after an unshard).
+void FreeStorage(const at::Tensor& t);
+void AllocStorage(const at::Tensor& t);
+
+// One parameter under FSDP. The user's parameter tensor keeps its identity (modules and
+// optimizers hold it); FSDP swaps its data between the sharded view (into the padded
+// sharded storage FSDP owns) and the unsharded view (into the all-gather output), and
+// keeps the gradient that belongs to each representation aside while the other is active.
+// Not thread-safe: belongs to one rank.
+class FSDPParam {
+ public:
+  // `shard_dim`: the dim FSDP shards (dim 0 by default; shard_placement_fn). `tp_spec`: the
+  // parameter is this rank's local part of a DTensor (tensor parallel) with this spec.
+  FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo mesh_info,
+            std::optional<FSDPMeshInfo> post_forward_mesh_info, int64_t shard_dim,
+            const MixedPrecisionPolicy& mp_policy, OffloadPolicy offload_policy,
+            std::optional<dtensor::DTensorSpec> tp_spec);
+  FSDPParam(const FSDPParam&) = delete;
+  FSDPParam& operator=(const FSDPParam&) = delete;
+
+  // Applies the mixed-precision rules to this parameter's dtype (lazy init).
+  void InitDtypeAttrs(const MixedPrecisionPolicy& policy);
+
+  // The 1-D all-gather input: the padded sharded data (or the post-forward shard), cast
+  // to the parameter dtype. Requires kSharded or kShardedPostForward.
+  at::Tensor AllGatherInput() const;
+  // Numel of AllGatherInput() and the group size it is gathered over.
+  int64_t AllGatherInputNumel() const;
+  // The flat all-gather output for this parameter ([world * input numel]), allocated on
+  // first use, storage re-allocated by AllocAllGatherOutput after a free.
+  const at::Tensor& InitAllGatherOutput(int64_t world_size);
+  void AllocAllGatherOutput();
+  // The unsharded parameter data: a strided view of the all-gather output.
+  void InitUnshardedParam();
+  void FreeUnshardedParam();
+
+  void ToSharded();
+  void ToShardedPostForward();
+  void ToUnsharded();
+
+  // Gradient bookkeeping (the seed's unsharded_param.grad / unsharded_accumulated_grad /
+  // sharded_param.grad, mapped onto the single user tensor).
+  // Removes and returns the unsharded gradient to reduce (accumulated one first); undefined
+  // if this parameter got none. Requires that the unsharded state is current or stashed.
+  at::Tensor TakeUnshardedGrad();
+  void ToAccumulatedGradIfNeeded();
+  void AccumulateUnshardedGradIfNeeded();
+  // Accumulates (or sets) the reduced sharded gradient of sharded_size().
+  void AccumulateShardedGrad(const at::Tensor& sharded_grad);
+  // The current sharded gradient (undefined if none).
+  at::Tensor sharded_grad() const;
+
+  // After the user replaced or changed the sharded parameter's data in place: re-pad and
+  // re-point the sharded storage (reset_sharded_param).
+  void ResetShardedParam();
+
+  // The sharded parameter as a DTensor (Shard(dim) on the FSDP mesh; (Replicate, Shard) for
+  // HSDP; (StridedShard, tp placements...) for FSDP + TP).
+  dtensor::DTensor ShardedDTensor() const;
+  dtensor::DTensor ShardedGradDTensor() const;
+  const dtensor::DTensorSpec& sharding_spec() const { return sharding_spec_; }
+
+  const at::Tensor& param() const { return param_; }
+  const ParamModuleInfo& module_info() const { return module_info_; }
+  ShardedState sharded_state() const { return sharded_state_; }
+  const DimShardLayout& layout() const { return layout_; }
+  const std::vector<int64_t>& sharded_size() const { return layout_.sharded_size; }
+  const std::vector<int64_t>& orig_size() const { return layout_.orig_size; }
+  int64_t shard_dim() const { return layout_.shard_dim; }
+  const at::Tensor& sharded_param_data() const { return sharded_param_data_; }  // padded, flat
+  const at::Tensor& all_gather_output() const { return all_gather_output_; }
+  c10::ScalarType orig_dtype() const { return orig_dtype_; }
+  std::optional<c10::ScalarType> param_dtype() const { return param_dtype_; }
+  std::optional<c10::ScalarType> reduce_dtype() const { return reduce_dtype_; }
+  bool offload_to_cpu() const { return offload_.offload_to_cpu; }
+  bool is_dtensor() const { return tp_spec_.has_value(); }
+  const std::string& fqn() const { return fqn_; }
+  void set_fqn(std::string fqn) { fqn_ = std::move(fqn); }
+  std::string ToString() const;
+
+ private:
+  void AssertInStates(std::initializer_list<ShardedState> states, const char* what) const;
+  void SetParamData(const at::Tensor& data);
+  void InitShardingSpec(const std::vector<int64_t>& local_size, c10::ScalarType dtype);
+
+  at::Tensor param_;
+  ParamModuleInfo module_info_;
+  FSDPMeshInfo mesh_info_;
+  std::optional<FSDPMeshInfo> post_forward_mesh_info_;
+  OffloadPolicy offload_;
+  std::optional<dtensor::DTensorSpec> tp_spec_;
+  dtensor::DTensorSpec sharding_spec_;
+  DimShardLayout layout_;
+  std::string fqn_;
+
+  c10::ScalarType orig_dtype_;
+  std::optional<c10::ScalarType> param_dtype_;
+  std::optional<c10::ScalarType> reduce_dtype_;
+
+  at::Tensor sharded_param_data_;  // flat, padded; owned by FSDP
+  at::Tensor sharded_local_;       // the sharded parameter: a view of sharded_param_data_
+  std::vector<int64_t> post_forward_size_;
+  at::Tensor post_forward_data_;   // flat shard on the post-forward mesh
+  at::Tensor all_gather_output_;   // flat [world * padded numel], storage freed when sharded
+  at::Tensor unsharded_view_;      // orig_size view of all_gather_output_
+
+  ShardedState sharded_state_ = ShardedState::kSharded;
+  at::Tensor stashed_sharded_grad_;    // param.grad while unsharded data is registered
+  at::Tensor stashed_unsharded_grad_;  // param.grad while sharded data is registered
+  at::Tensor unsharded_accumulated_grad_;  // reduce-dtype accumulation without reduction
+};
+
+}  // namespace fsdp::per_param
+
+#endif  // FSDP_FSDP_PER_PARAM_FSDP_PARAM_H_

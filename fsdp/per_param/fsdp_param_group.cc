@@ -1,0 +1,252 @@
+#include "fsdp/per_param/fsdp_param_group.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <set>
+
+#include "absl/strings/str_join.h"
+
+namespace fsdp::per_param {
+namespace {
+
+// Carries the group pointer through the autograd context (saved_data holds IValues).
+struct GroupRef : torch::CustomClassHolder {
+  explicit GroupRef(FSDPParamGroup* g) : group(g) {}
+  FSDPParamGroup* group;
+};
+
+// Identity on the module inputs; its backward runs once all of them have gradients, i.e.
+// when this module's backward is complete: the group's post-backward.
+struct RegisterPostBackwardFunction : torch::autograd::Function<RegisterPostBackwardFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                FSDPParamGroup* group, at::TensorList inputs) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupRef>(group));
+    return inputs.vec();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto ref = c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data["group"].toCapsule());
+    ref->group->PostBackward();
+    grads.insert(grads.begin(), at::Tensor());  // no gradient for the group argument
+    return grads;
+  }
+};
+
+}  // namespace
+
+FSDPParamGroup::FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos,
+                               FSDPMeshInfo mesh_info, std::optional<FSDPMeshInfo> post_forward_mesh_info,
+                               const std::vector<int64_t>& shard_dims, MixedPrecisionPolicy mp_policy,
+                               OffloadPolicy offload_policy,
+                               std::vector<std::optional<dtensor::DTensorSpec>> tp_specs)
+    : mesh_info_(std::move(mesh_info)),
+      post_forward_mesh_info_(std::move(post_forward_mesh_info)),
+      mp_policy_(std::move(mp_policy)) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    fsdp_params_.push_back(std::make_unique<FSDPParam>(params[i], module_infos[i], mesh_info_,
+                                                       post_forward_mesh_info_, shard_dims[i],
+                                                       mp_policy_, offload_policy, tp_specs[i]));
+  }
+}
+
+std::vector<FSDPParam*> FSDPParamGroup::fsdp_param_ptrs() const {
+  std::vector<FSDPParam*> out;
+  for (const auto& p : fsdp_params_) out.push_back(p.get());
+  return out;
+}
+
+void FSDPParamGroup::InitMixedPrecisionDtypes() {
+  std::set<c10::ScalarType> orig;
+  std::set<std::optional<c10::ScalarType>> reduce;
+  for (const auto& p : fsdp_params_) {
+    p->InitDtypeAttrs(mp_policy_);
+    orig.insert(p->orig_dtype());
+    reduce.insert(p->reduce_dtype());
+  }
+  auto names = [](const auto& set) {
+    std::vector<std::string> out;
+    for (const auto& d : set) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(d)>, c10::ScalarType>) {
+        out.push_back(c10::toString(d));
+      } else {
+        out.push_back(d ? c10::toString(*d) : "None");
+      }
+    }
+    return absl::StrJoin(out, ", ");
+  };
+  TORCH_CHECK(orig.size() == 1, "FSDP expects uniform original parameter dtype but got {", names(orig), "}");
+  TORCH_CHECK(reduce.size() == 1, "FSDP expects uniform reduce dtype but got {", names(reduce), "}");
+  orig_dtype_ = *orig.begin();
+  reduce_dtype_ = *reduce.begin();
+}
+
+void FSDPParamGroup::LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx) {
+  comm_ctx_ = std::move(comm_ctx);
+  if (is_sharded() && !reset_sharded_params_) {
+    for (const auto& p : fsdp_params_) p->ResetShardedParam();
+    reset_sharded_params_ = true;
+  }
+  InitMixedPrecisionDtypes();
+}
+
+bool FSDPParamGroup::use_post_forward_mesh() const {
+  return reshard_after_forward() && post_forward_mesh_info_->mesh != mesh_info_.mesh;
+}
+
+const comm::ProcessGroupPtr& FSDPParamGroup::all_gather_group() const {
+  return sharded_state_ == ShardedState::kShardedPostForward ? post_forward_mesh_info_->shard_group()
+                                                             : mesh_info_.shard_group();
+}
+
+void FSDPParamGroup::Unshard(bool async_op) {
+  if (all_gather_result_.has_value()) return;  // already issued, pending wait
+  if (is_unsharded()) return;
+  if (!unshard_in_backward && training_state_ == TrainingState::kPreBackward) return;
+  if (!mesh_info_.shards()) {  // DDP: the "sharded" data is the full parameter
+    all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), comm::ProcessGroupPtr());
+    return;
+  }
+  all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), all_gather_group());
+  if (!async_op) all_gather_result_->work->wait();
+}
+
+void FSDPParamGroup::WaitForUnshard() {
+  if (!all_gather_result_.has_value()) return;  // no preceding unshard
+  ForeachAllGatherCopyOut(*all_gather_result_, fsdp_param_ptrs());
+  for (const auto& p : fsdp_params_) p->InitUnshardedParam();
+  ToUnsharded();
+  all_gather_result_.reset();
+}
+
+void FSDPParamGroup::Reshard() {
+  if (training_state_ == TrainingState::kForward) {
+    if (!reshard_after_forward()) return;
+    if (use_post_forward_mesh()) {
+      ToShardedPostForward();
+      return;
+    }
+  }
+  ToSharded();
+}
+
+void FSDPParamGroup::PreForward() {
+  training_state_ = TrainingState::kForward;
+  Unshard(unshard_async_op);
+  WaitForUnshard();
+}
+
+void FSDPParamGroup::PostForward() {
+  Reshard();
+  post_forward_indices_.push_back(static_cast<int>(comm_ctx_->post_forward_order.size()));
+  comm_ctx_->post_forward_order.push_back(this);
+  training_state_ = TrainingState::kIdle;
+}
+
+void FSDPParamGroup::PreBackward(bool default_prefetch) {
+  if (training_state_ == TrainingState::kPreBackward) return;
+  training_state_ = TrainingState::kPreBackward;
+  Unshard(unshard_async_op);  // no-op if prefetched
+  WaitForUnshard();
+  if (default_prefetch) BackwardPrefetch();
+}
+
+void FSDPParamGroup::PostBackward() {
+  training_state_ = TrainingState::kPostBackward;
+  for (const auto& p : fsdp_params_) p->AccumulateUnshardedGradIfNeeded();
+  if (!reduce_grads) {
+    if (reshard_after_backward) Reshard();
+    for (const auto& p : fsdp_params_) p->ToAccumulatedGradIfNeeded();
+    return;
+  }
+  // Take the autograd-computed gradients before resharding (they belong to the unsharded
+  // parameters).
+  std::vector<FSDPParam*> with_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : fsdp_params_) {
+    at::Tensor g = p->TakeUnshardedGrad();
+    if (!g.defined()) continue;
+    with_grad.push_back(p.get());
+    grads.push_back(std::move(g));
+  }
+  if (reshard_after_backward) Reshard();
+  if (with_grad.empty()) return;
+  ReduceOptions options;
+  if (mesh_info_.shards()) options.reduce_scatter_group = mesh_info_.shard_group();
+  if (mesh_info_.replicates()) options.all_reduce_group = mesh_info_.replicate_group();
+  options.orig_dtype = orig_dtype_;
+  options.reduce_dtype = reduce_dtype_;
+  options.gradient_divide_factor = gradient_divide_factor;
+  options.all_reduce_grads = all_reduce_grads;
+  ForeachReduce(with_grad, std::move(grads), options, &partial_reduce_output_);
+}
+
+void FSDPParamGroup::FinalizeBackward() {
+  if (all_gather_result_.has_value()) {  // a mistargeted prefetch: wait and drop it
+    all_gather_result_->work->wait();
+    all_gather_result_.reset();
+  }
+  post_forward_indices_.clear();
+}
+
+void FSDPParamGroup::BackwardPrefetch() {
+  if (post_forward_indices_.empty()) return;  // cleared by an earlier backward
+  const int current = post_forward_indices_.back();
+  post_forward_indices_.pop_back();
+  const int target = current - 1;
+  if (target < 0) return;
+  // Reverse post-forward order: may mistarget if this backward skips modules.
+  PrefetchUnshard(comm_ctx_->post_forward_order[target], TrainingState::kPreBackward);
+}
+
+void FSDPParamGroup::PrefetchUnshard(FSDPParamGroup* target, TrainingState state) {
+  const TrainingState old = target->training_state_;
+  target->training_state_ = state;
+  try {
+    target->Unshard(/*async_op=*/true);
+  } catch (...) {
+    target->training_state_ = old;
+    throw;
+  }
+  target->training_state_ = old;
+}
+
+void FSDPParamGroup::ToSharded() {
+  if (is_sharded()) return;
+  for (const auto& p : fsdp_params_) p->ToSharded();
+  sharded_state_ = ShardedState::kSharded;
+}
+
+void FSDPParamGroup::ToShardedPostForward() {
+  if (sharded_state_ == ShardedState::kShardedPostForward) return;
+  for (const auto& p : fsdp_params_) p->ToShardedPostForward();
+  sharded_state_ = ShardedState::kShardedPostForward;
+}
+
+void FSDPParamGroup::ToUnsharded() {
+  if (is_unsharded()) return;
+  for (const auto& p : fsdp_params_) p->ToUnsharded();
+  sharded_state_ = ShardedState::kUnsharded;
+}
+
+std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(const std::vector<at::Tensor>& inputs) {
+  if (!at::GradMode::is_enabled()) return inputs;
+  std::vector<size_t> indices;
+  std::vector<at::Tensor> needing;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && inputs[i].requires_grad()) {
+      indices.push_back(i);
+      needing.push_back(inputs[i]);
+    }
+  }
+  if (needing.empty()) return inputs;
+  auto wrapped = RegisterPostBackwardFunction::apply(this, at::TensorList(needing));
+  std::vector<at::Tensor> out = inputs;
+  for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
+  return out;
+}
+
+}  // namespace fsdp::per_param

@@ -1,0 +1,103 @@
+// FSDPParamGroup: the parameters of one fully_shard call, communicated together, and the
+// state machine of unshard / reshard around forward and backward (_fsdp_param_group.py).
+#ifndef FSDP_FSDP_PER_PARAM_FSDP_PARAM_GROUP_H_
+#define FSDP_FSDP_PER_PARAM_FSDP_PARAM_GROUP_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/per_param/fsdp_collectives.h"
+#include "fsdp/per_param/fsdp_param.h"
+
+namespace fsdp::per_param {
+
+class FSDPParamGroup;
+
+// State shared by all groups under one root: the order in which groups finished forward
+// (with multiplicity), used for implicit backward prefetching.
+struct FSDPCommContext {
+  std::vector<FSDPParamGroup*> post_forward_order;
+};
+
+class FSDPParamGroup {
+ public:
+  // `params` must be distinct tensors; `module_infos` parallel to them.
+  FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos,
+                 FSDPMeshInfo mesh_info, std::optional<FSDPMeshInfo> post_forward_mesh_info,
+                 const std::vector<int64_t>& shard_dims, MixedPrecisionPolicy mp_policy,
+                 OffloadPolicy offload_policy,
+                 std::vector<std::optional<dtensor::DTensorSpec>> tp_specs);
+
+  // Idempotent; re-reads parameter dtypes and pads parameters changed since construction.
+  void LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx);
+
+  // Runtime (the seed's methods).
+  void Unshard(bool async_op = false);
+  void WaitForUnshard();
+  void Reshard();
+  void PreForward();
+  void PostForward();
+  void PreBackward(bool default_prefetch);
+  void PostBackward();
+  void FinalizeBackward();
+  // Unshards `target` as if in `state` (forward / backward prefetch).
+  static void PrefetchUnshard(FSDPParamGroup* target, TrainingState state);
+
+  // Applies the identity autograd function whose backward runs PostBackward to the
+  // tensors that require grad (RegisterPostBackwardFunction); returns them in order.
+  std::vector<at::Tensor> RegisterPostBackward(const std::vector<at::Tensor>& inputs);
+
+  // Switches (public fields in PyTorch).
+  bool reduce_grads = true;
+  bool all_reduce_grads = true;
+  bool reshard_after_backward = true;
+  bool unshard_in_backward = true;
+  bool unshard_async_op = false;
+  std::optional<double> gradient_divide_factor;
+
+  const std::vector<std::unique_ptr<FSDPParam>>& fsdp_params() const { return fsdp_params_; }
+  std::vector<FSDPParam*> fsdp_param_ptrs() const;
+  const FSDPMeshInfo& mesh_info() const { return mesh_info_; }
+  const std::optional<FSDPMeshInfo>& post_forward_mesh_info() const { return post_forward_mesh_info_; }
+  // The root does not reshard after forward when reshard_after_forward was left unset.
+  void clear_post_forward_mesh_info() { post_forward_mesh_info_.reset(); }
+  void set_post_forward_mesh_info(FSDPMeshInfo info) { post_forward_mesh_info_ = std::move(info); }
+  TrainingState training_state() const { return training_state_; }
+  void set_training_state(TrainingState s) { training_state_ = s; }
+  ShardedState sharded_state() const { return sharded_state_; }
+  bool is_sharded() const { return sharded_state_ == ShardedState::kSharded; }
+  bool is_unsharded() const { return sharded_state_ == ShardedState::kUnsharded; }
+  const std::string& module_fqn() const { return module_fqn_; }
+  void set_module_fqn(std::string fqn) { module_fqn_ = std::move(fqn); }
+
+ private:
+  void ToSharded();
+  void ToShardedPostForward();
+  void ToUnsharded();
+  void BackwardPrefetch();
+  void InitMixedPrecisionDtypes();
+  bool reshard_after_forward() const { return post_forward_mesh_info_.has_value(); }
+  bool use_post_forward_mesh() const;
+  const comm::ProcessGroupPtr& all_gather_group() const;
+
+  std::vector<std::unique_ptr<FSDPParam>> fsdp_params_;
+  FSDPMeshInfo mesh_info_;
+  std::optional<FSDPMeshInfo> post_forward_mesh_info_;
+  MixedPrecisionPolicy mp_policy_;
+  std::shared_ptr<FSDPCommContext> comm_ctx_;
+  TrainingState training_state_ = TrainingState::kIdle;
+  ShardedState sharded_state_ = ShardedState::kSharded;
+  std::string module_fqn_;
+  bool reset_sharded_params_ = false;
+  c10::ScalarType orig_dtype_ = c10::ScalarType::Float;
+  std::optional<c10::ScalarType> reduce_dtype_;
+  std::vector<int> post_forward_indices_;
+  std::optional<AllGatherResult> all_gather_result_;
+  at::Tensor partial_reduce_output_;
+};
+
+}  // namespace fsdp::per_param
+
+#endif  // FSDP_FSDP_PER_PARAM_FSDP_PARAM_GROUP_H_

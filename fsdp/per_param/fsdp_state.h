@@ -1,0 +1,86 @@
+// FSDPState: what one fully_shard call attaches to its module: the parameter group and the
+// forward / backward hooks, plus the root's lazy initialization (_fsdp_state.py).
+#ifndef FSDP_FSDP_PER_PARAM_FSDP_STATE_H_
+#define FSDP_FSDP_PER_PARAM_FSDP_STATE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "fsdp/per_param/fsdp_param_group.h"
+
+namespace fsdp::per_param {
+
+class FSDPState;
+
+// Shared by all states under one root after lazy init.
+struct FSDPStateContext {
+  std::vector<FSDPState*> all_states;  // root first, then module-tree order
+  FSDPState* iter_forward_root = nullptr;
+  bool post_backward_final_callback_queued = false;
+  bool is_last_backward = true;
+};
+
+class FSDPState {
+ public:
+  FSDPState(torch::nn::Module* module, MixedPrecisionPolicy mp_policy, bool auto_reshard_after_forward);
+  FSDPState(const FSDPState&) = delete;
+  FSDPState& operator=(const FSDPState&) = delete;
+
+  // Hooks around the module's forward. PreForward returns the (possibly cast, autograd-
+  // wrapped) tensor arguments in order; PostForward rewrites the output tensors in place.
+  std::vector<at::Tensor> PreForward(std::vector<at::Tensor> tensor_args);
+  void PostForward(const std::vector<at::Tensor*>& outputs);
+
+  // Lazy initialization; on the first forward through this state it becomes the root.
+  void LazyInit();
+
+  torch::nn::Module* module() const { return module_; }
+  FSDPParamGroup* param_group() const { return param_group_.get(); }
+  void set_param_group(std::unique_ptr<FSDPParamGroup> group) { param_group_ = std::move(group); }
+  std::optional<bool> is_root() const { return is_root_; }
+  FSDPStateContext& state_ctx() { return *state_ctx_; }
+  TrainingState training_state() const { return training_state_; }
+
+  std::vector<FSDPState*> states_to_forward_prefetch;
+  std::vector<FSDPState*> states_to_backward_prefetch;
+
+ private:
+  void RootPreForward();
+  void PreBackward();
+  void RegisterRootPostBackwardFinalCallback();
+  void RootPostBackwardFinalCallback();
+
+  torch::nn::Module* module_;
+  MixedPrecisionPolicy mp_policy_;
+  bool auto_reshard_after_forward_;
+  std::unique_ptr<FSDPParamGroup> param_group_;
+  std::optional<bool> is_root_;
+  TrainingState training_state_ = TrainingState::kIdle;
+  std::shared_ptr<FSDPStateContext> state_ctx_;
+  std::shared_ptr<FSDPCommContext> comm_ctx_;
+};
+
+// Base of every module fully_shard can attach to (FullyShardedImpl<Impl> derives from it):
+// owns the module's FSDPState. A module's forward must call the state's PreForward /
+// PostForward around its body (FullyShardedImpl does).
+class FSDPHooks {
+ public:
+  virtual ~FSDPHooks() = default;
+  FSDPState* fsdp_state() const { return state_.get(); }
+  void AttachFSDPState(std::shared_ptr<FSDPState> state) { state_ = std::move(state); }
+
+ private:
+  std::shared_ptr<FSDPState> state_;
+};
+
+// The FSDP states of `root`'s module tree (including root), in module order.
+std::vector<FSDPState*> CollectStates(torch::nn::Module& root);
+// The state attached to `module` by fully_shard, or nullptr.
+FSDPState* GetState(torch::nn::Module& module);
+
+}  // namespace fsdp::per_param
+
+#endif  // FSDP_FSDP_PER_PARAM_FSDP_STATE_H_

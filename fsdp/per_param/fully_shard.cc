@@ -1,0 +1,200 @@
+#include "fsdp/per_param/fully_shard.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "dtensor/tensor_parallel.h"
+
+namespace fsdp::per_param {
+namespace {
+
+// The post-forward mesh for reshard_after_forward (_get_post_forward_mesh_info).
+std::optional<FSDPMeshInfo> PostForwardMeshInfo(const std::variant<bool, int64_t>& reshard,
+                                                const FSDPMeshInfo& mesh_info) {
+  if (std::holds_alternative<bool>(reshard)) {
+    if (std::get<bool>(reshard)) return mesh_info;
+    return std::nullopt;
+  }
+  const int64_t k = std::get<int64_t>(reshard);
+  const int64_t shard_size = mesh_info.shard_size();
+  TORCH_CHECK(k >= 1 && k <= shard_size && shard_size % k == 0,
+              "If passing reshard_after_forward as an int, it should be a factor of ", shard_size,
+              ", not ", k);
+  if (k == 1) return std::nullopt;  // one rank: the same as false (PyTorch warns)
+  if (k == shard_size) return mesh_info;
+  // Groups of k consecutive ranks of the shard group: a (shard/k, k) mesh over it.
+  auto mesh = mesh::DeviceMesh::Create(mesh_info.shard_group(), {shard_size / k, k},
+                                       {"post_forward_replicate", "post_forward_shard"});
+  return FSDPMeshInfo::Hsdp(mesh);
+}
+
+// Modules fully_shard manages: the subtree of `root`, not descending into modules that
+// already have an FSDP state (_get_managed_modules).
+void CollectManagedModules(torch::nn::Module& module, bool is_root, std::vector<torch::nn::Module*>& out) {
+  if (!is_root && GetState(module) != nullptr) return;
+  out.push_back(&module);
+  for (const auto& child : module.children()) CollectManagedModules(*child, false, out);
+}
+
+}  // namespace
+
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullyShardOptions options) {
+  TORCH_CHECK(module != nullptr, "fully_shard: module is null");
+  auto* hooks = dynamic_cast<FSDPHooks*>(module.get());
+  TORCH_CHECK(hooks != nullptr, "fully_shard: ", module->name(),
+              " has no FSDP hooks; construct it as fsdp::per_param::FullyShardedImpl<", module->name(),
+              "> (or derive it from FSDPHooks and call its state's PreForward/PostForward)");
+  TORCH_CHECK(hooks->fsdp_state() == nullptr, "fully_shard: ", module->name(), " is already fully_shard'ed");
+  TORCH_CHECK(options.mesh != nullptr, "fully_shard: options.mesh is null");
+  const auto& mesh = options.mesh;
+  TORCH_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard expects a 1D or 2D DeviceMesh but got ",
+              mesh->ToString());
+  FSDPMeshInfo mesh_info;
+  if (options.replicate) {
+    mesh_info = FSDPMeshInfo::Ddp(mesh);
+  } else if (mesh->ndim() == 1) {
+    mesh_info = FSDPMeshInfo::Fsdp(mesh);
+  } else {
+    TORCH_CHECK(!mesh->dim_names().empty(), "Please init the 2D mesh for HSDP with mesh_dim_names specified");
+    mesh_info = FSDPMeshInfo::Hsdp(mesh);
+  }
+  const bool auto_reshard = !options.reshard_after_forward.has_value();
+  std::optional<FSDPMeshInfo> post_forward;
+  if (mesh_info.shards()) {
+    post_forward = PostForwardMeshInfo(options.reshard_after_forward.value_or(true), mesh_info);
+  }
+
+  absl::flat_hash_set<const c10::TensorImpl*> seen;
+  for (const auto& t : options.ignored_params) seen.insert(t.unsafeGetTensorImpl());
+  std::vector<torch::nn::Module*> managed;
+  CollectManagedModules(*module, true, managed);
+  std::vector<at::Tensor> params;
+  std::vector<ParamModuleInfo> infos;
+  std::vector<int64_t> shard_dims;
+  std::vector<std::optional<dtensor::DTensorSpec>> tp_specs;
+  absl::flat_hash_map<const c10::TensorImpl*, size_t> index_of;
+  for (torch::nn::Module* m : managed) {
+    const auto* tp = dynamic_cast<const dtensor::DistributedParameterModule*>(m);
+    const auto specs = tp ? tp->named_parameter_specs() : std::vector<std::pair<std::string, dtensor::DTensorSpec>>{};
+    for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& p = item.value();
+      if (!p.defined()) continue;
+      auto it = index_of.find(p.unsafeGetTensorImpl());
+      if (it != index_of.end()) {  // tied: the same tensor registered again
+        infos[it->second].shared.emplace_back(m, item.key());
+        continue;
+      }
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // ignored or managed below
+      TORCH_CHECK(p.device() == options.device, "Expects the parameter to already be moved to device ",
+                  options.device, " but got ", p.device(), " (", m->name(), ".", item.key(), ")");
+      index_of.emplace(p.unsafeGetTensorImpl(), params.size());
+      params.push_back(p);
+      infos.push_back(ParamModuleInfo{m, item.key(), {}});
+      std::optional<int64_t> dim;
+      if (options.shard_placement_fn) dim = options.shard_placement_fn(p, item.key());
+      shard_dims.push_back(dim.value_or(0));
+      std::optional<dtensor::DTensorSpec> spec;
+      for (const auto& [name, s] : specs) {
+        if (name == item.key()) spec = s;
+      }
+      tp_specs.push_back(spec);
+    }
+  }
+  auto state = std::make_shared<FSDPState>(module.get(), options.mp_policy, auto_reshard);
+  if (!params.empty()) {
+    state->set_param_group(std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward,
+                                                            shard_dims, options.mp_policy,
+                                                            options.offload_policy, tp_specs));
+  }
+  hooks->AttachFSDPState(state);
+  return FSDPModule(state.get());
+}
+
+FSDPParamGroup* FSDPModule::param_group() const {
+  TORCH_CHECK(state_ != nullptr, "FSDPModule: empty handle");
+  return state_->param_group();
+}
+
+std::vector<FSDPState*> FSDPModule::States(bool recurse) const {
+  TORCH_CHECK(state_ != nullptr, "FSDPModule: empty handle");
+  return recurse ? CollectStates(*state_->module()) : std::vector<FSDPState*>{state_};
+}
+
+void FSDPModule::unshard(bool async_op) {
+  state_->LazyInit();
+  if (FSDPParamGroup* g = param_group()) {
+    g->Unshard(async_op);
+    if (!async_op) g->WaitForUnshard();
+  }
+}
+
+void FSDPModule::wait_for_unshard() {
+  if (FSDPParamGroup* g = param_group()) g->WaitForUnshard();
+}
+
+void FSDPModule::reshard() {
+  state_->LazyInit();
+  if (FSDPParamGroup* g = param_group()) g->Reshard();
+}
+
+void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
+  for (FSDPState* s : States(recurse)) {
+    if (FSDPParamGroup* g = s->param_group()) {
+      g->reduce_grads = requires_gradient_sync;
+      g->all_reduce_grads = requires_gradient_sync;
+    }
+  }
+}
+
+void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
+  for (FSDPState* s : States(recurse)) {
+    if (FSDPParamGroup* g = s->param_group()) g->all_reduce_grads = requires_all_reduce;
+  }
+}
+
+void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
+  for (FSDPState* s : States(recurse)) {
+    FSDPParamGroup* g = s->param_group();
+    if (g == nullptr || !g->mesh_info().shards()) continue;
+    if (reshard_after_forward) {
+      g->set_post_forward_mesh_info(g->mesh_info());
+    } else {
+      g->clear_post_forward_mesh_info();
+    }
+  }
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
+  for (FSDPState* s : States(recurse)) {
+    if (FSDPParamGroup* g = s->param_group()) g->reshard_after_backward = reshard_after_backward;
+  }
+}
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->states_to_forward_prefetch.clear();
+  for (const auto& m : modules) state_->states_to_forward_prefetch.push_back(m.state());
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->states_to_backward_prefetch.clear();
+  for (const auto& m : modules) state_->states_to_backward_prefetch.push_back(m.state());
+}
+
+void FSDPModule::set_is_last_backward(bool is_last_backward) {
+  state_->state_ctx().is_last_backward = is_last_backward;
+}
+
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  TORCH_CHECK(factor > 0, "set_gradient_divide_factor: factor must be > 0, got ", factor);
+  for (FSDPState* s : States(true)) {
+    if (FSDPParamGroup* g = s->param_group()) g->gradient_divide_factor = factor;
+  }
+}
+
+void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
+  if (FSDPParamGroup* g = param_group()) g->unshard_in_backward = unshard_in_backward;
+}
+
+}  // namespace fsdp::per_param
