@@ -1,0 +1,147 @@
+// FSDP2 communication volume (CommTrace), storage freeing, and the seed's error paths.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+#include "comm/comm_trace.h"
+#include "comm/threaded_process_group.h"
+#include "fsdp/per_param/fully_shard.h"
+#include "testing/expect_error.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::per_param {
+namespace {
+
+using fsdp::testing::Backend;
+
+struct TwoLinearImpl : torch::nn::Module {
+  TwoLinearImpl() : a(register_module("a", torch::nn::Linear(5, 3))), b(register_module("b", torch::nn::Linear(3, 6))) {}
+  at::Tensor forward(const at::Tensor& x) { return b(a(x)); }
+  torch::nn::Linear a, b;
+};
+using Leaf = FullySharded<TwoLinearImpl>;
+
+struct RootImpl : torch::nn::Module {
+  RootImpl() : first(register_module("first", Leaf())), second(register_module("second", Leaf())),
+               proj(register_module("proj", torch::nn::Linear(6, 5))) {}
+  at::Tensor forward(const at::Tensor& x) { return second(proj(first(x))); }
+  Leaf first, second;
+  torch::nn::Linear proj;
+};
+using Root = FullySharded<RootImpl>;
+
+// Bytes of a group's padded unsharded parameters: dim 0 rounded up to a multiple of w.
+int64_t PaddedBytes(const std::vector<std::vector<int64_t>>& shapes, int64_t w) {
+  int64_t total = 0;
+  for (const auto& s : shapes) {
+    int64_t rest = 1;
+    for (size_t d = 1; d < s.size(); ++d) rest *= s[d];
+    total += (s[0] + w - 1) / w * w * rest * 4;
+  }
+  return total;
+}
+
+void RunStep(Root& model) {
+  model(at::ones({4, 5})).sum().backward();
+}
+
+TEST(FullyShardCommunication, FullShardStepIsTwoAllGathersAndOneReduceScatterPerGroup) {
+  for (bool reshard : {true, false}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [reshard](const comm::ProcessGroupPtr& pg) {
+      auto trace = std::make_shared<comm::CommTrace>(pg);
+      auto mesh = mesh::DeviceMesh::Create(trace, {4});
+      Root model;
+      FullyShardOptions opts{.mesh = mesh, .reshard_after_forward = reshard};
+      fully_shard(model->first.ptr(), opts);
+      fully_shard(model->second.ptr(), opts);
+      fully_shard(model.ptr(), opts);
+      RunStep(model);
+      const int64_t leaf = PaddedBytes({{3, 5}, {3}, {6, 3}, {6}}, 4);
+      const int64_t root = PaddedBytes({{5, 6}, {5}}, 4);
+      const int64_t gathers = reshard ? 2 : 1;
+      EXPECT_EQ(trace->total_output_bytes("all_gather_into_tensor"), gathers * (2 * leaf + root));
+      EXPECT_EQ(trace->total_input_bytes("reduce_scatter_tensor"), 2 * leaf + root);
+      int all_gathers = 0, reduce_scatters = 0;
+      for (const auto& r : trace->records()) {
+        all_gathers += r.op == "all_gather_into_tensor";
+        reduce_scatters += r.op == "reduce_scatter_tensor";
+      }
+      EXPECT_EQ(all_gathers, gathers * 3);
+      EXPECT_EQ(reduce_scatters, 3);
+      // After the step every unsharded buffer's storage is freed.
+      for (FSDPState* s : CollectStates(*model)) {
+        for (const auto& p : s->param_group()->fsdp_params()) {
+          EXPECT_EQ(p->all_gather_output().storage().nbytes(), 0u) << p->fqn();
+          EXPECT_EQ(p->param().sizes().vec(), p->sharded_size()) << p->fqn();
+          ASSERT_TRUE(p->param().grad().defined()) << p->fqn();
+          EXPECT_EQ(p->param().grad().sizes().vec(), p->sharded_size()) << p->fqn();
+        }
+      }
+    });
+  }
+}
+
+TEST(FullyShardMemory, ForwardReshardsFreeStorageAndBackwardReallocatesTheSameStorage) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    Root model;
+    fully_shard(model->first.ptr(), {.mesh = mesh});
+    fully_shard(model->second.ptr(), {.mesh = mesh});
+    fully_shard(model.ptr(), {.mesh = mesh});
+    at::Tensor loss = model(at::ones({4, 5})).sum();
+    FSDPParamGroup* first = GetState(*model->first)->param_group();
+    const at::Tensor& output = first->fsdp_params()[0]->all_gather_output();
+    EXPECT_EQ(output.storage().nbytes(), 0u) << "resharded after forward";
+    EXPECT_EQ(first->sharded_state(), ShardedState::kSharded);
+    const void* storage = output.storage().unsafeGetStorageImpl();
+    loss.backward();
+    EXPECT_EQ(output.storage().unsafeGetStorageImpl(), storage);
+    EXPECT_EQ(output.storage().nbytes(), 0u);
+  });
+}
+
+struct NonContiguousImpl : torch::nn::Module {
+  NonContiguousImpl() { w = register_parameter("w", at::randn({3, 4}).t()); }
+  at::Tensor forward(const at::Tensor& x) { return x.matmul(w); }
+  at::Tensor w;
+};
+
+struct MixedDtypeImpl : torch::nn::Module {
+  MixedDtypeImpl() {
+    a = register_parameter("a", at::ones({4}));
+    b = register_parameter("b", at::ones({4}, at::kDouble));
+  }
+  at::Tensor forward(const at::Tensor& x) { return x * a + b.to(at::kFloat); }
+  at::Tensor a, b;
+};
+
+TEST(FullyShardErrors, SeedErrorsAreRaisedWithTheirMessages) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    EXPECT_ERROR_CONTAINS(fully_shard(FullySharded<NonContiguousImpl>().ptr(), {.mesh = mesh}),
+                          "FSDP does not support non-contiguous parameters yet: w shape=[4, 3] stride=[1, 4]");
+    FullyShardOptions dim1{.mesh = mesh};
+    dim1.shard_placement_fn = [](const at::Tensor&, const std::string&) { return std::optional<int64_t>(1); };
+    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), dim1), "FSDP does not support uneven sharding on dim 1: [3, 5] (world size: 2)");
+    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = mesh, .device = c10::Device("meta")}),
+                          "Expects the parameter to already be moved to device meta but got cpu");
+    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = mesh, .reshard_after_forward = int64_t{3}}),
+                          "it should be a factor of 2, not 3");
+    EXPECT_ERROR_CONTAINS(fully_shard(std::make_shared<TwoLinearImpl>(), {.mesh = mesh}), "has no FSDP hooks");
+    Leaf twice;
+    fully_shard(twice.ptr(), {.mesh = mesh});
+    EXPECT_ERROR_CONTAINS(fully_shard(twice.ptr(), {.mesh = mesh}), "is already fully_shard'ed");
+    FullySharded<MixedDtypeImpl> mixed;
+    fully_shard(mixed.ptr(), {.mesh = mesh});
+    EXPECT_ERROR_CONTAINS(mixed(at::ones({4})), "FSDP expects uniform original parameter dtype but got {Float, Double}");
+    auto flat = mesh::DeviceMesh::Create(pg, {1, 2});
+    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = flat}), "Please init the 2D mesh for HSDP with mesh_dim_names specified");
+  });
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 8, [](const comm::ProcessGroupPtr& pg) {
+    auto cube = mesh::DeviceMesh::Create(pg, {2, 2, 2});
+    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = cube}), "fully_shard expects a 1D or 2D DeviceMesh");
+  });
+}
+
+}  // namespace
+}  // namespace fsdp::per_param
