@@ -139,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MeshCase{Backend::kThreaded, {1}}, MeshCase{Backend::kThreaded, {2}},
                       MeshCase{Backend::kThreaded, {3}}, MeshCase{Backend::kThreaded, {4}},
                       MeshCase{Backend::kThreaded, {2, 2}}, MeshCase{Backend::kThreaded, {1, 4}},
-                      MeshCase{Backend::kThreaded, {4, 1}}, MeshCase{Backend::kGlooThreads, {3}},
+                      MeshCase{Backend::kThreaded, {4, 1}}, MeshCase{Backend::kGlooThreads, {1}},
+                      MeshCase{Backend::kGlooThreads, {2}}, MeshCase{Backend::kGlooThreads, {3}},
                       MeshCase{Backend::kGlooThreads, {4}}, MeshCase{Backend::kGlooThreads, {2, 2}},
                       MeshCase{Backend::kGlooThreads, {1, 4}}, MeshCase{Backend::kGlooThreads, {4, 1}}),
     CaseName);
