@@ -10,14 +10,6 @@ int64_t Numel(const std::vector<int64_t>& size) {
   return n;
 }
 
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& size) {
-  std::vector<int64_t> stride(size.size(), 1);
-  for (int d = static_cast<int>(size.size()) - 2; d >= 0; --d) {
-    stride[d] = stride[d + 1] * std::max<int64_t>(size[d + 1], 1);
-  }
-  return stride;
-}
-
 int64_t DimShardLayout::sharded_numel() const { return Numel(sharded_size); }
 int64_t DimShardLayout::padded_sharded_numel() const { return Numel(padded_sharded_size); }
 

@@ -31,7 +31,6 @@ struct DimShardLayout {
 DimShardLayout MakeDimShardLayout(const std::vector<int64_t>& orig_size, int64_t shard_dim,
                                   int64_t world_size, int64_t rank);
 
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& size);
 int64_t Numel(const std::vector<int64_t>& size);
 
 }  // namespace fsdp

@@ -167,7 +167,7 @@ void ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor
     // gradients in zero_grad, which views refuse.
     at::Tensor grad = at::empty({0}, output.options());
     grad.set_(output.storage(), output.storage_offset() + offset, p->sharded_size(),
-              ContiguousStrides(p->sharded_size()));
+              dtensor::ContiguousStride(p->sharded_size()));
     if (p->offload_to_cpu()) grad = grad.cpu();
     p->AccumulateShardedGrad(grad);
     offset += padded_numels[i] / world;

@@ -162,7 +162,7 @@ void FSDPParam::AllocAllGatherOutput() { AllocStorage(all_gather_output_); }
 
 void FSDPParam::InitUnshardedParam() {
   if (unsharded_view_.defined()) return;  // same storage across unshards
-  unsharded_view_ = all_gather_output_.as_strided(layout_.orig_size, ContiguousStrides(layout_.orig_size), 0);
+  unsharded_view_ = all_gather_output_.as_strided(layout_.orig_size, dtensor::ContiguousStride(layout_.orig_size), 0);
 }
 
 void FSDPParam::FreeUnshardedParam() {
@@ -195,7 +195,7 @@ void FSDPParam::ToShardedPostForward() {
   stashed_unsharded_grad_ = param_.grad();
   param_.mutable_grad() = stashed_sharded_grad_;
   stashed_sharded_grad_ = at::Tensor();
-  SetParamData(post_forward_data_.as_strided(post_forward_size_, ContiguousStrides(post_forward_size_), 0));
+  SetParamData(post_forward_data_.as_strided(post_forward_size_, dtensor::ContiguousStride(post_forward_size_), 0));
   FreeUnshardedParam();
   sharded_state_ = ShardedState::kShardedPostForward;
 }
