@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/pair_flags.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_process_group.h"
 #include "comm/torchrun_env.h"
@@ -115,15 +116,7 @@ int main(int argc, char** argv) {
   InitGroups();
   // Only rank 0 reports; the others run the same sequence silently.
   std::vector<char*> args(argv, argv + argc);
-  int pair_repetitions = 3;
-  for (auto it = args.begin() + 1; it != args.end();) {
-    if (std::strncmp(*it, "--pair_repetitions=", 19) == 0) {
-      pair_repetitions = std::max(1, std::atoi(*it + 19));
-      it = args.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
   if (G().rank != 0) {
     args.erase(std::remove_if(args.begin() + 1, args.end(),
                               [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),

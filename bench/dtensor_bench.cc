@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/pair_flags.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "comm/gloo_process_group.h"
@@ -249,15 +250,7 @@ void RegisterAll(int pair_repetitions) {
 
 int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
-  int pair_repetitions = 3;
-  for (auto it = args.begin() + 1; it != args.end();) {
-    if (std::strncmp(*it, "--pair_repetitions=", 19) == 0) {
-      pair_repetitions = std::max(1, std::atoi(*it + 19));
-      it = args.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
   const std::string store = absl::StrCat("/tmp/fsdp_dtensor_bench_", getpid());
   std::remove(store.c_str());
   std::thread rank1(MirrorLoop, store);

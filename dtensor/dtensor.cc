@@ -141,11 +141,12 @@ DTensor distribute_tensor(const at::Tensor& tensor, const mesh::DeviceMeshPtr& m
     }
   }
   DTensorSpec spec = DTensorSpec::Make(mesh, normalized, tensor.sizes().vec(), tensor.scalar_type());
-  const Placements replicated(normalized.size(), Placement::Replicate());
-  at::Tensor local = RunRedistributePlan(data, spec.WithPlacements(replicated),
-                                         *PlanRedistribute(spec.WithPlacements(replicated), normalized));
-  // The DTensor owns exactly its shard (not a view keeping the full tensor alive).
-  if (local.is_alias_of(tensor) || local.is_alias_of(data)) local = local.clone();
+  const DTensorSpec replicated = spec.WithPlacements(Placements(normalized.size(), Placement::Replicate()));
+  at::Tensor local = RunRedistributePlan(data, replicated, *PlanRedistribute(replicated, normalized));
+  // The DTensor owns exactly its shard: never the caller's storage, nor a chunk view that
+  // would keep the whole (broadcast) tensor alive.
+  const bool owns_storage = local.storage_offset() == 0 && local.storage().nbytes() == local.nbytes();
+  if (local.is_alias_of(tensor) || !owns_storage) local = local.clone();
   local = local.detach().requires_grad_(tensor.requires_grad());
   return DTensor::FromSpec(std::move(local), std::move(spec));
 }

@@ -47,12 +47,18 @@ Chunk ChunkOf(int64_t n, int64_t pieces, int64_t index) {
   return {std::min(n, begin + full) - begin, begin};
 }
 
+std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t mesh_size,
+                                    int64_t coordinate) {
+  const int64_t sf = shard.split_factor();
+  std::vector<Chunk> chunks;
+  for (int64_t j = 0; j < sf; ++j) chunks.push_back(ChunkOf(n, mesh_size * sf, coordinate + j * mesh_size));
+  return chunks;
+}
+
 std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh_size,
                                  int64_t coordinate) {
-  const int64_t sf = shard.split_factor();
   std::vector<Segment> pieces;
-  for (int64_t j = 0; j < sf; ++j) {
-    const Chunk c = ChunkOf(n, mesh_size * sf, coordinate + j * mesh_size);
+  for (const Chunk& c : ShardPieceChunks(shard, n, mesh_size, coordinate)) {
     if (c.size > 0) AppendSlice({{0, n}}, c.offset, c.size, &pieces);
   }
   return pieces;

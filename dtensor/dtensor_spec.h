@@ -41,6 +41,12 @@ std::vector<std::vector<Segment>> LocalSegments(const std::vector<int64_t>& glob
                                                 const std::vector<int64_t>& coordinate,
                                                 const Placements& placements);
 
+// The pieces of a shard placement held by `coordinate` of a mesh dimension of `mesh_size`
+// ranks over `n` rows, one Chunk per piece in local order (split_factor of them; Shard
+// has one), empty pieces included.
+std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t mesh_size,
+                                    int64_t coordinate);
+
 // The part of a shard placement held by `coordinate` of a mesh dimension of `mesh_size`
 // ranks, given that dimension's `n` current rows: runs of positions in [0, n).
 std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh_size,

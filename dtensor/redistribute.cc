@@ -32,14 +32,6 @@ std::vector<int64_t> LogicalShape(const DTensorSpec& spec, const Placements& cur
   return shape;
 }
 
-// Rows rank r holds of a shard placement over n rows: per piece j (in local order).
-std::vector<Chunk> PieceChunks(const Placement& shard, int64_t n, int64_t group_size, int64_t r) {
-  std::vector<Chunk> chunks;
-  const int64_t sf = shard.split_factor();
-  for (int64_t j = 0; j < sf; ++j) chunks.push_back(ChunkOf(n, group_size * sf, r + j * group_size));
-  return chunks;
-}
-
 int64_t RowsOf(const std::vector<Chunk>& chunks) {
   int64_t rows = 0;
   for (const Chunk& c : chunks) rows += c.size;
@@ -49,7 +41,7 @@ int64_t RowsOf(const std::vector<Chunk>& chunks) {
 int64_t MaxRows(const Placement& shard, int64_t n, int64_t group_size) {
   int64_t rows = 0;
   for (int64_t r = 0; r < group_size; ++r) {
-    rows = std::max(rows, RowsOf(PieceChunks(shard, n, group_size, r)));
+    rows = std::max(rows, RowsOf(ShardPieceChunks(shard, n, group_size, r)));
   }
   return rows;
 }
@@ -92,7 +84,7 @@ int64_t StepBytes(const TransformStep& step, int64_t group_size, int64_t element
     case TransformKind::kAllToAll: {
       const int64_t d = step.src.dim();
       const int64_t rest = shape[d] == 0 ? 0 : Product(shape) / shape[d];
-      return rest * RowsOf(PieceChunks(step.src, shape[d], group_size, 0)) * element_size;
+      return rest * RowsOf(ShardPieceChunks(step.src, shape[d], group_size, 0)) * element_size;
     }
     default:
       return 0;
@@ -155,7 +147,7 @@ at::Tensor AllGatherShards(const at::Tensor& local, const Placement& shard,
     std::vector<at::Tensor> ordered(world * shard.split_factor());
     for (int64_t r = 0; r < world; ++r) {
       int64_t offset = r * max_rows;
-      const auto chunks = PieceChunks(shard, n, world, r);
+      const auto chunks = ShardPieceChunks(shard, n, world, r);
       for (size_t j = 0; j < chunks.size(); ++j) {
         ordered[r + j * world] = gathered.narrow(0, offset, chunks[j].size);
         offset += chunks[j].size;
@@ -179,7 +171,7 @@ at::Tensor ReduceScatterShards(const at::Tensor& local, const Placement& shard,
     std::vector<at::Tensor> blocks;
     for (int64_t r = 0; r < world; ++r) {
       std::vector<at::Tensor> parts;
-      for (const Chunk& c : PieceChunks(shard, n, world, r)) parts.push_back(rows.narrow(0, c.offset, c.size));
+      for (const Chunk& c : ShardPieceChunks(shard, n, world, r)) parts.push_back(rows.narrow(0, c.offset, c.size));
       at::Tensor block = at::cat(parts, 0);
       if (block.size(0) < max_rows) {
         std::vector<int64_t> pad_shape = block.sizes().vec();
@@ -194,7 +186,7 @@ at::Tensor ReduceScatterShards(const at::Tensor& local, const Placement& shard,
   out_shape[0] = max_rows;
   at::Tensor out = at::empty(out_shape, rows.options());
   group->reduce_scatter_tensor(out, input, op)->wait();
-  const int64_t mine = RowsOf(PieceChunks(shard, n, world, group->rank()));
+  const int64_t mine = RowsOf(ShardPieceChunks(shard, n, world, group->rank()));
   return out.narrow(0, 0, mine).movedim(0, d).contiguous();
 }
 

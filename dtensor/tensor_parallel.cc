@@ -45,13 +45,6 @@ struct AllReduceGradient : torch::autograd::Function<AllReduceGradient> {
   }
 };
 
-// A parameter must own exactly its shard: a chunk view would keep the full tensor alive.
-at::Tensor OwnedLeaf(const at::Tensor& local) {
-  at::Tensor t = local.detach().contiguous();
-  if (t.storage().nbytes() != t.nbytes() || t.storage_offset() != 0) t = t.clone();
-  return t;
-}
-
 }  // namespace
 
 const char* TensorParallelStyleName(TensorParallelStyle style) {
@@ -81,12 +74,12 @@ TensorParallelLinearImpl::TensorParallelLinearImpl(const torch::nn::Linear& line
   const Placements bias_placements{colwise ? Placement::Shard(0) : Placement::Replicate()};
 
   const DTensor w = distribute_tensor(full_weight, mesh_, weight_placements);
-  weight = register_parameter("weight", OwnedLeaf(w.to_local()), full_weight.requires_grad());
+  weight = register_parameter("weight", w.to_local(), full_weight.requires_grad());
   specs_.emplace_back("weight", w.spec());
   const at::Tensor& full_bias = linear->bias;
   if (full_bias.defined()) {
     const DTensor b = distribute_tensor(full_bias, mesh_, bias_placements);
-    bias = register_parameter("bias", OwnedLeaf(b.to_local()), full_bias.requires_grad());
+    bias = register_parameter("bias", b.to_local(), full_bias.requires_grad());
     specs_.emplace_back("bias", b.spec());
   }
 }

@@ -106,15 +106,15 @@ void ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor
       GetGradientDivideFactors(world, replicas, reduce_dtype, options.gradient_divide_factor);
 
   // Copy-in: row r of the [world, n] input holds every gradient's r-th dim-0 chunk, padded.
-  std::vector<int64_t> padded_numels;
+  std::vector<int64_t> padded_rows, padded_numels;
   int64_t total = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     if (params[i]->shard_dim() != 0) {  // even by construction: move the sharded dim to 0
       grads[i] = at::cat(grads[i].chunk(world, params[i]->shard_dim()), 0);
     }
     const int64_t rows = grads[i].size(0);
-    const int64_t padded_rows = (rows + world - 1) / world * world;
-    padded_numels.push_back(rows == 0 ? 0 : grads[i].numel() / rows * padded_rows);
+    padded_rows.push_back((rows + world - 1) / world * world);
+    padded_numels.push_back(rows == 0 ? 0 : grads[i].numel() / rows * padded_rows.back());
     total += padded_numels.back();
   }
   const int64_t out_numel = total / world;
@@ -124,10 +124,9 @@ void ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor
     const int64_t n = padded_numels[i] / world;
     if (n == 0) continue;
     at::Tensor g = grads[i].to(reduce_dtype);
-    const int64_t padded_rows = padded_numels[i] / (g.numel() / g.size(0));
-    if (padded_rows > g.size(0)) {
+    if (padded_rows[i] > g.size(0)) {
       std::vector<int64_t> pad = g.sizes().vec();
-      pad[0] = padded_rows - g.size(0);
+      pad[0] = padded_rows[i] - g.size(0);
       g = at::cat({g, at::zeros(pad, g.options())}, 0);
     }
     input.narrow(1, offset, n).copy_(g.reshape({world, n}));

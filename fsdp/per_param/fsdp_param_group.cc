@@ -106,11 +106,8 @@ void FSDPParamGroup::Unshard(bool async_op) {
   if (all_gather_result_.has_value()) return;  // already issued, pending wait
   if (is_unsharded()) return;
   if (!unshard_in_backward && training_state_ == TrainingState::kPreBackward) return;
-  if (!mesh_info_.shards()) {  // DDP: the "sharded" data is the full parameter
-    all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), comm::ProcessGroupPtr());
-    return;
-  }
-  all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), all_gather_group());
+  // DDP has no shard group: the "sharded" data is the full parameter, copied locally.
+  all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr);
   if (!async_op) all_gather_result_->work->wait();
 }
 

@@ -130,7 +130,6 @@ void FSDPState::PreBackward() {
 void FSDPState::RegisterRootPostBackwardFinalCallback() {
   if (state_ctx_->post_backward_final_callback_queued) return;
   state_ctx_->post_backward_final_callback_queued = true;
-  std::shared_ptr<FSDPStateContext> ctx = state_ctx_;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { RootPostBackwardFinalCallback(); });
 }
 
