@@ -115,6 +115,8 @@ class FSDPParam {
   std::optional<c10::ScalarType> reduce_dtype() const { return reduce_dtype_; }
   bool offload_to_cpu() const { return offload_.offload_to_cpu; }
   bool is_dtensor() const { return tp_spec_.has_value(); }
+  // The tensor-parallel layout of the parameter FSDP shards (is_dtensor()).
+  const std::optional<dtensor::DTensorSpec>& tp_spec() const { return tp_spec_; }
   const std::string& fqn() const { return fqn_; }
   void set_fqn(std::string fqn) { fqn_ = std::move(fqn); }
   std::string ToString() const;

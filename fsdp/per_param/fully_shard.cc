@@ -68,6 +68,16 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
 
   absl::flat_hash_set<const c10::TensorImpl*> seen;
   for (const auto& t : options.ignored_params) seen.insert(t.unsafeGetTensorImpl());
+  // Parameters a fully_shard'ed submodule already manages; registering one of them here too
+  // (weights tied across groups) would let this group read it while the other has it
+  // sharded.
+  absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> managed_below;
+  for (FSDPState* s : CollectStates(*module)) {
+    if (s->param_group() == nullptr) continue;
+    for (const auto& p : s->param_group()->fsdp_params()) {
+      managed_below.emplace(p->param().unsafeGetTensorImpl(), p.get());
+    }
+  }
   std::vector<torch::nn::Module*> managed;
   CollectManagedModules(*module, true, managed);
   std::vector<at::Tensor> params;
@@ -86,7 +96,18 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
         infos[it->second].shared.emplace_back(m, item.key());
         continue;
       }
-      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // ignored or managed below
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // ignored
+      if (auto below = managed_below.find(p.unsafeGetTensorImpl()); below != managed_below.end()) {
+        absl::flat_hash_map<const torch::nn::Module*, std::string> fqn;
+        for (const auto& named : module->named_modules("", /*include_self=*/true)) {
+          fqn.emplace(named.value().get(), named.key().empty() ? "" : named.key() + ".");
+        }
+        const ParamModuleInfo& owner = below->second->module_info();
+        TORCH_CHECK(false, "fully_shard: parameter '", fqn[m], item.key(), "' is the same tensor as '",
+                    fqn[owner.module], owner.param_name,
+                    "', which a fully_shard'ed submodule already manages. Tied parameters must belong to "
+                    "one FSDP group: fully_shard their lowest common ancestor instead of the submodule.");
+      }
       TORCH_CHECK(p.device() == options.device, "Expects the parameter to already be moved to device ",
                   options.device, " but got ", p.device(), " (", m->name(), ".", item.key(), ")");
       index_of.emplace(p.unsafeGetTensorImpl(), params.size());

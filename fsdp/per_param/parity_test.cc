@@ -11,7 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
+#include "dtensor/tensor_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
+#include "fsdp/per_param/test_models.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -19,15 +21,10 @@ namespace fsdp::per_param {
 namespace {
 
 using fsdp::testing::Backend;
-
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t d, int64_t hidden)
-      : fc1(register_module("fc1", torch::nn::Linear(d, hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, d))) {}
-  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
-  torch::nn::Linear fc1, fc2;
-};
-using Block = FullySharded<BlockImpl>;
+using testing::Batch;
+using testing::InitDeterministic;
+using testing::Net;
+using testing::NetOptions;
 
 struct Config {
   std::string name;
@@ -39,42 +36,30 @@ struct Config {
   bool explicit_prefetch = false;
   bool offload = false;
   bool bf16 = false;
+  bool tie = false;
+  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> output_dtype;
+  bool replicate = false;
 };
 
-// 3 -> 5 (uneven rows on most world sizes), blocks of 5 -> 7 -> 5, head 5 -> 1 (a parameter
-// smaller than the world), a 6-element bias.
-struct NetImpl : torch::nn::Module {
-  NetImpl(int64_t blocks, bool use_block_twice)
-      : in(register_module("in", torch::nn::Linear(3, 5))),
-        head(register_module("head", torch::nn::Linear(5, 1))),
-        twice(use_block_twice) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Block(5, 7)));
-    extra = register_parameter("extra", at::zeros({6}));
+// Every FSDP parameter, gathered, equals the reference's parameter of the same name (max
+// abs difference <= tol x max(1, parameter scale)). Returns the number checked.
+int ExpectMatchesReference(torch::nn::Module& model, torch::nn::Module& ref, double tol, const std::string& label,
+                           int rank) {
+  auto ref_params = ref.named_parameters();
+  int checked = 0;
+  for (FSDPState* s : CollectStates(model)) {
+    if (!s->param_group()) continue;
+    for (const auto& p : s->param_group()->fsdp_params()) {
+      const at::Tensor full = p->ShardedDTensor().full_tensor();
+      const at::Tensor expected = ref_params[p->fqn()];
+      const double scale = std::max(1.0, expected.abs().max().item<double>());
+      const double diff = (full - expected).abs().max().item<double>();
+      EXPECT_LE(diff, tol * scale) << label << " " << p->fqn() << " rank " << rank;
+      ++checked;
+    }
   }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = in(x);
-    for (auto& b : layers) h = b(h);
-    if (twice) h = layers.front()(h);
-    return head(h) + extra.sum();
-  }
-  torch::nn::Linear in, head;
-  std::vector<Block> layers;
-  at::Tensor extra;
-  bool twice;
-};
-using Net = FullySharded<NetImpl>;
-
-// Same values on every rank without the (thread-shared) global generator.
-void InitDeterministic(torch::nn::Module& m) {
-  at::NoGradGuard no_grad;
-  uint64_t seed = 11;
-  for (auto& p : m.parameters()) {
-    p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.4);
-  }
-}
-
-at::Tensor Batch(int step, int64_t rows, int64_t cols, uint64_t salt) {
-  return at::randn({rows, cols}, at::make_generator<at::CPUGeneratorImpl>(1000 * step + salt));
+  return checked;
 }
 
 constexpr int kSteps = 4;
@@ -82,7 +67,8 @@ constexpr int64_t kBatch = 12;  // divisible by 1..4
 
 void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
   const int w = world->size(), me = world->rank();
-  Net ref(2, cfg.use_block_twice), model(2, cfg.use_block_twice);
+  const NetOptions net{.use_block_twice = cfg.use_block_twice, .tie = cfg.tie};
+  Net ref(net), model(net);
   InitDeterministic(*ref);
   InitDeterministic(*model);
   if (cfg.freeze_first_fc1) {
@@ -98,15 +84,19 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
   opts.reshard_after_forward = cfg.reshard_after_forward;
   opts.offload_policy.offload_to_cpu = cfg.offload;
   if (cfg.bf16) opts.mp_policy.param_dtype = at::kBFloat16;
+  opts.mp_policy.reduce_dtype = cfg.reduce_dtype;
+  opts.replicate = cfg.replicate;
   std::vector<FSDPModule> blocks;
   for (auto& b : model->layers) blocks.push_back(fully_shard(b.ptr(), opts));
+  // Only the root casts its output (blocks' f32 outputs would meet the root's bf16 head).
+  opts.mp_policy.output_dtype = cfg.output_dtype;
   FSDPModule root = fully_shard(model.ptr(), opts);
   if (cfg.explicit_prefetch) {
     blocks[0].set_modules_to_forward_prefetch({blocks[1]});
     blocks[1].set_modules_to_backward_prefetch({blocks[0]});
   }
-  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW ref_opt(testing::UniqueParameters(*ref), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(testing::UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
 
   const int64_t local = kBatch / w;
   for (int step = 0; step < kSteps; ++step) {
@@ -125,22 +115,12 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
     opt.step();
     opt.zero_grad();
   }
-  // Every FSDP parameter, gathered, equals the reference's parameter of the same name.
   const double tol = cfg.bf16 ? 3e-2 : 1e-6;
-  auto ref_params = ref->named_parameters();
-  int checked = 0;
-  for (FSDPState* s : CollectStates(*model)) {
-    if (!s->param_group()) continue;
-    for (const auto& p : s->param_group()->fsdp_params()) {
-      const at::Tensor full = p->ShardedDTensor().full_tensor();
-      const at::Tensor expected = ref_params[p->fqn()];
-      const double scale = std::max(1.0, expected.abs().max().item<double>());
-      const double diff = (full - expected).abs().max().item<double>();
-      EXPECT_LE(diff, tol * scale) << cfg.name << " " << p->fqn() << " rank " << me;
-      ++checked;
-    }
+  EXPECT_EQ(ExpectMatchesReference(*model, *ref, tol, cfg.name, me),
+            static_cast<int>(testing::UniqueParameters(*ref).size()));
+  if (cfg.output_dtype) {
+    EXPECT_EQ(model(Batch(0, 2, 3, 1)).scalar_type(), *cfg.output_dtype);
   }
-  EXPECT_EQ(checked, static_cast<int>(ref->parameters().size()));
 }
 
 struct ParityCase {
@@ -172,6 +152,12 @@ std::vector<ParityCase> Cases() {
   add(Config{.name = "explicit_prefetch", .explicit_prefetch = true});
   add(Config{.name = "cpu_offload", .offload = true}, 3);
   add(Config{.name = "bf16", .bf16 = true}, 2);
+  add(Config{.name = "tied_weights", .tie = true}, 3);
+  add(Config{.name = "bf16_reduce_f32_output_f32", .bf16 = true, .reduce_dtype = at::kFloat,
+             .output_dtype = at::kFloat}, 4);
+  add(Config{.name = "bf16_reduce_bf16", .bf16 = true, .reduce_dtype = at::kBFloat16}, 3);
+  add(Config{.name = "replicate", .replicate = true}, 3);
+  add(Config{.name = "replicate_grad_accumulation", .micro_batches = 2, .replicate = true}, 2);
   cases.push_back({Backend::kGlooThreads, 4, Config{.name = "hsdp", .hsdp = true}});
   return cases;
 }
@@ -181,6 +167,64 @@ std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, ParityTest, ::testing::ValuesIn(Cases()), CaseName);
+
+// FSDP over "dp" of a (dp=2, tp=2) mesh around tensor-parallel blocks (colwise fc1, rowwise
+// fc2): FSDP shards each TP shard again, and the sharded parameter's spec is
+// (StridedShard(0, sf=2), Shard(0)) on the concatenated (dp, tp) mesh.
+struct TPBlockImpl : torch::nn::Module {
+  TPBlockImpl(const testing::BlockImpl& plain, const mesh::DeviceMeshPtr& tp)
+      : fc1(register_module("fc1", ParallelizeLinear(plain.fc1, tp, dtensor::TensorParallelStyle::kColwise))),
+        fc2(register_module("fc2", ParallelizeLinear(plain.fc2, tp, dtensor::TensorParallelStyle::kRowwise))) {}
+  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
+  dtensor::TensorParallelLinear fc1, fc2;
+};
+using TPBlock = FullySharded<TPBlockImpl>;
+
+torch::nn::Linear CloneLinear(const torch::nn::Linear& l) {
+  return torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(l->clone()));
+}
+
+// testing::NetImpl's forward with TP blocks; starts from `plain`'s values.
+struct TPNetImpl : torch::nn::Module {
+  TPNetImpl(const testing::NetImpl& plain, const mesh::DeviceMeshPtr& tp)
+      : in(register_module("in", CloneLinear(plain.in))), head(register_module("head", CloneLinear(plain.head))) {
+    for (size_t i = 0; i < plain.layers.size(); ++i) {
+      layers.push_back(register_module(absl::StrCat("block", i), TPBlock(*plain.layers[i], tp)));
+    }
+    extra = register_parameter("extra", plain.extra.detach().clone());
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = in(x);
+    for (auto& b : layers) h = b(h);
+    return head(h) + extra.sum();
+  }
+  torch::nn::Linear in, head;
+  std::vector<TPBlock> layers;
+  at::Tensor extra;
+};
+using TPNet = FullySharded<TPNetImpl>;
+
+TEST(FsdpTpParity, TwoByTwoMeshEqualsSingleRank) {
+  for (Backend backend : {Backend::kThreaded, Backend::kGlooThreads}) {
+    fsdp::testing::RunOnRanks(backend, 4, [](const comm::ProcessGroupPtr& pg) {
+      auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
+      auto dp = (*mesh)["dp"], tp = (*mesh)["tp"];
+      Net ref(NetOptions{.hidden = 8});  // even TP shards: see the README on uneven FSDP + TP
+      InitDeterministic(*ref);
+      TPNet model(*ref, tp);
+      for (auto& b : model->layers) fully_shard(b.ptr(), {.mesh = dp});
+      fully_shard(model.ptr(), {.mesh = dp});
+      const auto spec = CollectStates(*model)[1]->param_group()->fsdp_params()[0]->sharding_spec();
+      EXPECT_EQ(dtensor::ToString(spec.placements), "(StridedShard(dim=0, sf=2), Shard(dim=0))");
+      torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
+      torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+      testing::TrainSteps(ref, ref_opt, 0, kSteps, 1, 0);
+      testing::TrainSteps(model, opt, 0, kSteps, 2, static_cast<int>(mesh->coordinate()[0]));
+      EXPECT_EQ(ExpectMatchesReference(*model, *ref, 1e-6, "fsdp+tp", pg->rank()),
+                static_cast<int>(ref->parameters().size()));
+    });
+  }
+}
 
 }  // namespace
 }  // namespace fsdp::per_param

@@ -1,0 +1,276 @@
+#include "fsdp/per_param/state_dict.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/nn/module.h>
+
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/per_param/fsdp_state.h"
+
+namespace fsdp::per_param {
+namespace {
+
+// One state-dict key of the model: an FSDP-managed parameter (fsdp_param set) or a plain
+// tensor (buffer, ignored or unmanaged parameter).
+struct Entry {
+  std::string fqn;
+  FSDPParam* fsdp_param = nullptr;
+  at::Tensor tensor;
+
+  std::vector<int64_t> global_shape() const {
+    return fsdp_param ? fsdp_param->sharding_spec().shape : tensor.sizes().vec();
+  }
+};
+
+std::string Shape(c10::IntArrayRef size) { return absl::StrCat("[", absl::StrJoin(size, ", "), "]"); }
+
+// The model's keys in named_parameters() then named_buffers() order, with every FSDP group
+// resharded (the seed's to_sharded pre-save / pre-load hook).
+std::vector<Entry> ModelEntries(torch::nn::Module& root, const char* caller) {
+  absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> by_impl;
+  for (FSDPState* s : CollectStates(root)) {
+    FSDPParamGroup* g = s->param_group();
+    if (g == nullptr) continue;
+    TORCH_CHECK(g->training_state() == TrainingState::kIdle, caller, ": the FSDP group of '", g->module_fqn(),
+                "' is in training state ", ToString(g->training_state()),
+                "; state dicts are taken and loaded outside forward/backward");
+    g->Reshard();
+    for (const auto& p : g->fsdp_params()) by_impl.emplace(p->param().unsafeGetTensorImpl(), p.get());
+  }
+  std::vector<Entry> entries;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    auto it = by_impl.find(item.value().unsafeGetTensorImpl());
+    entries.push_back({item.key(), it == by_impl.end() ? nullptr : it->second, item.value()});
+  }
+  for (const auto& item : root.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) entries.push_back({item.key(), nullptr, item.value()});
+  }
+  return entries;
+}
+
+// The group all ranks of the model share (the meshes' world), or null without FSDP.
+comm::ProcessGroupPtr WorldGroup(const std::vector<Entry>& entries) {
+  for (const Entry& e : entries) {
+    if (e.fsdp_param) return e.fsdp_param->sharding_spec().mesh->world();
+  }
+  return nullptr;
+}
+
+// Copies `local` (the parameter's unsharded local value: the whole tensor, or its TP
+// shard) into this rank's rows of the sharded parameter.
+void CopyIntoShard(FSDPParam& p, const at::Tensor& local) {
+  const DimShardLayout& layout = p.layout();
+  at::NoGradGuard no_grad;
+  const int64_t rows = layout.sharded_size[layout.shard_dim];
+  if (rows > 0) p.param().data().copy_(local.narrow(layout.shard_dim, layout.offset, rows));
+  p.ResetShardedParam();  // the seed's load_state_dict post-hook
+}
+
+void CopyIntoPlain(const Entry& e, const at::Tensor& value) {
+  at::NoGradGuard no_grad;
+  e.tensor.data().copy_(value);
+}
+
+// What load_state_dict reports, in PyTorch's wording; empty when nothing is wrong.
+struct LoadErrors {
+  std::vector<std::string> missing, unexpected, problems;
+
+  void SizeMismatch(const std::string& fqn, c10::IntArrayRef have, c10::IntArrayRef want) {
+    problems.push_back(absl::StrCat("size mismatch for ", fqn, ": copying a param with shape ", Shape(have),
+                                    " from checkpoint, the shape in current model is ", Shape(want), "."));
+  }
+  std::string ToString() const {
+    std::string out;
+    if (!missing.empty()) absl::StrAppend(&out, "Missing key(s) in state_dict: ", absl::StrJoin(missing, ", "), ". ");
+    if (!unexpected.empty()) {
+      absl::StrAppend(&out, "Unexpected key(s) in state_dict: ", absl::StrJoin(unexpected, ", "), ". ");
+    }
+    absl::StrAppend(&out, absl::StrJoin(problems, " "));
+    return out;
+  }
+};
+
+std::string Mismatches(const std::vector<Entry>& entries, const FullStateDict& dict) {
+  LoadErrors errors;
+  absl::flat_hash_set<std::string> known;
+  for (const Entry& e : entries) {
+    known.insert(e.fqn);
+    const at::Tensor* value = dict.find(e.fqn);
+    if (value == nullptr) {
+      errors.missing.push_back(e.fqn);
+    } else if (value->sizes().vec() != e.global_shape()) {
+      errors.SizeMismatch(e.fqn, value->sizes(), e.global_shape());
+    }
+  }
+  for (const auto& item : dict) {
+    if (!known.contains(item.key())) errors.unexpected.push_back(item.key());
+  }
+  return errors.ToString();
+}
+
+}  // namespace
+
+ShardedStateDict GetShardedStateDict(torch::nn::Module& root) {
+  ShardedStateDict out;
+  for (const Entry& e : ModelEntries(root, "GetShardedStateDict")) {
+    if (e.fsdp_param) {
+      out.dtensors.insert(e.fqn, e.fsdp_param->ShardedDTensor());
+    } else {
+      out.tensors.insert(e.fqn, e.tensor.detach());
+    }
+  }
+  return out;
+}
+
+void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state_dict) {
+  const std::vector<Entry> entries = ModelEntries(root, "LoadShardedStateDict");
+  LoadErrors errors;
+  absl::flat_hash_set<std::string> known;
+  for (const Entry& e : entries) {
+    known.insert(e.fqn);
+    const dtensor::DTensor* d = state_dict.dtensors.find(e.fqn);
+    const at::Tensor* t = state_dict.tensors.find(e.fqn);
+    if (d == nullptr && t == nullptr) {
+      errors.missing.push_back(e.fqn);
+    } else if (e.fsdp_param && d == nullptr) {
+      errors.problems.push_back(absl::StrCat(e.fqn, " is sharded by FSDP and needs a DTensor, got a plain tensor."));
+    } else if (!e.fsdp_param && t == nullptr) {
+      errors.problems.push_back(absl::StrCat(e.fqn, " is not managed by FSDP and needs a plain tensor, got a DTensor."));
+    } else {
+      const std::vector<int64_t> have = d ? d->sizes() : t->sizes().vec();
+      if (have != e.global_shape()) {
+        errors.SizeMismatch(e.fqn, have, e.global_shape());
+      } else if (d && !dtensor::SameMesh(*d->device_mesh(), *e.fsdp_param->sharding_spec().mesh)) {
+        errors.problems.push_back(absl::StrCat(e.fqn, ": the checkpoint's mesh ", d->device_mesh()->ToString(),
+                                        " differs from the parameter's mesh ",
+                                        e.fsdp_param->sharding_spec().mesh->ToString(),
+                                        " (load a full state dict to change the world size)."));
+      }
+    }
+  }
+  for (const auto& item : state_dict.dtensors) {
+    if (!known.contains(item.key())) errors.unexpected.push_back(item.key());
+  }
+  for (const auto& item : state_dict.tensors) {
+    if (!known.contains(item.key())) errors.unexpected.push_back(item.key());
+  }
+  const std::string error = errors.ToString();
+  TORCH_CHECK(error.empty(), "LoadShardedStateDict: Error(s) in loading state_dict: ", error);
+
+  for (const Entry& e : entries) {
+    if (!e.fsdp_param) {
+      CopyIntoPlain(e, state_dict.tensors[e.fqn]);
+      continue;
+    }
+    const dtensor::DTensor& d = state_dict.dtensors[e.fqn];
+    const dtensor::DTensorSpec& want = e.fsdp_param->sharding_spec();
+    at::Tensor local = d.to_local();
+    if (dtensor::ToString(d.placements()) != dtensor::ToString(want.placements)) {
+      at::NoGradGuard no_grad;
+      local = dtensor::RedistributeLocal(local.detach(), d.spec(), want.placements);
+    }
+    TORCH_CHECK(local.sizes().vec() == e.fsdp_param->sharded_size(), "LoadShardedStateDict: ", e.fqn,
+                ": local shard of shape ", Shape(local.sizes()), " but this rank holds ",
+                Shape(e.fsdp_param->sharded_size()));
+    at::NoGradGuard no_grad;
+    e.fsdp_param->param().data().copy_(local);
+    e.fsdp_param->ResetShardedParam();
+  }
+}
+
+FullStateDict GetFullStateDict(torch::nn::Module& root, const FullStateDictOptions& options) {
+  const std::vector<Entry> entries = ModelEntries(root, "GetFullStateDict");
+  const comm::ProcessGroupPtr world = WorldGroup(entries);
+  const bool keep = !options.rank0_only || world == nullptr || world->rank() == 0;
+  FullStateDict out;
+  absl::flat_hash_map<const FSDPParam*, at::Tensor> gathered;  // tied: gather once
+  at::NoGradGuard no_grad;
+  for (const Entry& e : entries) {
+    at::Tensor value;
+    if (e.fsdp_param) {
+      auto it = gathered.find(e.fsdp_param);
+      if (it == gathered.end()) {
+        it = gathered.emplace(e.fsdp_param, e.fsdp_param->ShardedDTensor().full_tensor().detach()).first;
+      }
+      value = it->second;
+    } else {
+      value = e.tensor.detach();
+    }
+    if (!keep) continue;  // gathered (collective) but dropped right away
+    out.insert(e.fqn, options.cpu_offload ? value.cpu() : value);
+  }
+  return out;
+}
+
+void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict, const FullStateDictOptions& options) {
+  const std::vector<Entry> entries = ModelEntries(root, "LoadFullStateDict");
+  const comm::ProcessGroupPtr world = WorldGroup(entries);
+  const bool broadcast = options.rank0_only && world != nullptr && world->size() > 1;
+  const bool source = !broadcast || world->rank() == 0;
+  const std::string error = source ? Mismatches(entries, state_dict) : std::string();
+  if (broadcast) {  // every rank fails together instead of waiting on rank 0's broadcasts
+    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+    world->broadcast(failed, 0)->wait();
+    TORCH_CHECK(failed.item<int>() == 0, "LoadFullStateDict: Error(s) in loading rank 0's state_dict: ",
+                source ? error : std::string("(see rank 0's error)"));
+  }
+  TORCH_CHECK(error.empty(), "LoadFullStateDict: Error(s) in loading state_dict: ", error);
+
+  absl::flat_hash_set<const FSDPParam*> loaded;  // tied: load once
+  for (const Entry& e : entries) {
+    if (e.fsdp_param && !loaded.insert(e.fsdp_param).second) continue;
+    const c10::ScalarType dtype = e.fsdp_param ? e.fsdp_param->orig_dtype() : e.tensor.scalar_type();
+    at::Tensor full;
+    if (source) full = state_dict[e.fqn];
+    if (broadcast) {
+      full = source ? full.to(dtype).contiguous() : at::empty(e.global_shape(), at::TensorOptions(dtype));
+      world->broadcast(full, 0)->wait();
+    }
+    if (!e.fsdp_param) {
+      CopyIntoPlain(e, full);
+      continue;
+    }
+    at::Tensor local = full;
+    if (const auto& tp = e.fsdp_param->tp_spec()) {
+      local = dtensor::distribute_tensor(full, tp->mesh, tp->placements, std::nullopt).to_local();
+    }
+    CopyIntoShard(*e.fsdp_param, local);
+  }
+}
+
+void SaveFullStateDict(const FullStateDict& state_dict, const std::string& path) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& item : state_dict) dict.insert(item.key(), item.value().detach().cpu());
+  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
+  std::ofstream out(path, std::ios::binary);
+  TORCH_CHECK(out.good(), "SaveFullStateDict: cannot open '", path, "' for writing");
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  TORCH_CHECK(out.good(), "SaveFullStateDict: writing '", path, "' failed");
+}
+
+FullStateDict LoadFullStateDictFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "LoadFullStateDictFile: cannot open '", path, "'");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const c10::IValue value = torch::jit::pickle_load(bytes);
+  TORCH_CHECK(value.isGenericDict(), "LoadFullStateDictFile: '", path, "' holds a ", value.tagKind(),
+              ", not a str -> Tensor dict");
+  FullStateDict out;
+  for (const auto& item : value.toGenericDict()) {
+    TORCH_CHECK(item.key().isString() && item.value().isTensor(), "LoadFullStateDictFile: '", path,
+                "' has an entry that is not str -> Tensor");
+    out.insert(item.key().toStringRef(), item.value().toTensor());
+  }
+  return out;
+}
+
+}  // namespace fsdp::per_param

@@ -1,0 +1,73 @@
+// Model state dicts of fully_shard'ed modules: sharded (PyTorch's model.state_dict() with
+// DTensor parameters) and full (torch.distributed.checkpoint.state_dict's
+// full_state_dict / cpu_offload / broadcast_from_rank0 options), keyed by the original
+// parameter names (FQNs relative to the root module; no FSDP wrapper in them).
+//
+// Every function here is collective over the ranks of the model's meshes when it gathers
+// or broadcasts (full state dicts): call it on every rank, in the same order, outside
+// forward/backward. Groups that are unsharded (e.g. the root after forward with
+// reshard_after_forward false) are resharded first, as the seed's pre-save/pre-load hooks
+// do.
+#ifndef FSDP_FSDP_PER_PARAM_STATE_DICT_H_
+#define FSDP_FSDP_PER_PARAM_STATE_DICT_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/ordered_dict.h>
+
+#include <string>
+
+#include "dtensor/dtensor.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::per_param {
+
+// FQN -> tensor, in the module's named_parameters() then named_buffers() order. Tied
+// parameters appear under each of their names (as PyTorch's state_dict()).
+using FullStateDict = torch::OrderedDict<std::string, at::Tensor>;
+
+struct ShardedStateDict {
+  // FSDP-managed parameters as DTensors (the sharded parameter: Shard(dim) on the FSDP
+  // mesh, (Replicate, Shard) for HSDP, (StridedShard, TP placements) for FSDP + TP). The
+  // local tensors alias the live parameters: clone them to keep a snapshot.
+  torch::OrderedDict<std::string, dtensor::DTensor> dtensors;
+  // Buffers and parameters FSDP does not manage (ignored_params), as this rank holds them.
+  FullStateDict tensors;
+};
+
+ShardedStateDict GetShardedStateDict(torch::nn::Module& root);
+
+// Copies `state_dict` into the model's shards. Keys must match exactly (missing and
+// unexpected keys are errors naming them). A DTensor must have the parameter's global
+// shape and a mesh with the parameter's layout; other placements on that mesh are
+// redistributed (e.g. a Replicate checkpoint). Values are copied (dtype cast as
+// Tensor::copy_), so the state dict stays usable.
+void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state_dict);
+
+struct FullStateDictOptions {
+  // Get: ranks other than 0 return an empty dict (they still take part in the gathers).
+  // Load: only rank 0's dict is read (the others may pass an empty one); each tensor is
+  // broadcast from rank 0 and sliced locally.
+  bool rank0_only = false;
+  // Get: move the gathered tensors to the CPU.
+  bool cpu_offload = false;
+};
+
+// All-gathers every parameter; FSDP-managed ones come back unpadded in the original shape.
+FullStateDict GetFullStateDict(torch::nn::Module& root, const FullStateDictOptions& options = {});
+
+// Takes this rank's shard of each full tensor (torch.chunk on the shard dim; for FSDP + TP
+// the tensor-parallel chunk first). Shapes must equal the parameters' global shapes.
+void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
+                       const FullStateDictOptions& options = {});
+
+// A full state dict as a file (torch pickle of a str -> Tensor dict; tensors are saved
+// from the CPU) and back.
+void SaveFullStateDict(const FullStateDict& state_dict, const std::string& path);
+FullStateDict LoadFullStateDictFile(const std::string& path);
+
+}  // namespace fsdp::per_param
+
+#endif  // FSDP_FSDP_PER_PARAM_STATE_DICT_H_
