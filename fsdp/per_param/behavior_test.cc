@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+
 #include "comm/comm_trace.h"
 #include "comm/threaded_process_group.h"
 #include "fsdp/per_param/fully_shard.h"
@@ -31,12 +35,12 @@ struct RootImpl : torch::nn::Module {
 using Root = FullySharded<RootImpl>;
 
 // Bytes of a group's padded unsharded parameters: dim 0 rounded up to a multiple of w.
-int64_t PaddedBytes(const std::vector<std::vector<int64_t>>& shapes, int64_t w) {
+int64_t PaddedBytes(const std::vector<std::vector<int64_t>>& shapes, int64_t w, int64_t element_size = 4) {
   int64_t total = 0;
   for (const auto& s : shapes) {
     int64_t rest = 1;
     for (size_t d = 1; d < s.size(); ++d) rest *= s[d];
-    total += (s[0] + w - 1) / w * w * rest * 4;
+    total += (s[0] + w - 1) / w * w * rest * element_size;
   }
   return total;
 }
@@ -140,6 +144,111 @@ TEST(FullyShardErrors, SeedErrorsAreRaisedWithTheirMessages) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 8, [](const comm::ProcessGroupPtr& pg) {
     auto cube = mesh::DeviceMesh::Create(pg, {2, 2, 2});
     EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = cube}), "fully_shard expects a 1D or 2D DeviceMesh");
+  });
+}
+
+TEST(FullyShardMixedPrecision, AllGatherInParamDtypeReduceScatterInReduceDtype) {
+  for (bool reduce_f32 : {false, true}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [reduce_f32](const comm::ProcessGroupPtr& pg) {
+      auto trace = std::make_shared<comm::CommTrace>(pg);
+      auto mesh = mesh::DeviceMesh::Create(trace, {4});
+      Root model;
+      FullyShardOptions opts{.mesh = mesh};
+      opts.mp_policy.param_dtype = at::kBFloat16;
+      if (reduce_f32) opts.mp_policy.reduce_dtype = at::kFloat;
+      fully_shard(model->first.ptr(), opts);
+      fully_shard(model->second.ptr(), opts);
+      fully_shard(model.ptr(), opts);
+      const at::Tensor out = model(at::ones({4, 5}));
+      EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+      out.sum().backward();
+      const std::vector<std::vector<int64_t>> leaf = {{3, 5}, {3}, {6, 3}, {6}}, root = {{5, 6}, {5}};
+      const int64_t reduce_size = reduce_f32 ? 4 : 2;
+      // The root keeps its parameters after forward: 2 gathers per leaf, 1 for the root.
+      EXPECT_EQ(trace->total_output_bytes("all_gather_into_tensor"), 4 * PaddedBytes(leaf, 4, 2) + PaddedBytes(root, 4, 2));
+      EXPECT_EQ(trace->total_input_bytes("reduce_scatter_tensor"),
+                2 * PaddedBytes(leaf, 4, reduce_size) + PaddedBytes(root, 4, reduce_size));
+      for (FSDPState* s : CollectStates(*model)) {
+        for (const auto& p : s->param_group()->fsdp_params()) {
+          EXPECT_EQ(p->param().scalar_type(), at::kFloat) << p->fqn();  // sharded: original dtype
+          EXPECT_EQ(p->param().grad().scalar_type(), at::kFloat) << p->fqn();
+        }
+      }
+    });
+  }
+}
+
+// Blocks that report, while they compute (forward) and while their gradient flows
+// (backward), how many bytes of parameter storage FSDP holds on this rank.
+struct ProbedBlockImpl : torch::nn::Module {
+  explicit ProbedBlockImpl(std::function<void()>* probe)
+      : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 8))),
+        probe_(probe) {}
+  at::Tensor forward(const at::Tensor& x) {
+    (*probe_)();
+    at::Tensor h = fc2(fc1(x).relu());
+    h.register_hook([probe = probe_](const at::Tensor& g) {
+      (*probe)();
+      return g;
+    });
+    return x + h;
+  }
+  torch::nn::Linear fc1, fc2;
+  std::function<void()>* probe_;
+};
+using ProbedBlock = FullySharded<ProbedBlockImpl>;
+
+struct ProbedNetImpl : torch::nn::Module {
+  explicit ProbedNetImpl(std::function<void()>* probe) : in(register_module("in", torch::nn::Linear(5, 8))) {
+    for (int i = 0; i < 6; ++i) blocks.push_back(register_module(absl::StrCat("block", i), ProbedBlock(probe)));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = in(x);
+    for (auto& b : blocks) h = b(h);
+    return h;
+  }
+  torch::nn::Linear in;
+  std::vector<ProbedBlock> blocks;
+};
+
+int64_t GroupUnshardedBytes(const FSDPParamGroup& g) {
+  int64_t bytes = 0;
+  for (const auto& p : g.fsdp_params()) bytes += p->AllGatherInputNumel() * g.mesh_info().shard_size() * 4;
+  return bytes;
+}
+
+TEST(FullyShardMemory, PeakParameterStorageIsTheZero3FormulaPlusAtMostOnePrefetchedGroup) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {4});
+    std::function<void()> probe = [] {};
+    auto model = std::make_shared<FullyShardedImpl<ProbedNetImpl>>(&probe);
+    for (auto& b : model->blocks) fully_shard(b.ptr(), {.mesh = mesh});
+    fully_shard(model, {.mesh = mesh, .reshard_after_forward = true});
+    const std::vector<FSDPState*> states = CollectStates(*model);
+    int64_t sharded = 0, peak = 0, samples = 0;
+    for (FSDPState* s : states) {
+      for (const auto& p : s->param_group()->fsdp_params()) sharded += p->AllGatherInputNumel() * 4;
+    }
+    probe = [&] {
+      int64_t bytes = 0;
+      for (FSDPState* s : states) {
+        for (const auto& p : s->param_group()->fsdp_params()) {
+          bytes += p->sharded_param_data().storage().nbytes();
+          if (p->all_gather_output().defined()) bytes += p->all_gather_output().storage().nbytes();
+        }
+      }
+      peak = std::max(peak, bytes);
+      ++samples;
+    };
+    model->forward(at::ones({4, 5})).sum().backward();
+    EXPECT_EQ(samples, 12);
+    // ZeRO-3: every shard, plus the root (gathered around its whole forward body) and the
+    // one block that computes; implicit prefetch may hold one more block.
+    const int64_t root = GroupUnshardedBytes(*states[0]->param_group());
+    const int64_t block = GroupUnshardedBytes(*states[1]->param_group());
+    const int64_t formula = sharded + root + block;
+    EXPECT_GE(peak, formula);
+    EXPECT_LE(peak, formula + block) << "sharded " << sharded << " root " << root << " block " << block;
   });
 }
 

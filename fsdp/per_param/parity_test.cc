@@ -159,6 +159,9 @@ std::vector<ParityCase> Cases() {
   add(Config{.name = "replicate", .replicate = true}, 3);
   add(Config{.name = "replicate_grad_accumulation", .micro_batches = 2, .replicate = true}, 2);
   cases.push_back({Backend::kGlooThreads, 4, Config{.name = "hsdp", .hsdp = true}});
+  cases.push_back({Backend::kGlooProcesses, 3, Config{"default"}});
+  cases.push_back({Backend::kGlooProcesses, 4, Config{.name = "hsdp_reshard_false", .reshard_after_forward = false,
+                                                      .hsdp = true}});
   return cases;
 }
 
