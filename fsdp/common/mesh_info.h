@@ -19,11 +19,21 @@ struct FSDPMeshInfo {
   enum class Kind { kFsdp, kHsdp, kDdp };
   Kind kind = Kind::kFsdp;
   mesh::DeviceMeshPtr mesh;
+  // SPMD (fully_shard's dp_mesh_dims): parameters are DTensors on `spmd_mesh`, Replicate on
+  // its data-parallel dims; `mesh` is the slice of those dims. Null otherwise.
+  mesh::DeviceMeshPtr spmd_mesh;
+  int spmd_dp_shard_dim = -1;      // index in spmd_mesh
+  int spmd_dp_replicate_dim = -1;  // index in spmd_mesh (HSDP), or -1
 
   static FSDPMeshInfo Fsdp(mesh::DeviceMeshPtr mesh);
   static FSDPMeshInfo Hsdp(mesh::DeviceMeshPtr mesh);
   static FSDPMeshInfo Ddp(mesh::DeviceMeshPtr mesh);
 
+  // FSDP (shard only) or HSDP (replicate given) over dims of an SPMD mesh, by name.
+  static FSDPMeshInfo Spmd(mesh::DeviceMeshPtr spmd_mesh, const std::string& shard,
+                           const std::optional<std::string>& replicate);
+
+  bool is_spmd_mesh() const { return spmd_mesh != nullptr; }
   bool shards() const { return kind != Kind::kDdp; }
   bool replicates() const { return kind != Kind::kFsdp; }
   int shard_mesh_dim() const { return kind == Kind::kHsdp ? 1 : 0; }

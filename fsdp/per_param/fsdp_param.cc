@@ -81,6 +81,14 @@ FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo
 void FSDPParam::InitShardingSpec(const std::vector<int64_t>& local_size, c10::ScalarType dtype) {
   using dtensor::Placement;
   const Placement fsdp = Placement::Shard(layout_.shard_dim);
+  if (mesh_info_.is_spmd_mesh()) {
+    TORCH_CHECK(tp_spec_.has_value(),
+                "When dp_mesh_dims is provided, all parameters must be DTensors on the full SPMD mesh (e.g. via "
+                "distribute_module; in C++ a DistributedParameterModule spec). Got plain tensor for parameter '",
+                module_info_.param_name, "'.");
+    InitShardingSpecSpmd(dtype);
+    return;
+  }
   if (!tp_spec_) {
     dtensor::Placements placements;
     switch (mesh_info_.kind) {
@@ -109,6 +117,35 @@ void FSDPParam::InitShardingSpec(const std::vector<int64_t>& local_size, c10::Sc
   for (const Placement& p : tp_spec_->placements) placements.push_back(p);
   auto spmd_mesh = mesh::Concatenate({mesh_info_.mesh, tp_spec_->mesh});
   sharding_spec_ = dtensor::DTensorSpec::Make(spmd_mesh, placements, tp_spec_->shape, dtype);
+}
+
+// The parameter is a DTensor on the whole SPMD mesh, Replicate on the data-parallel dims;
+// FSDP turns its dp shard dim into Shard, or StridedShard when mesh dims to its right shard
+// the same tensor dim (they split first, so FSDP's chunks interleave with theirs).
+void FSDPParam::InitShardingSpecSpmd(c10::ScalarType dtype) {
+  using dtensor::Placement;
+  const mesh::DeviceMeshPtr& spmd = mesh_info_.spmd_mesh;
+  // PyTorch compares mesh objects; meshes here are values, so: same ranks, shape and names.
+  TORCH_CHECK(dtensor::SameMesh(*tp_spec_->mesh, *spmd) && tp_spec_->mesh->dim_names() == spmd->dim_names(),
+              "Expected param's DTensor mesh to be the same mesh passed to fully_shard, but got different mesh "
+              "objects: ", tp_spec_->mesh->ToString(), " vs ", spmd->ToString(), " (", module_info_.param_name, ")");
+  const dtensor::Placements& orig = tp_spec_->placements;
+  auto expect_replicate = [&](int idx, const char* what) {
+    if (idx < 0) return;
+    TORCH_CHECK(orig[idx].is_replicate(), "Expected Replicate() on DP ", what, " dim '", spmd->dim_names()[idx],
+                "' (index ", idx, ") but got ", orig[idx].ToString());
+  };
+  expect_replicate(mesh_info_.spmd_dp_shard_dim, "shard");
+  expect_replicate(mesh_info_.spmd_dp_replicate_dim, "replicate");
+  int64_t split_factor = 1;
+  for (int j = mesh_info_.spmd_dp_shard_dim + 1; j < spmd->ndim(); ++j) {
+    if (orig[j].is_shard(layout_.shard_dim)) split_factor *= spmd->size(j);
+  }
+  dtensor::Placements placements = orig;
+  placements[mesh_info_.spmd_dp_shard_dim] = split_factor > 1
+                                                 ? Placement::StridedShard(layout_.shard_dim, split_factor)
+                                                 : Placement::Shard(layout_.shard_dim);
+  sharding_spec_ = dtensor::DTensorSpec::Make(spmd, placements, tp_spec_->shape, dtype);
 }
 
 void FSDPParam::InitDtypeAttrs(const MixedPrecisionPolicy& policy) {

@@ -125,6 +125,7 @@ class FSDPParam {
   void AssertInStates(std::initializer_list<ShardedState> states, const char* what) const;
   void SetParamData(const at::Tensor& data);
   void InitShardingSpec(const std::vector<int64_t>& local_size, c10::ScalarType dtype);
+  void InitShardingSpecSpmd(c10::ScalarType dtype);
 
   at::Tensor param_;
   ParamModuleInfo module_info_;

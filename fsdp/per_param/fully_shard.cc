@@ -49,10 +49,13 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
   TORCH_CHECK(hooks->fsdp_state() == nullptr, "fully_shard: ", module->name(), " is already fully_shard'ed");
   TORCH_CHECK(options.mesh != nullptr, "fully_shard: options.mesh is null");
   const auto& mesh = options.mesh;
-  TORCH_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "fully_shard expects a 1D or 2D DeviceMesh but got ",
-              mesh->ToString());
+  TORCH_CHECK(options.dp_mesh_dims || mesh->ndim() == 1 || mesh->ndim() == 2,
+              "fully_shard expects a 1D or 2D DeviceMesh but got ", mesh->ToString());
   FSDPMeshInfo mesh_info;
-  if (options.replicate) {
+  if (options.dp_mesh_dims) {
+    TORCH_CHECK(!options.replicate, "fully_shard: replicate is not supported with dp_mesh_dims");
+    mesh_info = FSDPMeshInfo::Spmd(mesh, options.dp_mesh_dims->shard, options.dp_mesh_dims->replicate);
+  } else if (options.replicate) {
     mesh_info = FSDPMeshInfo::Ddp(mesh);
   } else if (mesh->ndim() == 1) {
     mesh_info = FSDPMeshInfo::Fsdp(mesh);

@@ -28,6 +28,12 @@
 
 namespace fsdp::per_param {
 
+// Names of the data-parallel dims of an SPMD mesh (PyTorch's DataParallelMeshDims).
+struct DataParallelMeshDims {
+  std::string shard;
+  std::optional<std::string> replicate;
+};
+
 struct FullyShardOptions {
   // 1-D: FSDP over it. 2-D with dim names: HSDP (replicate over dim 0, shard over dim 1).
   mesh::DeviceMeshPtr mesh;
@@ -42,6 +48,10 @@ struct FullyShardOptions {
   std::vector<at::Tensor> ignored_params;
   // Replicate instead of shard (FSDP2's replicate(): DDP mesh info). Requires a 1-D mesh.
   bool replicate = false;
+  // SPMD: `mesh` is the whole SPMD mesh (any number of named dims), every parameter is a
+  // DTensor on it (a DistributedParameterModule spec) with Replicate on these dims, and
+  // FSDP shards over `shard` (HSDP: and replicates over `replicate`, which must precede it).
+  std::optional<DataParallelMeshDims> dp_mesh_dims;
   // Parameters must already live here.
   c10::Device device = c10::Device(c10::kCPU);
 };

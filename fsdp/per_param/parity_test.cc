@@ -171,14 +171,40 @@ std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, ParityTest, ::testing::ValuesIn(Cases()), CaseName);
 
+// A tensor-parallel Linear whose parameter specs live on the whole (dp, tp) mesh with
+// `dp_placement` (Replicate) on dp: the parameters fully_shard's dp_mesh_dims expects.
+struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
+  SpmdLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr spmd, dtensor::TensorParallelStyle style,
+                 dtensor::Placement dp_placement)
+      : TensorParallelLinearImpl(linear, (*spmd)["tp"], style), spmd_(std::move(spmd)), dp_(dp_placement) {}
+  std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
+    auto specs = TensorParallelLinearImpl::named_parameter_specs();
+    for (auto& [name, spec] : specs) {
+      spec = dtensor::DTensorSpec::Make(spmd_, {dp_, spec.placements[0]}, spec.shape, spec.dtype);
+    }
+    return specs;
+  }
+  mesh::DeviceMeshPtr spmd_;
+  dtensor::Placement dp_;
+};
+
 // FSDP over "dp" of a (dp=2, tp=2) mesh around tensor-parallel blocks (colwise fc1, rowwise
 // fc2): FSDP shards each TP shard again, and the sharded parameter's spec is
-// (StridedShard(0, sf=2), Shard(0)) on the concatenated (dp, tp) mesh.
+// (StridedShard(0, sf=2), Shard(0)) on the (dp, tp) mesh. `spmd` set: the blocks' specs are
+// on that whole mesh (the dp_mesh_dims path) instead of the tp mesh (the concatenation path).
 struct TPBlockImpl : torch::nn::Module {
-  TPBlockImpl(const testing::BlockImpl& plain, const mesh::DeviceMeshPtr& tp)
-      : fc1(register_module("fc1", ParallelizeLinear(plain.fc1, tp, dtensor::TensorParallelStyle::kColwise))),
-        fc2(register_module("fc2", ParallelizeLinear(plain.fc2, tp, dtensor::TensorParallelStyle::kRowwise))) {}
+  TPBlockImpl(const testing::BlockImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd,
+              dtensor::Placement dp_placement)
+      : fc1(register_module("fc1", Parallel(plain.fc1, tp, spmd, dtensor::TensorParallelStyle::kColwise, dp_placement))),
+        fc2(register_module("fc2", Parallel(plain.fc2, tp, spmd, dtensor::TensorParallelStyle::kRowwise, dp_placement))) {}
   at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
+  static dtensor::TensorParallelLinear Parallel(const torch::nn::Linear& l, const mesh::DeviceMeshPtr& tp,
+                                                const mesh::DeviceMeshPtr& spmd, dtensor::TensorParallelStyle style,
+                                                dtensor::Placement dp_placement) {
+    if (!spmd) return ParallelizeLinear(l, tp, style);
+    std::shared_ptr<dtensor::TensorParallelLinearImpl> impl = std::make_shared<SpmdLinearImpl>(l, spmd, style, dp_placement);
+    return dtensor::TensorParallelLinear(impl);
+  }
   dtensor::TensorParallelLinear fc1, fc2;
 };
 using TPBlock = FullySharded<TPBlockImpl>;
@@ -189,10 +215,11 @@ torch::nn::Linear CloneLinear(const torch::nn::Linear& l) {
 
 // testing::NetImpl's forward with TP blocks; starts from `plain`'s values.
 struct TPNetImpl : torch::nn::Module {
-  TPNetImpl(const testing::NetImpl& plain, const mesh::DeviceMeshPtr& tp)
+  TPNetImpl(const testing::NetImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd = nullptr,
+            dtensor::Placement dp_placement = dtensor::Placement::Replicate())
       : in(register_module("in", CloneLinear(plain.in))), head(register_module("head", CloneLinear(plain.head))) {
     for (size_t i = 0; i < plain.layers.size(); ++i) {
-      layers.push_back(register_module(absl::StrCat("block", i), TPBlock(*plain.layers[i], tp)));
+      layers.push_back(register_module(absl::StrCat("block", i), TPBlock(*plain.layers[i], tp, spmd, dp_placement)));
     }
     extra = register_parameter("extra", plain.extra.detach().clone());
   }
@@ -208,25 +235,48 @@ struct TPNetImpl : torch::nn::Module {
 using TPNet = FullySharded<TPNetImpl>;
 
 TEST(FsdpTpParity, TwoByTwoMeshEqualsSingleRank) {
-  for (Backend backend : {Backend::kThreaded, Backend::kGlooThreads}) {
-    fsdp::testing::RunOnRanks(backend, 4, [](const comm::ProcessGroupPtr& pg) {
+  struct Case {
+    Backend backend;
+    bool spmd;
+  };
+  for (Case c : {Case{Backend::kThreaded, false}, Case{Backend::kGlooThreads, false}, Case{Backend::kThreaded, true}}) {
+    fsdp::testing::RunOnRanks(c.backend, 4, [c](const comm::ProcessGroupPtr& pg) {
       auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
       auto dp = (*mesh)["dp"], tp = (*mesh)["tp"];
       Net ref(NetOptions{.hidden = 8});  // even TP shards: see the README on uneven FSDP + TP
       InitDeterministic(*ref);
-      TPNet model(*ref, tp);
-      for (auto& b : model->layers) fully_shard(b.ptr(), {.mesh = dp});
+      TPNet model(*ref, tp, c.spmd ? mesh : nullptr);
+      FullyShardOptions block_opts{.mesh = dp};
+      if (c.spmd) block_opts = FullyShardOptions{.mesh = mesh, .dp_mesh_dims = DataParallelMeshDims{"dp"}};
+      for (auto& b : model->layers) fully_shard(b.ptr(), block_opts);
       fully_shard(model.ptr(), {.mesh = dp});
       const auto spec = CollectStates(*model)[1]->param_group()->fsdp_params()[0]->sharding_spec();
       EXPECT_EQ(dtensor::ToString(spec.placements), "(StridedShard(dim=0, sf=2), Shard(dim=0))");
+      EXPECT_TRUE(dtensor::SameMesh(*spec.mesh, *mesh));
       torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
       torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
       testing::TrainSteps(ref, ref_opt, 0, kSteps, 1, 0);
       testing::TrainSteps(model, opt, 0, kSteps, 2, static_cast<int>(mesh->coordinate()[0]));
-      EXPECT_EQ(ExpectMatchesReference(*model, *ref, 1e-6, "fsdp+tp", pg->rank()),
+      EXPECT_EQ(ExpectMatchesReference(*model, *ref, 1e-6, c.spmd ? "spmd" : "fsdp+tp", pg->rank()),
                 static_cast<int>(ref->parameters().size()));
     });
   }
+}
+
+TEST(FsdpTpParity, SpmdMeshErrors) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
+    const FullyShardOptions spmd{.mesh = mesh, .dp_mesh_dims = DataParallelMeshDims{"dp"}};
+    Net plain(NetOptions{.hidden = 8});
+    EXPECT_ERROR_CONTAINS(fully_shard(plain->layers[0].ptr(), spmd),
+                          "When dp_mesh_dims is provided, all parameters must be DTensors on the full SPMD mesh");
+    TPNet partial_on_dp(*plain, (*mesh)["tp"], mesh, dtensor::Placement::Partial());
+    EXPECT_ERROR_CONTAINS(fully_shard(partial_on_dp->layers[0].ptr(), spmd),
+                          "Expected Replicate() on DP shard dim 'dp' (index 0) but got Partial(SUM)");
+    TPNet other_mesh(*plain, (*mesh)["tp"], mesh::DeviceMesh::Create(pg, {2, 2}, {"a", "tp"}));
+    EXPECT_ERROR_CONTAINS(fully_shard(other_mesh->layers[0].ptr(), spmd),
+                          "Expected param's DTensor mesh to be the same mesh passed to fully_shard");
+  });
 }
 
 }  // namespace
