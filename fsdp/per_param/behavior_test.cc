@@ -1,15 +1,19 @@
 // FSDP2 communication volume (CommTrace), storage freeing, and the seed's error paths.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <functional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 #include "comm/comm_trace.h"
 #include "comm/threaded_process_group.h"
 #include "fsdp/per_param/fully_shard.h"
+#include "fsdp/per_param/state_dict.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -250,6 +254,96 @@ TEST(FullyShardMemory, PeakParameterStorageIsTheZero3FormulaPlusAtMostOnePrefetc
     EXPECT_GE(peak, formula);
     EXPECT_LE(peak, formula + block) << "sharded " << sharded << " root " << root << " block " << block;
   });
+}
+
+// Gathers a parameter as (data / 2 in f32, a tensor of 2s in f64) and rebuilds data * 2:
+// exact, so training is unchanged, while the all-gather moves 12 instead of 4 bytes per
+// element.
+class HalvedExtension : public AllGatherExtension {
+ public:
+  PreAllGatherResult PreAllGather(const at::Tensor& sharded, const mesh::DeviceMesh&, const std::vector<int64_t>&,
+                                  const MixedPrecisionPolicy&) override {
+    ++pre_calls;
+    return {{sharded * 0.5, at::full(sharded.sizes(), 2.0, at::kDouble)}, c10::IValue(std::string("halved"))};
+  }
+  at::Tensor PostAllGather(const std::vector<at::Tensor>& outputs, const c10::IValue& metadata,
+                           c10::ScalarType dtype, const at::Tensor& out) override {
+    ++post_calls;
+    TORCH_CHECK(outputs.size() == 2 && metadata.toStringRef() == "halved", "unexpected post-all-gather arguments");
+    const at::Tensor data = (outputs[0] * outputs[1]).to(dtype).view(-1);
+    if (!out.defined()) return data.clone();
+    out.copy_(data);
+    return out;
+  }
+  int pre_calls = 0, post_calls = 0;
+};
+
+struct HalvedLinearImpl : torch::nn::Module, AllGatherExtensionProvider {
+  HalvedLinearImpl() {
+    weight = register_parameter("weight", at::randn({3, 5}, at::make_generator<at::CPUGeneratorImpl>(3)));
+    bias = register_parameter("bias", at::randn({3}, at::make_generator<at::CPUGeneratorImpl>(4)));
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  std::shared_ptr<AllGatherExtension> all_gather_extension(const std::string& name) const override {
+    return name == "weight" ? extension : nullptr;
+  }
+  at::Tensor weight, bias;
+  std::shared_ptr<HalvedExtension> extension = std::make_shared<HalvedExtension>();
+};
+TORCH_MODULE(HalvedLinear);
+
+struct ExtensionNetImpl : torch::nn::Module {
+  ExtensionNetImpl() : halved(register_module("halved", HalvedLinear())), out(register_module("out", torch::nn::Linear(3, 6))) {
+    at::NoGradGuard no_grad;
+    out->weight.copy_(at::randn({6, 3}, at::make_generator<at::CPUGeneratorImpl>(5)));
+    out->bias.copy_(at::randn({6}, at::make_generator<at::CPUGeneratorImpl>(6)));
+  }
+  at::Tensor forward(const at::Tensor& x) { return out(halved(x).relu()); }
+  HalvedLinear halved;
+  torch::nn::Linear out;
+};
+using ExtensionNet = FullySharded<ExtensionNetImpl>;
+
+TEST(AllGatherExtension, PreAndPostHooksRunEachUnshardAndTrainingIsUnchanged) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [](const comm::ProcessGroupPtr& pg) {
+    auto trace = std::make_shared<comm::CommTrace>(pg);
+    ExtensionNet ref, model;
+    fully_shard(model.ptr(), {.mesh = mesh::DeviceMesh::Create(trace, {3}), .reshard_after_forward = true});
+    torch::optim::SGD ref_opt(ref->parameters(), 0.1), opt(model->parameters(), 0.1);
+    constexpr int kSteps = 3;
+    for (int step = 0; step < kSteps; ++step) {
+      const at::Tensor x = at::randn({6, 5}, at::make_generator<at::CPUGeneratorImpl>(100 + step));
+      ref(x).square().mean().backward();
+      model(x.narrow(0, 2 * pg->rank(), 2)).square().mean().backward();
+      ref_opt.step();
+      opt.step();
+      ref_opt.zero_grad();
+      opt.zero_grad();
+    }
+    const auto& ext = *model->halved->extension;
+    EXPECT_EQ(ext.pre_calls, 2 * kSteps);  // forward and backward unshard
+    EXPECT_EQ(ext.post_calls, 2 * kSteps);
+    // Per all-gather: weight 15 x (4 + 8) bytes, the rest 4 bytes per element.
+    EXPECT_EQ(trace->total_output_bytes("all_gather_into_tensor"), 2 * kSteps * (15 * 12 + (3 + 18 + 6) * 4));
+    const FullStateDict full = GetFullStateDict(*model);
+    for (const auto& item : ref->named_parameters()) {
+      EXPECT_LE((full[item.key()] - item.value()).abs().max().item<double>(), 1e-6) << item.key();
+    }
+    EXPECT_EQ(model->halved->weight.sizes(), (c10::IntArrayRef{1, 5}));  // sharded again
+  });
+}
+
+TEST(AllGatherExtension, UnevenShardsNeedPaddedInputs) {
+  const auto outcomes = fsdp::testing::RunOnRanksCollect(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    ExtensionNet model;  // weight [3, 5] on 2 ranks: rank 1 holds 1 of 2 padded rows
+    fully_shard(model.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {2})});
+    model(at::ones({2, 5}));
+  });
+  ASSERT_FALSE(outcomes[1].ok);
+  EXPECT_TRUE(absl::StrContains(outcomes[1].message,
+                                "fsdp_pre_all_gather must return all-gather inputs with the padded sharded size [2, 5] "
+                                "but got [1, 5]"))
+      << outcomes[1].message;
 }
 
 }  // namespace

@@ -171,26 +171,102 @@ void FSDPParam::SetParamData(const at::Tensor& data) {
 }
 
 int64_t FSDPParam::AllGatherInputNumel() const {
+  if (extension_) {
+    int64_t bytes = 0;
+    for (const auto& t : extension_inputs_) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    return bytes;
+  }
   return sharded_state_ == ShardedState::kShardedPostForward ? post_forward_data_.numel()
                                                              : sharded_param_data_.numel();
 }
 
-at::Tensor FSDPParam::AllGatherInput() const {
+at::Tensor FSDPParam::AllGatherInput() {
   AssertInStates({ShardedState::kSharded, ShardedState::kShardedPostForward}, "all_gather_inputs");
   if (sharded_state_ == ShardedState::kShardedPostForward) {
     return post_forward_data_;  // already in the parameter dtype
   }
+  if (extension_) return ExtensionAllGatherInput();
   return CastIfNeeded(sharded_param_data_, param_dtype_);
+}
+
+void FSDPParam::SetAllGatherExtension(std::shared_ptr<AllGatherExtension> extension, MixedPrecisionPolicy mp_policy) {
+  TORCH_CHECK(layout_.shard_dim == 0, "All-gather extensions need dim-0 sharding; ", module_info_.param_name,
+              " is sharded on dim ", layout_.shard_dim);
+  TORCH_CHECK(!post_forward_mesh_info_ || post_forward_mesh_info_->mesh == mesh_info_.mesh,
+              "Resharding to a post-forward mesh (reshard_after_forward as an int) is not supported with an "
+              "all-gather extension (", module_info_.param_name, ")");
+  extension_ = std::move(extension);
+  extension_mp_policy_ = std::move(mp_policy);
+}
+
+// fsdp_pre_all_gather: the extension's inputs, checked, packed as bytes (they share the
+// group's byte-packed all-gather with the other parameters).
+at::Tensor FSDPParam::ExtensionAllGatherInput() {
+  AllGatherExtension::PreAllGatherResult pre =
+      extension_->PreAllGather(sharded_local_, *mesh_info_.mesh, layout_.orig_size, extension_mp_policy_);
+  TORCH_CHECK(!pre.inputs.empty(), "fsdp_pre_all_gather of ", module_info_.param_name, " returned no inputs");
+  if (layout_.sharded_size != layout_.padded_sharded_size) {
+    for (const auto& t : pre.inputs) {
+      TORCH_CHECK(t.sizes().vec() == layout_.padded_sharded_size,
+                  "When a parameter is unevenly sharded by FSDP (orig size=", Shape(layout_.orig_size),
+                  ", FSDP world size=", mesh_info_.shard_size(),
+                  "), fsdp_pre_all_gather must return all-gather inputs with the padded sharded size ",
+                  Shape(layout_.padded_sharded_size), " but got ", Shape(t.sizes()));
+    }
+  }
+  std::vector<at::Tensor> bytes;
+  for (const auto& t : pre.inputs) {
+    TORCH_CHECK(t.dim() >= 1, "fsdp_pre_all_gather of ", module_info_.param_name, " returned a 0-D input");
+    bytes.push_back(t.contiguous().view(-1).view(at::kByte));
+  }
+  extension_inputs_ = std::move(pre.inputs);
+  extension_metadata_ = std::move(pre.metadata);
+  return at::cat(bytes);
+}
+
+// fsdp_post_all_gather: splits the gathered bytes into each input gathered over the ranks
+// ([world * rows, ...]) and lets the extension rebuild the unsharded data, in place after the
+// first time.
+void FSDPParam::InitExtensionUnshardedParam() {
+  const int64_t world = all_gather_output_.numel() / AllGatherInputNumel();
+  const at::Tensor rows = all_gather_output_.view({world, -1});
+  std::vector<at::Tensor> outputs;
+  int64_t offset = 0;
+  for (const auto& input : extension_inputs_) {
+    const int64_t n = input.numel() * static_cast<int64_t>(input.element_size());
+    std::vector<int64_t> gathered = input.sizes().vec();
+    gathered[0] *= world;
+    outputs.push_back(rows.narrow(1, offset, n).contiguous().view(input.scalar_type()).view(gathered));
+    offset += n;
+  }
+  const c10::ScalarType dtype = param_dtype_.value_or(orig_dtype_);
+  if (extension_unsharded_.defined()) AllocStorage(extension_unsharded_);
+  at::Tensor data = extension_->PostAllGather(outputs, extension_metadata_, dtype, extension_unsharded_);
+  TORCH_CHECK(data.defined() && data.numel() == Numel(layout_.orig_size) && data.scalar_type() == dtype &&
+                  data.is_contiguous(),
+              "fsdp_post_all_gather of ", module_info_.param_name, " must return a contiguous ",
+              c10::toString(dtype), " tensor of ", Numel(layout_.orig_size), " elements, got ",
+              data.defined() ? data.toString() + Shape(data.sizes()) : std::string("undefined"));
+  if (!extension_unsharded_.defined()) {
+    extension_unsharded_ = data;
+    unsharded_view_ = data.as_strided(layout_.orig_size, dtensor::ContiguousStride(layout_.orig_size), 0);
+  } else {
+    TORCH_CHECK(data.is_same(extension_unsharded_) || data.data_ptr() == extension_unsharded_.data_ptr(),
+                "fsdp_post_all_gather of ", module_info_.param_name,
+                " must write into `out` after the first all-gather (autograd may hold views of it)");
+  }
+  extension_inputs_.clear();
+  extension_metadata_ = c10::IValue();
 }
 
 const at::Tensor& FSDPParam::InitAllGatherOutput(int64_t world_size) {
   const int64_t numel = world_size * AllGatherInputNumel();
-  const c10::ScalarType dtype = param_dtype_.value_or(orig_dtype_);
+  const c10::ScalarType dtype = extension_ ? at::kByte : param_dtype_.value_or(orig_dtype_);
   if (!all_gather_output_.defined() || all_gather_output_.numel() != numel ||
       all_gather_output_.scalar_type() != dtype) {
     // Recreated only when the dtype policy changed before the first forward.
     all_gather_output_ = at::empty({numel}, sharded_param_data_.options().dtype(dtype));
-    unsharded_view_ = at::Tensor();
+    if (!extension_) unsharded_view_ = at::Tensor();
   }
   return all_gather_output_;
 }
@@ -198,12 +274,17 @@ const at::Tensor& FSDPParam::InitAllGatherOutput(int64_t world_size) {
 void FSDPParam::AllocAllGatherOutput() { AllocStorage(all_gather_output_); }
 
 void FSDPParam::InitUnshardedParam() {
+  if (extension_) {
+    InitExtensionUnshardedParam();
+    return;
+  }
   if (unsharded_view_.defined()) return;  // same storage across unshards
   unsharded_view_ = all_gather_output_.as_strided(layout_.orig_size, dtensor::ContiguousStride(layout_.orig_size), 0);
 }
 
 void FSDPParam::FreeUnshardedParam() {
   if (all_gather_output_.defined()) FreeStorage(all_gather_output_);
+  if (extension_unsharded_.defined()) FreeStorage(extension_unsharded_);
 }
 
 void FSDPParam::ToSharded() {

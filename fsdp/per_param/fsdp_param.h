@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtensor/dtensor.h"
+#include "fsdp/per_param/all_gather_extension.h"
 #include "fsdp/common/mesh_info.h"
 #include "fsdp/common/mixed_precision.h"
 #include "fsdp/common/sharding.h"
@@ -63,9 +64,10 @@ class FSDPParam {
   void InitDtypeAttrs(const MixedPrecisionPolicy& policy);
 
   // The 1-D all-gather input: the padded sharded data (or the post-forward shard), cast
-  // to the parameter dtype. Requires kSharded or kShardedPostForward.
-  at::Tensor AllGatherInput() const;
-  // Numel of AllGatherInput() and the group size it is gathered over.
+  // to the parameter dtype; with an all-gather extension, the bytes of its inputs.
+  // Requires kSharded or kShardedPostForward.
+  at::Tensor AllGatherInput();
+  // Numel of AllGatherInput() (with an extension: after the AllGatherInput() call).
   int64_t AllGatherInputNumel() const;
   // The flat all-gather output for this parameter ([world * input numel]), allocated on
   // first use, storage re-allocated by AllocAllGatherOutput after a free.
@@ -90,6 +92,11 @@ class FSDPParam {
   void AccumulateShardedGrad(const at::Tensor& sharded_grad);
   // The current sharded gradient (undefined if none).
   at::Tensor sharded_grad() const;
+
+  // Gathers this parameter through `extension` from now on (fully_shard, before the first
+  // unshard). Requires dim-0 sharding and no post-forward mesh (as the seed).
+  void SetAllGatherExtension(std::shared_ptr<AllGatherExtension> extension, MixedPrecisionPolicy mp_policy);
+  bool has_all_gather_extension() const { return extension_ != nullptr; }
 
   // After the user replaced or changed the sharded parameter's data in place: re-pad and
   // re-point the sharded storage (reset_sharded_param).
@@ -126,6 +133,8 @@ class FSDPParam {
   void SetParamData(const at::Tensor& data);
   void InitShardingSpec(const std::vector<int64_t>& local_size, c10::ScalarType dtype);
   void InitShardingSpecSpmd(c10::ScalarType dtype);
+  at::Tensor ExtensionAllGatherInput();
+  void InitExtensionUnshardedParam();
 
   at::Tensor param_;
   ParamModuleInfo module_info_;
@@ -152,6 +161,14 @@ class FSDPParam {
   at::Tensor stashed_sharded_grad_;    // param.grad while unsharded data is registered
   at::Tensor stashed_unsharded_grad_;  // param.grad while sharded data is registered
   at::Tensor unsharded_accumulated_grad_;  // reduce-dtype accumulation without reduction
+
+  // All-gather extension: the inputs of the current unshard (shapes, dtypes, metadata) and
+  // the unsharded data PostAllGather returned (storage freed when sharded).
+  std::shared_ptr<AllGatherExtension> extension_;
+  MixedPrecisionPolicy extension_mp_policy_;
+  std::vector<at::Tensor> extension_inputs_;
+  c10::IValue extension_metadata_;
+  at::Tensor extension_unsharded_;
 };
 
 }  // namespace fsdp::per_param

@@ -128,9 +128,16 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
   }
   auto state = std::make_shared<FSDPState>(module.get(), options.mp_policy, auto_reshard);
   if (!params.empty()) {
-    state->set_param_group(std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward,
-                                                            shard_dims, options.mp_policy,
-                                                            options.offload_policy, tp_specs));
+    auto group = std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward, shard_dims,
+                                                  options.mp_policy, options.offload_policy, tp_specs);
+    for (const auto& p : group->fsdp_params()) {
+      const auto* provider = dynamic_cast<const AllGatherExtensionProvider*>(p->module_info().module);
+      if (provider == nullptr) continue;
+      if (auto extension = provider->all_gather_extension(p->module_info().param_name)) {
+        p->SetAllGatherExtension(std::move(extension), options.mp_policy);
+      }
+    }
+    state->set_param_group(std::move(group));
   }
   hooks->AttachFSDPState(state);
   return FSDPModule(state.get());
