@@ -7,8 +7,8 @@
 //    real ranks; the Fake "collectives" are a few small copy_ calls (writes a real all-gather
 //    / reduce-scatter does into its output too).
 // 2. CopyIn/{ours,memcpy}/<bytes>, CopyOut/{ours,memcpy}/<bytes>: the all-gather copy-in
-//    (ForeachAllGather: pack every parameter's shard into this rank's slot of a fresh flat
-//    buffer) and copy-out (ForeachAllGatherCopyOut: split the gathered buffer into each
+//    (ForeachAllGather: pack every parameter's shard into this rank's slot of the flat buffer,
+//    taken from FSDP's AllGatherBufferPool as in a real unshard) and copy-out (ForeachAllGatherCopyOut: split the gathered buffer into each
 //    parameter's unsharded storage, re-allocated after the previous reshard freed it) at 4
 //    ranks, vs Tensor::copy_ of one contiguous, reused buffer of the same bytes. <bytes> is
 //    the bytes copied (copy-in: this rank's shards; copy-out: the gathered buffer). Two
@@ -212,8 +212,7 @@ void CopyLoop(benchmark::State& state, int64_t bytes) {
 
 // kDiag splits ours - memcpy (unpaired names, which bench_ratio.py skips):
 //   CopyInFreshBuffer/memcpy: one copy_ into this rank's slot of a fresh [world * bytes]
-//     buffer, as ForeachAllGather allocates it: the allocation's cost without the
-//     per-parameter copies;
+//     buffer: what copy-in cost before FSDP reused its buffers (AllGatherBufferPool);
 //   CopyOutKeepStorage/ours: ForeachAllGatherCopyOut without the reshard's free in between:
 //     the per-parameter copies without re-allocating the unsharded storage.
 enum class Side { kOurs, kMemcpy, kDiag };
@@ -223,11 +222,13 @@ void BM_CopyIn(benchmark::State& state, Side side) {
   const int64_t bytes = params.shard_bytes;
   if (side == Side::kOurs) {
     const auto group = std::make_shared<NoCommGroup>(0, kWorld);
+    fsdp::per_param::AllGatherBufferPool pool;
     for (auto _ : state) {
-      fsdp::per_param::AllGatherResult result = fsdp::per_param::ForeachAllGather(params.ptrs, group);
+      fsdp::per_param::AllGatherResult result = fsdp::per_param::ForeachAllGather(params.ptrs, group, &pool);
       result.work->wait();
       benchmark::DoNotOptimize(result.output.data_ptr());
-    }  // the flat buffer is freed here, as after FSDP's copy-out
+      pool.Give(std::move(result.buffer));  // what FSDP's copy-out does
+    }
   } else if (side == Side::kDiag) {
     const at::Tensor src = at::ones({bytes}, at::kByte);
     for (auto _ : state) {

@@ -13,6 +13,27 @@
 
 namespace fsdp::per_param {
 
+// Packed all-gather buffers kept across unshards. On the CPU, glibc maps allocations above
+// 32 MiB afresh every time, and writing a fresh mapping costs a zero-filling page fault per
+// 4 KiB: without reuse, copy-in ran at 0.1-0.2 of memcpy bandwidth (bench/fsdp2). Keeps at
+// most `max_buffers` (an unshard and a prefetched one), so between steps up to that many
+// buffers of the largest group's packed size stay allocated, as a GPU caching allocator
+// would keep them. Not thread-safe: one per rank (FSDPCommContext).
+class AllGatherBufferPool {
+ public:
+  explicit AllGatherBufferPool(size_t max_buffers = 2) : max_buffers_(max_buffers) {}
+  // A buffer of at least `bytes` uint8 elements on `device`: the smallest kept one that
+  // fits, else a new one.
+  at::Tensor Take(int64_t bytes, const at::TensorOptions& options);
+  // Returns a buffer from Take; the smallest kept buffer is dropped when over the limit.
+  void Give(at::Tensor buffer);
+  size_t size() const { return free_.size(); }
+
+ private:
+  size_t max_buffers_;
+  std::vector<at::Tensor> free_;
+};
+
 // An issued all-gather: every parameter's input packed (as bytes, so parameters of
 // different dtypes share one collective) into this rank's slot of `output`.
 struct AllGatherResult {
@@ -20,10 +41,14 @@ struct AllGatherResult {
   comm::WorkPtr work;
   std::vector<int64_t> input_bytes;  // per parameter
   int64_t world_size = 1;
+  at::Tensor buffer;                    // what `output` is a prefix of
+  AllGatherBufferPool* pool = nullptr;  // where copy-out returns `buffer`, if any
 };
 
-// Copy-in + all_gather_into_tensor (asynchronous: wait via the result's work).
-AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const comm::ProcessGroupPtr& group);
+// Copy-in + all_gather_into_tensor (asynchronous: wait via the result's work). With a
+// pool, the packed buffer comes from it (and copy-out gives it back).
+AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const comm::ProcessGroupPtr& group,
+                                 AllGatherBufferPool* pool = nullptr);
 
 // Waits for the all-gather, then copies each parameter's rows out into its (re-allocated)
 // all-gather output; a parameter sharded on dim > 0 is chunk-concatenated back.

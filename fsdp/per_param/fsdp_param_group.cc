@@ -107,7 +107,8 @@ void FSDPParamGroup::Unshard(bool async_op) {
   if (is_unsharded()) return;
   if (!unshard_in_backward && training_state_ == TrainingState::kPreBackward) return;
   // DDP has no shard group: the "sharded" data is the full parameter, copied locally.
-  all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr);
+  all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr,
+                                        comm_ctx_ ? &comm_ctx_->all_gather_buffers : nullptr);
   if (!async_op) all_gather_result_->work->wait();
 }
 

@@ -19,6 +19,7 @@ class FSDPParamGroup;
 // (with multiplicity), used for implicit backward prefetching.
 struct FSDPCommContext {
   std::vector<FSDPParamGroup*> post_forward_order;
+  AllGatherBufferPool all_gather_buffers;
 };
 
 class FSDPParamGroup {

@@ -42,6 +42,7 @@ class FSDPState {
   void set_param_group(std::unique_ptr<FSDPParamGroup> group) { param_group_ = std::move(group); }
   std::optional<bool> is_root() const { return is_root_; }
   FSDPStateContext& state_ctx() { return *state_ctx_; }
+  FSDPCommContext& comm_ctx() { return *comm_ctx_; }
   TrainingState training_state() const { return training_state_; }
 
   std::vector<FSDPState*> states_to_forward_prefetch;
