@@ -378,5 +378,49 @@ TEST(AllGatherBufferPool, StepsReuseThePackedBuffers) {
   });
 }
 
+TEST(FSDPModuleHandle, UnshardReshardResetAndReshardAfterBackward) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    Root model;
+    FSDPModule first = fully_shard(model->first.ptr(), {.mesh = mesh});
+    fully_shard(model->second.ptr(), {.mesh = mesh});
+    FSDPModule root = fully_shard(model.ptr(), {.mesh = mesh});
+    at::Tensor& w = model->first->a->weight;  // [3, 5] on 2 ranks: 2 rows, then 1
+    // reset_sharded_param: the sharded parameter replaced (not changed in place) before the
+    // root's lazy init is re-padded into FSDP's storage then. (Lazy init must start at the
+    // root: unshard() on `first` first would make it a root, as in PyTorch.)
+    w.set_data(at::full(w.sizes(), 3.0f + static_cast<float>(pg->rank())));
+    root.unshard();
+    root.reshard();
+    first.unshard();
+    EXPECT_EQ(w.sizes(), (c10::IntArrayRef{3, 5}));
+    EXPECT_TRUE(at::equal(w.narrow(0, 0, 2), at::full({2, 5}, 3.0f)));
+    EXPECT_TRUE(at::equal(w.narrow(0, 2, 1), at::full({1, 5}, 4.0f)));
+    first.reshard();
+    EXPECT_EQ(w.sizes()[0], pg->rank() == 0 ? 2 : 1);
+    EXPECT_EQ(GetState(*model->first)->param_group()->fsdp_params()[0]->all_gather_output().storage().nbytes(), 0u);
+    // In-place changes of the shard need no reset: it is a view into FSDP's storage.
+    {
+      at::NoGradGuard no_grad;
+      w.mul_(2);
+    }
+    first.unshard(/*async_op=*/true);
+    first.wait_for_unshard();
+    EXPECT_TRUE(at::equal(w.narrow(0, 2, 1), at::full({1, 5}, 8.0f)));
+    first.reshard();
+    // reshard_after_backward false: the blocks stay unsharded after backward until reshard().
+    root.set_reshard_after_backward(false);
+    RunStep(model);
+    EXPECT_EQ(w.sizes(), (c10::IntArrayRef{3, 5}));
+    EXPECT_EQ(model->second->b->weight.sizes(), (c10::IntArrayRef{6, 3}));
+    root.reshard();
+    first.reshard();
+    fsdp::per_param::FSDPModule(GetState(*model->second)).reshard();
+    EXPECT_EQ(w.sizes()[0], pg->rank() == 0 ? 2 : 1);
+    ASSERT_TRUE(w.grad().defined());
+    EXPECT_EQ(w.grad().sizes(), w.sizes());  // the reduced, sharded gradient
+  });
+}
+
 }  // namespace
 }  // namespace fsdp::per_param
