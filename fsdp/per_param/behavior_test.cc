@@ -422,5 +422,30 @@ TEST(FSDPModuleHandle, UnshardReshardResetAndReshardAfterBackward) {
   });
 }
 
+struct ReluImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x.relu(); }
+};
+
+struct WithParameterlessImpl : torch::nn::Module {
+  WithParameterlessImpl() : leaf(register_module("leaf", Leaf())), act(register_module("act", FullySharded<ReluImpl>())) {}
+  at::Tensor forward(const at::Tensor& x) { return act(leaf(x)); }
+  Leaf leaf;
+  FullySharded<ReluImpl> act;
+};
+
+TEST(FullyShardStructure, ModulesWithoutParametersTakePart) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    FullySharded<WithParameterlessImpl> model;
+    fully_shard(model->leaf.ptr(), {.mesh = mesh});
+    FSDPModule act = fully_shard(model->act.ptr(), {.mesh = mesh});
+    fully_shard(model.ptr(), {.mesh = mesh});  // the root has no parameters of its own either
+    EXPECT_EQ(act.param_group(), nullptr);
+    for (int step = 0; step < 2; ++step) model(at::ones({4, 5})).sum().backward();
+    ASSERT_TRUE(model->leaf->a->weight.grad().defined());
+    EXPECT_EQ(model->leaf->a->weight.grad().sizes(), model->leaf->a->weight.sizes());
+  });
+}
+
 }  // namespace
 }  // namespace fsdp::per_param

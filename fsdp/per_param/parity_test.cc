@@ -156,6 +156,7 @@ std::vector<ParityCase> Cases() {
   add(Config{.name = "bf16_reduce_f32_output_f32", .bf16 = true, .reduce_dtype = at::kFloat,
              .output_dtype = at::kFloat}, 4);
   add(Config{.name = "bf16_reduce_bf16", .bf16 = true, .reduce_dtype = at::kBFloat16}, 3);
+  add(Config{.name = "bf16_reduce_f32_accumulation", .micro_batches = 3, .bf16 = true, .reduce_dtype = at::kFloat}, 2);
   add(Config{.name = "replicate", .replicate = true}, 3);
   add(Config{.name = "replicate_grad_accumulation", .micro_batches = 2, .replicate = true}, 2);
   cases.push_back({Backend::kGlooThreads, 4, Config{.name = "hsdp", .hsdp = true}});
