@@ -32,9 +32,9 @@ struct Entry {
 
 std::string Shape(c10::IntArrayRef size) { return absl::StrCat("[", absl::StrJoin(size, ", "), "]"); }
 
-// The model's keys in named_parameters() then named_buffers() order, with every FSDP group
-// resharded (the seed's to_sharded pre-save / pre-load hook).
-std::vector<Entry> ModelEntries(torch::nn::Module& root, const char* caller) {
+// Every FSDP group resharded (the seed's to_sharded pre-save / pre-load hook); the FSDPParam
+// of each managed parameter tensor.
+absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> ReshardedParams(torch::nn::Module& root, const char* caller) {
   absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> by_impl;
   for (FSDPState* s : CollectStates(root)) {
     FSDPParamGroup* g = s->param_group();
@@ -45,11 +45,20 @@ std::vector<Entry> ModelEntries(torch::nn::Module& root, const char* caller) {
     g->Reshard();
     for (const auto& p : g->fsdp_params()) by_impl.emplace(p->param().unsafeGetTensorImpl(), p.get());
   }
+  return by_impl;
+}
+
+FSDPParam* Find(const absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*>& by_impl, const at::Tensor& t) {
+  auto it = by_impl.find(t.unsafeGetTensorImpl());
+  return it == by_impl.end() ? nullptr : it->second;
+}
+
+// The model's keys in named_parameters() then named_buffers() order.
+std::vector<Entry> ModelEntries(torch::nn::Module& root, const char* caller) {
+  const auto by_impl = ReshardedParams(root, caller);
   std::vector<Entry> entries;
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
-    if (!item.value().defined()) continue;
-    auto it = by_impl.find(item.value().unsafeGetTensorImpl());
-    entries.push_back({item.key(), it == by_impl.end() ? nullptr : it->second, item.value()});
+    if (item.value().defined()) entries.push_back({item.key(), Find(by_impl, item.value()), item.value()});
   }
   for (const auto& item : root.named_buffers(/*recurse=*/true)) {
     if (item.value().defined()) entries.push_back({item.key(), nullptr, item.value()});
@@ -65,13 +74,12 @@ comm::ProcessGroupPtr WorldGroup(const std::vector<Entry>& entries) {
   return nullptr;
 }
 
-// Copies `local` (the parameter's unsharded local value: the whole tensor, or its TP
-// shard) into this rank's rows of the sharded parameter.
-void CopyIntoShard(FSDPParam& p, const at::Tensor& local) {
-  const DimShardLayout& layout = p.layout();
+// Copies this rank's rows of `full` (the parameter's global value) into the sharded
+// parameter.
+void CopyIntoShard(FSDPParam& p, const at::Tensor& full) {
   at::NoGradGuard no_grad;
-  const int64_t rows = layout.sharded_size[layout.shard_dim];
-  if (rows > 0) p.param().data().copy_(local.narrow(layout.shard_dim, layout.offset, rows));
+  const at::Tensor shard = LocalShardOf(p, full);
+  if (shard.numel() > 0) p.param().data().copy_(shard);
   p.ResetShardedParam();  // the seed's load_state_dict post-hook
 }
 
@@ -118,6 +126,33 @@ std::string Mismatches(const std::vector<Entry>& entries, const FullStateDict& d
 }
 
 }  // namespace
+
+std::vector<NamedParameter> NamedParameters(torch::nn::Module& root) {
+  const auto by_impl = ReshardedParams(root, "NamedParameters");
+  std::vector<NamedParameter> out;
+  absl::flat_hash_set<const c10::TensorImpl*> seen;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    if (t.defined() && seen.insert(t.unsafeGetTensorImpl()).second) out.push_back({item.key(), t, Find(by_impl, t)});
+  }
+  return out;
+}
+
+at::Tensor LocalShardOf(const FSDPParam& p, const at::Tensor& full) {
+  TORCH_CHECK(full.sizes().vec() == p.sharding_spec().shape, "LocalShardOf(", p.fqn(), "): expects the global shape ",
+              Shape(p.sharding_spec().shape), " but got ", Shape(full.sizes()));
+  at::Tensor local = full;
+  if (const auto& tp = p.tp_spec()) {
+    local = dtensor::distribute_tensor(full, tp->mesh, tp->placements, std::nullopt).to_local();
+  }
+  const DimShardLayout& layout = p.layout();
+  return local.narrow(layout.shard_dim, layout.offset, layout.sharded_size[layout.shard_dim]);
+}
+
+at::Tensor GatherLikeParam(const FSDPParam& p, const at::Tensor& local) {
+  at::NoGradGuard no_grad;
+  return dtensor::DTensor::FromSpec(local, p.sharding_spec()).full_tensor().detach();
+}
 
 ShardedStateDict GetShardedStateDict(torch::nn::Module& root) {
   ShardedStateDict out;
@@ -199,7 +234,7 @@ FullStateDict GetFullStateDict(torch::nn::Module& root, const FullStateDictOptio
     if (e.fsdp_param) {
       auto it = gathered.find(e.fsdp_param);
       if (it == gathered.end()) {
-        it = gathered.emplace(e.fsdp_param, e.fsdp_param->ShardedDTensor().full_tensor().detach()).first;
+        it = gathered.emplace(e.fsdp_param, GatherLikeParam(*e.fsdp_param, e.fsdp_param->param().data())).first;
       }
       value = it->second;
     } else {
@@ -239,11 +274,7 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
       CopyIntoPlain(e, full);
       continue;
     }
-    at::Tensor local = full;
-    if (const auto& tp = e.fsdp_param->tp_spec()) {
-      local = dtensor::distribute_tensor(full, tp->mesh, tp->placements, std::nullopt).to_local();
-    }
-    CopyIntoShard(*e.fsdp_param, local);
+    CopyIntoShard(*e.fsdp_param, full);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <torch/ordered_dict.h>
 
 #include <string>
+#include <vector>
 
 #include "dtensor/dtensor.h"
 
@@ -23,6 +24,25 @@ class Module;
 }
 
 namespace fsdp::per_param {
+
+class FSDPParam;
+
+// The model's parameters in named_parameters() order, each tensor once (tied ones under
+// their first name), with the FSDPParam managing each (null if FSDP does not). Reshards
+// every FSDP group first (outside forward/backward only).
+struct NamedParameter {
+  std::string fqn;
+  at::Tensor param;
+  FSDPParam* fsdp_param = nullptr;
+};
+std::vector<NamedParameter> NamedParameters(torch::nn::Module& root);
+
+// This rank's rows of `full`, a tensor of `p`'s global shape (for FSDP + TP, of its TP chunk):
+// what the sharded parameter holds of it. A view when possible.
+at::Tensor LocalShardOf(const FSDPParam& p, const at::Tensor& full);
+// The global tensor of `local`, laid out like `p`'s sharded parameter. Collective over p's
+// mesh.
+at::Tensor GatherLikeParam(const FSDPParam& p, const at::Tensor& local);
 
 // FQN -> tensor, in the module's named_parameters() then named_buffers() order. Tied
 // parameters appear under each of their names (as PyTorch's state_dict()).

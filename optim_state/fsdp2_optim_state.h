@@ -1,0 +1,34 @@
+// Optimizer state of fully_shard'ed (FSDP2) models in the FQN-keyed format: the full state
+// (each positive-dim tensor gathered to its parameter's global shape) and back, which is
+// also how a state saved at one world size loads at another.
+#ifndef FSDP_OPTIM_STATE_FSDP2_OPTIM_STATE_H_
+#define FSDP_OPTIM_STATE_FSDP2_OPTIM_STATE_H_
+
+#include "optim_state/optim_state_dict.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::optim_state {
+
+// The optimizer's names for `root`'s parameters (fsdp::per_param::NamedParameters).
+NamedParams NamedOptimizerParams(torch::nn::Module& root);
+
+// Collective over the model's meshes, on every rank. Positive-dim state tensors of FSDP
+// parameters are all-gathered (tied parameters under their first FQN); zero-dim and
+// non-tensor state is taken as this rank has it. Every rank must hold state for the same
+// parameters (else every rank fails naming the first differing FQN). rank0_only: the other
+// ranks return an empty dict (they still take part in the gathers).
+OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim::Optimizer& optimizer,
+                                     bool rank0_only = false);
+
+// Loads a full state (from any world size): each positive-dim tensor of an FSDP parameter is
+// chunked like the parameter; then SetOptimStateDict with its checks. Local, no
+// communication.
+void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                            const OptimStateDict& full);
+
+}  // namespace fsdp::optim_state
+
+#endif  // FSDP_OPTIM_STATE_FSDP2_OPTIM_STATE_H_

@@ -1,0 +1,278 @@
+#include "optim_state/optim_state_dict.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <fstream>
+#include <iterator>
+#include <memory>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdp::optim_state {
+namespace {
+
+using torch::optim::OptimizerOptions;
+using torch::optim::OptimizerParamState;
+using StateMap = std::map<std::string, StateValue>;
+
+std::string Shape(c10::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+// Typed reads out of a loaded state, with errors that name the parameter and the key.
+template <class T>
+T Get(const StateMap& state, const std::string& fqn, const std::string& key) {
+  auto it = state.find(key);
+  TORCH_CHECK(it != state.end(), "optimizer state of '", fqn, "' has no '", key, "'");
+  const T* value = std::get_if<T>(&it->second);
+  TORCH_CHECK(value != nullptr, "optimizer state '", key, "' of '", fqn, "' has the wrong type");
+  return *value;
+}
+
+at::Tensor GetTensor(const StateMap& state, const std::string& fqn, const std::string& key, const at::Tensor& param) {
+  at::Tensor t = Get<at::Tensor>(state, fqn, key);
+  TORCH_CHECK(t.sizes() == param.sizes(), "optimizer state '", key, "' of '", fqn, "' has shape ", Shape(t.sizes()),
+              " but the parameter has shape ", Shape(param.sizes()));
+  return t.to(param.options()).clone();
+}
+
+// Adam and AdamW: the same fields in two unrelated LibTorch classes.
+template <class State, class Options>
+struct AdamLike {
+  static StateMap Read(const OptimizerParamState& base) {
+    const auto& s = static_cast<const State&>(base);
+    StateMap out{{"step", s.step()}, {"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}};
+    if (s.max_exp_avg_sq().defined()) out.emplace("max_exp_avg_sq", s.max_exp_avg_sq());
+    return out;
+  }
+  static std::unique_ptr<OptimizerParamState> Make(const StateMap& in, const std::string& fqn, const at::Tensor& p) {
+    auto s = std::make_unique<State>();
+    s->step(Get<int64_t>(in, fqn, "step"));
+    s->exp_avg(GetTensor(in, fqn, "exp_avg", p));
+    s->exp_avg_sq(GetTensor(in, fqn, "exp_avg_sq", p));
+    if (in.count("max_exp_avg_sq")) s->max_exp_avg_sq(GetTensor(in, fqn, "max_exp_avg_sq", p));
+    return s;
+  }
+  static std::map<std::string, c10::IValue> ReadOptions(const OptimizerOptions& base) {
+    const auto& o = static_cast<const Options&>(base);
+    return {{"lr", o.lr()},
+            {"betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()), std::get<1>(o.betas()))},
+            {"eps", o.eps()},
+            {"weight_decay", o.weight_decay()},
+            {"amsgrad", o.amsgrad()}};
+  }
+  static void WriteOptions(const std::map<std::string, c10::IValue>& in, OptimizerOptions& base) {
+    auto& o = static_cast<Options&>(base);
+    o.lr(in.at("lr").toDouble());
+    const auto betas = in.at("betas").toTuple();
+    o.betas(std::make_tuple(betas->elements().at(0).toDouble(), betas->elements().at(1).toDouble()));
+    o.eps(in.at("eps").toDouble());
+    o.weight_decay(in.at("weight_decay").toDouble());
+    o.amsgrad(in.at("amsgrad").toBool());
+  }
+};
+
+struct Sgd {
+  static StateMap Read(const OptimizerParamState& base) {
+    return {{"momentum_buffer", static_cast<const torch::optim::SGDParamState&>(base).momentum_buffer()}};
+  }
+  static std::unique_ptr<OptimizerParamState> Make(const StateMap& in, const std::string& fqn, const at::Tensor& p) {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(GetTensor(in, fqn, "momentum_buffer", p));
+    return s;
+  }
+  static std::map<std::string, c10::IValue> ReadOptions(const OptimizerOptions& base) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(base);
+    return {{"lr", o.lr()},
+            {"momentum", o.momentum()},
+            {"dampening", o.dampening()},
+            {"weight_decay", o.weight_decay()},
+            {"nesterov", o.nesterov()}};
+  }
+  static void WriteOptions(const std::map<std::string, c10::IValue>& in, OptimizerOptions& base) {
+    auto& o = static_cast<torch::optim::SGDOptions&>(base);
+    o.lr(in.at("lr").toDouble());
+    o.momentum(in.at("momentum").toDouble());
+    o.dampening(in.at("dampening").toDouble());
+    o.weight_decay(in.at("weight_decay").toDouble());
+    o.nesterov(in.at("nesterov").toBool());
+  }
+};
+
+struct Kind {
+  const char* name;
+  StateMap (*read)(const OptimizerParamState&);
+  std::unique_ptr<OptimizerParamState> (*make)(const StateMap&, const std::string&, const at::Tensor&);
+  std::map<std::string, c10::IValue> (*read_options)(const OptimizerOptions&);
+  void (*write_options)(const std::map<std::string, c10::IValue>&, OptimizerOptions&);
+};
+
+template <class Impl>
+Kind MakeKind(const char* name) {
+  return Kind{name, &Impl::Read, &Impl::Make, &Impl::ReadOptions, &Impl::WriteOptions};
+}
+
+Kind KindOf(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) {
+    return MakeKind<AdamLike<torch::optim::AdamWParamState, torch::optim::AdamWOptions>>("AdamW");
+  }
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) {
+    return MakeKind<AdamLike<torch::optim::AdamParamState, torch::optim::AdamOptions>>("Adam");
+  }
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return MakeKind<Sgd>("SGD");
+  TORCH_CHECK(false, "optimizer state dicts support Adam, AdamW and SGD, not ", typeid(optimizer).name());
+}
+
+// FQN of each parameter tensor the optimizer holds.
+absl::flat_hash_map<const void*, std::string> NamesByTensor(const NamedParams& named) {
+  absl::flat_hash_map<const void*, std::string> out;
+  for (const auto& [fqn, t] : named) out.emplace(t.unsafeGetTensorImpl(), fqn);
+  return out;
+}
+
+std::vector<std::string> GroupFqns(const torch::optim::OptimizerParamGroup& group, size_t index,
+                                   const absl::flat_hash_map<const void*, std::string>& names) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < group.params().size(); ++i) {
+    auto it = names.find(group.params()[i].unsafeGetTensorImpl());
+    TORCH_CHECK(it != names.end(), "optimizer param group ", index, " parameter ", i,
+                " (shape ", Shape(group.params()[i].sizes()), ") is not among the named parameters");
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+}  // namespace
+
+StateKind Classify(const StateValue& value) {
+  if (const auto* t = std::get_if<at::Tensor>(&value)) {
+    return t->dim() > 0 ? StateKind::kPositiveDimTensor : StateKind::kZeroDimTensor;
+  }
+  return StateKind::kNonTensor;
+}
+
+OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const NamedParams& named) {
+  const Kind kind = KindOf(optimizer);
+  const auto names = NamesByTensor(named);
+  OptimStateDict out;
+  out.optimizer = kind.name;
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ParamGroupState group{GroupFqns(groups[g], g, names), kind.read_options(groups[g].options())};
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      auto it = optimizer.state().find(groups[g].params()[i].unsafeGetTensorImpl());
+      if (it != optimizer.state().end()) out.state[group.params[i]] = kind.read(*it->second);
+    }
+    out.param_groups.push_back(std::move(group));
+  }
+  return out;
+}
+
+void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict) {
+  const Kind kind = KindOf(optimizer);
+  TORCH_CHECK(state_dict.optimizer == kind.name, "the optimizer state is for ", state_dict.optimizer,
+              " but the optimizer is ", kind.name);
+  const auto names = NamesByTensor(named);
+  auto& groups = optimizer.param_groups();
+  TORCH_CHECK(groups.size() == state_dict.param_groups.size(), "the optimizer state has ",
+              state_dict.param_groups.size(), " param groups but the optimizer has ", groups.size());
+  absl::flat_hash_map<std::string, at::Tensor> params;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<std::string> fqns = GroupFqns(groups[g], g, names);
+    TORCH_CHECK(fqns == state_dict.param_groups[g].params, "param group ", g, " of the optimizer state holds [",
+                absl::StrJoin(state_dict.param_groups[g].params, ", "), "] but the optimizer's holds [",
+                absl::StrJoin(fqns, ", "), "]");
+    for (size_t i = 0; i < fqns.size(); ++i) params.emplace(fqns[i], groups[g].params()[i]);
+  }
+  for (const auto& [fqn, state] : state_dict.state) {
+    TORCH_CHECK(params.contains(fqn), "the optimizer state has state for '", fqn,
+                "', which is not a parameter of the optimizer");
+  }
+  for (size_t g = 0; g < groups.size(); ++g) kind.write_options(state_dict.param_groups[g].options, groups[g].options());
+  optimizer.state().clear();
+  for (const auto& [fqn, state] : state_dict.state) {
+    const at::Tensor& p = params.at(fqn);
+    optimizer.state()[p.unsafeGetTensorImpl()] = kind.make(state, fqn, p);
+  }
+}
+
+void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path) {
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [fqn, values] : state_dict.state) {
+    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [key, value] : values) {
+      std::visit([&](const auto& v) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, at::Tensor>) {
+          entry.insert(key, v.detach().cpu());
+        } else {
+          entry.insert(key, v);
+        }
+      }, value);
+    }
+    state.insert(fqn, entry);
+  }
+  c10::impl::GenericList groups(c10::AnyType::get());
+  for (const auto& g : state_dict.param_groups) {
+    c10::impl::GenericDict options(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [key, value] : g.options) options.insert(key, value);
+    groups.push_back(c10::ivalue::Tuple::create(c10::IValue(g.params), c10::IValue(options)));
+  }
+  const auto root = c10::ivalue::Tuple::create(c10::IValue(state_dict.optimizer), c10::IValue(state), c10::IValue(groups));
+  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(root));
+  std::ofstream out(path, std::ios::binary);
+  TORCH_CHECK(out.good(), "SaveOptimStateDict: cannot open '", path, "' for writing");
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  TORCH_CHECK(out.good(), "SaveOptimStateDict: writing '", path, "' failed");
+}
+
+OptimStateDict LoadOptimStateDict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "LoadOptimStateDict: cannot open '", path, "'");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const c10::IValue root = torch::jit::pickle_load(bytes);
+  const auto bad = [&](const std::string& what) {
+    TORCH_CHECK(false, "LoadOptimStateDict: '", path, "' is not an optimizer state dict: ", what);
+  };
+  if (!root.isTuple() || root.toTupleRef().elements().size() != 3) bad("expected a 3-tuple");
+  const auto& top = root.toTupleRef().elements();
+  if (!top[0].isString() || !top[1].isGenericDict() || !top[2].isList()) bad("expected (str, dict, list)");
+  OptimStateDict out;
+  out.optimizer = top[0].toStringRef();
+  for (const auto& item : top[1].toGenericDict()) {
+    if (!item.key().isString() || !item.value().isGenericDict()) bad("state entries must be str -> dict");
+    auto& values = out.state[item.key().toStringRef()];
+    for (const auto& kv : item.value().toGenericDict()) {
+      if (!kv.key().isString()) bad("state names must be strings");
+      const c10::IValue& v = kv.value();
+      if (v.isTensor()) {
+        values.emplace(kv.key().toStringRef(), v.toTensor());
+      } else if (v.isInt()) {
+        values.emplace(kv.key().toStringRef(), v.toInt());
+      } else if (v.isDouble()) {
+        values.emplace(kv.key().toStringRef(), v.toDouble());
+      } else {
+        bad(absl::StrCat("state '", kv.key().toStringRef(), "' is a ", v.tagKind()));
+      }
+    }
+  }
+  for (const auto& g : top[2].toListRef()) {
+    if (!g.isTuple() || g.toTupleRef().elements().size() != 2) bad("param groups must be (params, options)");
+    const auto& e = g.toTupleRef().elements();
+    if (!e[0].isList() || !e[1].isGenericDict()) bad("param groups must be (list, dict)");
+    ParamGroupState group;
+    for (const auto& fqn : e[0].toListRef()) {
+      if (!fqn.isString()) bad("param group FQNs must be strings");
+      group.params.push_back(fqn.toStringRef());
+    }
+    for (const auto& kv : e[1].toGenericDict()) group.options.emplace(kv.key().toStringRef(), kv.value());
+    out.param_groups.push_back(std::move(group));
+  }
+  return out;
+}
+
+}  // namespace fsdp::optim_state

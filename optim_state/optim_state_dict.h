@@ -1,0 +1,64 @@
+// An optimizer state dict keyed by parameter FQN (the format both FSDPs save and load), and
+// conversions to and from torch::optim optimizers (Adam, AdamW, SGD).
+#ifndef FSDP_OPTIM_STATE_OPTIM_STATE_DICT_H_
+#define FSDP_OPTIM_STATE_OPTIM_STATE_DICT_H_
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace fsdp::optim_state {
+
+// One state value, classified as the seed (_optim_utils.py) does: a tensor with positive
+// rank (laid out like its parameter: sharded, gathered, resharded), a zero-dim tensor, or a
+// non-tensor scalar (LibTorch's Adam keeps `step` as an int64). The last two are the same on
+// every rank and are taken as they are.
+using StateValue = std::variant<at::Tensor, int64_t, double>;
+enum class StateKind { kPositiveDimTensor, kZeroDimTensor, kNonTensor };
+StateKind Classify(const StateValue& value);
+
+struct ParamGroupState {
+  std::vector<std::string> params;               // FQNs, in the optimizer's order
+  std::map<std::string, c10::IValue> options;    // "lr", "betas", "eps", ...
+};
+
+struct OptimStateDict {
+  std::string optimizer;  // "Adam", "AdamW" or "SGD"
+  // FQN -> state name ("step", "exp_avg", ...) -> value; parameters without state (no step
+  // taken yet, or frozen) are absent.
+  std::map<std::string, std::map<std::string, StateValue>> state;
+  std::vector<ParamGroupState> param_groups;
+};
+
+// The optimizer's parameters by name: each tensor the optimizer holds, once (tied
+// parameters under their first name). Under FSDP these are the sharded parameters.
+using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Reads `optimizer`'s state and groups. Every parameter of the optimizer must be in `named`
+// (else an error naming the group and index). Tensors alias the optimizer's state.
+OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const NamedParams& named);
+
+// Replaces `optimizer`'s state and group options with `state_dict`'s (tensors are cloned).
+// Errors, each naming the offending value: another optimizer type, an FQN the optimizer does
+// not have, param groups that differ, a state tensor whose shape differs from its parameter.
+void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named,
+                       const OptimStateDict& state_dict);
+
+// Torch pickle of the dict (tensors saved from the CPU) and back; the loader validates the
+// structure and reports what is wrong instead of crashing on a malformed file.
+void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path);
+OptimStateDict LoadOptimStateDict(const std::string& path);
+
+}  // namespace fsdp::optim_state
+
+#endif  // FSDP_OPTIM_STATE_OPTIM_STATE_DICT_H_

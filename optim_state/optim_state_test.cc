@@ -1,0 +1,204 @@
+// Optimizer state dicts: torch::optim round trips through the FQN-keyed format and a file,
+// their errors, and FSDP2 resharding (saved at one world size, continued at another, equal
+// to uninterrupted training on one rank).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "fsdp/per_param/fully_shard.h"
+#include "fsdp/per_param/state_dict.h"
+#include "fsdp/per_param/test_models.h"
+#include "optim_state/fsdp2_optim_state.h"
+#include "optim_state/optim_state_dict.h"
+#include "testing/expect_error.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::optim_state {
+namespace {
+
+using fsdp::testing::Backend;
+using per_param::testing::InitDeterministic;
+using per_param::testing::Net;
+using per_param::testing::NetOptions;
+using per_param::testing::TrainSteps;
+using per_param::testing::UniqueParameters;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir ? dir : "/tmp", "/", name, "_", getpid(), ".pt");
+}
+
+NamedParams Named(torch::nn::Module& m) {
+  NamedParams out;
+  for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+void ExpectSameState(const OptimStateDict& a, const OptimStateDict& b) {
+  EXPECT_EQ(a.optimizer, b.optimizer);
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (const auto& [fqn, values] : a.state) {
+    ASSERT_TRUE(b.state.count(fqn)) << fqn;
+    const auto& other = b.state.at(fqn);
+    ASSERT_EQ(values.size(), other.size()) << fqn;
+    for (const auto& [name, value] : values) {
+      ASSERT_TRUE(other.count(name)) << fqn << " " << name;
+      if (const auto* t = std::get_if<at::Tensor>(&value)) {
+        EXPECT_TRUE(at::equal(*t, std::get<at::Tensor>(other.at(name)))) << fqn << " " << name;
+      } else if (const auto* i = std::get_if<int64_t>(&value)) {
+        EXPECT_EQ(*i, std::get<int64_t>(other.at(name))) << fqn << " " << name;
+      } else {
+        EXPECT_EQ(std::get<double>(value), std::get<double>(other.at(name))) << fqn << " " << name;
+      }
+    }
+  }
+  ASSERT_EQ(a.param_groups.size(), b.param_groups.size());
+  for (size_t g = 0; g < a.param_groups.size(); ++g) {
+    EXPECT_EQ(a.param_groups[g].params, b.param_groups[g].params);
+    EXPECT_EQ(a.param_groups[g].options.size(), b.param_groups[g].options.size());
+    for (const auto& [key, value] : a.param_groups[g].options) {
+      ASSERT_TRUE(b.param_groups[g].options.count(key)) << key;
+      EXPECT_TRUE(value == b.param_groups[g].options.at(key)) << key;
+    }
+  }
+}
+
+TEST(OptimStateDict, AdamWAndSgdRoundTripThroughTheFormatAndAFile) {
+  Net model;
+  InitDeterministic(*model);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true).weight_decay(0.05));
+  TrainSteps(model, adamw, 0, 2, 1, 0);
+  const OptimStateDict saved = GetOptimStateDict(adamw, Named(*model));
+  EXPECT_EQ(saved.optimizer, "AdamW");
+  EXPECT_EQ(saved.state.size(), model->parameters().size());
+  const auto& in_w = saved.state.at("in.weight");
+  EXPECT_EQ(Classify(in_w.at("exp_avg")), StateKind::kPositiveDimTensor);
+  EXPECT_EQ(Classify(in_w.at("step")), StateKind::kNonTensor);
+  EXPECT_EQ(std::get<int64_t>(in_w.at("step")), 2);
+  EXPECT_EQ(Classify(StateValue(at::scalar_tensor(3.0))), StateKind::kZeroDimTensor);
+
+  const std::string path = TempPath("adamw_state");
+  SaveOptimStateDict(saved, path);
+  const OptimStateDict loaded = LoadOptimStateDict(path);
+  std::remove(path.c_str());
+  ExpectSameState(saved, loaded);
+  EXPECT_DOUBLE_EQ(loaded.param_groups[0].options.at("weight_decay").toDouble(), 0.05);
+
+  // Into a fresh optimizer: the next step equals the original optimizer's next step.
+  Net twin;
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& item : model->named_parameters()) twin->named_parameters()[item.key()].copy_(item.value());
+  }
+  torch::optim::AdamW fresh(twin->parameters(), torch::optim::AdamWOptions(0.5));
+  SetOptimStateDict(fresh, Named(*twin), loaded);
+  EXPECT_DOUBLE_EQ(static_cast<torch::optim::AdamWOptions&>(fresh.param_groups()[0].options()).lr(), 1e-2);
+  TrainSteps(model, adamw, 2, 1, 1, 0);
+  TrainSteps(twin, fresh, 2, 1, 1, 0);
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(at::equal(item.value(), twin->named_parameters()[item.key()])) << item.key();
+  }
+
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TrainSteps(model, sgd, 0, 2, 1, 0);
+  const OptimStateDict momentum = GetOptimStateDict(sgd, Named(*model));
+  EXPECT_EQ(momentum.state.at("head.bias").count("momentum_buffer"), 1u);
+  torch::optim::SGD sgd2(model->parameters(), torch::optim::SGDOptions(0.3));
+  SetOptimStateDict(sgd2, Named(*model), momentum);
+  ExpectSameState(momentum, GetOptimStateDict(sgd2, Named(*model)));
+}
+
+TEST(OptimStateDict, BadInputIsReportedWithTheOffendingValue) {
+  Net model;
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  TrainSteps(model, adamw, 0, 1, 1, 0);
+  const OptimStateDict good = GetOptimStateDict(adamw, Named(*model));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_ERROR_CONTAINS(SetOptimStateDict(sgd, Named(*model), good),
+                        "the optimizer state is for AdamW but the optimizer is SGD");
+  OptimStateDict unknown = good;
+  unknown.state["nope.weight"] = unknown.state.at("in.weight");
+  EXPECT_ERROR_CONTAINS(SetOptimStateDict(adamw, Named(*model), unknown),
+                        "has state for 'nope.weight', which is not a parameter of the optimizer");
+  OptimStateDict misshapen = good;
+  misshapen.state.at("in.weight").at("exp_avg") = at::zeros({2, 2});
+  EXPECT_ERROR_CONTAINS(SetOptimStateDict(adamw, Named(*model), misshapen),
+                        "optimizer state 'exp_avg' of 'in.weight' has shape [2, 2] but the parameter has shape [5, 3]");
+  OptimStateDict missing = good;
+  missing.state.at("head.bias").erase("exp_avg_sq");
+  EXPECT_ERROR_CONTAINS(SetOptimStateDict(adamw, Named(*model), missing),
+                        "optimizer state of 'head.bias' has no 'exp_avg_sq'");
+  EXPECT_ERROR_CONTAINS(GetOptimStateDict(adamw, {}), "optimizer param group 0 parameter 0 (shape [6]) is not among the named parameters");
+  const std::string path = TempPath("not_a_state");
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "garbage, not a pickle";
+  }
+  EXPECT_ERROR_CONTAINS(LoadOptimStateDict(path), "");
+  std::remove(path.c_str());
+}
+
+// Training 6 steps is the reference; the FSDP run stops after 3 at world size `from`, saves
+// model and optimizer state (rank 0 only), and continues at world size `to`.
+void ReshardAndContinue(int from, int to) {
+  Net ref;
+  InitDeterministic(*ref);
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
+  TrainSteps(ref, ref_opt, 0, 6, 1, 0);
+
+  const std::string model_path = TempPath(absl::StrCat("model_", from, "_", to));
+  const std::string optim_path = TempPath(absl::StrCat("optim_", from, "_", to));
+  fsdp::testing::RunOnRanks(Backend::kThreaded, from, [&](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {from});
+    Net model;
+    InitDeterministic(*model);
+    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
+    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
+    TrainSteps(model, opt, 0, 3, from, pg->rank());
+    const auto full_model = per_param::GetFullStateDict(*model, {.rank0_only = true});
+    const OptimStateDict full_optim = GetFullOptimStateDict(*model, opt, /*rank0_only=*/true);
+    if (pg->rank() != 0) {
+      EXPECT_TRUE(full_optim.state.empty());
+      return;
+    }
+    EXPECT_EQ(std::get<at::Tensor>(full_optim.state.at("in.weight").at("exp_avg")).sizes(), (c10::IntArrayRef{5, 3}));
+    per_param::SaveFullStateDict(full_model, model_path);
+    SaveOptimStateDict(full_optim, optim_path);
+  });
+  fsdp::testing::RunOnRanks(Backend::kThreaded, to, [&](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {to});
+    Net model;
+    InitDeterministic(*model, /*seed=*/99);
+    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
+    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(0.5));
+    per_param::LoadFullStateDict(*model, per_param::LoadFullStateDictFile(model_path));
+    LoadFullOptimStateDict(*model, opt, LoadOptimStateDict(optim_path));
+    TrainSteps(model, opt, 3, 3, to, pg->rank());
+    const auto full = per_param::GetFullStateDict(*model);
+    for (const auto& item : ref->named_parameters()) {
+      const double scale = std::max(1.0, item.value().abs().max().item<double>());
+      EXPECT_LE((full[item.key()] - item.value()).abs().max().item<double>(), 1e-6 * scale)
+          << item.key() << " " << from << " -> " << to << " rank " << pg->rank();
+    }
+  });
+  std::remove(model_path.c_str());
+  std::remove(optim_path.c_str());
+}
+
+TEST(Fsdp2OptimState, SavedAtOneWorldSizeContinuesAtAnother) {
+  ReshardAndContinue(2, 3);
+  ReshardAndContinue(4, 1);
+  ReshardAndContinue(1, 4);
+}
+
+}  // namespace
+}  // namespace fsdp::optim_state
