@@ -1,0 +1,130 @@
+// FaultyProcessGroup: each injected fault surfaces as an error on every rank within the
+// collective timeout (or as detectably wrong data for kCorrupt), and a rank process that
+// dies mid-step makes the others fail with a clear error instead of hanging.
+#include "comm/faulty_process_group.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "testing/expect_error.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::comm {
+namespace {
+
+using fsdp::testing::Backend;
+using Clock = std::chrono::steady_clock;
+
+fsdp::testing::RunOptions ShortTimeout() {
+  fsdp::testing::RunOptions options;
+  options.collective_timeout = std::chrono::milliseconds(400);
+  options.deadline = std::chrono::milliseconds(20000);
+  return options;
+}
+
+// Runs one all_reduce of ones on every rank, rank 0 through a FaultyProcessGroup with
+// `fault`; returns each rank's error message ("" if none) and checks it came in time.
+std::vector<std::string> AllReduceWithFaultOnRankZero(Fault fault) {
+  std::vector<std::string> errors(2);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const ProcessGroupPtr& pg) {
+    ProcessGroupPtr group = pg->rank() == 0 ? std::make_shared<FaultyProcessGroup>(pg, std::vector<Fault>{fault}) : pg;
+    at::Tensor t = at::ones({4});
+    const auto start = Clock::now();
+    try {
+      group->all_reduce(t)->wait();
+    } catch (const c10::Error& e) {
+      errors[pg->rank()] = e.what_without_backtrace();
+    }
+    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3000)) << "rank " << pg->rank();
+  }, ShortTimeout());
+  return errors;
+}
+
+TEST(FaultyProcessGroup, AFailedCollectiveErrorsHereAndTimesOutOnThePeers) {
+  const auto errors = AllReduceWithFaultOnRankZero({.kind = Fault::Kind::kFail, .index = 0});
+  EXPECT_TRUE(absl::StrContains(errors[0], "all_reduce Float[4] on faulty(threaded) rank 0/2 failed: injected fault")) << errors[0];
+  EXPECT_TRUE(absl::StrContains(errors[1], "timed out after 400 ms")) << errors[1];
+  EXPECT_TRUE(absl::StrContains(errors[1], "rank(s) [0] never joined it")) << errors[1];
+}
+
+TEST(FaultyProcessGroup, AHungCollectiveTimesOutEverywhere) {
+  const auto errors = AllReduceWithFaultOnRankZero({.kind = Fault::Kind::kHang, .index = 0});
+  EXPECT_TRUE(absl::StrContains(errors[0], "timed out after 400 ms: injected hang")) << errors[0];
+  EXPECT_TRUE(absl::StrContains(errors[1], "timed out after 400 ms")) << errors[1];
+}
+
+TEST(FaultyProcessGroup, DelaysPastTheTimeoutTimeOutShorterOnesSucceed) {
+  auto errors = AllReduceWithFaultOnRankZero(
+      {.kind = Fault::Kind::kDelay, .index = 0, .delay = std::chrono::milliseconds(50)});
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  errors = AllReduceWithFaultOnRankZero({.kind = Fault::Kind::kDelay, .index = 0, .delay = std::chrono::seconds(5)});
+  EXPECT_TRUE(absl::StrContains(errors[0], "timed out after 400 ms: injected delay")) << errors[0];
+  EXPECT_EQ(errors[1], "") << "the collective itself ran";
+}
+
+TEST(FaultyProcessGroup, CorruptionChangesOnlyTheFaultedRanksOutput) {
+  for (bool nan : {false, true}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [nan](const ProcessGroupPtr& pg) {
+      auto faulty = std::make_shared<FaultyProcessGroup>(
+          pg, std::vector<Fault>{{.kind = Fault::Kind::kCorrupt, .index = 1, .op = "all_gather_into_tensor",
+                                  .corrupt_with_nan = nan}});
+      at::Tensor out = at::empty({4});
+      faulty->all_gather_into_tensor(out, at::full({2}, 3.0f))->wait();  // call 0: clean
+      EXPECT_TRUE(at::equal(out, at::full({4}, 3.0f)));
+      faulty->all_gather_into_tensor(out, at::full({2}, 3.0f))->wait();  // call 1: corrupted
+      EXPECT_EQ(faulty->injected(), 1);
+      if (nan) {
+        EXPECT_TRUE(std::isnan(out[0].item<float>()));
+      } else {
+        EXPECT_EQ(out[0].item<float>(), 4.0f);
+      }
+      EXPECT_TRUE(at::equal(out.narrow(0, 1, 3), at::full({3}, 3.0f)));
+    });
+  }
+}
+
+TEST(FaultyProcessGroup, CountsPerOpAndOverAllOps) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [](const ProcessGroupPtr& pg) {
+    FaultyProcessGroup faulty(pg, {{.kind = Fault::Kind::kFail, .index = 1, .op = "broadcast"},
+                                   {.kind = Fault::Kind::kFail, .index = 3}});
+    at::Tensor t = at::ones({2});
+    faulty.broadcast(t, 0)->wait();                                         // broadcast #0, call #0
+    faulty.all_reduce(t)->wait();                                           // call #1
+    EXPECT_ERROR_CONTAINS(faulty.broadcast(t, 0)->wait(), "injected fault");  // broadcast #1
+    EXPECT_ERROR_CONTAINS(faulty.all_reduce(t)->wait(), "injected fault");    // call #3
+    faulty.all_reduce(t)->wait();
+    EXPECT_EQ(faulty.injected(), 2);
+  });
+  EXPECT_ERROR_CONTAINS(FaultyProcessGroup(nullptr, {}), "FaultyProcessGroup: inner group is null");
+}
+
+TEST(RankDeath, PeersOfAKilledRankProcessFailWithinTheTimeout) {
+  fsdp::testing::RunOptions options;
+  options.collective_timeout = std::chrono::milliseconds(3000);
+  options.deadline = std::chrono::milliseconds(60000);
+  const auto outcomes = fsdp::testing::RunOnRanksCollect(Backend::kGlooProcesses, 3, [](const ProcessGroupPtr& pg) {
+    at::Tensor t = at::ones({1024});
+    pg->all_reduce(t)->wait();    // everyone alive
+    if (pg->rank() == 2) _exit(3);  // dies mid-step, no goodbye
+    const auto start = Clock::now();
+    pg->all_reduce(t)->wait();
+    ADD_FAILURE() << "all_reduce succeeded without rank 2 after "
+                  << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count() << " ms";
+  }, options);
+  ASSERT_EQ(outcomes.size(), 3u);
+  for (int r : {0, 1}) {
+    EXPECT_FALSE(outcomes[r].ok);
+    EXPECT_TRUE(absl::StrContains(outcomes[r].message, "all_reduce(SUM) Float[1024] on gloo rank")) << outcomes[r].message;
+  }
+  EXPECT_FALSE(outcomes[2].ok);  // exited with 3 mid-test
+  // Gloo names the lost peer by address ("Read error [127.0.0.1]:port: Connection reset by
+  // peer"), not by rank; mapping it back to a rank is left open (see the issue notes).
+}
+
+}  // namespace
+}  // namespace fsdp::comm

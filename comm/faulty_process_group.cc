@@ -1,0 +1,158 @@
+#include "comm/faulty_process_group.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace fsdp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The Work of a faulted collective.
+class FaultWork final : public Work {
+ public:
+  FaultWork(std::string description, Timeout timeout, Fault::Kind kind, WorkPtr inner,
+            std::chrono::milliseconds delay)
+      : Work(std::move(description), timeout), kind_(kind), inner_(std::move(inner)), ready_at_(Clock::now() + delay) {
+    if (kind_ == Fault::Kind::kFail) {
+      error_ = std::make_exception_ptr(c10::DistBackendError(
+          {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+          absl::StrCat(this->description(), " failed: injected fault (FaultyProcessGroup)")));
+    }
+  }
+
+  bool is_completed() override {
+    if (kind_ == Fault::Kind::kFail) return true;
+    if (kind_ == Fault::Kind::kHang) return false;
+    return Clock::now() >= ready_at_ && inner_->is_completed();
+  }
+  std::exception_ptr exception() override { return error_; }
+
+ protected:
+  bool WaitFor(Timeout timeout) override {
+    switch (kind_) {
+      case Fault::Kind::kFail:
+        return true;
+      case Fault::Kind::kHang:
+        std::this_thread::sleep_for(timeout);
+        return false;
+      default: {
+        const auto deadline = Clock::now() + timeout;
+        if (ready_at_ > deadline) {
+          std::this_thread::sleep_until(deadline);
+          return false;
+        }
+        std::this_thread::sleep_until(ready_at_);
+        try {
+          inner_->wait(std::chrono::duration_cast<Timeout>(deadline - Clock::now()));
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+        return true;
+      }
+    }
+  }
+  std::string TimeoutDetail() override {
+    return kind_ == Fault::Kind::kHang ? "injected hang (FaultyProcessGroup)" : "injected delay (FaultyProcessGroup)";
+  }
+
+ private:
+  Fault::Kind kind_;
+  WorkPtr inner_;
+  Clock::time_point ready_at_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+FaultyProcessGroup::FaultyProcessGroup(ProcessGroupPtr inner, std::vector<Fault> faults)
+    : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1, inner ? inner->timeout() : Timeout(1)),
+      inner_(std::move(inner)),
+      faults_(std::move(faults)) {
+  TORCH_CHECK(inner_ != nullptr, "FaultyProcessGroup: inner group is null");
+  for (const Fault& f : faults_) {
+    TORCH_CHECK(f.index >= 0, "FaultyProcessGroup: fault index must be >= 0, got ", f.index);
+    TORCH_CHECK(f.delay.count() >= 0, "FaultyProcessGroup: fault delay must be >= 0 ms, got ", f.delay.count());
+  }
+}
+
+std::string FaultyProcessGroup::backend_name() const { return absl::StrCat("faulty(", inner_->backend_name(), ")"); }
+
+template <class Issue>
+WorkPtr FaultyProcessGroup::Run(const char* op, const at::Tensor& output, Issue&& issue) {
+  int64_t* op_calls = nullptr;
+  for (auto& [name, n] : calls_) {
+    if (name == op) op_calls = &n;
+  }
+  if (op_calls == nullptr) op_calls = &calls_.emplace_back(op, 0).second;
+  const Fault* fault = nullptr;
+  for (const Fault& f : faults_) {
+    if ((f.op.empty() && f.index == total_calls_) || (f.op == op && f.index == *op_calls)) fault = &f;
+  }
+  ++*op_calls;
+  ++total_calls_;
+  if (fault == nullptr) return issue();
+  ++injected_;
+  const std::string description = absl::StrCat(op, " ", DescribeTensor(output), " on ", WhoAmI());
+  switch (fault->kind) {
+    case Fault::Kind::kFail:
+    case Fault::Kind::kHang:
+      return std::make_shared<FaultWork>(description, timeout(), fault->kind, nullptr, std::chrono::milliseconds(0));
+    case Fault::Kind::kDelay:
+      return std::make_shared<FaultWork>(description, timeout(), fault->kind, issue(), fault->delay);
+    case Fault::Kind::kCorrupt: {
+      WorkPtr work = issue();
+      work->AddCompletionStep([output, nan = fault->corrupt_with_nan] {
+        if (output.numel() == 0) return;
+        at::NoGradGuard no_grad;
+        at::Tensor first = output.view(-1).narrow(0, 0, 1);
+        if (nan) {
+          first.fill_(std::numeric_limits<double>::quiet_NaN());
+        } else {
+          first.add_(1);
+        }
+      });
+      return work;
+    }
+  }
+  TORCH_CHECK(false, "FaultyProcessGroup: unknown fault kind");
+}
+
+WorkPtr FaultyProcessGroup::DoAllGather(const at::Tensor& output, const at::Tensor& input) {
+  return Run("all_gather_into_tensor", output, [&] { return inner_->all_gather_into_tensor(output, input); });
+}
+
+WorkPtr FaultyProcessGroup::DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  return Run("reduce_scatter_tensor", output, [&] { return inner_->reduce_scatter_tensor(output, input, op); });
+}
+
+WorkPtr FaultyProcessGroup::DoAllReduce(const at::Tensor& tensor, ReduceOp op) {
+  return Run("all_reduce", tensor, [&] { return inner_->all_reduce(tensor, op); });
+}
+
+WorkPtr FaultyProcessGroup::DoBroadcast(const at::Tensor& tensor, int root) {
+  return Run("broadcast", tensor, [&] { return inner_->broadcast(tensor, root); });
+}
+
+WorkPtr FaultyProcessGroup::DoAllToAll(const at::Tensor& output, const at::Tensor& input,
+                                       const std::vector<int64_t>& output_split_sizes,
+                                       const std::vector<int64_t>& input_split_sizes) {
+  return Run("all_to_all_single", output,
+             [&] { return inner_->all_to_all_single(output, input, output_split_sizes, input_split_sizes); });
+}
+
+WorkPtr FaultyProcessGroup::DoBarrier() {
+  return Run("barrier", at::Tensor(), [&] { return inner_->barrier(); });
+}
+
+std::shared_ptr<ProcessGroup> FaultyProcessGroup::DoNewSubgroup(const std::vector<int>& ranks) {
+  return inner_->new_subgroup(ranks);
+}
+
+}  // namespace fsdp::comm

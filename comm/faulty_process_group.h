@@ -1,0 +1,70 @@
+// FaultyProcessGroup: a ProcessGroup decorator that injects faults into chosen collectives
+// of this rank, for tests of what users see when communication breaks.
+#ifndef FSDP_COMM_FAULTY_PROCESS_GROUP_H_
+#define FSDP_COMM_FAULTY_PROCESS_GROUP_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+
+namespace fsdp::comm {
+
+struct Fault {
+  enum class Kind {
+    kFail,     // the collective fails at once with an "injected fault" error; the inner group
+               // never sees it (as a rank whose transport broke), so peers time out on it
+    kHang,     // never completes: every wait times out; the inner group never sees it
+    kDelay,    // runs, but completes `delay` later (past the timeout: a timeout error)
+    kCorrupt,  // runs, then this rank's output is corrupted (first element + 1, or NaN
+               // with corrupt_with_nan): for detection tests
+  };
+  Kind kind = Kind::kFail;
+  // The collective to hit: the `index`-th (0-based) call of `op` on this rank ("" = any
+  // collective; ops are named as in CommTrace: "all_gather_into_tensor", ...).
+  int64_t index = 0;
+  std::string op;
+  std::chrono::milliseconds delay{0};
+  bool corrupt_with_nan = false;
+};
+
+// Forwards every collective to `inner` except the faulted ones. Counters are per op and
+// over all ops; thread-compatible (one rank's thread, as every ProcessGroup). Subgroups are
+// created by `inner` and carry no faults.
+class FaultyProcessGroup final : public ProcessGroup {
+ public:
+  FaultyProcessGroup(ProcessGroupPtr inner, std::vector<Fault> faults);
+
+  std::string backend_name() const override;
+  // How many faults were injected so far.
+  int64_t injected() const { return injected_; }
+
+ protected:
+  WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
+                     const std::vector<int64_t>& output_split_sizes,
+                     const std::vector<int64_t>& input_split_sizes) override;
+  WorkPtr DoBarrier() override;
+  std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
+
+ private:
+  // Counts the call; runs `issue` unless the fault for it says otherwise, applying the
+  // fault to `output` / the returned work.
+  template <class Issue>
+  WorkPtr Run(const char* op, const at::Tensor& output, Issue&& issue);
+
+  ProcessGroupPtr inner_;
+  std::vector<Fault> faults_;
+  std::vector<std::pair<std::string, int64_t>> calls_;  // per op
+  int64_t total_calls_ = 0;
+  int64_t injected_ = 0;
+};
+
+}  // namespace fsdp::comm
+
+#endif  // FSDP_COMM_FAULTY_PROCESS_GROUP_H_
