@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/common/flat_layout.h"
 #include "fsdp/common/sharding.h"
 
 namespace fsdp_plan {
@@ -50,8 +51,6 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
   }
 }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 void PlanPerParam(Plan* plan) {
   const PlanOptions& o = plan->options;
   for (int64_t s = 0; s < o.shard; ++s) {
@@ -84,60 +83,31 @@ void PlanPerParam(Plan* plan) {
   plan->padded_total = plan->ranks[0].padded_numel * o.shard;
 }
 
-// FlatParamHandle._init_flat_param_and_metadata: pad so each parameter starts at a multiple
-// of aligned_numel, then (only when aligning) pad the total to a multiple of the world size.
-void BuildFlatSegments(Plan* plan) {
-  const PlanOptions& o = plan->options;
-  const int64_t a = plan->aligned_numel;
-  int64_t total = 0;
-  auto pad_to = [&](int64_t multiple) {
-    const int64_t to_pad = multiple - total % multiple;
-    if (to_pad > 0 && to_pad < multiple) {
-      plan->flat_segments.push_back({-1, total, to_pad});
-      total += to_pad;
-    }
-  };
-  for (size_t i = 0; i < o.shapes.size(); ++i) {
-    if (a > 0) pad_to(a);
-    const int64_t n = fsdp::Numel(o.shapes[i]);
-    plan->flat_segments.push_back({static_cast<int64_t>(i), total, n});
-    total += n;
-  }
-  if (a > 0) pad_to(o.shard);
-  plan->padded_total = total;  // before the chunk padding; fixed up by PlanFlat
-}
-
 void PlanFlat(Plan* plan) {
   const PlanOptions& o = plan->options;
   // _get_aligned_numel(unsharded_dtype=_fwd_bwd_param_dtype): 16-byte alignment (Inductor).
-  plan->aligned_numel = o.align ? 16 / ItemSize(plan->unsharded_dtype) : 0;
-  BuildFlatSegments(plan);
-  const int64_t n = plan->padded_total;
-  // _get_unpadded_shard: torch.chunk of the flat tensor; ranks past the last chunk get an
-  // empty one, and every rank pads up to chunks[0] (_shard_numel_padded).
-  const int64_t chunk = CeilDiv(n, o.shard);
+  plan->aligned_numel = o.align ? fsdp::FlatAlignedNumel(ItemSize(plan->unsharded_dtype)) : 0;
+  // FlatParamHandle._init_flat_param_and_metadata: each parameter starts at a multiple of
+  // aligned_numel, then (only when aligning) the total is padded to a multiple of S.
+  std::vector<int64_t> numels;
+  for (const Shape& s : o.shapes) numels.push_back(fsdp::Numel(s));
+  plan->flat_segments = fsdp::MakeFlatSegments(numels, plan->aligned_numel, o.shard);
+  const int64_t n = fsdp::FlatTotalNumel(plan->flat_segments);
+  int64_t chunk = 0;
   for (int64_t s = 0; s < o.shard; ++s) {
     RankPlan& rank = plan->ranks[s];
-    rank.flat_start = std::min(n, s * chunk);
-    rank.flat_end = std::min(n, rank.flat_start + chunk);
-    rank.shard_numel_padded = chunk - (rank.flat_end - rank.flat_start);
+    // _get_unpadded_shard: torch.chunk of the flat tensor; ranks past the last chunk get an
+    // empty one, and every rank pads up to chunks[0] (_shard_numel_padded).
+    const fsdp::FlatChunk c = fsdp::MakeFlatChunk(n, o.shard, s);
+    chunk = c.chunk;
+    rank.flat_start = c.start;
+    rank.flat_end = c.end;
+    rank.shard_numel_padded = c.numel_padded;
     rank.padded_numel = chunk;
     // _get_shard_metadata over [s * chunk, (s + 1) * chunk - 1], padding segments skipped.
-    const int64_t us = s * chunk, ue = (s + 1) * chunk - 1;
-    for (const FlatSegment& seg : plan->flat_segments) {
-      if (seg.param_index < 0) continue;
-      const int64_t ps = seg.start, pe = seg.start + seg.numel - 1;
-      FlatShardParamInfo info;
-      info.index = seg.param_index;
-      info.in_shard = us <= pe && ue >= ps;
-      if (info.in_shard) {
-        info.intra_param_start_idx = us <= ps ? 0 : us - ps;
-        info.offset_in_shard = us <= ps ? ps - us : 0;
-        info.intra_param_end_idx = std::min(pe, ue) - ps;
-        info.numel_in_shard = info.intra_param_end_idx - info.intra_param_start_idx + 1;
-        rank.numel += info.numel_in_shard;
-      }
-      rank.flat_infos.push_back(info);
+    rank.flat_infos = fsdp::FlatShardParamInfos(plan->flat_segments, s * chunk, (s + 1) * chunk - 1);
+    for (const FlatShardParamInfo& info : rank.flat_infos) {
+      if (info.in_shard) rank.numel += info.numel_in_shard;
     }
     const int64_t item = ItemSize(o.dtype);
     rank.bytes.params = chunk * item;

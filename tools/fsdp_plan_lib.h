@@ -18,6 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdp/common/flat_layout.h"
+
 namespace fsdp_plan {
 
 enum class DType { kF32, kBF16, kF16, kF64 };
@@ -67,22 +69,11 @@ struct ParamShard {
   int64_t padded_numel = 0;
 };
 
-// FSDP1 _ShardParamInfo, same field names and conventions (intra_param_end_idx inclusive).
-struct FlatShardParamInfo {
-  int64_t index = 0;
-  bool in_shard = false;
-  int64_t offset_in_shard = 0;
-  int64_t numel_in_shard = 0;
-  int64_t intra_param_start_idx = 0;
-  int64_t intra_param_end_idx = 0;
-};
-
-// One stretch of the unsharded FlatParameter: an original parameter or padding.
-struct FlatSegment {
-  int64_t param_index = -1;  // -1: padding (alignment or world-size divisibility)
-  int64_t start = 0;
-  int64_t numel = 0;
-};
+// FSDP1 _ShardParamInfo and one stretch of the unsharded FlatParameter (an original
+// parameter or padding): the layout math lives in fsdp/common/flat_layout.h, shared with
+// the FlatParamHandle.
+using FlatShardParamInfo = fsdp::FlatShardParamInfo;
+using FlatSegment = fsdp::FlatSegment;
 
 // Per-rank memory, in bytes.
 struct RankBytes {

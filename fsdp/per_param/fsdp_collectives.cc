@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_join.h"
+#include "fsdp/common/grad_divide.h"
 
 namespace fsdp::per_param {
 namespace {
@@ -136,8 +137,7 @@ GradientDivideFactors GetGradientDivideFactors(int64_t reduce_scatter_size, int6
   const double f = factor.value_or(static_cast<double>(data_parallel_size));
   // Divide by about sqrt(f) before and the rest after, so that neither the summands nor
   // the sum leave f16's range (the seed's pre/post divide).
-  double pre = 1;
-  while (std::fmod(f, pre) == 0 && f / pre > pre) pre *= 2;
+  const double pre = GradientPredivideFactor(f);
   return {pre, f / pre, comm::ReduceOp::Sum(), comm::ReduceOp::Sum()};
 }
 

@@ -2,11 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/common/storage.h"
 
 namespace fsdp::per_param {
 namespace {
@@ -18,21 +18,6 @@ at::Tensor CastIfNeeded(const at::Tensor& t, std::optional<c10::ScalarType> dtyp
 }
 
 }  // namespace
-
-void FreeStorage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() == 0) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(0));
-  storage->set_nbytes(0);
-}
-
-void AllocStorage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = (t.storage_offset() + t.numel()) * t.element_size();
-  if (storage->nbytes() == nbytes) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
-  storage->set_nbytes(nbytes);
-}
 
 FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo mesh_info,
                      std::optional<FSDPMeshInfo> post_forward_mesh_info, int64_t shard_dim,

@@ -39,11 +39,6 @@ struct OffloadPolicy {
   bool pin_memory = false;
 };
 
-// Frees / re-allocates a tensor's storage in place, keeping the StorageImpl (autograd's
-// saved views of an unsharded parameter see the re-gathered data after an unshard).
-void FreeStorage(const at::Tensor& t);
-void AllocStorage(const at::Tensor& t);
-
 // One parameter under FSDP. The user's parameter tensor keeps its identity (modules and
 // optimizers hold it); FSDP swaps its data between the sharded view (into the padded
 // sharded storage FSDP owns) and the unsharded view (into the all-gather output), and

@@ -1,0 +1,191 @@
+// FlatParamHandle's gradient path: flatten the originals' gradients, reduce-scatter with the
+// seed's divide factors, sharded / unsharded gradient views.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/common/grad_divide.h"
+#include "fsdp/flat_param/flat_param.h"
+
+namespace fsdp::flat_param {
+namespace {
+
+bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+}
+
+std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+}  // namespace
+
+bool FlatParamHandle::FlattenOrigGrads() {
+  at::NoGradGuard no_grad;
+  FlatParameter& fp = flat_param_;
+  CheckUnsharded(fp.param);
+  at::Tensor first;
+  for (const at::Tensor& t : orig_tensors_) {
+    if (t.grad().defined()) {
+      first = t.grad();
+      break;
+    }
+  }
+  if (!first.defined()) return false;
+  at::Tensor flat_grad = fp.param.grad();
+  if (!flat_grad.defined()) {
+    flat_grad = at::zeros(fp.unpadded_unsharded_size, first.options());
+  } else {
+    CheckUnsharded(flat_grad);
+  }
+  std::vector<at::Tensor> views = GetUnflatViews(flat_grad);
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    at::Tensor& t = orig_tensors_[i];
+    const at::Tensor g = t.grad();
+    if (!g.defined()) continue;
+    if (!SameStorage(g, flat_grad)) {  // an unsharded gradient view is already in place
+      TORCH_CHECK(g.sizes() == views[i].sizes(), "FlattenOrigGrads: gradient of ", fp.fqns[i], " has shape ",
+                  Shape(g.sizes()), " but the unsharded parameter has shape ", Shape(views[i].sizes()));
+      views[i].add_(g);
+    }
+    t.mutable_grad() = at::Tensor();
+    if (options_.use_orig_params && t.requires_grad()) fp.is_grad_none_mask[i] = false;
+  }
+  fp.param.mutable_grad() = flat_grad;
+  return true;
+}
+
+at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group) {
+  at::NoGradGuard no_grad;
+  FlatParameter& fp = flat_param_;
+  at::Tensor grad = fp.param.grad();
+  TORCH_CHECK(grad.defined(), "ReduceScatterGrad: flat_param.grad is undefined (FlattenOrigGrads found no gradient)");
+  TORCH_CHECK(!grad.requires_grad(), "FSDP does not support gradients of gradients");
+  TORCH_CHECK(IsHybrid(options_.sharding_strategy) == (inter_node_group != nullptr),
+              "ReduceScatterGrad: inter_node_group must be given exactly for hybrid strategies, but the strategy is ",
+              ToString(options_.sharding_strategy), " and inter_node_group is ", inter_node_group ? "set" : "null");
+  CheckUnsharded(grad);
+  fp.post_backward_called = true;
+  if (grad.scalar_type() != reduce_dtype_ && !force_full_precision()) grad = grad.to(reduce_dtype_);
+  const double data_parallel_size =
+      static_cast<double>(world_size_ * (inter_node_group ? inter_node_group->size() : 1));
+  const double predivide = GradientPredivideFactor(data_parallel_size);
+  const double postdivide = data_parallel_size / predivide;
+  at::Tensor grad_to_offload;
+  if (uses_sharded_strategy()) {
+    // _get_reduce_scatter_tensors: pad to world_size * chunks[0].numel().
+    fp.param.mutable_grad() = at::Tensor();
+    const int64_t chunk = (grad.numel() + world_size_ - 1) / world_size_;
+    const int64_t numel_to_pad = world_size_ * chunk - grad.numel();
+    at::Tensor padded = numel_to_pad > 0 ? at::constant_pad_nd(grad, {0, numel_to_pad}) : grad;
+    if (predivide > 1) padded.div_(predivide);
+    at::Tensor new_sharded_grad = at::empty({chunk}, padded.options());
+    options_.process_group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum())->wait();
+    if (inter_node_group) inter_node_group->all_reduce(new_sharded_grad, comm::ReduceOp::Sum())->wait();
+    if (postdivide > 1) new_sharded_grad.div_(postdivide);
+    // _accumulate_sharded_grad, after _cast_grad_to_param_dtype (the sharded parameter's dtype).
+    if (new_sharded_grad.scalar_type() != orig_param_dtype_) new_sharded_grad = new_sharded_grad.to(orig_param_dtype_);
+    if (fp.saved_grad_shard.defined()) {
+      TORCH_CHECK(fp.saved_grad_shard.sizes() == new_sharded_grad.sizes(),
+                  "Shape mismatch when accumulating gradients: existing gradient shape=",
+                  Shape(fp.saved_grad_shard.sizes()), " new gradient shape=", Shape(new_sharded_grad.sizes()));
+      TORCH_CHECK(fp.saved_grad_shard.device() == new_sharded_grad.device(),
+                  "Device mismatch when accumulating gradients: existing gradient device=",
+                  fp.saved_grad_shard.device(), " new gradient device=", new_sharded_grad.device());
+      fp.saved_grad_shard.add_(new_sharded_grad);
+    } else {
+      fp.saved_grad_shard = new_sharded_grad;
+    }
+    grad_to_offload = fp.saved_grad_shard;
+  } else {
+    if (predivide > 1) grad.div_(predivide);
+    options_.process_group->all_reduce(grad, comm::ReduceOp::Sum())->wait();
+    if (postdivide > 1) grad.div_(postdivide);
+    // NO_SHARD keeps low precision gradients by omitting the cast.
+    if (!options_.keep_low_precision_grads && grad.scalar_type() != orig_param_dtype_) grad = grad.to(orig_param_dtype_);
+    fp.param.mutable_grad() = grad;
+    grad_to_offload = grad;
+  }
+  if (options_.offload_params) fp.cpu_grad.copy_(grad_to_offload);
+  return grad_to_offload;
+}
+
+void FlatParamHandle::PrepareGradientForOptim() {
+  at::NoGradGuard no_grad;
+  FlatParameter& fp = flat_param_;
+  auto cast_grad_to_param_dtype_if_needed = [&] {
+    if (!force_full_precision() && options_.keep_low_precision_grads) {
+      TORCH_CHECK(fp.param.grad().defined(), "Unexpected None grad!");
+      if (fp.param.grad().scalar_type() != fwd_bwd_param_dtype_) {
+        fp.param.mutable_grad() = fp.param.grad().to(fwd_bwd_param_dtype_);
+        if (options_.use_orig_params) UseShardedGradViews();
+      }
+    }
+  };
+  if (fp.cpu_grad.defined()) {
+    CheckSharded(fp.param);
+    fp.param.mutable_grad() = fp.cpu_grad;
+    cast_grad_to_param_dtype_if_needed();
+  } else if (fp.saved_grad_shard.defined()) {
+    CheckSharded(fp.param);
+    CheckOnComputeDevice(fp.param);
+    if (fp.post_backward_called) {
+      fp.param.mutable_grad() = fp.saved_grad_shard;
+      cast_grad_to_param_dtype_if_needed();
+    }
+  } else {
+    TORCH_CHECK(!uses_sharded_strategy() || !fp.post_backward_called,
+                "All sharded parameters that received a gradient in the post-backward should use "
+                "`_saved_grad_shard`");
+  }
+  fp.saved_grad_shard = at::Tensor();
+}
+
+at::Tensor FlatParamHandle::sharded_grad() const {
+  const FlatParameter& fp = flat_param_;
+  if (fp.cpu_grad.defined()) return fp.cpu_grad;
+  if (fp.saved_grad_shard.defined()) return fp.saved_grad_shard;
+  TORCH_CHECK(!fp.param.grad().defined() || !uses_sharded_strategy() ||
+                  training_state_ == HandleTrainingState::FORWARD || training_state_ == HandleTrainingState::IDLE,
+              "Sharded strategies should use `_cpu_grad` or `_saved_grad_shard` unless in IDLE or FORWARD (state: ",
+              ToString(training_state_), ")");
+  return fp.param.grad();
+}
+
+void FlatParamHandle::UseShardedGradViews() {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(options_.use_orig_params, "UseShardedGradViews requires use_orig_params");
+  FlatParameter& fp = flat_param_;
+  CheckSharded(fp.param);
+  const at::Tensor grad = sharded_grad();
+  if (!grad.defined()) {
+    for (at::Tensor& p : fp.params) p.mutable_grad() = at::Tensor();
+    return;
+  }
+  CheckSharded(grad);
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    at::Tensor& p = fp.params[i];
+    const ShardParamInfo& info = fp.shard_param_infos[i];
+    if (info.in_shard && p.requires_grad() && !fp.is_grad_none_mask[i]) {
+      p.mutable_grad() = grad.narrow(0, info.offset_in_shard, info.numel_in_shard).reshape(p.sizes());
+    } else {
+      p.mutable_grad() = at::Tensor();
+    }
+  }
+}
+
+void FlatParamHandle::UseUnshardedGradViews() {
+  at::NoGradGuard no_grad;
+  FlatParameter& fp = flat_param_;
+  const at::Tensor grad = fp.param.grad();
+  if (!grad.defined()) {
+    for (at::Tensor& p : orig_tensors_) p.mutable_grad() = at::Tensor();
+    return;
+  }
+  CheckUnsharded(grad);
+  std::vector<at::Tensor> views = GetUnflatViews(grad);
+  for (int64_t i = 0; i < fp.num_params; ++i) orig_tensors_[i].mutable_grad() = views[i];
+}
+
+}  // namespace fsdp::flat_param

@@ -1,0 +1,358 @@
+// FlatParamHandle: unshard / reshard, views of the original parameters, writeback.
+// Gradients: flat_param_grad.cc.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/common/storage.h"
+#include "fsdp/flat_param/flat_param.h"
+
+namespace fsdp::flat_param {
+namespace {
+
+bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+}
+
+std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------
+// Unshard / reshard
+
+bool FlatParamHandle::PreUnshard() {
+  if (training_state_ == HandleTrainingState::SUMMON_FULL_PARAMS && skipped_use_sharded_views()) {
+    // Reuse the sharded-views path for the special semantics of the unsharded flat param.
+    UseShardedViews();
+  }
+  bool ret = false;
+  if (options_.use_orig_params && !skip_writeback_check_) ret = WritebackOrigParams();
+  const at::Tensor& flat = flat_param_.param;
+  if (uses_sharded_strategy() && !options_.offload_params && !NeedsUnshard()) {
+    // no-op
+  } else if (uses_param_mixed_precision() && !force_full_precision()) {
+    UseLowPrecisionShard();
+    ret = true;
+  } else if (options_.offload_params && flat.device() != options_.device) {
+    at::NoGradGuard no_grad;
+    flat_param_.param.set_data(flat.data().to(options_.device));
+    if (options_.use_orig_params) {
+      if (is_sharded(flat_param_.param)) {
+        UseShardedViews();
+      } else {
+        UseUnshardedViews();
+      }
+    }
+    ret = true;
+  }
+  CheckOnComputeDevice(flat_param_.param);
+  return ret;
+}
+
+void FlatParamHandle::UseLowPrecisionShard() {
+  at::NoGradGuard no_grad;
+  FlatParameter& fp = flat_param_;
+  TORCH_CHECK(uses_param_mixed_precision(), "Not using low precision for parameters");
+  TORCH_CHECK(fp.mp_shard.defined(), "Expects `_mp_shard` to exist (call InitFlatParamAttributes first)");
+  AllocStorage(fp.mp_shard);
+  fp.mp_shard.copy_(fp.local_shard.to(options_.device));  // copy_ casts to the low precision
+  fp.param.set_data(fp.mp_shard);
+}
+
+bool FlatParamHandle::NeedsUnshard() const {
+  if (!uses_sharded_strategy()) return false;
+  const FlatParameter& fp = flat_param_;
+  const at::Tensor& unsharded =
+      force_full_precision() && uses_param_mixed_precision() ? fp.full_prec_full_param_padded : fp.full_param_padded;
+  TORCH_CHECK(unsharded.defined(), "FlatParamHandle::Unshard: call Shard() and InitFlatParamAttributes() first");
+  const bool already_unsharded =
+      StorageNbytes(unsharded) / static_cast<int64_t>(unsharded.element_size()) == unsharded.numel();
+  return !already_unsharded;
+}
+
+void FlatParamHandle::Unshard() {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(sharded_, "FlatParamHandle::Unshard: call Shard() first");
+  if (!NeedsUnshard()) {
+    // Even when not needing an unshard, switch to the unsharded flat parameter.
+    UseUnshardedFlatParam(uses_sharded_strategy() ? GetPaddedUnshardedFlatParam() : flat_param_.param.data());
+    return;
+  }
+  at::Tensor unsharded = AllocPaddedUnshardedFlatParam();
+  UseUnshardedFlatParam(AllGatherFlatParam(unsharded));
+}
+
+at::Tensor FlatParamHandle::GetPaddedUnshardedFlatParam() {
+  CheckShardedStrategy();
+  FlatParameter& fp = flat_param_;
+  if (force_full_precision() && uses_param_mixed_precision()) {
+    // A separate destination keeps full_param_padded in low precision; a low precision copy
+    // still allocated (no reshard after forward) is freed so the next unshard re-gathers.
+    TORCH_CHECK(fp.full_prec_full_param_padded.scalar_type() != fwd_bwd_param_dtype_, "Expects full precision but got ",
+                fwd_bwd_param_dtype_);
+    if (StorageNbytes(fp.full_param_padded) > 0) FreeStorage(fp.full_param_padded);
+    return fp.full_prec_full_param_padded;
+  }
+  return fp.full_param_padded;
+}
+
+at::Tensor FlatParamHandle::AllocPaddedUnshardedFlatParam() {
+  CheckShardedStrategy();
+  at::Tensor unsharded = GetPaddedUnshardedFlatParam();
+  TORCH_CHECK(StorageNbytes(unsharded) == 0, "Expects storage to be freed but got storage with size > 0 (",
+              StorageNbytes(unsharded), " bytes)");
+  AllocStorage(unsharded);
+  return unsharded;
+}
+
+at::Tensor FlatParamHandle::AllGatherFlatParam(const at::Tensor& padded_unsharded_flat_param) {
+  const at::Tensor sharded = flat_param_.param.data();
+  const int64_t expected_numel = sharded.numel() * world_size_;
+  TORCH_CHECK(padded_unsharded_flat_param.numel() == expected_numel, "Expects ", expected_numel, " numel but got ",
+              padded_unsharded_flat_param.numel());
+  options_.process_group->all_gather_into_tensor(padded_unsharded_flat_param, sharded)->wait();
+  return padded_unsharded_flat_param;
+}
+
+void FlatParamHandle::UseUnshardedFlatParam(const at::Tensor& padded_unsharded_flat_param) {
+  const int64_t numel = flat_param_.unpadded_unsharded_size[0];
+  flat_param_.param.set_data(padded_unsharded_flat_param.narrow(0, 0, numel));
+  if (options_.use_orig_params && skipped_use_sharded_views() &&
+      training_state_ == HandleTrainingState::BACKWARD_PRE) {
+    // Complement of the skipped post-forward sharded views: the views are still unsharded.
+    return;
+  }
+  // The seed sets views only in forward without use_orig_params (callers use
+  // unflatten_as_params otherwise); here the originals always follow the unsharded data.
+  UseUnshardedViews();
+}
+
+void FlatParamHandle::PostUnshard() {
+  if (uses_param_mixed_precision() && uses_sharded_strategy()) FreeLowPrecisionShardedParam();
+  CheckOnComputeDevice(flat_param_.param);
+}
+
+void FlatParamHandle::FreeLowPrecisionShardedParam() {
+  TORCH_CHECK(uses_param_mixed_precision(), "Not using low precision for parameters");
+  TORCH_CHECK(flat_param_.mp_shard.defined(), "Expects `_mp_shard` to exist");
+  FreeStorage(flat_param_.mp_shard);
+}
+
+void FlatParamHandle::Reshard(bool free_unsharded_flat_param) {
+  at::NoGradGuard no_grad;
+  // Switch to the sharded flat parameter before freeing.
+  UseShardedFlatParam();
+  if (free_unsharded_flat_param) FreeUnshardedFlatParam();
+}
+
+void FlatParamHandle::PostReshard() {
+  // NO_SHARD's low precision shard is also its unsharded flat param: freed here.
+  if (uses_param_mixed_precision() && !uses_sharded_strategy() && !force_full_precision()) {
+    FreeLowPrecisionShardedParam();
+  }
+}
+
+void FlatParamHandle::FreeUnshardedFlatParam() {
+  CheckShardedStrategy();
+  at::Tensor unsharded = GetPaddedUnshardedFlatParam();
+  CheckOnComputeDevice(unsharded);
+  ReleaseOrigParamsViewing(unsharded);
+  FreeStorage(unsharded);
+}
+
+void FlatParamHandle::ReleaseOrigParamsViewing(const at::Tensor& storage_owner) {
+  at::NoGradGuard no_grad;
+  for (at::Tensor& t : orig_tensors_) {
+    if (SameStorage(t, storage_owner)) t.set_data(at::empty({0}, t.options()));
+  }
+}
+
+void FlatParamHandle::UseShardedFlatParam() {
+  FlatParameter& fp = flat_param_;
+  TORCH_CHECK(fp.local_shard.defined(), "FlatParamHandle::Reshard: call InitFlatParamAttributes() first");
+  const bool in_forward = training_state_ == HandleTrainingState::FORWARD;
+  const bool skip_use_sharded_views = options_.use_orig_params && at::GradMode::is_enabled() && in_forward &&
+                                      !ReshardsAfterForward(options_.sharding_strategy) &&
+                                      uses_sharded_strategy();
+  at::Tensor unsharded_flat_param;
+  if (skip_use_sharded_views) unsharded_flat_param = fp.param.data();
+  if (options_.offload_params) {
+    TORCH_CHECK(fp.local_shard.device().is_cpu(), "Expects the local shard to be on CPU but got ",
+                fp.local_shard.device());
+  }
+  fp.param.set_data(fp.local_shard);
+  if (!options_.use_orig_params) return;
+  if (skip_use_sharded_views) {
+    unsharded_flat_param_for_skipped_views_ = unsharded_flat_param;
+  } else {
+    UseShardedViews();
+  }
+  // Post-forward reshard: sharded gradient views (unsharded ones if a gradient was
+  // accumulated in no_sync); the post-backward reshard defers them to after the reduction.
+  if (in_forward && !skipped_use_sharded_views()) {
+    const at::Tensor& grad = fp.param.grad();
+    const bool accumulated_grad_in_no_sync = grad.defined() && uses_sharded_strategy() &&
+                                             grad.sizes().vec() == fp.unpadded_unsharded_size;
+    if (accumulated_grad_in_no_sync) {
+      UseUnshardedGradViews();
+    } else {
+      UseShardedGradViews();
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------
+// Views
+
+std::vector<at::Tensor> FlatParamHandle::GetUnflatViews(const at::Tensor& tensor) const {
+  return aligned_numel_ > 0 ? GetUnflatViewsAligned(tensor) : GetUnflatViewsUnaligned(tensor);
+}
+
+std::vector<at::Tensor> FlatParamHandle::GetUnflatViewsUnaligned(const at::Tensor& tensor) const {
+  const FlatParameter& fp = flat_param_;
+  const at::Tensor t = tensor.defined() ? tensor : fp.param.data();
+  int64_t total = 0;
+  for (int64_t n : fp.numels) total += n;
+  TORCH_CHECK(t.dim() == 1 && t.numel() == total, "GetUnflatViewsUnaligned: expects a 1-D tensor of ", total,
+              " elements (the unsharded flat parameter) but got shape ", Shape(t.sizes()));
+  std::vector<at::Tensor> views;
+  int64_t offset = 0;
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    views.push_back(t.narrow(0, offset, fp.numels[i]).view(fp.shapes[i]));
+    offset += fp.numels[i];
+  }
+  return views;
+}
+
+std::vector<at::Tensor> FlatParamHandle::GetUnflatViewsAligned(const at::Tensor& tensor) const {
+  const FlatParameter& fp = flat_param_;
+  const at::Tensor t = tensor.defined() ? tensor : fp.param.data();
+  const int64_t total = FlatTotalNumel(fp.segments);
+  TORCH_CHECK(t.dim() == 1 && t.numel() == total, "GetUnflatViewsAligned: expects a 1-D tensor of ", total,
+              " elements (the unsharded flat parameter with alignment padding) but got shape ", Shape(t.sizes()));
+  std::vector<at::Tensor> views;
+  for (const FlatSegment& seg : fp.segments) {
+    if (seg.is_padding()) continue;
+    views.push_back(t.narrow(0, seg.start, seg.numel).view(fp.shapes[seg.param_index]));
+  }
+  return views;
+}
+
+void FlatParamHandle::UseUnshardedViews() {
+  at::NoGradGuard no_grad;
+  CheckUnsharded(flat_param_.param);
+  std::vector<at::Tensor> views = GetUnflatViews();
+  for (size_t i = 0; i < views.size(); ++i) orig_tensors_[i].set_data(views[i]);
+  // Shared registrations are the same tensors in C++: nothing more to swap.
+}
+
+void FlatParamHandle::UseShardedViews() {
+  at::NoGradGuard no_grad;
+  unsharded_flat_param_for_skipped_views_ = at::Tensor();
+  if (!uses_sharded_strategy()) {
+    // NO_SHARD: the unsharded parameter is at hand, so unflattened unsharded views.
+    UseUnshardedViews();
+    return;
+  }
+  FlatParameter& fp = flat_param_;
+  CheckSharded(fp.param);
+  const at::Tensor flat = fp.param.data();
+  // One size-0 tensor for every parameter outside the local shard (as the seed).
+  const at::Tensor size_0_empty = at::empty({0}, flat.options());
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    const ShardParamInfo& info = fp.shard_param_infos[i];
+    if (!info.in_shard) {
+      orig_tensors_[i].set_data(size_0_empty);
+    } else {
+      orig_tensors_[i].set_data(flat.narrow(0, info.offset_in_shard, info.numel_in_shard));
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------
+// Writeback
+
+bool FlatParamHandle::WritebackOrigParams() {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(options_.use_orig_params, "WritebackOrigParams requires use_orig_params");
+  FlatParameter& fp = flat_param_;
+  if (uses_sharded_strategy() && !is_sharded(fp.param) && !skipped_use_sharded_views()) {
+    return false;  // unsharded: nothing to write back (NO_SHARD may still need it)
+  }
+  const bool skipped = skipped_use_sharded_views();
+  const at::Tensor flat_param_tensor =
+      skipped && uses_sharded_strategy() ? unsharded_flat_param_for_skipped_views_ : fp.param;
+  if (skipped && uses_sharded_strategy()) {
+    TORCH_CHECK(StorageNbytes(flat_param_tensor) > 0,
+                "If skipped using sharded views, the unsharded flat parameter should be allocated");
+  }
+  at::Tensor flat_param_grad = uses_sharded_strategy() || !options_.offload_params ? fp.param.grad() : fp.cpu_grad;
+  bool wroteback = false;
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    const ShardParamInfo& info = fp.shard_param_infos[i];
+    if (!info.in_shard) continue;
+    const ParamInfo& pi = fp.param_infos[i];
+    const auto module_params = pi.module->named_parameters(/*recurse=*/false);
+    const at::Tensor* registered = module_params.find(pi.param_name);
+    if (registered == nullptr || !registered->defined()) continue;  // deregistered: skip
+    at::Tensor param = fp.params[i];
+    const bool param_changed = !registered->is_same(param);
+    const bool needs_param_writeback = param_changed || !SameStorage(param, flat_param_tensor);
+    TORCH_CHECK(!(skipped && needs_param_writeback), "FSDP does not support changing the parameters between ",
+                "forward and backward for ", ToString(options_.sharding_strategy), " (", fp.fqns[i], ")");
+    if (param_changed) {
+      // The gradient is not preserved after a parameter change.
+      param = *registered;
+      fp.params[i] = param;
+      orig_tensors_[i] = param;
+    }
+    if (needs_param_writeback) {
+      WritebackTensor(param, fp.param, i, info.numel_in_shard, info.offset_in_shard, true);
+      wroteback = true;
+    }
+    if (skipped) continue;  // gradients are not exposed when sharded views were skipped
+    if (!param.grad().defined() && fp.param.grad().defined()) {
+      WritebackTensor(at::Tensor(), fp.param.grad(), i, info.numel_in_shard, info.offset_in_shard, false);
+    } else if (param.grad().defined()) {
+      // NO_SHARD + offload: cpu_grad owns the gradient storage; never a writeback.
+      if (!uses_sharded_strategy() && options_.offload_params) continue;
+      if (!flat_param_grad.defined() || !SameStorage(param.grad(), flat_param_grad)) {
+        if (!flat_param_grad.defined()) flat_param_grad = at::zeros_like(fp.param.data());
+        WritebackTensor(param.grad(), flat_param_grad, i, info.numel_in_shard, info.offset_in_shard, false);
+        fp.param.mutable_grad() = flat_param_grad;
+        flat_param_grad = fp.param.grad();
+      }
+    }
+  }
+  // Changing shared parameters would need the shared structures rebuilt (as the seed).
+  for (const SharedParamInfo& spi : fp.shared_param_infos) {
+    const auto params_a = spi.module->named_parameters(/*recurse=*/false);
+    const auto params_b = spi.prim_module->named_parameters(/*recurse=*/false);
+    const at::Tensor* a = params_a.find(spi.param_name);
+    const at::Tensor* b = params_b.find(spi.prim_param_name);
+    TORCH_CHECK_NOT_IMPLEMENTED(a != nullptr && b != nullptr && a->is_same(*b),
+                                "Changing shared parameters is not supported yet (", spi.module_name, ".",
+                                spi.param_name, " vs ", spi.prim_module_name, ".", spi.prim_param_name, ")");
+  }
+  return wroteback;
+}
+
+void FlatParamHandle::WritebackTensor(const at::Tensor& src, const at::Tensor& dst, int64_t tensor_index,
+                                      int64_t expected_numel, int64_t offset, bool is_param) {
+  if (src.defined()) {
+    TORCH_CHECK(src.dim() == 1 && src.numel() == expected_numel, "Cannot writeback when the ",
+                is_param ? "parameter" : "gradient", " shape changes\nExpects [", expected_numel, "] but got ",
+                Shape(src.sizes()), " (", flat_param_.fqns[tensor_index], ")");
+    dst.narrow(0, offset, expected_numel).copy_(src);
+  } else {
+    dst.narrow(0, offset, expected_numel).zero_();
+    flat_param_.is_grad_none_mask.at(tensor_index) = true;
+  }
+}
+
+}  // namespace fsdp::flat_param
