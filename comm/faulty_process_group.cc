@@ -73,13 +73,19 @@ class FaultWork final : public Work {
 
 FaultyProcessGroup::FaultyProcessGroup(ProcessGroupPtr inner, std::vector<Fault> faults)
     : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1, inner ? inner->timeout() : Timeout(1)),
-      inner_(std::move(inner)),
-      faults_(std::move(faults)) {
+      inner_(std::move(inner)) {
   TORCH_CHECK(inner_ != nullptr, "FaultyProcessGroup: inner group is null");
-  for (const Fault& f : faults_) {
+  Arm(std::move(faults));
+}
+
+void FaultyProcessGroup::Arm(std::vector<Fault> faults) {
+  for (const Fault& f : faults) {
     TORCH_CHECK(f.index >= 0, "FaultyProcessGroup: fault index must be >= 0, got ", f.index);
     TORCH_CHECK(f.delay.count() >= 0, "FaultyProcessGroup: fault delay must be >= 0 ms, got ", f.delay.count());
   }
+  faults_ = std::move(faults);
+  calls_.clear();
+  total_calls_ = 0;
 }
 
 std::string FaultyProcessGroup::backend_name() const { return absl::StrCat("faulty(", inner_->backend_name(), ")"); }

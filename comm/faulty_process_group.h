@@ -38,6 +38,8 @@ class FaultyProcessGroup final : public ProcessGroup {
   FaultyProcessGroup(ProcessGroupPtr inner, std::vector<Fault> faults);
 
   std::string backend_name() const override;
+  // Replaces the faults and restarts counting: indices count from the next collective.
+  void Arm(std::vector<Fault> faults);
   // How many faults were injected so far.
   int64_t injected() const { return injected_; }
 

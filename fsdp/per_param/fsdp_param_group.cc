@@ -30,7 +30,12 @@ struct RegisterPostBackwardFunction : torch::autograd::Function<RegisterPostBack
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto ref = c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data["group"].toCapsule());
-    ref->group->PostBackward();
+    FSDPParamGroup* group = ref->group;
+    if (FSDPCommContext* comm = group->comm_ctx()) {
+      comm->Guard("post-backward", [group] { group->PostBackward(); });
+    } else {
+      group->PostBackward();
+    }
     grads.insert(grads.begin(), at::Tensor());  // no gradient for the group argument
     return grads;
   }
@@ -82,6 +87,12 @@ void FSDPParamGroup::InitMixedPrecisionDtypes() {
   TORCH_CHECK(reduce.size() == 1, "FSDP expects uniform reduce dtype but got {", names(reduce), "}");
   orig_dtype_ = *orig.begin();
   reduce_dtype_ = *reduce.begin();
+}
+
+void FSDPCommContext::CheckNotPoisoned(const char* caller) const {
+  TORCH_CHECK(poisoned_by.empty(), caller, ": FSDP cannot continue after an earlier error on this rank (",
+              poisoned_by, "): parameters may be unsharded and gradients partially reduced. Load the last "
+              "state dict into a newly built model (on new process groups) to continue.");
 }
 
 void FSDPParamGroup::LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx) {

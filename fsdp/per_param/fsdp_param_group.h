@@ -3,6 +3,9 @@
 #ifndef FSDP_FSDP_PER_PARAM_FSDP_PARAM_GROUP_H_
 #define FSDP_FSDP_PER_PARAM_FSDP_PARAM_GROUP_H_
 
+#include <c10/util/Exception.h>
+
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +23,15 @@ class FSDPParamGroup;
 struct FSDPCommContext {
   std::vector<FSDPParamGroup*> post_forward_order;
   AllGatherBufferPool all_gather_buffers;
+  // Set by the first error inside an FSDP hook (a failed collective, ...): parameters may
+  // be unsharded and gradients partially reduced, so every later FSDP call fails with it.
+  std::string poisoned_by;
+
+  // Throws the poisoned error, naming `caller` and the original error.
+  void CheckNotPoisoned(const char* caller) const;
+  // Runs `fn`; an exception poisons the context (first error wins) and propagates.
+  template <class Fn>
+  auto Guard(const char* where, Fn&& fn) -> decltype(fn());
 };
 
 class FSDPParamGroup {
@@ -71,6 +83,8 @@ class FSDPParamGroup {
   bool is_sharded() const { return sharded_state_ == ShardedState::kSharded; }
   bool is_unsharded() const { return sharded_state_ == ShardedState::kUnsharded; }
   const std::string& module_fqn() const { return module_fqn_; }
+  // Shared by the groups under one root (null before lazy init).
+  FSDPCommContext* comm_ctx() const { return comm_ctx_.get(); }
   void set_module_fqn(std::string fqn) { module_fqn_ = std::move(fqn); }
 
  private:
@@ -98,6 +112,20 @@ class FSDPParamGroup {
   std::optional<AllGatherResult> all_gather_result_;
   at::Tensor partial_reduce_output_;
 };
+
+template <class Fn>
+auto FSDPCommContext::Guard(const char* where, Fn&& fn) -> decltype(fn()) {
+  CheckNotPoisoned(where);
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    if (poisoned_by.empty()) poisoned_by = std::string(where) + ": " + e.what_without_backtrace();
+    throw;
+  } catch (const std::exception& e) {
+    if (poisoned_by.empty()) poisoned_by = std::string(where) + ": " + e.what();
+    throw;
+  }
+}
 
 }  // namespace fsdp::per_param
 

@@ -81,6 +81,14 @@ void FSDPState::RootPreForward() {
 }
 
 std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
+  return comm_ctx_->Guard("pre-forward", [&] { return PreForwardImpl(std::move(args)); });
+}
+
+void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
+  comm_ctx_->Guard("post-forward", [&] { PostForwardImpl(outputs); });
+}
+
+std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) {
   // Activation-checkpoint recomputation in backward: the pre-backward hook unsharded.
   if (training_state_ == TrainingState::kPreBackward) return args;
   training_state_ = TrainingState::kForward;
@@ -98,13 +106,13 @@ std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
   return args;
 }
 
-void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
+void FSDPState::PostForwardImpl(const std::vector<at::Tensor*>& outputs) {
   if (training_state_ == TrainingState::kPreBackward) return;
   if (param_group_) param_group_->PostForward();
   if (at::GradMode::is_enabled()) {
     for (at::Tensor* t : outputs) {
       if (t->defined() && t->requires_grad()) {
-        t->register_hook([this](const at::Tensor&) { PreBackward(); });
+        t->register_hook([this](const at::Tensor&) { comm_ctx_->Guard("pre-backward", [this] { PreBackward(); }); });
       }
     }
   }
@@ -130,7 +138,8 @@ void FSDPState::PreBackward() {
 void FSDPState::RegisterRootPostBackwardFinalCallback() {
   if (state_ctx_->post_backward_final_callback_queued) return;
   state_ctx_->post_backward_final_callback_queued = true;
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { RootPostBackwardFinalCallback(); });
+  torch::autograd::Engine::get_default_engine().queue_callback(
+      [this] { comm_ctx_->Guard("post-backward final callback", [this] { RootPostBackwardFinalCallback(); }); });
 }
 
 void FSDPState::RootPostBackwardFinalCallback() {

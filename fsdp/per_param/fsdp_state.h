@@ -43,12 +43,16 @@ class FSDPState {
   std::optional<bool> is_root() const { return is_root_; }
   FSDPStateContext& state_ctx() { return *state_ctx_; }
   FSDPCommContext& comm_ctx() { return *comm_ctx_; }
+  // After an error inside an FSDP hook every FSDP call fails (FSDPCommContext::poisoned_by).
+  void CheckNotPoisoned(const char* caller) const { comm_ctx_->CheckNotPoisoned(caller); }
   TrainingState training_state() const { return training_state_; }
 
   std::vector<FSDPState*> states_to_forward_prefetch;
   std::vector<FSDPState*> states_to_backward_prefetch;
 
  private:
+  std::vector<at::Tensor> PreForwardImpl(std::vector<at::Tensor> tensor_args);
+  void PostForwardImpl(const std::vector<at::Tensor*>& outputs);
   void RootPreForward();
   void PreBackward();
   void RegisterRootPostBackwardFinalCallback();

@@ -37,6 +37,7 @@ std::string Shape(c10::IntArrayRef size) { return absl::StrCat("[", absl::StrJoi
 absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> ReshardedParams(torch::nn::Module& root, const char* caller) {
   absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> by_impl;
   for (FSDPState* s : CollectStates(root)) {
+    s->CheckNotPoisoned(caller);
     FSDPParamGroup* g = s->param_group();
     if (g == nullptr) continue;
     TORCH_CHECK(g->training_state() == TrainingState::kIdle, caller, ": the FSDP group of '", g->module_fqn(),
