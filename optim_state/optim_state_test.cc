@@ -2,6 +2,7 @@
 // their errors, and FSDP2 resharding (saved at one world size, continued at another, equal
 // to uninterrupted training on one rank).
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -15,6 +16,8 @@
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
 #include "fsdp/per_param/test_models.h"
+#include "fsdp/flat_param/flat_param.h"
+#include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
 #include "testing/expect_error.h"
@@ -198,6 +201,79 @@ TEST(Fsdp2OptimState, SavedAtOneWorldSizeContinuesAtAnother) {
   ReshardAndContinue(2, 3);
   ReshardAndContinue(4, 1);
   ReshardAndContinue(1, 4);
+}
+
+// The seed's worked example: a.w (2x3) and b.w (4) flatten to 10 elements. The unsharded
+// AdamW state (the reference), flattened by hand and chunked as torch.chunk does (W=2: 5 and
+// 5; W=4: 3, 3, 3, 1 + 2 zeros), is each rank's flat state; gathering it back gives the
+// reference state bitwise.
+TEST(Fsdp1OptimState, WorkedExampleShardsAndConsolidatesLikeTheUnshardedOptimizer) {
+  auto root = std::make_shared<torch::nn::Module>();
+  auto a = root->register_module("a", std::make_shared<torch::nn::Module>());
+  auto b = root->register_module("b", std::make_shared<torch::nn::Module>());
+  at::Tensor aw = a->register_parameter("w", at::randn({2, 3}, at::make_generator<at::CPUGeneratorImpl>(1)));
+  at::Tensor bw = b->register_parameter("w", at::randn({4}, at::make_generator<at::CPUGeneratorImpl>(2)));
+  torch::optim::AdamW adamw({aw, bw}, torch::optim::AdamWOptions(0.1));
+  for (int step = 0; step < 2; ++step) {
+    (aw.square().sum() + (bw * 3).sin().sum()).backward();
+    adamw.step();
+    adamw.zero_grad();
+  }
+  const OptimStateDict ref = GetOptimStateDict(adamw, {{"a.w", aw}, {"b.w", bw}});
+  for (int world : {2, 4}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
+      // A copy of the tree per rank: the handle takes its parameters over.
+      auto r = std::make_shared<torch::nn::Module>();
+      auto ra = r->register_module("a", std::make_shared<torch::nn::Module>());
+      auto rb = r->register_module("b", std::make_shared<torch::nn::Module>());
+      at::Tensor raw = ra->register_parameter("w", aw.detach().clone());
+      at::Tensor rbw = rb->register_parameter("w", bw.detach().clone());
+      flat_param::FlatParamHandleOptions options;
+      options.process_group = pg;
+      flat_param::FlatParamHandle handle({raw, rbw}, *r, options);
+      handle.Shard();
+      const int64_t chunk = (10 + world - 1) / world;
+      const StateMap flat = FlattenOptimState(handle, ref.state, pg->rank(), world);
+      for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+        const at::Tensor cat = at::cat({std::get<at::Tensor>(ref.state.at("a.w").at(name)).reshape(-1),
+                                        std::get<at::Tensor>(ref.state.at("b.w").at(name)).reshape(-1)});
+        const int64_t start = std::min<int64_t>(10, pg->rank() * chunk), end = std::min<int64_t>(10, start + chunk);
+        const at::Tensor expected = at::constant_pad_nd(cat.narrow(0, start, end - start), {0, chunk - (end - start)});
+        EXPECT_TRUE(at::equal(std::get<at::Tensor>(flat.at(name)), expected)) << name << " W=" << world << " rank " << pg->rank();
+      }
+      EXPECT_EQ(std::get<int64_t>(flat.at("step")), 2);
+      const auto consolidated = UnflattenOptimState(handle, flat, pg);
+      ASSERT_EQ(consolidated.size(), 2u);
+      for (const char* fqn : {"a.w", "b.w"}) {
+        for (const auto& [name, value] : ref.state.at(fqn)) {
+          if (const auto* t = std::get_if<at::Tensor>(&value)) {
+            EXPECT_TRUE(at::equal(std::get<at::Tensor>(consolidated.at(fqn).at(name)), *t)) << fqn << " " << name;
+          } else {
+            EXPECT_EQ(std::get<int64_t>(consolidated.at(fqn).at(name)), std::get<int64_t>(value)) << fqn << " " << name;
+          }
+        }
+      }
+      // The seed's errors.
+      auto bad = ref.state;
+      bad.at("b.w").erase("exp_avg_sq");
+      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world),
+                            "Differing optimizer state names for the unflattened parameters: [a.w, b.w]");
+      bad = ref.state;
+      bad.at("b.w").at("step") = int64_t{3};
+      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world),
+                            "must have scalar state with the same value and dtype but got values {2, 3} for state step");
+      bad = ref.state;
+      bad.at("a.w").at("exp_avg") = at::zeros({3, 2});
+      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world),
+                            "Tensor optimizer state does not have same shape as its parameter: [3, 2] [2, 3]");
+      bad = ref.state;
+      bad.at("a.w").at("step") = at::scalar_tensor(2.0);
+      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world), "Differing optimizer state types for state step");
+      bad = ref.state;
+      bad.erase("b.w");  // no state for b.w: its moments are zero-filled, but step is missing
+      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world), "{2, None} for state step");
+    });
+  }
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+// Optimizer state of FSDP1 flat parameters (optimizers built on the flat parameters, i.e.
+// use_orig_params false) in the FQN-keyed format, as the seed's _optim_utils.py does it:
+// a flat parameter's state is unflattened into its original parameters (gathered, padding
+// stripped, split by numels, reshaped), and a full FQN-keyed state is flattened back into
+// this rank's flat shard (zero fill for parameters without state; scalar state must agree).
+#ifndef FSDP_OPTIM_STATE_FSDP1_OPTIM_STATE_H_
+#define FSDP_OPTIM_STATE_FSDP1_OPTIM_STATE_H_
+
+#include <map>
+#include <string>
+
+#include "comm/process_group.h"
+#include "optim_state/optim_state_dict.h"
+
+namespace fsdp::flat_param {
+class FlatParamHandle;
+}
+
+namespace fsdp::optim_state {
+
+using StateMap = std::map<std::string, StateValue>;
+
+// This rank's state of `handle`'s flat parameter (positive-dim tensors of the flat shard's
+// size) -> the state of each original parameter, keyed `prefix` + its FQN in the handle.
+// Positive-dim tensors are all-gathered over `shard_group` (null or size 1: the shard is
+// the whole flat parameter); collective over that group. Zero-dim and non-tensor state is
+// given to every original parameter.
+std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamHandle& handle,
+                                                    const StateMap& flat_state,
+                                                    const comm::ProcessGroupPtr& shard_group,
+                                                    const std::string& prefix = "");
+
+// The inverse for rank `rank` of `world_size`: the original parameters' full state (keys
+// `prefix` + FQN; parameters may be missing) -> the flat shard's state. Errors as the seed:
+// differing state names or types across the original parameters, a tensor state whose shape
+// differs from its parameter, differing dtypes, scalar state missing on some parameters or
+// with differing values. Empty when no original parameter has state. Local.
+StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle,
+                           const std::map<std::string, StateMap>& full, int64_t rank, int64_t world_size,
+                           const std::string& prefix = "");
+
+}  // namespace fsdp::optim_state
+
+#endif  // FSDP_OPTIM_STATE_FSDP1_OPTIM_STATE_H_
