@@ -48,13 +48,16 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
   CheckStateAgreement(params, full);
   bool keep = true;
   for (const auto& p : params) {
-    if (p.fsdp_param == nullptr) continue;
-    keep = !rank0_only || p.fsdp_param->sharding_spec().mesh->world()->rank() == 0;
+    if (p.fsdp_param != nullptr) keep = !rank0_only || p.fsdp_param->sharding_spec().mesh->world()->rank() == 0;
+  }
+  for (const auto& p : params) {
     auto it = full.state.find(p.fqn);
-    if (it == full.state.end()) continue;
+    if (p.fsdp_param == nullptr || it == full.state.end()) continue;
     for (auto& [name, value] : it->second) {  // std::map: the same order on every rank
       if (Classify(value) != StateKind::kPositiveDimTensor) continue;
-      value = per_param::GatherLikeParam(*p.fsdp_param, std::get<at::Tensor>(value));
+      at::Tensor gathered = per_param::GatherLikeParam(*p.fsdp_param, std::get<at::Tensor>(value));
+      // Ranks that keep nothing hold one gathered tensor at a time (the local shard stays).
+      if (keep) value = std::move(gathered);
     }
   }
   if (!keep) return OptimStateDict{};

@@ -20,6 +20,7 @@
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
+#include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -274,6 +275,30 @@ TEST(Fsdp1OptimState, WorkedExampleShardsAndConsolidatesLikeTheUnshardedOptimize
       EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world), "{2, None} for state step");
     });
   }
+}
+
+// rank0_only: the other ranks get an empty dict and never hold the full state: measured as
+// the peak CPU bytes each rank allocates during the call (a big parameter dominates).
+TEST(Fsdp2OptimState, RankZeroOnlyKeepsOtherRanksBelowOneFullState) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {3});
+    Net model(NetOptions{.hidden = 3000});  // block fc1/fc2: 2 x 15000 floats each
+    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
+    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-3));
+    TrainSteps(model, opt, 0, 1, 3, pg->rank());
+    int64_t full_bytes = 0;  // exp_avg + exp_avg_sq of every parameter, unsharded
+    for (const auto& item : Net(NetOptions{.hidden = 3000})->named_parameters()) full_bytes += 2 * item.value().nbytes();
+    fsdp::testing::ScopedAllocationCounter counter;
+    const OptimStateDict full = GetFullOptimStateDict(*model, opt, /*rank0_only=*/true);
+    if (pg->rank() == 0) {
+      EXPECT_EQ(full.state.size(), 13u);
+      EXPECT_GE(counter.peak(), full_bytes);
+    } else {
+      EXPECT_TRUE(full.state.empty());
+      EXPECT_LT(counter.peak(), full_bytes / 2) << "rank " << pg->rank();
+    }
+  });
 }
 
 }  // namespace

@@ -228,21 +228,23 @@ FullStateDict GetFullStateDict(torch::nn::Module& root, const FullStateDictOptio
   const comm::ProcessGroupPtr world = WorldGroup(entries);
   const bool keep = !options.rank0_only || world == nullptr || world->rank() == 0;
   FullStateDict out;
-  absl::flat_hash_map<const FSDPParam*, at::Tensor> gathered;  // tied: gather once
+  // Tied parameters are gathered once (on every rank alike, so the collectives match); ranks
+  // that keep nothing drop each gathered tensor at once, holding at most one at a time.
+  absl::flat_hash_map<const FSDPParam*, at::Tensor> gathered;
   at::NoGradGuard no_grad;
   for (const Entry& e : entries) {
     at::Tensor value;
     if (e.fsdp_param) {
       auto it = gathered.find(e.fsdp_param);
       if (it == gathered.end()) {
-        it = gathered.emplace(e.fsdp_param, GatherLikeParam(*e.fsdp_param, e.fsdp_param->param().data())).first;
+        at::Tensor full = GatherLikeParam(*e.fsdp_param, e.fsdp_param->param().data());
+        it = gathered.emplace(e.fsdp_param, keep ? full : at::Tensor()).first;
       }
       value = it->second;
     } else {
       value = e.tensor.detach();
     }
-    if (!keep) continue;  // gathered (collective) but dropped right away
-    out.insert(e.fqn, options.cpu_offload ? value.cpu() : value);
+    if (keep) out.insert(e.fqn, options.cpu_offload ? value.cpu() : value);
   }
   return out;
 }
