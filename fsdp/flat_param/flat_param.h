@@ -27,6 +27,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -135,6 +136,26 @@ struct FlatParamHandleOptions {
   bool use_orig_params = false;
 };
 
+// A communication hook replaces the default gradient reduction (pre-divide, reduce-scatter
+// or all-reduce, post-divide; the seed's register_comm_hook): sharded strategies call
+// hook(group, padded_unsharded_grad, sharded_grad_out) and the hook must fill
+// sharded_grad_out (this rank's chunk); NO_SHARD calls hook(group, grad, undefined) and the
+// hook reduces `grad` in place. Gradients arrive in the reduce dtype; FSDP casts the result
+// to the parameter dtype afterwards. `group` is the handle's process group.
+using CommHook = std::function<void(const comm::ProcessGroupPtr& group, const at::Tensor& grad,
+                                    const at::Tensor& output)>;
+
+// The seed's per-handle runtime bookkeeping (attributes the FSDP runtime sets on the handle).
+struct HandleRuntimeState {
+  std::optional<int64_t> handle_index;            // in the root's all_handles
+  std::optional<int64_t> pre_forward_order_index;  // in ExecOrderData's pre-forward order
+  std::optional<int64_t> post_forward_index;       // in ExecOrderData's post-forward order
+  bool needs_pre_forward_unshard = false;          // guards mistargeted forward prefetches
+  bool needs_pre_backward_unshard = false;         // guards mistargeted backward prefetches
+  bool prefetched = false;
+  bool ran_pre_backward_hook = false;
+};
+
 // The seed's _FLAT_PARAM_PADDING_VALUE: alignment padding elements hold 42.
 inline constexpr int kFlatParamPaddingValue = 42;
 
@@ -199,7 +220,20 @@ class FlatParamHandle {
   // parameter dtype, accumulate into saved_grad_shard (NO_SHARD: flat_param.grad), copy into
   // cpu_grad when offloading. Divide factors: GradientPredivideFactor of the data-parallel
   // size (shard size x inter-node size) and the rest after. Returns the sharded gradient.
-  at::Tensor ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group = nullptr);
+  // A comm_hook replaces the communication and both divides (not with hybrid strategies).
+  at::Tensor ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group = nullptr,
+                               const CommHook& comm_hook = {});
+  // prepare_gradient_for_backward: a sharded flat_param.grad (a previous synced backward) is
+  // saved in saved_grad_shard so the coming reduction accumulates into it, an unsharded one
+  // (no_sync) is kept; then, as autograd accumulates into the originals here, their .grad
+  // become unsharded views of flat_param.grad (or are cleared when it is undefined).
+  void PrepareGradientForBackward();
+  // _reset_flat_param_grad_info_if_needed (use_orig_params): flat_param.grad = undefined (and
+  // every is_grad_none_mask entry true) if every original's .grad is undefined;
+  // flat_param.requires_grad = any original requires grad.
+  void ResetFlatParamGradInfoIfNeeded();
+  // _reset_is_grad_none (use_orig_params, BACKWARD_POST): originals requiring grad got one.
+  void ResetIsGradNone();
   // prepare_gradient_for_optim: moves the sharded gradient into flat_param.grad.
   void PrepareGradientForOptim();
   // _use_sharded_grad_views / _use_unsharded_grad_views (use_orig_params).
@@ -220,6 +254,12 @@ class FlatParamHandle {
   bool is_sharded(const at::Tensor& tensor) const;
   HandleTrainingState training_state() const { return training_state_; }
   void set_training_state(HandleTrainingState s) { training_state_ = s; }
+  HandleRuntimeState& runtime() { return runtime_; }
+  const HandleRuntimeState& runtime() const { return runtime_; }
+  bool offload_params() const { return options_.offload_params; }
+  bool keep_low_precision_grads() const { return options_.keep_low_precision_grads; }
+  // The original parameter tensors (one per flattened parameter, tied ones once).
+  const std::vector<at::Tensor>& orig_params() const { return orig_tensors_; }
   HandleShardingStrategy sharding_strategy() const { return options_.sharding_strategy; }
   bool use_orig_params() const { return options_.use_orig_params; }
   int64_t rank() const { return rank_; }
@@ -281,6 +321,7 @@ class FlatParamHandle {
   FlatParameter flat_param_;
   std::vector<at::Tensor> orig_tensors_;  // every original (also without use_orig_params)
   at::Tensor unsharded_flat_param_for_skipped_views_;
+  HandleRuntimeState runtime_;
 };
 
 }  // namespace fsdp::flat_param

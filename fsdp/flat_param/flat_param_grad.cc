@@ -19,6 +19,14 @@ bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
 
 std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
+// The same memory as `view` without being an autograd view: optimizers (LibTorch's
+// zero_grad) detach_() gradients, which views refuse.
+at::Tensor AliasWithoutView(const at::Tensor& view) {
+  at::Tensor t = at::empty({0}, view.options());
+  t.set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
+  return t;
+}
+
 }  // namespace
 
 bool FlatParamHandle::FlattenOrigGrads() {
@@ -56,7 +64,8 @@ bool FlatParamHandle::FlattenOrigGrads() {
   return true;
 }
 
-at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group) {
+at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group,
+                                              const CommHook& comm_hook) {
   at::NoGradGuard no_grad;
   FlatParameter& fp = flat_param_;
   at::Tensor grad = fp.param.grad();
@@ -65,6 +74,8 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
   TORCH_CHECK(IsHybrid(options_.sharding_strategy) == (inter_node_group != nullptr),
               "ReduceScatterGrad: inter_node_group must be given exactly for hybrid strategies, but the strategy is ",
               ToString(options_.sharding_strategy), " and inter_node_group is ", inter_node_group ? "set" : "null");
+  TORCH_CHECK(!(comm_hook && inter_node_group), "ReduceScatterGrad: communication hooks are not supported for ",
+              ToString(options_.sharding_strategy));
   CheckUnsharded(grad);
   fp.post_backward_called = true;
   if (grad.scalar_type() != reduce_dtype_ && !force_full_precision()) grad = grad.to(reduce_dtype_);
@@ -79,11 +90,15 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
     const int64_t chunk = (grad.numel() + world_size_ - 1) / world_size_;
     const int64_t numel_to_pad = world_size_ * chunk - grad.numel();
     at::Tensor padded = numel_to_pad > 0 ? at::constant_pad_nd(grad, {0, numel_to_pad}) : grad;
-    if (predivide > 1) padded.div_(predivide);
     at::Tensor new_sharded_grad = at::empty({chunk}, padded.options());
-    options_.process_group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum())->wait();
-    if (inter_node_group) inter_node_group->all_reduce(new_sharded_grad, comm::ReduceOp::Sum())->wait();
-    if (postdivide > 1) new_sharded_grad.div_(postdivide);
+    if (comm_hook) {
+      comm_hook(options_.process_group, padded, new_sharded_grad);
+    } else {
+      if (predivide > 1) padded.div_(predivide);
+      options_.process_group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum())->wait();
+      if (inter_node_group) inter_node_group->all_reduce(new_sharded_grad, comm::ReduceOp::Sum())->wait();
+      if (postdivide > 1) new_sharded_grad.div_(postdivide);
+    }
     // _accumulate_sharded_grad, after _cast_grad_to_param_dtype (the sharded parameter's dtype).
     if (new_sharded_grad.scalar_type() != orig_param_dtype_) new_sharded_grad = new_sharded_grad.to(orig_param_dtype_);
     if (fp.saved_grad_shard.defined()) {
@@ -99,9 +114,13 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
     }
     grad_to_offload = fp.saved_grad_shard;
   } else {
-    if (predivide > 1) grad.div_(predivide);
-    options_.process_group->all_reduce(grad, comm::ReduceOp::Sum())->wait();
-    if (postdivide > 1) grad.div_(postdivide);
+    if (comm_hook) {
+      comm_hook(options_.process_group, grad, at::Tensor());
+    } else {
+      if (predivide > 1) grad.div_(predivide);
+      options_.process_group->all_reduce(grad, comm::ReduceOp::Sum())->wait();
+      if (postdivide > 1) grad.div_(postdivide);
+    }
     // NO_SHARD keeps low precision gradients by omitting the cast.
     if (!options_.keep_low_precision_grads && grad.scalar_type() != orig_param_dtype_) grad = grad.to(orig_param_dtype_);
     fp.param.mutable_grad() = grad;
@@ -109,6 +128,79 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
   }
   if (options_.offload_params) fp.cpu_grad.copy_(grad_to_offload);
   return grad_to_offload;
+}
+
+void FlatParamHandle::PrepareGradientForBackward() {
+  TORCH_CHECK(training_state_ == HandleTrainingState::BACKWARD_PRE || training_state_ == HandleTrainingState::IDLE,
+              "Expects to be in `BACKWARD_PRE` or `IDLE` (if prefetching) but got ", ToString(training_state_));
+  at::NoGradGuard no_grad;
+  FlatParameter& fp = flat_param_;
+  const at::Tensor grad = fp.param.grad();
+  if (grad.defined() && (grad.sizes().vec() != fp.unpadded_unsharded_size || grad.device() != fp.param.device())) {
+    CheckOnComputeDevice(fp.param);
+    const bool grad_offloaded = grad.device() != options_.device;
+    TORCH_CHECK(!grad_offloaded || options_.offload_params, "Expects the sharded gradient to be on ",
+                options_.device, " but got ", grad.device());
+    const bool prev_iter_synced_gradients = grad.sizes() == fp.local_shard.sizes();
+    if (prev_iter_synced_gradients) {
+      at::Tensor* sharded_grad = nullptr;
+      if (!grad_offloaded) {
+        fp.saved_grad_shard = grad;
+        sharded_grad = &fp.saved_grad_shard;
+      } else {
+        TORCH_CHECK(fp.cpu_grad.defined(), "`_cpu_grad` should be defined if the gradient is on CPU");
+        sharded_grad = &fp.cpu_grad;
+      }
+      // Low precision gradients kept from the last step accumulate in full precision.
+      const c10::ScalarType local_shard_dtype = fp.local_shard.scalar_type();
+      if (options_.keep_low_precision_grads && sharded_grad->scalar_type() != local_shard_dtype) {
+        *sharded_grad = sharded_grad->to(local_shard_dtype);
+      }
+    } else {
+      TORCH_CHECK(grad.sizes().vec() == fp.padded_unsharded_size,
+                  "Expects `.grad` to be the unsharded gradient in `no_sync()` with size ",
+                  Shape(fp.padded_unsharded_size), " but got size ", Shape(grad.sizes()));
+    }
+    fp.param.mutable_grad() = at::Tensor();
+  }
+  // C++: autograd accumulates into the originals, so they must not hold the sharded gradient
+  // views the optimizer saw: unsharded views of an accumulated (no_sync) gradient, or none.
+  if (fp.param.grad().defined()) {
+    UseUnshardedGradViews();
+  } else {
+    for (at::Tensor& t : orig_tensors_) t.mutable_grad() = at::Tensor();
+  }
+}
+
+void FlatParamHandle::ResetFlatParamGradInfoIfNeeded() {
+  if (!options_.use_orig_params) return;
+  FlatParameter& fp = flat_param_;
+  bool all_grad_none = true;
+  bool requires_grad = false;
+  for (const at::Tensor& p : fp.params) {
+    all_grad_none = all_grad_none && !p.grad().defined();
+    requires_grad = requires_grad || p.requires_grad();
+  }
+  if (all_grad_none) {
+    fp.param.mutable_grad() = at::Tensor();
+    // Also mark them none: with CPU offloading the sharded gradient views are taken from
+    // cpu_grad, which still holds the last step's gradient (the seed would re-expose it after
+    // the post-forward reshard and write it back as an accumulated gradient).
+    fp.is_grad_none_mask.assign(fp.num_params, true);
+  }
+  // As long as one parameter requires gradient, the flat parameter must.
+  fp.param.set_requires_grad(requires_grad);
+}
+
+void FlatParamHandle::ResetIsGradNone() {
+  if (!options_.use_orig_params) return;
+  TORCH_CHECK(training_state_ == HandleTrainingState::BACKWARD_POST,
+              "Expects to only be called in the post-backward after gradient computation (state: ",
+              ToString(training_state_), ")");
+  FlatParameter& fp = flat_param_;
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    if (fp.params[i].requires_grad()) fp.is_grad_none_mask[i] = false;
+  }
 }
 
 void FlatParamHandle::PrepareGradientForOptim() {
@@ -168,7 +260,7 @@ void FlatParamHandle::UseShardedGradViews() {
     at::Tensor& p = fp.params[i];
     const ShardParamInfo& info = fp.shard_param_infos[i];
     if (info.in_shard && p.requires_grad() && !fp.is_grad_none_mask[i]) {
-      p.mutable_grad() = grad.narrow(0, info.offset_in_shard, info.numel_in_shard).reshape(p.sizes());
+      p.mutable_grad() = AliasWithoutView(grad.narrow(0, info.offset_in_shard, info.numel_in_shard).view(p.sizes()));
     } else {
       p.mutable_grad() = at::Tensor();
     }
@@ -185,7 +277,7 @@ void FlatParamHandle::UseUnshardedGradViews() {
   }
   CheckUnsharded(grad);
   std::vector<at::Tensor> views = GetUnflatViews(grad);
-  for (int64_t i = 0; i < fp.num_params; ++i) orig_tensors_[i].mutable_grad() = views[i];
+  for (int64_t i = 0; i < fp.num_params; ++i) orig_tensors_[i].mutable_grad() = AliasWithoutView(views[i]);
 }
 
 }  // namespace fsdp::flat_param

@@ -1,0 +1,25 @@
+// The autograd mechanics that replace PyTorch's module / tensor hooks in both FSDPs.
+#ifndef FSDP_FSDP_COMMON_AUTOGRAD_HOOKS_H_
+#define FSDP_FSDP_COMMON_AUTOGRAD_HOOKS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+namespace fsdp {
+
+// Routes the tensors of `inputs` that require grad through one identity autograd Function
+// whose backward calls `callback` once all of their gradients are computed (the module
+// consuming them has finished its backward). Returns `inputs` with those tensors replaced;
+// unchanged (no callback) when grad mode is off or none requires grad.
+std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tensor>& inputs,
+                                                     std::function<void()> callback);
+
+// Queues `callback` on the autograd engine to run once at the end of the current backward
+// (call it from inside a backward, e.g. a tensor hook).
+void QueueEndOfBackwardCallback(std::function<void()> callback);
+
+}  // namespace fsdp
+
+#endif  // FSDP_FSDP_COMMON_AUTOGRAD_HOOKS_H_

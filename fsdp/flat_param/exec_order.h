@@ -1,0 +1,79 @@
+// The FSDP1 runtime's shared bookkeeping: the recorded execution order that drives
+// prefetching (PyTorch's fsdp/_exec_order_utils.py _ExecOrderData) and the rate limiter's
+// queue of free events (fsdp/_limiter_utils.py _FreeEventQueue).
+#ifndef FSDP_FSDP_FLAT_PARAM_EXEC_ORDER_H_
+#define FSDP_FSDP_FLAT_PARAM_EXEC_ORDER_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <vector>
+
+#include "fsdp/flat_param/flat_param.h"
+
+namespace fsdp::flat_param {
+
+// Per root: every handle in the tree (module pre-order), the pre-forward order of the first
+// iteration (forward prefetch) and this iteration's post-forward order (backward prefetch:
+// modules run backward in reverse post-forward order). Prefetch limits are 1 (as the seed).
+// The seed's optional execution-order validation across ranks (debug level DETAIL) is not
+// ported.
+class ExecOrderData {
+ public:
+  // init(): sets every handle's handle_index.
+  void Init(const std::vector<FlatParamHandle*>& all_handles);
+  const std::vector<FlatParamHandle*>& all_handles() const { return all_handles_; }
+  bool is_first_iter() const { return iter_ == 0; }
+  int64_t iter() const { return iter_; }
+
+  // The handle before `current` in post-forward order, or nullptr.
+  FlatParamHandle* GetHandleToBackwardPrefetch(const FlatParamHandle& current) const;
+  // The handle after `current` in the first iteration's pre-forward order, or nullptr.
+  FlatParamHandle* GetHandleToForwardPrefetch(const FlatParamHandle& current) const;
+  void RecordPostForward(FlatParamHandle* handle);
+  void RecordPreForward(FlatParamHandle* handle, bool is_training);
+  // End of an iteration (the post-backward final callback): clears the post-forward order.
+  void NextIter();
+
+  const std::vector<FlatParamHandle*>& handles_pre_forward_order() const { return pre_forward_order_; }
+  const std::vector<FlatParamHandle*>& handles_post_forward_order() const { return post_forward_order_; }
+
+ private:
+  std::vector<FlatParamHandle*> all_handles_;
+  std::vector<FlatParamHandle*> pre_forward_order_;
+  std::vector<FlatParamHandle*> post_forward_order_;
+  int64_t iter_ = 0;
+  int backward_prefetch_limit_ = 1;
+  int forward_prefetch_limit_ = 1;
+};
+
+// limit_all_gathers: each reshard that frees an unsharded flat parameter enqueues a free
+// event; before an all-gather, with 2 or more queued, the oldest is dequeued and synchronized
+// (at most 2 all-gathers' memory in flight). On the CPU, collectives are synchronous here, so
+// an event is complete when recorded and synchronizing it is bookkeeping: `num_synchronized`
+// counts the rate limiter's waits.
+class FreeEventQueue {
+ public:
+  struct Event {
+    int64_t id = 0;
+    void synchronize() const {}
+  };
+  static constexpr int kMaxNumInflightAllGathers = 2;
+
+  void Enqueue(Event event) { queue_.push_back(event); }
+  // The oldest event when kMaxNumInflightAllGathers or more are queued.
+  std::optional<Event> DequeueIfNeeded();
+  Event Record() { return Event{next_id_++}; }
+  size_t size() const { return queue_.size(); }
+  int64_t num_synchronized() const { return num_synchronized_; }
+  void CountSynchronized() { ++num_synchronized_; }
+
+ private:
+  std::deque<Event> queue_;
+  int64_t next_id_ = 0;
+  int64_t num_synchronized_ = 0;
+};
+
+}  // namespace fsdp::flat_param
+
+#endif  // FSDP_FSDP_FLAT_PARAM_EXEC_ORDER_H_

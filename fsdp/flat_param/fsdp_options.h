@@ -1,0 +1,75 @@
+// Options of FSDP1's wrapper (PyTorch's FullyShardedDataParallel constructor arguments).
+#ifndef FSDP_FSDP_FLAT_PARAM_FSDP_OPTIONS_H_
+#define FSDP_FSDP_FLAT_PARAM_FSDP_OPTIONS_H_
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "comm/process_group.h"
+#include "fsdp/flat_param/flat_param.h"
+#include "mesh/device_mesh.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::flat_param {
+
+// Which unsharded flat parameter to all-gather ahead in backward (PyTorch's BackwardPrefetch):
+// BACKWARD_PRE: the next module's (in reverse post-forward order) in this module's
+// pre-backward, before its gradient computation (more overlap, more memory);
+// BACKWARD_POST: in this module's post-backward, after its gradient computation.
+enum class BackwardPrefetch { BACKWARD_PRE, BACKWARD_POST };
+const char* ToString(BackwardPrefetch p);
+
+struct CPUOffload {
+  // Sharded parameters and gradients live on the CPU; unsharded ones on `device`.
+  bool offload_params = false;
+};
+
+// PyTorch's FSDP1 MixedPrecision (buffer_dtype is not supported: FSDP1 modules here keep
+// their buffers as they are).
+struct MixedPrecision {
+  std::optional<c10::ScalarType> param_dtype;   // unsharded parameters / forward compute
+  std::optional<c10::ScalarType> reduce_dtype;  // gradient reduction (unset: param_dtype)
+  bool keep_low_precision_grads = false;
+  bool cast_forward_inputs = false;       // every FSDP module casts its floating inputs
+  bool cast_root_forward_inputs = true;   // the root casts its floating inputs
+};
+
+// The seed's auto-wrap policy callable: called with recurse = true to ask whether to look
+// into `module`'s children, and with recurse = false whether to wrap `module` itself, given
+// the number of its parameters' elements not yet wrapped by a descendant.
+using AutoWrapPolicy = std::function<bool(torch::nn::Module& module, bool recurse, int64_t nonwrapped_numel)>;
+
+struct FSDPOptions {
+  // FULL_SHARD / SHARD_GRAD_OP / NO_SHARD: the data-parallel group. Hybrid strategies: the
+  // intra-node (shard) group, with inter_node_group the replica group; or give device_mesh.
+  comm::ProcessGroupPtr process_group;
+  comm::ProcessGroupPtr inter_node_group;
+  // Instead of process groups: a 1-D mesh, or for hybrid strategies a 2-D mesh whose dim 0
+  // replicates (inter-node) and dim 1 shards (intra-node).
+  mesh::DeviceMeshPtr device_mesh;
+  // World size 1 (non-hybrid) always uses NO_SHARD, as PyTorch.
+  ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
+  CPUOffload cpu_offload;
+  std::optional<MixedPrecision> mixed_precision;
+  std::optional<BackwardPrefetch> backward_prefetch = BackwardPrefetch::BACKWARD_PRE;  // nullopt: none
+  bool forward_prefetch = false;
+  bool limit_all_gathers = true;
+  // true: the optimizer takes the original parameters (flattened views of this rank's part of
+  // the flat parameter between steps); false: the flat parameters.
+  bool use_orig_params = false;
+  // The compute and communication device; parameters must already be on it.
+  c10::Device device = c10::Device(c10::kCPU);
+  // Wraps the submodules the policy selects first, with these options (see wrap_fsdp).
+  AutoWrapPolicy auto_wrap_policy;
+};
+
+}  // namespace fsdp::flat_param
+
+#endif  // FSDP_FSDP_FLAT_PARAM_FSDP_OPTIONS_H_

@@ -1,0 +1,232 @@
+// FSDP1 parity: N AdamW steps of a wrapped model on W ranks (each its slice of the batch)
+// equal N steps of the same model on one rank on the whole batch, for every sharding
+// strategy, use_orig_params, nested / root-only / auto wrapping, no_sync accumulation,
+// backward / forward prefetch, mixed precision and gradient clipping.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "fsdp/flat_param/fsdp_test_models.h"
+#include "mesh/device_mesh.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::flat_param {
+namespace {
+
+using fsdp::testing::Backend;
+using testing::Batch;
+using testing::InitDeterministic;
+using testing::Net;
+
+enum class Wrap { kNested, kRootOnly, kAutoByType, kAutoBySize };
+enum class Groups { kMesh, kExplicit };
+
+struct Config {
+  std::string name;
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  bool use_orig_params = false;
+  Wrap wrap = Wrap::kNested;
+  Groups groups = Groups::kMesh;  // hybrid only: 2-D mesh or explicit intra / inter groups
+  int micro_batches = 1;          // > 1: no_sync for all but the last
+  std::optional<BackwardPrefetch> backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  bool forward_prefetch = false;
+  bool limit_all_gathers = true;
+  bool bf16 = false;
+  std::optional<double> clip_norm_type;  // clip to 0.05 with this norm type
+  bool offload = false;
+  bool freeze_block0 = false;  // block0's parameters do not require grad
+  bool block0_twice = false;   // block0 runs forward twice per step
+};
+
+constexpr int kSteps = 3;
+constexpr int64_t kBatch = 12;  // divisible by 1..4
+constexpr double kMaxNorm = 0.05;
+
+std::string StrategyName(ShardingStrategy s) { return ToString(s); }
+
+void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
+  const int w = world->size(), me = world->rank();
+  Net ref(2, 7, cfg.block0_twice), model(2, 7, cfg.block0_twice);
+  InitDeterministic(*ref);
+  InitDeterministic(*model);
+  if (cfg.freeze_block0) {
+    for (Net* m : {&ref, &model}) {
+      for (at::Tensor& p : (*m)->layers[0]->parameters()) p.set_requires_grad(false);
+    }
+  }
+  FSDPOptions opts;
+  opts.cpu_offload.offload_params = cfg.offload;
+  opts.sharding_strategy = cfg.strategy;
+  opts.use_orig_params = cfg.use_orig_params;
+  opts.backward_prefetch = cfg.backward_prefetch;
+  opts.forward_prefetch = cfg.forward_prefetch;
+  opts.limit_all_gathers = cfg.limit_all_gathers;
+  if (cfg.bf16) opts.mixed_precision = MixedPrecision{.param_dtype = at::kBFloat16};
+  if (IsHybrid(ToHandleShardingStrategy(cfg.strategy))) {
+    // 2 replicas x (w / 2) shards: shard groups are rows of consecutive ranks.
+    if (cfg.groups == Groups::kMesh) {
+      opts.device_mesh = mesh::DeviceMesh::Create(world, {2, w / 2}, {"replicate", "shard"});
+    } else {
+      std::vector<int> row0, row1, col;
+      for (int r = 0; r < w / 2; ++r) {
+        row0.push_back(r);
+        row1.push_back(w / 2 + r);
+      }
+      auto g0 = world->new_subgroup(row0), g1 = world->new_subgroup(row1);
+      comm::ProcessGroupPtr inter;
+      for (int s = 0; s < w / 2; ++s) {
+        auto g = world->new_subgroup({s, w / 2 + s});
+        if (me % (w / 2) == s) inter = g;
+      }
+      opts.process_group = me < w / 2 ? g0 : g1;
+      opts.inter_node_group = inter;
+    }
+  } else {
+    opts.process_group = world;
+  }
+  FullyShardedDataParallel root;
+  switch (cfg.wrap) {
+    case Wrap::kNested:
+      for (auto& b : model->layers) wrap_fsdp(b.ptr(), opts);
+      root = wrap_fsdp(model.ptr(), opts);
+      break;
+    case Wrap::kRootOnly:
+      root = wrap_fsdp(model.ptr(), opts);
+      break;
+    case Wrap::kAutoByType:
+      opts.auto_wrap_policy = ModuleTypeWrapPolicy<testing::BlockImpl>();
+      root = wrap_fsdp(model.ptr(), opts);
+      break;
+    case Wrap::kAutoBySize:
+      // Blocks have 2 * (5 * 7 + 7) + ... = 82 elements; Linears below the blocks cannot
+      // run the hooks, so the blocks are the wrapped units.
+      opts.auto_wrap_policy = SizeBasedAutoWrapPolicy(50);
+      root = wrap_fsdp(model.ptr(), opts);
+      break;
+  }
+  if (cfg.wrap != Wrap::kRootOnly) {
+    for (auto& b : model->layers) ASSERT_NE(GetState(*b.ptr()), nullptr) << cfg.name;
+  }
+  const size_t want_handles = cfg.wrap == Wrap::kRootOnly ? 1 : 1 + model->layers.size();
+  ASSERT_EQ(root.handles().size(), want_handles) << cfg.name;
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(1e-2));
+
+  const int64_t local = kBatch / w;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int mb = 0; mb < cfg.micro_batches; ++mb) {
+      const at::Tensor x = Batch(step * 10 + mb, kBatch, 3, 1), y = Batch(step * 10 + mb, kBatch, 1, 2);
+      torch::nn::functional::mse_loss(ref(x), y).backward();
+      const at::Tensor lx = x.narrow(0, me * local, local), ly = y.narrow(0, me * local, local);
+      auto loss = [&] { return torch::nn::functional::mse_loss(model(lx).to(at::kFloat), ly); };
+      if (mb + 1 < cfg.micro_batches) {
+        NoSyncGuard no_sync = root.no_sync();
+        loss().backward();
+      } else {
+        loss().backward();
+      }
+    }
+    if (cfg.clip_norm_type) {
+      const double want = torch::nn::utils::clip_grad_norm_(ref->parameters(), kMaxNorm, *cfg.clip_norm_type);
+      const double got = root.clip_grad_norm(kMaxNorm, *cfg.clip_norm_type).item<double>();
+      EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, want)) << cfg.name << " step " << step;
+      EXPECT_GT(want, kMaxNorm) << cfg.name << ": the test should clip";
+    }
+    ref_opt.step();
+    ref_opt.zero_grad();
+    opt.step();
+    opt.zero_grad();
+  }
+  testing::ExpectParamsMatch(root, *ref, cfg.bf16 ? 3e-2 : 1e-6, cfg.name);
+}
+
+struct ParityCase {
+  Backend backend;
+  int world;
+  Config cfg;
+};
+
+class ParityTest : public ::testing::TestWithParam<ParityCase> {};
+
+TEST_P(ParityTest, TrainingEqualsSingleRank) {
+  const ParityCase c = GetParam();
+  fsdp::testing::RunOnRanks(c.backend, c.world, [c](const comm::ProcessGroupPtr& pg) { RunParity(c.cfg, pg); });
+}
+
+std::vector<ParityCase> Cases() {
+  std::vector<ParityCase> cases;
+  const ShardingStrategy flat[] = {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                                   ShardingStrategy::NO_SHARD};
+  const ShardingStrategy hybrid[] = {ShardingStrategy::HYBRID_SHARD, ShardingStrategy::HYBRID_SHARD_ZERO2};
+  for (bool orig : {false, true}) {
+    const std::string o = orig ? "_orig" : "";
+    for (ShardingStrategy s : flat) {
+      for (int w = 1; w <= 4; ++w) {
+        cases.push_back({Backend::kThreaded, w, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
+      }
+      cases.push_back({Backend::kGlooThreads, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
+    }
+    for (ShardingStrategy s : hybrid) {
+      cases.push_back({Backend::kThreaded, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
+      cases.push_back({Backend::kThreaded, 4,
+                       {.name = StrategyName(s) + o + "_groups", .strategy = s, .use_orig_params = orig,
+                        .groups = Groups::kExplicit}});
+      cases.push_back({Backend::kGlooThreads, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
+    }
+    for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                               ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD}) {
+      const int w = 4;
+      const std::string n = StrategyName(s) + o;
+      cases.push_back({Backend::kThreaded, w, {.name = n + "_root_only", .strategy = s, .use_orig_params = orig,
+                                               .wrap = Wrap::kRootOnly}});
+      cases.push_back({Backend::kThreaded, w, {.name = n + "_no_sync3", .strategy = s, .use_orig_params = orig,
+                                               .micro_batches = 3}});
+    }
+    cases.push_back({Backend::kThreaded, 4, {.name = "auto_type" + o, .use_orig_params = orig, .wrap = Wrap::kAutoByType}});
+    cases.push_back({Backend::kThreaded, 3, {.name = "auto_size" + o, .use_orig_params = orig, .wrap = Wrap::kAutoBySize}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "prefetch_post" + o, .use_orig_params = orig,
+                                             .backward_prefetch = BackwardPrefetch::BACKWARD_POST}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "prefetch_none" + o, .use_orig_params = orig,
+                                             .backward_prefetch = std::nullopt, .limit_all_gathers = false}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "forward_prefetch" + o, .use_orig_params = orig,
+                                             .forward_prefetch = true}});
+    cases.push_back({Backend::kThreaded, 2, {.name = "bf16" + o, .use_orig_params = orig, .bf16 = true}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "bf16_shard_grad_op" + o,
+                                             .strategy = ShardingStrategy::SHARD_GRAD_OP, .use_orig_params = orig,
+                                             .bf16 = true}});
+    cases.push_back({Backend::kThreaded, 3, {.name = "clip_l2" + o, .use_orig_params = orig, .clip_norm_type = 2.0}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "clip_inf" + o, .use_orig_params = orig,
+                                             .clip_norm_type = std::numeric_limits<double>::infinity()}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "clip_l1_no_shard" + o, .strategy = ShardingStrategy::NO_SHARD,
+                                             .use_orig_params = orig, .clip_norm_type = 1.0}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "offload" + o, .use_orig_params = orig, .offload = true}});
+    cases.push_back({Backend::kThreaded, 2, {.name = "offload_no_shard" + o, .strategy = ShardingStrategy::NO_SHARD,
+                                             .use_orig_params = orig, .offload = true}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "frozen_block0" + o, .use_orig_params = orig,
+                                             .freeze_block0 = true}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "block0_twice" + o, .use_orig_params = orig,
+                                             .block0_twice = true}});
+    cases.push_back({Backend::kThreaded, 2, {.name = "block0_twice_post" + o, .use_orig_params = orig,
+                                             .backward_prefetch = BackwardPrefetch::BACKWARD_POST,
+                                             .block0_twice = true}});
+    cases.push_back({Backend::kThreaded, 4, {.name = "clip_hybrid" + o, .strategy = ShardingStrategy::HYBRID_SHARD,
+                                             .use_orig_params = orig, .clip_norm_type = 2.0}});
+  }
+  return cases;
+}
+
+std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
+  return info.param.cfg.name + "_" + fsdp::testing::BackendName(info.param.backend) + "_w" +
+         std::to_string(info.param.world);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fsdp1, ParityTest, ::testing::ValuesIn(Cases()), CaseName);
+
+}  // namespace
+}  // namespace fsdp::flat_param

@@ -1,0 +1,151 @@
+// FSDPState: what wrap_fsdp attaches to one module (PyTorch's FullyShardedDataParallel
+// instance state, _FSDPState): its FlatParamHandle (if it manages parameters), its options,
+// and the runtime of the seed fsdp1__runtime_utils.py around its forward and backward:
+//
+//   forward   PreForward:  _root_pre_forward (lazy init on the first call: this state becomes
+//                          the root) + _pre_forward (unshard, forward prefetch, post-backward
+//                          registration, input casts)
+//             PostForward: _post_forward (reshard per strategy, pre-backward hooks on outputs)
+//   backward  pre-backward: a tensor hook on the forward outputs (_pre_backward_hook: unshard,
+//                          BACKWARD_PRE prefetch, gradient preparation; the root queues the
+//                          final callback on the autograd engine)
+//             post-backward: an identity autograd Function on the forward inputs
+//                          (_post_backward_hook: flatten the originals' gradients, reshard,
+//                          BACKWARD_POST prefetch, reduce-scatter / all-reduce, accumulate)
+//             end:         _post_backward_final_callback (post-backward of handles whose
+//                          inputs needed no gradient, catch-all reshard, finalize gradients)
+//
+// C++ mapping: the seed's post-backward hook sits on the FlatParameter's AccumulateGrad; here
+// autograd accumulates into the original parameters (flat_param.h), so the post-backward runs
+// when the module's inputs have their gradients (the module's backward is done), and in the
+// final callback for modules whose inputs need none (e.g. the root). A module called k times
+// in one forward reduces once, after its k-th post-backward.
+#ifndef FSDP_FSDP_FLAT_PARAM_FSDP_STATE_H_
+#define FSDP_FSDP_FLAT_PARAM_FSDP_STATE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/flat_param/exec_order.h"
+#include "fsdp/flat_param/flat_param.h"
+#include "fsdp/flat_param/fsdp_options.h"
+
+namespace fsdp::flat_param {
+
+class FSDPState;
+
+// The seed's TrainingState (of an FSDP instance; handles have HandleTrainingState).
+enum class FSDPTrainingState { IDLE, FORWARD_BACKWARD, SUMMON_FULL_PARAMS };
+const char* ToString(FSDPTrainingState s);
+
+// Shared by every state under one root after lazy init.
+struct FSDPRuntimeContext {
+  std::vector<FSDPState*> all_states;  // root first, module pre-order
+  ExecOrderData exec_order_data;
+  FreeEventQueue free_event_queue;
+};
+
+class FSDPState {
+ public:
+  // `process_group`: the shard group (hybrid: intra-node); `inter_node_group`: hybrid only.
+  // `handle`: null when the module manages no parameters.
+  FSDPState(torch::nn::Module* module, FSDPOptions options, comm::ProcessGroupPtr process_group,
+            comm::ProcessGroupPtr inter_node_group, std::unique_ptr<FlatParamHandle> handle);
+  FSDPState(const FSDPState&) = delete;
+  FSDPState& operator=(const FSDPState&) = delete;
+
+  // Around the module's forward: PreForward returns the tensor arguments (moved to the
+  // device, cast, autograd-wrapped) in order; PostForward hooks the output tensors.
+  std::vector<at::Tensor> PreForward(std::vector<at::Tensor> args);
+  void PostForward(const std::vector<at::Tensor*>& outputs);
+
+  // _lazy_init: no-op once done; the first state it runs on becomes the root.
+  void LazyInit();
+
+  torch::nn::Module* module() const { return module_; }
+  FlatParamHandle* handle() const { return handle_.get(); }
+  const FSDPOptions& options() const { return options_; }
+  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy; }
+  const comm::ProcessGroupPtr& process_group() const { return process_group_; }
+  const comm::ProcessGroupPtr& inter_node_group() const { return inter_node_group_; }
+  std::optional<bool> is_root() const { return is_root_; }
+  FSDPTrainingState training_state() const { return training_state_; }
+  FSDPRuntimeContext& runtime_ctx() { return *ctx_; }
+  const std::vector<FSDPState*>& all_states() const { return ctx_->all_states; }
+  bool use_full_prec_in_eval() const { return use_full_prec_in_eval_; }
+  // For messages: the module's name relative to the root (after lazy init), else its type.
+  std::string name() const;
+
+  // false inside no_sync(): post-backward keeps unsharded gradients, no communication.
+  bool sync_gradients = true;
+  CommHook comm_hook;
+
+ private:
+  enum class PrefetchMode { BACKWARD, FORWARD };
+
+  // runtime_forward.cc
+  void CheckFlatParamsOnExpectedDevice() const;
+  void ShareStateAndInitHandleAttrs();
+  std::vector<at::Tensor> RootPreForward(std::vector<at::Tensor> args);
+  std::vector<at::Tensor> RootCastForwardInput(std::vector<at::Tensor> args) const;
+  void PreForwardUnshard();
+  void PostForwardReshard();
+  void RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs);
+  std::vector<at::Tensor> RegisterPostBackward(const std::vector<at::Tensor>& args);
+  void Unshard(FlatParamHandle& handle);
+  void Reshard(FlatParamHandle& handle, bool free_unsharded_flat_param);
+  void PrefetchHandle(FlatParamHandle* current, PrefetchMode mode);
+  FlatParamHandle* GetHandleToPrefetch(FlatParamHandle& current) const;
+
+  // runtime_backward.cc
+  void PreBackwardHook();
+  void OnPostBackwardFunction();
+  void PostBackwardHook();
+  void PostBackwardReshard();
+  bool ShouldFreeInBackward() const;
+  void ReduceGrad();
+  void RegisterPostBackwardFinalCallback();
+  void PostBackwardFinalCallback();
+  void CatchAllReshard();
+  void FinalizeParams();
+
+  torch::nn::Module* module_;
+  FSDPOptions options_;
+  comm::ProcessGroupPtr process_group_;
+  comm::ProcessGroupPtr inter_node_group_;
+  std::unique_ptr<FlatParamHandle> handle_;
+  std::optional<bool> is_root_;
+  FSDPTrainingState training_state_ = FSDPTrainingState::IDLE;
+  std::shared_ptr<FSDPRuntimeContext> ctx_;
+  bool post_backward_callback_queued_ = false;  // root only
+  bool use_full_prec_in_eval_ = false;
+  std::string fqn_;  // relative to the root; set at lazy init ("<root>" for the root)
+  // Post-backward Functions registered in forward and not yet run in backward.
+  int pending_post_backward_ = 0;
+};
+
+// Base of every module wrap_fsdp can attach to (FSDPWrappedImpl<Impl> derives from it): owns
+// the module's FSDPState. A module's forward must call the state's PreForward / PostForward
+// around its body (FSDPWrappedImpl does).
+class FSDPHooks {
+ public:
+  virtual ~FSDPHooks() = default;
+  FSDPState* flat_fsdp_state() const { return state_.get(); }
+  void AttachFlatFSDPState(std::shared_ptr<FSDPState> state) { state_ = std::move(state); }
+
+ private:
+  std::shared_ptr<FSDPState> state_;
+};
+
+// The state wrap_fsdp attached to `module`, or nullptr.
+FSDPState* GetState(torch::nn::Module& module);
+// The FSDP states of `root`'s module tree (including root), in module pre-order.
+std::vector<FSDPState*> CollectStates(torch::nn::Module& root);
+
+}  // namespace fsdp::flat_param
+
+#endif  // FSDP_FSDP_FLAT_PARAM_FSDP_STATE_H_

@@ -1,0 +1,108 @@
+// Models and helpers shared by the FSDP1 runtime tests: residual MLP blocks inside a net
+// with uneven shapes, deterministic init and batches, and the full (gathered) parameters of
+// a wrapped model by name.
+#ifndef FSDP_FSDP_FLAT_PARAM_FSDP_TEST_MODELS_H_
+#define FSDP_FSDP_FLAT_PARAM_FSDP_TEST_MODELS_H_
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/modules/linear.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
+
+namespace fsdp::flat_param::testing {
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d, int64_t hidden)
+      : fc1(register_module("fc1", torch::nn::Linear(d, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, d))) {}
+  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+using Block = FSDPWrapped<BlockImpl>;
+
+// 3 -> 5 (uneven flat sizes on most world sizes), blocks 5 -> 7 -> 5 (optionally the first
+// again at the end), head 5 -> 1, a 6-element parameter used directly.
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(int64_t blocks = 2, int64_t hidden = 7, bool use_first_block_twice = false)
+      : in(register_module("in", torch::nn::Linear(3, 5))),
+        head(register_module("head", torch::nn::Linear(5, 1))),
+        twice(use_first_block_twice) {
+    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Block(5, hidden)));
+    extra = register_parameter("extra", at::zeros({6}));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = in(x);
+    for (auto& b : layers) h = b(h);
+    if (twice) h = layers.front()(h);
+    return head(h) + extra.sum();
+  }
+  torch::nn::Linear in, head;
+  std::vector<Block> layers;
+  at::Tensor extra;
+  bool twice;
+};
+using Net = FSDPWrapped<NetImpl>;
+
+// Same values on every rank without the (thread-shared) global generator.
+inline void InitDeterministic(torch::nn::Module& m, uint64_t seed = 11) {
+  at::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.4);
+}
+
+inline at::Tensor Batch(int step, int64_t rows, int64_t cols, uint64_t salt) {
+  return at::randn({rows, cols}, at::make_generator<at::CPUGeneratorImpl>(1000 * step + salt));
+}
+
+// Every original parameter of the wrapped tree, all-gathered from the flat parameters' local
+// shards (collective over each handle's process group), by name relative to `root`.
+inline std::map<std::string, at::Tensor> FullParams(FullyShardedDataParallel& root) {
+  std::map<const torch::nn::Module*, std::string> prefix;
+  for (const auto& item : root.module().named_modules("", /*include_self=*/true)) {
+    prefix[item.value().get()] = item.key().empty() ? "" : item.key() + ".";
+  }
+  std::map<std::string, at::Tensor> out;
+  for (FlatParamHandle* h : root.handles()) {
+    const FlatParameter& fp = h->flat_param();
+    at::Tensor full = fp.local_shard;
+    if (h->uses_sharded_strategy()) {
+      full = at::empty({fp.local_shard.numel() * h->world_size()}, fp.local_shard.options());
+      h->process_group()->all_gather_into_tensor(full, fp.local_shard)->wait();
+    }
+    std::vector<at::Tensor> views = h->GetUnflatViews(full.narrow(0, 0, fp.unpadded_unsharded_size[0]));
+    for (int64_t i = 0; i < fp.num_params; ++i) {
+      out[prefix[&h->fully_sharded_module()] + fp.fqns[i]] = views[i].clone();
+    }
+  }
+  return out;
+}
+
+// max |full - reference| <= tol * max(1, reference scale) for every parameter of `ref`.
+inline void ExpectParamsMatch(FullyShardedDataParallel& root, torch::nn::Module& ref, double tol,
+                              const std::string& label) {
+  std::map<std::string, at::Tensor> full = FullParams(root);
+  int checked = 0;
+  for (const auto& item : ref.named_parameters()) {
+    auto it = full.find(item.key());
+    if (it == full.end()) {
+      ADD_FAILURE() << label << ": no FSDP parameter named " << item.key();
+      continue;
+    }
+    const at::Tensor expected = item.value().detach();
+    const double scale = std::max(1.0, expected.abs().max().item<double>());
+    const double diff = (it->second.to(expected.scalar_type()) - expected).abs().max().item<double>();
+    EXPECT_LE(diff, tol * scale) << label << " " << item.key();
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(full.size())) << label;
+}
+
+}  // namespace fsdp::flat_param::testing
+
+#endif  // FSDP_FSDP_FLAT_PARAM_FSDP_TEST_MODELS_H_

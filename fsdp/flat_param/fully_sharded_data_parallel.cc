@@ -1,0 +1,272 @@
+// wrap_fsdp (the FullyShardedDataParallel constructor: process groups, strategy, auto-wrap,
+// the FlatParamHandle) and the FullyShardedDataParallel handle's methods. clip_grad_norm:
+// clip_grad_norm.cc.
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+
+namespace fsdp::flat_param {
+namespace {
+
+struct Groups {
+  comm::ProcessGroupPtr process_group;
+  comm::ProcessGroupPtr inter_node_group;
+};
+
+// _init_process_group_state (+ _for_hybrid_shard).
+Groups ResolveGroups(const FSDPOptions& o) {
+  const bool hybrid = IsHybrid(ToHandleShardingStrategy(o.sharding_strategy));
+  const char* strategy = ToString(o.sharding_strategy);
+  TORCH_CHECK(!(o.device_mesh && (o.process_group || o.inter_node_group)),
+              "wrap_fsdp: cannot pass both process_group and device_mesh at the same time. Please just pass only one "
+              "of them.");
+  Groups g;
+  if (o.device_mesh) {
+    if (hybrid) {
+      TORCH_CHECK(o.device_mesh->ndim() == 2, "wrap_fsdp: ", strategy, " expects device_mesh to have ndim=2 ",
+                  "(replicate, shard) but got ", o.device_mesh->ToString());
+      g.process_group = o.device_mesh->group(1);
+      g.inter_node_group = o.device_mesh->group(0);
+    } else {
+      TORCH_CHECK(o.device_mesh->ndim() == 1, "wrap_fsdp: ", strategy, " expects a 1-D device_mesh but got ",
+                  o.device_mesh->ToString());
+      g.process_group = o.device_mesh->group(0);
+    }
+    return g;
+  }
+  TORCH_CHECK(o.process_group != nullptr, "wrap_fsdp: options.process_group (or device_mesh) is null");
+  if (hybrid) {
+    TORCH_CHECK(o.inter_node_group != nullptr, "wrap_fsdp: ", strategy, " needs options.inter_node_group (the ",
+                "replica group; process_group is the intra-node shard group) or a 2-D device_mesh, but ",
+                "inter_node_group is null");
+  } else {
+    TORCH_CHECK(o.inter_node_group == nullptr, "wrap_fsdp: options.inter_node_group is only for hybrid strategies, ",
+                "but sharding_strategy is ", strategy);
+  }
+  return {o.process_group, o.inter_node_group};
+}
+
+// Modules wrap_fsdp manages: `module`'s tree, not descending into wrapped descendants.
+void CollectManagedModules(torch::nn::Module& module, bool is_root, std::vector<torch::nn::Module*>& out) {
+  if (!is_root && GetState(module) != nullptr) return;
+  out.push_back(&module);
+  for (const auto& child : module.children()) CollectManagedModules(*child, false, out);
+}
+
+int64_t UniqueNumel(const torch::nn::Module& module) {
+  absl::flat_hash_set<const c10::TensorImpl*> seen;
+  int64_t n = 0;
+  for (const at::Tensor& p : module.parameters()) {
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+  }
+  return n;
+}
+
+// The seed's _recursive_wrap; returns the numel wrapped in `module`'s tree.
+int64_t RecursiveWrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options,
+                      bool only_wrap_children) {
+  const int64_t nonwrapped_numel = UniqueNumel(*module);
+  if (!options.auto_wrap_policy(*module, /*recurse=*/true, nonwrapped_numel)) return 0;
+  int64_t total_wrapped_numel = 0;
+  for (const auto& child : module->children()) total_wrapped_numel += RecursiveWrap(child, options, false);
+  const int64_t remainder = nonwrapped_numel - total_wrapped_numel;
+  // C++: only modules that can run the hooks can be wrapped.
+  if (!only_wrap_children && dynamic_cast<FSDPHooks*>(module.get()) != nullptr &&
+      options.auto_wrap_policy(*module, /*recurse=*/false, remainder)) {
+    FSDPOptions child_options = options;
+    child_options.auto_wrap_policy = nullptr;
+    wrap_fsdp(module, std::move(child_options));
+    return nonwrapped_numel;
+  }
+  return total_wrapped_numel;
+}
+
+}  // namespace
+
+const char* ToString(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::BACKWARD_PRE: return "BACKWARD_PRE";
+    case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
+  }
+  return "?";
+}
+
+FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions options) {
+  TORCH_CHECK(module != nullptr, "wrap_fsdp: module is null");
+  auto* hooks = dynamic_cast<FSDPHooks*>(module.get());
+  TORCH_CHECK(hooks != nullptr, "wrap_fsdp: ", module->name(), " cannot run FSDP hooks; construct it as ",
+              "fsdp::flat_param::FSDPWrappedImpl<", module->name(),
+              "> (or derive it from fsdp::flat_param::FSDPHooks and call its state's PreForward / PostForward)");
+  TORCH_CHECK(hooks->flat_fsdp_state() == nullptr, "wrap_fsdp: ", module->name(),
+              " is already wrapped with FSDP (wrap each module once)");
+  Groups groups = ResolveGroups(options);
+  if (!IsHybrid(ToHandleShardingStrategy(options.sharding_strategy)) && groups.process_group->size() == 1) {
+    // World size 1: the strategies are equivalent; PyTorch switches to NO_SHARD (and warns).
+    options.sharding_strategy = ShardingStrategy::NO_SHARD;
+  }
+  if (options.auto_wrap_policy) {
+    for (const auto& item : module->named_modules("", /*include_self=*/false)) {
+      TORCH_CHECK(GetState(*item.value()) == nullptr, "wrap_fsdp: FSDP auto wrapping requires modules to not ",
+                  "already have FSDP applied but found ", item.key(), " in ", module->name());
+    }
+    RecursiveWrap(module, options, /*only_wrap_children=*/true);
+    options.auto_wrap_policy = nullptr;
+  }
+
+  // Parameters wrapped descendants manage: registering one of them here too (weights tied
+  // across FSDP modules) would let this module read it while the other has it sharded.
+  absl::flat_hash_map<const c10::TensorImpl*, const FSDPState*> managed_below;
+  for (FSDPState* s : CollectStates(*module)) {
+    if (s->handle() == nullptr) continue;
+    for (const at::Tensor& p : s->handle()->orig_params()) managed_below.emplace(p.unsafeGetTensorImpl(), s);
+  }
+  absl::flat_hash_map<const torch::nn::Module*, std::string> module_fqn;
+  for (const auto& item : module->named_modules("", /*include_self=*/true)) {
+    module_fqn.emplace(item.value().get(), item.key());
+  }
+  auto fqn = [&](const torch::nn::Module* m, const std::string& name) {
+    const std::string& prefix = module_fqn[m];
+    return prefix.empty() ? name : prefix + "." + name;
+  };
+  std::vector<torch::nn::Module*> managed;
+  CollectManagedModules(*module, /*is_root=*/true, managed);
+  std::vector<at::Tensor> params;
+  absl::flat_hash_set<const c10::TensorImpl*> seen;
+  for (torch::nn::Module* m : managed) {
+    for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& p = item.value();
+      if (!p.defined() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      if (auto below = managed_below.find(p.unsafeGetTensorImpl()); below != managed_below.end()) {
+        TORCH_CHECK(false, "wrap_fsdp: parameter '", fqn(m, item.key()), "' is the same tensor as a parameter of '",
+                    module_fqn[below->second->module()], "', which is already wrapped with FSDP. Tied parameters ",
+                    "must belong to one FSDP module: wrap their lowest common ancestor instead.");
+      }
+      const c10::Device expected = options.cpu_offload.offload_params ? c10::Device(c10::kCPU) : options.device;
+      TORCH_CHECK(p.device() == expected, "wrap_fsdp: expects parameter '", fqn(m, item.key()), "' on device ",
+                  expected, " but got ", p.device(), " (move the module to options.device before wrapping)");
+      params.push_back(p);
+    }
+  }
+  std::unique_ptr<FlatParamHandle> handle;
+  if (!params.empty()) {
+    FlatParamHandleOptions ho;
+    ho.device = options.device;
+    ho.sharding_strategy = ToHandleShardingStrategy(options.sharding_strategy);
+    ho.offload_params = options.cpu_offload.offload_params;
+    if (options.mixed_precision) {
+      ho.mp_param_dtype = options.mixed_precision->param_dtype;
+      ho.mp_reduce_dtype = options.mixed_precision->reduce_dtype;
+      ho.keep_low_precision_grads = options.mixed_precision->keep_low_precision_grads;
+    }
+    ho.process_group = groups.process_group;
+    ho.use_orig_params = options.use_orig_params;
+    handle = std::make_unique<FlatParamHandle>(params, *module, std::move(ho));
+    handle->Shard();
+  }
+  auto state = std::make_shared<FSDPState>(module.get(), std::move(options), std::move(groups.process_group),
+                                           std::move(groups.inter_node_group), std::move(handle));
+  hooks->AttachFlatFSDPState(state);
+  return FullyShardedDataParallel(state.get());
+}
+
+AutoWrapPolicy SizeBasedAutoWrapPolicy(int64_t min_num_params) {
+  TORCH_CHECK(min_num_params >= 0, "SizeBasedAutoWrapPolicy: min_num_params must be >= 0, got ", min_num_params);
+  // The seed's force-leaf (MultiheadAttention) and excluded (ModuleList / ModuleDict) types
+  // cannot run the hooks in C++, so they are never wrapped anyway.
+  return [min_num_params](torch::nn::Module&, bool, int64_t nonwrapped_numel) {
+    return nonwrapped_numel >= min_num_params;
+  };
+}
+
+AutoWrapPolicy ModuleWrapPolicy(std::function<bool(const torch::nn::Module&)> predicate) {
+  TORCH_CHECK(predicate != nullptr, "ModuleWrapPolicy: predicate is empty");
+  return [predicate = std::move(predicate)](torch::nn::Module& m, bool recurse, int64_t) {
+    return recurse || predicate(m);
+  };
+}
+
+// ----------------------------------------------------------------------------------------
+// FullyShardedDataParallel
+
+FSDPState* FullyShardedDataParallel::state() const {
+  TORCH_CHECK(state_ != nullptr, "FullyShardedDataParallel: empty handle (use the one wrap_fsdp returns)");
+  return state_;
+}
+
+torch::nn::Module& FullyShardedDataParallel::module() const { return *state()->module(); }
+
+FlatParamHandle* FullyShardedDataParallel::handle() const { return state()->handle(); }
+
+std::vector<FlatParamHandle*> FullyShardedDataParallel::handles() const {
+  std::vector<FlatParamHandle*> out;
+  for (FSDPState* s : CollectStates(module())) {
+    if (s->handle()) out.push_back(s->handle());
+  }
+  return out;
+}
+
+bool FullyShardedDataParallel::is_root() const {
+  state()->LazyInit();
+  return state()->is_root().value_or(false);
+}
+
+void FullyShardedDataParallel::CheckRoot(const char* what) const {
+  TORCH_CHECK(is_root(), "`", what, "()` should only be called on the root FSDP instance, not on ",
+              state()->name());
+}
+
+std::vector<at::Tensor> FullyShardedDataParallel::parameters() const {
+  std::vector<at::Tensor> out;
+  absl::flat_hash_set<const c10::TensorImpl*> seen;
+  auto add = [&](const at::Tensor& t) {
+    if (seen.insert(t.unsafeGetTensorImpl()).second) out.push_back(t);
+  };
+  absl::flat_hash_set<const c10::TensorImpl*> managed;
+  for (FlatParamHandle* h : handles()) {
+    for (const at::Tensor& p : h->orig_params()) managed.insert(p.unsafeGetTensorImpl());
+    if (h->use_orig_params()) {
+      for (const at::Tensor& p : h->orig_params()) add(p);
+    } else {
+      add(h->flat_param().param);
+    }
+  }
+  for (const at::Tensor& p : module().parameters()) {
+    if (p.defined() && !managed.contains(p.unsafeGetTensorImpl())) add(p);
+  }
+  return out;
+}
+
+NoSyncGuard FullyShardedDataParallel::no_sync() {
+  CheckRoot("no_sync");
+  TORCH_CHECK(state()->training_state() == FSDPTrainingState::IDLE, "`no_sync()` expects the root to be IDLE but ",
+              "got ", ToString(state()->training_state()));
+  std::vector<std::pair<FSDPState*, bool>> old_flags;
+  for (FSDPState* s : CollectStates(module())) {
+    old_flags.emplace_back(s, s->sync_gradients);
+    s->sync_gradients = false;
+  }
+  return NoSyncGuard(std::move(old_flags));
+}
+
+NoSyncGuard::~NoSyncGuard() {
+  for (auto& [state, old_flag] : old_flags_) state->sync_gradients = old_flag;
+}
+
+void FullyShardedDataParallel::register_comm_hook(CommHook hook) {
+  CheckRoot("register_comm_hook");
+  TORCH_CHECK(hook != nullptr, "register_comm_hook: hook is empty");
+  for (FSDPState* s : CollectStates(module())) {
+    TORCH_CHECK(!IsHybrid(ToHandleShardingStrategy(s->sharding_strategy())),
+                "Communication hook is not supported for hybrid strategies: ", ToString(s->sharding_strategy()));
+    TORCH_CHECK(s->comm_hook == nullptr, "A communication hook is already registered");
+  }
+  for (FSDPState* s : CollectStates(module())) s->comm_hook = hook;
+}
+
+}  // namespace fsdp::flat_param

@@ -1,0 +1,160 @@
+// FSDP1 for torch::nn modules: PyTorch's FullyShardedDataParallel (flat-parameter FSDP).
+//
+//   using Block = fsdp::flat_param::FSDPWrapped<BlockImpl>;     // forward runs FSDP1's hooks
+//   auto model = std::make_shared<fsdp::flat_param::FSDPWrappedImpl<NetImpl>>(...);
+//   FSDPOptions options{.process_group = pg};
+//   for (auto& block : model->blocks) wrap_fsdp(block.ptr(), options);   // bottom-up
+//   FullyShardedDataParallel fsdp = wrap_fsdp(model, options);            // the root last
+//   torch::optim::AdamW opt(fsdp.parameters(), ...);   // flat params, or originals with
+//                                                     // use_orig_params
+//   loss.backward(); fsdp.clip_grad_norm(1.0); opt.step(); opt.zero_grad();
+//
+// Wrapping happens in place, at construction time: C++ cannot replace a module inside its
+// parent, so a module can be wrapped only if its type can run the hooks, i.e. it was built
+// as FSDPWrappedImpl<Impl> (or derives from FSDPHooks and calls its state's PreForward /
+// PostForward). wrap_fsdp flattens the parameters of the module's tree that no wrapped
+// descendant manages into one FlatParameter, sharded over the process group; call it
+// bottom-up. Auto-wrap (options.auto_wrap_policy) follows the seed's _recursive_wrap over the
+// children, but only modules that can run the hooks can be selected: a module the policy
+// picks that cannot is left unwrapped and its parameters go to the nearest wrapped
+// ancestor (its numel is not counted as wrapped).
+//
+// The parameters keep their tensor identity: without use_orig_params they hold no data
+// between steps (0 elements) and views of the all-gathered flat parameter in forward /
+// backward; with use_orig_params they hold flattened views of this rank's part of the flat
+// parameter between steps (what optimizers see).
+#ifndef FSDP_FSDP_FLAT_PARAM_FULLY_SHARDED_DATA_PARALLEL_H_
+#define FSDP_FSDP_FLAT_PARAM_FULLY_SHARDED_DATA_PARALLEL_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/common/forward_tensors.h"
+#include "fsdp/flat_param/fsdp_options.h"
+#include "fsdp/flat_param/fsdp_state.h"
+
+namespace fsdp::flat_param {
+
+class FullyShardedDataParallel;
+
+// Restores every FSDP state's gradient sync flag on destruction (FSDP.no_sync()).
+class [[nodiscard]] NoSyncGuard {
+ public:
+  NoSyncGuard(NoSyncGuard&& other) noexcept : old_flags_(std::move(other.old_flags_)) { other.old_flags_.clear(); }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  ~NoSyncGuard();
+
+ private:
+  friend class FullyShardedDataParallel;
+  explicit NoSyncGuard(std::vector<std::pair<FSDPState*, bool>> old_flags) : old_flags_(std::move(old_flags)) {}
+  std::vector<std::pair<FSDPState*, bool>> old_flags_;
+};
+
+// The handle wrap_fsdp returns (PyTorch's FullyShardedDataParallel methods). Cheap to copy;
+// valid while the module lives.
+class FullyShardedDataParallel {
+ public:
+  FullyShardedDataParallel() = default;
+  explicit FullyShardedDataParallel(FSDPState* state) : state_(state) {}
+
+  FSDPState* state() const;
+  torch::nn::Module& module() const;
+  // This module's FlatParamHandle (null if it manages no parameters).
+  FlatParamHandle* handle() const;
+  // Every FlatParamHandle of this module's tree, in module pre-order.
+  std::vector<FlatParamHandle*> handles() const;
+  // Runs lazy initialization if needed (collective-free); true for the root.
+  bool is_root() const;
+
+  // What the optimizer should get: per handle of the tree, the flat parameter (or with
+  // use_orig_params the original parameters, each once), then the tree's parameters no
+  // handle manages.
+  std::vector<at::Tensor> parameters() const;
+
+  // Gradient accumulation without communication: backwards inside accumulate unsharded
+  // gradients; the next backward outside reduces their sum. Root only.
+  NoSyncGuard no_sync();
+
+  // Clips the gradients of every parameter of the tree (sharded or not) so their total
+  // norm_type-norm (inf: max-norm) over all ranks is at most max_norm; returns the total
+  // norm (float32 computation, in the gradients' dtype). Collective over the process group;
+  // root only, between backward and the optimizer step.
+  at::Tensor clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  // Replaces the default gradient reduction of every FSDP module of the tree (see CommHook).
+  // Root only, before training; not with hybrid strategies; once.
+  void register_comm_hook(CommHook hook);
+
+ private:
+  void CheckRoot(const char* what) const;
+  FSDPState* state_ = nullptr;
+};
+
+// Wraps `module` (an FSDPWrappedImpl or FSDPHooks-derived module) with FSDP1: with
+// options.auto_wrap_policy first wraps the children it selects (same options), then flattens
+// and shards the parameters no wrapped descendant manages. Once per module, bottom-up,
+// before building the optimizer; parameters must already be on options.device.
+FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions options);
+
+// The seed's size_based_auto_wrap_policy: recurse into / wrap modules with at least
+// min_num_params (unique, not yet wrapped) parameter elements.
+AutoWrapPolicy SizeBasedAutoWrapPolicy(int64_t min_num_params = 100000000);
+// The seed's ModuleWrapPolicy with a predicate: always recurse, wrap modules it accepts.
+AutoWrapPolicy ModuleWrapPolicy(std::function<bool(const torch::nn::Module&)> predicate);
+// ModuleWrapPolicy by type: wraps modules deriving from any of `Impls`.
+template <class... Impls>
+AutoWrapPolicy ModuleTypeWrapPolicy() {
+  return ModuleWrapPolicy([](const torch::nn::Module& m) { return (... || (dynamic_cast<const Impls*>(&m) != nullptr)); });
+}
+
+// `Impl` with a forward of the same signature that runs FSDP1's hooks once wrap_fsdp has
+// attached a state (and is plain `Impl` before). The signature comes from &Impl::forward, so
+// the module works in Sequential / AnyModule and ModuleHolder::operator(); parameter names
+// are Impl's own. Outputs must be tensors, vectors / tuples / pairs of them (specialize
+// fsdp::ForwardTensors for other types).
+template <class Impl, class Signature = decltype(&Impl::forward)>
+class FSDPWrappedImpl;
+
+template <class Impl, class R, class C, class... A>
+class FSDPWrappedImpl<Impl, R (C::*)(A...)> : public Impl, public FSDPHooks {
+ public:
+  using Impl::Impl;
+
+  R forward(A... args) {
+    FSDPState* state = flat_fsdp_state();
+    if (state == nullptr) return Impl::forward(std::forward<A>(args)...);
+    // Copies of the arguments: tensors among them are replaced by the hooked ones.
+    std::tuple<std::decay_t<A>...> copies(std::forward<A>(args)...);
+    std::vector<at::Tensor*> slots = CollectForwardTensors(copies);
+    std::vector<at::Tensor> inputs;
+    for (at::Tensor* t : slots) inputs.push_back(*t);
+    inputs = state->PreForward(std::move(inputs));
+    for (size_t i = 0; i < slots.size(); ++i) *slots[i] = inputs[i];
+    R output = std::apply([this](auto&... a) { return Impl::forward(a...); }, copies);
+    static_assert(ForwardTensors<std::decay_t<R>>::kHasTensors,
+                  "FSDPWrappedImpl: forward must return tensors (specialize fsdp::ForwardTensors)");
+    std::vector<at::Tensor*> outs;
+    ForwardTensors<std::decay_t<R>>::Collect(output, outs);
+    state->PostForward(outs);
+    return output;
+  }
+};
+
+template <class Impl>
+class FSDPWrapped : public torch::nn::ModuleHolder<FSDPWrappedImpl<Impl>> {
+ public:
+  using torch::nn::ModuleHolder<FSDPWrappedImpl<Impl>>::ModuleHolder;
+};
+
+}  // namespace fsdp::flat_param
+
+#endif  // FSDP_FSDP_FLAT_PARAM_FULLY_SHARDED_DATA_PARALLEL_H_

@@ -1,0 +1,302 @@
+// FSDP1 runtime, forward half (the seed's fsdp1__runtime_utils.py): lazy root
+// initialization, root pre-forward, pre-/post-forward, unshard / reshard with the rate
+// limiter, prefetching. Backward half: runtime_backward.cc.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_join.h"
+#include "fsdp/common/autograd_hooks.h"
+#include "fsdp/flat_param/fsdp_state.h"
+
+namespace fsdp::flat_param {
+namespace {
+
+bool EnvIsOne(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// _cast_forward_inputs: floating tensors to `dtype`.
+void CastFloating(std::vector<at::Tensor>& args, c10::ScalarType dtype) {
+  for (at::Tensor& t : args) {
+    if (t.defined() && t.is_floating_point() && t.scalar_type() != dtype) t = t.to(dtype);
+  }
+}
+
+std::string BoolSet(const std::set<bool>& values) {
+  std::vector<std::string> out;
+  for (bool v : values) out.push_back(v ? "true" : "false");
+  return "{" + absl::StrJoin(out, ", ") + "}";
+}
+
+}  // namespace
+
+const char* ToString(FSDPTrainingState s) {
+  switch (s) {
+    case FSDPTrainingState::IDLE: return "IDLE";
+    case FSDPTrainingState::FORWARD_BACKWARD: return "FORWARD_BACKWARD";
+    case FSDPTrainingState::SUMMON_FULL_PARAMS: return "SUMMON_FULL_PARAMS";
+  }
+  return "?";
+}
+
+FSDPState* GetState(torch::nn::Module& module) {
+  auto* hooks = dynamic_cast<FSDPHooks*>(&module);
+  return hooks ? hooks->flat_fsdp_state() : nullptr;
+}
+
+std::vector<FSDPState*> CollectStates(torch::nn::Module& root) {
+  std::vector<FSDPState*> states;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    if (FSDPState* s = GetState(*item.value())) states.push_back(s);
+  }
+  return states;
+}
+
+FSDPState::FSDPState(torch::nn::Module* module, FSDPOptions options, comm::ProcessGroupPtr process_group,
+                     comm::ProcessGroupPtr inter_node_group, std::unique_ptr<FlatParamHandle> handle)
+    : module_(module),
+      options_(std::move(options)),
+      process_group_(std::move(process_group)),
+      inter_node_group_(std::move(inter_node_group)),
+      handle_(std::move(handle)),
+      ctx_(std::make_shared<FSDPRuntimeContext>()),
+      use_full_prec_in_eval_(EnvIsOne("FSDP_USE_FULL_PREC_IN_EVAL")) {}
+
+std::string FSDPState::name() const { return fqn_.empty() ? module_->name() : fqn_; }
+
+// ----------------------------------------------------------------------------------------
+// Lazy initialization
+
+void FSDPState::LazyInit() {
+  if (is_root_.has_value()) return;  // already lazily initialized
+  // Only the root runs this: it marks every other state in its tree non-root.
+  is_root_ = true;
+  TORCH_CHECK(training_state_ == FSDPTrainingState::IDLE, "FSDP lazy init expects the state to be IDLE but got ",
+              ToString(training_state_));
+  ctx_->all_states = CollectStates(*module_);
+  for (const auto& item : module_->named_modules("", /*include_self=*/true)) {
+    if (FSDPState* s = GetState(*item.value())) s->fqn_ = item.key().empty() ? "<root>" : item.key();
+  }
+  CheckFlatParamsOnExpectedDevice();
+  std::vector<FlatParamHandle*> handles;
+  for (FSDPState* s : ctx_->all_states) {
+    if (s->handle_) handles.push_back(s->handle_.get());
+  }
+  ctx_->exec_order_data.Init(handles);
+  ShareStateAndInitHandleAttrs();
+}
+
+void FSDPState::CheckFlatParamsOnExpectedDevice() const {
+  for (FSDPState* s : ctx_->all_states) {
+    const FlatParamHandle* h = s->handle_.get();
+    if (h == nullptr) continue;
+    const c10::Device device = h->flat_param().param.device();
+    TORCH_CHECK(h->offload_params() || device == options_.device,
+                "An FSDP-managed module unexpectedly has parameters on ", device, ". Make sure to move the module to ",
+                options_.device, " before training.");
+    TORCH_CHECK(!h->offload_params() || device.is_cpu(),
+                "An FSDP-managed module with parameter CPU offloading enabled has parameters on ", device,
+                ". Make sure to not move the module from CPU when offloading parameters.");
+  }
+}
+
+void FSDPState::ShareStateAndInitHandleAttrs() {
+  // HOMOGENEOUS_ATTR_NAMES: checked before anything changes.
+  std::set<bool> use_orig_params, limit_all_gathers, use_full_prec_in_eval;
+  for (FSDPState* s : ctx_->all_states) {
+    use_orig_params.insert(s->options_.use_orig_params);
+    limit_all_gathers.insert(s->options_.limit_all_gathers);
+    use_full_prec_in_eval.insert(s->use_full_prec_in_eval_);
+  }
+  TORCH_CHECK(use_orig_params.size() == 1, "Expects one homogeneous value for use_orig_params but got ",
+              BoolSet(use_orig_params));
+  TORCH_CHECK(limit_all_gathers.size() == 1, "Expects one homogeneous value for limit_all_gathers but got ",
+              BoolSet(limit_all_gathers));
+  TORCH_CHECK(use_full_prec_in_eval.size() == 1, "Expects one homogeneous value for use_full_prec_in_eval but got ",
+              BoolSet(use_full_prec_in_eval));
+  if (handle_) handle_->InitFlatParamAttributes();
+  for (FSDPState* s : ctx_->all_states) {
+    if (s == this) continue;
+    TORCH_CHECK(!s->is_root_.has_value() || !*s->is_root_,
+                "Non-root FSDP instance's `_is_root` should not have been set yet or should have been set to `False` "
+                "(", s->name(), " ran forward as an FSDP root before its ancestor ", name(),
+                "): run the first forward through the root");
+    s->is_root_ = false;
+    s->ctx_ = ctx_;
+    if (s->handle_) s->handle_->InitFlatParamAttributes();
+  }
+}
+
+// ----------------------------------------------------------------------------------------
+// Forward
+
+std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
+  args = RootPreForward(std::move(args));
+  FlatParamHandle* handle = handle_.get();
+  // Activation checkpointing's recomputed forward: the pre-backward unsharded already.
+  if (handle && handle->training_state() == HandleTrainingState::BACKWARD_PRE) return args;
+  training_state_ = FSDPTrainingState::FORWARD_BACKWARD;
+  ctx_->exec_order_data.RecordPreForward(handle, module_->is_training());
+  if (handle) handle->set_training_state(HandleTrainingState::FORWARD);
+  PreForwardUnshard();
+  if (handle && handle->offload_params() && !handle->flat_param().cpu_grad.defined()) {
+    FlatParameter& fp = handle->flat_param();
+    fp.cpu_grad = at::zeros_like(fp.local_shard, fp.local_shard.options().device(at::kCPU));
+  }
+  const bool should_cast_forward_inputs = handle && !handle->force_full_precision();
+  const auto& mp = options_.mixed_precision;
+  if (should_cast_forward_inputs && mp && mp->cast_forward_inputs && mp->param_dtype) {
+    CastFloating(args, *mp->param_dtype);
+  }
+  return RegisterPostBackward(args);
+}
+
+std::vector<at::Tensor> FSDPState::RootPreForward(std::vector<at::Tensor> args) {
+  LazyInit();
+  TORCH_INTERNAL_ASSERT(is_root_.has_value(), "Expects a root FSDP to have been set");
+  if (!*is_root_) return args;  // the wrapper path: non-roots do not cast here
+  if (options_.forward_prefetch) {
+    for (FSDPState* s : ctx_->all_states) {
+      if (!s->handle_) continue;
+      s->handle_->runtime().needs_pre_forward_unshard = true;
+      s->handle_->runtime().prefetched = false;
+    }
+  }
+  for (FlatParamHandle* h : ctx_->exec_order_data.all_handles()) h->ResetFlatParamGradInfoIfNeeded();
+  // _to_kwargs: forward inputs to the compute device.
+  for (at::Tensor& t : args) {
+    if (t.defined() && t.device() != options_.device) t = t.to(options_.device);
+  }
+  return RootCastForwardInput(std::move(args));
+}
+
+std::vector<at::Tensor> FSDPState::RootCastForwardInput(std::vector<at::Tensor> args) const {
+  const bool not_forcing_full_precision = handle_ ? !handle_->force_full_precision() : true;
+  const auto& mp = options_.mixed_precision;
+  const bool should_cast = (module_->is_training() || !use_full_prec_in_eval_) && not_forcing_full_precision && mp &&
+                           mp->cast_root_forward_inputs;
+  if (should_cast && mp->param_dtype) CastFloating(args, *mp->param_dtype);
+  return args;
+}
+
+void FSDPState::PreForwardUnshard() {
+  FlatParamHandle* handle = handle_.get();
+  if (handle == nullptr) return;
+  // A prefetched handle is unsharded already.
+  if (!handle->runtime().prefetched) Unshard(*handle);
+  handle->runtime().needs_pre_forward_unshard = false;
+  PrefetchHandle(handle, PrefetchMode::FORWARD);
+}
+
+std::vector<at::Tensor> FSDPState::RegisterPostBackward(const std::vector<at::Tensor>& args) {
+  if (!at::GradMode::is_enabled() || !handle_) return args;
+  bool any = false;
+  for (const at::Tensor& t : args) any = any || (t.defined() && t.requires_grad());
+  if (!any) return args;  // post-backward in the final callback
+  ++pending_post_backward_;
+  return RegisterPostBackwardCallback(args, [this] { OnPostBackwardFunction(); });
+}
+
+void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
+  FlatParamHandle* handle = handle_.get();
+  if (handle && handle->training_state() == HandleTrainingState::BACKWARD_PRE) return;
+  ctx_->exec_order_data.RecordPostForward(handle);
+  PostForwardReshard();
+  RegisterPreBackwardHooks(outputs);
+  training_state_ = FSDPTrainingState::IDLE;
+  if (handle) handle->set_training_state(HandleTrainingState::IDLE);
+}
+
+void FSDPState::PostForwardReshard() {
+  if (!handle_) return;
+  // The root keeps its parameters: backward starts with it.
+  const bool free_unsharded_flat_param = !*is_root_ && ReshardsAfterForward(handle_->sharding_strategy());
+  Reshard(*handle_, free_unsharded_flat_param);
+}
+
+void FSDPState::RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs) {
+  if (!at::GradMode::is_enabled()) return;
+  if (*is_root_) post_backward_callback_queued_ = false;
+  FlatParamHandle* handle = handle_.get();
+  if (handle) {
+    handle->runtime().needs_pre_backward_unshard = false;
+    // Conservatively assume the handle is used in backward since it ran forward.
+    handle->runtime().ran_pre_backward_hook = false;
+  }
+  for (at::Tensor* t : outputs) {
+    if (!t->defined() || !t->requires_grad()) continue;
+    t->register_hook([this](const at::Tensor&) { PreBackwardHook(); });
+    if (handle) handle->runtime().needs_pre_backward_unshard = true;
+  }
+}
+
+// ----------------------------------------------------------------------------------------
+// Unshard / reshard / prefetch
+
+void FSDPState::Unshard(FlatParamHandle& handle) {
+  handle.PreUnshard();
+  if (options_.limit_all_gathers) {
+    if (std::optional<FreeEventQueue::Event> event = ctx_->free_event_queue.DequeueIfNeeded()) {
+      event->synchronize();  // the rate limiter
+      ctx_->free_event_queue.CountSynchronized();
+    }
+  }
+  handle.Unshard();
+  handle.PostUnshard();
+}
+
+void FSDPState::Reshard(FlatParamHandle& handle, bool free_unsharded_flat_param) {
+  handle.Reshard(free_unsharded_flat_param);
+  if (options_.limit_all_gathers && free_unsharded_flat_param) {
+    ctx_->free_event_queue.Enqueue(ctx_->free_event_queue.Record());
+  }
+  handle.PostReshard();
+  // Freed or not, the next access must unshard to get the shapes right.
+  handle.runtime().prefetched = false;
+}
+
+void FSDPState::PrefetchHandle(FlatParamHandle* current, PrefetchMode mode) {
+  if (current == nullptr) return;
+  FlatParamHandle* target = GetHandleToPrefetch(*current);
+  if (target == nullptr) return;
+  // Emulate the target's training state so Unshard picks the right views.
+  const HandleTrainingState prev = target->training_state();
+  target->set_training_state(mode == PrefetchMode::BACKWARD ? HandleTrainingState::BACKWARD_PRE
+                                                            : HandleTrainingState::FORWARD);
+  Unshard(*target);
+  target->set_training_state(prev);
+  target->runtime().prefetched = true;
+}
+
+FlatParamHandle* FSDPState::GetHandleToPrefetch(FlatParamHandle& current) const {
+  const HandleTrainingState ts = current.training_state();
+  TORCH_CHECK(ts == HandleTrainingState::BACKWARD_PRE || ts == HandleTrainingState::BACKWARD_POST ||
+                  ts == HandleTrainingState::FORWARD,
+              "Prefetching is only supported in (BACKWARD_PRE, BACKWARD_POST, FORWARD) but currently in ",
+              ToString(ts));
+  const ExecOrderData& eod = ctx_->exec_order_data;
+  const auto& bp = options_.backward_prefetch;
+  if ((ts == HandleTrainingState::BACKWARD_PRE && bp == BackwardPrefetch::BACKWARD_PRE) ||
+      (ts == HandleTrainingState::BACKWARD_POST && bp == BackwardPrefetch::BACKWARD_POST)) {
+    FlatParamHandle* candidate = eod.GetHandleToBackwardPrefetch(current);
+    if (candidate && candidate->runtime().needs_pre_backward_unshard && !candidate->runtime().prefetched) {
+      return candidate;
+    }
+  } else if (ts == HandleTrainingState::FORWARD && options_.forward_prefetch) {
+    FlatParamHandle* candidate = eod.GetHandleToForwardPrefetch(current);
+    if (candidate && candidate->runtime().needs_pre_forward_unshard && !candidate->runtime().prefetched) {
+      return candidate;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace fsdp::flat_param
