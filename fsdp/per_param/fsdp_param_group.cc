@@ -4,42 +4,14 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <set>
 
 #include "absl/strings/str_join.h"
+#include "fsdp/common/autograd_hooks.h"
 
 namespace fsdp::per_param {
 namespace {
-
-// Carries the group pointer through the autograd context (saved_data holds IValues).
-struct GroupRef : torch::CustomClassHolder {
-  explicit GroupRef(FSDPParamGroup* g) : group(g) {}
-  FSDPParamGroup* group;
-};
-
-// Identity on the module inputs; its backward runs once all of them have gradients, i.e.
-// when this module's backward is complete: the group's post-backward.
-struct RegisterPostBackwardFunction : torch::autograd::Function<RegisterPostBackwardFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                FSDPParamGroup* group, at::TensorList inputs) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupRef>(group));
-    return inputs.vec();
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto ref = c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data["group"].toCapsule());
-    FSDPParamGroup* group = ref->group;
-    if (FSDPCommContext* comm = group->comm_ctx()) {
-      comm->Guard("post-backward", [group] { group->PostBackward(); });
-    } else {
-      group->PostBackward();
-    }
-    grads.insert(grads.begin(), at::Tensor());  // no gradient for the group argument
-    return grads;
-  }
-};
 
 }  // namespace
 
@@ -242,20 +214,13 @@ void FSDPParamGroup::ToUnsharded() {
 }
 
 std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(const std::vector<at::Tensor>& inputs) {
-  if (!at::GradMode::is_enabled()) return inputs;
-  std::vector<size_t> indices;
-  std::vector<at::Tensor> needing;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].defined() && inputs[i].requires_grad()) {
-      indices.push_back(i);
-      needing.push_back(inputs[i]);
+  return RegisterPostBackwardCallback(inputs, [this] {
+    if (FSDPCommContext* comm = comm_ctx()) {
+      comm->Guard("post-backward", [this] { PostBackward(); });
+    } else {
+      PostBackward();
     }
-  }
-  if (needing.empty()) return inputs;
-  auto wrapped = RegisterPostBackwardFunction::apply(this, at::TensorList(needing));
-  std::vector<at::Tensor> out = inputs;
-  for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
-  return out;
+  });
 }
 
 }  // namespace fsdp::per_param

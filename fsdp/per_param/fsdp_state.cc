@@ -3,10 +3,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/nn/module.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "fsdp/common/autograd_hooks.h"
 
 namespace fsdp::per_param {
 namespace {
@@ -138,7 +138,7 @@ void FSDPState::PreBackward() {
 void FSDPState::RegisterRootPostBackwardFinalCallback() {
   if (state_ctx_->post_backward_final_callback_queued) return;
   state_ctx_->post_backward_final_callback_queued = true;
-  torch::autograd::Engine::get_default_engine().queue_callback(
+  QueueEndOfBackwardCallback(
       [this] { comm_ctx_->Guard("post-backward final callback", [this] { RootPostBackwardFinalCallback(); }); });
 }
 

@@ -24,6 +24,7 @@
 #include <variant>
 #include <vector>
 
+#include "fsdp/common/forward_tensors.h"
 #include "fsdp/per_param/fsdp_state.h"
 
 namespace fsdp::per_param {
@@ -92,40 +93,9 @@ class FSDPModule {
 // Call bottom-up (blocks, then the root), once per module, before building the optimizer.
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullyShardOptions options);
 
-// ---- tensor traversal for forward arguments and outputs ----
-
-template <class T, class = void>
-struct ForwardTensors {  // types without tensors pass through untouched
-  static constexpr bool kHasTensors = false;
-  static void Collect(T&, std::vector<at::Tensor*>&) {}
-};
-template <>
-struct ForwardTensors<at::Tensor> {
-  static constexpr bool kHasTensors = true;
-  static void Collect(at::Tensor& t, std::vector<at::Tensor*>& out) { out.push_back(&t); }
-};
-template <>
-struct ForwardTensors<std::vector<at::Tensor>> {
-  static constexpr bool kHasTensors = true;
-  static void Collect(std::vector<at::Tensor>& v, std::vector<at::Tensor*>& out) {
-    for (auto& t : v) out.push_back(&t);
-  }
-};
-template <class... Ts>
-struct ForwardTensors<std::tuple<Ts...>> {
-  static constexpr bool kHasTensors = true;
-  static void Collect(std::tuple<Ts...>& t, std::vector<at::Tensor*>& out) {
-    std::apply([&](auto&... e) { (ForwardTensors<std::decay_t<decltype(e)>>::Collect(e, out), ...); }, t);
-  }
-};
-template <class A, class B>
-struct ForwardTensors<std::pair<A, B>> {
-  static constexpr bool kHasTensors = true;
-  static void Collect(std::pair<A, B>& p, std::vector<at::Tensor*>& out) {
-    ForwardTensors<A>::Collect(p.first, out);
-    ForwardTensors<B>::Collect(p.second, out);
-  }
-};
+// Forward arguments and outputs are searched for tensors with fsdp::ForwardTensors
+// (fsdp/common/forward_tensors.h; specialize it there for other types).
+using ::fsdp::ForwardTensors;
 
 // `Impl` with a forward of the same signature that runs FSDP's pre-forward (lazy init,
 // unshard, input casts, post-backward registration) and post-forward (reshard,
@@ -146,8 +116,7 @@ class FullyShardedImpl<Impl, R (C::*)(A...)> : public Impl, public FSDPHooks {
     if (state == nullptr) return Impl::forward(std::forward<A>(args)...);
     // Copies of the arguments: tensors among them are replaced by the hooked ones.
     std::tuple<std::decay_t<A>...> copies(std::forward<A>(args)...);
-    std::vector<at::Tensor*> slots;
-    std::apply([&](auto&... a) { (ForwardTensors<std::decay_t<decltype(a)>>::Collect(a, slots), ...); }, copies);
+    const std::vector<at::Tensor*> slots = CollectForwardTensors(copies);
     std::vector<at::Tensor> inputs;
     for (at::Tensor* t : slots) inputs.push_back(*t);
     inputs = state->PreForward(std::move(inputs));
