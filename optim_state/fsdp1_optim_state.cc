@@ -8,13 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "fsdp/common/flat_layout.h"
 #include "fsdp/flat_param/flat_param.h"
+#include "fsdp/flat_param/flat_state.h"
+#include "fsdp/flat_param/fsdp_state.h"
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
 
 namespace fsdp::optim_state {
 namespace {
-
-std::string Shape(c10::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
 std::string Names(const std::vector<std::string>& names) { return absl::StrCat("[", absl::StrJoin(names, ", "), "]"); }
 
@@ -40,25 +40,14 @@ std::string TypeKey(const StateValue& v) {
 std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamHandle& handle, const StateMap& flat_state,
                                                     const comm::ProcessGroupPtr& shard_group, const std::string& prefix) {
   const flat_param::FlatParameter& fp = handle.flat_param();
-  const int64_t total = FlatTotalNumel(fp.segments);
   std::map<std::string, StateMap> out;
   for (const auto& [name, value] : flat_state) {
     if (Classify(value) != StateKind::kPositiveDimTensor) {
       for (const auto& fqn : fp.fqns) out[prefix + fqn][name] = value;
       continue;
     }
-    at::Tensor local = std::get<at::Tensor>(value).contiguous().view(-1);
-    at::Tensor full = local;
-    if (shard_group && shard_group->size() > 1) {
-      full = at::empty({local.numel() * shard_group->size()}, local.options());
-      shard_group->all_gather_into_tensor(full, local)->wait();
-    }
-    TORCH_CHECK(full.numel() >= total, "UnflattenOptimState: state '", name, "' gathers ", full.numel(),
-                " elements but the flat parameter has ", total);
-    for (const FlatSegment& seg : fp.segments) {
-      if (seg.param_index < 0) continue;  // padding
-      out[prefix + fp.fqns[seg.param_index]][name] =
-          full.narrow(0, seg.start, seg.numel).view(fp.shapes[seg.param_index]).clone();
+    for (auto& [fqn, t] : flat_param::UnflattenShard(handle, std::get<at::Tensor>(value), shard_group, prefix)) {
+      out[fqn][name] = std::move(t);
     }
   }
   return out;
@@ -84,7 +73,6 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
   }
   StateMap flat;
   if (first) return flat;  // no state at all (e.g. before the first step)
-  const int64_t total = FlatTotalNumel(fp.segments);
   for (const std::string& name : names) {
     std::vector<const StateValue*> values;
     std::set<std::string> types;
@@ -103,19 +91,11 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
                   "positive-dimension tensor state with the same dtype for state ", name,
                   " and unflattened parameter names ", Names(fqns));
       // Zeros for parameters without the state (Adam's moments: zero == no state).
-      at::Tensor flat_tensor = at::zeros({total}, at::TensorOptions(*dtypes.begin()));
-      for (const FlatSegment& seg : fp.segments) {
-        if (seg.param_index < 0 || values[seg.param_index] == nullptr) continue;
-        const at::Tensor& t = std::get<at::Tensor>(*values[seg.param_index]);
-        TORCH_CHECK(t.sizes().vec() == fp.shapes[seg.param_index],
-                    "Tensor optimizer state does not have same shape as its parameter: ", Shape(t.sizes()), " ",
-                    Shape(fp.shapes[seg.param_index]), " (state ", name, " of ", fqns[seg.param_index], ")");
-        flat_tensor.narrow(0, seg.start, seg.numel).copy_(t.reshape(-1));
+      std::map<std::string, const at::Tensor*> tensors;
+      for (size_t i = 0; i < fqns.size(); ++i) {
+        if (values[i]) tensors[fqns[i]] = &std::get<at::Tensor>(*values[i]);
       }
-      // This rank's chunk, zero padded as the flat parameter's shard (_get_shard).
-      const FlatChunk chunk = MakeFlatChunk(total, world_size, rank);
-      at::Tensor shard = at::zeros({chunk.chunk}, flat_tensor.options());
-      if (chunk.end > chunk.start) shard.narrow(0, 0, chunk.end - chunk.start).copy_(flat_tensor.narrow(0, chunk.start, chunk.end - chunk.start));
+      const at::Tensor shard = flat_param::FlatShardOf(handle, tensors, rank, world_size, *dtypes.begin(), prefix);
       flat[name] = shard;
       continue;
     }
@@ -134,6 +114,110 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
     flat[name] = *values.front();
   }
   return flat;
+}
+
+namespace {
+
+// The optimizer's view of an FSDP1 model: each flat parameter under a key no FQN can take,
+// and what each key stands for in FQNs.
+struct FlatModelParams {
+  NamedParams named;
+  std::vector<flat_param::FlatParamHandle*> handles;  // handles[i] <-> key FlatKey(i)
+  std::vector<std::string> prefixes;
+  std::map<std::string, std::vector<std::string>> fqns_of;  // key -> original FQNs
+};
+
+std::string FlatKey(size_t i) { return absl::StrCat("<flat parameter ", i, ">"); }
+
+FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, const char* caller) {
+  torch::nn::Module& module = root.module();
+  FlatModelParams out;
+  std::set<const c10::TensorImpl*> managed;
+  for (flat_param::FSDPState* s : flat_param::CollectStates(module)) {
+    flat_param::FlatParamHandle* h = s->handle();
+    if (h == nullptr) continue;
+    TORCH_CHECK(h->flat_param().params.empty(), caller, ": FSDP1 optimizer state needs use_orig_params false "
+                "(the optimizer on the flat parameters); with use_orig_params use an optimizer state per original "
+                "parameter instead");
+    const std::string key = FlatKey(out.handles.size());
+    out.named.emplace_back(key, h->flat_param().param);
+    out.handles.push_back(h);
+    out.prefixes.push_back(flat_param::HandlePrefix(module, *h));
+    for (const auto& fqn : h->flat_param().fqns) out.fqns_of[key].push_back(out.prefixes.back() + fqn);
+    managed.insert(h->flat_param().param.unsafeGetTensorImpl());
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (managed.insert(item.value().unsafeGetTensorImpl()).second) out.named.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+std::vector<std::string> ExpandFqns(const FlatModelParams& m, const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  for (const auto& k : keys) {
+    auto it = m.fqns_of.find(k);
+    if (it == m.fqns_of.end()) {
+      out.push_back(k);
+    } else {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+                                     const torch::optim::Optimizer& optimizer, bool rank0_only) {
+  const FlatModelParams m = ModelParams(root, "GetFullOptimStateDict");
+  const OptimStateDict local = GetOptimStateDict(optimizer, m.named);
+  bool keep = true;
+  for (const auto* h : m.handles) keep = keep && (!rank0_only || h->process_group()->rank() == 0);
+  OptimStateDict out;
+  out.optimizer = local.optimizer;
+  for (size_t i = 0; i < m.handles.size(); ++i) {
+    auto it = local.state.find(FlatKey(i));
+    if (it == local.state.end()) continue;
+    const flat_param::FlatParamHandle& h = *m.handles[i];
+    auto unflat = UnflattenOptimState(h, it->second, h.uses_sharded_strategy() ? h.process_group() : nullptr, m.prefixes[i]);
+    if (keep) out.state.merge(unflat);
+  }
+  if (!keep) return OptimStateDict{};
+  for (const auto& [key, values] : local.state) {
+    if (!m.fqns_of.count(key)) out.state[key] = values;  // parameters no handle manages
+  }
+  for (const auto& g : local.param_groups) out.param_groups.push_back({ExpandFqns(m, g.params), g.options});
+  return out;
+}
+
+void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+                            const OptimStateDict& full) {
+  const FlatModelParams m = ModelParams(root, "LoadFullOptimStateDict");
+  // The optimizer's own groups in keys, to compare with the checkpoint's in FQNs.
+  const OptimStateDict current = GetOptimStateDict(optimizer, m.named);
+  TORCH_CHECK(current.param_groups.size() == full.param_groups.size(), "LoadFullOptimStateDict: the optimizer state has ",
+              full.param_groups.size(), " param groups but the optimizer has ", current.param_groups.size());
+  OptimStateDict local;
+  local.optimizer = full.optimizer;
+  for (size_t g = 0; g < full.param_groups.size(); ++g) {
+    const std::vector<std::string> expected = ExpandFqns(m, current.param_groups[g].params);
+    TORCH_CHECK(expected == full.param_groups[g].params, "LoadFullOptimStateDict: param group ", g,
+                " of the optimizer state holds [", absl::StrJoin(full.param_groups[g].params, ", "),
+                "] but the model's holds [", absl::StrJoin(expected, ", "), "]");
+    local.param_groups.push_back({current.param_groups[g].params, full.param_groups[g].options});
+  }
+  std::set<std::string> flattened;
+  for (size_t i = 0; i < m.handles.size(); ++i) {
+    const flat_param::FlatParamHandle& h = *m.handles[i];
+    const bool sharded = h.uses_sharded_strategy();
+    StateMap flat = FlattenOptimState(h, full.state, sharded ? h.rank() : 0, sharded ? h.world_size() : 1, m.prefixes[i]);
+    if (!flat.empty()) local.state[FlatKey(i)] = std::move(flat);
+    for (const auto& fqn : m.fqns_of.at(FlatKey(i))) flattened.insert(fqn);
+  }
+  for (const auto& [fqn, values] : full.state) {
+    if (!flattened.count(fqn)) local.state[fqn] = values;  // unmanaged, or unknown (reported by Set)
+  }
+  SetOptimStateDict(optimizer, m.named, local);
 }
 
 }  // namespace fsdp::optim_state

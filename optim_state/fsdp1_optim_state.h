@@ -14,6 +14,7 @@
 
 namespace fsdp::flat_param {
 class FlatParamHandle;
+class FullyShardedDataParallel;
 }
 
 namespace fsdp::optim_state {
@@ -38,6 +39,16 @@ std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamH
 StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle,
                            const std::map<std::string, StateMap>& full, int64_t rank, int64_t world_size,
                            const std::string& prefix = "");
+
+// Model level: the optimizer was built on `root.parameters()` with use_orig_params false
+// (it holds the flat parameters, and any parameters no handle manages). The full state is
+// FQN-keyed exactly like FSDP2's (GetFullOptimStateDict in fsdp2_optim_state.h), so either
+// loads into the other at any world size. Get is collective over every handle's shard group
+// (rank0_only: the other ranks return an empty dict); Load is local.
+OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+                                     const torch::optim::Optimizer& optimizer, bool rank0_only = false);
+void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+                            const OptimStateDict& full);
 
 }  // namespace fsdp::optim_state
 

@@ -17,6 +17,8 @@
 #include "fsdp/per_param/state_dict.h"
 #include "fsdp/per_param/test_models.h"
 #include "fsdp/flat_param/flat_param.h"
+#include "fsdp/flat_param/fsdp_test_models.h"
+#include "fsdp/flat_param/state_dict.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -299,6 +301,103 @@ TEST(Fsdp2OptimState, RankZeroOnlyKeepsOtherRanksBelowOneFullState) {
       EXPECT_LT(counter.peak(), full_bytes / 2) << "rank " << pg->rank();
     }
   });
+}
+
+// Checkpoints move between the FSDPs and world sizes: train 3 steps with one (rank 0 saves
+// the full model and optimizer state to files), continue 3 steps with another; the result
+// equals 6 uninterrupted steps on one rank.
+enum class Flavor { kFsdp1, kFsdp2 };
+
+struct Continuation {
+  Flavor from;
+  int from_world;
+  Flavor to;
+  int to_world;
+};
+
+template <class Fn>
+void WithFsdp1(const comm::ProcessGroupPtr& pg, uint64_t seed, Fn&& fn) {
+  flat_param::testing::Net model;
+  flat_param::testing::InitDeterministic(*model, seed);
+  flat_param::FSDPOptions options{.process_group = pg};
+  for (auto& b : model->layers) flat_param::wrap_fsdp(b.ptr(), options);
+  flat_param::FullyShardedDataParallel root = flat_param::wrap_fsdp(model.ptr(), options);
+  torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(1e-2));
+  fn(model, root, opt);
+}
+
+template <class Fn>
+void WithFsdp2(const comm::ProcessGroupPtr& pg, uint64_t seed, Fn&& fn) {
+  auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
+  Net model;
+  InitDeterministic(*model, seed);
+  for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
+  per_param::fully_shard(model.ptr(), {.mesh = mesh});
+  torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
+  fn(model, opt);
+}
+
+void CheckpointAcrossFsdps(const Continuation& c) {
+  Net ref;
+  InitDeterministic(*ref);
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
+  TrainSteps(ref, ref_opt, 0, 6, 1, 0);
+  const std::string label = absl::StrCat(c.from == Flavor::kFsdp1 ? "fsdp1" : "fsdp2", "_w", c.from_world, "_to_",
+                                         c.to == Flavor::kFsdp1 ? "fsdp1" : "fsdp2", "_w", c.to_world);
+  const std::string model_path = TempPath("model_" + label), optim_path = TempPath("optim_" + label);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, c.from_world, [&](const comm::ProcessGroupPtr& pg) {
+    auto save = [&](const per_param::FullStateDict& model_sd, const OptimStateDict& optim_sd) {
+      if (pg->rank() != 0) return;
+      per_param::SaveFullStateDict(model_sd, model_path);
+      SaveOptimStateDict(optim_sd, optim_path);
+    };
+    if (c.from == Flavor::kFsdp1) {
+      WithFsdp1(pg, 11, [&](auto& model, flat_param::FullyShardedDataParallel& root, torch::optim::AdamW& opt) {
+        TrainSteps(model, opt, 0, 3, c.from_world, pg->rank());
+        const auto model_sd = flat_param::GetFullStateDict(root, /*rank0_only=*/true);
+        save(model_sd, GetFullOptimStateDict(root, opt, /*rank0_only=*/true));
+      });
+    } else {
+      WithFsdp2(pg, 11, [&](Net& model, torch::optim::AdamW& opt) {
+        TrainSteps(model, opt, 0, 3, c.from_world, pg->rank());
+        const auto model_sd = per_param::GetFullStateDict(*model, {.rank0_only = true});
+        save(model_sd, GetFullOptimStateDict(*model, opt, /*rank0_only=*/true));
+      });
+    }
+  });
+  fsdp::testing::RunOnRanks(Backend::kThreaded, c.to_world, [&](const comm::ProcessGroupPtr& pg) {
+    per_param::FullStateDict result;
+    if (c.to == Flavor::kFsdp1) {
+      WithFsdp1(pg, 99, [&](auto& model, flat_param::FullyShardedDataParallel& root, torch::optim::AdamW& opt) {
+        flat_param::LoadFullStateDict(root, per_param::LoadFullStateDictFile(model_path));
+        LoadFullOptimStateDict(root, opt, LoadOptimStateDict(optim_path));
+        TrainSteps(model, opt, 3, 3, c.to_world, pg->rank());
+        result = flat_param::GetFullStateDict(root);
+      });
+    } else {
+      WithFsdp2(pg, 99, [&](Net& model, torch::optim::AdamW& opt) {
+        per_param::LoadFullStateDict(*model, per_param::LoadFullStateDictFile(model_path));
+        LoadFullOptimStateDict(*model, opt, LoadOptimStateDict(optim_path));
+        TrainSteps(model, opt, 3, 3, c.to_world, pg->rank());
+        result = per_param::GetFullStateDict(*model);
+      });
+    }
+    for (const auto& item : ref->named_parameters()) {
+      const double scale = std::max(1.0, item.value().abs().max().item<double>());
+      EXPECT_LE((result[item.key()] - item.value()).abs().max().item<double>(), 1e-6 * scale)
+          << item.key() << " " << label << " rank " << pg->rank();
+    }
+  });
+  std::remove(model_path.c_str());
+  std::remove(optim_path.c_str());
+}
+
+TEST(CrossFsdpOptimState, CheckpointsMoveBetweenFsdp1AndFsdp2AtAnyWorldSize) {
+  CheckpointAcrossFsdps({Flavor::kFsdp1, 4, Flavor::kFsdp2, 3});
+  CheckpointAcrossFsdps({Flavor::kFsdp2, 2, Flavor::kFsdp1, 4});
+  CheckpointAcrossFsdps({Flavor::kFsdp1, 1, Flavor::kFsdp1, 4});
+  CheckpointAcrossFsdps({Flavor::kFsdp1, 4, Flavor::kFsdp1, 1});
+  CheckpointAcrossFsdps({Flavor::kFsdp1, 3, Flavor::kFsdp1, 2});
 }
 
 }  // namespace

@@ -1,0 +1,100 @@
+#include "fsdp/flat_param/state_dict.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/flat_param/flat_param.h"
+#include "fsdp/flat_param/flat_state.h"
+#include "fsdp/flat_param/fsdp_state.h"
+
+namespace fsdp::flat_param {
+namespace {
+
+std::vector<FlatParamHandle*> IdleHandles(const FullyShardedDataParallel& root, const char* caller) {
+  // Lazy init (collective-free) sets up the handles' shards, so state dicts work before the
+  // first forward too (e.g. loading a checkpoint into a new model).
+  TORCH_CHECK(root.is_root(), caller, ": call it on the root FSDP module");
+  std::vector<FlatParamHandle*> handles;
+  for (FSDPState* s : CollectStates(root.module())) {
+    TORCH_CHECK(s->training_state() == FSDPTrainingState::IDLE, caller, ": FSDP module '", s->name(),
+                "' is in training state ", ToString(s->training_state()), "; call it outside forward/backward");
+    if (s->handle() == nullptr) continue;
+    TORCH_CHECK(s->handle()->flat_param().local_shard.defined(), caller, ": the flat parameter of '", s->name(),
+                "' has no local shard yet");
+    handles.push_back(s->handle());
+  }
+  return handles;
+}
+
+// The shard group a handle gathers over (null when the flat parameter is not sharded).
+comm::ProcessGroupPtr ShardGroup(const FlatParamHandle& h) {
+  return h.uses_sharded_strategy() ? h.process_group() : nullptr;
+}
+
+}  // namespace
+
+FullStateDict GetFullStateDict(const FullyShardedDataParallel& root, bool rank0_only) {
+  torch::nn::Module& module = root.module();
+  std::map<std::string, at::Tensor> by_name;
+  bool keep = true;
+  at::NoGradGuard no_grad;
+  for (FlatParamHandle* h : IdleHandles(root, "GetFullStateDict")) {
+    keep = keep && (!rank0_only || h->process_group()->rank() == 0);
+    auto part = UnflattenShard(*h, h->flat_param().local_shard, ShardGroup(*h), HandlePrefix(module, *h));
+    if (keep) by_name.merge(part);
+  }
+  FullStateDict out;
+  if (!keep) return out;
+  // Tied parameters: the flat parameter holds the first name; other names share it.
+  absl::flat_hash_map<const c10::TensorImpl*, std::string> first_name;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    auto it = by_name.find(item.key());
+    if (it == by_name.end()) it = by_name.find(first_name[item.value().unsafeGetTensorImpl()]);
+    out.insert(item.key(), it != by_name.end() ? it->second : item.value().detach().clone());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) out.insert(item.key(), item.value().detach().clone());
+  return out;
+}
+
+void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict& state_dict) {
+  torch::nn::Module& module = root.module();
+  std::vector<std::string> missing, unexpected;
+  absl::flat_hash_map<std::string, bool> known;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    known[item.key()] = true;
+    if (state_dict.find(item.key()) == nullptr) missing.push_back(item.key());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    known[item.key()] = true;
+    if (state_dict.find(item.key()) == nullptr) missing.push_back(item.key());
+  }
+  for (const auto& item : state_dict) {
+    if (!known.contains(item.key())) unexpected.push_back(item.key());
+  }
+  TORCH_CHECK(missing.empty() && unexpected.empty(), "LoadFullStateDict: Missing key(s) in state_dict: [",
+              absl::StrJoin(missing, ", "), "]. Unexpected key(s) in state_dict: [", absl::StrJoin(unexpected, ", "), "].");
+  std::map<std::string, const at::Tensor*> tensors;
+  for (const auto& item : state_dict) tensors[item.key()] = &item.value();
+  at::NoGradGuard no_grad;
+  for (FlatParamHandle* h : IdleHandles(root, "LoadFullStateDict")) {
+    at::Tensor& local = h->flat_param().local_shard;
+    const int64_t rank = h->uses_sharded_strategy() ? h->rank() : 0;
+    const int64_t world = h->uses_sharded_strategy() ? h->world_size() : 1;
+    const at::Tensor shard = FlatShardOf(*h, tensors, rank, world, local.scalar_type(), HandlePrefix(module, *h));
+    TORCH_CHECK(shard.numel() == local.numel(), "LoadFullStateDict: flat shard of ", shard.numel(),
+                " elements for a local shard of ", local.numel());
+    local.view(-1).copy_(shard);  // sharded original-parameter views alias it
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) item.value().copy_(state_dict[item.key()]);
+}
+
+}  // namespace fsdp::flat_param

@@ -1,0 +1,29 @@
+// Full model state dicts of FSDP1 models, keyed by the original parameter names: the same
+// format (and file functions, fsdp::per_param::SaveFullStateDict) as FSDP2's, so a checkpoint
+// of either loads into the other, at any world size.
+#ifndef FSDP_FSDP_FLAT_PARAM_STATE_DICT_H_
+#define FSDP_FSDP_FLAT_PARAM_STATE_DICT_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/ordered_dict.h>
+
+#include <string>
+
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
+
+namespace fsdp::flat_param {
+
+using FullStateDict = torch::OrderedDict<std::string, at::Tensor>;
+
+// Collective over every handle's shard group; call on every rank outside forward/backward
+// (handles must be resharded). Parameters in named_parameters() order (tied ones under each
+// name), then buffers. rank0_only: other ranks return an empty dict.
+FullStateDict GetFullStateDict(const FullyShardedDataParallel& root, bool rank0_only = false);
+
+// Takes this rank's chunk of every flat parameter from the full tensors (local). Missing,
+// unexpected and misshapen keys are errors naming them.
+void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict& state_dict);
+
+}  // namespace fsdp::flat_param
+
+#endif  // FSDP_FSDP_FLAT_PARAM_STATE_DICT_H_
