@@ -171,6 +171,10 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
                                      const torch::optim::Optimizer& optimizer, bool rank0_only) {
   const FlatModelParams m = ModelParams(root, "GetFullOptimStateDict");
   const OptimStateDict local = GetOptimStateDict(optimizer, m.named);
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : m.named) keys.push_back(key);
+  CheckStateAgreement(m.handles.empty() ? nullptr : m.handles.front()->process_group(), keys, local,
+                      "GetFullOptimStateDict");
   bool keep = true;
   for (const auto* h : m.handles) keep = keep && (!rank0_only || h->process_group()->rank() == 0);
   OptimStateDict out;

@@ -12,25 +12,6 @@ namespace {
 
 using per_param::NamedParameter;
 
-// Every rank holds state for the same parameters: all-reduce MIN and MAX of the per-parameter
-// "has state" flags (a rank without state would otherwise skip a gather and hang the rest).
-void CheckStateAgreement(const std::vector<NamedParameter>& params, const OptimStateDict& local) {
-  comm::ProcessGroupPtr world;
-  for (const auto& p : params) {
-    if (p.fsdp_param) world = p.fsdp_param->sharding_spec().mesh->world();
-  }
-  if (!world || world->size() == 1) return;
-  at::Tensor has = at::empty({static_cast<int64_t>(params.size())}, at::kInt);
-  for (size_t i = 0; i < params.size(); ++i) has[i] = local.state.count(params[i].fqn) ? 1 : 0;
-  at::Tensor lo = has.clone(), hi = has.clone();
-  world->all_reduce(lo, comm::ReduceOp::Min())->wait();
-  world->all_reduce(hi, comm::ReduceOp::Max())->wait();
-  for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK(lo[i].item<int>() == hi[i].item<int>(), "GetFullOptimStateDict: some ranks have optimizer state for '",
-                params[i].fqn, "' and others do not (this rank: ", has[i].item<int>() ? "has" : "lacks", " it)");
-  }
-}
-
 }  // namespace
 
 NamedParams NamedOptimizerParams(torch::nn::Module& root) {
@@ -45,7 +26,13 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
   NamedParams named;
   for (const auto& p : params) named.emplace_back(p.fqn, p.param);
   OptimStateDict full = GetOptimStateDict(optimizer, named);
-  CheckStateAgreement(params, full);
+  comm::ProcessGroupPtr world;
+  std::vector<std::string> fqns;
+  for (const auto& p : params) {
+    fqns.push_back(p.fqn);
+    if (p.fsdp_param) world = p.fsdp_param->sharding_spec().mesh->world();
+  }
+  CheckStateAgreement(world, fqns, full, "GetFullOptimStateDict");
   bool keep = true;
   for (const auto& p : params) {
     if (p.fsdp_param != nullptr) keep = !rank0_only || p.fsdp_param->sharding_spec().mesh->world()->rank() == 0;

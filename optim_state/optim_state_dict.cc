@@ -7,6 +7,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -199,6 +200,51 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
     const at::Tensor& p = params.at(fqn);
     optimizer.state()[p.unsafeGetTensorImpl()] = kind.make(state, fqn, p);
   }
+}
+
+void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<std::string>& fqns,
+                         const OptimStateDict& local, const char* caller) {
+  if (!world || world->size() == 1 || fqns.empty()) return;
+  at::Tensor has = at::empty({static_cast<int64_t>(fqns.size())}, at::kInt);
+  for (size_t i = 0; i < fqns.size(); ++i) has[i] = local.state.count(fqns[i]) ? 1 : 0;
+  at::Tensor lo = has.clone(), hi = has.clone();
+  world->all_reduce(lo, comm::ReduceOp::Min())->wait();
+  world->all_reduce(hi, comm::ReduceOp::Max())->wait();
+  for (size_t i = 0; i < fqns.size(); ++i) {
+    TORCH_CHECK(lo[i].item<int>() == hi[i].item<int>(), caller, ": some ranks have optimizer state for '", fqns[i],
+                "' and others do not (this rank: ", has[i].item<int>() ? "has" : "lacks", " it)");
+  }
+}
+
+std::map<int64_t, StateMap> StateById(const OptimStateDict& state_dict) {
+  std::map<int64_t, StateMap> out;
+  int64_t id = 0;
+  for (const auto& g : state_dict.param_groups) {
+    for (const auto& fqn : g.params) {
+      auto it = state_dict.state.find(fqn);
+      if (it != state_dict.state.end()) out[id] = it->second;
+      ++id;
+    }
+  }
+  for (const auto& [fqn, values] : state_dict.state) {
+    bool listed = false;
+    for (const auto& g : state_dict.param_groups) listed = listed || std::count(g.params.begin(), g.params.end(), fqn);
+    TORCH_CHECK(listed, "StateById: '", fqn, "' has state but is in no param group");
+  }
+  return out;
+}
+
+OptimStateDict FromStateById(std::string optimizer, std::vector<ParamGroupState> param_groups,
+                             const std::map<int64_t, StateMap>& state) {
+  OptimStateDict out{std::move(optimizer), {}, std::move(param_groups)};
+  std::vector<std::string> fqns;
+  for (const auto& g : out.param_groups) fqns.insert(fqns.end(), g.params.begin(), g.params.end());
+  for (const auto& [id, values] : state) {
+    TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(fqns.size()), "FromStateById: parameter ID ", id,
+                " is not in [0, ", fqns.size(), ") (the param groups list ", fqns.size(), " parameters)");
+    out.state[fqns[id]] = values;
+  }
+  return out;
 }
 
 void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path) {

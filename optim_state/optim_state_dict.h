@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "comm/process_group.h"
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -53,6 +55,18 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
 // not have, param groups that differ, a state tensor whose shape differs from its parameter.
 void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named,
                        const OptimStateDict& state_dict);
+
+// The seed's key agreement: every rank of `world` holds state for the same `fqns` (a rank
+// without state would skip a gather and hang the others). Collective (two all-reduces);
+// every rank fails naming the first FQN the ranks disagree on. No-op for null / size 1.
+void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<std::string>& fqns,
+                         const OptimStateDict& local, const char* caller);
+
+// Rekeying: the state by parameter ID (the position in the flattened param groups, as
+// torch.optim's state_dict() numbers parameters) and back by the groups' FQN lists.
+std::map<int64_t, std::map<std::string, StateValue>> StateById(const OptimStateDict& state_dict);
+OptimStateDict FromStateById(std::string optimizer, std::vector<ParamGroupState> param_groups,
+                             const std::map<int64_t, std::map<std::string, StateValue>>& state);
 
 // Torch pickle of the dict (tensors saved from the CPU) and back; the loader validates the
 // structure and reports what is wrong instead of crashing on a malformed file.

@@ -112,6 +112,14 @@ TEST(OptimStateDict, AdamWAndSgdRoundTripThroughTheFormatAndAFile) {
     EXPECT_TRUE(at::equal(item.value(), twin->named_parameters()[item.key()])) << item.key();
   }
 
+  // Rekeying by parameter ID (position in the groups) and back.
+  const auto by_id = StateById(saved);
+  EXPECT_EQ(by_id.size(), saved.state.size());
+  EXPECT_TRUE(at::equal(std::get<at::Tensor>(by_id.at(1).at("exp_avg")),
+                        std::get<at::Tensor>(saved.state.at(saved.param_groups[0].params[1]).at("exp_avg"))));
+  ExpectSameState(saved, FromStateById(saved.optimizer, saved.param_groups, by_id));
+  EXPECT_ERROR_CONTAINS(FromStateById("AdamW", saved.param_groups, {{99, {}}}), "parameter ID 99 is not in [0, 13)");
+
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   TrainSteps(model, sgd, 0, 2, 1, 0);
   const OptimStateDict momentum = GetOptimStateDict(sgd, Named(*model));
@@ -398,6 +406,20 @@ TEST(CrossFsdpOptimState, CheckpointsMoveBetweenFsdp1AndFsdp2AtAnyWorldSize) {
   CheckpointAcrossFsdps({Flavor::kFsdp1, 1, Flavor::kFsdp1, 4});
   CheckpointAcrossFsdps({Flavor::kFsdp1, 4, Flavor::kFsdp1, 1});
   CheckpointAcrossFsdps({Flavor::kFsdp1, 3, Flavor::kFsdp1, 2});
+}
+
+TEST(Fsdp2OptimState, RanksThatDisagreeOnWhichParametersHaveStateAllFail) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    Net model;
+    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
+    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-3));
+    TrainSteps(model, opt, 0, 1, 2, pg->rank());
+    if (pg->rank() == 1) opt.state().erase(model->head->bias.unsafeGetTensorImpl());
+    EXPECT_ERROR_CONTAINS(GetFullOptimStateDict(*model, opt),
+                          "some ranks have optimizer state for 'head.bias' and others do not");
+  });
 }
 
 }  // namespace
