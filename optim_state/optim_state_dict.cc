@@ -214,6 +214,39 @@ void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<s
     TORCH_CHECK(lo[i].item<int>() == hi[i].item<int>(), caller, ": some ranks have optimizer state for '", fqns[i],
                 "' and others do not (this rank: ", has[i].item<int>() ? "has" : "lacks", " it)");
   }
+  // Scalar state (e.g. step) is taken from this rank, so it must be the same everywhere.
+  std::vector<std::pair<std::string, std::string>> where;
+  std::vector<double> scalars;
+  for (const auto& fqn : fqns) {
+    auto it = local.state.find(fqn);
+    if (it == local.state.end()) continue;
+    for (const auto& [name, value] : it->second) {
+      if (Classify(value) == StateKind::kPositiveDimTensor) continue;
+      where.emplace_back(fqn, name);
+      if (const auto* t = std::get_if<at::Tensor>(&value)) {
+        scalars.push_back(t->item<double>());
+      } else if (const auto* i = std::get_if<int64_t>(&value)) {
+        scalars.push_back(static_cast<double>(*i));
+      } else {
+        scalars.push_back(std::get<double>(value));
+      }
+    }
+  }
+  at::Tensor count = at::full({2}, static_cast<double>(scalars.size()), at::kDouble);
+  count[1] = -count[1];  // one MAX gives both the largest and (negated) the smallest count
+  world->all_reduce(count, comm::ReduceOp::Max())->wait();
+  TORCH_CHECK(count[0].item<double>() == -count[1].item<double>(), caller,
+              ": ranks hold different numbers of scalar optimizer states (this rank: ", scalars.size(), ")");
+  if (scalars.empty()) return;
+  at::Tensor values = at::tensor(scalars, at::kDouble);
+  at::Tensor both = at::cat({values, -values});
+  world->all_reduce(both, comm::ReduceOp::Max())->wait();
+  const int64_t n = values.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double max = both[i].item<double>(), min = -both[n + i].item<double>();
+    TORCH_CHECK(max == min, caller, ": scalar optimizer state '", where[i].second, "' of '", where[i].first,
+                "' differs across ranks (from ", min, " to ", max, "; this rank: ", scalars[i], ")");
+  }
 }
 
 std::map<int64_t, StateMap> StateById(const OptimStateDict& state_dict) {

@@ -312,8 +312,8 @@ TEST(Fsdp2OptimState, RankZeroOnlyKeepsOtherRanksBelowOneFullState) {
 }
 
 // Checkpoints move between the FSDPs and world sizes: train 3 steps with one (rank 0 saves
-// the full model and optimizer state to files), continue 3 steps with another; the result
-// equals 6 uninterrupted steps on one rank.
+// the full model and optimizer state to files), continue 5 steps with another; the result
+// equals 8 uninterrupted steps on one rank.
 enum class Flavor { kFsdp1, kFsdp2 };
 
 struct Continuation {
@@ -349,7 +349,7 @@ void CheckpointAcrossFsdps(const Continuation& c) {
   Net ref;
   InitDeterministic(*ref);
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
-  TrainSteps(ref, ref_opt, 0, 6, 1, 0);
+  TrainSteps(ref, ref_opt, 0, 8, 1, 0);
   const std::string label = absl::StrCat(c.from == Flavor::kFsdp1 ? "fsdp1" : "fsdp2", "_w", c.from_world, "_to_",
                                          c.to == Flavor::kFsdp1 ? "fsdp1" : "fsdp2", "_w", c.to_world);
   const std::string model_path = TempPath("model_" + label), optim_path = TempPath("optim_" + label);
@@ -379,14 +379,14 @@ void CheckpointAcrossFsdps(const Continuation& c) {
       WithFsdp1(pg, 99, [&](auto& model, flat_param::FullyShardedDataParallel& root, torch::optim::AdamW& opt) {
         flat_param::LoadFullStateDict(root, per_param::LoadFullStateDictFile(model_path));
         LoadFullOptimStateDict(root, opt, LoadOptimStateDict(optim_path));
-        TrainSteps(model, opt, 3, 3, c.to_world, pg->rank());
+        TrainSteps(model, opt, 3, 5, c.to_world, pg->rank());
         result = flat_param::GetFullStateDict(root);
       });
     } else {
       WithFsdp2(pg, 99, [&](Net& model, torch::optim::AdamW& opt) {
         per_param::LoadFullStateDict(*model, per_param::LoadFullStateDictFile(model_path));
         LoadFullOptimStateDict(*model, opt, LoadOptimStateDict(optim_path));
-        TrainSteps(model, opt, 3, 3, c.to_world, pg->rank());
+        TrainSteps(model, opt, 3, 5, c.to_world, pg->rank());
         result = per_param::GetFullStateDict(*model);
       });
     }
@@ -408,7 +408,7 @@ TEST(CrossFsdpOptimState, CheckpointsMoveBetweenFsdp1AndFsdp2AtAnyWorldSize) {
   CheckpointAcrossFsdps({Flavor::kFsdp1, 3, Flavor::kFsdp1, 2});
 }
 
-TEST(Fsdp2OptimState, RanksThatDisagreeOnWhichParametersHaveStateAllFail) {
+TEST(Fsdp2OptimState, RanksThatDisagreeOnStateAllFail) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2});
     Net model;
@@ -416,6 +416,11 @@ TEST(Fsdp2OptimState, RanksThatDisagreeOnWhichParametersHaveStateAllFail) {
     per_param::fully_shard(model.ptr(), {.mesh = mesh});
     torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-3));
     TrainSteps(model, opt, 0, 1, 2, pg->rank());
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(model->in->weight.unsafeGetTensorImpl()));
+    if (pg->rank() == 1) state.step(7);
+    EXPECT_ERROR_CONTAINS(GetFullOptimStateDict(*model, opt),
+                          "scalar optimizer state 'step' of 'in.weight' differs across ranks (from 1 to 7");
+    state.step(1);
     if (pg->rank() == 1) opt.state().erase(model->head->bias.unsafeGetTensorImpl());
     EXPECT_ERROR_CONTAINS(GetFullOptimStateDict(*model, opt),
                           "some ranks have optimizer state for 'head.bias' and others do not");
