@@ -117,12 +117,7 @@ int main(int argc, char** argv) {
   // Only rank 0 reports; the others run the same sequence silently.
   std::vector<char*> args(argv, argv + argc);
   const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-  if (G().rank != 0) {
-    args.erase(std::remove_if(args.begin() + 1, args.end(),
-                              [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
-               args.end());
-    std::freopen("/dev/null", "w", stdout);
-  }
+  fsdp::bench::QuietUnlessRankZero(args, G().rank);
   int args_count = static_cast<int>(args.size());
   benchmark::Initialize(&args_count, args.data());
   RegisterAll(pair_repetitions);

@@ -4,6 +4,7 @@
 #define FSDP_BENCH_PAIR_FLAGS_H_
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -23,6 +24,17 @@ inline int TakePairRepetitions(std::vector<char*>& args, int fallback = 3) {
     }
   }
   return repetitions;
+}
+
+// Multi-process benchmarks: every rank runs the same benchmarks with fixed iteration counts
+// (so their collectives line up), and only rank 0 reports. On other ranks this drops
+// --benchmark_out* from `args` and silences stdout.
+inline void QuietUnlessRankZero(std::vector<char*>& args, int rank) {
+  if (rank == 0) return;
+  args.erase(std::remove_if(args.begin() + 1, args.end(),
+                            [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
+             args.end());
+  std::freopen("/dev/null", "w", stdout);
 }
 
 }  // namespace fsdp::bench
