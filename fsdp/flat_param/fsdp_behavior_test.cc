@@ -6,9 +6,12 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
 
+#include <compare>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
 #include "comm/fake_process_group.h"
 #include "fsdp/common/storage.h"
@@ -118,6 +121,118 @@ TEST(Fsdp1Behavior, CommunicationVolumePerStep) {
         EXPECT_EQ(reduce_scatters, (std::map<int64_t, int>{{32, 1}, {84, 2}})) << ToString(strategy);
         const int64_t gathered = (32 + 84 * 2 * block_gathers) * 4;  // f32 bytes
         EXPECT_EQ(trace->total_output_bytes("all_gather_into_tensor"), gathered);
+      }
+    });
+  }
+}
+
+// Communication per training step for every strategy against a closed form from the flat
+// sizes: N_h = the numel of handle h's parameters (each block's own; the root's: the rest,
+// counted from the plain model before wrapping), P_h = ceil(N_h / S) * S for shard group size
+// S, 4 bytes per f32 element. Records are (op, group size, input bytes, output bytes):
+//   FULL_SHARD (S = 4):    block: 2 x AG (P/4 -> P), 1 x RS (P -> P/4); root: 1 AG, 1 RS
+//                          (the root is not resharded after forward);
+//   SHARD_GRAD_OP (S = 4): every handle 1 AG + 1 RS;
+//   NO_SHARD (4 ranks):    every handle 1 all_reduce of its unpadded flat gradient (N), nothing else;
+//   HYBRID_SHARD (2 x 2):  over the shard group (S = 2) as FULL_SHARD, plus over the replica
+//                          group (2 ranks) 1 all_reduce of the sharded gradient (P / 2) per handle.
+struct Collective {
+  std::string op;
+  int group = 0;
+  int64_t in_bytes = 0, out_bytes = 0;
+  auto operator<=>(const Collective&) const = default;
+};
+using CollectiveCounts = std::map<Collective, int>;
+
+CollectiveCounts Count(const comm::CommTrace& trace) {
+  CollectiveCounts counts;
+  for (const comm::CollectiveRecord& r : trace.records()) {
+    ++counts[{r.op, r.group_size, r.input_bytes, r.output_bytes}];
+  }
+  return counts;
+}
+
+std::string Describe(const CollectiveCounts& counts) {
+  std::string out;
+  for (const auto& [c, n] : counts) {
+    out += absl::StrCat(n, " x ", c.op, " (group ", c.group, ", ", c.in_bytes, " -> ", c.out_bytes, " B)\n");
+  }
+  return out;
+}
+
+int64_t NumelOf(const std::vector<at::Tensor>& params) {
+  int64_t n = 0;
+  for (const at::Tensor& p : params) n += p.numel();
+  return n;
+}
+
+TEST(Fsdp1Behavior, CommunicationVolumePerStepForEveryStrategy) {
+  constexpr int64_t kF32 = 4;
+  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
+                        ShardingStrategy::HYBRID_SHARD}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [strategy](const comm::ProcessGroupPtr& world) {
+      const std::string label = ToString(strategy);
+      const bool hybrid = strategy == ShardingStrategy::HYBRID_SHARD;
+      Net model(3);
+      InitDeterministic(*model);
+      std::vector<int64_t> numels;  // per handle, root first
+      int64_t in_blocks = 0;
+      for (auto& b : model->layers) {
+        numels.push_back(NumelOf(b->parameters()));
+        in_blocks += numels.back();
+      }
+      numels.insert(numels.begin(), NumelOf(model->parameters()) - in_blocks);
+      // Hybrid: shard groups {0, 1}, {2, 3}; replica groups {0, 2}, {1, 3}; each traced.
+      std::shared_ptr<comm::CommTrace> shard_trace, replica_trace;
+      if (hybrid) {
+        auto row0 = world->new_subgroup({0, 1}), row1 = world->new_subgroup({2, 3});
+        auto col0 = world->new_subgroup({0, 2}), col1 = world->new_subgroup({1, 3});
+        shard_trace = std::make_shared<comm::CommTrace>(world->rank() < 2 ? row0 : row1);
+        replica_trace = std::make_shared<comm::CommTrace>(world->rank() % 2 == 0 ? col0 : col1);
+      } else {
+        shard_trace = std::make_shared<comm::CommTrace>(world);
+      }
+      FSDPOptions opts{.process_group = shard_trace, .sharding_strategy = strategy};
+      if (hybrid) opts.inter_node_group = replica_trace;
+      FullyShardedDataParallel root = WrapNested(model, opts);
+      torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(1e-2));
+
+      const int s = hybrid ? 2 : 4;
+      CollectiveCounts want_shard, want_replica;
+      for (size_t h = 0; h < numels.size(); ++h) {
+        const int64_t n = numels[h], padded = (n + s - 1) / s * s;
+        const bool is_root = h == 0;
+        const Collective ag{"all_gather_into_tensor", s, padded / s * kF32, padded * kF32};
+        const Collective rs{"reduce_scatter_tensor", s, padded * kF32, padded / s * kF32};
+        switch (strategy) {
+          case ShardingStrategy::FULL_SHARD:
+          case ShardingStrategy::HYBRID_SHARD:
+            want_shard[ag] += is_root ? 1 : 2;
+            ++want_shard[rs];
+            if (hybrid) ++want_replica[{"all_reduce", 2, padded / s * kF32, padded / s * kF32}];
+            break;
+          case ShardingStrategy::SHARD_GRAD_OP:
+            ++want_shard[ag];
+            ++want_shard[rs];
+            break;
+          default:  // NO_SHARD
+            ++want_shard[{"all_reduce", 4, n * kF32, n * kF32}];
+        }
+      }
+      for (int step = 0; step < 2; ++step) {
+        shard_trace->clear();
+        if (replica_trace) replica_trace->clear();
+        LocalLoss(model, step, world->rank(), 4).backward();
+        opt.step();
+        opt.zero_grad();
+        const CollectiveCounts got = Count(*shard_trace);
+        EXPECT_EQ(got, want_shard) << label << " step " << step << " got:\n"
+                                   << Describe(got) << "want:\n" << Describe(want_shard);
+        if (replica_trace) {
+          const CollectiveCounts got_replica = Count(*replica_trace);
+          EXPECT_EQ(got_replica, want_replica) << label << " step " << step << " got:\n"
+                                               << Describe(got_replica) << "want:\n" << Describe(want_replica);
+        }
       }
     });
   }

@@ -8,9 +8,12 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/flat_param/fsdp_test_models.h"
 #include "mesh/device_mesh.h"
@@ -185,8 +188,13 @@ std::vector<ParityCase> Cases() {
       const std::string n = StrategyName(s) + o;
       cases.push_back({Backend::kThreaded, w, {.name = n + "_root_only", .strategy = s, .use_orig_params = orig,
                                                .wrap = Wrap::kRootOnly}});
-      cases.push_back({Backend::kThreaded, w, {.name = n + "_no_sync3", .strategy = s, .use_orig_params = orig,
-                                               .micro_batches = 3}});
+      // The acceptance's 4 micro-batches (3 under no_sync, then a synchronized one).
+      cases.push_back({Backend::kThreaded, w, {.name = n + "_no_sync4", .strategy = s, .use_orig_params = orig,
+                                               .micro_batches = 4}});
+      if (s == ShardingStrategy::FULL_SHARD) {
+        cases.push_back({Backend::kThreaded, 3, {.name = n + "_no_sync3", .strategy = s, .use_orig_params = orig,
+                                                 .micro_batches = 3}});
+      }
     }
     cases.push_back({Backend::kThreaded, 4, {.name = "auto_type" + o, .use_orig_params = orig, .wrap = Wrap::kAutoByType}});
     cases.push_back({Backend::kThreaded, 3, {.name = "auto_size" + o, .use_orig_params = orig, .wrap = Wrap::kAutoBySize}});
@@ -219,6 +227,107 @@ std::vector<ParityCase> Cases() {
                                              .use_orig_params = orig, .clip_norm_type = 2.0}});
   }
   return cases;
+}
+
+// Tied weights inside one wrapped unit: `embed` and `unembed` register the same tensor w
+// [6, 3] (x @ w^T, then h @ w), flattened once into the root's handle, so its gradient is the
+// sum of both uses; the block between them is its own FSDP unit. 3 AdamW steps on W ranks
+// equal 3 steps of the same tied model on one rank (whose optimizer gets w once).
+struct TiedProjImpl : torch::nn::Module {
+  TiedProjImpl(at::Tensor tied, bool transpose) : transpose(transpose) { w = register_parameter("w", std::move(tied)); }
+  at::Tensor forward(const at::Tensor& x) { return transpose ? x.matmul(w.t()) : x.matmul(w); }
+  at::Tensor w;
+  bool transpose;
+};
+TORCH_MODULE(TiedProj);
+
+struct TiedNetImpl : torch::nn::Module {
+  TiedNetImpl()
+      : embed(register_module("embed", TiedProj(at::zeros({6, 3}), true))),
+        block(register_module("block", testing::Block(6, 7))),
+        unembed(register_module("unembed", TiedProj(embed->w, false))),
+        head(register_module("head", torch::nn::Linear(3, 1))) {}
+  at::Tensor forward(const at::Tensor& x) { return head(unembed(block(embed(x)))); }
+  TiedProj embed;
+  testing::Block block;
+  TiedProj unembed;
+  torch::nn::Linear head;
+};
+using TiedNet = FSDPWrapped<TiedNetImpl>;
+
+std::vector<at::Tensor> DistinctParams(torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : m.parameters()) {
+    if (std::none_of(out.begin(), out.end(), [&](const at::Tensor& q) { return q.is_same(p); })) out.push_back(p);
+  }
+  return out;
+}
+
+void RunTiedParity(ShardingStrategy strategy, bool use_orig_params, const comm::ProcessGroupPtr& world) {
+  const std::string label = StrategyName(strategy) + (use_orig_params ? "_orig" : "");
+  const int w = world->size(), me = world->rank();
+  TiedNet ref, model;
+  InitDeterministic(*ref);
+  InitDeterministic(*model);
+  ASSERT_TRUE(model->unembed->w.is_same(model->embed->w));
+  ASSERT_EQ(DistinctParams(*ref).size(), ref->parameters().size() - 1);  // w is registered twice
+  FSDPOptions opts{.sharding_strategy = strategy, .use_orig_params = use_orig_params};
+  if (IsHybrid(ToHandleShardingStrategy(strategy))) {
+    opts.device_mesh = mesh::DeviceMesh::Create(world, {2, w / 2}, {"replicate", "shard"});
+  } else {
+    opts.process_group = world;
+  }
+  wrap_fsdp(model->block.ptr(), opts);
+  FullyShardedDataParallel root = wrap_fsdp(model.ptr(), opts);
+  ASSERT_EQ(root.handles().size(), 2u) << label;
+  const FlatParameter& fp = root.handle()->flat_param();
+  EXPECT_EQ(fp.fqns, (std::vector<std::string>{"embed.w", "head.weight", "head.bias"})) << label;
+  ASSERT_EQ(fp.shared_param_infos.size(), 1u) << label;
+  EXPECT_EQ(fp.shared_param_infos[0].module_name, "unembed") << label;
+  EXPECT_EQ(fp.shared_param_infos[0].prim_module_name, "embed") << label;
+  if (use_orig_params) {
+    EXPECT_EQ(root.parameters().size(), DistinctParams(*ref).size()) << label;
+  }
+
+  const at::Tensor w0 = ref->embed->w.detach().clone();
+  torch::optim::AdamW ref_opt(DistinctParams(*ref), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(1e-2));
+  const int64_t local = kBatch / w;
+  for (int step = 0; step < kSteps; ++step) {
+    const at::Tensor x = Batch(step, kBatch, 3, 1), y = Batch(step, kBatch, 1, 2);
+    torch::nn::functional::mse_loss(ref(x), y).backward();
+    torch::nn::functional::mse_loss(model(x.narrow(0, me * local, local)), y.narrow(0, me * local, local)).backward();
+    ref_opt.step();
+    ref_opt.zero_grad();
+    opt.step();
+    opt.zero_grad();
+  }
+  // FullParams names a tied parameter by its first registration only.
+  const std::map<std::string, at::Tensor> full = testing::FullParams(root);
+  EXPECT_EQ(full.size(), DistinctParams(*ref).size()) << label;
+  const auto ref_params = ref->named_parameters();
+  for (const auto& [name, got] : full) {
+    const at::Tensor* want = ref_params.find(name);
+    if (want == nullptr) {
+      ADD_FAILURE() << label << ": no reference parameter " << name;
+      continue;
+    }
+    EXPECT_TRUE(at::allclose(got, *want, 1e-6, 1e-6)) << label << " " << name << " max diff "
+                                                      << (got - *want).abs().max().item<double>();
+  }
+  EXPECT_FALSE(at::allclose(ref->embed->w, w0)) << "the tied weight should have trained";
+}
+
+TEST(Fsdp1TiedParity, TiedWeightsInOneUnitEqualSingleRank) {
+  for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
+                             ShardingStrategy::HYBRID_SHARD}) {
+    for (bool orig : {false, true}) {
+      const int w = IsHybrid(ToHandleShardingStrategy(s)) ? 4 : 3;
+      fsdp::testing::RunOnRanks(Backend::kThreaded, w, [s, orig](const comm::ProcessGroupPtr& pg) {
+        RunTiedParity(s, orig, pg);
+      });
+    }
+  }
 }
 
 std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
