@@ -414,6 +414,26 @@ TEST(FlatParamHandle, ReduceScatterGradIsTheMeanOverRanks) {
   }
 }
 
+// The seed's _accumulate_sharded_grad check: a saved sharded gradient of another shape is an
+// error, not a broadcast or a silent overwrite.
+TEST(FlatParamHandle, AccumulatingAShardedGradientOfTheWrongShapeIsAnError) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    Tree t = MakeTree({2, 3}, {4});
+    FlatParamHandle h({t.aw, t.bw}, *t.root, Options(pg));
+    h.Shard();
+    h.InitFlatParamAttributes();
+    h.Unshard();
+    t.aw.mutable_grad() = at::ones({2, 3});
+    t.bw.mutable_grad() = at::ones({4});
+    ASSERT_TRUE(h.FlattenOrigGrads());
+    h.set_training_state(HandleTrainingState::BACKWARD_POST);
+    h.Reshard(true);
+    h.flat_param().saved_grad_shard = at::zeros({7});  // a chunk is 5 elements
+    EXPECT_ERROR_CONTAINS(h.ReduceScatterGrad(),
+                          "Shape mismatch when accumulating gradients: existing gradient shape=[7] new gradient shape=[5]");
+  });
+}
+
 TEST(FlatParamHandle, HybridShardReducesOverShardAndReplicaGroups) {
   // World 4 as 2 replicas x 2 shards: shard groups {0,1}, {2,3}; replica groups {0,2}, {1,3}.
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& world) {
