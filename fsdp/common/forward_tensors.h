@@ -54,6 +54,26 @@ std::vector<at::Tensor*> CollectForwardTensors(std::tuple<Ts...>& args) {
   return slots;
 }
 
+// The body of both FSDPs' forward wrappers: runs `body` (the wrapped module's forward) on
+// copies of `args` whose tensors went through state->PreForward (casts, autograd hooks), and
+// hands the output's tensors to state->PostForward (which may replace them in place).
+template <class R, class State, class Body, class... Args>
+R RunForwardWithHooks(State* state, Body&& body, Args&&... args) {
+  std::tuple<std::decay_t<Args>...> copies(std::forward<Args>(args)...);
+  const std::vector<at::Tensor*> slots = CollectForwardTensors(copies);
+  std::vector<at::Tensor> inputs;
+  for (at::Tensor* t : slots) inputs.push_back(*t);
+  inputs = state->PreForward(std::move(inputs));
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = inputs[i];
+  R output = std::apply(std::forward<Body>(body), copies);
+  static_assert(ForwardTensors<std::decay_t<R>>::kHasTensors,
+                "an FSDP module's forward must return tensors (specialize fsdp::ForwardTensors)");
+  std::vector<at::Tensor*> outs;
+  ForwardTensors<std::decay_t<R>>::Collect(output, outs);
+  state->PostForward(outs);
+  return output;
+}
+
 }  // namespace fsdp
 
 #endif  // FSDP_FSDP_COMMON_FORWARD_TENSORS_H_

@@ -112,22 +112,9 @@ class FullyShardedImpl<Impl, R (C::*)(A...)> : public Impl, public FSDPHooks {
   using Impl::Impl;
 
   R forward(A... args) {
-    FSDPState* state = fsdp_state();
+    auto* state = fsdp_state();
     if (state == nullptr) return Impl::forward(std::forward<A>(args)...);
-    // Copies of the arguments: tensors among them are replaced by the hooked ones.
-    std::tuple<std::decay_t<A>...> copies(std::forward<A>(args)...);
-    const std::vector<at::Tensor*> slots = CollectForwardTensors(copies);
-    std::vector<at::Tensor> inputs;
-    for (at::Tensor* t : slots) inputs.push_back(*t);
-    inputs = state->PreForward(std::move(inputs));
-    for (size_t i = 0; i < slots.size(); ++i) *slots[i] = inputs[i];
-    R output = std::apply([this](auto&... a) { return Impl::forward(a...); }, copies);
-    static_assert(ForwardTensors<std::decay_t<R>>::kHasTensors,
-                  "FullyShardedImpl: forward must return tensors (specialize ForwardTensors)");
-    std::vector<at::Tensor*> outs;
-    ForwardTensors<std::decay_t<R>>::Collect(output, outs);
-    state->PostForward(outs);
-    return output;
+    return RunForwardWithHooks<R>(state, [this](auto&... a) { return Impl::forward(a...); }, std::forward<A>(args)...);
   }
 };
 
