@@ -14,51 +14,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/common/test_models.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 
 namespace fsdp::flat_param::testing {
 
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t d, int64_t hidden)
-      : fc1(register_module("fc1", torch::nn::Linear(d, hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, d))) {}
-  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
-  torch::nn::Linear fc1, fc2;
-};
+using test_models::Batch;
+using test_models::BlockImpl;
+using test_models::InitDeterministic;
 using Block = FSDPWrapped<BlockImpl>;
-
-// 3 -> 5 (uneven flat sizes on most world sizes), blocks 5 -> 7 -> 5 (optionally the first
-// again at the end), head 5 -> 1, a 6-element parameter used directly.
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int64_t blocks = 2, int64_t hidden = 7, bool use_first_block_twice = false)
-      : in(register_module("in", torch::nn::Linear(3, 5))),
-        head(register_module("head", torch::nn::Linear(5, 1))),
-        twice(use_first_block_twice) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Block(5, hidden)));
-    extra = register_parameter("extra", at::zeros({6}));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = in(x);
-    for (auto& b : layers) h = b(h);
-    if (twice) h = layers.front()(h);
-    return head(h) + extra.sum();
-  }
-  torch::nn::Linear in, head;
-  std::vector<Block> layers;
-  at::Tensor extra;
-  bool twice;
-};
+using NetImpl = test_models::NetImplT<FSDPWrapped>;
 using Net = FSDPWrapped<NetImpl>;
-
-// Same values on every rank without the (thread-shared) global generator.
-inline void InitDeterministic(torch::nn::Module& m, uint64_t seed = 11) {
-  at::NoGradGuard no_grad;
-  for (auto& p : m.parameters()) p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.4);
-}
-
-inline at::Tensor Batch(int step, int64_t rows, int64_t cols, uint64_t salt) {
-  return at::randn({rows, cols}, at::make_generator<at::CPUGeneratorImpl>(1000 * step + salt));
-}
 
 // Every original parameter of the wrapped tree, all-gathered from the flat parameters' local
 // shards (collective over each handle's process group), by name relative to `root`.
