@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
 #include "comm/fake_process_group.h"
 #include "fsdp/flat_param/flat_param.h"
@@ -120,18 +121,8 @@ void BM_Unflatten(benchmark::State& state, bool ours) {
 
 // ---- 3. one training step, FSDP1 vs FSDP2 ----
 
-template <class Block>
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int64_t blocks) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("l", i), Block(kDim, kDim)));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = x;
-    for (auto& layer : layers) h = layer(h);
-    return h;
-  }
-  std::vector<Block> layers;
-};
+template <class Layer>
+using NetImpl = fsdp::bench::LinearStackImpl<Layer>;
 using Fsdp1Linear = fsdp::flat_param::FSDPWrapped<torch::nn::LinearImpl>;
 using Fsdp1Net = fsdp::flat_param::FSDPWrappedImpl<NetImpl<Fsdp1Linear>>;
 using Fsdp2Linear = fsdp::per_param::FullySharded<torch::nn::LinearImpl>;
@@ -154,13 +145,13 @@ void RunSteps(benchmark::State& state, Net& net, const std::vector<at::Tensor>& 
 void BM_Step(benchmark::State& state, bool fsdp1) {
   const int64_t blocks = state.range(0);
   if (fsdp1) {
-    auto net = std::make_shared<Fsdp1Net>(blocks);
+    auto net = std::make_shared<Fsdp1Net>(blocks, kDim);
     const fsdp::flat_param::FSDPOptions options{.process_group = fsdp::comm::CreateFakeProcessGroup(0, kWorld)};
     for (auto& layer : net->layers) fsdp::flat_param::wrap_fsdp(layer.ptr(), options);
     const fsdp::flat_param::FullyShardedDataParallel root = fsdp::flat_param::wrap_fsdp(net, options);
     return RunSteps(state, *net, root.parameters());  // the flat parameters
   }
-  auto net = std::make_shared<Fsdp2Net>(blocks);
+  auto net = std::make_shared<Fsdp2Net>(blocks, kDim);
   const fsdp::per_param::FullyShardOptions options{
       .mesh = fsdp::mesh::DeviceMesh::Create(fsdp::comm::CreateFakeProcessGroup(0, kWorld), {kWorld})};
   for (auto& layer : net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
 #include "comm/fake_process_group.h"
 #include "comm/process_group.h"
@@ -59,18 +60,8 @@ fsdp::mesh::DeviceMeshPtr FakeMesh() {
 
 // ---- 1. per-step bookkeeping ----
 
-template <class Block>
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int64_t blocks) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("l", i), Block(kDim, kDim)));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = x;
-    for (auto& layer : layers) h = layer(h);
-    return h;
-  }
-  std::vector<Block> layers;
-};
+template <class Layer>
+using NetImpl = fsdp::bench::LinearStackImpl<Layer>;
 using RawNet = NetImpl<torch::nn::Linear>;
 using ShardedLinear = fsdp::per_param::FullySharded<torch::nn::LinearImpl>;
 using FsdpNet = fsdp::per_param::FullyShardedImpl<NetImpl<ShardedLinear>>;
@@ -93,10 +84,10 @@ void RunSteps(benchmark::State& state, Net& net) {
 void BM_Step(benchmark::State& state, bool ours) {
   const int64_t blocks = state.range(0);
   if (!ours) {
-    RawNet net(blocks);
+    RawNet net(blocks, kDim);
     return RunSteps(state, net);
   }
-  auto net = std::make_shared<FsdpNet>(blocks);
+  auto net = std::make_shared<FsdpNet>(blocks, kDim);
   const fsdp::per_param::FullyShardOptions options{.mesh = FakeMesh()};
   for (auto& layer : net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);
   fsdp::per_param::fully_shard(net, options);
