@@ -8,6 +8,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -280,7 +281,7 @@ OptimStateDict FromStateById(std::string optimizer, std::vector<ParamGroupState>
   return out;
 }
 
-void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path) {
+std::vector<char> SerializeOptimStateDict(const OptimStateDict& state_dict) {
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [fqn, values] : state_dict.state) {
     c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
@@ -302,7 +303,11 @@ void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& pat
     groups.push_back(c10::ivalue::Tuple::create(c10::IValue(g.params), c10::IValue(options)));
   }
   const auto root = c10::ivalue::Tuple::create(c10::IValue(state_dict.optimizer), c10::IValue(state), c10::IValue(groups));
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(root));
+  return torch::jit::pickle_save(c10::IValue(root));
+}
+
+void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path) {
+  const std::vector<char> bytes = SerializeOptimStateDict(state_dict);
   std::ofstream out(path, std::ios::binary);
   TORCH_CHECK(out.good(), "SaveOptimStateDict: cannot open '", path, "' for writing");
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -313,9 +318,28 @@ OptimStateDict LoadOptimStateDict(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "LoadOptimStateDict: cannot open '", path, "'");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return DeserializeOptimStateDict(bytes, "'" + path + "'");
+}
+
+OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const comm::ProcessGroupPtr& world) {
+  TORCH_CHECK(world != nullptr, "BroadcastOptimStateDict: world group is null");
+  if (world->size() == 1) return state_dict;
+  std::vector<char> bytes;
+  if (world->rank() == 0) bytes = SerializeOptimStateDict(state_dict);
+  at::Tensor size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  world->broadcast(size, 0)->wait();
+  at::Tensor payload = at::empty({size.item<int64_t>()}, at::kByte);
+  if (world->rank() == 0) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+  world->broadcast(payload, 0)->wait();
+  if (world->rank() == 0) return state_dict;
+  const auto* data = static_cast<const char*>(payload.data_ptr());
+  return DeserializeOptimStateDict(std::vector<char>(data, data + payload.numel()), "rank 0's broadcast");
+}
+
+OptimStateDict DeserializeOptimStateDict(const std::vector<char>& bytes, const std::string& source) {
   const c10::IValue root = torch::jit::pickle_load(bytes);
   const auto bad = [&](const std::string& what) {
-    TORCH_CHECK(false, "LoadOptimStateDict: '", path, "' is not an optimizer state dict: ", what);
+    TORCH_CHECK(false, "LoadOptimStateDict: ", source, " is not an optimizer state dict: ", what);
   };
   if (!root.isTuple() || root.toTupleRef().elements().size() != 3) bad("expected a 3-tuple");
   const auto& top = root.toTupleRef().elements();

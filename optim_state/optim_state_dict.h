@@ -72,6 +72,14 @@ OptimStateDict FromStateById(std::string optimizer, std::vector<ParamGroupState>
 // structure and reports what is wrong instead of crashing on a malformed file.
 void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path);
 OptimStateDict LoadOptimStateDict(const std::string& path);
+// The same bytes in memory; `source` names them in errors.
+std::vector<char> SerializeOptimStateDict(const OptimStateDict& state_dict);
+OptimStateDict DeserializeOptimStateDict(const std::vector<char>& bytes, const std::string& source);
+
+// Scatter from rank 0 (the seed's broadcast of a rank-0-only full state): rank 0's dict
+// reaches every rank of `world` (the others' argument is ignored; pass an empty dict).
+// Collective; then Load*OptimStateDict takes each rank's part.
+OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const comm::ProcessGroupPtr& world);
 
 }  // namespace fsdp::optim_state
 

@@ -384,8 +384,12 @@ void CheckpointAcrossFsdps(const Continuation& c) {
       });
     } else {
       WithFsdp2(pg, 99, [&](Net& model, torch::optim::AdamW& opt) {
-        per_param::LoadFullStateDict(*model, per_param::LoadFullStateDictFile(model_path));
-        LoadFullOptimStateDict(*model, opt, LoadOptimStateDict(optim_path));
+        // Only rank 0 reads the files: the model state by rank0_only broadcast, the optimizer
+        // state by BroadcastOptimStateDict (the seed's scatter from rank 0).
+        const bool reader = pg->rank() == 0;
+        per_param::LoadFullStateDict(*model, reader ? per_param::LoadFullStateDictFile(model_path) : per_param::FullStateDict(),
+                                     {.rank0_only = true});
+        LoadFullOptimStateDict(*model, opt, BroadcastOptimStateDict(reader ? LoadOptimStateDict(optim_path) : OptimStateDict{}, pg));
         TrainSteps(model, opt, 3, 5, c.to_world, pg->rank());
         result = per_param::GetFullStateDict(*model);
       });
