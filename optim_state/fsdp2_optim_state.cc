@@ -69,7 +69,7 @@ void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& op
       TORCH_CHECK(t.sizes().vec() == it->second->sharding_spec().shape, "LoadFullOptimStateDict: state '", name,
                   "' of '", fqn, "' has shape ", t.sizes(), " but the parameter's global shape is ",
                   c10::IntArrayRef(it->second->sharding_spec().shape));
-      value = per_param::LocalShardOf(*it->second, t).clone();
+      value = per_param::LocalShardOf(*it->second, t);  // a view: SetOptimStateDict copies it
     }
   }
   SetOptimStateDict(optimizer, named, local);
