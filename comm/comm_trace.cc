@@ -35,7 +35,7 @@ void CommTrace::Record(std::string op, std::string reduce_op, const at::Tensor& 
   }
   record.group_size = size();
   record.root = root;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   records_.push_back(std::move(record));
 }
 
@@ -78,17 +78,17 @@ std::shared_ptr<ProcessGroup> CommTrace::DoNewSubgroup(const std::vector<int>& r
 }
 
 std::vector<CollectiveRecord> CommTrace::records() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return records_;
 }
 
 void CommTrace::clear() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   records_.clear();
 }
 
 int64_t CommTrace::SumBytes(const std::string& op, int64_t CollectiveRecord::*field) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t total = 0;
   for (const auto& r : records_) {
     if (op.empty() || r.op == op) total += r.*field;
@@ -105,7 +105,7 @@ int64_t CommTrace::total_output_bytes(const std::string& op) const {
 }
 
 std::string CommTrace::ToTable() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::string out = absl::StrFormat("%-24s %-16s %-10s %12s %12s %12s %5s\n", "op", "reduce",
                                     "dtype", "in elems", "in bytes", "out bytes", "group");
   int64_t in_total = 0, out_total = 0;

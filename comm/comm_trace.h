@@ -5,10 +5,10 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "comm/process_group.h"
 
 namespace fsdp::comm {
@@ -61,8 +61,8 @@ class CommTrace final : public ProcessGroup {
               const at::Tensor& input, int root = -1);
 
   ProcessGroupPtr inner_;
-  mutable absl::Mutex mu_;
-  std::vector<CollectiveRecord> records_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;  // pthread-based, so ThreadSanitizer sees it (Debian's absl is not instrumented)
+  std::vector<CollectiveRecord> records_;  // guarded by mu_
 };
 
 }  // namespace fsdp::comm

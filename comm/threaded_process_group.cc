@@ -3,14 +3,15 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "comm/internal/reduce_math.h"
 
@@ -31,6 +32,33 @@ struct Call {
   std::string text;  // "all_reduce(SUM) Float[4]"
 };
 
+// A one-shot event on std::mutex + condition_variable (pthread underneath, which
+// ThreadSanitizer sees; Debian's absl is not instrumented, so absl::Notification would make
+// every hand-over look like a race).
+class Done {
+ public:
+  void Notify() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      notified_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool HasBeenNotified() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return notified_;
+  }
+  bool WaitFor(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [this] { return notified_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool notified_ = false;
+};
+
 // The meeting point of the k-th collective of every rank.
 struct Rendezvous {
   explicit Rendezvous(int world_size) : calls(world_size), joined(world_size, false) {}
@@ -38,7 +66,7 @@ struct Rendezvous {
   std::vector<bool> joined;  // guarded by World::mu_
   int arrived = 0;           // guarded by World::mu_
   std::exception_ptr error;  // written once, before `done` is notified
-  absl::Notification done;
+  Done done;
 };
 
 void FinishWithError(Rendezvous& rv, const std::string& message) {
@@ -164,7 +192,7 @@ class World : public std::enable_shared_from_this<World> {
     std::shared_ptr<Rendezvous> rv;
     bool last = false;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (!abort_reason_.empty()) {
         rv = std::make_shared<Rendezvous>(size_);
         FinishWithError(*rv, abort_reason_);
@@ -198,7 +226,7 @@ class World : public std::enable_shared_from_this<World> {
   }
 
   std::string MissingRanks(const Rendezvous& rv) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     std::vector<int> missing;
     for (int r = 0; r < size_; ++r) {
       if (!rv.joined[r]) missing.push_back(r);
@@ -210,18 +238,18 @@ class World : public std::enable_shared_from_this<World> {
   void Abort(const std::string& reason) {
     std::map<uint64_t, std::shared_ptr<Rendezvous>> pending;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (!abort_reason_.empty()) return;
       abort_reason_ = reason;
       pending.swap(pending_);
     }
     for (auto& [seq, rv] : pending) FinishWithError(*rv, reason);
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, sub] : subworlds_) sub->Abort(reason);
   }
 
   std::shared_ptr<World> Subworld(uint64_t split_index, const std::vector<int>& ranks) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto& sub = subworlds_[{split_index, ranks}];
     if (!sub) {
       sub = std::make_shared<World>(static_cast<int>(ranks.size()));
@@ -232,11 +260,11 @@ class World : public std::enable_shared_from_this<World> {
 
  private:
   const int size_;
-  absl::Mutex mu_;
-  std::map<uint64_t, std::shared_ptr<Rendezvous>> pending_ ABSL_GUARDED_BY(mu_);
-  std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;  // std::mutex, not absl::Mutex: see Done
+  std::map<uint64_t, std::shared_ptr<Rendezvous>> pending_;
+  std::string abort_reason_;
   std::map<std::pair<uint64_t, std::vector<int>>, std::shared_ptr<World>> subworlds_
-      ABSL_GUARDED_BY(mu_);
+     ;
 };
 
 class ThreadedWork final : public Work {
@@ -252,7 +280,7 @@ class ThreadedWork final : public Work {
 
  protected:
   bool WaitFor(Timeout timeout) override {
-    return rv_->done.WaitForNotificationWithTimeout(absl::FromChrono(timeout));
+    return rv_->done.WaitFor(timeout);
   }
   std::string TimeoutDetail() override { return world_->MissingRanks(*rv_); }
 
