@@ -12,20 +12,20 @@ namespace {
 
 using per_param::NamedParameter;
 
-}  // namespace
-
-NamedParams NamedOptimizerParams(torch::nn::Module& root) {
+NamedParams Named(const std::vector<NamedParameter>& params) {
   NamedParams out;
-  for (const auto& p : per_param::NamedParameters(root)) out.emplace_back(p.fqn, p.param);
+  for (const auto& p : params) out.emplace_back(p.fqn, p.param);
   return out;
 }
+
+}  // namespace
+
+NamedParams NamedOptimizerParams(torch::nn::Module& root) { return Named(per_param::NamedParameters(root)); }
 
 OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim::Optimizer& optimizer,
                                      bool rank0_only) {
   const std::vector<NamedParameter> params = per_param::NamedParameters(root);
-  NamedParams named;
-  for (const auto& p : params) named.emplace_back(p.fqn, p.param);
-  OptimStateDict full = GetOptimStateDict(optimizer, named);
+  OptimStateDict full = GetOptimStateDict(optimizer, Named(params));
   comm::ProcessGroupPtr world;
   std::vector<std::string> fqns;
   for (const auto& p : params) {
@@ -33,10 +33,7 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
     if (p.fsdp_param) world = p.fsdp_param->sharding_spec().mesh->world();
   }
   CheckStateAgreement(world, fqns, full, "GetFullOptimStateDict");
-  bool keep = true;
-  for (const auto& p : params) {
-    if (p.fsdp_param != nullptr) keep = !rank0_only || p.fsdp_param->sharding_spec().mesh->world()->rank() == 0;
-  }
+  const bool keep = !rank0_only || world == nullptr || world->rank() == 0;
   for (const auto& p : params) {
     auto it = full.state.find(p.fqn);
     if (p.fsdp_param == nullptr || it == full.state.end()) continue;
@@ -53,12 +50,8 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
 
 void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer, const OptimStateDict& full) {
   const std::vector<NamedParameter> params = per_param::NamedParameters(root);
-  NamedParams named;
   absl::flat_hash_map<std::string, per_param::FSDPParam*> fsdp_params;
-  for (const auto& p : params) {
-    named.emplace_back(p.fqn, p.param);
-    fsdp_params.emplace(p.fqn, p.fsdp_param);
-  }
+  for (const auto& p : params) fsdp_params.emplace(p.fqn, p.fsdp_param);
   OptimStateDict local = full;
   for (auto& [fqn, values] : local.state) {
     auto it = fsdp_params.find(fqn);
@@ -72,7 +65,7 @@ void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& op
       value = per_param::LocalShardOf(*it->second, t);  // a view: SetOptimStateDict copies it
     }
   }
-  SetOptimStateDict(optimizer, named, local);
+  SetOptimStateDict(optimizer, Named(params), local);
 }
 
 }  // namespace fsdp::optim_state
