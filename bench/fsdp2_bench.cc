@@ -216,7 +216,7 @@ void BM_CopyIn(benchmark::State& state, Side side) {
     fsdp::per_param::AllGatherBufferPool pool;
     for (auto _ : state) {
       fsdp::per_param::AllGatherResult result = fsdp::per_param::ForeachAllGather(params.ptrs, group, &pool);
-      result.work->wait();
+      result.event->Synchronize(fsdp::comm::Timeout(300000));
       benchmark::DoNotOptimize(result.output.data_ptr());
       pool.Give(std::move(result.buffer));  // what FSDP's copy-out does
     }

@@ -29,6 +29,9 @@ std::string ReduceOp::ToString() const {
 void Work::wait() { wait(default_timeout_); }
 
 void Work::wait(Timeout timeout) {
+  // Idempotent: c10d's Gloo work copies its result into the output again on every wait,
+  // which would undo a completion step (AVG's division) that already ran.
+  if (waited_) return;
   if (!WaitFor(timeout)) {
     std::string detail = TimeoutDetail();
     TORCH_CHECK_WITH(DistBackendError, false, description_, " timed out after ",
@@ -39,6 +42,7 @@ void Work::wait(Timeout timeout) {
     completion_step_done_ = true;
     completion_step_();
   }
+  waited_ = true;
 }
 
 void Work::AddCompletionStep(std::function<void()> fn) {

@@ -24,6 +24,8 @@ class Work {
   // Blocks until the collective finished (using the group's timeout, or `timeout`).
   // Throws c10::DistBackendError when the collective failed (the backend's message) or did
   // not finish in time (the message says "timed out", the collective and the wait).
+  // After one successful wait, later waits return at once (streams and events may wait for
+  // one collective more than once).
   void wait();
   void wait(Timeout timeout);
 
@@ -51,6 +53,7 @@ class Work {
   Timeout default_timeout_;
   std::function<void()> completion_step_;
   bool completion_step_done_ = false;
+  bool waited_ = false;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

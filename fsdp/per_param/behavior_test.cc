@@ -5,7 +5,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <cstdio>
 #include <functional>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -349,17 +351,51 @@ TEST(AllGatherExtension, UnevenShardsNeedPaddedInputs) {
 TEST(AllGatherBufferPool, ReusesTheSmallestFittingBufferAndKeepsAtMostTheLimit) {
   AllGatherBufferPool pool(2);
   const auto options = at::TensorOptions().dtype(at::kByte);
-  at::Tensor big = pool.Take(100, options), small = pool.Take(10, options), extra = pool.Take(50, options);
+  at::Tensor big = pool.Take(100, options).bytes, small = pool.Take(10, options).bytes,
+             extra = pool.Take(50, options).bytes;
   const void* big_ptr = big.data_ptr();
   const void* small_ptr = small.data_ptr();
   pool.Give(big);
   pool.Give(small);
   pool.Give(extra);  // over the limit: the smallest (10) is dropped
   EXPECT_EQ(pool.size(), 2u);
-  EXPECT_NE(pool.Take(5, options).data_ptr(), small_ptr);  // the 50-byte one now
-  EXPECT_EQ(pool.Take(80, options).data_ptr(), big_ptr);
-  EXPECT_GE(pool.Take(200, options).numel(), 200);  // nothing fits: new
+  EXPECT_NE(pool.Take(5, options).bytes.data_ptr(), small_ptr);  // the 50-byte one now
+  EXPECT_EQ(pool.Take(80, options).bytes.data_ptr(), big_ptr);
+  EXPECT_GE(pool.Take(200, options).bytes.numel(), 200);  // nothing fits: new
   EXPECT_EQ(pool.size(), 0u);
+}
+
+TEST(AllGatherBufferPool, AReusedBufferCarriesTheEventOfItsLastReader) {
+  AllGatherBufferPool pool(2);
+  const auto options = at::TensorOptions().dtype(at::kByte);
+  auto copied_out = std::make_shared<device::Event>("compute");
+  pool.Give(pool.Take(64, options).bytes, copied_out);
+  AllGatherBufferPool::Buffer reused = pool.Take(32, options);
+  EXPECT_EQ(reused.ready, copied_out);  // the copy-in stream waits for it before writing
+  EXPECT_EQ(pool.Take(32, options).ready, nullptr);  // a new buffer: nothing to wait for
+}
+
+// The streams follow FSDP_CPU_STREAMS (per_param_async_streams_test sets "async:200"):
+// with asynchronous streams the reduce-scatter's copy-in runs off the host thread.
+TEST(CommStreams, FollowFsdpCpuStreamsAndRunSideWorkOffTheHostInAsyncMode) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    Root model;
+    fully_shard(model->first.ptr(), {.mesh = mesh});
+    fully_shard(model.ptr(), {.mesh = mesh});
+    RunStep(model);
+    FSDPCommContext& ctx = GetState(*model)->comm_ctx();
+    ASSERT_NE(ctx.stream_pool(), nullptr);
+    const device::CpuStreamMode mode = device::StreamOptionsFromEnv().cpu_mode;
+    EXPECT_EQ(ctx.stream_pool()->options().cpu_mode, mode);
+    std::thread::id ran_on;
+    ctx.streams().reduce_scatter->Launch([&] { ran_on = std::this_thread::get_id(); });
+    ctx.streams().reduce_scatter->Synchronize();
+    EXPECT_EQ(ran_on != std::this_thread::get_id(), mode == device::CpuStreamMode::kAsync);
+    if (pg->rank() == 0) {
+      std::printf("FSDP CPU streams: %s\n", mode == device::CpuStreamMode::kAsync ? "async" : "inline");
+    }
+  });
 }
 
 TEST(AllGatherBufferPool, StepsReuseThePackedBuffers) {

@@ -18,30 +18,46 @@ at::Tensor AsBytes(const at::Tensor& t) { return t.contiguous().view(-1).view(at
 
 }  // namespace
 
-at::Tensor AllGatherBufferPool::Take(int64_t bytes, const at::TensorOptions& options) {
+AllGatherBufferPool::Buffer AllGatherBufferPool::Take(int64_t bytes, const at::TensorOptions& options) {
   auto best = free_.end();
   for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->numel() >= bytes && it->device() == options.device() &&
-        (best == free_.end() || it->numel() < best->numel())) {
+    if (it->bytes.numel() >= bytes && it->bytes.device() == options.device() &&
+        (best == free_.end() || it->bytes.numel() < best->bytes.numel())) {
       best = it;
     }
   }
-  if (best == free_.end()) return at::empty({bytes}, options.dtype(at::kByte));
-  at::Tensor buffer = std::move(*best);
+  if (best == free_.end()) return {at::empty({bytes}, options.dtype(at::kByte)), nullptr};
+  Buffer buffer = std::move(*best);
   free_.erase(best);
   return buffer;
 }
 
-void AllGatherBufferPool::Give(at::Tensor buffer) {
+void AllGatherBufferPool::Give(at::Tensor buffer, device::EventPtr ready) {
   if (!buffer.defined() || max_buffers_ == 0) return;
-  free_.push_back(std::move(buffer));
+  free_.push_back({std::move(buffer), std::move(ready)});
   if (free_.size() <= max_buffers_) return;
-  free_.erase(std::min_element(free_.begin(), free_.end(),
-                               [](const at::Tensor& a, const at::Tensor& b) { return a.numel() < b.numel(); }));
+  free_.erase(std::min_element(free_.begin(), free_.end(), [](const Buffer& a, const Buffer& b) {
+    return a.bytes.numel() < b.bytes.numel();
+  }));
+}
+
+const CommStreams& ThreadInlineStreams() {
+  thread_local const device::StreamPoolPtr pool = device::StreamPool::Create(c10::Device(c10::kCPU), {});
+  thread_local const device::StreamPtr side = pool->NewStream("inline");
+  thread_local const CommStreams streams{&pool->current(), side.get(), side.get(), side.get(), side.get(),
+                                         &pool->sequencer()};
+  return streams;
 }
 
 AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const comm::ProcessGroupPtr& group,
                                  AllGatherBufferPool* pool) {
+  const CommStreams& s = ThreadInlineStreams();
+  return ForeachAllGather(params, group, *s.all_gather_copy_in, *s.all_gather, *s.sequencer, pool);
+}
+
+AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const comm::ProcessGroupPtr& group,
+                                 device::Stream& copy_in_stream, device::Stream& all_gather_stream,
+                                 device::CollectiveSequencer& sequencer, AllGatherBufferPool* pool) {
   at::NoGradGuard no_grad;
   AllGatherResult result;
   result.world_size = group ? group->size() : 1;  // no group: DDP, nothing to gather
@@ -55,28 +71,47 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   const auto options = params.front()->sharded_param_data().options().dtype(at::kByte);
   const int64_t bytes = result.world_size * total;
   result.pool = pool;
-  result.buffer = pool ? pool->Take(bytes, options) : at::empty({bytes}, options);
+  AllGatherBufferPool::Buffer buffer = pool ? pool->Take(bytes, options)
+                                            : AllGatherBufferPool::Buffer{at::empty({bytes}, options), nullptr};
+  // A reused buffer may still be read by the previous copy-out.
+  if (buffer.ready) copy_in_stream.WaitEvent(buffer.ready);
+  result.buffer = buffer.bytes;
   result.output = result.buffer.narrow(0, 0, bytes);
   at::Tensor slot = result.output.narrow(0, (group ? group->rank() : 0) * total, total);
   // Copy-in (the all-gather input is a view into the output). On the CPU, one memcpy per
   // parameter: ATen's cat_out costs ~1 us of dispatch per input (bench/fsdp2 at 1 MiB).
-  if (slot.is_cpu()) {
-    auto* dst = static_cast<uint8_t*>(slot.data_ptr());
-    for (const at::Tensor& in : inputs) {
-      std::memcpy(dst, in.data_ptr(), static_cast<size_t>(in.numel()));
-      dst += in.numel();
+  copy_in_stream.Launch([slot, inputs = std::move(inputs)]() mutable {
+    if (slot.is_cpu()) {
+      auto* dst = static_cast<uint8_t*>(slot.data_ptr());
+      for (const at::Tensor& in : inputs) {
+        std::memcpy(dst, in.data_ptr(), static_cast<size_t>(in.numel()));
+        dst += in.numel();
+      }
+    } else {
+      at::cat_out(slot, inputs, 0);
     }
+  });
+  if (group) {
+    if (&all_gather_stream != &copy_in_stream) all_gather_stream.WaitStream(copy_in_stream);
+    at::Tensor output = result.output;
+    all_gather_stream.LaunchCollective(sequencer, [group, output, slot] {
+      return group->all_gather_into_tensor(output, slot);
+    });
+    result.event = all_gather_stream.RecordEvent();
   } else {
-    at::cat_out(slot, inputs, 0);
+    result.event = copy_in_stream.RecordEvent();
   }
-  result.work = group ? group->all_gather_into_tensor(result.output, slot)
-                      : comm::MakeCompletedWork("copy (no shard group)");
   return result;
 }
 
 void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params) {
+  ForeachAllGatherCopyOut(result, params, *ThreadInlineStreams().current);
+}
+
+void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params,
+                             device::Stream& current) {
   at::NoGradGuard no_grad;
-  result.work->wait();
+  current.WaitEvent(result.event);
   const int64_t world = result.world_size;
   std::vector<at::Tensor> outs;
   std::vector<std::pair<FSDPParam*, at::Tensor>> chunk_cats;
@@ -115,7 +150,7 @@ void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPPara
     at::cat_out(cat_out, chunks, p->shard_dim());
   }
   result.output = at::Tensor();
-  if (result.pool) result.pool->Give(std::move(result.buffer));
+  if (result.pool) result.pool->Give(std::move(result.buffer), current.RecordEvent());
   result.buffer = at::Tensor();  // freed unless the pool keeps it
 }
 
@@ -141,8 +176,63 @@ GradientDivideFactors GetGradientDivideFactors(int64_t reduce_scatter_size, int6
   return {pre, f / pre, comm::ReduceOp::Sum(), comm::ReduceOp::Sum()};
 }
 
-void ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor> grads,
-                   const ReduceOptions& options, at::Tensor* partial_reduce_output) {
+namespace {
+
+// What the reduce's stream tasks share; the host fills in the plan and the tensors' metadata.
+struct ReduceJob {
+  std::vector<FSDPParam*> params;
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> padded_rows, padded_numels;
+  int64_t world = 1;
+  c10::ScalarType reduce_dtype = at::kFloat;
+  std::optional<GradientDivideFactors> factors;  // set before any task runs
+  at::Tensor input;   // [world, out_numel], reduce dtype
+  at::Tensor output;  // [out_numel], reduce dtype
+  at::Tensor result;  // [out_numel], orig dtype: what the gradients alias
+  // Per parameter: the gradient tensor the reduced shard becomes, and the existing
+  // gradient to add it into (undefined when adopted as the gradient itself).
+  std::vector<at::Tensor> new_grads, accumulate_into;
+  std::vector<std::pair<at::Tensor, at::Tensor>> offloads;  // (device shard, its CPU copy)
+};
+
+// Row r of the [world, n] input holds every gradient's r-th dim-0 chunk, padded.
+void ReduceScatterCopyIn(ReduceJob& job) {
+  const int64_t world = job.world;
+  int64_t offset = 0;
+  for (size_t i = 0; i < job.grads.size(); ++i) {
+    const int64_t n = job.padded_numels[i] / world;
+    if (n == 0) continue;
+    at::Tensor g = job.grads[i];
+    if (job.params[i]->shard_dim() != 0) {  // even by construction: move the sharded dim to 0
+      g = at::cat(g.chunk(world, job.params[i]->shard_dim()), 0);
+    }
+    g = g.to(job.reduce_dtype);
+    if (job.padded_rows[i] > g.size(0)) {
+      std::vector<int64_t> pad = g.sizes().vec();
+      pad[0] = job.padded_rows[i] - g.size(0);
+      g = at::cat({g, at::zeros(pad, g.options())}, 0);
+    }
+    job.input.narrow(1, offset, n).copy_(g.reshape({world, n}));
+    offset += n;
+  }
+  job.grads.clear();  // the copy holds the data now
+  if (job.factors->pre) job.input.div_(*job.factors->pre);
+}
+
+void PostReduce(ReduceJob& job) {
+  if (job.factors->post) job.output.div_(*job.factors->post);
+  if (!job.result.is_same(job.output)) job.result.copy_(job.output);
+  for (auto& [device_grad, cpu_grad] : job.offloads) cpu_grad.copy_(device_grad);
+  for (size_t i = 0; i < job.params.size(); ++i) {
+    if (job.accumulate_into[i].defined()) job.accumulate_into[i].add_(job.new_grads[i]);
+  }
+}
+
+}  // namespace
+
+ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor> grads,
+                           const ReduceOptions& options, at::Tensor* partial_reduce_output,
+                           const CommStreams& streams) {
   at::NoGradGuard no_grad;
   std::set<c10::ScalarType> dtypes;
   for (const auto& g : grads) dtypes.insert(g.scalar_type());
@@ -152,78 +242,87 @@ void ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor
     TORCH_CHECK(false, "FSDP reduce-scatter expects uniform gradient dtype but got {",
                 absl::StrJoin(names, ", "), "}");
   }
-  const c10::ScalarType reduce_dtype = options.reduce_dtype.value_or(*dtypes.begin());
-  const int64_t world = options.reduce_scatter_group ? options.reduce_scatter_group->size() : 1;
+  auto job = std::make_shared<ReduceJob>();
+  job->params = params;
+  job->reduce_dtype = options.reduce_dtype.value_or(*dtypes.begin());
+  job->world = options.reduce_scatter_group ? options.reduce_scatter_group->size() : 1;
+  const int64_t world = job->world;
   const int64_t replicas = options.all_reduce_group ? options.all_reduce_group->size() : 1;
-  const GradientDivideFactors f =
-      GetGradientDivideFactors(world, replicas, reduce_dtype, options.gradient_divide_factor);
+  job->factors = GetGradientDivideFactors(world, replicas, job->reduce_dtype, options.gradient_divide_factor);
 
-  // Copy-in: row r of the [world, n] input holds every gradient's r-th dim-0 chunk, padded.
-  std::vector<int64_t> padded_rows, padded_numels;
+  // The plan from shapes alone (the data may still be in flight on the compute stream).
   int64_t total = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
-    if (params[i]->shard_dim() != 0) {  // even by construction: move the sharded dim to 0
-      grads[i] = at::cat(grads[i].chunk(world, params[i]->shard_dim()), 0);
-    }
-    const int64_t rows = grads[i].size(0);
-    padded_rows.push_back((rows + world - 1) / world * world);
-    padded_numels.push_back(rows == 0 ? 0 : grads[i].numel() / rows * padded_rows.back());
-    total += padded_numels.back();
+    const at::Tensor& g = grads[i];
+    // A dim > 0 shard moves to dim 0: world chunks stacked along the rows.
+    const int64_t rows = params[i]->shard_dim() != 0 ? g.size(0) * world : g.size(0);
+    job->padded_rows.push_back((rows + world - 1) / world * world);
+    job->padded_numels.push_back(rows == 0 ? 0 : g.numel() / rows * job->padded_rows.back());
+    total += job->padded_numels.back();
   }
   const int64_t out_numel = total / world;
-  at::Tensor input = at::empty({world, out_numel}, grads.front().options().dtype(reduce_dtype));
-  int64_t offset = 0;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const int64_t n = padded_numels[i] / world;
-    if (n == 0) continue;
-    at::Tensor g = grads[i].to(reduce_dtype);
-    if (padded_rows[i] > g.size(0)) {
-      std::vector<int64_t> pad = g.sizes().vec();
-      pad[0] = padded_rows[i] - g.size(0);
-      g = at::cat({g, at::zeros(pad, g.options())}, 0);
-    }
-    input.narrow(1, offset, n).copy_(g.reshape({world, n}));
-    offset += n;
-  }
-  grads.clear();  // the copies hold the data now
-  if (f.pre) input.div_(*f.pre);
-  at::Tensor output;
+  const at::TensorOptions reduce_options = grads.front().options().dtype(job->reduce_dtype);
+  job->grads = std::move(grads);
+  job->input = at::empty({world, out_numel}, reduce_options);
+  job->output = options.reduce_scatter_group ? at::empty({out_numel}, reduce_options) : job->input.view(-1);
+
+  device::Stream& rs = *streams.reduce_scatter;
+  rs.WaitStream(*streams.current);  // the gradients come from the compute stream
+  rs.Launch([job] { ReduceScatterCopyIn(*job); });
   if (options.reduce_scatter_group) {
-    output = at::empty({out_numel}, input.options());
-    options.reduce_scatter_group->reduce_scatter_tensor(output, input.view(-1), f.reduce_scatter_op)->wait();
-  } else {
-    output = input.view(-1);
+    rs.LaunchCollective(*streams.sequencer, [job, group = options.reduce_scatter_group] {
+      return group->reduce_scatter_tensor(job->output, job->input.view(-1), job->factors->reduce_scatter_op);
+    });
   }
+  ReduceEvents events;
+  events.reduce_scatter = rs.RecordEvent();
+  device::Stream* post = &rs;
   if (options.all_reduce_group) {
+    device::Stream& ar = *streams.all_reduce;
+    ar.WaitEvent(events.reduce_scatter);
+    post = &ar;
     if (!options.all_reduce_grads) {  // HSDP accumulation: keep the partial sum only
       if (partial_reduce_output->defined()) {
-        partial_reduce_output->add_(output);
+        ar.Launch([job, partial = *partial_reduce_output]() mutable { partial.add_(job->output); });
       } else {
-        *partial_reduce_output = output;
+        *partial_reduce_output = job->output;
       }
-      return;
+      events.post_reduce = ar.RecordEvent();
+      return events;
     }
     if (partial_reduce_output->defined()) {
-      output.add_(*partial_reduce_output);
+      ar.Launch([job, partial = *partial_reduce_output] { job->output.add_(partial); });
       *partial_reduce_output = at::Tensor();
     }
-    options.all_reduce_group->all_reduce(output, f.all_reduce_op)->wait();
+    ar.LaunchCollective(*streams.sequencer, [job, group = options.all_reduce_group, op = job->factors->all_reduce_op] {
+      return group->all_reduce(job->output, op);
+    });
   }
-  if (f.post) output.div_(*f.post);
-  if (output.scalar_type() != options.orig_dtype) output = output.to(options.orig_dtype);
-  // View out: each parameter's sharded gradient is a view into the reduced buffer.
-  offset = 0;
+  // View out, on the host: each parameter's sharded gradient aliases the reduced buffer
+  // now; the post-reduce task fills it.
+  job->result = job->output.scalar_type() == options.orig_dtype
+                    ? job->output
+                    : at::empty({out_numel}, job->output.options().dtype(options.orig_dtype));
+  int64_t offset = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     FSDPParam* p = params[i];
     // Aliases the reduced buffer without being an autograd view: optimizers detach_()
     // gradients in zero_grad, which views refuse.
-    at::Tensor grad = at::empty({0}, output.options());
-    grad.set_(output.storage(), output.storage_offset() + offset, p->sharded_size(),
+    at::Tensor grad = at::empty({0}, job->result.options());
+    grad.set_(job->result.storage(), job->result.storage_offset() + offset, p->sharded_size(),
               dtensor::ContiguousStride(p->sharded_size()));
-    if (p->offload_to_cpu()) grad = grad.cpu();
-    p->AccumulateShardedGrad(grad);
-    offset += padded_numels[i] / world;
+    if (p->offload_to_cpu() && !grad.is_cpu()) {
+      at::Tensor cpu_grad = at::empty(p->sharded_size(), grad.options().device(at::kCPU));
+      job->offloads.emplace_back(grad, cpu_grad);
+      grad = cpu_grad;
+    }
+    job->new_grads.push_back(grad);
+    job->accumulate_into.push_back(p->AdoptShardedGrad(grad));
+    offset += job->padded_numels[i] / world;
   }
+  post->Launch([job] { PostReduce(*job); });
+  events.post_reduce = post->RecordEvent();
+  return events;
 }
 
 }  // namespace fsdp::per_param

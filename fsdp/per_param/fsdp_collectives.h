@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "device/stream.h"
 #include "fsdp/per_param/fsdp_param.h"
 
 namespace fsdp::per_param {
@@ -18,40 +19,72 @@ namespace fsdp::per_param {
 // 4 KiB: without reuse, copy-in ran at 0.1-0.2 of memcpy bandwidth (bench/fsdp2). Keeps at
 // most `max_buffers` (an unshard and a prefetched one), so between steps up to that many
 // buffers of the largest group's packed size stay allocated, as a GPU caching allocator
-// would keep them. Not thread-safe: one per rank (FSDPCommContext).
+// would keep them. Each kept buffer carries the event after which its last reader (the
+// copy-out) finished: a stream reusing it waits for that event first, which is what
+// record_stream does for the caching allocator. Not thread-safe: one per rank
+// (FSDPCommContext), used from the host thread.
 class AllGatherBufferPool {
  public:
   explicit AllGatherBufferPool(size_t max_buffers = 2) : max_buffers_(max_buffers) {}
+  struct Buffer {
+    at::Tensor bytes;
+    device::EventPtr ready;  // null: usable at once
+  };
   // A buffer of at least `bytes` uint8 elements on `device`: the smallest kept one that
   // fits, else a new one.
-  at::Tensor Take(int64_t bytes, const at::TensorOptions& options);
-  // Returns a buffer from Take; the smallest kept buffer is dropped when over the limit.
-  void Give(at::Tensor buffer);
+  Buffer Take(int64_t bytes, const at::TensorOptions& options);
+  // Returns a buffer from Take, free for reuse once `ready` completed; the smallest kept
+  // buffer is dropped when over the limit.
+  void Give(at::Tensor buffer, device::EventPtr ready = nullptr);
   size_t size() const { return free_.size(); }
 
  private:
   size_t max_buffers_;
-  std::vector<at::Tensor> free_;
+  std::vector<Buffer> free_;
 };
+
+// The streams of one rank's collectives (FSDPCommContext's; the seed's names).
+struct CommStreams {
+  device::Stream* current = nullptr;  // compute
+  device::Stream* all_gather_copy_in = nullptr;
+  device::Stream* all_gather = nullptr;
+  device::Stream* reduce_scatter = nullptr;
+  device::Stream* all_reduce = nullptr;
+  device::CollectiveSequencer* sequencer = nullptr;
+};
+
+// Inline streams of the calling thread, for callers outside a root's context (benchmarks,
+// tests of the collectives alone): everything runs on the host, collectives stay pending
+// until the copy-out.
+const CommStreams& ThreadInlineStreams();
 
 // An issued all-gather: every parameter's input packed (as bytes, so parameters of
 // different dtypes share one collective) into this rank's slot of `output`.
 struct AllGatherResult {
   at::Tensor output;  // uint8 [world * sum(input bytes)]
-  comm::WorkPtr work;
+  device::EventPtr event;  // the all-gather finished
   std::vector<int64_t> input_bytes;  // per parameter
   int64_t world_size = 1;
   at::Tensor buffer;                    // what `output` is a prefix of
   AllGatherBufferPool* pool = nullptr;  // where copy-out returns `buffer`, if any
 };
 
-// Copy-in + all_gather_into_tensor (asynchronous: wait via the result's work). With a
-// pool, the packed buffer comes from it (and copy-out gives it back).
+// Copy-in on `copy_in_stream`, then all_gather_into_tensor on `all_gather_stream` after it
+// (the seed's foreach_all_gather); returns at once with the event to wait for. The
+// all-gather inputs (mixed-precision casts) are taken on the host. With a pool, the packed
+// buffer comes from it (and copy-out gives it back).
+AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const comm::ProcessGroupPtr& group,
+                                 device::Stream& copy_in_stream, device::Stream& all_gather_stream,
+                                 device::CollectiveSequencer& sequencer, AllGatherBufferPool* pool = nullptr);
+// On ThreadInlineStreams().
 AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const comm::ProcessGroupPtr& group,
                                  AllGatherBufferPool* pool = nullptr);
 
-// Waits for the all-gather, then copies each parameter's rows out into its (re-allocated)
-// all-gather output; a parameter sharded on dim > 0 is chunk-concatenated back.
+// Makes `current` wait for the all-gather, then copies each parameter's rows out into its
+// (re-allocated) all-gather output on `current`; a parameter sharded on dim > 0 is
+// chunk-concatenated back.
+void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params,
+                             device::Stream& current);
 void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params);
 
 // How gradients are divided by the data-parallel size (_get_gradient_divide_factors):
@@ -77,12 +110,22 @@ struct ReduceOptions {
   bool all_reduce_grads = true;
 };
 
+struct ReduceEvents {
+  device::EventPtr reduce_scatter;  // the reduce-scatter finished (its input is free)
+  device::EventPtr post_reduce;     // the sharded gradients hold their data
+};
+
 // Reduce-scatters (then for HSDP all-reduces) `unsharded_grads` and accumulates each
-// parameter's sharded gradient. With all_reduce_grads false (HSDP accumulation), the
-// reduce-scattered output is summed into *partial_reduce_output instead and no gradient is
-// assigned; the next reducing call adds it back.
-void ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor> unsharded_grads,
-                   const ReduceOptions& options, at::Tensor* partial_reduce_output);
+// parameter's sharded gradient: copy-in and reduce-scatter on the reduce-scatter stream
+// after `current`, the all-reduce on the all-reduce stream, the division and accumulation
+// on the last of them (the seed's foreach_reduce). Returns at once: gradient tensors are
+// assigned on the host now, their data is there once `post_reduce` completed. With
+// all_reduce_grads false (HSDP accumulation), the reduce-scattered output is summed into
+// *partial_reduce_output instead and no gradient is assigned; the next reducing call adds
+// it back.
+ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor> unsharded_grads,
+                           const ReduceOptions& options, at::Tensor* partial_reduce_output,
+                           const CommStreams& streams);
 
 }  // namespace fsdp::per_param
 

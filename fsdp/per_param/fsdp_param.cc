@@ -347,16 +347,13 @@ void FSDPParam::AccumulateUnshardedGradIfNeeded() {
   grad = at::Tensor();
 }
 
-void FSDPParam::AccumulateShardedGrad(const at::Tensor& sharded_grad) {
+at::Tensor FSDPParam::AdoptShardedGrad(const at::Tensor& sharded_grad) {
   TORCH_CHECK(sharded_grad.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_,
               "): expects size ", Shape(layout_.sharded_size), " but got ", Shape(sharded_grad.sizes()));
   at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? stashed_sharded_grad_ : param_.mutable_grad();
-  at::NoGradGuard no_grad;
-  if (grad.defined()) {
-    grad.add_(sharded_grad);
-  } else {
-    grad = sharded_grad;
-  }
+  if (grad.defined()) return grad;
+  grad = sharded_grad;
+  return at::Tensor();
 }
 
 at::Tensor FSDPParam::sharded_grad() const {

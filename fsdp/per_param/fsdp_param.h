@@ -83,8 +83,11 @@ class FSDPParam {
   at::Tensor TakeUnshardedGrad();
   void ToAccumulatedGradIfNeeded();
   void AccumulateUnshardedGradIfNeeded();
-  // Accumulates (or sets) the reduced sharded gradient of sharded_size().
-  void AccumulateShardedGrad(const at::Tensor& sharded_grad);
+  // The host's part of accumulating a reduced sharded gradient of sharded_size() whose
+  // data may still be in flight on a stream: with no gradient yet, `sharded_grad` becomes
+  // it and the result is undefined; otherwise returns the existing gradient, into which
+  // the caller adds `sharded_grad` once its data is ready.
+  at::Tensor AdoptShardedGrad(const at::Tensor& sharded_grad);
   // The current sharded gradient (undefined if none).
   at::Tensor sharded_grad() const;
 

@@ -67,6 +67,22 @@ void FSDPCommContext::CheckNotPoisoned(const char* caller) const {
               "state dict into a newly built model (on new process groups) to continue.");
 }
 
+const CommStreams& FSDPCommContext::Streams(c10::Device device) {
+  if (stream_pool_) return streams_;
+  stream_pool_ = device::StreamPool::Create(device, device::StreamOptionsFromEnv());
+  for (const char* name : {"all_gather_copy_in", "all_gather", "reduce_scatter", "all_reduce"}) {
+    owned_streams_.push_back(stream_pool_->NewStream(name));
+  }
+  streams_ = {&stream_pool_->current(), owned_streams_[0].get(), owned_streams_[1].get(),
+              owned_streams_[2].get(),  owned_streams_[3].get(), &stream_pool_->sequencer()};
+  return streams_;
+}
+
+const CommStreams& FSDPParamGroup::streams() {
+  if (!comm_ctx_) return ThreadInlineStreams();  // no root context yet
+  return comm_ctx_->Streams(fsdp_params_.front()->sharded_param_data().device());
+}
+
 void FSDPParamGroup::LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx) {
   comm_ctx_ = std::move(comm_ctx);
   if (is_sharded() && !reset_sharded_params_) {
@@ -89,15 +105,21 @@ void FSDPParamGroup::Unshard(bool async_op) {
   if (all_gather_result_.has_value()) return;  // already issued, pending wait
   if (is_unsharded()) return;
   if (!unshard_in_backward && training_state_ == TrainingState::kPreBackward) return;
+  const CommStreams& s = streams();
+  // The seed's get_all_gather_streams: implicit prefetching (forward, pre-backward) uses
+  // the all-gather streams; an explicit async_op unshard stays on the compute stream.
+  const bool side_streams =
+      !async_op && (training_state_ == TrainingState::kForward || training_state_ == TrainingState::kPreBackward);
   // DDP has no shard group: the "sharded" data is the full parameter, copied locally.
   all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr,
+                                        side_streams ? *s.all_gather_copy_in : *s.current,
+                                        side_streams ? *s.all_gather : *s.current, *s.sequencer,
                                         comm_ctx_ ? &comm_ctx_->all_gather_buffers : nullptr);
-  if (!async_op) all_gather_result_->work->wait();
 }
 
 void FSDPParamGroup::WaitForUnshard() {
   if (!all_gather_result_.has_value()) return;  // no preceding unshard
-  ForeachAllGatherCopyOut(*all_gather_result_, fsdp_param_ptrs());
+  ForeachAllGatherCopyOut(*all_gather_result_, fsdp_param_ptrs(), *streams().current);
   for (const auto& p : fsdp_params_) p->InitUnshardedParam();
   ToUnsharded();
   all_gather_result_.reset();
@@ -155,6 +177,12 @@ void FSDPParamGroup::PostBackward() {
   }
   if (reshard_after_backward) Reshard();
   if (with_grad.empty()) return;
+  const CommStreams& s = streams();
+  if (comm_ctx_ && comm_ctx_->reduce_scatter_event) {
+    s.current->WaitEvent(comm_ctx_->reduce_scatter_event);
+    comm_ctx_->reduce_scatter_event = nullptr;
+  }
+  WaitForPostBackward();  // an earlier backward's reduction of these gradients
   ReduceOptions options;
   if (mesh_info_.shards()) options.reduce_scatter_group = mesh_info_.shard_group();
   if (mesh_info_.replicates()) options.all_reduce_group = mesh_info_.replicate_group();
@@ -162,12 +190,31 @@ void FSDPParamGroup::PostBackward() {
   options.reduce_dtype = reduce_dtype_;
   options.gradient_divide_factor = gradient_divide_factor;
   options.all_reduce_grads = all_reduce_grads;
-  ForeachReduce(with_grad, std::move(grads), options, &partial_reduce_output_);
+  ReduceEvents events = ForeachReduce(with_grad, std::move(grads), options, &partial_reduce_output_, s);
+  if (comm_ctx_) comm_ctx_->reduce_scatter_event = std::move(events.reduce_scatter);
+  post_reduce_event_ = std::move(events.post_reduce);
+}
+
+void FSDPParamGroup::WaitForPostBackward() {
+  if (!post_reduce_event_) return;
+  device::EventPtr event = std::move(post_reduce_event_);
+  post_reduce_event_ = nullptr;
+  streams().current->WaitEvent(event);
+  // Offloaded gradients are read by the host (CPU optimizer): a device-side wait is not
+  // enough (the seed's grad_offload_event.synchronize()).
+  for (const auto& p : fsdp_params_) {
+    if (p->offload_to_cpu()) {
+      event->Synchronize(comm_ctx_ ? comm_ctx_->stream_pool()->options().timeout : device::Timeout(300000));
+      break;
+    }
+  }
 }
 
 void FSDPParamGroup::FinalizeBackward() {
+  WaitForPostBackward();
   if (all_gather_result_.has_value()) {  // a mistargeted prefetch: wait and drop it
-    all_gather_result_->work->wait();
+    streams().current->WaitEvent(all_gather_result_->event);
+    if (all_gather_result_->pool) all_gather_result_->pool->Give(std::move(all_gather_result_->buffer));
     all_gather_result_.reset();
   }
   post_forward_indices_.clear();
@@ -187,7 +234,7 @@ void FSDPParamGroup::PrefetchUnshard(FSDPParamGroup* target, TrainingState state
   const TrainingState old = target->training_state_;
   target->training_state_ = state;
   try {
-    target->Unshard(/*async_op=*/true);
+    target->Unshard(target->unshard_async_op);
   } catch (...) {
     target->training_state_ = old;
     throw;

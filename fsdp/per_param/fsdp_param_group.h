@@ -23,6 +23,9 @@ class FSDPParamGroup;
 struct FSDPCommContext {
   std::vector<FSDPParamGroup*> post_forward_order;
   AllGatherBufferPool all_gather_buffers;
+  // The last reduce-scatter in flight (the seed's reduce_scatter_state): the next one
+  // waits for it, so at most one reduce-scatter input is alive.
+  device::EventPtr reduce_scatter_event;
   // Set by the first error inside an FSDP hook (a failed collective, ...): parameters may
   // be unsharded and gradients partially reduced, so every later FSDP call fails with it.
   std::string poisoned_by;
@@ -32,6 +35,18 @@ struct FSDPCommContext {
   // Runs `fn`; an exception poisons the context (first error wins) and propagates.
   template <class Fn>
   auto Guard(const char* where, Fn&& fn) -> decltype(fn());
+
+  // The seed's streams for `device`, created on first use with device::StreamOptionsFromEnv()
+  // (FSDP_CPU_STREAMS selects inline or asynchronous CPU streams).
+  const CommStreams& Streams(c10::Device device);
+  // Null before the first Streams call; then streams() holds the streams.
+  device::StreamPool* stream_pool() const { return stream_pool_.get(); }
+  const CommStreams& streams() const { return streams_; }
+
+ private:
+  device::StreamPoolPtr stream_pool_;
+  std::vector<device::StreamPtr> owned_streams_;
+  CommStreams streams_;
 };
 
 class FSDPParamGroup {
@@ -93,6 +108,10 @@ class FSDPParamGroup {
   void ToUnsharded();
   void BackwardPrefetch();
   void InitMixedPrecisionDtypes();
+  // The compute stream waits for this group's last gradient reduction (the seed's
+  // _wait_for_post_backward).
+  void WaitForPostBackward();
+  const CommStreams& streams();
   bool reshard_after_forward() const { return post_forward_mesh_info_.has_value(); }
   bool use_post_forward_mesh() const;
   const comm::ProcessGroupPtr& all_gather_group() const;
@@ -111,6 +130,7 @@ class FSDPParamGroup {
   std::vector<int> post_forward_indices_;
   std::optional<AllGatherResult> all_gather_result_;
   at::Tensor partial_reduce_output_;
+  device::EventPtr post_reduce_event_;
 };
 
 template <class Fn>

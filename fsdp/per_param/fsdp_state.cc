@@ -78,6 +78,12 @@ void FSDPState::RootPreForward() {
   LazyInit();
   if (state_ctx_->iter_forward_root != nullptr) return;
   state_ctx_->iter_forward_root = this;
+  // The copy-ins read what the optimizer step wrote on the compute stream.
+  if (device::StreamPool* pool = comm_ctx_->stream_pool()) {
+    const CommStreams& s = comm_ctx_->streams();
+    s.all_gather_copy_in->WaitStream(pool->current());
+    s.all_gather->WaitStream(pool->current());
+  }
 }
 
 std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
@@ -153,7 +159,13 @@ void FSDPState::RootPostBackwardFinalCallback() {
     if (group) group->set_training_state(TrainingState::kIdle);
     if (ctx.is_last_backward && group) group->FinalizeBackward();
   }
-  if (ctx.is_last_backward) comm_ctx_->post_forward_order.clear();
+  if (ctx.is_last_backward) {
+    comm_ctx_->post_forward_order.clear();
+    if (device::EventPtr event = std::move(comm_ctx_->reduce_scatter_event)) {
+      comm_ctx_->reduce_scatter_event = nullptr;
+      comm_ctx_->stream_pool()->current().WaitEvent(event);
+    }
+  }
 }
 
 }  // namespace fsdp::per_param

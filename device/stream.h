@@ -1,0 +1,181 @@
+// Device-generic streams and events: the execution model FSDP's overlap is written in
+// (PyTorch's torch.cuda.Stream / Event as used by _fsdp_param_group.py and FSDP1's
+// _runtime_utils.py), with three implementations:
+// - inline (CPU default): work runs on the calling thread; a collective is issued at once
+//   and stays pending on the stream, so its all-gather overlaps the host's compute exactly
+//   as a backend's asynchronous Work does.
+// - async (CPU, FSDP_CPU_STREAMS=async): each stream is a worker thread executing its queue
+//   in order, so copy-ins, collectives and gradient reductions really run concurrently with
+//   the host's compute. A missing wait then reads stale data (an optional per-task delay
+//   makes that deterministic): ordering bugs show up in CPU tests.
+// - CUDA (--config=cuda): c10::cuda streams and cudaEvent_t.
+//
+// The host thread's own "compute stream" is StreamPool::current(). As on CUDA, work
+// launched on a stream is ordered only after earlier work on that stream and after events
+// the stream was told to wait for.
+#ifndef FSDP_DEVICE_STREAM_H_
+#define FSDP_DEVICE_STREAM_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/work.h"
+
+namespace fsdp::device {
+
+using Timeout = comm::Timeout;
+
+// Completion of the work a stream had enqueued when the event was recorded. Thread-safe.
+class Event {
+ public:
+  // An event that is already complete (a recording on the host's inline stream).
+  static std::shared_ptr<Event> Completed();
+
+  // True once the recorded work finished (successfully or not). Never blocks.
+  bool Query();
+  // Blocks the calling thread until the recorded work finished, up to `timeout` (the
+  // collectives it covers: up to their group's own timeout). Throws the first error of that
+  // work (c10::Error), or a c10::Error saying it timed out and naming the stream.
+  void Synchronize(Timeout timeout);
+  // Synchronize without the device-side part (native_synchronize).
+  void SynchronizePendingWork(Timeout timeout);
+
+  // Implementation side (streams): marks the flag part complete, with an optional error.
+  void Complete(std::exception_ptr error = nullptr);
+  // Collectives issued before the recording that the event also covers.
+  void AddPendingWork(comm::WorkPtr work);
+  explicit Event(std::string stream_name, bool completed = false);
+
+  // Device-side part (the CUDA implementation's cudaEvent_t), which a device stream waits
+  // for without blocking the host, and how the host waits for it (Synchronize calls it).
+  std::shared_ptr<void> native;
+  std::function<void(Timeout)> native_synchronize;
+
+ private:
+  std::string stream_name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::vector<comm::WorkPtr> pending_;
+};
+using EventPtr = std::shared_ptr<Event>;
+
+// Hands out the order in which collectives are issued to their process groups. Backends
+// match collectives by per-rank issue order, which must be program order on every rank;
+// with async streams two workers could otherwise swap a reduce-scatter and a prefetching
+// all-gather. A ticket is taken on the host when the collective is launched; the launching
+// stream issues it only when every earlier ticket was issued or skipped. After a failed
+// issue, every later collective is skipped with that error (like a sticky CUDA error), so
+// a failure cannot make ranks pair different collectives. Thread-safe.
+class CollectiveSequencer {
+ public:
+  uint64_t TakeTicket();
+  // Waits up to `timeout` for `ticket`'s turn, then issues via `issue` (or throws the
+  // recorded earlier error), and passes the turn on in every case.
+  comm::WorkPtr IssueInTurn(uint64_t ticket, const std::function<comm::WorkPtr()>& issue, Timeout timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_ticket_ = 0;
+  uint64_t turn_ = 0;
+  std::exception_ptr error_;
+};
+
+// An in-order queue of work. Not thread-safe: the rank's host thread launches on it.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  const std::string& name() const { return name_; }
+
+  // Runs `fn` after everything enqueued on this stream before. An exception from `fn`
+  // fails the stream: later work on it is skipped and its later events carry the error.
+  virtual void Launch(std::function<void()> fn) = 0;
+  // Issues a collective (the c10d call, returning its Work) in program order among the
+  // collectives of `sequencer`, after everything enqueued on this stream before; the
+  // stream's later work runs after the collective finished.
+  virtual void LaunchCollective(CollectiveSequencer& sequencer, std::function<comm::WorkPtr()> issue) = 0;
+  // An event that completes when everything enqueued so far finished.
+  virtual EventPtr RecordEvent() = 0;
+  // Later work on this stream runs only after `event` completed (on the host's inline
+  // stream: blocks now, and throws the event's error).
+  virtual void WaitEvent(const EventPtr& event) = 0;
+  void WaitStream(Stream& other) { WaitEvent(other.RecordEvent()); }
+  // Blocks the host until everything enqueued finished; throws the stream's first error.
+  virtual void Synchronize() = 0;
+  // record_stream's role: keeps `tensor`'s storage alive until the work enqueued so far
+  // finished, so the host may drop its reference at once.
+  void KeepAlive(at::Tensor tensor);
+
+ protected:
+  Stream(std::string name, Timeout timeout) : name_(std::move(name)), timeout_(timeout) {}
+  Timeout timeout() const { return timeout_; }
+
+ private:
+  std::string name_;
+  Timeout timeout_;
+};
+using StreamPtr = std::shared_ptr<Stream>;
+
+enum class CpuStreamMode {
+  kInline,  // work on the calling thread; collectives pending on the stream
+  kAsync,   // one worker thread per stream
+};
+
+struct StreamOptions {
+  CpuStreamMode cpu_mode = CpuStreamMode::kInline;
+  // Async mode: each worker sleeps this long before each task, so that work launched
+  // without the right wait is observably late (for tests; 0 in production).
+  std::chrono::microseconds cpu_task_delay{0};
+  // Deadline of every wait on an event (collectives carry their group's own timeout).
+  Timeout timeout = Timeout(300000);
+};
+
+// Reads FSDP_CPU_STREAMS: unset or "inline" -> kInline; "async" -> kAsync;
+// "async:<microseconds>" -> kAsync with that task delay. Anything else is a c10::Error
+// naming the variable and its value.
+StreamOptions StreamOptionsFromEnv();
+
+// The streams of one rank on one device, and the sequencer their collectives share.
+class StreamPool {
+ public:
+  virtual ~StreamPool() = default;
+  // CPU: per options.cpu_mode. CUDA: needs a --config=cuda build (else a c10::Error).
+  static std::shared_ptr<StreamPool> Create(c10::Device device, StreamOptions options);
+
+  // The host's compute stream (CPU: inline on the host thread; CUDA: LibTorch's current
+  // stream on the device).
+  virtual Stream& current() = 0;
+  // A new stream named `name` (used in error messages).
+  virtual StreamPtr NewStream(const std::string& name) = 0;
+
+  CollectiveSequencer& sequencer() { return sequencer_; }
+  const StreamOptions& options() const { return options_; }
+
+ protected:
+  explicit StreamPool(StreamOptions options) : options_(options) {}
+
+ private:
+  StreamOptions options_;
+  CollectiveSequencer sequencer_;
+};
+using StreamPoolPtr = std::shared_ptr<StreamPool>;
+
+// CPU stream factories (StreamPool::Create uses them; exposed for tests).
+StreamPtr NewInlineStream(const std::string& name, Timeout timeout);
+StreamPtr NewAsyncCpuStream(const std::string& name, Timeout timeout, std::chrono::microseconds task_delay);
+
+}  // namespace fsdp::device
+
+#endif  // FSDP_DEVICE_STREAM_H_
