@@ -1,6 +1,6 @@
 // FaultyProcessGroup: each injected fault surfaces as an error on every rank within the
 // collective timeout (or as detectably wrong data for kCorrupt), and a rank process that
-// dies mid-step makes the others fail with a clear error instead of hanging.
+// dies mid-step makes the others fail within the timeout with an error naming its rank.
 #include "comm/faulty_process_group.h"
 
 #include <ATen/ATen.h>
@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -103,28 +106,49 @@ TEST(FaultyProcessGroup, CountsPerOpAndOverAllOps) {
   EXPECT_ERROR_CONTAINS(FaultyProcessGroup(nullptr, {}), "FaultyProcessGroup: inner group is null");
 }
 
-TEST(RankDeath, PeersOfAKilledRankProcessFailWithinTheTimeout) {
+// Kills rank `victim` of 3 Gloo processes after one all_reduce; the others' next all_reduce
+// must fail within the collective timeout with an error naming the victim's rank.
+void ExpectPeersOfAKilledRankNameIt(int victim) {
   fsdp::testing::RunOptions options;
   options.collective_timeout = std::chrono::milliseconds(3000);
   options.deadline = std::chrono::milliseconds(60000);
-  const auto outcomes = fsdp::testing::RunOnRanksCollect(Backend::kGlooProcesses, 3, [](const ProcessGroupPtr& pg) {
+  const auto outcomes = fsdp::testing::RunOnRanksCollect(Backend::kGlooProcesses, 3, [victim](const ProcessGroupPtr& pg) {
     at::Tensor t = at::ones({1024});
-    pg->all_reduce(t)->wait();    // everyone alive
-    if (pg->rank() == 2) _exit(3);  // dies mid-step, no goodbye
+    pg->all_reduce(t)->wait();            // everyone alive
+    if (pg->rank() == victim) _exit(3);  // dies mid-step, no goodbye
     const auto start = Clock::now();
-    pg->all_reduce(t)->wait();
-    ADD_FAILURE() << "all_reduce succeeded without rank 2 after "
-                  << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count() << " ms";
+    try {
+      pg->all_reduce(t)->wait();
+    } catch (const c10::Error& e) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      // Stay alive while the other survivor probes: only the victim may be named.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      // The parent reads the time from the message (a child's EXPECT would be lost).
+      TORCH_CHECK(false, "failed after ", ms, " ms: ", e.what_without_backtrace());
+    }
+    TORCH_CHECK(false, "all_reduce succeeded without rank ", victim);
   }, options);
   ASSERT_EQ(outcomes.size(), 3u);
-  for (int r : {0, 1}) {
-    EXPECT_FALSE(outcomes[r].ok);
-    EXPECT_TRUE(absl::StrContains(outcomes[r].message, "all_reduce(SUM) Float[1024] on gloo rank")) << outcomes[r].message;
+  for (int r = 0; r < 3; ++r) {
+    const std::string& message = outcomes[r].message;
+    EXPECT_FALSE(outcomes[r].ok) << "rank " << r;
+    if (r == victim) continue;  // exited with 3 mid-test
+    EXPECT_TRUE(absl::StrContains(message, "all_reduce(SUM) Float[1024] on gloo rank")) << message;
+    // Gloo names the lost peer by address; the liveness probe adds its rank.
+    EXPECT_TRUE(absl::StrContains(message, absl::StrCat("lost rank(s) [", victim, "] of this group: their processes are gone")))
+        << message;
+    int64_t ms = -1;
+    const size_t at = message.find("failed after ");
+    ASSERT_NE(at, std::string::npos) << message;
+    ASSERT_TRUE(absl::SimpleAtoi(message.substr(at + 13, message.find(' ', at + 13) - at - 13), &ms)) << message;
+    EXPECT_LT(ms, options.collective_timeout.count()) << "rank " << r << " noticed the death too late: " << message;
   }
-  EXPECT_FALSE(outcomes[2].ok);  // exited with 3 mid-test
-  // Gloo names the lost peer by address ("Read error [127.0.0.1]:port: Connection reset by
-  // peer"), not by rank; mapping it back to a rank is left open (see the issue notes).
 }
+
+TEST(RankDeath, PeersOfAKilledRankProcessFailWithinTheTimeoutNamingItsRank) { ExpectPeersOfAKilledRankNameIt(1); }
+
+// Rank 0 also serves the TCPStore: the peers' addresses were read when the group was created.
+TEST(RankDeath, PeersOfAKilledRankZeroProcessNameItToo) { ExpectPeersOfAKilledRankNameIt(0); }
 
 }  // namespace
 }  // namespace fsdp::comm

@@ -18,6 +18,14 @@ struct GlooOptions {
   int threads = 2;
 };
 
+// Errors of a collective that failed or timed out because peers' processes died name them:
+// "...; lost rank(s) [R] of this group: their processes are gone (...)" (gloo itself names
+// only the peer's address). For that each process listens on one extra TCP port per
+// hostname (connections are only drained, never served), which every group publishes in its
+// store at creation; on an error the peers' ports are probed (on loopback in microseconds,
+// at most 1 s per probe, 3 probes 50 ms apart after a transport error): a refused or reset
+// connection means the process is gone. A live rank, even a stuck one, is never named.
+
 // Ranks meet through a c10d::FileStore at `store_path` (ranks as threads or processes on
 // one machine). The file must not hold a previous run's keys: use a fresh path.
 ProcessGroupPtr CreateGlooProcessGroupWithFileStore(const std::string& store_path, int rank,

@@ -154,9 +154,17 @@ std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const Ran
         if (!done[r]) stuck.push_back(r);
       }
     }
+    // The stuck threads cannot be stopped, and they reference this frame and the test's
+    // locals: the process cannot go on. Name them (and what the others reported) and exit.
     std::cerr << "\n[multi_rank] " << CurrentTestName() << ": rank(s) ["
               << absl::StrJoin(stuck, ", ") << "] still running after the deadline of "
               << options.deadline.count() << " ms (deadlock?); failing the test binary\n";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (int r = 0; r < world_size; ++r) {
+        if (done[r] && !outcomes[r].ok) std::cerr << "[multi_rank] rank " << r << " failed: " << outcomes[r].message << "\n";
+      }
+    }
     std::cerr.flush();
     std::_Exit(1);
   }

@@ -18,8 +18,12 @@ enum class Backend { kThreaded, kGlooThreads, kGlooProcesses };
 std::string BackendName(Backend backend);
 
 struct RunOptions {
-  // The whole run must finish by then; stuck ranks fail the test (threads: the test binary
-  // exits with the stuck ranks named; processes: they are killed).
+  // The whole run must finish by then; stuck ranks fail the test. Threads: a stuck thread
+  // cannot be stopped and references the test's stack, so the binary prints "rank(s) [R, ...]
+  // still running after the deadline of D ms" (and the finished ranks' errors) and exits
+  // with status 1 (Threaded groups are first aborted, with 5 s for their ranks to return).
+  // Processes: the stuck rank processes are killed and their outcomes say so; the call
+  // returns. Proven by injected hangs in multi_rank_test.cc.
   std::chrono::milliseconds deadline{120000};
   // The groups' collective timeout (Work::wait default and Gloo's own deadline).
   comm::Timeout collective_timeout{30000};

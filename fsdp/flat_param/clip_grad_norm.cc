@@ -34,6 +34,7 @@ at::Tensor GetGradNorm(const std::vector<at::Tensor>& params, double norm_type, 
 at::Tensor FullyShardedDataParallel::clip_grad_norm(double max_norm, double norm_type) {
   CheckRoot("clip_grad_norm");
   FSDPState* root = state();
+  root->CheckNotPoisoned("clip_grad_norm");
   TORCH_CHECK(root->training_state() == FSDPTrainingState::IDLE, "clip_grad_norm expects the root to be IDLE but got ",
               ToString(root->training_state()), " (call it after backward)");
   TORCH_CHECK(std::isfinite(max_norm) && max_norm >= 0, "clip_grad_norm: max_norm must be finite and >= 0, got ",

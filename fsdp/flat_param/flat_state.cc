@@ -59,7 +59,10 @@ at::Tensor FlatShardOf(const FlatParamHandle& handle, const std::map<std::string
 std::string HandlePrefix(torch::nn::Module& root, const FlatParamHandle& handle) {
   for (const auto& item : root.named_modules("", /*include_self=*/true)) {
     FSDPState* state = GetState(*item.value());
-    if (state != nullptr && state->handle() == &handle) return item.key().empty() ? "" : item.key() + ".";
+    if (state == nullptr || state->handle() != &handle) continue;
+    // Every FSDP1 model / optimizer state conversion names its handles here first.
+    state->CheckNotPoisoned("FSDP1 model / optimizer state dict");
+    return item.key().empty() ? "" : item.key() + ".";
   }
   TORCH_CHECK(false, "HandlePrefix: the handle does not belong to a module under the root");
 }

@@ -25,6 +25,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,10 @@ struct FSDPRuntimeContext {
   std::vector<FSDPState*> all_states;  // root first, module pre-order
   ExecOrderData exec_order_data;
   FreeEventQueue free_event_queue;
+  // Set by the first error inside an FSDP hook (a failed or timed-out collective, ...):
+  // flat parameters may be unsharded and gradients partially reduced, so every later FSDP
+  // call of the tree fails with it (FSDPState::CheckNotPoisoned).
+  std::string poisoned_by;
 };
 
 class FSDPState {
@@ -79,6 +84,9 @@ class FSDPState {
   bool use_full_prec_in_eval() const { return use_full_prec_in_eval_; }
   // For messages: the module's name relative to the root (after lazy init), else its type.
   std::string name() const;
+  // After an error inside an FSDP hook every FSDP call of the tree fails: `caller`, the
+  // original error and how to recover (a new model on new groups from the last state dict).
+  void CheckNotPoisoned(const char* caller) const;
 
   // false inside no_sync(): post-backward keeps unsharded gradients, no communication.
   bool sync_gradients = true;
@@ -88,6 +96,11 @@ class FSDPState {
   enum class PrefetchMode { BACKWARD, FORWARD };
 
   // runtime_forward.cc
+  // Runs the hook `fn` after CheckNotPoisoned(where); an exception poisons the runtime
+  // context (the first error wins) and propagates.
+  void Guard(const char* where, const std::function<void()>& fn);
+  std::vector<at::Tensor> PreForwardImpl(std::vector<at::Tensor> args);
+  void PostForwardImpl(const std::vector<at::Tensor*>& outputs);
   void CheckFlatParamsOnExpectedDevice() const;
   void ShareStateAndInitHandleAttrs();
   std::vector<at::Tensor> RootPreForward(std::vector<at::Tensor> args);

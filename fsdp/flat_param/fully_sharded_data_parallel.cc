@@ -244,6 +244,7 @@ std::vector<at::Tensor> FullyShardedDataParallel::parameters() const {
 
 NoSyncGuard FullyShardedDataParallel::no_sync() {
   CheckRoot("no_sync");
+  state()->CheckNotPoisoned("no_sync");
   TORCH_CHECK(state()->training_state() == FSDPTrainingState::IDLE, "`no_sync()` expects the root to be IDLE but ",
               "got ", ToString(state()->training_state()));
   std::vector<std::pair<FSDPState*, bool>> old_flags;

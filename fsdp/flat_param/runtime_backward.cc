@@ -108,7 +108,7 @@ void FSDPState::RegisterPostBackwardFinalCallback() {
   TORCH_CHECK(training_state_ == FSDPTrainingState::IDLE, "Expects the root FSDP state to be IDLE when queueing ",
               "the post-backward callback but got ", ToString(training_state_));
   post_backward_callback_queued_ = true;
-  QueueEndOfBackwardCallback([this] { PostBackwardFinalCallback(); });
+  QueueEndOfBackwardCallback([this] { Guard("post-backward final callback", [this] { PostBackwardFinalCallback(); }); });
 }
 
 void FSDPState::PostBackwardFinalCallback() {

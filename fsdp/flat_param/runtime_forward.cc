@@ -73,6 +73,29 @@ FSDPState::FSDPState(torch::nn::Module* module, FSDPOptions options, comm::Proce
 std::string FSDPState::name() const { return fqn_.empty() ? module_->name() : fqn_; }
 
 // ----------------------------------------------------------------------------------------
+// An error inside a hook poisons the tree (as FSDP2's FSDPCommContext)
+
+void FSDPState::CheckNotPoisoned(const char* caller) const {
+  TORCH_CHECK(ctx_->poisoned_by.empty(), caller, ": FSDP cannot continue after an earlier error on this rank (",
+              ctx_->poisoned_by, "): flat parameters may be unsharded and gradients partially reduced. Load the "
+              "last state dict into a newly built model (on new process groups) to continue.");
+}
+
+void FSDPState::Guard(const char* where, const std::function<void()>& fn) {
+  CheckNotPoisoned(where);
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    // ctx_ read after fn: lazy init may have replaced it with the root's shared context.
+    if (ctx_->poisoned_by.empty()) ctx_->poisoned_by = std::string(where) + ": " + e.what_without_backtrace();
+    throw;
+  } catch (const std::exception& e) {
+    if (ctx_->poisoned_by.empty()) ctx_->poisoned_by = std::string(where) + ": " + e.what();
+    throw;
+  }
+}
+
+// ----------------------------------------------------------------------------------------
 // Lazy initialization
 
 void FSDPState::LazyInit() {
@@ -139,6 +162,16 @@ void FSDPState::ShareStateAndInitHandleAttrs() {
 // Forward
 
 std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
+  std::vector<at::Tensor> out;
+  Guard("pre-forward", [&] { out = PreForwardImpl(std::move(args)); });
+  return out;
+}
+
+void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
+  Guard("post-forward", [&] { PostForwardImpl(outputs); });
+}
+
+std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) {
   args = RootPreForward(std::move(args));
   FlatParamHandle* handle = handle_.get();
   // Activation checkpointing's recomputed forward: the pre-backward unsharded already.
@@ -202,10 +235,10 @@ std::vector<at::Tensor> FSDPState::RegisterPostBackward(const std::vector<at::Te
   for (const at::Tensor& t : args) any = any || (t.defined() && t.requires_grad());
   if (!any) return args;  // post-backward in the final callback
   ++pending_post_backward_;
-  return RegisterPostBackwardCallback(args, [this] { OnPostBackwardFunction(); });
+  return RegisterPostBackwardCallback(args, [this] { Guard("post-backward", [this] { OnPostBackwardFunction(); }); });
 }
 
-void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
+void FSDPState::PostForwardImpl(const std::vector<at::Tensor*>& outputs) {
   FlatParamHandle* handle = handle_.get();
   if (handle && handle->training_state() == HandleTrainingState::BACKWARD_PRE) return;
   ctx_->exec_order_data.RecordPostForward(handle);
@@ -233,7 +266,7 @@ void FSDPState::RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs
   }
   for (at::Tensor* t : outputs) {
     if (!t->defined() || !t->requires_grad()) continue;
-    t->register_hook([this](const at::Tensor&) { PreBackwardHook(); });
+    t->register_hook([this](const at::Tensor&) { Guard("pre-backward", [this] { PreBackwardHook(); }); });
     if (handle) handle->runtime().needs_pre_backward_unshard = true;
   }
 }

@@ -22,6 +22,7 @@ std::vector<FlatParamHandle*> IdleHandles(const FullyShardedDataParallel& root, 
   TORCH_CHECK(root.is_root(), caller, ": call it on the root FSDP module");
   std::vector<FlatParamHandle*> handles;
   for (FSDPState* s : CollectStates(root.module())) {
+    s->CheckNotPoisoned(caller);
     TORCH_CHECK(s->training_state() == FSDPTrainingState::IDLE, caller, ": FSDP module '", s->name(),
                 "' is in training state ", ToString(s->training_state()), "; call it outside forward/backward");
     if (s->handle() == nullptr) continue;
@@ -67,6 +68,7 @@ FullStateDict GetFullStateDict(const FullyShardedDataParallel& root, bool rank0_
 
 void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict& state_dict) {
   torch::nn::Module& module = root.module();
+  const std::vector<FlatParamHandle*> handles = IdleHandles(root, "LoadFullStateDict");
   std::vector<std::string> missing, unexpected;
   absl::flat_hash_map<std::string, bool> known;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -85,7 +87,7 @@ void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict
   std::map<std::string, const at::Tensor*> tensors;
   for (const auto& item : state_dict) tensors[item.key()] = &item.value();
   at::NoGradGuard no_grad;
-  for (FlatParamHandle* h : IdleHandles(root, "LoadFullStateDict")) {
+  for (FlatParamHandle* h : handles) {
     at::Tensor& local = h->flat_param().local_shard;
     const int64_t rank = h->uses_sharded_strategy() ? h->rank() : 0;
     const int64_t world = h->uses_sharded_strategy() ? h->world_size() : 1;
