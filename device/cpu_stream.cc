@@ -2,6 +2,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <deque>
 #include <thread>
 
@@ -25,10 +26,12 @@ class InlineStream final : public Stream {
 
   void LaunchCollective(CollectiveSequencer& sequencer, std::function<comm::WorkPtr()> issue) override {
     const uint64_t ticket = sequencer.TakeTicket();
+    internal::PruneFinished(pending_);
     pending_.push_back(sequencer.IssueInTurn(ticket, issue, timeout()));
   }
 
   EventPtr RecordEvent() override {
+    internal::PruneFinished(pending_);
     if (pending_.empty()) return Event::Completed();
     auto event = std::make_shared<Event>(name(), /*completed=*/true);
     for (const auto& w : pending_) event->AddPendingWork(w);

@@ -76,6 +76,7 @@ class CudaStream final : public Stream {
     auto ready = NewCudaEvent();
     FSDP_DEVICE_CUDA_CHECK(cudaEventRecord(ready.get(), stream().stream()));
     FSDP_DEVICE_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, ready.get(), 0));
+    internal::PruneFinished(pending_);
     pending_.push_back(sequencer.IssueInTurn(ticket, issue, timeout()));
   }
 
@@ -83,6 +84,7 @@ class CudaStream final : public Stream {
     c10::cuda::CUDAGuard device_guard(device_);
     auto native = NewCudaEvent();
     FSDP_DEVICE_CUDA_CHECK(cudaEventRecord(native.get(), stream().stream()));
+    internal::PruneFinished(pending_);
     auto event = std::make_shared<Event>(name(), /*completed=*/true);
     for (const auto& w : pending_) event->AddPendingWork(w);
     event->native = native;

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -119,6 +120,17 @@ StreamOptions StreamOptionsFromEnv() {
   options.cpu_task_delay = std::chrono::microseconds(us);
   return options;
 }
+
+namespace internal {
+void PruneFinished(std::vector<comm::WorkPtr>& pending) {
+  auto finished = [](const comm::WorkPtr& w) {
+    if (!w->is_completed()) return false;
+    w->wait();
+    return true;
+  };
+  pending.erase(std::remove_if(pending.begin(), pending.end(), finished), pending.end());
+}
+}  // namespace internal
 
 std::shared_ptr<StreamPool> StreamPool::Create(c10::Device device, StreamOptions options) {
   TORCH_CHECK(options.timeout.count() > 0, "StreamPool::Create: options.timeout must be positive, got ",
