@@ -1,14 +1,26 @@
-// bench/e2e: one FSDP2 training step (forward + backward + AdamW) end to end on W processes
-// over Gloo, next to what it is made of, all measured in one run:
-//   step_ms     median step time with fully_shard (max over ranks of each rank's median);
+// bench/e2e: one FSDP training step (forward + backward + AdamW) end to end on W processes
+// over Gloo, FSDP2 (fully_shard, --fsdp=2) or FSDP1 (wrap_fsdp FULL_SHARD, --fsdp=1), each
+// block wrapped then the root, next to what it is made of, all measured in one run:
+//   step_ms     median step time with FSDP (max over ranks of each rank's median);
 //   compute_ms  the same model without FSDP on this rank's local batch (no communication);
-//   comm_ms     the step's collectives replayed raw: the same ops and sizes, recorded by a
-//               CommTrace during a step, issued directly on the process group;
+//   comm_ms     the step's collectives replayed raw: the same ops, sizes and reductions,
+//               recorded by a CommTrace during a step, issued directly on the process group;
 //   overhead_ms step - compute - comm: FSDP's own CPU cost (bookkeeping, copies, hooks).
-// Prints one JSON line per model on rank 0; bench/peer/e2e_peer.py prints the same for
-// PyTorch's FSDP2, and `./x bench --peer` puts them side by side.
+// Memory (max over ranks, bytes; see bench/peak_memory.h), measured as bench/peer/e2e_peer.py
+// measures PyTorch:
+//   rss_base / rss_peak  resident set before building the model / high-water mark after the
+//                        timed steps (getrusage ru_maxrss);
+//   alloc_peak           on a second model: the most LibTorch CPU bytes live at once during 3
+//                        training steps, counting everything allocated since before the model
+//                        was built (sharded parameters, gradients, optimizer state, buffers
+//                        FSDP keeps, unsharded parameters, activations);
+//   alloc_end            of those, the bytes still live after the steps (zero_grad'ed);
+//   numel, group_numel   parameter elements in all / in the largest FSDP unit (for the
+//                        ZeRO-3 estimate tools/e2e_table.py prints).
+// Prints one JSON line on rank 0; bench/peer/e2e_peer.py prints the same for PyTorch's FSDP,
+// and `./x bench --peer` puts them side by side.
 //
-//   ./x run -n 2 "$(bazel info --config=opt bazel-bin)/bench/e2e_bench" --model=overhead
+//   ./x run -n 2 "$(bazel info --config=opt bazel-bin)/bench/e2e_bench" --model=overhead --fsdp=1
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/linear.h>
@@ -24,15 +36,22 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "bench/peak_memory.h"
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
 
 ABSL_FLAG(std::string, model, "overhead", "overhead (64 x Linear(64,64)+LayerNorm, batch 8/rank) or compute (4 x Linear(1024,1024), batch 64/rank)");
 ABSL_FLAG(int, steps, 20, "timed steps (after 3 warm-up steps)");
+ABSL_FLAG(int, fsdp, 2, "2: FSDP2 (fully_shard), 1: FSDP1 (wrap_fsdp, FULL_SHARD, flat parameters to the optimizer)");
 
 namespace {
 
+using fsdp::comm::ProcessGroup;
+using fsdp::comm::ProcessGroupPtr;
+using fsdp::comm::ReduceOp;
+using fsdp::flat_param::FSDPWrapped;
 using fsdp::per_param::FullySharded;
 
 struct BlockImpl : torch::nn::Module {
@@ -45,21 +64,27 @@ struct BlockImpl : torch::nn::Module {
   torch::nn::LayerNorm ln{nullptr};
 };
 
+// Blocks of Wrapped<BlockImpl>: FullySharded (FSDP2) or FSDPWrapped (FSDP1); both run the
+// plain forward until wrapped.
+template <template <class> class Wrapped>
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t blocks, int64_t width, bool norm) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), FullySharded<BlockImpl>(width, norm)));
+    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Wrapped<BlockImpl>(width, norm)));
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x;
     for (auto& b : layers) h = b(h);
     return h;
   }
-  std::vector<FullySharded<BlockImpl>> layers;
+  std::vector<Wrapped<BlockImpl>> layers;
 };
+template <template <class> class Wrapped>
+using Net = Wrapped<NetImpl<Wrapped>>;
 
 struct ModelSpec {
   int64_t blocks, width, batch;
   bool norm;
+  int64_t block_numel() const { return width * width + width + (norm ? 2 * width : 0); }
 };
 
 ModelSpec Spec(const std::string& name) {
@@ -69,12 +94,27 @@ ModelSpec Spec(const std::string& name) {
   std::exit(2);
 }
 
-FullySharded<NetImpl> Build(const ModelSpec& s) {
-  FullySharded<NetImpl> m(s.blocks, s.width, s.norm);
+template <template <class> class Wrapped>
+Net<Wrapped> Build(const ModelSpec& s) {
+  Net<Wrapped> m(s.blocks, s.width, s.norm);
   at::NoGradGuard no_grad;
   uint64_t seed = 1;
   for (auto& p : m->parameters()) p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.05);
   return m;
+}
+
+// FSDP on each block, then the root, over `group`; returns what the optimizer gets.
+std::vector<at::Tensor> Shard(Net<FullySharded>& m, const ProcessGroupPtr& group) {
+  auto mesh = fsdp::mesh::DeviceMesh::Create(group, {group->size()});
+  for (auto& b : m->layers) fsdp::per_param::fully_shard(b.ptr(), {.mesh = mesh});
+  fsdp::per_param::fully_shard(m.ptr(), {.mesh = mesh});
+  return m->parameters();
+}
+std::vector<at::Tensor> Shard(Net<FSDPWrapped>& m, const ProcessGroupPtr& group) {
+  const fsdp::flat_param::FSDPOptions options{.process_group = group,
+                                              .sharding_strategy = fsdp::flat_param::ShardingStrategy::FULL_SHARD};
+  for (auto& b : m->layers) fsdp::flat_param::wrap_fsdp(b.ptr(), options);
+  return fsdp::flat_param::wrap_fsdp(m.ptr(), options).parameters();
 }
 
 double Median(std::vector<double> v) {
@@ -83,7 +123,7 @@ double Median(std::vector<double> v) {
 }
 
 template <class Fn>
-double MedianMs(int steps, fsdp::comm::ProcessGroup* barrier_group, Fn&& fn) {
+double MedianMs(int steps, ProcessGroup* barrier_group, Fn&& fn) {
   for (int i = 0; i < 3; ++i) fn();
   std::vector<double> ms;
   for (int i = 0; i < steps; ++i) {
@@ -95,35 +135,38 @@ double MedianMs(int steps, fsdp::comm::ProcessGroup* barrier_group, Fn&& fn) {
   return Median(ms);
 }
 
-double MaxOverRanks(fsdp::comm::ProcessGroup& pg, double v) {
+double MaxOverRanks(ProcessGroup& pg, double v) {
   at::Tensor t = at::full({1}, v, at::kDouble);
-  pg.all_reduce(t, fsdp::comm::ReduceOp::Max())->wait();
+  pg.all_reduce(t, ReduceOp::Max())->wait();
   return t.item<double>();
 }
 
-}  // namespace
+// CollectiveRecord::reduce_op ("SUM", "AVG", "MAX", "MIN", "PREMUL_SUM(f)") back to a ReduceOp.
+ReduceOp ParseReduceOp(const std::string& s) {
+  if (s == "AVG") return ReduceOp::Avg();
+  if (s == "MAX") return ReduceOp::Max();
+  if (s == "MIN") return ReduceOp::Min();
+  if (s.rfind("PREMUL_SUM(", 0) == 0) return ReduceOp::PremulSum(std::stod(s.substr(11)));
+  return ReduceOp::Sum();
+}
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  at::set_num_threads(1);  // W processes share the machine's cores
-  const ModelSpec spec = Spec(absl::GetFlag(FLAGS_model));
-  const int steps = absl::GetFlag(FLAGS_steps);
+template <template <class> class Wrapped>
+int Run(const ModelSpec& spec, int steps) {
   auto world = fsdp::comm::CreateGlooProcessGroupFromEnv();
   auto trace = std::make_shared<fsdp::comm::CommTrace>(world);
   const int w = world->size();
   const at::Tensor x = at::randn({spec.batch, spec.width}, at::make_generator<at::CPUGeneratorImpl>(100 + world->rank()));
-
-  auto model = Build(spec);
-  auto mesh = fsdp::mesh::DeviceMesh::Create(trace, {w});
-  for (auto& b : model->layers) fsdp::per_param::fully_shard(b.ptr(), {.mesh = mesh});
-  fsdp::per_param::fully_shard(model.ptr(), {.mesh = mesh});
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   auto step = [&](auto& m, torch::optim::Optimizer& o) {
     m(x).square().mean().backward();
     o.step();
     o.zero_grad();
   };
+
+  const double rss_base = MaxOverRanks(*world, fsdp::bench::RssBytes());
+  auto model = Build<Wrapped>(spec);
+  torch::optim::AdamW opt(Shard(model, trace), torch::optim::AdamWOptions(1e-3));
   const double step_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] { step(model, opt); }));
+  const double rss_peak = MaxOverRanks(*world, fsdp::bench::RssPeakBytes());
 
   // The collectives of one step, replayed raw.
   trace->clear();
@@ -138,22 +181,55 @@ int main(int argc, char** argv) {
   const double comm_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] {
     for (size_t i = 0; i < records.size(); ++i) {
       auto& [out, in] = buffers[i];
-      if (records[i].op == "all_gather_into_tensor") world->all_gather_into_tensor(out, in)->wait();
-      else if (records[i].op == "reduce_scatter_tensor") world->reduce_scatter_tensor(out, in, fsdp::comm::ReduceOp::Avg())->wait();
-      else if (records[i].op == "all_reduce") world->all_reduce(in)->wait();
+      const auto& r = records[i];
+      if (r.op == "all_gather_into_tensor") world->all_gather_into_tensor(out, in)->wait();
+      else if (r.op == "reduce_scatter_tensor") world->reduce_scatter_tensor(out, in, ParseReduceOp(r.reduce_op))->wait();
+      else if (r.op == "all_reduce") world->all_reduce(in, ParseReduceOp(r.reduce_op))->wait();
     }
   }));
 
+  // Memory: a second model, counted from before it is built.
+  double alloc_peak = 0, alloc_end = 0;
+  {
+    fsdp::bench::AllocationWindow window;
+    auto mem_model = Build<Wrapped>(spec);
+    torch::optim::AdamW mem_opt(Shard(mem_model, world), torch::optim::AdamWOptions(1e-3));
+    window.Mark();  // the training peak, not the full model before sharding
+    for (int i = 0; i < 3; ++i) step(mem_model, mem_opt);
+    alloc_peak = MaxOverRanks(*world, window.peak());
+    alloc_end = MaxOverRanks(*world, window.current());
+  }
+
   // The same model without FSDP, this rank's batch, every rank at once (as in the step).
-  auto plain = Build(spec);
+  auto plain = Build<Wrapped>(spec);
   torch::optim::AdamW plain_opt(plain->parameters(), torch::optim::AdamWOptions(1e-3));
   const double compute_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] { step(plain, plain_opt); }));
 
   if (world->rank() == 0) {
-    std::printf("{\"impl\": \"ours\", \"model\": \"%s\", \"world\": %d, \"params\": %zu, \"step_ms\": %.3f, "
-                "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"overhead_ms\": %.3f, \"collectives\": %zu, \"bytes\": %lld}\n",
-                absl::GetFlag(FLAGS_model).c_str(), w, plain->parameters().size(), step_ms, compute_ms, comm_ms,
-                step_ms - compute_ms - comm_ms, records.size(), static_cast<long long>(bytes));
+    std::printf("{\"impl\": \"ours\", \"fsdp\": %d, \"model\": \"%s\", \"world\": %d, \"params\": %zu, \"step_ms\": %.3f, "
+                "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"overhead_ms\": %.3f, \"collectives\": %zu, \"bytes\": %lld, "
+                "\"numel\": %lld, \"group_numel\": %lld, \"rss_base\": %.0f, \"rss_peak\": %.0f, "
+                "\"alloc_peak\": %.0f, \"alloc_end\": %.0f}\n",
+                absl::GetFlag(FLAGS_fsdp), absl::GetFlag(FLAGS_model).c_str(), w, plain->parameters().size(), step_ms,
+                compute_ms, comm_ms, step_ms - compute_ms - comm_ms, records.size(), static_cast<long long>(bytes),
+                static_cast<long long>(spec.blocks * spec.block_numel()), static_cast<long long>(spec.block_numel()),
+                rss_base, rss_peak, alloc_peak, alloc_end);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  at::set_num_threads(1);  // W processes share the machine's cores
+  const ModelSpec spec = Spec(absl::GetFlag(FLAGS_model));
+  const int steps = absl::GetFlag(FLAGS_steps);
+  switch (absl::GetFlag(FLAGS_fsdp)) {
+    case 1: return Run<FSDPWrapped>(spec, steps);
+    case 2: return Run<FullySharded>(spec, steps);
+    default:
+      std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", absl::GetFlag(FLAGS_fsdp));
+      return 2;
+  }
 }

@@ -16,6 +16,8 @@
 //
 // Names follow tools/bench_ratio.py's "<Op>/ours/<arg>" vs "<Op>/<ref>/<arg>" pairing; the
 // ratio is ours / ref time. Everything runs on one intra-op thread (see main).
+// --callgrind_iterations=N runs each benchmark N iterations, once (tools/callgrind_bench.sh
+// counts the Unflatten and Step loops' instructions).
 //
 //   bazel build --config=opt //bench:fsdp1_bench
 //   bazel-bin/bench/fsdp1_bench [--pair_repetitions=3] --benchmark_out=bench/out/fsdp1.json
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/callgrind_loop.h"
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
 #include "comm/fake_process_group.h"
@@ -100,7 +103,7 @@ void BM_Unflatten(benchmark::State& state, bool ours) {
   for (const at::Tensor& t : p.tensors) shapes.push_back(t.sizes().vec());
   fsdp::flat_param::FlatParamHandle h(p.tensors, *p.module, HandleOptions());  // unsharded
   const at::Tensor flat = h.flat_param().param.detach();
-  for (auto _ : state) {
+  fsdp::bench::TimedLoop(state, absl::StrCat(ours ? "Unflatten/ours/" : "Unflatten/narrow/", n), [&] {
     if (ours) {
       std::vector<at::Tensor> views = h.GetUnflatViews();
       benchmark::DoNotOptimize(views.back().data_ptr());
@@ -115,7 +118,7 @@ void BM_Unflatten(benchmark::State& state, bool ours) {
       }
       benchmark::DoNotOptimize(views.back().data_ptr());
     }
-  }
+  });
   state.counters["params"] = static_cast<double>(n);
 }
 
@@ -129,7 +132,7 @@ using Fsdp2Linear = fsdp::per_param::FullySharded<torch::nn::LinearImpl>;
 using Fsdp2Net = fsdp::per_param::FullyShardedImpl<NetImpl<Fsdp2Linear>>;
 
 template <class Net>
-void RunSteps(benchmark::State& state, Net& net, const std::vector<at::Tensor>& params) {
+void RunSteps(benchmark::State& state, Net& net, const std::vector<at::Tensor>& params, const std::string& label) {
   torch::optim::SGD opt(params, torch::optim::SGDOptions(1e-4));
   const at::Tensor x = at::randn({kBatch, kDim});
   auto step = [&] {
@@ -138,45 +141,50 @@ void RunSteps(benchmark::State& state, Net& net, const std::vector<at::Tensor>& 
     opt.zero_grad();
   };
   for (int i = 0; i < 3; ++i) step();  // lazy init, allocator warm-up
-  for (auto _ : state) step();
+  fsdp::bench::TimedLoop(state, label, step);
   state.counters["params"] = static_cast<double>(2 * state.range(0));
 }
 
 void BM_Step(benchmark::State& state, bool fsdp1) {
   const int64_t blocks = state.range(0);
+  const std::string label = absl::StrCat(fsdp1 ? "Step/ours/" : "Step/fsdp2/", blocks);
   if (fsdp1) {
     auto net = std::make_shared<Fsdp1Net>(blocks, kDim);
     const fsdp::flat_param::FSDPOptions options{.process_group = fsdp::comm::CreateFakeProcessGroup(0, kWorld)};
     for (auto& layer : net->layers) fsdp::flat_param::wrap_fsdp(layer.ptr(), options);
     const fsdp::flat_param::FullyShardedDataParallel root = fsdp::flat_param::wrap_fsdp(net, options);
-    return RunSteps(state, *net, root.parameters());  // the flat parameters
+    return RunSteps(state, *net, root.parameters(), label);  // the flat parameters
   }
   auto net = std::make_shared<Fsdp2Net>(blocks, kDim);
   const fsdp::per_param::FullyShardOptions options{
       .mesh = fsdp::mesh::DeviceMesh::Create(fsdp::comm::CreateFakeProcessGroup(0, kWorld), {kWorld})};
   for (auto& layer : net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);
   fsdp::per_param::fully_shard(net, options);
-  RunSteps(state, *net, net->parameters());  // the sharded parameters
+  RunSteps(state, *net, net->parameters(), label);  // the sharded parameters
 }
 
-void RegisterAll(int pair_repetitions) {
+// iterations > 0: each benchmark runs exactly that many iterations (for instruction counts).
+void RegisterAll(int pair_repetitions, int iterations) {
+  auto fixed = [iterations](benchmark::internal::Benchmark* b) {
+    if (iterations > 0) b->Iterations(iterations);
+  };
   // Ours and the reference alternate, repeated as pairs, so machine noise hits both alike;
   // bench_ratio.py takes the median of each side.
   for (int rep = 0; rep < pair_repetitions; ++rep) {
     for (int64_t n : {16, 64, 256}) {
       for (bool ours : {true, false}) {
-        benchmark::RegisterBenchmark(ours ? "Flatten/ours" : "Flatten/cat", BM_Flatten, ours)
-            ->Arg(n)->Unit(benchmark::kMicrosecond)->UseRealTime();
+        fixed(benchmark::RegisterBenchmark(ours ? "Flatten/ours" : "Flatten/cat", BM_Flatten, ours)
+                  ->Arg(n)->Unit(benchmark::kMicrosecond)->UseRealTime());
       }
       for (bool ours : {true, false}) {
-        benchmark::RegisterBenchmark(ours ? "Unflatten/ours" : "Unflatten/narrow", BM_Unflatten, ours)
-            ->Arg(n)->Unit(benchmark::kMicrosecond)->UseRealTime();
+        fixed(benchmark::RegisterBenchmark(ours ? "Unflatten/ours" : "Unflatten/narrow", BM_Unflatten, ours)
+                  ->Arg(n)->Unit(benchmark::kMicrosecond)->UseRealTime());
       }
     }
     for (int64_t blocks : {8, 32}) {
       for (bool fsdp1 : {true, false}) {
-        benchmark::RegisterBenchmark(fsdp1 ? "Step/ours" : "Step/fsdp2", BM_Step, fsdp1)
-            ->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime();
+        fixed(benchmark::RegisterBenchmark(fsdp1 ? "Step/ours" : "Step/fsdp2", BM_Step, fsdp1)
+                  ->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime());
       }
     }
   }
@@ -187,11 +195,12 @@ void RegisterAll(int pair_repetitions) {
 int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
   const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+  const int callgrind_iterations = fsdp::bench::TakeIntFlag(args, "--callgrind_iterations=", 0);
   // One intra-op thread, as bench/fsdp2 (repeatable numbers on a shared 2-core machine).
   at::set_num_threads(1);
   int args_count = static_cast<int>(args.size());
   benchmark::Initialize(&args_count, args.data());
-  RegisterAll(pair_repetitions);
+  RegisterAll(pair_repetitions, callgrind_iterations);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -16,7 +16,8 @@
 //
 // Names follow tools/bench_ratio.py's "<Op>/ours/<arg>" vs "<Op>/<ref>/<arg>" pairing: the
 // ratio is ours / ref time, so bandwidth as a fraction of memcpy is 1 / ratio. Everything
-// runs on one intra-op thread (see main).
+// runs on one intra-op thread (see main). --callgrind_iterations=N runs each benchmark N
+// iterations, once (tools/callgrind_bench.sh counts the timed loops' instructions).
 //
 //   bazel build --config=opt //bench:fsdp2_bench
 //   bazel-bin/bench/fsdp2_bench [--pair_repetitions=3] --benchmark_out=bench/out/fsdp2.json
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/callgrind_loop.h"
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
 #include "comm/fake_process_group.h"
@@ -68,7 +70,7 @@ using FsdpNet = fsdp::per_param::FullyShardedImpl<NetImpl<ShardedLinear>>;
 
 // One step: forward, backward, SGD step, zero_grad (the optimizer sees FSDP's shards).
 template <class Net>
-void RunSteps(benchmark::State& state, Net& net) {
+void RunSteps(benchmark::State& state, Net& net, const std::string& label) {
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(1e-4));
   const at::Tensor x = at::randn({kBatch, kDim});
   auto step = [&] {
@@ -77,21 +79,22 @@ void RunSteps(benchmark::State& state, Net& net) {
     opt.zero_grad();
   };
   for (int i = 0; i < 3; ++i) step();  // lazy init, allocator warm-up
-  for (auto _ : state) step();
+  fsdp::bench::TimedLoop(state, label, step);
   state.counters["params"] = static_cast<double>(net.parameters().size());
 }
 
 void BM_Step(benchmark::State& state, bool ours) {
   const int64_t blocks = state.range(0);
+  const std::string label = absl::StrCat(ours ? "Step/ours/" : "Step/raw/", blocks);
   if (!ours) {
     RawNet net(blocks, kDim);
-    return RunSteps(state, net);
+    return RunSteps(state, net, label);
   }
   auto net = std::make_shared<FsdpNet>(blocks, kDim);
   const fsdp::per_param::FullyShardOptions options{.mesh = FakeMesh()};
   for (auto& layer : net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);
   fsdp::per_param::fully_shard(net, options);
-  RunSteps(state, *net);
+  RunSteps(state, *net, label);
 }
 
 // The usual console output; also keeps every Step run's time (us) for the summary.
@@ -194,10 +197,10 @@ Params MakeParams(int64_t unsharded_bytes) {
 
 // The reference: Tensor::copy_ between contiguous byte buffers, the destination touched
 // once before timing (steady state of a reused buffer).
-void CopyLoop(benchmark::State& state, int64_t bytes) {
+void CopyLoop(benchmark::State& state, const char* op, int64_t bytes) {
   const at::Tensor src = at::ones({bytes}, at::kByte);
   const at::Tensor dst = at::zeros({bytes}, at::kByte);
-  for (auto _ : state) dst.copy_(src);
+  fsdp::bench::TimedLoop(state, absl::StrCat(op, "/memcpy/", state.range(0)), [&] { dst.copy_(src); });
   benchmark::DoNotOptimize(dst.data_ptr());
 }
 
@@ -214,19 +217,19 @@ void BM_CopyIn(benchmark::State& state, Side side) {
   if (side == Side::kOurs) {
     const auto group = std::make_shared<NoCommGroup>(0, kWorld);
     fsdp::per_param::AllGatherBufferPool pool;
-    for (auto _ : state) {
+    fsdp::bench::TimedLoop(state, absl::StrCat("CopyIn/ours/", state.range(0)), [&] {
       fsdp::per_param::AllGatherResult result = fsdp::per_param::ForeachAllGather(params.ptrs, group, &pool);
       result.event->Synchronize(fsdp::comm::Timeout(300000));
       benchmark::DoNotOptimize(result.output.data_ptr());
       pool.Give(std::move(result.buffer));  // what FSDP's copy-out does
-    }
+    });
   } else if (side == Side::kDiag) {
     const at::Tensor src = at::ones({bytes}, at::kByte);
     for (auto _ : state) {
       at::empty({kWorld * bytes}, at::kByte).narrow(0, 0, bytes).copy_(src);
     }
   } else {
-    CopyLoop(state, bytes);
+    CopyLoop(state, "CopyIn", bytes);
   }
   state.SetBytesProcessed(state.iterations() * bytes);
 }
@@ -235,33 +238,38 @@ void BM_CopyOut(benchmark::State& state, Side side) {
   const Params params = MakeParams(state.range(0));
   const int64_t bytes = kWorld * params.shard_bytes;
   if (side == Side::kMemcpy) {
-    CopyLoop(state, bytes);
+    CopyLoop(state, "CopyOut", bytes);
   } else {
     // A real all-gather result (the Fake group fills every rank's slot), reused every
     // iteration; each copy-out re-allocates the unsharded storage that the previous
     // iteration's FreeUnshardedParam (what reshard does) freed.
     const fsdp::per_param::AllGatherResult gathered =
         fsdp::per_param::ForeachAllGather(params.ptrs, fsdp::comm::CreateFakeProcessGroup(0, kWorld));
-    for (auto _ : state) {
+    const std::string label = absl::StrCat(side == Side::kOurs ? "CopyOut/ours/" : "CopyOutKeepStorage/ours/", state.range(0));
+    fsdp::bench::TimedLoop(state, label, [&] {
       fsdp::per_param::AllGatherResult result = gathered;
       fsdp::per_param::ForeachAllGatherCopyOut(result, params.ptrs);
       benchmark::DoNotOptimize(params.ptrs.back()->all_gather_output().data_ptr());
       if (side == Side::kOurs) {
         for (FSDPParam* p : params.ptrs) p->FreeUnshardedParam();
       }
-    }
+    });
   }
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
-void RegisterAll(int pair_repetitions) {
+// iterations > 0: each benchmark runs exactly that many iterations (for instruction counts).
+void RegisterAll(int pair_repetitions, int iterations) {
+  auto fixed = [iterations](benchmark::internal::Benchmark* b) {
+    if (iterations > 0) b->Iterations(iterations);
+  };
   // Ours and the reference alternate, repeated as pairs, so machine noise hits both alike;
   // bench_ratio.py takes the median of each side.
   for (int rep = 0; rep < pair_repetitions; ++rep) {
     for (int64_t blocks : {16, 64}) {
       for (bool ours : {true, false}) {
-        benchmark::RegisterBenchmark(ours ? "Step/ours" : "Step/raw", BM_Step, ours)
-            ->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime();
+        fixed(benchmark::RegisterBenchmark(ours ? "Step/ours" : "Step/raw", BM_Step, ours)
+                  ->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime());
       }
     }
     for (int64_t mib : {1, 16, 64}) {
@@ -271,8 +279,8 @@ void RegisterAll(int pair_repetitions) {
         for (auto [name, side] : {std::pair{absl::StrCat(op, "/ours"), Side::kOurs},
                                   std::pair{absl::StrCat(op, "/memcpy"), Side::kMemcpy},
                                   std::pair{absl::StrCat(op, diag), Side::kDiag}}) {
-          benchmark::RegisterBenchmark(name.c_str(), fn, side)
-              ->Arg(mib << 20)->Unit(benchmark::kMicrosecond)->UseRealTime();
+          fixed(benchmark::RegisterBenchmark(name.c_str(), fn, side)
+                    ->Arg(mib << 20)->Unit(benchmark::kMicrosecond)->UseRealTime());
         }
       }
     }
@@ -284,13 +292,14 @@ void RegisterAll(int pair_repetitions) {
 int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
   const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+  const int callgrind_iterations = fsdp::bench::TakeIntFlag(args, "--callgrind_iterations=", 0);
   // One intra-op thread: on this 2-core machine, shared with compiles, a parallel copy_ waits
   // for a descheduled worker (milliseconds, both sides alike); one core gives repeatable
   // numbers, and both sides copy with the same thread count.
   at::set_num_threads(1);
   int args_count = static_cast<int>(args.size());
   benchmark::Initialize(&args_count, args.data());
-  RegisterAll(pair_repetitions);
+  RegisterAll(pair_repetitions, callgrind_iterations);
   StepReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.PrintSummary();

@@ -11,19 +11,25 @@
 
 namespace fsdp::bench {
 
-// Removes every --pair_repetitions=N from `args` (argv without argv[0]'s ownership) and
-// returns the last N (at least 1), or `fallback` when absent.
-inline int TakePairRepetitions(std::vector<char*>& args, int fallback = 3) {
-  int repetitions = fallback;
+// Removes every `prefix`N (e.g. "--callgrind_iterations=") from `args` (argv without
+// argv[0]'s ownership) and returns the last N, or `fallback` when absent.
+inline int TakeIntFlag(std::vector<char*>& args, const char* prefix, int fallback) {
+  int value = fallback;
+  const size_t n = std::strlen(prefix);
   for (auto it = args.begin() + 1; it != args.end();) {
-    if (std::strncmp(*it, "--pair_repetitions=", 19) == 0) {
-      repetitions = std::max(1, std::atoi(*it + 19));
+    if (std::strncmp(*it, prefix, n) == 0) {
+      value = std::atoi(*it + n);
       it = args.erase(it);
     } else {
       ++it;
     }
   }
-  return repetitions;
+  return value;
+}
+
+// --pair_repetitions=N (at least 1), or `fallback` when absent.
+inline int TakePairRepetitions(std::vector<char*>& args, int fallback = 3) {
+  return std::max(1, TakeIntFlag(args, "--pair_repetitions=", fallback));
 }
 
 // Multi-process benchmarks: every rank runs the same benchmarks with fixed iteration counts

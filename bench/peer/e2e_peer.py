@@ -1,21 +1,25 @@
-"""PyTorch's FSDP2 side of bench/e2e: the same models, steps and timing rule.
+"""PyTorch's FSDP2 / FSDP1 side of bench/e2e: the same models, steps, timing and memory rules.
 
-Usage: python e2e_peer.py --world W --model overhead|compute [--steps 20]
-Prints one JSON line like bench/e2e_bench (impl "pytorch"; step_ms only: compute and raw
-communication are the same LibTorch kernels and Gloo collectives as on our side).
+Usage: python e2e_peer.py --world W --model overhead|compute [--fsdp 2|1] [--steps 20]
+Prints one JSON line like bench/e2e_bench (impl "pytorch"; step_ms and memory: compute and
+raw communication are the same LibTorch kernels and Gloo collectives as on our side).
+--fsdp 2: fully_shard on each block, then the root. --fsdp 1: FullyShardedDataParallel
+(FULL_SHARD, flat parameters to the optimizer, PyTorch's defaults otherwise) on each block,
+then the root. Memory as bench/e2e_bench.cc: rss_base / rss_peak (before the model / after
+the timed steps), alloc_peak / alloc_end (a second model under peer_common.AllocationWindow:
+LibTorch CPU allocations since before it was built, peak during 3 steps and live after them).
 """
 import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
+
+import peer_common
 
 SPECS = {"overhead": (64, 64, 8, True), "compute": (4, 1024, 64, False)}
 
@@ -30,36 +34,69 @@ class Block(nn.Module):
         return x + self.fc(self.ln(x) if self.ln is not None else x).relu()
 
 
-def run(rank, world, init_file, model_name, steps, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    blocks, width, batch, norm = SPECS[model_name]
+def build(spec, fsdp):
+    blocks, width, _, norm = spec
     model = nn.Sequential(*[Block(width, norm) for _ in range(blocks)])
-    for b in model:
-        fully_shard(b)
-    fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if fsdp == 2:
+        from torch.distributed.fsdp import fully_shard
+        for b in model:
+            fully_shard(b)
+        fully_shard(model)
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import ShardingStrategy
+        kwargs = dict(sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=torch.device("cpu"))
+        for i in range(blocks):
+            model[i] = FSDP(model[i], **kwargs)
+        model = FSDP(model, **kwargs)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def max_over_ranks(v):
+    t = torch.tensor([float(v)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def run(rank, world, init_file, model_name, fsdp, steps, out):
+    peer_common.init_gloo(rank, world, init_file)
+    spec = SPECS[model_name]
+    blocks, width, batch, norm = spec
     x = torch.randn(batch, width)
 
-    def step():
+    def step(model, opt):
         model(x).square().mean().backward()
         opt.step()
         opt.zero_grad()
 
+    rss_base = max_over_ranks(peer_common.rss_bytes())
+    model, opt = build(spec, fsdp)
     for _ in range(3):
-        step()
+        step(model, opt)
     times = []
     for _ in range(steps):
         dist.barrier()
         t0 = time.perf_counter()
-        step()
+        step(model, opt)
         times.append((time.perf_counter() - t0) * 1e3)
-    med = torch.tensor([statistics.median(times)], dtype=torch.float64)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    step_ms = max_over_ranks(statistics.median(times))
+    rss_peak = max_over_ranks(peer_common.rss_peak_bytes())
+
+    with peer_common.AllocationWindow() as window:
+        mem_model, mem_opt = build(spec, fsdp)
+        window.mark()
+        for _ in range(3):
+            step(mem_model, mem_opt)
+    alloc_peak, alloc_end = max_over_ranks(window.peak), max_over_ranks(window.current)
+
     if rank == 0:
+        block_numel = width * width + width + (2 * width if norm else 0)
         with open(out, "w") as f:
-            json.dump({"impl": "pytorch", "model": model_name, "world": world,
-                       "params": sum(1 for _ in model.parameters()), "step_ms": med.item()}, f)
+            json.dump({"impl": "pytorch", "fsdp": fsdp, "model": model_name, "world": world,
+                       "params": sum(1 for _ in Block(width, norm).parameters()) * blocks, "step_ms": step_ms,
+                       "numel": blocks * block_numel, "group_numel": block_numel,
+                       "rss_base": rss_base, "rss_peak": rss_peak,
+                       "alloc_peak": alloc_peak, "alloc_end": alloc_end}, f)
     dist.destroy_process_group()
 
 
@@ -67,13 +104,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--model", choices=sorted(SPECS), required=True)
+    parser.add_argument("--fsdp", type=int, choices=(1, 2), default=2)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "result.json")
-        mp.spawn(run, args=(args.world, os.path.join(d, "init"), args.model, args.steps, out), nprocs=args.world)
-        with open(out) as f:
-            print(f.read())
+    out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"e2e_peer_{os.getpid()}.json")
+    peer_common.spawn(run, args.world, args.model, args.fsdp, args.steps, out)
+    with open(out) as f:
+        print(f.read())
+    os.remove(out)
 
 
 if __name__ == "__main__":

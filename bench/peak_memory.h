@@ -1,0 +1,45 @@
+// Memory measurements of the end-to-end benchmark, defined so that bench/peer/peer_common.py
+// measures PyTorch the same way:
+//
+// AllocationWindow: while it lives, this thread's LibTorch CPU allocations are reported to it
+// by c10's CPU allocator (the hook PyTorch's profiler uses with profile_memory=True), each
+// with the allocator's running total of the bytes allocated since reporting started and not
+// yet freed. peak() is the largest total since Mark() (or construction), current() the total
+// now. The Python side reads the same counter from the profiler's allocation events.
+//
+// RssBytes / RssPeakBytes: this process's resident set now (/proc/self/statm) and its
+// high-water mark (getrusage ru_maxrss).
+#ifndef FSDP_BENCH_PEAK_MEMORY_H_
+#define FSDP_BENCH_PEAK_MEMORY_H_
+
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace fsdp::bench {
+
+class AllocationWindow {
+ public:
+  AllocationWindow();
+  ~AllocationWindow();
+  AllocationWindow(const AllocationWindow&) = delete;
+  AllocationWindow& operator=(const AllocationWindow&) = delete;
+
+  void Mark();  // peak() restarts from current()
+  int64_t current() const;
+  int64_t peak() const;
+
+  struct Reporter;
+
+ private:
+  std::shared_ptr<Reporter> reporter_;
+  std::unique_ptr<c10::DebugInfoGuard> guard_;
+};
+
+int64_t RssBytes();
+int64_t RssPeakBytes();
+
+}  // namespace fsdp::bench
+
+#endif  // FSDP_BENCH_PEAK_MEMORY_H_

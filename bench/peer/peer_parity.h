@@ -1,0 +1,46 @@
+// Shared by the parity tests against PyTorch itself (pytorch_parity_test: FSDP2,
+// pytorch_fsdp1_parity_test: FSDP1): the peer Python, the exchange files with the peer
+// scripts (bench/peer/fsdp{1,2}_peer.py) and the comparison of the trained results.
+//
+// One comparison: the C++ side writes the initial full parameters of the shared test model
+// (fsdp/common/test_models.h) and kSteps global batches (test_models::Batch, the batches
+// TrainSteps uses) to a file, the peer script trains PyTorch's FSDP on them on W processes and
+// writes the full parameters and AdamW state by FQN; the C++ side trains its own FSDP on W
+// Gloo ranks and compares.
+#ifndef FSDP_BENCH_PEER_PEER_PARITY_H_
+#define FSDP_BENCH_PEER_PEER_PARITY_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/ordered_dict.h>
+
+#include <string>
+
+#include "optim_state/optim_state_dict.h"
+
+namespace fsdp::peer {
+
+inline constexpr int kSteps = 10;
+inline constexpr double kLr = 1e-2;
+
+using TensorDict = torch::OrderedDict<std::string, at::Tensor>;
+
+// The peer interpreter (FSDP_PEER_PYTHON) if it is set and imports torch.distributed.fsdp;
+// otherwise "" and `why_not` says why (the caller skips with that reason).
+std::string PeerPython(std::string* why_not);
+
+// Runs `python bench/peer/<script> --world W --input in.pt --output out.pt <extra_args>` with
+// `init`'s parameters (before any sharding) and kSteps batches as input; returns what the
+// script wrote. A script that fails twice in a row fails the calling test (and returns an
+// empty dict).
+TensorDict RunPeer(const std::string& python, const std::string& script, int world,
+                   const torch::nn::Module& init, const std::string& extra_args = "");
+
+// Every parameter of `params` and its AdamW state in `optim` (exp_avg, exp_avg_sq, step)
+// equals the peer's within 1e-5 x max(1, |peer value|); exactly `expected_params` compared.
+void ExpectMatchesPeer(const TensorDict& params, const optim_state::OptimStateDict& optim, const TensorDict& theirs,
+                       int expected_params, const std::string& label);
+
+}  // namespace fsdp::peer
+
+#endif  // FSDP_BENCH_PEER_PEER_PARITY_H_
