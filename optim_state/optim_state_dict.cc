@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/per_param/checkpoint_reader.h"
 
 namespace fsdp::optim_state {
 namespace {
@@ -43,6 +44,26 @@ at::Tensor GetTensor(const StateMap& state, const std::string& fqn, const std::s
   return t.to(param.options()).clone();
 }
 
+// Typed reads of a loaded param group's options (ints are accepted where floats are meant,
+// as Python's optimizers do), with errors that name the option.
+const c10::IValue& Option(const std::map<std::string, c10::IValue>& in, const char* key) {
+  auto it = in.find(key);
+  TORCH_CHECK(it != in.end(), "the optimizer state's param group has no option '", key, "'");
+  return it->second;
+}
+double OptionDouble(const c10::IValue& v, const char* key) {
+  TORCH_CHECK(v.isDouble() || v.isInt(), "param group option '", key, "' is a ", v.tagKind(), ", not a float");
+  return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+}
+double OptionDouble(const std::map<std::string, c10::IValue>& in, const char* key) {
+  return OptionDouble(Option(in, key), key);
+}
+bool OptionBool(const std::map<std::string, c10::IValue>& in, const char* key) {
+  const c10::IValue& v = Option(in, key);
+  TORCH_CHECK(v.isBool(), "param group option '", key, "' is a ", v.tagKind(), ", not a bool");
+  return v.toBool();
+}
+
 // Adam and AdamW: the same fields in two unrelated LibTorch classes.
 template <class State, class Options>
 struct AdamLike {
@@ -54,7 +75,9 @@ struct AdamLike {
   }
   static std::unique_ptr<OptimizerParamState> Make(const StateMap& in, const std::string& fqn, const at::Tensor& p) {
     auto s = std::make_unique<State>();
-    s->step(Get<int64_t>(in, fqn, "step"));
+    const int64_t step = Get<int64_t>(in, fqn, "step");
+    TORCH_CHECK(step >= 0, "optimizer state 'step' of '", fqn, "' is ", step, " (negative)");
+    s->step(step);
     s->exp_avg(GetTensor(in, fqn, "exp_avg", p));
     s->exp_avg_sq(GetTensor(in, fqn, "exp_avg_sq", p));
     if (in.count("max_exp_avg_sq")) s->max_exp_avg_sq(GetTensor(in, fqn, "max_exp_avg_sq", p));
@@ -70,12 +93,15 @@ struct AdamLike {
   }
   static void WriteOptions(const std::map<std::string, c10::IValue>& in, OptimizerOptions& base) {
     auto& o = static_cast<Options&>(base);
-    o.lr(in.at("lr").toDouble());
-    const auto betas = in.at("betas").toTuple();
-    o.betas(std::make_tuple(betas->elements().at(0).toDouble(), betas->elements().at(1).toDouble()));
-    o.eps(in.at("eps").toDouble());
-    o.weight_decay(in.at("weight_decay").toDouble());
-    o.amsgrad(in.at("amsgrad").toBool());
+    o.lr(OptionDouble(in, "lr"));
+    const c10::IValue& betas = Option(in, "betas");
+    TORCH_CHECK(betas.isTuple() && betas.toTupleRef().elements().size() == 2, "param group option 'betas' is a ",
+                betas.tagKind(), ", not a pair of floats");
+    o.betas(std::make_tuple(OptionDouble(betas.toTupleRef().elements()[0], "betas"),
+                            OptionDouble(betas.toTupleRef().elements()[1], "betas")));
+    o.eps(OptionDouble(in, "eps"));
+    o.weight_decay(OptionDouble(in, "weight_decay"));
+    o.amsgrad(OptionBool(in, "amsgrad"));
   }
 };
 
@@ -98,11 +124,11 @@ struct Sgd {
   }
   static void WriteOptions(const std::map<std::string, c10::IValue>& in, OptimizerOptions& base) {
     auto& o = static_cast<torch::optim::SGDOptions&>(base);
-    o.lr(in.at("lr").toDouble());
-    o.momentum(in.at("momentum").toDouble());
-    o.dampening(in.at("dampening").toDouble());
-    o.weight_decay(in.at("weight_decay").toDouble());
-    o.nesterov(in.at("nesterov").toBool());
+    o.lr(OptionDouble(in, "lr"));
+    o.momentum(OptionDouble(in, "momentum"));
+    o.dampening(OptionDouble(in, "dampening"));
+    o.weight_decay(OptionDouble(in, "weight_decay"));
+    o.nesterov(OptionBool(in, "nesterov"));
   }
 };
 
@@ -195,12 +221,18 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
     TORCH_CHECK(params.contains(fqn), "the optimizer state has state for '", fqn,
                 "', which is not a parameter of the optimizer");
   }
-  for (size_t g = 0; g < groups.size(); ++g) kind.write_options(state_dict.param_groups[g].options, groups[g].options());
-  optimizer.state().clear();
+  // Everything is read and checked before the optimizer changes: a bad state leaves it as it was.
+  for (size_t g = 0; g < groups.size(); ++g) {  // on a copy: only the checks count here
+    kind.write_options(state_dict.param_groups[g].options, *groups[g].options().clone());
+  }
+  std::vector<std::pair<void*, std::unique_ptr<OptimizerParamState>>> states;
   for (const auto& [fqn, state] : state_dict.state) {
     const at::Tensor& p = params.at(fqn);
-    optimizer.state()[p.unsafeGetTensorImpl()] = kind.make(state, fqn, p);
+    states.emplace_back(p.unsafeGetTensorImpl(), kind.make(state, fqn, p));
   }
+  for (size_t g = 0; g < groups.size(); ++g) kind.write_options(state_dict.param_groups[g].options, groups[g].options());
+  optimizer.state().clear();
+  for (auto& [key, state] : states) optimizer.state()[key] = std::move(state);
 }
 
 void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<std::string>& fqns,
@@ -285,7 +317,9 @@ std::vector<char> SerializeOptimStateDict(const OptimStateDict& state_dict) {
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [fqn, values] : state_dict.state) {
     c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& [key, value] : values) {
+    for (const auto& item : values) {
+      const std::string& key = item.first;  // (clang 14 cannot capture a structured binding)
+      const StateValue& value = item.second;
       std::visit([&](const auto& v) {
         if constexpr (std::is_same_v<std::decay_t<decltype(v)>, at::Tensor>) {
           entry.insert(key, v.detach().cpu());
@@ -337,7 +371,7 @@ OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const c
 }
 
 OptimStateDict DeserializeOptimStateDict(const std::vector<char>& bytes, const std::string& source) {
-  const c10::IValue root = torch::jit::pickle_load(bytes);
+  const c10::IValue root = per_param::ReadCheckpoint(bytes.data(), bytes.size(), "LoadOptimStateDict: " + source);
   const auto bad = [&](const std::string& what) {
     TORCH_CHECK(false, "LoadOptimStateDict: ", source, " is not an optimizer state dict: ", what);
   };
@@ -372,7 +406,10 @@ OptimStateDict DeserializeOptimStateDict(const std::vector<char>& bytes, const s
       if (!fqn.isString()) bad("param group FQNs must be strings");
       group.params.push_back(fqn.toStringRef());
     }
-    for (const auto& kv : e[1].toGenericDict()) group.options.emplace(kv.key().toStringRef(), kv.value());
+    for (const auto& kv : e[1].toGenericDict()) {
+      if (!kv.key().isString()) bad("param group option names must be strings");
+      group.options.emplace(kv.key().toStringRef(), kv.value());
+    }
     out.param_groups.push_back(std::move(group));
   }
   return out;

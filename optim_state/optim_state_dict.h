@@ -52,7 +52,8 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
 
 // Replaces `optimizer`'s state and group options with `state_dict`'s (tensors are cloned).
 // Errors, each naming the offending value: another optimizer type, an FQN the optimizer does
-// not have, param groups that differ, a state tensor whose shape differs from its parameter.
+// not have, param groups that differ, a state tensor whose shape differs from its parameter,
+// a missing or mistyped option, a negative step. On an error the optimizer is unchanged.
 void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named,
                        const OptimStateDict& state_dict);
 
@@ -68,8 +69,9 @@ std::map<int64_t, std::map<std::string, StateValue>> StateById(const OptimStateD
 OptimStateDict FromStateById(std::string optimizer, std::vector<ParamGroupState> param_groups,
                              const std::map<int64_t, std::map<std::string, StateValue>>& state);
 
-// Torch pickle of the dict (tensors saved from the CPU) and back; the loader validates the
-// structure and reports what is wrong instead of crashing on a malformed file.
+// Torch pickle of the dict (tensors saved from the CPU) and back; the loader reads the file
+// as untrusted bytes (fsdp/per_param/checkpoint_reader.h), validates the structure and
+// reports what is wrong (naming the file and the value) instead of crashing.
 void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path);
 OptimStateDict LoadOptimStateDict(const std::string& path);
 // The same bytes in memory; `source` names them in errors.

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/per_param/checkpoint_reader.h"
 #include "fsdp/per_param/fsdp_state.h"
 
 namespace fsdp::per_param {
@@ -295,13 +296,17 @@ FullStateDict LoadFullStateDictFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "LoadFullStateDictFile: cannot open '", path, "'");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const c10::IValue value = torch::jit::pickle_load(bytes);
-  TORCH_CHECK(value.isGenericDict(), "LoadFullStateDictFile: '", path, "' holds a ", value.tagKind(),
+  return DeserializeFullStateDict(bytes, "'" + path + "'");
+}
+
+FullStateDict DeserializeFullStateDict(const std::vector<char>& bytes, const std::string& source) {
+  const c10::IValue value = ReadCheckpoint(bytes.data(), bytes.size(), "LoadFullStateDictFile: " + source);
+  TORCH_CHECK(value.isGenericDict(), "LoadFullStateDictFile: ", source, " holds a ", value.tagKind(),
               ", not a str -> Tensor dict");
   FullStateDict out;
   for (const auto& item : value.toGenericDict()) {
-    TORCH_CHECK(item.key().isString() && item.value().isTensor(), "LoadFullStateDictFile: '", path,
-                "' has an entry that is not str -> Tensor");
+    TORCH_CHECK(item.key().isString() && item.value().isTensor(), "LoadFullStateDictFile: ", source,
+                " has an entry that is not str -> Tensor (", item.key().tagKind(), " -> ", item.value().tagKind(), ")");
     out.insert(item.key().toStringRef(), item.value().toTensor());
   }
   return out;

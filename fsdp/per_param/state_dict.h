@@ -84,9 +84,13 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
                        const FullStateDictOptions& options = {});
 
 // A full state dict as a file (torch pickle of a str -> Tensor dict; tensors are saved
-// from the CPU) and back.
+// from the CPU) and back. Loading reads untrusted bytes (checkpoint_reader.h): a truncated
+// or corrupted file is a c10::Error naming the file and the bad value. Python's torch.save
+// of a dict or a state_dict() of tensors loads too.
 void SaveFullStateDict(const FullStateDict& state_dict, const std::string& path);
 FullStateDict LoadFullStateDictFile(const std::string& path);
+// The same bytes in memory; `source` names them in errors.
+FullStateDict DeserializeFullStateDict(const std::vector<char>& bytes, const std::string& source);
 
 }  // namespace fsdp::per_param
 

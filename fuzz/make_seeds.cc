@@ -1,0 +1,44 @@
+// Writes the seed corpora of the fuzz targets from real files: make_seeds DIR creates
+// DIR/full_state_dict/, DIR/optim_state/ and DIR/torchrun_env/.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "fsdp/per_param/state_dict.h"
+#include "fuzz/fuzz_models.h"
+#include "optim_state/fsdp2_optim_state.h"
+#include "optim_state/optim_state_dict.h"
+
+namespace {
+void Write(const std::filesystem::path& dir, const fsdp::fuzz::NamedBytes& files) {
+  std::filesystem::create_directories(dir);
+  for (const auto& [name, bytes] : files) {
+    std::ofstream out(dir / name, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::printf("%s: %zu bytes\n", (dir / name).c_str(), bytes.size());
+  }
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds DIR\n");
+    return 2;
+  }
+  const std::filesystem::path dir(argv[1]);
+  // Every seed must load (else the fuzzer starts from files the loaders reject at once).
+  fsdp::fuzz::Target& target = fsdp::fuzz::SharedTarget();
+  const fsdp::fuzz::NamedBytes full = fsdp::fuzz::FullStateDictSeeds(), optim = fsdp::fuzz::OptimStateSeeds();
+  for (const auto& [name, bytes] : full) fsdp::per_param::DeserializeFullStateDict(bytes, name);
+  fsdp::per_param::LoadFullStateDict(*target.model, fsdp::per_param::DeserializeFullStateDict(full[0].second, full[0].first));
+  for (const auto& [name, bytes] : optim) {
+    const auto sd = fsdp::optim_state::DeserializeOptimStateDict(bytes, name);
+    fsdp::optim_state::LoadFullOptimStateDict(*target.model, sd.optimizer == "SGD" ? static_cast<torch::optim::Optimizer&>(*target.sgd) : *target.adamw, sd);
+  }
+  Write(dir / "full_state_dict", full);
+  Write(dir / "optim_state", optim);
+  auto text = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
+  Write(dir / "torchrun_env", {{"ok", text("1\n4\n1\n127.0.0.1\n29500")}, {"no_local", text("0\n1")}});
+  return 0;
+}
