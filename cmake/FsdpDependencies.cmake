@@ -1,0 +1,111 @@
+# Third-party dependencies, as the Bazel repositories @libtorch, @system and @cuda provide
+# them (third_party/*.BUILD). Defines the link targets cmake/FsdpTargets.cmake maps labels to:
+#   fsdp_libtorch     @libtorch        torch_cpu + c10 from the pinned torch wheel
+#   fsdp_c10_cuda     @libtorch//:c10_cuda (FSDP_WITH_CUDA only)
+#   fsdp_absl, fsdp_absl_flags         @system//:absl, :absl_flags (Debian libabsl-dev)
+#   GTest::gtest, GTest::gtest_main    @system//:gtest, :gtest_main (Debian libgtest-dev)
+#   benchmark::benchmark               @system//:benchmark (FSDP_BUILD_BENCH only)
+#   fsdp_cuda_nccl    @cuda//:cuda_nccl  CUDA runtime + NCCL (FSDP_WITH_CUDA only)
+
+# When this project is added with add_subdirectory(), the parent links our targets, whose
+# link interfaces name these imported targets: make them visible everywhere.
+set(CMAKE_FIND_PACKAGE_TARGETS_GLOBAL ON)
+
+find_package(Threads REQUIRED)
+
+# ---------------------------------------------------------------- CUDA + NCCL (optional)
+if(FSDP_WITH_CUDA)
+  if(NOT CUDAToolkit_ROOT AND EXISTS "${FSDP_SOURCE_DIR}/third_party/cuda_root/bin/nvcc")
+    set(CUDAToolkit_ROOT "${FSDP_SOURCE_DIR}/third_party/cuda_root")
+  endif()
+  find_package(CUDAToolkit REQUIRED)  # CMake's FindCUDAToolkit: CUDA::cudart
+  find_path(NCCL_INCLUDE_DIR nccl.h
+            HINTS ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY nccl
+               HINTS ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+    message(FATAL_ERROR "FSDP_WITH_CUDA=ON needs NCCL (nccl.h and libnccl): set NCCL_ROOT, "
+                        "or NCCL_INCLUDE_DIR and NCCL_LIBRARY "
+                        "(found: '${NCCL_INCLUDE_DIR}', '${NCCL_LIBRARY}')")
+  endif()
+  message(STATUS "FSDP_WITH_CUDA: CUDA ${CUDAToolkit_VERSION} (${CUDAToolkit_LIBRARY_DIR}), "
+                 "NCCL ${NCCL_LIBRARY}")
+  add_library(fsdp_cuda_nccl INTERFACE)
+  target_include_directories(fsdp_cuda_nccl SYSTEM INTERFACE "${NCCL_INCLUDE_DIR}")
+  target_link_libraries(fsdp_cuda_nccl INTERFACE "${NCCL_LIBRARY}" CUDA::cudart)
+  # As Bazel's --config=cuda (--copt=-DFSDP_WITH_CUDA=1): every translation unit.
+  add_compile_definitions(FSDP_WITH_CUDA=1)
+endif()
+
+# ---------------------------------------------------------------- LibTorch
+# find_package(Torch) with the torch wheel's own TorchConfig.cmake. Default location: the
+# link `./x setup` makes (third_party/torch_root); otherwise pass -DTorch_DIR=... or
+# -DCMAKE_PREFIX_PATH="$(python -c 'import torch; print(torch.utils.cmake_prefix_path)')".
+if(NOT TARGET torch_cpu)
+  if(NOT Torch_DIR AND EXISTS "${FSDP_SOURCE_DIR}/third_party/torch_root/share/cmake/Torch/TorchConfig.cmake")
+    file(REAL_PATH "${FSDP_SOURCE_DIR}/third_party/torch_root/share/cmake/Torch" _fsdp_torch_dir)
+    set(Torch_DIR "${_fsdp_torch_dir}" CACHE PATH "Directory of the torch wheel's TorchConfig.cmake")
+  endif()
+  # The pinned wheel is built with CUDA, so its Caffe2Config.cmake runs public/cuda.cmake,
+  # which requires the CUDA toolkit (FATAL_ERROR without one; with one it enables the CUDA
+  # language and probes nvcc). We link only torch_cpu + c10, as the Bazel build does: the
+  # CUDA half of the wheel (libtorch_cuda.so, libc10_cuda.so) needs the CUDA runtime
+  # libraries that `pip install --no-deps` leaves out. cuda.cmake starts with
+  # `if(TARGET torch::cudart) return()` (its include guard), so an empty torch::cudart
+  # skips the CUDA search and find_package(Torch) works on CPU-only machines too. Under
+  # FSDP_WITH_CUDA it stands for CMake's CUDA::cudart (for c10_cuda, //device's CUDA path).
+  if(NOT TARGET torch::cudart)
+    add_library(torch::cudart INTERFACE IMPORTED GLOBAL)
+    if(FSDP_WITH_CUDA)
+      target_link_libraries(torch::cudart INTERFACE CUDA::cudart)
+    endif()
+  endif()
+  # Kineto is linked into libtorch_cpu.so; TorchConfig looks for a separate libkineto and
+  # warns "library kineto not found". Point it at where kineto is (TORCH_LIBRARIES, the only
+  # user of it, is not linked here).
+  if(Torch_DIR AND EXISTS "${Torch_DIR}/../../../lib/libtorch_cpu.so")
+    get_filename_component(kineto_LIBRARY "${Torch_DIR}/../../../lib/libtorch_cpu.so" ABSOLUTE)
+  endif()
+  find_package(Torch REQUIRED CONFIG)
+endif()
+message(STATUS "LibTorch: ${TORCH_INSTALL_PREFIX} (torch_cpu + c10 only)")
+
+add_library(fsdp_libtorch INTERFACE)
+# torch_cpu carries include/ and USE_DISTRIBUTED / USE_C10D_GLOO; the C++ frontend
+# (torch/torch.h, torch::nn, torch::optim) lives under include/torch/csrc/api/include.
+target_include_directories(fsdp_libtorch SYSTEM INTERFACE
+                           "${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include")
+target_link_libraries(fsdp_libtorch INTERFACE torch_cpu c10 Threads::Threads)
+target_compile_features(fsdp_libtorch INTERFACE cxx_std_20)
+add_library(libtorch_fsdp::libtorch ALIAS fsdp_libtorch)
+
+if(FSDP_WITH_CUDA)
+  add_library(fsdp_c10_cuda INTERFACE)
+  target_link_libraries(fsdp_c10_cuda INTERFACE c10_cuda fsdp_libtorch CUDA::cudart)
+endif()
+
+# ---------------------------------------------------------------- Debian packages
+# gloo headers (c10d's ProcessGroupGloo.hpp includes them; the wheel does not ship them; the
+# gloo code itself is inside libtorch_cpu.so) come from libgloo-dev in /usr/include.
+if(NOT EXISTS "/usr/include/gloo/config.h")
+  find_path(GLOO_INCLUDE_DIR gloo/config.h)
+  if(NOT GLOO_INCLUDE_DIR)
+    message(FATAL_ERROR "gloo headers not found (Debian: apt-get install libgloo-dev)")
+  endif()
+  target_include_directories(fsdp_libtorch SYSTEM INTERFACE "${GLOO_INCLUDE_DIR}")
+endif()
+
+find_package(absl REQUIRED CONFIG)
+add_library(fsdp_absl INTERFACE)
+target_link_libraries(fsdp_absl INTERFACE absl::strings absl::str_format absl::synchronization
+                      absl::time absl::flat_hash_map absl::flat_hash_set absl::hash absl::base)
+add_library(fsdp_absl_flags INTERFACE)
+target_link_libraries(fsdp_absl_flags INTERFACE absl::flags absl::flags_parse absl::flags_usage
+                      absl::flags_reflection fsdp_absl)
+
+if(FSDP_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(FSDP_BUILD_BENCH)
+  find_package(benchmark REQUIRED CONFIG)
+endif()

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The CMake build (CMakeLists.txt): configure with Ninja + ccache, build, run every test with
+# CTest, and print 'N passed, N failed' (CTest tests, one per Bazel cc_test) as the last line.
+# When nvcc and nccl.h are present, also configures a second build with -DFSDP_WITH_CUDA=ON
+# and builds the NCCL backend + nccl_test (compile and link check; there is no GPU here).
+#
+#   tools/cmake_build.sh          (after ./x setup: needs third_party/torch_root)
+#
+# Build trees and the ccache live under the cache directory (cmake-build/,
+# cmake-build-cuda/, ccache/), so warm runs only recompile what changed. Environment:
+# FSDP_CACHE_DIR (cache directory), FSDP_CMAKE_JOBS (build jobs, default 2),
+# FSDP_CTEST_JOBS (tests run at once, default 2). Exit status non-zero when configuring,
+# building or any test failed.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/libtorch-fsdp}"
+BUILD="$CACHE/cmake-build"
+CUDA_BUILD="$CACHE/cmake-build-cuda"
+JOBS="${FSDP_CMAKE_JOBS:-2}"
+CTEST_JOBS="${FSDP_CTEST_JOBS:-2}"
+export CCACHE_DIR="$CACHE/ccache"
+# Hits across checkouts of the same sources (paths under ROOT are hashed relative to it).
+export CCACHE_BASEDIR="$ROOT"
+
+step() { printf '\n==> %s\n' "$*"; }
+run() { printf '+ %s\n' "$*"; "$@"; }
+die() { printf 'cmake_build: error: %s\n' "$*" >&2; echo "0 passed, 1 failed"; exit 1; }
+
+for tool in cmake ninja; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool not found (Debian: apt-get install cmake ninja-build)"
+done
+[ -f "$ROOT/third_party/torch_root/share/cmake/Torch/TorchConfig.cmake" ] ||
+  die "third_party/torch_root/share/cmake/Torch/TorchConfig.cmake missing: run ./x setup"
+LAUNCHER=()
+if command -v ccache >/dev/null 2>&1; then
+  mkdir -p "$CCACHE_DIR"
+  LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+else
+  echo "warning: ccache not found (Debian: apt-get install ccache); building without it"
+fi
+
+rc=0
+t0=$SECONDS
+step "configure $BUILD (Ninja${LAUNCHER:+, ccache in $CCACHE_DIR})"
+if ! run cmake -S "$ROOT" -B "$BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=OFF \
+     -DFSDP_BUILD_TESTS=ON; then
+  die "CMake configuration failed (see above)"
+fi
+
+step "build (-j$JOBS, nice -n 10; keeps going past errors so every test that can run does)"
+[ ${#LAUNCHER[@]} -eq 0 ] || ccache --zero-stats >/dev/null 2>&1
+t_build=$SECONDS
+if ! run nice -n 10 cmake --build "$BUILD" -j "$JOBS" -- -k 0; then
+  echo "BUILD FAILED (tests whose binaries are missing are counted as failed below)"
+  rc=1
+fi
+build_note="build: $((SECONDS - t_build)) s"
+if [ ${#LAUNCHER[@]} -gt 0 ]; then
+  build_note+=", ccache: $(ccache --print-stats 2>/dev/null | awk -F'\t' '
+    $1=="direct_cache_hit"||$1=="preprocessed_cache_hit"{h+=$2} $1=="cache_miss"{m+=$2}
+    END{printf "%d hits, %d misses", h, m}')"
+fi
+
+step "ctest -j$CTEST_JOBS --output-on-failure (per-test timeouts from the Bazel sizes: small 60 s, medium 300 s, large 900 s)"
+CTEST_LOG="$BUILD/ctest.log"
+t_test=$SECONDS
+(cd "$BUILD" && run ctest -j "$CTEST_JOBS" --output-on-failure --timeout 900) 2>&1 | tee "$CTEST_LOG"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+test_note="tests: $((SECONDS - t_test)) s"
+
+# FSDP_WITH_CUDA: the NCCL backend compiles and links against the CUDA runtime + NCCL.
+cuda_note="cuda build: skipped (nvcc or nccl.h not found)"
+NVCC="$(command -v nvcc 2>/dev/null || true)"
+[ -n "$NVCC" ] || { [ -x "$ROOT/third_party/cuda_root/bin/nvcc" ] && NVCC="$ROOT/third_party/cuda_root/bin/nvcc"; }
+if [ -n "$NVCC" ]; then
+  CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+  if [ -f "$CUDA_HOME_GUESS/include/nccl.h" ] || [ -f /usr/include/nccl.h ]; then
+    step "FSDP_WITH_CUDA=ON: configure $CUDA_BUILD, build comm_nccl + comm_nccl_test (compile + link only)"
+    if run cmake -S "$ROOT" -B "$CUDA_BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=ON \
+         -DFSDP_BUILD_TESTS=ON -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" &&
+       run nice -n 10 cmake --build "$CUDA_BUILD" -j "$JOBS" --target comm_nccl comm_nccl_test; then
+      cuda_note="cuda build: ok (comm_nccl + comm_nccl_test against $CUDA_HOME_GUESS)"
+    else
+      cuda_note="cuda build: FAILED (FSDP_WITH_CUDA=ON, see above)"
+      rc=1
+    fi
+  fi
+fi
+
+step "results (CMake)"
+echo "$build_note; $test_note; total $((SECONDS - t0)) s"
+echo "$cuda_note"
+summary="$(python3 - "$CTEST_LOG" <<'EOF'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+m = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", text)
+if not m:
+    print("no CTest summary found")
+    print("0 passed, 1 failed")
+    sys.exit(1)
+failed, total = int(m.group(2)), int(m.group(3))
+for line in text.splitlines():
+    if re.match(r"\s*\d+ - \S+ \(", line):      # the list under "The following tests FAILED:"
+        print("FAILED:", line.strip())
+print(f"{total - failed} passed, {failed} failed")
+sys.exit(1 if failed or total == 0 else 0)
+EOF
+)" || rc=1
+printf '%s\n' "$summary"
+exit $rc
