@@ -150,7 +150,7 @@ def load_build_files(root):
 
 
 def describe(kind, pkg, kw):
-    """The fields CMake must mirror, as sorted tuples of strings."""
+    """The fields CMake must mirror (lists of strings, sorted except args)."""
     def files(attr, cuda):
         return sorted(f"{pkg}/{s}" if pkg else s for s in resolve(kw.get(attr), cuda))
 
