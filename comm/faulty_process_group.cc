@@ -128,6 +128,7 @@ WorkPtr FaultyProcessGroup::Run(const char* op, const at::Tensor& output, Issue&
     }
   }
   TORCH_CHECK(false, "FaultyProcessGroup: unknown fault kind");
+  return nullptr;  // not reached; gcc does not know TORCH_CHECK(false) throws (-Wreturn-type)
 }
 
 WorkPtr FaultyProcessGroup::DoAllGather(const at::Tensor& output, const at::Tensor& input) {
