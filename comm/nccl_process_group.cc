@@ -11,9 +11,11 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -21,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/internal/cuda_utils.h"
 #include "comm/internal/tcp_store.h"
+#include "comm/watchdog.h"
 
 namespace fsdp::comm {
 namespace {
@@ -28,34 +31,6 @@ namespace {
 using internal::CudaEvent;
 using internal::DeviceGuard;
 using internal::NcclErrorText;
-
-// Polls `done` (and, when `comm` is given, its async error) until the event completed, an
-// error showed up, or `timeout` passed. Returns cudaSuccess, cudaErrorNotReady (timeout or
-// async error: see `async_error`) or the CUDA error of the query.
-cudaError_t PollEvent(cudaEvent_t done, ncclComm_t comm, Timeout timeout,
-                      ncclResult_t* async_error) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + timeout;
-  std::chrono::microseconds pause(10);
-  while (true) {
-    const cudaError_t query = cudaEventQuery(done);
-    if (query == cudaSuccess) return query;
-    (void)cudaGetLastError();  // as LibTorch does: "not ready" must not linger as an error
-    if (query != cudaErrorNotReady) return query;
-    if (comm != nullptr) {
-      ncclResult_t async = ncclSuccess;
-      const ncclResult_t status = ncclCommGetAsyncError(comm, &async);
-      if (status != ncclSuccess) async = status;
-      if (async != ncclSuccess && async != ncclInProgress) {
-        *async_error = async;
-        return cudaErrorNotReady;
-      }
-    }
-    if (Clock::now() >= deadline) return cudaErrorNotReady;
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
-  }
-}
 
 // One communicator with its stream, shared by the group and its Works (a Work may outlive
 // its group). Keeps the tensors of queued collectives alive until their completion event
@@ -75,24 +50,25 @@ class NcclComm {
   }
 
   ~NcclComm() {
+    // The last owner: no other thread uses the communicator any more.
     if (comm_ == nullptr) return;
     int previous = -1;
     const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
                           cudaSetDevice(device_) == cudaSuccess;
     // Destroying a communicator with collectives in flight can hang on peers that never
     // join them: give them the group's timeout, then abort.
-    bool idle = aborted_ ? false : WaitIdle(comm_, shutdown_timeout_);
+    bool idle = aborted_ ? false : WaitIdle(/*check_async=*/true, shutdown_timeout_);
     if (!aborted_) {
       if (idle) {
         (void)ncclCommDestroy(comm_);
       } else {
         (void)ncclCommAbort(comm_);
-        aborted_ = true;
+        aborted_.store(true);
       }
     }
     // Aborted kernels exit promptly; if the stream still did not drain, leak the tensors
     // and the barrier buffer rather than hand memory back that a kernel may still write.
-    if (!idle) idle = WaitIdle(nullptr, std::chrono::seconds(10));
+    if (!idle) idle = WaitIdle(/*check_async=*/false, std::chrono::seconds(10));
     if (idle) {
       pending_.clear();
       if (barrier_buffer_ != nullptr) (void)cudaFree(barrier_buffer_);
@@ -113,15 +89,39 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  ncclComm_t get() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
-  bool aborted() const { return aborted_; }
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
-  // A collective after an abort would use a freed communicator.
-  void CheckUsable(const std::string& what) const {
-    TORCH_CHECK_WITH(DistBackendError, !aborted_, what,
-                     ": the NCCL communicator was aborted after an earlier failure");
+  // Runs `fn(comm)` holding the communicator: an abort requested meanwhile (by the
+  // watchdog thread) runs when `fn` returned, never during an NCCL call. Throws
+  // DistBackendError naming `what` once aborted (the communicator is freed then).
+  template <typename Fn>
+  void Use(const std::string& what, Fn&& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      TORCH_CHECK_WITH(DistBackendError, !aborted(), what,
+                       ": the NCCL communicator was aborted after an earlier failure");
+      AbortIfRequestedOnExit deferred(this);
+      fn(comm_);
+    }
+    RunRequestedAbort();
+  }
+
+  // The communicator's asynchronous error, ncclSuccess if none. Never blocks: also
+  // ncclSuccess once aborted or while another thread holds the communicator (ask again).
+  ncclResult_t AsyncError() {
+    ncclResult_t result = ncclSuccess;
+    {
+      std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+      if (!lock.owns_lock() || aborted()) return ncclSuccess;
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t status = ncclCommGetAsyncError(comm_, &async);
+      result = status != ncclSuccess ? status : async;
+      if (result == ncclInProgress) result = ncclSuccess;
+    }
+    RunRequestedAbort();
+    return result;
   }
 
   // The group's stream waits for everything already queued on the legacy default stream
@@ -152,12 +152,12 @@ class NcclComm {
     }
   }
 
-  // After an async error the communicator is unusable; aborting also stops its kernels.
-  void Abort() {
-    if (aborted_) return;
-    DeviceGuard guard(device_);
-    (void)ncclCommAbort(comm_);
-    aborted_ = true;
+  // After an async error or a timeout the communicator is unusable; aborting also makes
+  // its kernels exit. Any thread, never blocks: while another thread is inside an NCCL call
+  // on the communicator (see Use), that thread aborts when the call returned.
+  void Abort() noexcept {
+    abort_requested_.store(true);
+    RunRequestedAbort();
   }
 
   // A 4-byte device buffer for barrier's all_reduce, made on first use.
@@ -176,82 +176,205 @@ class NcclComm {
     std::vector<at::Tensor> tensors;
   };
 
+  // Runs a requested abort when the holder of mu_ leaves Use (also when `fn` threw).
+  struct AbortIfRequestedOnExit {
+    explicit AbortIfRequestedOnExit(NcclComm* c) : comm(c) {}
+    ~AbortIfRequestedOnExit() {
+      if (comm->abort_requested_.load()) comm->AbortLocked();
+    }
+    NcclComm* comm;
+  };
+
   NcclComm(ncclComm_t comm, int device, Timeout shutdown_timeout)
       : comm_(comm), device_(device), shutdown_timeout_(shutdown_timeout) {}
 
+  // Aborts now if an abort was requested and no other thread holds the communicator (the
+  // holder aborts on its way out: it re-checks after unlocking, so no request is lost).
+  void RunRequestedAbort() noexcept {
+    if (!abort_requested_.load() || aborted()) return;
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) AbortLocked();
+  }
+
+  // mu_ held.
+  void AbortLocked() noexcept {
+    if (aborted()) return;
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    (void)ncclCommAbort(comm_);
+    aborted_.store(true, std::memory_order_release);
+    (void)cudaGetLastError();
+    if (switched) (void)cudaSetDevice(previous);
+  }
+
   // True once every queued collective finished; false on timeout, async error (when
-  // `comm` is given) or a CUDA error.
-  bool WaitIdle(ncclComm_t comm, Timeout timeout) {
+  // `check_async`) or a CUDA error.
+  bool WaitIdle(bool check_async, Timeout timeout) {
     if (pending_.empty()) return true;
-    ncclResult_t async = ncclSuccess;
-    return PollEvent(pending_.back().done->get(), comm, timeout, &async) == cudaSuccess;
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline = Clock::now() + timeout;
+    std::chrono::microseconds pause(10);
+    while (true) {
+      const cudaError_t query = cudaEventQuery(pending_.back().done->get());
+      if (query == cudaSuccess) return true;
+      (void)cudaGetLastError();
+      if (query != cudaErrorNotReady) return false;
+      if (check_async && AsyncError() != ncclSuccess) return false;
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    }
   }
 
   ncclComm_t comm_;
   int device_;
   Timeout shutdown_timeout_;
-  bool aborted_ = false;
+  // mu_ guards every NCCL call on comm_ (an abort frees it).
+  std::mutex mu_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> abort_requested_{false};
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CudaEvent> default_stream_ready_;
   void* barrier_buffer_ = nullptr;
   std::deque<Pending> pending_;
 };
 
+// What the group's collectives share with the watchdog (null members: watchdog off).
+struct NcclWatch {
+  std::shared_ptr<Watchdog> watchdog;
+  std::shared_ptr<Watchdog::Communicator> comm;
+};
+
+// The watchdog's non-blocking poll of one collective (on the watchdog thread). Holds the
+// communicator weakly: the watchdog must not keep a destroyed group's communicator alive.
+std::function<WatchPoll()> MakeWatchPoll(const std::shared_ptr<NcclComm>& comm,
+                                         std::shared_ptr<CudaEvent> done) {
+  return [weak = std::weak_ptr<NcclComm>(comm), done = std::move(done),
+          device = comm->device()]() -> WatchPoll {
+    // Without this the watchdog thread's first CUDA call would create a context on
+    // device 0 (memory on a GPU this rank does not use).
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != device) (void)cudaSetDevice(device);
+    const cudaError_t query = cudaEventQuery(done->get());
+    if (query == cudaSuccess) return WatchPoll::Done();
+    (void)cudaGetLastError();
+    if (query != cudaErrorNotReady) {
+      return WatchPoll::Failed(absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(query),
+                                            " (", cudaGetErrorString(query), ")"));
+    }
+    if (std::shared_ptr<NcclComm> c = weak.lock()) {
+      const ncclResult_t async = c->AsyncError();
+      if (async != ncclSuccess) {
+        return WatchPoll::Failed(absl::StrCat("NCCL async error: ", NcclErrorText(async)));
+      }
+    }
+    return WatchPoll::Running();
+  };
+}
+
 class NcclWork final : public Work {
  public:
   NcclWork(std::string description, Timeout timeout, std::shared_ptr<NcclComm> comm,
-           std::shared_ptr<CudaEvent> done)
-      : Work(std::move(description), timeout), comm_(std::move(comm)), done_(std::move(done)) {}
+           std::shared_ptr<CudaEvent> done, NcclWatch watch,
+           std::shared_ptr<Watchdog::Collective> watched)
+      : Work(std::move(description), timeout),
+        comm_(std::move(comm)),
+        done_(std::move(done)),
+        watch_(std::move(watch)),
+        watched_(std::move(watched)) {}
 
   bool is_completed() override { return Poll(Timeout(0)); }
   std::exception_ptr exception() override { return error_; }
 
  protected:
-  bool WaitFor(Timeout timeout) override { return Poll(timeout); }
+  // As in PyTorch, a timed-out wait aborts the communicator: the collective would keep
+  // running (and later ones queue behind it) after the caller gave up on it.
+  bool WaitFor(Timeout timeout) override {
+    if (Poll(timeout)) return true;
+    const std::string message = absl::StrCat(
+        description(), " timed out after ", timeout.count(), " ms in Work::wait (still running on cuda:",
+        comm_->device(), "; a rank may not have joined it)");
+    if (watched_ == nullptr) {
+      comm_->Abort();
+      return false;  // Work::wait reports the timeout, with TimeoutDetail
+    }
+    watch_.watchdog->Fail(watch_.comm, watched_.get(),
+                          absl::StrCat(message, "; communicator ", watch_.comm->name(),
+                                       " aborted by the watchdog"));
+    return Poll(Timeout(0));  // failed now: by this timeout or a failure just before it
+  }
 
   std::string TimeoutDetail() override {
     return absl::StrCat("the collective is still running on cuda:", comm_->device(),
-                        " (a rank may not have joined it); the communicator was not aborted");
+                        " (a rank may not have joined it); the communicator was aborted, so "
+                        "later collectives on this group fail");
   }
 
  private:
-  // True once finished, successfully or not; a failure lands in error_.
+  // True once finished, successfully or not; a failure lands in error_. Polls the event
+  // itself (fast completion) and the watchdog's verdict (failures found elsewhere).
   bool Poll(Timeout timeout) {
     if (finished_) return true;
-    // A communicator aborted by another Work's failure: this collective's result is lost
-    // (its event may still complete, as abort makes the kernels exit).
-    if (comm_->aborted()) {
-      return Fail("the NCCL communicator was aborted after an earlier failure");
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline = Clock::now() + timeout;
+    std::chrono::microseconds pause(10);
+    while (true) {
+      // A communicator aborted by another Work's failure: this collective's result is lost
+      // (its event may still complete, as abort makes the kernels exit).
+      if (watched_ == nullptr && comm_->aborted()) {
+        return Fail(absl::StrCat(description(), " failed: the NCCL communicator was aborted "
+                                 "after an earlier failure"));
+      }
+      const cudaError_t query = cudaEventQuery(done_->get());
+      if (query != cudaSuccess) (void)cudaGetLastError();  // "not ready" must not linger
+      // After the event: the watchdog marks the communicator failed before aborting it, so
+      // an event completed by the abort is never taken for a result.
+      if (watched_ != nullptr) {
+        WatchPoll verdict = watched_->status();
+        if (verdict.state == WatchPoll::State::kFailed) return Fail(std::move(verdict.error));
+      }
+      if (query == cudaSuccess) {
+        comm_->PruneCompleted();  // release buffers now rather than at the next collective
+        return finished_ = true;
+      }
+      if (query != cudaErrorNotReady) {
+        return FailAndAbort(absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(query),
+                                         " (", cudaGetErrorString(query), ")"));
+      }
+      const ncclResult_t async = comm_->AsyncError();
+      if (async != ncclSuccess) {
+        return FailAndAbort(absl::StrCat("NCCL async error: ", NcclErrorText(async)));
+      }
+      if (Clock::now() >= deadline) return false;  // still running after `timeout`
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
     }
-    ncclResult_t async = ncclSuccess;
-    const cudaError_t status = PollEvent(done_->get(), comm_->get(), timeout, &async);
-    if (status == cudaSuccess) {
-      comm_->PruneCompleted();  // release buffers now rather than at the next collective
-      return finished_ = true;
-    }
-    if (status != cudaErrorNotReady) {
-      return Fail(absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(status), " (",
-                               cudaGetErrorString(status), ")"));
-    }
-    if (async != ncclSuccess) {
-      const std::string detail = NcclErrorText(async);
-      comm_->Abort();
-      return Fail(absl::StrCat("NCCL async error: ", detail, "; communicator aborted"));
-    }
-    return false;  // still running after `timeout`
   }
 
-  bool Fail(const std::string& reason) {
-    try {
-      TORCH_CHECK_WITH(DistBackendError, false, description(), " failed: ", reason);
-    } catch (...) {
-      error_ = std::current_exception();
+  // A failure seen by this Work: abort the communicator (through the watchdog, which also
+  // fails the communicator's other collectives) and fail.
+  bool FailAndAbort(const std::string& reason) {
+    if (watched_ == nullptr) {
+      comm_->Abort();
+      return Fail(absl::StrCat(description(), " failed: ", reason, "; communicator aborted"));
     }
+    watch_.watchdog->Fail(watch_.comm, watched_.get(),
+                          absl::StrCat(description(), " failed: ", reason, "; communicator ",
+                                       watch_.comm->name(), " aborted by the watchdog"));
+    return Fail(watched_->status().error);  // ours, or the failure that came first
+  }
+
+  bool Fail(std::string message) {
+    error_ = std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(message)));
     return finished_ = true;
   }
 
   std::shared_ptr<NcclComm> comm_;
   std::shared_ptr<CudaEvent> done_;
+  NcclWatch watch_;
+  std::shared_ptr<Watchdog::Collective> watched_;  // null: watchdog off
   bool finished_ = false;
   std::exception_ptr error_;
 };
@@ -350,9 +473,19 @@ class NcclGroup {
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
+  // `watchdog` null: no watchdog. Subgroups share their parent's.
   NcclProcessGroup(std::shared_ptr<NcclComm> comm, int rank, int size, Timeout timeout,
-                   c10::intrusive_ptr<c10d::Store> store)
-      : ProcessGroup(rank, size, timeout), comm_(std::move(comm)), store_(std::move(store)) {}
+                   c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<Watchdog> watchdog)
+      : ProcessGroup(rank, size, timeout), comm_(std::move(comm)), store_(std::move(store)) {
+    if (watchdog != nullptr) {
+      watch_.comm = watchdog->AddCommunicator(
+          absl::StrCat(WhoAmI(), " on cuda:", comm_->device()),
+          [weak = std::weak_ptr<NcclComm>(comm_)] {
+            if (std::shared_ptr<NcclComm> c = weak.lock()) c->Abort();
+          });
+      watch_.watchdog = std::move(watchdog);
+    }
+  }
 
   std::string backend_name() const override { return "nccl"; }
 
@@ -450,20 +583,24 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
-    comm_->CheckUsable(absl::StrCat("new_subgroup on ", WhoAmI()));
+    const std::string what = absl::StrCat("new_subgroup on ", WhoAmI());
+    if (watch_.comm != nullptr) watch_.comm->ThrowIfFailed(what);
     const auto it = std::find(ranks.begin(), ranks.end(), rank());
     const bool member = it != ranks.end();
     DeviceGuard guard(comm_->device());
     ncclComm_t child = nullptr;
-    // Collective over this group. Key = parent rank keeps the sorted `ranks` order.
-    FSDP_NCCL_CHECK(ncclCommSplit(comm_->get(), member ? 0 : NCCL_SPLIT_NOCOLOR, rank(), &child,
-                                  /*config=*/nullptr));
+    // Collective over this group (not watched: it blocks until every rank joined). Key =
+    // parent rank keeps the sorted `ranks` order.
+    comm_->Use(what, [&](ncclComm_t comm) {
+      FSDP_NCCL_CHECK(ncclCommSplit(comm, member ? 0 : NCCL_SPLIT_NOCOLOR, rank(), &child,
+                                    /*config=*/nullptr));
+    });
     if (!member) return nullptr;
     TORCH_CHECK(child != nullptr, "new_subgroup on ", WhoAmI(),
                 ": ncclCommSplit returned no communicator for a member");
     return std::make_shared<NcclProcessGroup>(
         NcclComm::Adopt(child, comm_->device(), timeout()), static_cast<int>(it - ranks.begin()),
-        static_cast<int>(ranks.size()), timeout(), store_);
+        static_cast<int>(ranks.size()), timeout(), store_, watch_.watchdog);
   }
 
  private:
@@ -485,17 +622,26 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // Runs `launch` on the group's stream after the default stream's queued work and returns
   // a Work on the completion event. `tensors` stay alive until the collective finished.
+  // With the watchdog on, the collective is watched from its enqueue with the group's
+  // timeout; a failed communicator fails it before anything is enqueued (sticky error).
   template <typename Launch>
   WorkPtr Enqueue(const std::string& what, std::vector<at::Tensor> tensors, Launch&& launch) {
-    comm_->CheckUsable(what);
+    if (watch_.comm != nullptr) watch_.comm->ThrowIfFailed(what);
     DeviceGuard guard(comm_->device());
     comm_->WaitForDefaultStream();
-    launch(comm_->get(), comm_->stream());
+    comm_->Use(what, [&](ncclComm_t comm) { launch(comm, comm_->stream()); });
     std::shared_ptr<CudaEvent> done = comm_->RecordCompletion(std::move(tensors));
-    return std::make_shared<NcclWork>(what, timeout(), comm_, std::move(done));
+    std::shared_ptr<Watchdog::Collective> watched;
+    if (watch_.watchdog != nullptr) {
+      // Throws if the communicator failed since the check above: the result is lost.
+      watched = watch_.watchdog->Watch(watch_.comm, what, timeout(), MakeWatchPoll(comm_, done));
+    }
+    return std::make_shared<NcclWork>(what, timeout(), comm_, std::move(done), watch_,
+                                      std::move(watched));
   }
 
   std::shared_ptr<NcclComm> comm_;
+  NcclWatch watch_;
   // Kept for the group's lifetime: rank 0 serves the rendezvous store.
   c10::intrusive_ptr<c10d::Store> store_;
   uint64_t next_seq_ = 0;
@@ -512,6 +658,9 @@ ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env,
               options.timeout.count(), " ms");
   TORCH_CHECK(options.device_index >= -1, kFn, ": NcclOptions.device_index must be >= -1, got ",
               options.device_index);
+  TORCH_CHECK(!options.watchdog || options.watchdog_poll_interval.count() > 0, kFn,
+              ": NcclOptions.watchdog_poll_interval must be positive, got ",
+              options.watchdog_poll_interval.count(), " ms");
   const int device = options.device_index >= 0 ? options.device_index : env.local_rank;
   int device_count = 0;
   FSDP_CUDA_CHECK(cudaGetDeviceCount(&device_count));
@@ -537,8 +686,15 @@ ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env,
   ncclComm_t comm = nullptr;
   // Blocks until every rank joined (no timeout of its own).
   FSDP_NCCL_CHECK(ncclCommInitRank(&comm, env.world_size, id, env.rank));
+  std::shared_ptr<Watchdog> watchdog;
+  if (options.watchdog) {
+    WatchdogOptions watchdog_options;
+    watchdog_options.poll_interval = options.watchdog_poll_interval;
+    watchdog = std::make_shared<Watchdog>(std::move(watchdog_options));
+  }
   return std::make_shared<NcclProcessGroup>(NcclComm::Adopt(comm, device, options.timeout),
-                                            env.rank, env.world_size, options.timeout, store);
+                                            env.rank, env.world_size, options.timeout, store,
+                                            std::move(watchdog));
 }
 
 ProcessGroupPtr CreateNcclProcessGroupFromEnv(const NcclOptions& options) {

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 
 #ifdef FSDP_WITH_CUDA
@@ -108,6 +109,32 @@ TEST(NcclTest, OneRankGroup) {
   ProcessGroupPtr sub = group->new_subgroup({0});
   ASSERT_NE(sub, nullptr);
   EXPECT_EQ(sub->size(), 1);
+  sub->barrier()->wait();
+}
+
+TEST(NcclTest, RejectsNonPositiveWatchdogPollInterval) {
+  NcclOptions options;
+  options.watchdog_poll_interval = std::chrono::milliseconds(0);
+  const std::string error =
+      ErrorOf([&] { CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options); });
+  EXPECT_NE(error.find("NcclOptions.watchdog_poll_interval must be positive, got 0 ms"),
+            std::string::npos)
+      << error;
+}
+
+TEST(NcclTest, OneRankGroupWithoutWatchdog) {
+  SKIP_WITHOUT_GPU();
+  NcclOptions options;
+  options.device_index = 0;
+  options.timeout = Timeout(60000);
+  options.watchdog = false;
+  ProcessGroupPtr group = CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options);
+  WorkPtr work = group->barrier();
+  work->wait();
+  EXPECT_TRUE(work->is_completed());
+  EXPECT_EQ(work->exception(), nullptr);
+  ProcessGroupPtr sub = group->new_subgroup({0});
+  ASSERT_NE(sub, nullptr);
   sub->barrier()->wait();
 }
 
