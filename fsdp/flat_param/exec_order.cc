@@ -59,9 +59,9 @@ void ExecOrderData::NextIter() {
   post_forward_order_.clear();
 }
 
-std::optional<FreeEventQueue::Event> FreeEventQueue::DequeueIfNeeded() {
-  if (static_cast<int>(queue_.size()) < kMaxNumInflightAllGathers) return std::nullopt;
-  Event event = queue_.front();
+device::EventPtr FreeEventQueue::DequeueIfNeeded() {
+  if (static_cast<int>(queue_.size()) < kMaxNumInflightAllGathers) return nullptr;
+  device::EventPtr event = std::move(queue_.front());
   queue_.pop_front();
   return event;
 }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "device/stream.h"
 #include "fsdp/flat_param/flat_param.h"
 
 namespace fsdp::flat_param {
@@ -48,29 +49,23 @@ class ExecOrderData {
 };
 
 // limit_all_gathers: each reshard that frees an unsharded flat parameter enqueues a free
-// event; before an all-gather, with 2 or more queued, the oldest is dequeued and synchronized
-// (at most 2 all-gathers' memory in flight). On the CPU, collectives are synchronous here, so
-// an event is complete when recorded and synchronizing it is bookkeeping: `num_synchronized`
-// counts the rate limiter's waits.
+// event (recorded on the compute stream: the freed memory's last readers are done once it
+// completes); before an all-gather, with kMaxNumInflightAllGathers or more queued, the oldest
+// is dequeued and the host synchronizes it, so that at most 2 all-gathers' memory is in flight
+// (the seed's _FreeEventQueue). `num_synchronized` counts the rate limiter's waits.
 class FreeEventQueue {
  public:
-  struct Event {
-    int64_t id = 0;
-    void synchronize() const {}
-  };
   static constexpr int kMaxNumInflightAllGathers = 2;
 
-  void Enqueue(Event event) { queue_.push_back(event); }
-  // The oldest event when kMaxNumInflightAllGathers or more are queued.
-  std::optional<Event> DequeueIfNeeded();
-  Event Record() { return Event{next_id_++}; }
+  void Enqueue(device::EventPtr free_event) { queue_.push_back(std::move(free_event)); }
+  // The oldest event when kMaxNumInflightAllGathers or more are queued, else null.
+  device::EventPtr DequeueIfNeeded();
   size_t size() const { return queue_.size(); }
   int64_t num_synchronized() const { return num_synchronized_; }
   void CountSynchronized() { ++num_synchronized_; }
 
  private:
-  std::deque<Event> queue_;
-  int64_t next_id_ = 0;
+  std::deque<device::EventPtr> queue_;
   int64_t num_synchronized_ = 0;
 };
 

@@ -34,7 +34,9 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "device/stream.h"
 #include "fsdp/common/flat_layout.h"
+#include "fsdp/flat_param/flat_param_streams.h"
 
 namespace torch::nn {
 class Module;
@@ -182,11 +184,22 @@ class FlatParamHandle {
   // the freed low precision shard, the CPU gradient for offloading.
   void InitFlatParamAttributes();
 
-  // pre_unshard (writeback, low precision shard); returns whether it did anything.
+  // The streams the handle's work runs on (flat_param_streams.h): the FSDP runtime sets its
+  // root's at lazy init. A handle without them uses the calling thread's inline streams, and
+  // Unshard / ReduceScatterGrad then wait for their work before returning (results in place).
+  void SetStreams(const FlatParamStreams* streams) { streams_ = streams; }
+  const FlatParamStreams& streams() const { return streams_ ? *streams_ : ThreadInlineFlatParamStreams(); }
+
+  // pre_unshard (writeback, low precision shard); returns whether it did anything. The low
+  // precision cast runs on the unshard stream.
   bool PreUnshard();
-  // unshard: all-gather (synchronous) into the re-allocated padded unsharded flat param and
-  // switch to its unpadded prefix; the originals become views into it. NO_SHARD: views only.
+  // unshard: all-gather into the re-allocated padded unsharded flat param on the unshard
+  // stream and switch to its unpadded prefix; the originals become views into it (their data
+  // is there once WaitForUnshard ordered the compute stream after it). NO_SHARD: views only.
   void Unshard();
+  // The seed's current_stream.wait_stream(unshard_stream): the compute stream waits for the
+  // last Unshard's all-gather (and low precision cast). No-op when nothing is pending.
+  void WaitForUnshard();
   bool NeedsUnshard() const;
   void PostUnshard();
   // reshard: back to the sharded flat param (sharded views with use_orig_params); frees the
@@ -220,7 +233,11 @@ class FlatParamHandle {
   // parameter dtype, accumulate into saved_grad_shard (NO_SHARD: flat_param.grad), copy into
   // cpu_grad when offloading. Divide factors: GradientPredivideFactor of the data-parallel
   // size (shard size x inter-node size) and the rest after. Returns the sharded gradient.
-  // A comm_hook replaces the communication and both divides (not with hybrid strategies).
+  // A comm_hook replaces the communication and both divides (not with hybrid strategies); it
+  // runs on the post-backward stream in its collective's turn (the sequencer's).
+  // The work runs on the post-backward stream after the compute stream's (hybrid: the
+  // inter-node all-reduce and what follows on the all-reduce stream); tensors are assigned at
+  // once, their data is there once the compute stream waited for those streams.
   at::Tensor ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group = nullptr,
                                const CommHook& comm_hook = {});
   // prepare_gradient_for_backward: a sharded flat_param.grad (a previous synced backward) is
@@ -293,6 +310,11 @@ class FlatParamHandle {
   void UseShardedFlatParam();
   void FreeUnshardedFlatParam();
   void FreeLowPrecisionShardedParam();
+  // Frees a buffer the host re-allocates in place (mp_shard, the padded unsharded flat params)
+  // once the unshard and compute streams are done with it.
+  void ReleaseStorage(const at::Tensor& t);
+  // `t` for stream work: an alias of the current memory of those buffers, else `t` itself.
+  at::Tensor ForStream(const at::Tensor& t) const;
   void ReleaseOrigParamsViewing(const at::Tensor& storage_owner);
   void WritebackTensor(const at::Tensor& src, const at::Tensor& dst, int64_t tensor_index,
                        int64_t expected_numel, int64_t offset, bool is_param);
@@ -322,6 +344,8 @@ class FlatParamHandle {
   std::vector<at::Tensor> orig_tensors_;  // every original (also without use_orig_params)
   at::Tensor unsharded_flat_param_for_skipped_views_;
   HandleRuntimeState runtime_;
+  const FlatParamStreams* streams_ = nullptr;  // the runtime's (owned by its context)
+  device::EventPtr unshard_event_;             // the last Unshard's, until waited for
 };
 
 }  // namespace fsdp::flat_param

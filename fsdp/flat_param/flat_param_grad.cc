@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/work.h"
+#include "device/stream.h"
 #include "fsdp/common/grad_divide.h"
 #include "fsdp/flat_param/flat_param.h"
 
@@ -25,6 +27,13 @@ at::Tensor AliasWithoutView(const at::Tensor& view) {
   at::Tensor t = at::empty({0}, view.options());
   t.set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
   return t;
+}
+
+// `t` cast to `dtype` by work on `stream`: the host allocates the result now.
+at::Tensor CastOn(device::Stream& stream, const at::Tensor& t, c10::ScalarType dtype) {
+  at::Tensor out = at::empty(t.sizes(), t.options().dtype(dtype));
+  stream.Launch([out, t] { out.copy_(t); });
+  return out;
 }
 
 }  // namespace
@@ -78,29 +87,62 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
               ToString(options_.sharding_strategy));
   CheckUnsharded(grad);
   fp.post_backward_called = true;
-  if (grad.scalar_type() != reduce_dtype_ && !force_full_precision()) grad = grad.to(reduce_dtype_);
+  // The seed's post-backward stream: everything below is launched there after the compute
+  // stream's work so far (which produced the gradient); the host only allocates and assigns.
+  const FlatParamStreams& s = streams();
+  device::Stream& stream = *s.post_backward;
+  stream.WaitStream(*s.current);
+  if (grad.scalar_type() != reduce_dtype_ && !force_full_precision()) grad = CastOn(stream, grad, reduce_dtype_);
   const double data_parallel_size =
       static_cast<double>(world_size_ * (inter_node_group ? inter_node_group->size() : 1));
   const double predivide = GradientPredivideFactor(data_parallel_size);
   const double postdivide = data_parallel_size / predivide;
+  const comm::ProcessGroupPtr& group = options_.process_group;
+  // A communication hook fills its output synchronously, issuing its own collectives: it runs
+  // in one collective's turn so that they stay in this rank's program order.
+  auto launch_hook = [&](const at::Tensor& input, const at::Tensor& output) {
+    stream.LaunchCollective(*s.sequencer, [hook = comm_hook, group, input, output] {
+      hook(group, input, output);
+      return comm::MakeCompletedWork("FSDP communication hook");
+    });
+  };
+  device::Stream* last = &stream;  // where the reduction's last step runs
   at::Tensor grad_to_offload;
   if (uses_sharded_strategy()) {
     // _get_reduce_scatter_tensors: pad to world_size * chunks[0].numel().
     fp.param.mutable_grad() = at::Tensor();
     const int64_t chunk = (grad.numel() + world_size_ - 1) / world_size_;
     const int64_t numel_to_pad = world_size_ * chunk - grad.numel();
-    at::Tensor padded = numel_to_pad > 0 ? at::constant_pad_nd(grad, {0, numel_to_pad}) : grad;
+    at::Tensor padded = grad;
+    if (numel_to_pad > 0) {
+      padded = at::empty({world_size_ * chunk}, grad.options());
+      stream.Launch([padded, grad] {
+        padded.narrow(0, 0, grad.numel()).copy_(grad);
+        padded.narrow(0, grad.numel(), padded.numel() - grad.numel()).zero_();
+      });
+    }
     at::Tensor new_sharded_grad = at::empty({chunk}, padded.options());
     if (comm_hook) {
-      comm_hook(options_.process_group, padded, new_sharded_grad);
+      launch_hook(padded, new_sharded_grad);
     } else {
-      if (predivide > 1) padded.div_(predivide);
-      options_.process_group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum())->wait();
-      if (inter_node_group) inter_node_group->all_reduce(new_sharded_grad, comm::ReduceOp::Sum())->wait();
-      if (postdivide > 1) new_sharded_grad.div_(postdivide);
+      if (predivide > 1) stream.Launch([padded, predivide] { padded.div_(predivide); });
+      stream.LaunchCollective(*s.sequencer, [group, new_sharded_grad, padded] {
+        return group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum());
+      });
+      if (inter_node_group) {
+        // The seed's all-reduce stream: the next handle's reduce-scatter need not wait for it.
+        s.all_reduce->WaitStream(stream);
+        last = s.all_reduce;
+        last->LaunchCollective(*s.sequencer, [inter_node_group, new_sharded_grad] {
+          return inter_node_group->all_reduce(new_sharded_grad, comm::ReduceOp::Sum());
+        });
+      }
+      if (postdivide > 1) last->Launch([new_sharded_grad, postdivide] { new_sharded_grad.div_(postdivide); });
     }
     // _accumulate_sharded_grad, after _cast_grad_to_param_dtype (the sharded parameter's dtype).
-    if (new_sharded_grad.scalar_type() != orig_param_dtype_) new_sharded_grad = new_sharded_grad.to(orig_param_dtype_);
+    if (new_sharded_grad.scalar_type() != orig_param_dtype_) {
+      new_sharded_grad = CastOn(*last, new_sharded_grad, orig_param_dtype_);
+    }
     if (fp.saved_grad_shard.defined()) {
       TORCH_CHECK(fp.saved_grad_shard.sizes() == new_sharded_grad.sizes(),
                   "Shape mismatch when accumulating gradients: existing gradient shape=",
@@ -108,25 +150,31 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
       TORCH_CHECK(fp.saved_grad_shard.device() == new_sharded_grad.device(),
                   "Device mismatch when accumulating gradients: existing gradient device=",
                   fp.saved_grad_shard.device(), " new gradient device=", new_sharded_grad.device());
-      fp.saved_grad_shard.add_(new_sharded_grad);
+      last->Launch([saved = fp.saved_grad_shard, new_sharded_grad] { saved.add_(new_sharded_grad); });
     } else {
       fp.saved_grad_shard = new_sharded_grad;
     }
     grad_to_offload = fp.saved_grad_shard;
   } else {
     if (comm_hook) {
-      comm_hook(options_.process_group, grad, at::Tensor());
+      launch_hook(grad, at::Tensor());
     } else {
-      if (predivide > 1) grad.div_(predivide);
-      options_.process_group->all_reduce(grad, comm::ReduceOp::Sum())->wait();
-      if (postdivide > 1) grad.div_(postdivide);
+      if (predivide > 1) stream.Launch([grad, predivide] { grad.div_(predivide); });
+      stream.LaunchCollective(*s.sequencer, [group, grad] { return group->all_reduce(grad, comm::ReduceOp::Sum()); });
+      if (postdivide > 1) stream.Launch([grad, postdivide] { grad.div_(postdivide); });
     }
     // NO_SHARD keeps low precision gradients by omitting the cast.
-    if (!options_.keep_low_precision_grads && grad.scalar_type() != orig_param_dtype_) grad = grad.to(orig_param_dtype_);
+    if (!options_.keep_low_precision_grads && grad.scalar_type() != orig_param_dtype_) {
+      grad = CastOn(stream, grad, orig_param_dtype_);
+    }
     fp.param.mutable_grad() = grad;
     grad_to_offload = grad;
   }
-  if (options_.offload_params) fp.cpu_grad.copy_(grad_to_offload);
+  if (options_.offload_params) {
+    last->Launch([cpu_grad = fp.cpu_grad, grad_to_offload] { cpu_grad.copy_(grad_to_offload); });
+  }
+  // Used alone: the results are in place on return.
+  if (streams_ == nullptr) s.current->WaitStream(*last);
   return grad_to_offload;
 }
 

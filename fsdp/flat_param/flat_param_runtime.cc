@@ -32,6 +32,9 @@ bool FlatParamHandle::PreUnshard() {
   }
   bool ret = false;
   if (options_.use_orig_params && !skip_writeback_check_) ret = WritebackOrigParams();
+  // The writeback ran on the compute stream; the unshard stream reads what it wrote (the
+  // seed's unshard_stream.wait_stream(pre_unshard_stream)).
+  if (ret) streams().unshard->WaitStream(*streams().current);
   const at::Tensor& flat = flat_param_.param;
   if (uses_sharded_strategy() && !options_.offload_params && !NeedsUnshard()) {
     // no-op
@@ -41,6 +44,7 @@ bool FlatParamHandle::PreUnshard() {
   } else if (options_.offload_params && flat.device() != options_.device) {
     at::NoGradGuard no_grad;
     flat_param_.param.set_data(flat.data().to(options_.device));
+    streams().unshard->WaitStream(*streams().current);  // the copy ran on the compute stream
     if (options_.use_orig_params) {
       if (is_sharded(flat_param_.param)) {
         UseShardedViews();
@@ -59,8 +63,13 @@ void FlatParamHandle::UseLowPrecisionShard() {
   FlatParameter& fp = flat_param_;
   TORCH_CHECK(uses_param_mixed_precision(), "Not using low precision for parameters");
   TORCH_CHECK(fp.mp_shard.defined(), "Expects `_mp_shard` to exist (call InitFlatParamAttributes first)");
+  device::Stream& unshard = *streams().unshard;
+  // Still allocated (NO_SHARD between unshards): the compute stream may be reading it.
+  if (StorageNbytes(fp.mp_shard) > 0) unshard.WaitStream(*streams().current);
   AllocStorage(fp.mp_shard);
-  fp.mp_shard.copy_(fp.local_shard.to(options_.device));  // copy_ casts to the low precision
+  // The seed casts on the pre-unshard stream; here on the unshard stream, before the
+  // all-gather that reads it (copy_ casts to the low precision and moves to the device).
+  unshard.Launch([dst = ForStream(fp.mp_shard), src = fp.local_shard] { dst.copy_(src); });
   fp.param.set_data(fp.mp_shard);
 }
 
@@ -81,10 +90,33 @@ void FlatParamHandle::Unshard() {
   if (!NeedsUnshard()) {
     // Even when not needing an unshard, switch to the unsharded flat parameter.
     UseUnshardedFlatParam(uses_sharded_strategy() ? GetPaddedUnshardedFlatParam() : flat_param_.param.data());
-    return;
+  } else {
+    at::Tensor unsharded = AllocPaddedUnshardedFlatParam();
+    UseUnshardedFlatParam(AllGatherFlatParam(unsharded));
   }
-  at::Tensor unsharded = AllocPaddedUnshardedFlatParam();
-  UseUnshardedFlatParam(AllGatherFlatParam(unsharded));
+  // Covers the all-gather and a low precision cast (NO_SHARD's is its unsharded parameter).
+  unshard_event_ = streams().unshard->RecordEvent();
+  if (streams_ == nullptr) WaitForUnshard();  // used alone: results in place on return
+}
+
+void FlatParamHandle::WaitForUnshard() {
+  if (!unshard_event_) return;
+  device::EventPtr event = std::move(unshard_event_);
+  unshard_event_ = nullptr;
+  streams().current->WaitEvent(event);
+}
+
+at::Tensor FlatParamHandle::ForStream(const at::Tensor& t) const {
+  const FlatParameter& fp = flat_param_;
+  for (const at::Tensor* freed_in_place : {&fp.mp_shard, &fp.full_param_padded, &fp.full_prec_full_param_padded}) {
+    if (SameStorage(t, *freed_in_place)) return StreamAlias(t);
+  }
+  return t;
+}
+
+void FlatParamHandle::ReleaseStorage(const at::Tensor& t) {
+  // The unshard stream writes these buffers (cast, all-gather), the compute stream reads them.
+  FreeStorageAfterStreams(t, {streams().unshard, streams().current});
 }
 
 at::Tensor FlatParamHandle::GetPaddedUnshardedFlatParam() {
@@ -95,7 +127,7 @@ at::Tensor FlatParamHandle::GetPaddedUnshardedFlatParam() {
     // still allocated (no reshard after forward) is freed so the next unshard re-gathers.
     TORCH_CHECK(fp.full_prec_full_param_padded.scalar_type() != fwd_bwd_param_dtype_, "Expects full precision but got ",
                 fwd_bwd_param_dtype_);
-    if (StorageNbytes(fp.full_param_padded) > 0) FreeStorage(fp.full_param_padded);
+    if (StorageNbytes(fp.full_param_padded) > 0) ReleaseStorage(fp.full_param_padded);
     return fp.full_prec_full_param_padded;
   }
   return fp.full_param_padded;
@@ -115,7 +147,14 @@ at::Tensor FlatParamHandle::AllGatherFlatParam(const at::Tensor& padded_unsharde
   const int64_t expected_numel = sharded.numel() * world_size_;
   TORCH_CHECK(padded_unsharded_flat_param.numel() == expected_numel, "Expects ", expected_numel, " numel but got ",
               padded_unsharded_flat_param.numel());
-  options_.process_group->all_gather_into_tensor(padded_unsharded_flat_param, sharded)->wait();
+  // Issued in program order among the root's collectives; the host frees the output (and a
+  // low precision input) in place while it may be in flight, so it gets their aliases.
+  const FlatParamStreams& s = streams();
+  s.unshard->LaunchCollective(*s.sequencer, [group = options_.process_group,
+                                             out = ForStream(padded_unsharded_flat_param),
+                                             in = ForStream(sharded)] {
+    return group->all_gather_into_tensor(out, in);
+  });
   return padded_unsharded_flat_param;
 }
 
@@ -140,7 +179,8 @@ void FlatParamHandle::PostUnshard() {
 void FlatParamHandle::FreeLowPrecisionShardedParam() {
   TORCH_CHECK(uses_param_mixed_precision(), "Not using low precision for parameters");
   TORCH_CHECK(flat_param_.mp_shard.defined(), "Expects `_mp_shard` to exist");
-  FreeStorage(flat_param_.mp_shard);
+  // The all-gather on the unshard stream may still read it (the seed's record_stream).
+  ReleaseStorage(flat_param_.mp_shard);
 }
 
 void FlatParamHandle::Reshard(bool free_unsharded_flat_param) {
@@ -162,7 +202,7 @@ void FlatParamHandle::FreeUnshardedFlatParam() {
   at::Tensor unsharded = GetPaddedUnshardedFlatParam();
   CheckOnComputeDevice(unsharded);
   ReleaseOrigParamsViewing(unsharded);
-  FreeStorage(unsharded);
+  ReleaseStorage(unsharded);
 }
 
 void FlatParamHandle::ReleaseOrigParamsViewing(const at::Tensor& storage_owner) {

@@ -20,6 +20,13 @@
 // when the module's inputs have their gradients (the module's backward is done), and in the
 // final callback for modules whose inputs need none (e.g. the root). A module called k times
 // in one forward reduces once, after its k-th post-backward.
+//
+// Streams (flat_param_streams.h, the seed's _init_streams): the root creates them at lazy
+// init and every handle of its tree issues on them. The root's pre-forward makes the unshard
+// stream wait for the compute stream (the optimizer step wrote the shards); all-gathers run on
+// the unshard stream and the compute stream waits for a handle's before using it (pre-forward,
+// pre-backward); reductions run on the post-backward stream after the compute stream's work;
+// the final callback makes the compute stream wait for the post-backward streams.
 #ifndef FSDP_FSDP_FLAT_PARAM_FSDP_STATE_H_
 #define FSDP_FSDP_FLAT_PARAM_FSDP_STATE_H_
 
@@ -33,6 +40,7 @@
 
 #include "fsdp/flat_param/exec_order.h"
 #include "fsdp/flat_param/flat_param.h"
+#include "fsdp/flat_param/flat_param_streams.h"
 #include "fsdp/flat_param/fsdp_options.h"
 
 namespace fsdp::flat_param {
@@ -48,6 +56,8 @@ struct FSDPRuntimeContext {
   std::vector<FSDPState*> all_states;  // root first, module pre-order
   ExecOrderData exec_order_data;
   FreeEventQueue free_event_queue;
+  // The root's streams, created at lazy init on the root's device (null before).
+  std::unique_ptr<FlatParamStreamContext> streams;
   // Set by the first error inside an FSDP hook (a failed or timed-out collective, ...):
   // flat parameters may be unsharded and gradients partially reduced, so every later FSDP
   // call of the tree fails with it (FSDPState::CheckNotPoisoned).
@@ -125,6 +135,10 @@ class FSDPState {
   void PostBackwardFinalCallback();
   void CatchAllReshard();
   void FinalizeParams();
+  // The root's streams (after lazy init).
+  const FlatParamStreams& streams() const;
+  // The seed's current_stream.wait_stream(post_backward_stream) (+ the all-reduce stream).
+  void WaitForPostBackwardStreams();
 
   torch::nn::Module* module_;
   FSDPOptions options_;

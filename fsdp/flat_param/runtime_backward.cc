@@ -28,6 +28,8 @@ void FSDPState::PreBackwardHook() {
   handle->set_training_state(HandleTrainingState::BACKWARD_PRE);
   if (handle->runtime().needs_pre_backward_unshard) {
     if (!handle->runtime().prefetched) Unshard(*handle);
+    // The backward reads the unsharded flat parameter (gathered or prefetched).
+    handle->WaitForUnshard();
   }
   // A mistargeted prefetch must not unshard this handle again.
   handle->runtime().needs_pre_backward_unshard = false;
@@ -115,11 +117,16 @@ void FSDPState::PostBackwardFinalCallback() {
   TORCH_CHECK(*is_root_, "The post-backward callback should only be called on the root FSDP instance");
   at::NoGradGuard no_grad;
   ctx_->exec_order_data.NextIter();
+  // C++: modules whose inputs needed no gradient (e.g. the root) post-backward here, in the
+  // same order on every rank, before the wait below covers their reductions too.
   for (FSDPState* s : ctx_->all_states) {
     FlatParamHandle* h = s->handle_.get();
-    // C++: modules whose inputs needed no gradient (e.g. the root) post-backward here, in
-    // the same order on every rank.
     if (h && h->training_state() == HandleTrainingState::BACKWARD_PRE) s->PostBackwardHook();
+  }
+  // The sharded gradients are read from here on (accumulation, optimizer).
+  WaitForPostBackwardStreams();
+  for (FSDPState* s : ctx_->all_states) {
+    FlatParamHandle* h = s->handle_.get();
     s->pending_post_backward_ = 0;
     s->CatchAllReshard();
     s->FinalizeParams();
@@ -135,6 +142,23 @@ void FSDPState::PostBackwardFinalCallback() {
   }
   // Reset for cases like one forward and several backwards.
   post_backward_callback_queued_ = false;
+}
+
+void FSDPState::WaitForPostBackwardStreams() {
+  const FlatParamStreams& s = streams();
+  s.current->WaitStream(*s.post_backward);
+  s.current->WaitStream(*s.all_reduce);  // HYBRID_SHARD's inter-node all-reduces
+  // An unshard nobody waited for (a prefetch whose module did not run) must be issued before
+  // any later collective the host issues directly (state dicts, clip_grad_norm).
+  s.current->WaitStream(*s.unshard);
+  bool offload = false;
+  for (FSDPState* state : ctx_->all_states) offload = offload || (state->handle_ && state->handle_->offload_params());
+  // The CPU gradients are read by the host, which device-side waits do not order (the seed
+  // synchronizes the current stream).
+  if (offload) {
+    s.post_backward->Synchronize();
+    s.all_reduce->Synchronize();
+  }
 }
 
 void FSDPState::CatchAllReshard() {

@@ -145,7 +145,13 @@ void FSDPState::ShareStateAndInitHandleAttrs() {
               BoolSet(limit_all_gathers));
   TORCH_CHECK(use_full_prec_in_eval.size() == 1, "Expects one homogeneous value for use_full_prec_in_eval but got ",
               BoolSet(use_full_prec_in_eval));
-  if (handle_) handle_->InitFlatParamAttributes();
+  // _init_streams: one set of streams (and one collective sequencer) for the root's tree.
+  ctx_->streams = std::make_unique<FlatParamStreamContext>(options_.device);
+  const FlatParamStreams* streams = &ctx_->streams->streams();
+  if (handle_) {
+    handle_->InitFlatParamAttributes();
+    handle_->SetStreams(streams);
+  }
   for (FSDPState* s : ctx_->all_states) {
     if (s == this) continue;
     TORCH_CHECK(!s->is_root_.has_value() || !*s->is_root_,
@@ -154,8 +160,17 @@ void FSDPState::ShareStateAndInitHandleAttrs() {
                 "): run the first forward through the root");
     s->is_root_ = false;
     s->ctx_ = ctx_;
-    if (s->handle_) s->handle_->InitFlatParamAttributes();
+    if (s->handle_) {
+      s->handle_->InitFlatParamAttributes();
+      s->handle_->SetStreams(streams);
+    }
   }
+}
+
+const FlatParamStreams& FSDPState::streams() const {
+  TORCH_CHECK(ctx_->streams != nullptr, "FSDP state of ", name(),
+              " has no streams yet: they are created at lazy init (the root's first forward)");
+  return ctx_->streams->streams();
 }
 
 // ----------------------------------------------------------------------------------------
@@ -196,6 +211,9 @@ std::vector<at::Tensor> FSDPState::RootPreForward(std::vector<at::Tensor> args) 
   LazyInit();
   TORCH_INTERNAL_ASSERT(is_root_.has_value(), "Expects a root FSDP to have been set");
   if (!*is_root_) return args;  // the wrapper path: non-roots do not cast here
+  // _wait_for_computation_stream: the all-gathers (and low precision casts) read the shards
+  // the optimizer step wrote on the compute stream.
+  streams().unshard->WaitStream(*streams().current);
   if (options_.forward_prefetch) {
     for (FSDPState* s : ctx_->all_states) {
       if (!s->handle_) continue;
@@ -226,6 +244,9 @@ void FSDPState::PreForwardUnshard() {
   // A prefetched handle is unsharded already.
   if (!handle->runtime().prefetched) Unshard(*handle);
   handle->runtime().needs_pre_forward_unshard = false;
+  // The forward reads the unsharded flat parameter (prefetched or just gathered); waiting
+  // before the next prefetch keeps that all-gather overlapping with this forward.
+  handle->WaitForUnshard();
   PrefetchHandle(handle, PrefetchMode::FORWARD);
 }
 
@@ -277,19 +298,22 @@ void FSDPState::RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs
 void FSDPState::Unshard(FlatParamHandle& handle) {
   handle.PreUnshard();
   if (options_.limit_all_gathers) {
-    if (std::optional<FreeEventQueue::Event> event = ctx_->free_event_queue.DequeueIfNeeded()) {
-      event->synchronize();  // the rate limiter
+    // The rate limiter: the host blocks until the oldest queued free happened on the device,
+    // so that no more than two unsharded flat parameters' memory is in flight.
+    if (device::EventPtr event = ctx_->free_event_queue.DequeueIfNeeded()) {
+      event->Synchronize(streams().timeout);
       ctx_->free_event_queue.CountSynchronized();
     }
   }
-  handle.Unshard();
+  handle.Unshard();  // the all-gather on the unshard stream; the user waits (WaitForUnshard)
   handle.PostUnshard();
 }
 
 void FSDPState::Reshard(FlatParamHandle& handle, bool free_unsharded_flat_param) {
   handle.Reshard(free_unsharded_flat_param);
   if (options_.limit_all_gathers && free_unsharded_flat_param) {
-    ctx_->free_event_queue.Enqueue(ctx_->free_event_queue.Record());
+    // Recorded on the compute stream after the freed parameter's last use.
+    ctx_->free_event_queue.Enqueue(streams().current->RecordEvent());
   }
   handle.PostReshard();
   // Freed or not, the next access must unshard to get the shapes right.

@@ -1,0 +1,72 @@
+// The streams FSDP1 issues its work on (the seed's _init_streams in fsdp1__runtime_utils.py)
+// and the storage rules that let the host free a buffer while a stream may still use it.
+//
+// The host assigns tensors and metadata at once; the streams fill the data later:
+//   unshard        the low precision shard's cast (the seed's pre-unshard stream) and the
+//                  all-gather into the padded unsharded flat parameter
+//   post_backward  the gradient reduction: cast, pre-divide, reduce-scatter (NO_SHARD:
+//                  all-reduce) or the communication hook, post-divide, accumulation, offload
+//   all_reduce     HYBRID_SHARD's inter-node all-reduce and what follows it
+// The compute stream waits for a handle's unshard event before the unsharded flat parameter
+// is used (FlatParamHandle::WaitForUnshard) and for the post-backward streams before the
+// gradients are visible (the post-backward final callback). Every collective is issued
+// through the root's CollectiveSequencer, so each rank issues them in program order even when
+// two async streams are ready at once.
+#ifndef FSDP_FSDP_FLAT_PARAM_FLAT_PARAM_STREAMS_H_
+#define FSDP_FSDP_FLAT_PARAM_FLAT_PARAM_STREAMS_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "device/stream.h"
+
+namespace fsdp::flat_param {
+
+// Non-owning: the FlatParamStreamContext (or the calling thread) owns the streams.
+struct FlatParamStreams {
+  device::Stream* current = nullptr;  // compute
+  device::Stream* unshard = nullptr;
+  device::Stream* post_backward = nullptr;
+  device::Stream* all_reduce = nullptr;
+  device::CollectiveSequencer* sequencer = nullptr;
+  device::Timeout timeout = device::Timeout(300000);  // host waits on events (rate limiter)
+};
+
+// One root's streams (FSDPRuntimeContext holds it; every handle of the tree uses them), on
+// `device`, in the mode device::StreamOptionsFromEnv() reads (FSDP_CPU_STREAMS selects
+// inline or asynchronous CPU streams).
+class FlatParamStreamContext {
+ public:
+  explicit FlatParamStreamContext(c10::Device device);
+  FlatParamStreamContext(const FlatParamStreamContext&) = delete;
+  FlatParamStreamContext& operator=(const FlatParamStreamContext&) = delete;
+  const FlatParamStreams& streams() const { return streams_; }
+
+ private:
+  device::StreamPoolPtr pool_;
+  std::vector<device::StreamPtr> owned_;
+  FlatParamStreams streams_;
+};
+
+// Inline streams of the calling thread, for a handle used without the FSDP runtime (tests of
+// the handle alone): work runs on the host, collectives stay pending until waited for.
+const FlatParamStreams& ThreadInlineFlatParamStreams();
+
+// A tensor aliasing `t`'s current memory through its own (non-owning) storage. Stream work
+// captures it for buffers whose storage the host frees in place (fsdp/common/storage.h): the
+// host may swap the storage's memory before the stream runs, the alias keeps pointing at the
+// memory the work was launched for, which FreeStorageAfterStreams keeps alive.
+at::Tensor StreamAlias(const at::Tensor& t);
+
+// FreeStorage(t) for the host (t's storage holds 0 bytes at once, the next AllocStorage gets
+// new memory), while the memory itself is released only after the work enqueued so far on
+// every stream of `streams` finished (record_stream's role). No-op when already freed.
+void FreeStorageAfterStreams(const at::Tensor& t, std::initializer_list<device::Stream*> streams);
+
+}  // namespace fsdp::flat_param
+
+#endif  // FSDP_FSDP_FLAT_PARAM_FLAT_PARAM_STREAMS_H_
