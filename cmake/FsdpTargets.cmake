@@ -261,7 +261,12 @@ function(fsdp_cc_test label)
   file(MAKE_DIRECTORY "${tmp}")
   add_test(NAME "${label}" COMMAND ${target} ${ARG_ARGS})
   # ENV mirrors the target's `env`; FSDP_TEST_ENV is for every test (Bazel's --test_env).
-  set(env "TEST_TMPDIR=${tmp}" ${FSDP_TEST_ENV} ${ARG_ENV})
+  # GoogleTest's XML per test (named as the label, //pkg:name -> pkg_name.xml), from which
+  # tools/test_summary.py --ctest counts test cases as it does for Bazel's test.xml.
+  string(REGEX REPLACE "^//" "" xml_name "${label}")
+  string(REGEX REPLACE "[/:]" "_" xml_name "${xml_name}")
+  set(env "TEST_TMPDIR=${tmp}" "GTEST_OUTPUT=xml:${CMAKE_BINARY_DIR}/test-xml/${xml_name}.xml"
+      ${FSDP_TEST_ENV} ${ARG_ENV})
   set(timeout ${FSDP_TIMEOUT_${ARG_SIZE}})
   if(ARG_TIMEOUT)
     set(timeout ${FSDP_TIMEOUT_${ARG_TIMEOUT}})

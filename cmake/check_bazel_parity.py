@@ -16,7 +16,7 @@ import os
 import pathlib
 import sys
 
-SKIP_DIRS = {"third_party", ".git", ".ci"}
+SKIP_DIRS = {"third_party", ".git", ".ci", "build"}
 KNOWN_ATTRS = {"name", "srcs", "hdrs", "deps", "size", "data", "env", "args", "testonly",
                "linkopts", "visibility", "alwayslink", "timeout"}
 CC_RULES = ("cc_library", "cc_test", "cc_binary")

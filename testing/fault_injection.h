@@ -61,7 +61,9 @@ inline std::string ExpectFaultSurfaces(comm::FaultyProcessGroup& group, const Fa
   }
   const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   EXPECT_LT(elapsed, scenario.limit) << "rank " << rank << " took " << elapsed.count() << " ms to fail";
-  if (rank == 0) EXPECT_EQ(group.injected(), injected_before + 1) << "the fault was not injected";
+  if (rank == 0) {
+    EXPECT_EQ(group.injected(), injected_before + 1) << "the fault was not injected";
+  }
   const std::string expected = ExpectedFaultError(scenario, rank);
   EXPECT_TRUE(absl::StrContains(error, expected))
       << "rank " << rank << ": expected an error containing '" << expected << "', got '" << error << "'";

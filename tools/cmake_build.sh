@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The CMake build (CMakeLists.txt): configure with Ninja + ccache, build, run every test with
-# CTest, and print 'N passed, N failed' (CTest tests, one per Bazel cc_test) as the last line.
+# CTest, and print 'N passed, N failed' (GoogleTest cases, as for Bazel) as the last line.
 # When nvcc and nccl.h are present, also configures a second build with -DFSDP_WITH_CUDA=ON
 # and builds the NCCL backend + nccl_test (compile and link check; there is no GPU here).
 #
 #   tools/cmake_build.sh          (after ./x setup: needs third_party/torch_root)
 #
-# Build trees and the ccache live under the cache directory (cmake-build/,
-# cmake-build-cuda/, ccache/), so warm runs only recompile what changed. Environment:
+# The build trees are in the checkout (build/cmake, build/cmake-cuda; git-ignored) and the
+# ccache under the cache directory. ccache sees every path under the checkout relative to
+# the build directory (CCACHE_BASEDIR), so a fresh clone in another directory hits the
+# compiles of an earlier checkout, as Bazel's disk cache does. Environment:
 # FSDP_CACHE_DIR (cache directory), FSDP_CMAKE_JOBS (build jobs, default 2),
 # FSDP_CTEST_JOBS (tests run at once, default 2). Exit status non-zero when configuring,
 # building or any test failed.
@@ -15,13 +17,15 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/libtorch-fsdp}"
-BUILD="$CACHE/cmake-build"
-CUDA_BUILD="$CACHE/cmake-build-cuda"
+BUILD="$ROOT/build/cmake"
+CUDA_BUILD="$ROOT/build/cmake-cuda"
 JOBS="${FSDP_CMAKE_JOBS:-2}"
 CTEST_JOBS="${FSDP_CTEST_JOBS:-2}"
 export CCACHE_DIR="$CACHE/ccache"
-# Hits across checkouts of the same sources (paths under ROOT are hashed relative to it).
+# Hits across checkouts of the same sources: paths under ROOT are rewritten relative to the
+# working directory (the build tree, also under ROOT), and that directory is not hashed.
 export CCACHE_BASEDIR="$ROOT"
+export CCACHE_NOHASHDIR=1
 
 step() { printf '\n==> %s\n' "$*"; }
 run() { printf '+ %s\n' "$*"; "$@"; }
@@ -64,6 +68,7 @@ fi
 
 step "ctest -j$CTEST_JOBS --output-on-failure (per-test timeouts from the Bazel sizes: small 60 s, medium 300 s, large 900 s)"
 CTEST_LOG="$BUILD/ctest.log"
+rm -rf "$BUILD/test-xml"   # each test writes its GoogleTest XML there (GTEST_OUTPUT)
 t_test=$SECONDS
 (cd "$BUILD" && run ctest -j "$CTEST_JOBS" --output-on-failure --timeout 900) 2>&1 | tee "$CTEST_LOG"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
@@ -91,21 +96,8 @@ fi
 step "results (CMake)"
 echo "$build_note; $test_note; total $((SECONDS - t0)) s"
 echo "$cuda_note"
-summary="$(python3 - "$CTEST_LOG" <<'EOF'
-import re, sys
-text = open(sys.argv[1], errors="replace").read()
-m = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", text)
-if not m:
-    print("no CTest summary found")
-    print("0 passed, 1 failed")
-    sys.exit(1)
-failed, total = int(m.group(2)), int(m.group(3))
-for line in text.splitlines():
-    if re.match(r"\s*\d+ - \S+ \(", line):      # the list under "The following tests FAILED:"
-        print("FAILED:", line.strip())
-print(f"{total - failed} passed, {failed} failed")
-sys.exit(1 if failed or total == 0 else 0)
-EOF
-)" || rc=1
+# Test cases from each test's GoogleTest XML, as for Bazel (a crashed test counts as one
+# failure); the last line is 'N passed, N failed'.
+summary="$(python3 "$ROOT/tools/test_summary.py" --ctest "$CTEST_LOG" "$BUILD/test-xml")" || rc=1
 printf '%s\n' "$summary"
 exit $rc

@@ -1,19 +1,29 @@
 #!/usr/bin/env python3
-"""Counts test cases from a `bazel test` run and prints the plain line 'N passed, N failed'.
+"""Counts test cases and prints the plain line 'N passed, N failed[, N skipped]'.
 
-Usage: test_summary.py BAZEL_TEST_LOG BAZEL_TESTLOGS_DIR
+Usage:
+  test_summary.py BAZEL_TEST_LOG BAZEL_TESTLOGS_DIR   a `bazel test` run
+  test_summary.py --ctest CTEST_LOG XML_DIR           a `ctest` run whose tests wrote
+                                                      GoogleTest XML as XML_DIR/<test>.xml
+  test_summary.py --combine NAME=FILE ...             sums the last summary line of each
+                                                      FILE (a part's output); a part with
+                                                      no summary line counts as one failure
 
-Every test target Bazel reported is counted by its GoogleTest cases (test.xml). A target that
-failed without a readable failing case (crash, timeout, build failure) counts as one failure;
-skipped cases are reported as skipped, never as passed.
+Every test target is counted by its GoogleTest cases (XML). A target that failed without a
+readable failing case (crash, timeout, build failure) counts as one failure; a passing
+target without XML (a shell test) counts as one pass; skipped cases are reported as
+skipped, never as passed. Exit status 1 when anything failed or nothing was counted.
 """
 import os
 import re
 import sys
 import xml.etree.ElementTree as ET
 
-STATUS = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|"
-                    r"FAILED TO BUILD|INCOMPLETE|SKIPPED)\b")
+BAZEL_STATUS = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|"
+                          r"FAILED TO BUILD|INCOMPLETE|SKIPPED)\b")
+# ctest: " 3/21 Test  #3: //comm:fault_test ......   Passed   12.34 sec" (or "...***Failed").
+CTEST_STATUS = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (\S+) \.*\s*\**(\w+)")
+SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped)?$")
 
 
 def cases(xml_path):
@@ -30,47 +40,110 @@ def cases(xml_path):
             yield name, "passed"
 
 
-def main():
-    log_path, testlogs = sys.argv[1], sys.argv[2]
-    targets = {}
-    with open(log_path, errors="replace") as f:
-        for line in f:
-            m = STATUS.match(line.strip())
-            if m:
-                targets[m.group(1)] = m.group(2)
-    passed = failed = skipped = 0
-    failures = []
-    for target, status in sorted(targets.items()):
-        pkg, _, name = target[2:].partition(":")
-        xml = os.path.join(testlogs, pkg, name, "test.xml")
+class Tally:
+    def __init__(self):
+        self.passed = self.failed = self.skipped = 0
+        self.failures = []
+
+    def add_target(self, target, status, passed_status, xml):
+        """Counts one test target: `status` is the runner's word for it, `passed_status`
+        whether that means it passed."""
         counted = {"passed": 0, "failed": 0, "skipped": 0}
-        if status in ("PASSED", "FAILED", "FLAKY") and os.path.exists(xml):
+        if xml and os.path.exists(xml):
             try:
                 for case, outcome in cases(xml):
                     counted[outcome] += 1
                     if outcome == "failed":
-                        failures.append(f"{target}: {case}")
+                        self.failures.append(f"{target}: {case}")
             except ET.ParseError:
                 pass
-        if status != "PASSED" and counted["failed"] == 0:
+        if not passed_status and counted["failed"] == 0:
             counted["failed"] = 1
-            failures.append(f"{target}: {status}")
-        if status == "PASSED" and sum(counted.values()) == 0:
+            self.failures.append(f"{target}: {status}")
+        if passed_status and sum(counted.values()) == 0:
             counted["passed"] = 1  # a non-gtest test target (e.g. a shell test)
-        passed += counted["passed"]
-        failed += counted["failed"]
-        skipped += counted["skipped"]
-    for f in failures:
-        print(f"FAILED: {f}")
-    if not targets:
-        print("no test targets were reported by bazel")
-        failed += 1
-    line = f"{passed} passed, {failed} failed"
-    if skipped:
-        line += f", {skipped} skipped"
+        self.passed += counted["passed"]
+        self.failed += counted["failed"]
+        self.skipped += counted["skipped"]
+
+    def report(self, what):
+        for f in self.failures:
+            print(f"FAILED: {f}")
+        if self.passed + self.failed + self.skipped == 0:
+            print(f"no test targets were reported by {what}")
+            self.failed += 1
+        line = f"{self.passed} passed, {self.failed} failed"
+        if self.skipped:
+            line += f", {self.skipped} skipped"
+        print(line)
+        return 1 if self.failed else 0
+
+
+def statuses(log_path, pattern):
+    found = {}
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            m = pattern.match(line.strip())
+            if m:
+                found[m.group(1)] = m.group(2)
+    return found
+
+
+def bazel(log_path, testlogs):
+    tally = Tally()
+    for target, status in sorted(statuses(log_path, BAZEL_STATUS).items()):
+        pkg, _, name = target[2:].partition(":")
+        xml = os.path.join(testlogs, pkg, name, "test.xml")
+        usable = status in ("PASSED", "FAILED", "FLAKY")
+        tally.add_target(target, status, status == "PASSED", xml if usable else None)
+    return tally.report("bazel")
+
+
+def ctest(log_path, xml_dir):
+    tally = Tally()
+    for target, status in sorted(statuses(log_path, CTEST_STATUS).items()):
+        name = target[2:].replace("/", "_").replace(":", "_")
+        tally.add_target(target, status, status == "Passed", os.path.join(xml_dir, name + ".xml"))
+    return tally.report("ctest")
+
+
+def combine(parts):
+    total = [0, 0, 0]
+    for part in parts:
+        name, _, path = part.partition("=")
+        last = None
+        try:
+            with open(path, errors="replace") as f:
+                for line in f:
+                    m = SUMMARY.match(line.strip())
+                    if m:
+                        last = m
+        except OSError:
+            pass
+        if last is None:
+            print(f"{name}: no 'N passed, N failed' line (counted as 1 failure)")
+            total[1] += 1
+            continue
+        counts = [int(last.group(1)), int(last.group(2)), int(last.group(3) or 0)]
+        print(f"{name}: {last.group(0)}")
+        total = [a + b for a, b in zip(total, counts)]
+    line = f"{total[0]} passed, {total[1]} failed"
+    if total[2]:
+        line += f", {total[2]} skipped"
     print(line)
-    return 1 if failed else 0
+    return 1 if total[1] or total[0] == 0 else 0
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[0] == "--combine":
+        return combine(argv[1:])
+    if len(argv) == 3 and argv[0] == "--ctest":
+        return ctest(argv[1], argv[2])
+    if len(argv) == 2 and not argv[0].startswith("--"):
+        return bazel(argv[0], argv[1])
+    print(__doc__, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
