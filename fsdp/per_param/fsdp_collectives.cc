@@ -68,7 +68,7 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
     result.input_bytes.push_back(inputs.back().numel());
     total += inputs.back().numel();
   }
-  const auto options = params.front()->sharded_param_data().options().dtype(at::kByte);
+  const auto options = inputs.front().options();  // bytes on the compute device
   const int64_t bytes = result.world_size * total;
   result.pool = pool;
   AllGatherBufferPool::Buffer buffer = pool ? pool->Take(bytes, options)
@@ -222,7 +222,11 @@ void ReduceScatterCopyIn(ReduceJob& job) {
 void PostReduce(ReduceJob& job) {
   if (job.factors->post) job.output.div_(*job.factors->post);
   if (!job.result.is_same(job.output)) job.result.copy_(job.output);
-  for (auto& [device_grad, cpu_grad] : job.offloads) cpu_grad.copy_(device_grad);
+  // From pinned memory the copy is asynchronous: the host reads it after the seed's
+  // grad_offload_event (FSDPParamGroup::WaitForPostBackward synchronizes the event).
+  for (auto& [device_grad, cpu_grad] : job.offloads) {
+    cpu_grad.copy_(device_grad, /*non_blocking=*/cpu_grad.is_pinned());
+  }
   for (size_t i = 0; i < job.params.size(); ++i) {
     if (job.accumulate_into[i].defined()) job.accumulate_into[i].add_(job.new_grads[i]);
   }
@@ -312,7 +316,8 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
     grad.set_(job->result.storage(), job->result.storage_offset() + offset, p->sharded_size(),
               dtensor::ContiguousStride(p->sharded_size()));
     if (p->offload_to_cpu() && !grad.is_cpu()) {
-      at::Tensor cpu_grad = at::empty(p->sharded_size(), grad.options().device(at::kCPU));
+      at::Tensor cpu_grad =
+          at::empty(p->sharded_size(), grad.options().device(at::kCPU).pinned_memory(p->pin_memory()));
       job->offloads.emplace_back(grad, cpu_grad);
       grad = cpu_grad;
     }

@@ -49,7 +49,11 @@ FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo
   at::Tensor padded = at::zeros(layout_.padded_sharded_size, param_.options());
   const int64_t rows = layout_.sharded_size[shard_dim];
   if (rows > 0) padded.narrow(shard_dim, 0, rows).copy_(param_.narrow(shard_dim, layout_.offset, rows));
-  if (offload_.offload_to_cpu) padded = padded.cpu();
+  device_ = param_.device();
+  if (offload_.offload_to_cpu) {
+    padded = padded.cpu();
+    if (offload_.pin_memory && !device_.is_cpu()) padded = padded.pin_memory();
+  }
   sharded_param_data_ = padded.view(-1);
   sharded_local_ = padded.narrow(shard_dim, 0, rows);
   TORCH_INTERNAL_ASSERT(sharded_local_.is_contiguous());
@@ -171,7 +175,10 @@ at::Tensor FSDPParam::AllGatherInput() {
     return post_forward_data_;  // already in the parameter dtype
   }
   if (extension_) return ExtensionAllGatherInput();
-  return CastIfNeeded(sharded_param_data_, param_dtype_);
+  // An offloaded shard goes to the compute device first (asynchronously from pinned memory).
+  at::Tensor input = sharded_param_data_;
+  if (input.device() != device_) input = input.to(device_, /*non_blocking=*/input.is_pinned());
+  return CastIfNeeded(input, param_dtype_);
 }
 
 void FSDPParam::SetAllGatherExtension(std::shared_ptr<AllGatherExtension> extension, MixedPrecisionPolicy mp_policy) {

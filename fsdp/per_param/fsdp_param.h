@@ -33,7 +33,8 @@ struct ParamModuleInfo {
 
 // As PyTorch's CPUOffloadPolicy: sharded parameters and gradients live on the CPU and are
 // copied to the compute device for the all-gather (on a CPU-only build both are the CPU,
-// so offloading changes no data movement).
+// so offloading changes no data movement). `pin_memory`: the CPU copies are page-locked so
+// those copies are asynchronous (only when the compute device is not the CPU).
 struct OffloadPolicy {
   bool offload_to_cpu = false;
   bool pin_memory = false;
@@ -119,6 +120,10 @@ class FSDPParam {
   std::optional<c10::ScalarType> param_dtype() const { return param_dtype_; }
   std::optional<c10::ScalarType> reduce_dtype() const { return reduce_dtype_; }
   bool offload_to_cpu() const { return offload_.offload_to_cpu; }
+  bool pin_memory() const { return offload_.pin_memory && offload_.offload_to_cpu && !device_.is_cpu(); }
+  // The compute device (the parameter's device at fully_shard): all-gather buffers, unsharded
+  // parameters and reduced gradients live there even when the shard is offloaded.
+  const c10::Device& device() const { return device_; }
   bool is_dtensor() const { return tp_spec_.has_value(); }
   // The tensor-parallel layout of the parameter FSDP shards (is_dtensor()).
   const std::optional<dtensor::DTensorSpec>& tp_spec() const { return tp_spec_; }
@@ -139,6 +144,7 @@ class FSDPParam {
   FSDPMeshInfo mesh_info_;
   std::optional<FSDPMeshInfo> post_forward_mesh_info_;
   OffloadPolicy offload_;
+  c10::Device device_{c10::kCPU};
   std::optional<dtensor::DTensorSpec> tp_spec_;
   dtensor::DTensorSpec sharding_spec_;
   DimShardLayout layout_;

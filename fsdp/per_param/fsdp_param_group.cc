@@ -80,7 +80,7 @@ const CommStreams& FSDPCommContext::Streams(c10::Device device) {
 
 const CommStreams& FSDPParamGroup::streams() {
   if (!comm_ctx_) return ThreadInlineStreams();  // no root context yet
-  return comm_ctx_->Streams(fsdp_params_.front()->sharded_param_data().device());
+  return comm_ctx_->Streams(fsdp_params_.front()->device());
 }
 
 void FSDPParamGroup::LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx) {
