@@ -1,6 +1,9 @@
 // Conformance: every collective and ReduceOp on every real backend, world sizes 1-4,
 // dtypes f32/f64/bf16/f16/i64, sizes including 0 and uneven splits, each compared with a
-// direct computation in double precision.
+// direct computation in double precision. The NCCL backend runs the same bodies with the
+// tensors on the rank's GPU (fsdp::testing::RankDevice; results copied to the CPU to
+// compare); it skips, saying why, without a CUDA build, without W GPUs or without
+// LibTorch's CUDA backend (testing/multi_rank.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -20,19 +23,22 @@ namespace fsdp::comm {
 namespace {
 
 using fsdp::testing::Backend;
+using fsdp::testing::RankDevice;
 using fsdp::testing::RunOnRanks;
 
 // Small integers, exact in every dtype, distinct per rank and index.
 double Value(int rank, int64_t i) { return static_cast<double>((rank * 7 + i * 3) % 11) - 5.0; }
 
-at::Tensor RankTensor(int rank, int64_t numel, at::ScalarType dtype, int64_t offset = 0) {
+// On `device` (the rank's: the CPU, or its GPU for NCCL).
+at::Tensor RankTensor(int rank, int64_t numel, at::ScalarType dtype, c10::Device device,
+                      int64_t offset = 0) {
   std::vector<double> values(numel);
   for (int64_t i = 0; i < numel; ++i) values[i] = Value(rank, i + offset);
-  return at::tensor(values, at::kDouble).to(dtype);
+  return at::tensor(values, at::kDouble).to(dtype).to(device);
 }
 
 std::vector<double> ToDoubles(const at::Tensor& t) {
-  at::Tensor d = t.to(at::kDouble).contiguous().view({-1});
+  at::Tensor d = t.to(at::kDouble).cpu().contiguous().view({-1});
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
@@ -92,12 +98,17 @@ class Conformance : public ::testing::TestWithParam<std::tuple<Backend, int>> {
   int world() const { return std::get<1>(GetParam()); }
 };
 
+// Every test starts with this: NCCL skips (with the reason) where it cannot run.
+#define SKIP_IF_UNAVAILABLE() FSDP_SKIP_IF_BACKEND_UNAVAILABLE(backend(), world())
+
 TEST_P(Conformance, AllGatherIntoTensor) {
-  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+  SKIP_IF_UNAVAILABLE();
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
     const int W = pg->size();
+    const c10::Device device = RankDevice(b, pg->rank());
     for (auto dtype : kDtypes) {
       for (int64_t n : kNumels) {
-        at::Tensor in = RankTensor(pg->rank(), n, dtype);
+        at::Tensor in = RankTensor(pg->rank(), n, dtype, device);
         // Both output layouts FSDP uses: flat and [W, n].
         for (bool stacked : {false, true}) {
           at::Tensor out = stacked ? at::full({W, n}, 99, in.options())
@@ -115,13 +126,15 @@ TEST_P(Conformance, AllGatherIntoTensor) {
 }
 
 TEST_P(Conformance, ReduceScatterTensorEveryOp) {
-  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+  SKIP_IF_UNAVAILABLE();
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
     const int W = pg->size();
     const int me = pg->rank();
+    const c10::Device device = RankDevice(b, me);
     for (auto dtype : kDtypes) {
       for (int64_t n : kNumels) {
         for (ReduceOp op : OpsFor(dtype)) {
-          at::Tensor in = RankTensor(me, W * n, dtype);
+          at::Tensor in = RankTensor(me, W * n, dtype, device);
           at::Tensor in_copy = in.clone();
           at::Tensor out = at::full({n}, 99, in.options());
           pg->reduce_scatter_tensor(out, in, op)->wait();
@@ -140,12 +153,14 @@ TEST_P(Conformance, ReduceScatterTensorEveryOp) {
 }
 
 TEST_P(Conformance, AllReduceEveryOp) {
-  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+  SKIP_IF_UNAVAILABLE();
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
     const int W = pg->size();
+    const c10::Device device = RankDevice(b, pg->rank());
     for (auto dtype : kDtypes) {
       for (int64_t n : kNumels) {
         for (ReduceOp op : OpsFor(dtype)) {
-          at::Tensor t = RankTensor(pg->rank(), n, dtype);
+          at::Tensor t = RankTensor(pg->rank(), n, dtype, device);
           pg->all_reduce(t, op)->wait();
           std::vector<double> expected(n);
           for (int64_t i = 0; i < n; ++i) {
@@ -160,11 +175,13 @@ TEST_P(Conformance, AllReduceEveryOp) {
 }
 
 TEST_P(Conformance, BroadcastFromEveryRoot) {
-  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+  SKIP_IF_UNAVAILABLE();
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    const c10::Device device = RankDevice(b, pg->rank());
     for (auto dtype : kDtypes) {
       for (int64_t n : kNumels) {
         for (int root = 0; root < pg->size(); ++root) {
-          at::Tensor t = RankTensor(pg->rank(), n, dtype).view({-1});
+          at::Tensor t = RankTensor(pg->rank(), n, dtype, device).view({-1});
           pg->broadcast(t, root)->wait();
           std::vector<double> expected(n);
           for (int64_t i = 0; i < n; ++i) expected[i] = Value(root, i);
@@ -176,14 +193,16 @@ TEST_P(Conformance, BroadcastFromEveryRoot) {
 }
 
 TEST_P(Conformance, AllToAllSingleEqualAndUnevenSplits) {
-  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+  SKIP_IF_UNAVAILABLE();
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
     const int W = pg->size();
     const int me = pg->rank();
+    const c10::Device device = RankDevice(b, me);
     constexpr int64_t kCols = 3;
     for (auto dtype : kDtypes) {
       // Equal splits: 2 rows per peer.
       {
-        at::Tensor in = RankTensor(me, 2 * W * kCols, dtype).view({2 * W, kCols});
+        at::Tensor in = RankTensor(me, 2 * W * kCols, dtype, device).view({2 * W, kCols});
         at::Tensor out = at::full({2 * W, kCols}, 99, in.options());
         pg->all_to_all_single(out, in)->wait();
         std::vector<double> expected;
@@ -204,7 +223,7 @@ TEST_P(Conformance, AllToAllSingleEqualAndUnevenSplits) {
           in_rows += in_splits[j];
           out_rows += out_splits[j];
         }
-        at::Tensor in = RankTensor(me, in_rows * kCols, dtype).view({in_rows, kCols});
+        at::Tensor in = RankTensor(me, in_rows * kCols, dtype, device).view({in_rows, kCols});
         at::Tensor out = at::full({out_rows, kCols}, 99, in.options());
         pg->all_to_all_single(out, in, out_splits, in_splits)->wait();
         std::vector<double> expected;
@@ -222,17 +241,20 @@ TEST_P(Conformance, AllToAllSingleEqualAndUnevenSplits) {
 }
 
 TEST_P(Conformance, SeveralOutstandingCollectivesCompleteInOrder) {
-  RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
+  SKIP_IF_UNAVAILABLE();
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
     const int W = pg->size();
+    const c10::Device device = RankDevice(b, pg->rank());
     constexpr int kCount = 4;
     std::vector<at::Tensor> tensors;
     std::vector<WorkPtr> works;
     for (int k = 0; k < kCount; ++k) {
-      tensors.push_back(RankTensor(pg->rank(), 6, at::kFloat, /*offset=*/k));
+      tensors.push_back(RankTensor(pg->rank(), 6, at::kFloat, device, /*offset=*/k));
       works.push_back(pg->all_reduce(tensors.back(), ReduceOp::Sum()));
     }
-    at::Tensor gathered = at::empty({W * 6}, at::kFloat);
-    works.push_back(pg->all_gather_into_tensor(gathered, RankTensor(pg->rank(), 6, at::kFloat)));
+    at::Tensor gathered = at::empty({W * 6}, at::TensorOptions().dtype(at::kFloat).device(device));
+    works.push_back(
+        pg->all_gather_into_tensor(gathered, RankTensor(pg->rank(), 6, at::kFloat, device)));
     works.push_back(pg->barrier());
     for (int k = static_cast<int>(works.size()) - 1; k >= 0; --k) works[k]->wait();
     for (int k = 0; k < kCount; ++k) {
@@ -247,6 +269,12 @@ TEST_P(Conformance, SeveralOutstandingCollectivesCompleteInOrder) {
 }
 
 TEST_P(Conformance, WaitWithTimeoutThrowsThenLateRankCompletesIt) {
+  // NCCL, as PyTorch's ProcessGroupNCCL, aborts the communicator when a wait times out (the
+  // collective would otherwise keep running on the device after the caller gave up): the
+  // late rank cannot complete it there. Its timeout path is RankThatNeverJoins... below.
+  if (backend() == Backend::kNcclProcesses) {
+    GTEST_SKIP() << "nccl_processes: a timed-out wait aborts the communicator by design";
+  }
   if (world() < 2) GTEST_SKIP() << "needs a second rank to be late";
   RunOnRanks(backend(), world(), [](const ProcessGroupPtr& pg) {
     const int W = pg->size();
@@ -270,18 +298,27 @@ TEST_P(Conformance, WaitWithTimeoutThrowsThenLateRankCompletesIt) {
 }
 
 TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
+  SKIP_IF_UNAVAILABLE();
   if (world() < 2) GTEST_SKIP() << "needs a rank that stays away";
+  const bool nccl = backend() == Backend::kNcclProcesses;
   fsdp::testing::RunOptions options;
-  options.collective_timeout = std::chrono::milliseconds(1500);
+  // NCCL: the group timeout also bounds the TCPStore rendezvous, which waits for every rank
+  // process to start and load LibTorch's CUDA backend; 1.5 s would make that flaky.
+  options.collective_timeout = std::chrono::milliseconds(nccl ? 5000 : 1500);
+  const auto stay_away = std::chrono::milliseconds(nccl ? 8000 : 2500);
   RunOnRanks(
       backend(), world(),
-      [](const ProcessGroupPtr& pg) {
+      [b = backend(), nccl, stay_away](const ProcessGroupPtr& pg) {
+        // NCCL connects peers lazily, on the host, inside a communicator's first collective
+        // of a kind: without this warm-up the others would block there, not in a kernel
+        // the watchdog can abort, until the absent rank's process exits.
+        if (nccl) pg->barrier()->wait();
         if (pg->rank() == pg->size() - 1) {
           // Stay alive (and silent) past the others' timeout.
-          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          std::this_thread::sleep_for(stay_away);
           return;
         }
-        at::Tensor t = at::ones({8});
+        at::Tensor t = at::ones({8}, at::TensorOptions().device(RankDevice(b, pg->rank())));
         const auto start = std::chrono::steady_clock::now();
         try {
           pg->all_reduce(t)->wait();
@@ -295,15 +332,24 @@ TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
       options);
 }
 
+std::string ParamName(const ::testing::TestParamInfo<Conformance::ParamType>& info) {
+  return absl::StrCat(fsdp::testing::BackendName(std::get<0>(info.param)), "_w",
+                      std::get<1>(info.param));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends, Conformance,
     ::testing::Combine(::testing::Values(Backend::kThreaded, Backend::kGlooThreads,
                                          Backend::kGlooProcesses),
                        ::testing::Values(1, 2, 3, 4)),
-    [](const ::testing::TestParamInfo<Conformance::ParamType>& info) {
-      return absl::StrCat(fsdp::testing::BackendName(std::get<0>(info.param)), "_w",
-                          std::get<1>(info.param));
-    });
+    ParamName);
+
+// One process per rank on GPU cuda:rank; world sizes beyond the visible GPUs skip ("needs W
+// GPUs, found N"), as does every case in a build without CUDA.
+INSTANTIATE_TEST_SUITE_P(Nccl, Conformance,
+                         ::testing::Combine(::testing::Values(Backend::kNcclProcesses),
+                                            ::testing::Values(1, 2, 3, 4, 8)),
+                         ParamName);
 
 }  // namespace
 }  // namespace fsdp::comm

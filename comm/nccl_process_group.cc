@@ -1,27 +1,24 @@
 // NCCL backend on the NCCL C API and the CUDA runtime only: no libtorch_cuda, no c10/cuda.
-// Compiled only under --config=cuda (see comm/BUILD.bazel).
+// Compiled only under --config=cuda (see comm/BUILD.bazel). The communicator wrapper and the
+// per-call NCCL helpers live in comm/internal/nccl_comm.{h,cc}.
 #include "comm/nccl_process_group.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
 #include <c10/util/accumulate.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/internal/cuda_utils.h"
+#include "comm/internal/nccl_comm.h"
 #include "comm/internal/tcp_store.h"
 #include "comm/watchdog.h"
 
@@ -30,248 +27,18 @@ namespace {
 
 using internal::CudaEvent;
 using internal::DeviceGuard;
+using internal::MakeWatchPoll;
+using internal::NcclComm;
 using internal::NcclErrorText;
-
-// One communicator with its stream, shared by the group and its Works (a Work may outlive
-// its group). Keeps the tensors of queued collectives alive until their completion event
-// was seen: LibTorch's caching allocator only orders frees against the default stream, so
-// memory freed early could be reused while NCCL still reads or writes it.
-class NcclComm {
- public:
-  // Takes ownership of `comm` (also when this throws: the shared_ptr's destructor runs).
-  static std::shared_ptr<NcclComm> Adopt(ncclComm_t comm, int device, Timeout shutdown_timeout) {
-    std::shared_ptr<NcclComm> owned(new NcclComm(comm, device, shutdown_timeout));
-    DeviceGuard guard(device);
-    // Non-blocking: no implicit sync with the legacy default stream; WaitForDefaultStream
-    // orders what must be ordered.
-    FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&owned->stream_, cudaStreamNonBlocking));
-    owned->default_stream_ready_ = std::make_unique<CudaEvent>();
-    return owned;
-  }
-
-  ~NcclComm() {
-    // The last owner: no other thread uses the communicator any more.
-    if (comm_ == nullptr) return;
-    int previous = -1;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                          cudaSetDevice(device_) == cudaSuccess;
-    // Destroying a communicator with collectives in flight can hang on peers that never
-    // join them: give them the group's timeout, then abort.
-    bool idle = aborted_ ? false : WaitIdle(/*check_async=*/true, shutdown_timeout_);
-    if (!aborted_) {
-      if (idle) {
-        (void)ncclCommDestroy(comm_);
-      } else {
-        (void)ncclCommAbort(comm_);
-        aborted_.store(true);
-      }
-    }
-    // Aborted kernels exit promptly; if the stream still did not drain, leak the tensors
-    // and the barrier buffer rather than hand memory back that a kernel may still write.
-    if (!idle) idle = WaitIdle(/*check_async=*/false, std::chrono::seconds(10));
-    if (idle) {
-      pending_.clear();
-      if (barrier_buffer_ != nullptr) (void)cudaFree(barrier_buffer_);
-    } else {
-      try {  // a warning handler may throw; a destructor must not
-        TORCH_WARN("nccl on cuda:", device_, ": the stream did not drain at shutdown; leaking ",
-                   pending_.size(), " collectives' buffers");
-      } catch (...) {
-      }
-      (void)new std::deque<Pending>(std::move(pending_));
-    }
-    default_stream_ready_.reset();
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-    (void)cudaGetLastError();
-    if (switched) (void)cudaSetDevice(previous);
-  }
-
-  NcclComm(const NcclComm&) = delete;
-  NcclComm& operator=(const NcclComm&) = delete;
-
-  cudaStream_t stream() const { return stream_; }
-  int device() const { return device_; }
-  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
-
-  // Runs `fn(comm)` holding the communicator: an abort requested meanwhile (by the
-  // watchdog thread) runs when `fn` returned, never during an NCCL call. Throws
-  // DistBackendError naming `what` once aborted (the communicator is freed then).
-  template <typename Fn>
-  void Use(const std::string& what, Fn&& fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      TORCH_CHECK_WITH(DistBackendError, !aborted(), what,
-                       ": the NCCL communicator was aborted after an earlier failure");
-      AbortIfRequestedOnExit deferred(this);
-      fn(comm_);
-    }
-    RunRequestedAbort();
-  }
-
-  // The communicator's asynchronous error, ncclSuccess if none. Never blocks: also
-  // ncclSuccess once aborted or while another thread holds the communicator (ask again).
-  ncclResult_t AsyncError() {
-    ncclResult_t result = ncclSuccess;
-    {
-      std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-      if (!lock.owns_lock() || aborted()) return ncclSuccess;
-      ncclResult_t async = ncclSuccess;
-      const ncclResult_t status = ncclCommGetAsyncError(comm_, &async);
-      result = status != ncclSuccess ? status : async;
-      if (result == ncclInProgress) result = ncclSuccess;
-    }
-    RunRequestedAbort();
-    return result;
-  }
-
-  // The group's stream waits for everything already queued on the legacy default stream
-  // (where LibTorch produced the inputs). The host does not block.
-  void WaitForDefaultStream() {
-    FSDP_CUDA_CHECK(cudaEventRecord(default_stream_ready_->get(), cudaStreamLegacy));
-    FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, default_stream_ready_->get(), 0));
-  }
-
-  // Marks the end of the collective just enqueued; `tensors` stay alive until it is done.
-  std::shared_ptr<CudaEvent> RecordCompletion(std::vector<at::Tensor> tensors) {
-    auto done = std::make_shared<CudaEvent>();
-    FSDP_CUDA_CHECK(cudaEventRecord(done->get(), stream_));
-    PruneCompleted();
-    pending_.push_back(Pending{done, std::move(tensors)});
-    return done;
-  }
-
-  // Drops the tensors of finished collectives. One stream: events complete in order, so the
-  // first not-done entry ends the scan.
-  void PruneCompleted() {
-    while (!pending_.empty()) {
-      if (cudaEventQuery(pending_.front().done->get()) != cudaSuccess) {
-        (void)cudaGetLastError();  // not ready (or failed: the Work reports it)
-        return;
-      }
-      pending_.pop_front();
-    }
-  }
-
-  // After an async error or a timeout the communicator is unusable; aborting also makes
-  // its kernels exit. Any thread, never blocks: while another thread is inside an NCCL call
-  // on the communicator (see Use), that thread aborts when the call returned.
-  void Abort() noexcept {
-    abort_requested_.store(true);
-    RunRequestedAbort();
-  }
-
-  // A 4-byte device buffer for barrier's all_reduce, made on first use.
-  void* BarrierBuffer() {
-    if (barrier_buffer_ == nullptr) {
-      FSDP_CUDA_CHECK(cudaMalloc(&barrier_buffer_, sizeof(int32_t)));
-      // On the group's stream: the legacy stream is not ordered before it.
-      FSDP_CUDA_CHECK(cudaMemsetAsync(barrier_buffer_, 0, sizeof(int32_t), stream_));
-    }
-    return barrier_buffer_;
-  }
-
- private:
-  struct Pending {
-    std::shared_ptr<CudaEvent> done;
-    std::vector<at::Tensor> tensors;
-  };
-
-  // Runs a requested abort when the holder of mu_ leaves Use (also when `fn` threw).
-  struct AbortIfRequestedOnExit {
-    explicit AbortIfRequestedOnExit(NcclComm* c) : comm(c) {}
-    ~AbortIfRequestedOnExit() {
-      if (comm->abort_requested_.load()) comm->AbortLocked();
-    }
-    NcclComm* comm;
-  };
-
-  NcclComm(ncclComm_t comm, int device, Timeout shutdown_timeout)
-      : comm_(comm), device_(device), shutdown_timeout_(shutdown_timeout) {}
-
-  // Aborts now if an abort was requested and no other thread holds the communicator (the
-  // holder aborts on its way out: it re-checks after unlocking, so no request is lost).
-  void RunRequestedAbort() noexcept {
-    if (!abort_requested_.load() || aborted()) return;
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (lock.owns_lock()) AbortLocked();
-  }
-
-  // mu_ held.
-  void AbortLocked() noexcept {
-    if (aborted()) return;
-    int previous = -1;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                          cudaSetDevice(device_) == cudaSuccess;
-    (void)ncclCommAbort(comm_);
-    aborted_.store(true, std::memory_order_release);
-    (void)cudaGetLastError();
-    if (switched) (void)cudaSetDevice(previous);
-  }
-
-  // True once every queued collective finished; false on timeout, async error (when
-  // `check_async`) or a CUDA error.
-  bool WaitIdle(bool check_async, Timeout timeout) {
-    if (pending_.empty()) return true;
-    using Clock = std::chrono::steady_clock;
-    const Clock::time_point deadline = Clock::now() + timeout;
-    std::chrono::microseconds pause(10);
-    while (true) {
-      const cudaError_t query = cudaEventQuery(pending_.back().done->get());
-      if (query == cudaSuccess) return true;
-      (void)cudaGetLastError();
-      if (query != cudaErrorNotReady) return false;
-      if (check_async && AsyncError() != ncclSuccess) return false;
-      if (Clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(pause);
-      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
-    }
-  }
-
-  ncclComm_t comm_;
-  int device_;
-  Timeout shutdown_timeout_;
-  // mu_ guards every NCCL call on comm_ (an abort frees it).
-  std::mutex mu_;
-  std::atomic<bool> aborted_{false};
-  std::atomic<bool> abort_requested_{false};
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<CudaEvent> default_stream_ready_;
-  void* barrier_buffer_ = nullptr;
-  std::deque<Pending> pending_;
-};
+using internal::NcclGroup;
+using internal::NcclRedOp;
+using internal::ToNcclType;
 
 // What the group's collectives share with the watchdog (null members: watchdog off).
 struct NcclWatch {
   std::shared_ptr<Watchdog> watchdog;
   std::shared_ptr<Watchdog::Communicator> comm;
 };
-
-// The watchdog's non-blocking poll of one collective (on the watchdog thread). Holds the
-// communicator weakly: the watchdog must not keep a destroyed group's communicator alive.
-std::function<WatchPoll()> MakeWatchPoll(const std::shared_ptr<NcclComm>& comm,
-                                         std::shared_ptr<CudaEvent> done) {
-  return [weak = std::weak_ptr<NcclComm>(comm), done = std::move(done),
-          device = comm->device()]() -> WatchPoll {
-    // Without this the watchdog thread's first CUDA call would create a context on
-    // device 0 (memory on a GPU this rank does not use).
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != device) (void)cudaSetDevice(device);
-    const cudaError_t query = cudaEventQuery(done->get());
-    if (query == cudaSuccess) return WatchPoll::Done();
-    (void)cudaGetLastError();
-    if (query != cudaErrorNotReady) {
-      return WatchPoll::Failed(absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(query),
-                                            " (", cudaGetErrorString(query), ")"));
-    }
-    if (std::shared_ptr<NcclComm> c = weak.lock()) {
-      const ncclResult_t async = c->AsyncError();
-      if (async != ncclSuccess) {
-        return WatchPoll::Failed(absl::StrCat("NCCL async error: ", NcclErrorText(async)));
-      }
-    }
-    return WatchPoll::Running();
-  };
-}
 
 class NcclWork final : public Work {
  public:
@@ -377,98 +144,6 @@ class NcclWork final : public Work {
   std::shared_ptr<Watchdog::Collective> watched_;  // null: watchdog off
   bool finished_ = false;
   std::exception_ptr error_;
-};
-
-// Reducing collectives need NCCL's element type; Bool rides as Uint8 (MAX = or, MIN = and;
-// the interface rejects SUM on Bool).
-ncclDataType_t ToNcclType(const char* op, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kByte: return ncclUint8;
-    case at::kChar: return ncclInt8;
-    case at::kBool: return ncclUint8;
-    default: break;
-  }
-  TORCH_CHECK(false, op, ": the nccl backend cannot reduce dtype ", t.scalar_type(), " (",
-              DescribeTensor(t), "); supported: Float, Double, Half, BFloat16, Int, Long, Byte, "
-              "Char, Bool");
-}
-
-// The ncclRedOp_t for one enqueue. PREMUL_SUM creates a per-call op carrying the factor
-// as a host scalar of the tensor's dtype; Release() destroys it once the call is enqueued.
-class NcclRedOp {
- public:
-  NcclRedOp(const char* op_name, ReduceOp op, const at::Tensor& t, ncclDataType_t type,
-            ncclComm_t comm)
-      : comm_(comm) {
-    switch (op.kind()) {
-      case ReduceOpKind::kSum: op_ = ncclSum; return;
-      case ReduceOpKind::kAvg: op_ = ncclAvg; return;
-      case ReduceOpKind::kMax: op_ = ncclMax; return;
-      case ReduceOpKind::kMin: op_ = ncclMin; return;
-      case ReduceOpKind::kPremulSum: break;
-    }
-    switch (t.scalar_type()) {
-      case at::kFloat: Create(static_cast<float>(op.factor()), type); break;
-      case at::kDouble: Create(op.factor(), type); break;
-      case at::kHalf: Create(c10::Half(static_cast<float>(op.factor())), type); break;
-      case at::kBFloat16: Create(c10::BFloat16(static_cast<float>(op.factor())), type); break;
-      default:
-        TORCH_CHECK(false, op_name, ": ", op.ToString(), " needs a floating-point tensor, got ",
-                    DescribeTensor(t));
-    }
-  }
-  ~NcclRedOp() {
-    if (created_) (void)ncclRedOpDestroy(op_, comm_);  // error path only
-  }
-  NcclRedOp(const NcclRedOp&) = delete;
-  NcclRedOp& operator=(const NcclRedOp&) = delete;
-
-  ncclRedOp_t get() const { return op_; }
-
-  // NCCL allows destroying the op as soon as the call using it returned.
-  void Release() {
-    if (!created_) return;
-    created_ = false;
-    FSDP_NCCL_CHECK(ncclRedOpDestroy(op_, comm_));
-  }
-
- private:
-  template <typename T>
-  void Create(T scalar, ncclDataType_t type) {
-    // HostImmediate: NCCL reads the scalar during the create call.
-    FSDP_NCCL_CHECK(
-        ncclRedOpCreatePreMulSum(&op_, &scalar, type, ncclScalarHostImmediate, comm_));
-    created_ = true;
-  }
-
-  ncclComm_t comm_;
-  ncclRedOp_t op_ = ncclSum;
-  bool created_ = false;
-};
-
-// Closes an ncclGroupStart even when a call inside the group threw.
-class NcclGroup {
- public:
-  NcclGroup() { FSDP_NCCL_CHECK(ncclGroupStart()); }
-  ~NcclGroup() {
-    if (open_) (void)ncclGroupEnd();
-  }
-  NcclGroup(const NcclGroup&) = delete;
-  NcclGroup& operator=(const NcclGroup&) = delete;
-
-  void End() {
-    open_ = false;
-    FSDP_NCCL_CHECK(ncclGroupEnd());
-  }
-
- private:
-  bool open_ = true;
 };
 
 class NcclProcessGroup final : public ProcessGroup {

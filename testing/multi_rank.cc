@@ -26,7 +26,16 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/gloo_process_group.h"
+#include "comm/nccl_process_group.h"
 #include "comm/threaded_process_group.h"
+
+#ifdef FSDP_WITH_CUDA
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstring>
+#endif
 
 extern char** environ;
 
@@ -175,14 +184,30 @@ std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const Ran
 
 // ------------------------------------------------------------------ processes
 
+// The rank process's group, from the torchrun environment the parent set.
+comm::ProcessGroupPtr CreateChildGroup(Backend backend, const RunOptions& options) {
+  if (backend == Backend::kNcclProcesses) {
+    const comm::TorchrunEnv env = comm::ReadTorchrunEnv();
+    // The parent checked; this process loads LibTorch's CUDA backend for itself.
+    const std::string unavailable = BackendUnavailableReason(backend, env.world_size);
+    TORCH_CHECK(unavailable.empty(), "rank ", env.rank, " (nccl_processes): ", unavailable);
+    comm::NcclOptions nccl;
+    nccl.timeout = options.collective_timeout;
+    nccl.device_index = RankDevice(backend, env.local_rank).index();
+    return comm::CreateNcclProcessGroupWithTcpStore(env, nccl);
+  }
+  comm::GlooOptions gloo;
+  gloo.timeout = options.collective_timeout;
+  return comm::CreateGlooProcessGroupFromEnv(gloo);
+}
+
 // Runs in a rank process: the body on this rank, then exit without running the rest.
-[[noreturn]] void RunAsChild(const RankBody& body, const RunOptions& options) {
+[[noreturn]] void RunAsChild(Backend backend, const RankBody& body, const RunOptions& options) {
   int status = 0;
   try {
-    comm::GlooOptions gloo;
-    gloo.timeout = options.collective_timeout;
-    auto group = comm::CreateGlooProcessGroupFromEnv(gloo);
-    SCOPED_TRACE(absl::StrCat("rank ", group->rank(), " of ", group->size(), " (gloo_processes)"));
+    auto group = CreateChildGroup(backend, options);
+    SCOPED_TRACE(absl::StrCat("rank ", group->rank(), " of ", group->size(), " (",
+                              BackendName(backend), ")"));
     body(group);
     if (::testing::Test::HasFailure()) status = 1;
   } catch (...) {
@@ -213,10 +238,11 @@ std::string FailureMessage(const std::string& output) {
   return output.size() > kTail ? output.substr(output.size() - kTail) : output;
 }
 
-std::vector<RankOutcome> RunAsProcesses(int world_size, int call_index,
+std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int call_index,
                                         const RunOptions& options) {
   const std::string test = CurrentTestName();
-  TORCH_CHECK(!test.empty(), "RunOnRanks(gloo_processes) must run inside a GoogleTest test");
+  TORCH_CHECK(!test.empty(), "RunOnRanks(", BackendName(backend),
+              ") must run inside a GoogleTest test");
   const int port = FreePort();
   // Children inherit the environment minus what would let them write the parent's test
   // result files.
@@ -299,6 +325,65 @@ std::vector<RankOutcome> RunAsProcesses(int world_size, int call_index,
   return outcomes;
 }
 
+bool IsProcessBackend(Backend backend) {
+  return backend == Backend::kGlooProcesses || backend == Backend::kNcclProcesses;
+}
+
+#ifdef FSDP_WITH_CUDA
+
+// The directory of the loaded libtorch_cpu.so (the torch wheel's lib/), empty if none.
+std::string LoadedLibTorchDir() {
+  std::string dir;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+        const std::string name = "/libtorch_cpu.so";
+        if (path.size() <= name.size() ||
+            path.compare(path.size() - name.size(), name.size(), name) != 0) {
+          return 0;
+        }
+        *static_cast<std::string*>(out) = path.substr(0, path.size() - name.size());
+        return 1;
+      },
+      &dir);
+  return dir;
+}
+
+// CUDA tensors need LibTorch's CUDA backend (its kernels and allocator register when
+// libtorch_cuda.so loads). The build links torch_cpu + c10 only (third_party/libtorch.BUILD):
+// linking libtorch_cuda would make every test binary need the wheel's CUDA runtime
+// libraries (cuDNN, cuSPARSELt, cuFile, NVSHMEM, ...), so it is loaded here, where a GPU
+// test needs it, and a host without them skips with dlopen's reason. Empty: loaded.
+std::string LoadLibTorchCuda() {
+  static const std::string reason = [] {
+    const char* explicit_path = std::getenv("FSDP_LIBTORCH_CUDA");
+    std::string path;
+    if (explicit_path != nullptr && explicit_path[0] != '\0') {
+      path = explicit_path;
+    } else {
+      const std::string dir = LoadedLibTorchDir();
+      if (dir.empty()) {
+        return std::string("LibTorch's CUDA backend not found: libtorch_cpu.so is not loaded "
+                           "from a file (set FSDP_LIBTORCH_CUDA to libtorch_cuda.so)");
+      }
+      path = dir + "/libtorch_cuda.so";
+    }
+    if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return std::string();
+    const char* error = dlerror();
+    return absl::StrCat(
+        "LibTorch's CUDA backend (needed for CUDA tensors) cannot be loaded: dlopen(", path,
+        ") failed: ", error != nullptr ? error : "unknown error",
+        ". Install the torch wheel with its CUDA dependencies (pip install torch without "
+        "--no-deps: nvidia-cudnn, -cusparselt, -cufile, -nvshmem, -nccl, ...) or set "
+        "FSDP_LIBTORCH_CUDA to such an install's torch/lib/libtorch_cuda.so; if the symbol "
+        "missing is an nccl* one, put that install's nvidia/nccl/lib first on LD_LIBRARY_PATH "
+        "(the CUDA toolkit's libnccl is older than the wheel's)");
+  }();
+  return reason;
+}
+
+#endif  // FSDP_WITH_CUDA
+
 }  // namespace
 
 std::string BackendName(Backend backend) {
@@ -306,8 +391,38 @@ std::string BackendName(Backend backend) {
     case Backend::kThreaded: return "threaded";
     case Backend::kGlooThreads: return "gloo_threads";
     case Backend::kGlooProcesses: return "gloo_processes";
+    case Backend::kNcclProcesses: return "nccl_processes";
   }
   return "unknown";
+}
+
+c10::Device RankDevice(Backend backend, int rank) {
+  if (backend == Backend::kNcclProcesses) {
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rank));
+  }
+  return c10::Device(c10::kCPU);
+}
+
+std::string BackendUnavailableReason(Backend backend, int world_size) {
+  if (backend != Backend::kNcclProcesses) return "";
+#ifndef FSDP_WITH_CUDA
+  return "nccl_processes: the NCCL backend is not built (default build); build with "
+         "bazel --config=cuda or cmake -DFSDP_WITH_CUDA=ON";
+#else
+  if (!comm::NcclAvailable()) return "nccl_processes: the NCCL backend is not built";
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::StrCat("nccl_processes: no usable GPU: cudaGetDeviceCount failed: ",
+                        cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+  }
+  // NCCL rejects two ranks of one communicator on the same GPU.
+  if (count < world_size) {
+    return absl::StrCat("nccl_processes: needs ", world_size, " GPUs, found ", count);
+  }
+  return LoadLibTorchCuda();
+#endif
 }
 
 bool IsRankProcess() { return std::getenv(kChildCallEnv) != nullptr; }
@@ -315,16 +430,19 @@ bool IsRankProcess() { return std::getenv(kChildCallEnv) != nullptr; }
 std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size,
                                            const RankBody& body, const RunOptions& options) {
   TORCH_CHECK(world_size >= 1, "RunOnRanks: world_size must be >= 1, got ", world_size);
-  if (backend != Backend::kGlooProcesses) return RunAsThreads(backend, world_size, body, options);
+  if (!IsProcessBackend(backend)) return RunAsThreads(backend, world_size, body, options);
   const int call_index = NextCallIndex();
   if (const char* child_call = std::getenv(kChildCallEnv)) {
-    if (std::atoi(child_call) == call_index) RunAsChild(body, options);
+    if (std::atoi(child_call) == call_index) RunAsChild(backend, body, options);
     // Another call of this test: the parent runs it in other children.
     std::vector<RankOutcome> skipped(world_size);
     for (int r = 0; r < world_size; ++r) skipped[r].rank = r;
     return skipped;
   }
-  return RunAsProcesses(world_size, call_index, options);
+  const std::string unavailable = BackendUnavailableReason(backend, world_size);
+  TORCH_CHECK(unavailable.empty(), "RunOnRanks(", BackendName(backend), ", world_size ", world_size,
+              "): ", unavailable, " (skip first: FSDP_SKIP_IF_BACKEND_UNAVAILABLE)");
+  return RunAsProcesses(backend, world_size, call_index, options);
 }
 
 void RunOnRanks(Backend backend, int world_size, const RankBody& body,

@@ -1,7 +1,10 @@
 // Runs a GoogleTest body on W ranks: as threads (Threaded or Gloo+FileStore backends) or
-// as W processes (Gloo+TCPStore on 127.0.0.1 with the torchrun environment per child).
+// as W processes (Gloo+TCPStore, or NCCL with rank r on cuda:r, on 127.0.0.1 with the
+// torchrun environment per child).
 #ifndef FSDP_TESTING_MULTI_RANK_H_
 #define FSDP_TESTING_MULTI_RANK_H_
+
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <functional>
@@ -12,10 +15,32 @@
 
 namespace fsdp::testing {
 
-enum class Backend { kThreaded, kGlooThreads, kGlooProcesses };
+// kNcclProcesses: one process per rank, rank r on GPU cuda:r (comm/nccl_process_group.h);
+// needs a --config=cuda (FSDP_WITH_CUDA) build, W visible GPUs and LibTorch's CUDA backend
+// (see BackendUnavailableReason). Its tensors must live on RankDevice().
+enum class Backend { kThreaded, kGlooThreads, kGlooProcesses, kNcclProcesses };
 
-// "threaded", "gloo_threads", "gloo_processes" (usable in test names).
+// "threaded", "gloo_threads", "gloo_processes", "nccl_processes" (usable in test names).
 std::string BackendName(Backend backend);
+
+// The device rank `rank`'s tensors live on: cuda:<rank> for kNcclProcesses (the rank's
+// LOCAL_RANK), the CPU for the other backends.
+c10::Device RankDevice(Backend backend, int rank);
+
+// Why `backend` cannot run `world_size` ranks in this build and on this machine; empty when
+// it can (always, for the CPU backends). For kNcclProcesses: the NCCL backend is not built
+// (default build), no usable GPU or driver, fewer than `world_size` GPUs ("needs W GPUs,
+// found N": NCCL forbids two ranks of one communicator on one GPU), or LibTorch's CUDA
+// backend (libtorch_cuda.so, which CUDA tensors need) cannot be loaded. Loads it into this
+// process on first success (FSDP_LIBTORCH_CUDA names the library, default: next to the
+// loaded libtorch_cpu.so). Tests skip with it:
+#define FSDP_SKIP_IF_BACKEND_UNAVAILABLE(backend, world_size)                             \
+  do {                                                                                   \
+    const std::string fsdp_unavailable =                                                 \
+        ::fsdp::testing::BackendUnavailableReason((backend), (world_size));              \
+    if (!fsdp_unavailable.empty()) GTEST_SKIP() << fsdp_unavailable;                     \
+  } while (0)
+std::string BackendUnavailableReason(Backend backend, int world_size);
 
 struct RunOptions {
   // The whole run must finish by then; stuck ranks fail the test. Threads: a stuck thread
@@ -44,7 +69,8 @@ struct RankOutcome {
 // backend (in process mode the child's failure output becomes the rank's message).
 //
 // Process mode re-executes the current test binary filtered to the current test, once per
-// rank; a test may call this several times (each call is matched by its index).
+// rank; a test may call this several times (each call is matched by its index). Calling it
+// with a backend that BackendUnavailableReason rejects throws that reason: skip first.
 std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size,
                                            const RankBody& body, const RunOptions& options = {});
 

@@ -1,5 +1,7 @@
 // FSDP2 parity: N AdamW steps with fully_shard on W ranks equal N steps of the same model on
-// one rank (the reference runs on every rank without FSDP, on the whole batch).
+// one rank (the reference runs on every rank without FSDP, on the whole batch). The
+// nccl_processes cases train on GPU cuda:rank (model, inputs and reference); they skip,
+// saying why, without a CUDA build, without W GPUs or without LibTorch's CUDA backend.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -23,6 +25,7 @@ namespace fsdp::per_param {
 namespace {
 
 using fsdp::testing::Backend;
+using fsdp::testing::RankDevice;
 using testing::Batch;
 using testing::InitDeterministic;
 using testing::Net;
@@ -81,12 +84,28 @@ int64_t FsdpOwnedBytes(torch::nn::Module& model) {
 }
 constexpr int64_t kBatch = 12;  // divisible by 1..4
 
-void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
+// f32 parity on CUDA. The reference runs on the same GPU, but not the same kernels: cuBLAS
+// picks its GEMM algorithm (and split-K reduction order) by shape, and the reference's
+// batch has W times the rows of a rank's, and NCCL sums the W partial gradients in its own
+// order. So the results agree to f32 rounding amplified by 4 AdamW steps, not bitwise as on
+// the CPU; 1e-5 x max(1, scale) is ~100 ulps at the parameters' scale and still ~1000x
+// below one step's update (lr 1e-2), so a wrong shard, a missing reduction or a stale
+// all-gather still fails. TF32 is off by default in LibTorch (matmul), so it plays no part.
+constexpr double kCudaF32Tolerance = 1e-5;
+
+// `device`: where the model, its inputs and the reference live (the rank's GPU for NCCL).
+void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world,
+               c10::Device device = c10::Device(c10::kCPU)) {
   const int w = world->size(), me = world->rank();
   const NetOptions net{.use_block_twice = cfg.use_block_twice, .tie = cfg.tie};
   Net ref(net), model(net);
   InitDeterministic(*ref);
   InitDeterministic(*model);
+  if (!device.is_cpu()) {
+    // Module::to swaps each parameter's data in place: tied parameters stay one tensor.
+    ref->to(device);
+    model->to(device);
+  }
   if (cfg.freeze_first_fc1) {
     for (auto* m : {&ref, &model}) {
       (*m)->layers[0]->fc1->weight.set_requires_grad(false);
@@ -102,6 +121,7 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
   if (cfg.bf16) opts.mp_policy.param_dtype = at::kBFloat16;
   opts.mp_policy.reduce_dtype = cfg.reduce_dtype;
   opts.replicate = cfg.replicate;
+  opts.device = device;
   std::vector<FSDPModule> blocks;
   for (auto& b : model->layers) blocks.push_back(fully_shard(b.ptr(), opts));
   // Only the root casts its output (blocks' f32 outputs would meet the root's bf16 head).
@@ -118,7 +138,8 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
   int64_t baseline_bytes = -1;
   for (int step = 0; step < cfg.steps; ++step) {
     for (int mb = 0; mb < cfg.micro_batches; ++mb) {
-      const at::Tensor x = Batch(step * 10 + mb, kBatch, 3, 1), y = Batch(step * 10 + mb, kBatch, 1, 2);
+      const at::Tensor x = Batch(step * 10 + mb, kBatch, 3, 1).to(device),
+                       y = Batch(step * 10 + mb, kBatch, 1, 2).to(device);
       // The reference sees the whole batch; micro-batch losses are summed by accumulation.
       torch::nn::functional::mse_loss(ref(x), y).backward();
       const bool last = mb + 1 == cfg.micro_batches;
@@ -137,11 +158,11 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
     if (baseline_bytes < 0) baseline_bytes = bytes;
     EXPECT_EQ(bytes, baseline_bytes) << cfg.name << " step " << step << " rank " << me;
   }
-  const double tol = cfg.bf16 ? 3e-2 : 1e-6;
+  const double tol = cfg.bf16 ? 3e-2 : device.is_cuda() ? kCudaF32Tolerance : 1e-6;
   EXPECT_EQ(ExpectMatchesReference(*model, *ref, tol, cfg.name, me),
             static_cast<int>(testing::UniqueParameters(*ref).size()));
   if (cfg.output_dtype) {
-    EXPECT_EQ(model(Batch(0, 2, 3, 1)).scalar_type(), *cfg.output_dtype);
+    EXPECT_EQ(model(Batch(0, 2, 3, 1).to(device)).scalar_type(), *cfg.output_dtype);
   }
 }
 
@@ -155,7 +176,10 @@ class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(ParityTest, TrainingEqualsSingleRank) {
   const ParityCase c = GetParam();
-  fsdp::testing::RunOnRanks(c.backend, c.world, [c](const comm::ProcessGroupPtr& pg) { RunParity(c.cfg, pg); });
+  FSDP_SKIP_IF_BACKEND_UNAVAILABLE(c.backend, c.world);
+  fsdp::testing::RunOnRanks(c.backend, c.world, [c](const comm::ProcessGroupPtr& pg) {
+    RunParity(c.cfg, pg, RankDevice(c.backend, pg->rank()));
+  });
 }
 
 std::vector<ParityCase> Cases() {
@@ -185,6 +209,13 @@ std::vector<ParityCase> Cases() {
   cases.push_back({Backend::kGlooProcesses, 3, Config{"default"}});
   cases.push_back({Backend::kGlooProcesses, 4, Config{.name = "hsdp_reshard_false", .reshard_after_forward = false,
                                                       .hsdp = true}});
+  // CUDA + NCCL, rank r on cuda:r (skipped where that cannot run; see the file comment).
+  // w1 runs on any one-GPU host; the others need 2 or 4 GPUs.
+  cases.push_back({Backend::kNcclProcesses, 1, Config{"default"}});
+  cases.push_back({Backend::kNcclProcesses, 2, Config{"default"}});
+  cases.push_back({Backend::kNcclProcesses, 2, Config{.name = "no_reshard", .reshard_after_forward = false}});
+  cases.push_back({Backend::kNcclProcesses, 2, Config{.name = "bf16", .bf16 = true}});
+  cases.push_back({Backend::kNcclProcesses, 4, Config{.name = "hsdp", .hsdp = true}});
   return cases;
 }
 
