@@ -1,6 +1,7 @@
 // :nccl in both builds. Default build: the stub's contract. --config=cuda: a one-rank group
 // on GPU 0 (skipped, with the reason, where no GPU is visible).
 #include "comm/nccl_process_group.h"
+#include "testing/multi_rank.h"
 
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
@@ -10,8 +11,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -140,14 +143,8 @@ TEST(NcclTest, OneRankGroupWithoutWatchdog) {
 
 TEST(NcclTest, OneRankCollectivesOnCudaTensors) {
   SKIP_WITHOUT_GPU();
-  // CUDA tensors need LibTorch's CUDA backend (libtorch_cuda) loaded in the process.
-  at::Tensor probe;
-  try {
-    probe = at::zeros({1}, at::TensorOptions().device(at::kCUDA, 0));
-  } catch (const c10::Error& e) {
-    GTEST_SKIP() << "LibTorch has no CUDA backend in this process: "
-                 << e.what_without_backtrace();
-  }
+  // CUDA tensors need LibTorch's CUDA backend (libtorch_cuda.so), loaded at run time.
+  FSDP_SKIP_IF_BACKEND_UNAVAILABLE(::fsdp::testing::Backend::kNcclProcesses, 1);
   NcclOptions options;
   options.device_index = 0;
   ProcessGroupPtr group = CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options);
@@ -169,6 +166,49 @@ TEST(NcclTest, OneRankCollectivesOnCudaTensors) {
   at::Tensor in = at::arange(6, cuda.dtype(at::kLong)).view({3, 2});
   group->all_to_all_single(out, in)->wait();
   EXPECT_TRUE(at::equal(out.cpu(), in.cpu()));
+}
+
+// The watchdog on a real device: a collective that cannot start (the legacy default stream,
+// which the group's collectives are ordered after, is held by a host callback) must be
+// failed by the watchdog thread within the group's timeout although nobody waits for it,
+// and the group must stay failed.
+TEST(NcclTest, WatchdogAbortsACollectiveStuckOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  NcclOptions options;
+  options.device_index = 0;
+  options.timeout = Timeout(500);
+  ProcessGroupPtr group = CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options);
+  group->barrier()->wait();  // connected before the stream is held
+
+  static std::atomic<bool> release{false};
+  release = false;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  // Holds the stream until released, for 30 s at most (so a hung abort still ends).
+  const auto hold = [](void*) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!release.load() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold, nullptr), cudaSuccess);
+
+  const auto start = std::chrono::steady_clock::now();
+  WorkPtr stuck = group->barrier();
+  while (!stuck->is_completed() && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  std::exception_ptr failure = stuck->exception();
+  release = true;
+  EXPECT_LT(elapsed, std::chrono::seconds(10)) << "the watchdog did not fail the stuck collective";
+  ASSERT_NE(failure, nullptr) << "the stuck collective completed without an error";
+  const std::string error = ErrorOf([&] { std::rethrow_exception(failure); });
+  EXPECT_NE(error.find("timed out"), std::string::npos) << error;
+  EXPECT_NE(error.find("aborted by the watchdog"), std::string::npos) << error;
+  // Sticky: the next collective fails at once, naming the earlier failure.
+  const std::string later = ErrorOf([&] { group->barrier()->wait(); });
+  EXPECT_NE(later.find("aborted by the watchdog"), std::string::npos) << later;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 #endif  // FSDP_WITH_CUDA
