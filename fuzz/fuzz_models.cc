@@ -92,6 +92,12 @@ NamedBytes OptimStateSeeds() {
   return out;
 }
 
+void RunAsIsAndWithFixedCrcs(const uint8_t* data, size_t size, void (*run)(const std::vector<char>&)) {
+  std::vector<char> bytes(reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size);
+  run(bytes);
+  if (FixZipCrcs(bytes)) run(bytes);
+}
+
 bool FixZipCrcs(std::vector<char>& bytes) {
   auto u16 = [&](size_t at) { uint16_t v; std::memcpy(&v, &bytes[at], 2); return static_cast<size_t>(v); };
   auto u32 = [&](size_t at) { uint32_t v; std::memcpy(&v, &bytes[at], 4); return static_cast<size_t>(v); };

@@ -9,6 +9,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -43,6 +45,22 @@ bool FixZipCrcs(std::vector<char>& bytes);
 // the storage is readable (ASan reports the first one that is not); bool bytes must be 0/1.
 void TouchTensor(const at::Tensor& t);
 
+// One fuzz input for a checkpoint loader: `run` on the bytes as they are and, when their zip
+// records' CRC-32s did not match, once more with them fixed (so mutations reach the parsers).
+void RunAsIsAndWithFixedCrcs(const uint8_t* data, size_t size, void (*run)(const std::vector<char>&));
+
 }  // namespace fsdp::fuzz
+
+// Defines the libFuzzer entry points of a checkpoint-loader target: the shared model is
+// built once, and each input goes through RunAsIsAndWithFixedCrcs(run).
+#define FSDP_CHECKPOINT_FUZZ_TARGET(run)                                     \
+  extern "C" int LLVMFuzzerInitialize(int*, char***) {                       \
+    ::fsdp::fuzz::SharedTarget();                                            \
+    return 0;                                                                \
+  }                                                                          \
+  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {  \
+    ::fsdp::fuzz::RunAsIsAndWithFixedCrcs(data, size, (run));                \
+    return 0;                                                                \
+  }
 
 #endif  // FSDP_FUZZ_FUZZ_MODELS_H_

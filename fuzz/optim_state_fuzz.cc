@@ -33,14 +33,4 @@ void Run(const std::vector<char>& bytes) {
 }
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fsdp::fuzz::SharedTarget();
-  return 0;
-}
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::vector<char> bytes(reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size);
-  Run(bytes);
-  if (fsdp::fuzz::FixZipCrcs(bytes)) Run(bytes);
-  return 0;
-}
+FSDP_CHECKPOINT_FUZZ_TARGET(Run)
