@@ -30,7 +30,7 @@ FLAGS=(--repo_env=CC=clang --repo_env=CXX=clang++ --define=fuzzing=libfuzzer
        --linkopt=-fsanitize=address,undefined --linkopt=-fsanitize-link-c++-runtime --strip=never)
 
 echo "==> bazel build (clang, libFuzzer, ASan + UBSan): ${TARGETS[*]} make_seeds"
-if ! CC=clang bazel --output_base="$BASE" build "${FLAGS[@]}" \
+if ! CC=clang bazel --output_base="$BASE" build --symlink_prefix=/ "${FLAGS[@]}" \
     $(printf '//fuzz:%s ' "${TARGETS[@]}") //fuzz:make_seeds; then
   echo "fuzz: build failed"
   echo "0 passed, ${#TARGETS[@]} failed"
