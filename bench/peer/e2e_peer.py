@@ -97,7 +97,7 @@ def run(rank, world, init_file, model_name, fsdp, steps, out):
                        "numel": blocks * block_numel, "group_numel": block_numel,
                        "rss_base": rss_base, "rss_peak": rss_peak,
                        "alloc_peak": alloc_peak, "alloc_end": alloc_end}, f)
-    dist.destroy_process_group()
+    peer_common.finish_gloo()
 
 
 def main():

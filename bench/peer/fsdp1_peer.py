@@ -74,7 +74,7 @@ def run(rank, world, init_file, inp, out, use_orig_params):
     params, states = full_params_and_state(model, opt, world)
     if rank == 0:
         peer_common.save_result(out, params, states)
-    dist.destroy_process_group()
+    peer_common.finish_gloo()
 
 
 def main():

@@ -32,7 +32,7 @@ def run(rank, world, init_file, inp, out):
         states[name] = {k: (v.full_tensor() if k != "step" else v) for k, v in opt.state[p].items()}
     if rank == 0:
         peer_common.save_result(out, params, states)
-    dist.destroy_process_group()
+    peer_common.finish_gloo()
 
 
 def main():

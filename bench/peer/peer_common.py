@@ -31,6 +31,14 @@ def init_gloo(rank, world, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
 
 
+def finish_gloo():
+    """Leaves the group together: a rank tearing Gloo down while a peer still finishes its
+    last collective (or writes the result) sometimes aborted in c10d ("terminate called
+    without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 # ---------------------------------------------------------------- parity model and exchange
 class Block(nn.Module):
     def __init__(self, d, hidden):
