@@ -206,6 +206,10 @@ comm::ProcessGroupPtr CreateChildGroup(Backend backend, const RunOptions& option
   int status = 0;
   try {
     auto group = CreateChildGroup(backend, options);
+    // Every rank finishes making its group before any body runs: a rank whose body returns
+    // at once would otherwise exit (taking rank 0's TCPStore or a Gloo connection with it)
+    // while a peer is still connecting ("Failed to recv", "Connection closed by peer").
+    group->barrier()->wait();
     SCOPED_TRACE(absl::StrCat("rank ", group->rank(), " of ", group->size(), " (",
                               BackendName(backend), ")"));
     body(group);
