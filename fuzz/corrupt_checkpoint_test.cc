@@ -19,7 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "fsdp/per_param/checkpoint_reader.h"
+#include "checkpoint/checkpoint_reader.h"
 #include "fsdp/per_param/state_dict.h"
 #include "fuzz/fuzz_models.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -30,7 +30,7 @@ namespace fsdp::fuzz {
 namespace {
 
 using per_param::FullStateDict;
-using per_param::ReadCheckpoint;
+using checkpoint::ReadCheckpoint;
 using namespace std::string_literals;
 
 c10::IValue Read(const std::vector<char>& bytes) { return ReadCheckpoint(bytes.data(), bytes.size(), "'test.pt'"); }

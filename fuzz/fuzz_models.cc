@@ -6,13 +6,11 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
-#include <unistd.h>
 
 #include "comm/fake_process_group.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
+#include "checkpoint/tensor_dict_file.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -40,23 +38,7 @@ std::unique_ptr<Target> Build() {
   return t;
 }
 
-std::vector<char> Bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::remove(path.c_str());
-  return out;
-}
-
-std::string TempFile(const char* name) {
-  const char* dir = std::getenv("TMPDIR");
-  return std::string(dir && *dir ? dir : "/tmp") + "/fsdp_fuzz_seed_" + name + "_" + std::to_string(::getpid());
-}
-
-std::vector<char> SaveFull(const per_param::FullStateDict& sd) {
-  const std::string path = TempFile("model");
-  per_param::SaveFullStateDict(sd, path);
-  return Bytes(path);
-}
+std::vector<char> SaveFull(const checkpoint::TensorDict& sd) { return checkpoint::SerializeTensorDict(sd); }
 
 }  // namespace
 
@@ -69,7 +51,7 @@ NamedBytes FullStateDictSeeds() {
   Target& t = SharedTarget();
   NamedBytes out;
   out.emplace_back("model.pt", SaveFull(per_param::GetFullStateDict(*t.model)));
-  per_param::FullStateDict mixed;
+  checkpoint::TensorDict mixed;
   const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
   mixed.insert("view", base.narrow(1, 1, 3));          // offset + strides into a shared storage
   mixed.insert("transposed", base.t());
@@ -80,7 +62,7 @@ NamedBytes FullStateDictSeeds() {
     mixed.insert(std::string("dtype_") + c10::toString(dtype), at::arange(3, at::kDouble).to(dtype));
   }
   out.emplace_back("mixed.pt", SaveFull(mixed));
-  out.emplace_back("empty.pt", SaveFull(per_param::FullStateDict()));
+  out.emplace_back("empty.pt", SaveFull(checkpoint::TensorDict()));
   return out;
 }
 

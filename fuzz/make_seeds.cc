@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "checkpoint/tensor_dict_file.h"
 #include "fsdp/per_param/state_dict.h"
 #include "fuzz/fuzz_models.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -30,8 +31,8 @@ int main(int argc, char** argv) {
   // Every seed must load (else the fuzzer starts from files the loaders reject at once).
   fsdp::fuzz::Target& target = fsdp::fuzz::SharedTarget();
   const fsdp::fuzz::NamedBytes full = fsdp::fuzz::FullStateDictSeeds(), optim = fsdp::fuzz::OptimStateSeeds();
-  for (const auto& [name, bytes] : full) fsdp::per_param::DeserializeFullStateDict(bytes, name);
-  fsdp::per_param::LoadFullStateDict(*target.model, fsdp::per_param::DeserializeFullStateDict(full[0].second, full[0].first));
+  for (const auto& [name, bytes] : full) fsdp::checkpoint::DeserializeTensorDict(bytes, name);
+  fsdp::per_param::LoadFullStateDict(*target.model, fsdp::checkpoint::DeserializeTensorDict(full[0].second, full[0].first));
   for (const auto& [name, bytes] : optim) {
     const auto sd = fsdp::optim_state::DeserializeOptimStateDict(bytes, name);
     fsdp::optim_state::LoadFullOptimStateDict(*target.model, sd.optimizer == "SGD" ? static_cast<torch::optim::Optimizer&>(*target.sgd) : *target.adamw, sd);

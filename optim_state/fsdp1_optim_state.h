@@ -19,8 +19,6 @@ class FullyShardedDataParallel;
 
 namespace fsdp::optim_state {
 
-using StateMap = std::map<std::string, StateValue>;
-
 // This rank's state of `handle`'s flat parameter (positive-dim tensors of the flat shard's
 // size) -> the state of each original parameter, keyed `prefix` + its FQN in the handle.
 // Positive-dim tensors are all-gathered over `shard_group` (null or size 1: the shard is

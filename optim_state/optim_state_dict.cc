@@ -2,28 +2,23 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <memory>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "fsdp/per_param/checkpoint_reader.h"
 
 namespace fsdp::optim_state {
 namespace {
 
 using torch::optim::OptimizerOptions;
 using torch::optim::OptimizerParamState;
-using StateMap = std::map<std::string, StateValue>;
 
 std::string Shape(c10::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
@@ -177,13 +172,6 @@ std::vector<std::string> GroupFqns(const torch::optim::OptimizerParamGroup& grou
 
 }  // namespace
 
-StateKind Classify(const StateValue& value) {
-  if (const auto* t = std::get_if<at::Tensor>(&value)) {
-    return t->dim() > 0 ? StateKind::kPositiveDimTensor : StateKind::kZeroDimTensor;
-  }
-  return StateKind::kNonTensor;
-}
-
 OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const NamedParams& named) {
   const Kind kind = KindOf(optimizer);
   const auto names = NamesByTensor(named);
@@ -313,48 +301,6 @@ OptimStateDict FromStateById(std::string optimizer, std::vector<ParamGroupState>
   return out;
 }
 
-std::vector<char> SerializeOptimStateDict(const OptimStateDict& state_dict) {
-  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [fqn, values] : state_dict.state) {
-    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& item : values) {
-      const std::string& key = item.first;  // (clang 14 cannot capture a structured binding)
-      const StateValue& value = item.second;
-      std::visit([&](const auto& v) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, at::Tensor>) {
-          entry.insert(key, v.detach().cpu());
-        } else {
-          entry.insert(key, v);
-        }
-      }, value);
-    }
-    state.insert(fqn, entry);
-  }
-  c10::impl::GenericList groups(c10::AnyType::get());
-  for (const auto& g : state_dict.param_groups) {
-    c10::impl::GenericDict options(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& [key, value] : g.options) options.insert(key, value);
-    groups.push_back(c10::ivalue::Tuple::create(c10::IValue(g.params), c10::IValue(options)));
-  }
-  const auto root = c10::ivalue::Tuple::create(c10::IValue(state_dict.optimizer), c10::IValue(state), c10::IValue(groups));
-  return torch::jit::pickle_save(c10::IValue(root));
-}
-
-void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path) {
-  const std::vector<char> bytes = SerializeOptimStateDict(state_dict);
-  std::ofstream out(path, std::ios::binary);
-  TORCH_CHECK(out.good(), "SaveOptimStateDict: cannot open '", path, "' for writing");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  TORCH_CHECK(out.good(), "SaveOptimStateDict: writing '", path, "' failed");
-}
-
-OptimStateDict LoadOptimStateDict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "LoadOptimStateDict: cannot open '", path, "'");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return DeserializeOptimStateDict(bytes, "'" + path + "'");
-}
-
 OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const comm::ProcessGroupPtr& world) {
   TORCH_CHECK(world != nullptr, "BroadcastOptimStateDict: world group is null");
   if (world->size() == 1) return state_dict;
@@ -368,51 +314,6 @@ OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const c
   if (world->rank() == 0) return state_dict;
   const auto* data = static_cast<const char*>(payload.data_ptr());
   return DeserializeOptimStateDict(std::vector<char>(data, data + payload.numel()), "rank 0's broadcast");
-}
-
-OptimStateDict DeserializeOptimStateDict(const std::vector<char>& bytes, const std::string& source) {
-  const c10::IValue root = per_param::ReadCheckpoint(bytes.data(), bytes.size(), "LoadOptimStateDict: " + source);
-  const auto bad = [&](const std::string& what) {
-    TORCH_CHECK(false, "LoadOptimStateDict: ", source, " is not an optimizer state dict: ", what);
-  };
-  if (!root.isTuple() || root.toTupleRef().elements().size() != 3) bad("expected a 3-tuple");
-  const auto& top = root.toTupleRef().elements();
-  if (!top[0].isString() || !top[1].isGenericDict() || !top[2].isList()) bad("expected (str, dict, list)");
-  OptimStateDict out;
-  out.optimizer = top[0].toStringRef();
-  for (const auto& item : top[1].toGenericDict()) {
-    if (!item.key().isString() || !item.value().isGenericDict()) bad("state entries must be str -> dict");
-    auto& values = out.state[item.key().toStringRef()];
-    for (const auto& kv : item.value().toGenericDict()) {
-      if (!kv.key().isString()) bad("state names must be strings");
-      const c10::IValue& v = kv.value();
-      if (v.isTensor()) {
-        values.emplace(kv.key().toStringRef(), v.toTensor());
-      } else if (v.isInt()) {
-        values.emplace(kv.key().toStringRef(), v.toInt());
-      } else if (v.isDouble()) {
-        values.emplace(kv.key().toStringRef(), v.toDouble());
-      } else {
-        bad(absl::StrCat("state '", kv.key().toStringRef(), "' is a ", v.tagKind()));
-      }
-    }
-  }
-  for (const auto& g : top[2].toListRef()) {
-    if (!g.isTuple() || g.toTupleRef().elements().size() != 2) bad("param groups must be (params, options)");
-    const auto& e = g.toTupleRef().elements();
-    if (!e[0].isList() || !e[1].isGenericDict()) bad("param groups must be (list, dict)");
-    ParamGroupState group;
-    for (const auto& fqn : e[0].toListRef()) {
-      if (!fqn.isString()) bad("param group FQNs must be strings");
-      group.params.push_back(fqn.toStringRef());
-    }
-    for (const auto& kv : e[1].toGenericDict()) {
-      if (!kv.key().isString()) bad("param group option names must be strings");
-      group.options.emplace(kv.key().toStringRef(), kv.value());
-    }
-    out.param_groups.push_back(std::move(group));
-  }
-  return out;
 }
 
 }  // namespace fsdp::optim_state

@@ -6,13 +6,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "checkpoint/optim_state_file.h"
 #include "comm/process_group.h"
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace torch::optim {
@@ -21,26 +21,15 @@ class Optimizer;
 
 namespace fsdp::optim_state {
 
-// One state value, classified as the seed (_optim_utils.py) does: a tensor with positive
-// rank (laid out like its parameter: sharded, gathered, resharded), a zero-dim tensor, or a
-// non-tensor scalar (LibTorch's Adam keeps `step` as an int64). The last two are the same on
-// every rank and are taken as they are.
-using StateValue = std::variant<at::Tensor, int64_t, double>;
-enum class StateKind { kPositiveDimTensor, kZeroDimTensor, kNonTensor };
-StateKind Classify(const StateValue& value);
-
-struct ParamGroupState {
-  std::vector<std::string> params;               // FQNs, in the optimizer's order
-  std::map<std::string, c10::IValue> options;    // "lr", "betas", "eps", ...
-};
-
-struct OptimStateDict {
-  std::string optimizer;  // "Adam", "AdamW" or "SGD"
-  // FQN -> state name ("step", "exp_avg", ...) -> value; parameters without state (no step
-  // taken yet, or frozen) are absent.
-  std::map<std::string, std::map<std::string, StateValue>> state;
-  std::vector<ParamGroupState> param_groups;
-};
+// The data types and the file format live in //checkpoint (checkpoint/optim_state_file.h);
+// these names keep fsdp::optim_state::OptimStateDict etc. working.
+using checkpoint::Classify;
+using checkpoint::OptimStateDict;
+using checkpoint::ParamGroupState;
+using checkpoint::StateKind;
+using checkpoint::StateValue;
+using OptionMap = checkpoint::OptionMap;
+using StateMap = checkpoint::StateMap;
 
 // The optimizer's parameters by name: each tensor the optimizer holds, once (tied
 // parameters under their first name). Under FSDP these are the sharded parameters.
@@ -69,14 +58,13 @@ std::map<int64_t, std::map<std::string, StateValue>> StateById(const OptimStateD
 OptimStateDict FromStateById(std::string optimizer, std::vector<ParamGroupState> param_groups,
                              const std::map<int64_t, std::map<std::string, StateValue>>& state);
 
-// Torch pickle of the dict (tensors saved from the CPU) and back; the loader reads the file
-// as untrusted bytes (fsdp/per_param/checkpoint_reader.h), validates the structure and
-// reports what is wrong (naming the file and the value) instead of crashing.
-void SaveOptimStateDict(const OptimStateDict& state_dict, const std::string& path);
-OptimStateDict LoadOptimStateDict(const std::string& path);
-// The same bytes in memory; `source` names them in errors.
-std::vector<char> SerializeOptimStateDict(const OptimStateDict& state_dict);
-OptimStateDict DeserializeOptimStateDict(const std::vector<char>& bytes, const std::string& source);
+// The file (checkpoint/optim_state_file.h): torch pickle of the dict (tensors saved from the
+// CPU, written atomically) and back; the loader validates the untrusted bytes and names the
+// file and the bad value in its errors.
+using checkpoint::DeserializeOptimStateDict;
+using checkpoint::LoadOptimStateDict;
+using checkpoint::SaveOptimStateDict;
+using checkpoint::SerializeOptimStateDict;
 
 // Scatter from rank 0 (the seed's broadcast of a rank-0-only full state): rank 0's dict
 // reaches every rank of `world` (the others' argument is ignored; pass an empty dict).

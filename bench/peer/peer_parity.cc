@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/common/test_models.h"
-#include "fsdp/per_param/state_dict.h"
+#include "checkpoint/tensor_dict_file.h"
 
 namespace fsdp::peer {
 namespace {
@@ -54,7 +54,7 @@ TensorDict RunPeer(const std::string& python, const std::string& script, int wor
   input.insert("steps", at::full({1}, static_cast<double>(kSteps)));
   input.insert("lr", at::full({1}, kLr));
   const std::string in_path = TempPath("peer_in"), out_path = TempPath("peer_out");
-  per_param::SaveFullStateDict(input, in_path);
+  checkpoint::SaveTensorDict(input, in_path);
   const std::string command = absl::StrCat(python, " bench/peer/", script, " --world ", world, " --input ", in_path,
                                            " --output ", out_path, " ", extra_args);
   // One retry when the peer process itself fails (a rare Gloo abort at exit was seen once
@@ -67,7 +67,7 @@ TensorDict RunPeer(const std::string& python, const std::string& script, int wor
   std::remove(in_path.c_str());
   EXPECT_EQ(rc, 0) << command;
   if (rc != 0) return {};
-  TensorDict out = per_param::LoadFullStateDictFile(out_path);
+  TensorDict out = checkpoint::LoadTensorDict(out_path);
   std::remove(out_path.c_str());
   return out;
 }

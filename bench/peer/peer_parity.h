@@ -16,6 +16,7 @@
 
 #include <string>
 
+#include "checkpoint/tensor_dict_file.h"
 #include "optim_state/optim_state_dict.h"
 
 namespace fsdp::peer {
@@ -23,7 +24,7 @@ namespace fsdp::peer {
 inline constexpr int kSteps = 10;
 inline constexpr double kLr = 1e-2;
 
-using TensorDict = torch::OrderedDict<std::string, at::Tensor>;
+using TensorDict = checkpoint::TensorDict;
 
 // The peer interpreter (FSDP_PEER_PYTHON) if it is set and imports torch.distributed.fsdp;
 // otherwise "" and `why_not` says why (the caller skips with that reason).

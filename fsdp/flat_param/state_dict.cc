@@ -99,4 +99,12 @@ void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict
   for (const auto& item : module.named_buffers(/*recurse=*/true)) item.value().copy_(state_dict[item.key()]);
 }
 
+void SaveFullStateDict(const FullStateDict& state_dict, const std::string& path) {
+  checkpoint::SaveTensorDictAs(state_dict, path, "SaveFullStateDict");
+}
+
+FullStateDict LoadFullStateDictFile(const std::string& path) {
+  return checkpoint::LoadTensorDictAs(path, "LoadFullStateDictFile");
+}
+
 }  // namespace fsdp::flat_param

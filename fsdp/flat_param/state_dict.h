@@ -1,6 +1,6 @@
 // Full model state dicts of FSDP1 models, keyed by the original parameter names: the same
-// format (and file functions, fsdp::per_param::SaveFullStateDict) as FSDP2's, so a checkpoint
-// of either loads into the other, at any world size.
+// type and file format (checkpoint/tensor_dict_file.h) as FSDP2's, so a checkpoint of either
+// loads into the other, at any world size.
 #ifndef FSDP_FSDP_FLAT_PARAM_STATE_DICT_H_
 #define FSDP_FSDP_FLAT_PARAM_STATE_DICT_H_
 
@@ -9,11 +9,13 @@
 
 #include <string>
 
+#include "checkpoint/tensor_dict_file.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 
 namespace fsdp::flat_param {
 
-using FullStateDict = torch::OrderedDict<std::string, at::Tensor>;
+// checkpoint::TensorDict, the type of fsdp::per_param::FullStateDict too.
+using FullStateDict = checkpoint::TensorDict;
 
 // Collective over every handle's shard group; call on every rank outside forward/backward
 // (handles must be resharded). Parameters in named_parameters() order (tied ones under each
@@ -23,6 +25,13 @@ FullStateDict GetFullStateDict(const FullyShardedDataParallel& root, bool rank0_
 // Takes this rank's chunk of every flat parameter from the full tensors (local). Missing,
 // unexpected and misshapen keys are errors naming them.
 void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict& state_dict);
+
+// A full state dict as a file (torch.save-compatible str -> Tensor dict, written atomically)
+// and back: checkpoint::SaveTensorDict / LoadTensorDict with these names in errors. Loading
+// validates the untrusted bytes (checkpoint/checkpoint_reader.h). Files written by FSDP2's
+// fsdp::per_param::SaveFullStateDict load here and the other way round.
+void SaveFullStateDict(const FullStateDict& state_dict, const std::string& path);
+FullStateDict LoadFullStateDictFile(const std::string& path);
 
 }  // namespace fsdp::flat_param
 

@@ -2,18 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/module.h>
 
-#include <fstream>
-#include <iterator>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "fsdp/per_param/checkpoint_reader.h"
+#include "checkpoint/tensor_dict_file.h"
 #include "fsdp/per_param/fsdp_state.h"
 
 namespace fsdp::per_param {
@@ -283,33 +280,15 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
 }
 
 void SaveFullStateDict(const FullStateDict& state_dict, const std::string& path) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& item : state_dict) dict.insert(item.key(), item.value().detach().cpu());
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
-  std::ofstream out(path, std::ios::binary);
-  TORCH_CHECK(out.good(), "SaveFullStateDict: cannot open '", path, "' for writing");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  TORCH_CHECK(out.good(), "SaveFullStateDict: writing '", path, "' failed");
+  checkpoint::SaveTensorDictAs(state_dict, path, "SaveFullStateDict");
 }
 
 FullStateDict LoadFullStateDictFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "LoadFullStateDictFile: cannot open '", path, "'");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return DeserializeFullStateDict(bytes, "'" + path + "'");
+  return checkpoint::LoadTensorDictAs(path, "LoadFullStateDictFile");
 }
 
 FullStateDict DeserializeFullStateDict(const std::vector<char>& bytes, const std::string& source) {
-  const c10::IValue value = ReadCheckpoint(bytes.data(), bytes.size(), "LoadFullStateDictFile: " + source);
-  TORCH_CHECK(value.isGenericDict(), "LoadFullStateDictFile: ", source, " holds a ", value.tagKind(),
-              ", not a str -> Tensor dict");
-  FullStateDict out;
-  for (const auto& item : value.toGenericDict()) {
-    TORCH_CHECK(item.key().isString() && item.value().isTensor(), "LoadFullStateDictFile: ", source,
-                " has an entry that is not str -> Tensor (", item.key().tagKind(), " -> ", item.value().tagKind(), ")");
-    out.insert(item.key().toStringRef(), item.value().toTensor());
-  }
-  return out;
+  return checkpoint::DeserializeTensorDict(bytes, source, "LoadFullStateDictFile");
 }
 
 }  // namespace fsdp::per_param

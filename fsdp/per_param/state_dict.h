@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/tensor_dict_file.h"
 #include "dtensor/dtensor.h"
 
 namespace torch::nn {
@@ -46,7 +47,9 @@ at::Tensor GatherLikeParam(const FSDPParam& p, const at::Tensor& local);
 
 // FQN -> tensor, in the module's named_parameters() then named_buffers() order. Tied
 // parameters appear under each of their names (as PyTorch's state_dict()).
-using FullStateDict = torch::OrderedDict<std::string, at::Tensor>;
+// The type of checkpoint::TensorDict (checkpoint/tensor_dict_file.h), which FSDP1's full
+// state dicts share.
+using FullStateDict = checkpoint::TensorDict;
 
 struct ShardedStateDict {
   // FSDP-managed parameters as DTensors (the sharded parameter: Shard(dim) on the FSDP
@@ -84,7 +87,9 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
                        const FullStateDictOptions& options = {});
 
 // A full state dict as a file (torch pickle of a str -> Tensor dict; tensors are saved
-// from the CPU) and back. Loading reads untrusted bytes (checkpoint_reader.h): a truncated
+// from the CPU; written atomically) and back: checkpoint::SaveTensorDict / LoadTensorDict
+// (checkpoint/tensor_dict_file.h) with these functions' names in errors, kept for FSDP2
+// users. Loading reads untrusted bytes (checkpoint/checkpoint_reader.h): a truncated
 // or corrupted file is a c10::Error naming the file and the bad value. Python's torch.save
 // of a dict or a state_dict() of tensors loads too.
 void SaveFullStateDict(const FullStateDict& state_dict, const std::string& path);

@@ -1,6 +1,6 @@
-#include "fsdp/per_param/checkpoint_reader.h"
+#include "checkpoint/checkpoint_reader.h"
 
-#include "fsdp/per_param/checkpoint_zip.h"
+#include "checkpoint/checkpoint_zip.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace fsdp::per_param {
+namespace fsdp::checkpoint {
 namespace {
 
 constexpr int kMaxDepth = 64;   // container nesting (PyTorch state dicts nest a few levels)
@@ -557,4 +557,4 @@ c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& sou
   return Unpickler(zip.Read(pickle), zip, what).Run();
 }
 
-}  // namespace fsdp::per_param
+}  // namespace fsdp::checkpoint

@@ -1,11 +1,11 @@
-#include "fsdp/per_param/checkpoint_zip.h"
+#include "checkpoint/checkpoint_zip.h"
 
 #include <c10/util/Exception.h>
 
 #include <array>
 #include <cstring>
 
-namespace fsdp::per_param::internal {
+namespace fsdp::checkpoint::internal {
 namespace {
 
 uint16_t U16(const char* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
@@ -140,4 +140,4 @@ const char* CheckpointZip::ParseEntry(const char* p, const char* end, uint64_t i
   return p + 46 + name_len + extra_len + comment_len;
 }
 
-}  // namespace fsdp::per_param::internal
+}  // namespace fsdp::checkpoint::internal
