@@ -165,7 +165,24 @@ std::vector<std::string> ExpandFqns(const FlatModelParams& m, const std::vector<
   return out;
 }
 
+// The optimizer's parameters named as the sharded state names them.
+NamedParams LocalNames(const FlatModelParams& m) {
+  NamedParams out = m.named;
+  for (size_t i = 0; i < m.handles.size(); ++i) out[i].first = m.prefixes[i] + "_flat_param";
+  return out;
+}
+
 }  // namespace
+
+OptimStateDict GetShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+                                        const torch::optim::Optimizer& optimizer) {
+  return GetOptimStateDict(optimizer, LocalNames(ModelParams(root, "GetShardedOptimStateDict")));
+}
+
+void LoadShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+                               const OptimStateDict& sharded) {
+  SetOptimStateDict(optimizer, LocalNames(ModelParams(root, "LoadShardedOptimStateDict")), sharded);
+}
 
 OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel& root,
                                      const torch::optim::Optimizer& optimizer, bool rank0_only) {

@@ -48,6 +48,16 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
 void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
                             const OptimStateDict& full);
 
+// The sharded (local) state: what the optimizer holds on this rank, each flat parameter's
+// state under its FQN in the wrapped model (`<module prefix>_flat_param`, its name in
+// PyTorch's FSDP1 without the wrapper prefix) with this rank's flat shard as tensors, other
+// parameters under their FQNs. As torch/distributed/fsdp's LOCAL_STATE_DICT (v2.15.0): it loads
+// back only into the same wrapping at the same world size; a full state dict reshards. Local.
+OptimStateDict GetShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+                                        const torch::optim::Optimizer& optimizer);
+void LoadShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+                               const OptimStateDict& sharded);
+
 }  // namespace fsdp::optim_state
 
 #endif  // FSDP_OPTIM_STATE_FSDP1_OPTIM_STATE_H_

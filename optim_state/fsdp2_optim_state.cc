@@ -48,6 +48,15 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
   return full;
 }
 
+OptimStateDict GetShardedOptimStateDict(torch::nn::Module& root, const torch::optim::Optimizer& optimizer) {
+  return GetOptimStateDict(optimizer, NamedOptimizerParams(root));
+}
+
+void LoadShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                               const OptimStateDict& sharded) {
+  SetOptimStateDict(optimizer, NamedOptimizerParams(root), sharded);
+}
+
 void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer, const OptimStateDict& full) {
   const std::vector<NamedParameter> params = per_param::NamedParameters(root);
   absl::flat_hash_map<std::string, per_param::FSDPParam*> fsdp_params;

@@ -29,6 +29,16 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
 void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
                             const OptimStateDict& full);
 
+// The sharded state: this rank's own state, FQN-keyed, each positive-dim tensor its shard of
+// the parameter (as torch.distributed.checkpoint.state_dict's get_optimizer_state_dict without
+// full_state_dict, v2.15.0, keyed by FQN; the tensors are local shards, not DTensors). Each
+// rank saves and loads its own (e.g. one file per rank); it loads back only where every
+// parameter has the same shard shape (same mesh; a full state dict changes the world size).
+// Local, no communication. Get's tensors alias the optimizer's state.
+OptimStateDict GetShardedOptimStateDict(torch::nn::Module& root, const torch::optim::Optimizer& optimizer);
+void LoadShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                               const OptimStateDict& sharded);
+
 }  // namespace fsdp::optim_state
 
 #endif  // FSDP_OPTIM_STATE_FSDP2_OPTIM_STATE_H_

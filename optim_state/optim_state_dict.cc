@@ -2,9 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 
 #include <algorithm>
 #include <cstring>
@@ -13,143 +11,14 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optim_state/optimizer_adapter.h"
 
 namespace fsdp::optim_state {
 namespace {
 
-using torch::optim::OptimizerOptions;
 using torch::optim::OptimizerParamState;
 
 std::string Shape(c10::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
-// Typed reads out of a loaded state, with errors that name the parameter and the key.
-template <class T>
-T Get(const StateMap& state, const std::string& fqn, const std::string& key) {
-  auto it = state.find(key);
-  TORCH_CHECK(it != state.end(), "optimizer state of '", fqn, "' has no '", key, "'");
-  const T* value = std::get_if<T>(&it->second);
-  TORCH_CHECK(value != nullptr, "optimizer state '", key, "' of '", fqn, "' has the wrong type");
-  return *value;
-}
-
-at::Tensor GetTensor(const StateMap& state, const std::string& fqn, const std::string& key, const at::Tensor& param) {
-  at::Tensor t = Get<at::Tensor>(state, fqn, key);
-  TORCH_CHECK(t.sizes() == param.sizes(), "optimizer state '", key, "' of '", fqn, "' has shape ", Shape(t.sizes()),
-              " but the parameter has shape ", Shape(param.sizes()));
-  return t.to(param.options()).clone();
-}
-
-// Typed reads of a loaded param group's options (ints are accepted where floats are meant,
-// as Python's optimizers do), with errors that name the option.
-const c10::IValue& Option(const std::map<std::string, c10::IValue>& in, const char* key) {
-  auto it = in.find(key);
-  TORCH_CHECK(it != in.end(), "the optimizer state's param group has no option '", key, "'");
-  return it->second;
-}
-double OptionDouble(const c10::IValue& v, const char* key) {
-  TORCH_CHECK(v.isDouble() || v.isInt(), "param group option '", key, "' is a ", v.tagKind(), ", not a float");
-  return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
-}
-double OptionDouble(const std::map<std::string, c10::IValue>& in, const char* key) {
-  return OptionDouble(Option(in, key), key);
-}
-bool OptionBool(const std::map<std::string, c10::IValue>& in, const char* key) {
-  const c10::IValue& v = Option(in, key);
-  TORCH_CHECK(v.isBool(), "param group option '", key, "' is a ", v.tagKind(), ", not a bool");
-  return v.toBool();
-}
-
-// Adam and AdamW: the same fields in two unrelated LibTorch classes.
-template <class State, class Options>
-struct AdamLike {
-  static StateMap Read(const OptimizerParamState& base) {
-    const auto& s = static_cast<const State&>(base);
-    StateMap out{{"step", s.step()}, {"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}};
-    if (s.max_exp_avg_sq().defined()) out.emplace("max_exp_avg_sq", s.max_exp_avg_sq());
-    return out;
-  }
-  static std::unique_ptr<OptimizerParamState> Make(const StateMap& in, const std::string& fqn, const at::Tensor& p) {
-    auto s = std::make_unique<State>();
-    const int64_t step = Get<int64_t>(in, fqn, "step");
-    TORCH_CHECK(step >= 0, "optimizer state 'step' of '", fqn, "' is ", step, " (negative)");
-    s->step(step);
-    s->exp_avg(GetTensor(in, fqn, "exp_avg", p));
-    s->exp_avg_sq(GetTensor(in, fqn, "exp_avg_sq", p));
-    if (in.count("max_exp_avg_sq")) s->max_exp_avg_sq(GetTensor(in, fqn, "max_exp_avg_sq", p));
-    return s;
-  }
-  static std::map<std::string, c10::IValue> ReadOptions(const OptimizerOptions& base) {
-    const auto& o = static_cast<const Options&>(base);
-    return {{"lr", o.lr()},
-            {"betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()), std::get<1>(o.betas()))},
-            {"eps", o.eps()},
-            {"weight_decay", o.weight_decay()},
-            {"amsgrad", o.amsgrad()}};
-  }
-  static void WriteOptions(const std::map<std::string, c10::IValue>& in, OptimizerOptions& base) {
-    auto& o = static_cast<Options&>(base);
-    o.lr(OptionDouble(in, "lr"));
-    const c10::IValue& betas = Option(in, "betas");
-    TORCH_CHECK(betas.isTuple() && betas.toTupleRef().elements().size() == 2, "param group option 'betas' is a ",
-                betas.tagKind(), ", not a pair of floats");
-    o.betas(std::make_tuple(OptionDouble(betas.toTupleRef().elements()[0], "betas"),
-                            OptionDouble(betas.toTupleRef().elements()[1], "betas")));
-    o.eps(OptionDouble(in, "eps"));
-    o.weight_decay(OptionDouble(in, "weight_decay"));
-    o.amsgrad(OptionBool(in, "amsgrad"));
-  }
-};
-
-struct Sgd {
-  static StateMap Read(const OptimizerParamState& base) {
-    return {{"momentum_buffer", static_cast<const torch::optim::SGDParamState&>(base).momentum_buffer()}};
-  }
-  static std::unique_ptr<OptimizerParamState> Make(const StateMap& in, const std::string& fqn, const at::Tensor& p) {
-    auto s = std::make_unique<torch::optim::SGDParamState>();
-    s->momentum_buffer(GetTensor(in, fqn, "momentum_buffer", p));
-    return s;
-  }
-  static std::map<std::string, c10::IValue> ReadOptions(const OptimizerOptions& base) {
-    const auto& o = static_cast<const torch::optim::SGDOptions&>(base);
-    return {{"lr", o.lr()},
-            {"momentum", o.momentum()},
-            {"dampening", o.dampening()},
-            {"weight_decay", o.weight_decay()},
-            {"nesterov", o.nesterov()}};
-  }
-  static void WriteOptions(const std::map<std::string, c10::IValue>& in, OptimizerOptions& base) {
-    auto& o = static_cast<torch::optim::SGDOptions&>(base);
-    o.lr(OptionDouble(in, "lr"));
-    o.momentum(OptionDouble(in, "momentum"));
-    o.dampening(OptionDouble(in, "dampening"));
-    o.weight_decay(OptionDouble(in, "weight_decay"));
-    o.nesterov(OptionBool(in, "nesterov"));
-  }
-};
-
-struct Kind {
-  const char* name;
-  StateMap (*read)(const OptimizerParamState&);
-  std::unique_ptr<OptimizerParamState> (*make)(const StateMap&, const std::string&, const at::Tensor&);
-  std::map<std::string, c10::IValue> (*read_options)(const OptimizerOptions&);
-  void (*write_options)(const std::map<std::string, c10::IValue>&, OptimizerOptions&);
-};
-
-template <class Impl>
-Kind MakeKind(const char* name) {
-  return Kind{name, &Impl::Read, &Impl::Make, &Impl::ReadOptions, &Impl::WriteOptions};
-}
-
-Kind KindOf(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) {
-    return MakeKind<AdamLike<torch::optim::AdamWParamState, torch::optim::AdamWOptions>>("AdamW");
-  }
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) {
-    return MakeKind<AdamLike<torch::optim::AdamParamState, torch::optim::AdamOptions>>("Adam");
-  }
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return MakeKind<Sgd>("SGD");
-  TORCH_CHECK(false, "optimizer state dicts support Adam, AdamW and SGD, not ", typeid(optimizer).name());
-}
 
 // FQN of each parameter tensor the optimizer holds.
 absl::flat_hash_map<const void*, std::string> NamesByTensor(const NamedParams& named) {
@@ -173,16 +42,16 @@ std::vector<std::string> GroupFqns(const torch::optim::OptimizerParamGroup& grou
 }  // namespace
 
 OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const NamedParams& named) {
-  const Kind kind = KindOf(optimizer);
+  const std::shared_ptr<const OptimizerAdapter> adapter = OptimizerAdapterFor(optimizer);
   const auto names = NamesByTensor(named);
   OptimStateDict out;
-  out.optimizer = kind.name;
+  out.optimizer = adapter->name();
   const auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
-    ParamGroupState group{GroupFqns(groups[g], g, names), kind.read_options(groups[g].options())};
+    ParamGroupState group{GroupFqns(groups[g], g, names), adapter->ReadOptions(groups[g].options())};
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
       auto it = optimizer.state().find(groups[g].params()[i].unsafeGetTensorImpl());
-      if (it != optimizer.state().end()) out.state[group.params[i]] = kind.read(*it->second);
+      if (it != optimizer.state().end() && it->second) out.state[group.params[i]] = adapter->ReadState(*it->second);
     }
     out.param_groups.push_back(std::move(group));
   }
@@ -190,9 +59,9 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
 }
 
 void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict) {
-  const Kind kind = KindOf(optimizer);
-  TORCH_CHECK(state_dict.optimizer == kind.name, "the optimizer state is for ", state_dict.optimizer,
-              " but the optimizer is ", kind.name);
+  const std::shared_ptr<const OptimizerAdapter> adapter = OptimizerAdapterFor(optimizer);
+  TORCH_CHECK(state_dict.optimizer == adapter->name(), "the optimizer state is for ", state_dict.optimizer,
+              " but the optimizer is ", adapter->name());
   const auto names = NamesByTensor(named);
   auto& groups = optimizer.param_groups();
   TORCH_CHECK(groups.size() == state_dict.param_groups.size(), "the optimizer state has ",
@@ -211,14 +80,16 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
   }
   // Everything is read and checked before the optimizer changes: a bad state leaves it as it was.
   for (size_t g = 0; g < groups.size(); ++g) {  // on a copy: only the checks count here
-    kind.write_options(state_dict.param_groups[g].options, *groups[g].options().clone());
+    adapter->WriteOptions(OptionReader(state_dict.param_groups[g].options), *groups[g].options().clone());
   }
   std::vector<std::pair<void*, std::unique_ptr<OptimizerParamState>>> states;
   for (const auto& [fqn, state] : state_dict.state) {
     const at::Tensor& p = params.at(fqn);
-    states.emplace_back(p.unsafeGetTensorImpl(), kind.make(state, fqn, p));
+    states.emplace_back(p.unsafeGetTensorImpl(), adapter->MakeState(ParamStateReader(state, fqn, p)));
   }
-  for (size_t g = 0; g < groups.size(); ++g) kind.write_options(state_dict.param_groups[g].options, groups[g].options());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    adapter->WriteOptions(OptionReader(state_dict.param_groups[g].options), groups[g].options());
+  }
   optimizer.state().clear();
   for (auto& [key, state] : states) optimizer.state()[key] = std::move(state);
 }

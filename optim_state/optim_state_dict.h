@@ -1,5 +1,6 @@
 // An optimizer state dict keyed by parameter FQN (the format both FSDPs save and load), and
-// conversions to and from torch::optim optimizers (Adam, AdamW, SGD).
+// conversions to and from torch::optim optimizers through the optimizer-adapter registry
+// (optimizer_adapter.h: Adam, AdamW, SGD, Adagrad, RMSprop, and any the user registers).
 #ifndef FSDP_OPTIM_STATE_OPTIM_STATE_DICT_H_
 #define FSDP_OPTIM_STATE_OPTIM_STATE_DICT_H_
 
@@ -40,7 +41,9 @@ using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const NamedParams& named);
 
 // Replaces `optimizer`'s state and group options with `state_dict`'s (tensors are cloned).
-// Errors, each naming the offending value: another optimizer type, an FQN the optimizer does
+// Both functions look the optimizer's adapter up (an optimizer no adapter matches is an
+// error listing the registered ones). Errors, each naming the offending value: another
+// optimizer type, an FQN the optimizer does
 // not have, param groups that differ, a state tensor whose shape differs from its parameter,
 // a missing or mistyped option, a negative step. On an error the optimizer is unchanged.
 void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named,
