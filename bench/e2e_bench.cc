@@ -39,6 +39,7 @@
 #include "bench/peak_memory.h"
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
+#include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
 
@@ -51,8 +52,7 @@ namespace {
 using fsdp::comm::ProcessGroup;
 using fsdp::comm::ProcessGroupPtr;
 using fsdp::comm::ReduceOp;
-using fsdp::flat_param::FSDPWrapped;
-using fsdp::per_param::FullySharded;
+using fsdp::Hooked;
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl(int64_t width, bool norm)
@@ -64,22 +64,20 @@ struct BlockImpl : torch::nn::Module {
   torch::nn::LayerNorm ln{nullptr};
 };
 
-// Blocks of Wrapped<BlockImpl>: FullySharded (FSDP2) or FSDPWrapped (FSDP1); both run the
-// plain forward until wrapped.
-template <template <class> class Wrapped>
+// Blocks of Hooked<BlockImpl>: one model type for FSDP2 and FSDP1, running the plain forward
+// until sharded.
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t blocks, int64_t width, bool norm) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Wrapped<BlockImpl>(width, norm)));
+    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Hooked<BlockImpl>(width, norm)));
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x;
     for (auto& b : layers) h = b(h);
     return h;
   }
-  std::vector<Wrapped<BlockImpl>> layers;
+  std::vector<Hooked<BlockImpl>> layers;
 };
-template <template <class> class Wrapped>
-using Net = Wrapped<NetImpl<Wrapped>>;
+using Net = Hooked<NetImpl>;
 
 struct ModelSpec {
   int64_t blocks, width, batch;
@@ -94,27 +92,27 @@ ModelSpec Spec(const std::string& name) {
   std::exit(2);
 }
 
-template <template <class> class Wrapped>
-Net<Wrapped> Build(const ModelSpec& s) {
-  Net<Wrapped> m(s.blocks, s.width, s.norm);
+Net Build(const ModelSpec& s) {
+  Net m(s.blocks, s.width, s.norm);
   at::NoGradGuard no_grad;
   uint64_t seed = 1;
   for (auto& p : m->parameters()) p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.05);
   return m;
 }
 
-// FSDP on each block, then the root, over `group`; returns what the optimizer gets.
-std::vector<at::Tensor> Shard(Net<FullySharded>& m, const ProcessGroupPtr& group) {
+// FSDP `fsdp_version` (1 or 2) on each block, then the root, over `group`; returns what the
+// optimizer gets.
+std::vector<at::Tensor> Shard(Net& m, const ProcessGroupPtr& group, int fsdp_version) {
+  if (fsdp_version == 1) {
+    const fsdp::flat_param::FSDPOptions options{.process_group = group,
+                                                .sharding_strategy = fsdp::flat_param::ShardingStrategy::FULL_SHARD};
+    for (auto& b : m->layers) fsdp::flat_param::wrap_fsdp(b.ptr(), options);
+    return fsdp::flat_param::wrap_fsdp(m.ptr(), options).parameters();
+  }
   auto mesh = fsdp::mesh::DeviceMesh::Create(group, {group->size()});
   for (auto& b : m->layers) fsdp::per_param::fully_shard(b.ptr(), {.mesh = mesh});
   fsdp::per_param::fully_shard(m.ptr(), {.mesh = mesh});
   return m->parameters();
-}
-std::vector<at::Tensor> Shard(Net<FSDPWrapped>& m, const ProcessGroupPtr& group) {
-  const fsdp::flat_param::FSDPOptions options{.process_group = group,
-                                              .sharding_strategy = fsdp::flat_param::ShardingStrategy::FULL_SHARD};
-  for (auto& b : m->layers) fsdp::flat_param::wrap_fsdp(b.ptr(), options);
-  return fsdp::flat_param::wrap_fsdp(m.ptr(), options).parameters();
 }
 
 double Median(std::vector<double> v) {
@@ -150,8 +148,7 @@ ReduceOp ParseReduceOp(const std::string& s) {
   return ReduceOp::Sum();
 }
 
-template <template <class> class Wrapped>
-int Run(const ModelSpec& spec, int steps) {
+int Run(const ModelSpec& spec, int steps, int fsdp_version) {
   auto world = fsdp::comm::CreateGlooProcessGroupFromEnv();
   auto trace = std::make_shared<fsdp::comm::CommTrace>(world);
   const int w = world->size();
@@ -163,8 +160,8 @@ int Run(const ModelSpec& spec, int steps) {
   };
 
   const double rss_base = MaxOverRanks(*world, fsdp::bench::RssBytes());
-  auto model = Build<Wrapped>(spec);
-  torch::optim::AdamW opt(Shard(model, trace), torch::optim::AdamWOptions(1e-3));
+  auto model = Build(spec);
+  torch::optim::AdamW opt(Shard(model, trace, fsdp_version), torch::optim::AdamWOptions(1e-3));
   const double step_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] { step(model, opt); }));
   const double rss_peak = MaxOverRanks(*world, fsdp::bench::RssPeakBytes());
 
@@ -192,8 +189,8 @@ int Run(const ModelSpec& spec, int steps) {
   double alloc_peak = 0, alloc_end = 0;
   {
     fsdp::bench::AllocationWindow window;
-    auto mem_model = Build<Wrapped>(spec);
-    torch::optim::AdamW mem_opt(Shard(mem_model, world), torch::optim::AdamWOptions(1e-3));
+    auto mem_model = Build(spec);
+    torch::optim::AdamW mem_opt(Shard(mem_model, world, fsdp_version), torch::optim::AdamWOptions(1e-3));
     window.Mark();  // the training peak, not the full model before sharding
     for (int i = 0; i < 3; ++i) step(mem_model, mem_opt);
     alloc_peak = MaxOverRanks(*world, window.peak());
@@ -201,7 +198,7 @@ int Run(const ModelSpec& spec, int steps) {
   }
 
   // The same model without FSDP, this rank's batch, every rank at once (as in the step).
-  auto plain = Build<Wrapped>(spec);
+  auto plain = Build(spec);
   torch::optim::AdamW plain_opt(plain->parameters(), torch::optim::AdamWOptions(1e-3));
   const double compute_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] { step(plain, plain_opt); }));
 
@@ -226,8 +223,8 @@ int main(int argc, char** argv) {
   const ModelSpec spec = Spec(absl::GetFlag(FLAGS_model));
   const int steps = absl::GetFlag(FLAGS_steps);
   switch (absl::GetFlag(FLAGS_fsdp)) {
-    case 1: return Run<FSDPWrapped>(spec, steps);
-    case 2: return Run<FullySharded>(spec, steps);
+    case 1:
+    case 2: return Run(spec, steps, absl::GetFlag(FLAGS_fsdp));
     default:
       std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", absl::GetFlag(FLAGS_fsdp));
       return 2;

@@ -145,7 +145,7 @@ class StepReporter : public benchmark::ConsoleReporter {
 // all-gather (the flat buffer's allocation and the copy-in), not a stand-in collective.
 class NoCommGroup final : public fsdp::comm::ProcessGroup {
  public:
-  NoCommGroup(int rank, int size) : ProcessGroup(rank, size, fsdp::comm::Timeout(300000)) {}
+  NoCommGroup(int rank, int size) : ProcessGroup(rank, size, fsdp::comm::kDefaultTimeout) {}
   std::string backend_name() const override { return "nocomm"; }
 
  protected:
@@ -219,7 +219,7 @@ void BM_CopyIn(benchmark::State& state, Side side) {
     fsdp::per_param::AllGatherBufferPool pool;
     fsdp::bench::TimedLoop(state, absl::StrCat("CopyIn/ours/", state.range(0)), [&] {
       fsdp::per_param::AllGatherResult result = fsdp::per_param::ForeachAllGather(params.ptrs, group, &pool);
-      result.event->Synchronize(fsdp::comm::Timeout(300000));
+      result.event->Synchronize(fsdp::comm::kDefaultTimeout);
       benchmark::DoNotOptimize(result.output.data_ptr());
       pool.Give(std::move(result.buffer));  // what FSDP's copy-out does
     });

@@ -15,7 +15,7 @@ namespace fsdp::comm {
 //   all_to_all_single       leaves the output unchanged; barrier does nothing;
 //   new_subgroup            returns a fake group of the member ranks.
 ProcessGroupPtr CreateFakeProcessGroup(int rank, int world_size,
-                                       Timeout timeout = Timeout(300000));
+                                       Timeout timeout = kDefaultTimeout);
 
 }  // namespace fsdp::comm
 

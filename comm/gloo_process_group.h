@@ -11,7 +11,7 @@ namespace fsdp::comm {
 
 struct GlooOptions {
   // Collective deadline (gloo's own timeout) and default Work::wait timeout.
-  Timeout timeout = Timeout(300000);
+  Timeout timeout = kDefaultTimeout;
   // Address this rank's gloo transport binds to.
   std::string hostname = "127.0.0.1";
   // c10d's gloo worker threads per group.

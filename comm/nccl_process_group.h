@@ -14,7 +14,7 @@ namespace fsdp::comm {
 struct NcclOptions {
   // Every collective's deadline (from its enqueue, enforced by the watchdog), the default
   // Work::wait timeout and the TCPStore rendezvous timeout.
-  Timeout timeout = Timeout(300000);
+  Timeout timeout = kDefaultTimeout;
   // The CUDA device this rank's communicator and tensors live on; -1: env.local_rank.
   int device_index = -1;
   // A Watchdog thread (comm/watchdog.h, shared with the subgroups) polls every in-flight

@@ -12,6 +12,12 @@ namespace fsdp::comm {
 
 using Timeout = std::chrono::milliseconds;
 
+// The default deadline of a collective, a stream's host wait and the rate limiter's event
+// wait: 5 minutes. PyTorch's default_pg_timeout (torch/distributed/constants.py) is 30
+// minutes; we fail sooner because a hung peer is the common cause and the whole job waits.
+// Every ProcessGroup / stream option takes its own timeout.
+inline constexpr Timeout kDefaultTimeout{300000};
+
 // The handle a collective returns. Output tensors hold the result only after wait()
 // returned. Not thread-safe: one rank's thread owns its Work objects.
 class Work {

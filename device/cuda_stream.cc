@@ -37,7 +37,7 @@ std::shared_ptr<CUevent_st> NewCudaEvent() {
 class CudaEventWork final : public comm::Work {
  public:
   CudaEventWork(const std::string& stream_name, std::shared_ptr<CUevent_st> event)
-      : Work("cuda event on stream '" + stream_name + "'", Timeout(300000)), event_(std::move(event)) {}
+      : Work("cuda event on stream '" + stream_name + "'", comm::kDefaultTimeout), event_(std::move(event)) {}
   bool is_completed() override { return cudaEventQuery(event_.get()) != cudaErrorNotReady; }
   std::exception_ptr exception() override { return nullptr; }
 

@@ -99,16 +99,22 @@ void Stream::KeepAlive(at::Tensor tensor) {
   Launch([held = std::move(tensor)]() mutable { held.reset(); });
 }
 
-StreamOptions StreamOptionsFromEnv() {
-  StreamOptions options;
+StreamOptions StreamOptionsFromEnv() { return ApplyStreamEnvOverride(StreamOptions{}); }
+
+StreamOptions ApplyStreamEnvOverride(StreamOptions options) {
   const char* raw = std::getenv("FSDP_CPU_STREAMS");
   if (raw == nullptr) return options;
   const std::string_view value(raw);
-  if (value.empty() || value == "inline") return options;
+  if (value.empty() || value == "inline") {
+    options.cpu_mode = CpuStreamMode::kInline;
+    options.cpu_task_delay = std::chrono::microseconds(0);
+    return options;
+  }
   constexpr std::string_view kAsync = "async";
   TORCH_CHECK(value.substr(0, kAsync.size()) == kAsync,
               "FSDP_CPU_STREAMS must be 'inline', 'async' or 'async:<microseconds>', got '", value, "'");
   options.cpu_mode = CpuStreamMode::kAsync;
+  options.cpu_task_delay = std::chrono::microseconds(0);
   if (value.size() == kAsync.size()) return options;
   TORCH_CHECK(value[kAsync.size()] == ':' && value.size() > kAsync.size() + 1,
               "FSDP_CPU_STREAMS must be 'inline', 'async' or 'async:<microseconds>', got '", value, "'");

@@ -139,12 +139,15 @@ struct StreamOptions {
   // without the right wait is observably late (for tests; 0 in production).
   std::chrono::microseconds cpu_task_delay{0};
   // Deadline of every wait on an event (collectives carry their group's own timeout).
-  Timeout timeout = Timeout(300000);
+  Timeout timeout = comm::kDefaultTimeout;
 };
 
-// Reads FSDP_CPU_STREAMS: unset or "inline" -> kInline; "async" -> kAsync;
+// `options` with the debugging override of the environment variable FSDP_CPU_STREAMS
+// applied: unset -> `options` unchanged; "inline" -> kInline; "async" -> kAsync;
 // "async:<microseconds>" -> kAsync with that task delay. Anything else is a c10::Error
 // naming the variable and its value.
+StreamOptions ApplyStreamEnvOverride(StreamOptions options);
+// ApplyStreamEnvOverride of the defaults.
 StreamOptions StreamOptionsFromEnv();
 
 // The streams of one rank on one device, and the sequencer their collectives share.

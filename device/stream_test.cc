@@ -170,6 +170,15 @@ TEST(StreamOptions, ParsesAndRejectsFsdpCpuStreams) {
   ::setenv("FSDP_CPU_STREAMS", "async:-3", 1);
   EXPECT_ERROR_CONTAINS(StreamOptionsFromEnv(), "got '-3'");
   ::unsetenv("FSDP_CPU_STREAMS");
+  // Unset, the options the caller chose stand; set, the variable overrides them.
+  const StreamOptions chosen{CpuStreamMode::kAsync, microseconds(7), Timeout(5)};
+  EXPECT_EQ(ApplyStreamEnvOverride(chosen).cpu_mode, CpuStreamMode::kAsync);
+  EXPECT_EQ(ApplyStreamEnvOverride(chosen).cpu_task_delay.count(), 7);
+  EXPECT_EQ(ApplyStreamEnvOverride(chosen).timeout, Timeout(5));
+  ::setenv("FSDP_CPU_STREAMS", "inline", 1);
+  EXPECT_EQ(ApplyStreamEnvOverride(chosen).cpu_mode, CpuStreamMode::kInline);
+  EXPECT_EQ(ApplyStreamEnvOverride(chosen).timeout, Timeout(5));
+  ::unsetenv("FSDP_CPU_STREAMS");
   EXPECT_ERROR_CONTAINS(StreamPool::Create(c10::Device(c10::kCPU), {CpuStreamMode::kInline, microseconds(0), Timeout(0)}),
                         "options.timeout must be positive, got 0 ms");
 #ifndef FSDP_WITH_CUDA

@@ -112,7 +112,7 @@ std::vector<Case> Catalogue(const comm::ProcessGroupPtr& pg) {
   c.push_back({"undefined DTensor full_tensor", [] { dtensor::DTensor().full_tensor(); }, "undefined DTensor"});
   // ---- FSDP2 fully_shard
   c.push_back({"fully_shard twice", [mesh] { Leaf l; per_param::fully_shard(l.ptr(), {.mesh = mesh}); per_param::fully_shard(l.ptr(), {.mesh = mesh}); }, "already fully_shard'ed"});
-  c.push_back({"fully_shard a module without hooks", [mesh] { per_param::fully_shard(std::make_shared<LeafImpl>(), {.mesh = mesh}); }, "has no FSDP hooks"});
+  c.push_back({"fully_shard a module without hooks", [mesh] { per_param::fully_shard(std::make_shared<LeafImpl>(), {.mesh = mesh}); }, "cannot run forward hooks; construct it as fsdp::Hooked<"});
   c.push_back({"fully_shard without a mesh", [] { Leaf l; per_param::fully_shard(l.ptr(), {}); }, "options.mesh is null"});
   c.push_back({"fully_shard on a 3-D mesh", [pg] { Leaf l; per_param::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {1, 2, 1})}); }, "1D or 2D DeviceMesh"});
   c.push_back({"parameter on another device", [mesh] { Leaf l; per_param::fully_shard(l.ptr(), {.mesh = mesh, .device = c10::Device("meta")}); }, "already be moved to device meta"});

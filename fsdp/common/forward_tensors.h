@@ -1,6 +1,6 @@
 // ForwardTensors<T>: finds the tensors inside a module's forward arguments and outputs, so
-// the forward wrappers of both FSDPs (FSDP2's FullyShardedImpl, FSDP1's FSDPWrappedImpl) can
-// hook them. Specialize it for other argument / output types.
+// forward hooks (fsdp/common/hooked_module.h) can see and replace them. Specialize it for
+// other argument / output types.
 #ifndef FSDP_FSDP_COMMON_FORWARD_TENSORS_H_
 #define FSDP_FSDP_COMMON_FORWARD_TENSORS_H_
 
@@ -52,26 +52,6 @@ std::vector<at::Tensor*> CollectForwardTensors(std::tuple<Ts...>& args) {
   std::vector<at::Tensor*> slots;
   std::apply([&](auto&... a) { (ForwardTensors<std::decay_t<decltype(a)>>::Collect(a, slots), ...); }, args);
   return slots;
-}
-
-// The body of both FSDPs' forward wrappers: runs `body` (the wrapped module's forward) on
-// copies of `args` whose tensors went through state->PreForward (casts, autograd hooks), and
-// hands the output's tensors to state->PostForward (which may replace them in place).
-template <class R, class State, class Body, class... Args>
-R RunForwardWithHooks(State* state, Body&& body, Args&&... args) {
-  std::tuple<std::decay_t<Args>...> copies(std::forward<Args>(args)...);
-  const std::vector<at::Tensor*> slots = CollectForwardTensors(copies);
-  std::vector<at::Tensor> inputs;
-  for (at::Tensor* t : slots) inputs.push_back(*t);
-  inputs = state->PreForward(std::move(inputs));
-  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = inputs[i];
-  R output = std::apply(std::forward<Body>(body), copies);
-  static_assert(ForwardTensors<std::decay_t<R>>::kHasTensors,
-                "an FSDP module's forward must return tensors (specialize fsdp::ForwardTensors)");
-  std::vector<at::Tensor*> outs;
-  ForwardTensors<std::decay_t<R>>::Collect(output, outs);
-  state->PostForward(outs);
-  return output;
 }
 
 }  // namespace fsdp

@@ -1,6 +1,7 @@
 // Models and helpers shared by the tests of both FSDPs (and optim_state's): a residual MLP
 // block, a net with uneven shapes, an optional block reuse and tied weights, deterministic
-// init and batches, and a training loop. Blocks are wrapped by the FSDP under test.
+// init and batches, and a training loop. One model type for every FSDP: blocks and the net
+// are fsdp::Hooked modules, which fully_shard, wrap_fsdp or nothing at all can take.
 #ifndef FSDP_FSDP_COMMON_TEST_MODELS_H_
 #define FSDP_FSDP_COMMON_TEST_MODELS_H_
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/common/hooked_module.h"
 
 namespace fsdp::test_models {
 
@@ -42,15 +44,14 @@ struct NetOptions {
   bool tie = false;  // `mix` and `tied` share one weight (both in the root's group)
 };
 
-// 3 -> 5 (uneven rows on most world sizes), blocks of 5 -> 7 -> 5 (each a
-// Wrapped<BlockImpl>: FullySharded for FSDP2, FSDPWrapped for FSDP1), head 5 -> 1 (a
-// parameter smaller than the world), a 6-element parameter used directly.
-template <template <class> class Wrapped>
-struct NetImplT : torch::nn::Module {
-  using Block = Wrapped<BlockImpl>;
-  NetImplT(int64_t blocks, int64_t hidden = 7, bool use_block_twice = false)
-      : NetImplT(NetOptions{.blocks = blocks, .hidden = hidden, .use_block_twice = use_block_twice}) {}
-  explicit NetImplT(NetOptions options = {})
+using Block = Hooked<BlockImpl>;
+
+// 3 -> 5 (uneven rows on most world sizes), blocks of 5 -> 7 -> 5 (each a Hooked<BlockImpl>),
+// head 5 -> 1 (a parameter smaller than the world), a 6-element parameter used directly.
+struct NetImpl : torch::nn::Module {
+  NetImpl(int64_t blocks, int64_t hidden = 7, bool use_block_twice = false)
+      : NetImpl(NetOptions{.blocks = blocks, .hidden = hidden, .use_block_twice = use_block_twice}) {}
+  explicit NetImpl(NetOptions options = {})
       : in(register_module("in", torch::nn::Linear(3, 5))),
         head(register_module("head", torch::nn::Linear(5, 1))),
         opts(options) {
@@ -75,6 +76,7 @@ struct NetImplT : torch::nn::Module {
   TiedLinear tied{nullptr};
   NetOptions opts;
 };
+using Net = Hooked<NetImpl>;
 
 // Same values on every rank without the (thread-shared) global generator.
 inline void InitDeterministic(torch::nn::Module& m, uint64_t seed = 11) {

@@ -108,8 +108,8 @@ FlatParamHandle::FlatParamHandle(const std::vector<at::Tensor>& params,
     TORCH_CHECK(params[i].defined(), "FlatParamHandle: params[", i, "] is an undefined tensor");
   }
   TORCH_CHECK(options_.process_group != nullptr, "FlatParamHandle: process_group must not be null");
-  skip_writeback_check_ = EnvIsOne("FSDP_SKIP_WRITEBACK_CHECK");
-  use_full_prec_in_eval_ = EnvIsOne("FSDP_USE_FULL_PREC_IN_EVAL");
+  skip_writeback_check_ = options_.skip_writeback_check || EnvIsOne("FSDP_SKIP_WRITEBACK_CHECK");
+  use_full_prec_in_eval_ = options_.use_full_prec_in_eval || EnvIsOne("FSDP_USE_FULL_PREC_IN_EVAL");
   rank_ = options_.process_group->rank();
   world_size_ = options_.process_group->size();
   // Optimistically assume valid params; InitFlatParamAndMetadata validates them.

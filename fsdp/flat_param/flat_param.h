@@ -136,6 +136,8 @@ struct FlatParamHandleOptions {
   bool keep_low_precision_grads = false;
   comm::ProcessGroupPtr process_group;  // the shard group (HSDP: intra-node)
   bool use_orig_params = false;
+  bool use_full_prec_in_eval = false;  // or FSDP_USE_FULL_PREC_IN_EVAL=1
+  bool skip_writeback_check = false;   // or FSDP_SKIP_WRITEBACK_CHECK=1
 };
 
 // A communication hook replaces the default gradient reduction (pre-divide, reduce-scatter

@@ -8,8 +8,8 @@
 
 namespace fsdp::flat_param {
 
-FlatParamStreamContext::FlatParamStreamContext(c10::Device device)
-    : pool_(device::StreamPool::Create(device, device::StreamOptionsFromEnv())) {
+FlatParamStreamContext::FlatParamStreamContext(c10::Device device, const device::StreamOptions& options)
+    : pool_(device::StreamPool::Create(device, device::ApplyStreamEnvOverride(options))) {
   // The seed's names (they appear in timeout and error messages).
   for (const char* name : {"fsdp1_unshard", "fsdp1_post_backward", "fsdp1_all_reduce"}) {
     owned_.push_back(pool_->NewStream(name));

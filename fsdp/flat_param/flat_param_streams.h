@@ -33,15 +33,14 @@ struct FlatParamStreams {
   device::Stream* post_backward = nullptr;
   device::Stream* all_reduce = nullptr;
   device::CollectiveSequencer* sequencer = nullptr;
-  device::Timeout timeout = device::Timeout(300000);  // host waits on events (rate limiter)
+  device::Timeout timeout = comm::kDefaultTimeout;  // host waits on events (rate limiter)
 };
 
 // One root's streams (FSDPRuntimeContext holds it; every handle of the tree uses them), on
-// `device`, in the mode device::StreamOptionsFromEnv() reads (FSDP_CPU_STREAMS selects
-// inline or asynchronous CPU streams).
+// `device`, with `options` (FSDPOptions::stream_options; FSDP_CPU_STREAMS overrides them).
 class FlatParamStreamContext {
  public:
-  explicit FlatParamStreamContext(c10::Device device);
+  FlatParamStreamContext(c10::Device device, const device::StreamOptions& options);
   FlatParamStreamContext(const FlatParamStreamContext&) = delete;
   FlatParamStreamContext& operator=(const FlatParamStreamContext&) = delete;
   const FlatParamStreams& streams() const { return streams_; }

@@ -369,8 +369,8 @@ TEST(Fsdp1Behavior, ErrorPaths) {
     FullyShardedDataParallel root = WrapNested(model, {.process_group = pg});
     EXPECT_ERROR_CONTAINS(wrap_fsdp(model.ptr(), {.process_group = pg}), "is already wrapped with FSDP");
     EXPECT_ERROR_CONTAINS(wrap_fsdp(model->in.ptr(), {.process_group = pg}),
-                          "wrap_fsdp: torch::nn::LinearImpl cannot run FSDP hooks; construct it as "
-                          "fsdp::flat_param::FSDPWrappedImpl<torch::nn::LinearImpl>");
+                          "wrap_fsdp: torch::nn::LinearImpl cannot run forward hooks; construct it as "
+                          "fsdp::Hooked<torch::nn::LinearImpl>");
     FullyShardedDataParallel block(GetState(*model->layers[0].ptr()));
     ASSERT_TRUE(root.is_root());  // lazy init: a state asked first would become a root
     EXPECT_FALSE(block.is_root());

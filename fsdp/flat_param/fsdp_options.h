@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "comm/process_group.h"
+#include "device/stream.h"
 #include "fsdp/flat_param/flat_param.h"
 #include "mesh/device_mesh.h"
 
@@ -68,6 +69,17 @@ struct FSDPOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // Wraps the submodules the policy selects first, with these options (see wrap_fsdp).
   AutoWrapPolicy auto_wrap_policy;
+  // The root's streams (unshard / post-backward / all-reduce; the root's options serve the
+  // tree). The environment variable FSDP_CPU_STREAMS overrides them, for debugging
+  // (device::ApplyStreamEnvOverride).
+  device::StreamOptions stream_options;
+  // Eval-mode forwards (torch::NoGradGuard / module not training) use full precision despite
+  // mixed_precision. PyTorch reads this from the environment variable
+  // FSDP_USE_FULL_PREC_IN_EVAL=1, which also turns it on here.
+  bool use_full_prec_in_eval = false;
+  // use_orig_params: skip the check that original parameters were not replaced by other
+  // tensors between steps (PyTorch's FSDP_SKIP_WRITEBACK_CHECK=1, which also turns it on).
+  bool skip_writeback_check = false;
 };
 
 }  // namespace fsdp::flat_param

@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/common/fsdp_state_base.h"
+#include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/exec_order.h"
 #include "fsdp/flat_param/flat_param.h"
 #include "fsdp/flat_param/flat_param_streams.h"
@@ -60,11 +62,13 @@ struct FSDPRuntimeContext {
   std::unique_ptr<FlatParamStreamContext> streams;
   // Set by the first error inside an FSDP hook (a failed or timed-out collective, ...):
   // flat parameters may be unsharded and gradients partially reduced, so every later FSDP
-  // call of the tree fails with it (FSDPState::CheckNotPoisoned).
+  // call of the tree fails with it (fsdp::FSDPStateBase::Guard / CheckNotPoisoned).
   std::string poisoned_by;
 };
 
-class FSDPState {
+// Attached to its module as a forward hook (fsdp/common/hooked_module.h); the module's hook
+// list owns it.
+class FSDPState final : public ::fsdp::FSDPStateBase {
  public:
   // `process_group`: the shard group (hybrid: intra-node); `inter_node_group`: hybrid only.
   // `handle`: null when the module manages no parameters.
@@ -75,8 +79,9 @@ class FSDPState {
 
   // Around the module's forward: PreForward returns the tensor arguments (moved to the
   // device, cast, autograd-wrapped) in order; PostForward hooks the output tensors.
-  std::vector<at::Tensor> PreForward(std::vector<at::Tensor> args);
-  void PostForward(const std::vector<at::Tensor*>& outputs);
+  std::vector<at::Tensor> PreForward(std::vector<at::Tensor> args) override;
+  void PostForward(const std::vector<at::Tensor*>& outputs) override;
+  const char* api_name() const override { return "wrap_fsdp"; }
 
   // _lazy_init: no-op once done; the first state it runs on becomes the root.
   void LazyInit();
@@ -94,9 +99,6 @@ class FSDPState {
   bool use_full_prec_in_eval() const { return use_full_prec_in_eval_; }
   // For messages: the module's name relative to the root (after lazy init), else its type.
   std::string name() const;
-  // After an error inside an FSDP hook every FSDP call of the tree fails: `caller`, the
-  // original error and how to recover (a new model on new groups from the last state dict).
-  void CheckNotPoisoned(const char* caller) const;
 
   // false inside no_sync(): post-backward keeps unsharded gradients, no communication.
   bool sync_gradients = true;
@@ -106,9 +108,7 @@ class FSDPState {
   enum class PrefetchMode { BACKWARD, FORWARD };
 
   // runtime_forward.cc
-  // Runs the hook `fn` after CheckNotPoisoned(where); an exception poisons the runtime
-  // context (the first error wins) and propagates.
-  void Guard(const char* where, const std::function<void()>& fn);
+  std::string& poison_record() const override { return ctx_->poisoned_by; }
   std::vector<at::Tensor> PreForwardImpl(std::vector<at::Tensor> args);
   void PostForwardImpl(const std::vector<at::Tensor*>& outputs);
   void CheckFlatParamsOnExpectedDevice() const;
@@ -155,17 +155,11 @@ class FSDPState {
   int pending_post_backward_ = 0;
 };
 
-// Base of every module wrap_fsdp can attach to (FSDPWrappedImpl<Impl> derives from it): owns
-// the module's FSDPState. A module's forward must call the state's PreForward / PostForward
-// around its body (FSDPWrappedImpl does).
-class FSDPHooks {
+// Deprecated (kept so existing code compiles): derive from fsdp::HookedModule, or build the
+// module as fsdp::Hooked<Impl>. flat_fsdp_state() is the attached FSDP1 state, if any.
+class FSDPHooks : public ::fsdp::HookedModule {
  public:
-  virtual ~FSDPHooks() = default;
-  FSDPState* flat_fsdp_state() const { return state_.get(); }
-  void AttachFlatFSDPState(std::shared_ptr<FSDPState> state) { state_ = std::move(state); }
-
- private:
-  std::shared_ptr<FSDPState> state_;
+  FSDPState* flat_fsdp_state() const { return FindForwardHook<FSDPState>().get(); }
 };
 
 // The state wrap_fsdp attached to `module`, or nullptr.

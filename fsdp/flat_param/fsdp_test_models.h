@@ -22,9 +22,9 @@ namespace fsdp::flat_param::testing {
 using test_models::Batch;
 using test_models::BlockImpl;
 using test_models::InitDeterministic;
-using Block = FSDPWrapped<BlockImpl>;
-using NetImpl = test_models::NetImplT<FSDPWrapped>;
-using Net = FSDPWrapped<NetImpl>;
+using test_models::Block;
+using test_models::Net;
+using test_models::NetImpl;
 
 // Every original parameter of the wrapped tree, all-gathered from the flat parameters' local
 // shards (collective over each handle's process group), by name relative to `root`.

@@ -77,7 +77,7 @@ int64_t RecursiveWrap(const std::shared_ptr<torch::nn::Module>& module, const FS
   for (const auto& child : module->children()) total_wrapped_numel += RecursiveWrap(child, options, false);
   const int64_t remainder = nonwrapped_numel - total_wrapped_numel;
   // C++: only modules that can run the hooks can be wrapped.
-  if (!only_wrap_children && dynamic_cast<FSDPHooks*>(module.get()) != nullptr &&
+  if (!only_wrap_children && ::fsdp::AsHooked(*module) != nullptr &&
       options.auto_wrap_policy(*module, /*recurse=*/false, remainder)) {
     FSDPOptions child_options = options;
     child_options.auto_wrap_policy = nullptr;
@@ -99,12 +99,15 @@ const char* ToString(BackwardPrefetch p) {
 
 FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions options) {
   TORCH_CHECK(module != nullptr, "wrap_fsdp: module is null");
-  auto* hooks = dynamic_cast<FSDPHooks*>(module.get());
-  TORCH_CHECK(hooks != nullptr, "wrap_fsdp: ", module->name(), " cannot run FSDP hooks; construct it as ",
-              "fsdp::flat_param::FSDPWrappedImpl<", module->name(),
-              "> (or derive it from fsdp::flat_param::FSDPHooks and call its state's PreForward / PostForward)");
-  TORCH_CHECK(hooks->flat_fsdp_state() == nullptr, "wrap_fsdp: ", module->name(),
-              " is already wrapped with FSDP (wrap each module once)");
+  ::fsdp::HookedModule* hooks = ::fsdp::AsHooked(*module);
+  TORCH_CHECK(hooks != nullptr, "wrap_fsdp: ", module->name(), " cannot run forward hooks; construct it as ",
+              "fsdp::Hooked<", module->name(), "> (fsdp/common/hooked_module.h), or derive it from fsdp::HookedModule");
+  if (auto existing = hooks->FindForwardHook<::fsdp::FSDPStateBase>()) {
+    TORCH_CHECK(std::string(existing->api_name()) != "wrap_fsdp", "wrap_fsdp: ", module->name(),
+                " is already wrapped with FSDP (wrap each module once)");
+    TORCH_CHECK(false, "wrap_fsdp: ", module->name(), " is already managed by FSDP2 (", existing->api_name(),
+                "); a module takes one FSDP");
+  }
   Groups groups = ResolveGroups(options);
   if (!IsHybrid(ToHandleShardingStrategy(options.sharding_strategy)) && groups.process_group->size() == 1) {
     // World size 1: the strategies are equivalent; PyTorch switches to NO_SHARD (and warns).
@@ -166,12 +169,14 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
     }
     ho.process_group = groups.process_group;
     ho.use_orig_params = options.use_orig_params;
+    ho.use_full_prec_in_eval = options.use_full_prec_in_eval;
+    ho.skip_writeback_check = options.skip_writeback_check;
     handle = std::make_unique<FlatParamHandle>(params, *module, std::move(ho));
     handle->Shard();
   }
   auto state = std::make_shared<FSDPState>(module.get(), std::move(options), std::move(groups.process_group),
                                            std::move(groups.inter_node_group), std::move(handle));
-  hooks->AttachFlatFSDPState(state);
+  hooks->AddForwardHook(state, ::fsdp::HookPosition::kOutermost);
   return FullyShardedDataParallel(state.get());
 }
 
@@ -194,10 +199,7 @@ AutoWrapPolicy ModuleWrapPolicy(std::function<bool(const torch::nn::Module&)> pr
 // ----------------------------------------------------------------------------------------
 // FullyShardedDataParallel
 
-FSDPState* FullyShardedDataParallel::state() const {
-  TORCH_CHECK(state_ != nullptr, "FullyShardedDataParallel: empty handle (use the one wrap_fsdp returns)");
-  return state_;
-}
+FSDPState* FullyShardedDataParallel::state() const { return state_.Get("FullyShardedDataParallel"); }
 
 torch::nn::Module& FullyShardedDataParallel::module() const { return *state()->module(); }
 

@@ -1,7 +1,7 @@
 // FSDP1 for torch::nn modules: PyTorch's FullyShardedDataParallel (flat-parameter FSDP).
 //
-//   using Block = fsdp::flat_param::FSDPWrapped<BlockImpl>;     // forward runs FSDP1's hooks
-//   auto model = std::make_shared<fsdp::flat_param::FSDPWrappedImpl<NetImpl>>(...);
+//   using Block = fsdp::Hooked<BlockImpl>;   // forward runs hooks (fsdp/common/hooked_module.h)
+//   auto model = std::make_shared<fsdp::HookedImpl<NetImpl>>(...);
 //   FSDPOptions options{.process_group = pg};
 //   for (auto& block : model->blocks) wrap_fsdp(block.ptr(), options);   // bottom-up
 //   FullyShardedDataParallel fsdp = wrap_fsdp(model, options);            // the root last
@@ -9,10 +9,10 @@
 //                                                     // use_orig_params
 //   loss.backward(); fsdp.clip_grad_norm(1.0); opt.step(); opt.zero_grad();
 //
-// Wrapping happens in place, at construction time: C++ cannot replace a module inside its
-// parent, so a module can be wrapped only if its type can run the hooks, i.e. it was built
-// as FSDPWrappedImpl<Impl> (or derives from FSDPHooks and calls its state's PreForward /
-// PostForward). wrap_fsdp flattens the parameters of the module's tree that no wrapped
+// Wrapping happens in place: C++ cannot replace a module inside its parent, so a module can be
+// wrapped only if its type can run forward hooks, i.e. it was built as fsdp::Hooked<Impl> /
+// HookedImpl<Impl> (the same type FSDP2 and no FSDP use) or derives from fsdp::HookedModule;
+// FSDP1's hook is attached outermost. wrap_fsdp flattens the parameters of the module's tree that no wrapped
 // descendant manages into one FlatParameter, sharded over the process group; call it
 // bottom-up. Auto-wrap (options.auto_wrap_policy) follows the seed's _recursive_wrap over the
 // children, but only modules that can run the hooks can be selected: a module the policy
@@ -37,6 +37,8 @@
 #include <vector>
 
 #include "fsdp/common/forward_tensors.h"
+#include "fsdp/common/fsdp_state_base.h"
+#include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/fsdp_options.h"
 #include "fsdp/flat_param/fsdp_state.h"
 
@@ -60,7 +62,8 @@ class [[nodiscard]] NoSyncGuard {
 };
 
 // The handle wrap_fsdp returns (PyTorch's FullyShardedDataParallel methods). Cheap to copy;
-// valid while the module lives.
+// safe to hold: it refers to the module's state weakly, and any call after the module is
+// destroyed (or on a default-constructed handle) throws a c10::Error saying so.
 class FullyShardedDataParallel {
  public:
   FullyShardedDataParallel() = default;
@@ -96,10 +99,10 @@ class FullyShardedDataParallel {
 
  private:
   void CheckRoot(const char* what) const;
-  FSDPState* state_ = nullptr;
+  ::fsdp::StateRef<FSDPState> state_;
 };
 
-// Wraps `module` (an FSDPWrappedImpl or FSDPHooks-derived module) with FSDP1: with
+// Wraps `module` (a fsdp::Hooked<Impl> or other fsdp::HookedModule) with FSDP1: with
 // options.auto_wrap_policy first wraps the children it selects (same options), then flattens
 // and shards the parameters no wrapped descendant manages. Once per module, bottom-up,
 // before building the optimizer; parameters must already be on options.device.
@@ -116,31 +119,12 @@ AutoWrapPolicy ModuleTypeWrapPolicy() {
   return ModuleWrapPolicy([](const torch::nn::Module& m) { return (... || (dynamic_cast<const Impls*>(&m) != nullptr)); });
 }
 
-// `Impl` with a forward of the same signature that runs FSDP1's hooks once wrap_fsdp has
-// attached a state (and is plain `Impl` before). The signature comes from &Impl::forward, so
-// the module works in Sequential / AnyModule and ModuleHolder::operator(); parameter names
-// are Impl's own. Outputs must be tensors, vectors / tuples / pairs of them (specialize
-// fsdp::ForwardTensors for other types).
+// The wrapper names of earlier versions: the hooked-module layer's types (one model type
+// for FSDP1, FSDP2 and no FSDP at all).
 template <class Impl, class Signature = decltype(&Impl::forward)>
-class FSDPWrappedImpl;
-
-template <class Impl, class R, class C, class... A>
-class FSDPWrappedImpl<Impl, R (C::*)(A...)> : public Impl, public FSDPHooks {
- public:
-  using Impl::Impl;
-
-  R forward(A... args) {
-    auto* state = flat_fsdp_state();
-    if (state == nullptr) return Impl::forward(std::forward<A>(args)...);
-    return RunForwardWithHooks<R>(state, [this](auto&... a) { return Impl::forward(a...); }, std::forward<A>(args)...);
-  }
-};
-
+using FSDPWrappedImpl = ::fsdp::HookedImpl<Impl, Signature>;
 template <class Impl>
-class FSDPWrapped : public torch::nn::ModuleHolder<FSDPWrappedImpl<Impl>> {
- public:
-  using torch::nn::ModuleHolder<FSDPWrappedImpl<Impl>>::ModuleHolder;
-};
+using FSDPWrapped = ::fsdp::Hooked<Impl>;
 
 }  // namespace fsdp::flat_param
 

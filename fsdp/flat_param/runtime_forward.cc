@@ -47,10 +47,7 @@ const char* ToString(FSDPTrainingState s) {
   return "?";
 }
 
-FSDPState* GetState(torch::nn::Module& module) {
-  auto* hooks = dynamic_cast<FSDPHooks*>(&module);
-  return hooks ? hooks->flat_fsdp_state() : nullptr;
-}
+FSDPState* GetState(torch::nn::Module& module) { return ::fsdp::FindForwardHook<FSDPState>(module).get(); }
 
 std::vector<FSDPState*> CollectStates(torch::nn::Module& root) {
   std::vector<FSDPState*> states;
@@ -62,38 +59,16 @@ std::vector<FSDPState*> CollectStates(torch::nn::Module& root) {
 
 FSDPState::FSDPState(torch::nn::Module* module, FSDPOptions options, comm::ProcessGroupPtr process_group,
                      comm::ProcessGroupPtr inter_node_group, std::unique_ptr<FlatParamHandle> handle)
-    : module_(module),
+    : FSDPStateBase("flat parameters"),
+      module_(module),
       options_(std::move(options)),
       process_group_(std::move(process_group)),
       inter_node_group_(std::move(inter_node_group)),
       handle_(std::move(handle)),
       ctx_(std::make_shared<FSDPRuntimeContext>()),
-      use_full_prec_in_eval_(EnvIsOne("FSDP_USE_FULL_PREC_IN_EVAL")) {}
+      use_full_prec_in_eval_(options_.use_full_prec_in_eval || EnvIsOne("FSDP_USE_FULL_PREC_IN_EVAL")) {}
 
 std::string FSDPState::name() const { return fqn_.empty() ? module_->name() : fqn_; }
-
-// ----------------------------------------------------------------------------------------
-// An error inside a hook poisons the tree (as FSDP2's FSDPCommContext)
-
-void FSDPState::CheckNotPoisoned(const char* caller) const {
-  TORCH_CHECK(ctx_->poisoned_by.empty(), caller, ": FSDP cannot continue after an earlier error on this rank (",
-              ctx_->poisoned_by, "): flat parameters may be unsharded and gradients partially reduced. Load the "
-              "last state dict into a newly built model (on new process groups) to continue.");
-}
-
-void FSDPState::Guard(const char* where, const std::function<void()>& fn) {
-  CheckNotPoisoned(where);
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    // ctx_ read after fn: lazy init may have replaced it with the root's shared context.
-    if (ctx_->poisoned_by.empty()) ctx_->poisoned_by = std::string(where) + ": " + e.what_without_backtrace();
-    throw;
-  } catch (const std::exception& e) {
-    if (ctx_->poisoned_by.empty()) ctx_->poisoned_by = std::string(where) + ": " + e.what();
-    throw;
-  }
-}
 
 // ----------------------------------------------------------------------------------------
 // Lazy initialization
@@ -146,7 +121,7 @@ void FSDPState::ShareStateAndInitHandleAttrs() {
   TORCH_CHECK(use_full_prec_in_eval.size() == 1, "Expects one homogeneous value for use_full_prec_in_eval but got ",
               BoolSet(use_full_prec_in_eval));
   // _init_streams: one set of streams (and one collective sequencer) for the root's tree.
-  ctx_->streams = std::make_unique<FlatParamStreamContext>(options_.device);
+  ctx_->streams = std::make_unique<FlatParamStreamContext>(options_.device, options_.stream_options);
   const FlatParamStreams* streams = &ctx_->streams->streams();
   if (handle_) {
     handle_->InitFlatParamAttributes();

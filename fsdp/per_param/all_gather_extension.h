@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/common/mixed_precision.h"
+#include "fsdp/per_param/fsdp_api.h"
 #include "mesh/device_mesh.h"
 
 namespace fsdp::per_param {

@@ -137,7 +137,7 @@ TEST(FullyShardErrors, SeedErrorsAreRaisedWithTheirMessages) {
                           "Expects the parameter to already be moved to device meta but got cpu");
     EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = mesh, .reshard_after_forward = int64_t{3}}),
                           "it should be a factor of 2, not 3");
-    EXPECT_ERROR_CONTAINS(fully_shard(std::make_shared<TwoLinearImpl>(), {.mesh = mesh}), "has no FSDP hooks");
+    EXPECT_ERROR_CONTAINS(fully_shard(std::make_shared<TwoLinearImpl>(), {.mesh = mesh}), "cannot run forward hooks; construct it as fsdp::Hooked<");
     Leaf twice;
     fully_shard(twice.ptr(), {.mesh = mesh});
     EXPECT_ERROR_CONTAINS(fully_shard(twice.ptr(), {.mesh = mesh}), "is already fully_shard'ed");

@@ -12,10 +12,10 @@
 
 #include "dtensor/dtensor.h"
 #include "fsdp/per_param/all_gather_extension.h"
-#include "fsdp/common/mesh_info.h"
-#include "fsdp/common/mixed_precision.h"
+#include "fsdp/per_param/mesh_info.h"
+#include "fsdp/per_param/fsdp_api.h"
 #include "fsdp/common/sharding.h"
-#include "fsdp/common/training_state.h"
+#include "fsdp/per_param/training_state.h"
 
 namespace torch::nn {
 class Module;
@@ -31,14 +31,20 @@ struct ParamModuleInfo {
   std::vector<std::pair<torch::nn::Module*, std::string>> shared;
 };
 
-// As PyTorch's CPUOffloadPolicy: sharded parameters and gradients live on the CPU and are
-// copied to the compute device for the all-gather (on a CPU-only build both are the CPU,
-// so offloading changes no data movement). `pin_memory`: the CPU copies are page-locked so
-// those copies are asynchronous (only when the compute device is not the CPU).
-struct OffloadPolicy {
-  bool offload_to_cpu = false;
-  bool pin_memory = false;
+// The casts one parameter actually needs (FSDPParam.init_dtype_attrs): reduce_dtype is
+// dropped when it equals param_dtype (gradients are already in it); param_dtype is dropped
+// when it equals the parameter's dtype or the parameter is not floating point.
+struct ResolvedDtypes {
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
 };
+
+inline ResolvedDtypes ResolveDtypes(const MixedPrecisionPolicy& policy, c10::ScalarType orig_dtype) {
+  ResolvedDtypes r{policy.param_dtype, policy.reduce_dtype};
+  if (r.reduce_dtype == r.param_dtype) r.reduce_dtype.reset();
+  if (r.param_dtype == orig_dtype || !c10::isFloatingType(orig_dtype)) r.param_dtype.reset();
+  return r;
+}
 
 // One parameter under FSDP. The user's parameter tensor keeps its identity (modules and
 // optimizers hold it); FSDP swaps its data between the sharded view (into the padded

@@ -61,15 +61,9 @@ void FSDPParamGroup::InitMixedPrecisionDtypes() {
   reduce_dtype_ = *reduce.begin();
 }
 
-void FSDPCommContext::CheckNotPoisoned(const char* caller) const {
-  TORCH_CHECK(poisoned_by.empty(), caller, ": FSDP cannot continue after an earlier error on this rank (",
-              poisoned_by, "): parameters may be unsharded and gradients partially reduced. Load the last "
-              "state dict into a newly built model (on new process groups) to continue.");
-}
-
 const CommStreams& FSDPCommContext::Streams(c10::Device device) {
   if (stream_pool_) return streams_;
-  stream_pool_ = device::StreamPool::Create(device, device::StreamOptionsFromEnv());
+  stream_pool_ = device::StreamPool::Create(device, device::ApplyStreamEnvOverride(stream_options));
   for (const char* name : {"all_gather_copy_in", "all_gather", "reduce_scatter", "all_reduce"}) {
     owned_streams_.push_back(stream_pool_->NewStream(name));
   }
@@ -204,7 +198,7 @@ void FSDPParamGroup::WaitForPostBackward() {
   // enough (the seed's grad_offload_event.synchronize()).
   for (const auto& p : fsdp_params_) {
     if (p->offload_to_cpu()) {
-      event->Synchronize(comm_ctx_ ? comm_ctx_->stream_pool()->options().timeout : device::Timeout(300000));
+      event->Synchronize(comm_ctx_ ? comm_ctx_->stream_pool()->options().timeout : comm::kDefaultTimeout);
       break;
     }
   }
@@ -260,14 +254,9 @@ void FSDPParamGroup::ToUnsharded() {
   sharded_state_ = ShardedState::kUnsharded;
 }
 
-std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(const std::vector<at::Tensor>& inputs) {
-  return RegisterPostBackwardCallback(inputs, [this] {
-    if (FSDPCommContext* comm = comm_ctx()) {
-      comm->Guard("post-backward", [this] { PostBackward(); });
-    } else {
-      PostBackward();
-    }
-  });
+std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(
+    const std::vector<at::Tensor>& inputs, const std::function<void(std::function<void()>)>& guard) {
+  return RegisterPostBackwardCallback(inputs, [this, guard] { guard([this] { PostBackward(); }); });
 }
 
 }  // namespace fsdp::per_param

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,17 +28,14 @@ struct FSDPCommContext {
   // waits for it, so at most one reduce-scatter input is alive.
   device::EventPtr reduce_scatter_event;
   // Set by the first error inside an FSDP hook (a failed collective, ...): parameters may
-  // be unsharded and gradients partially reduced, so every later FSDP call fails with it.
+  // be unsharded and gradients partially reduced, so every later FSDP call fails with it
+  // (fsdp::FSDPStateBase::Guard / CheckNotPoisoned).
   std::string poisoned_by;
 
-  // Throws the poisoned error, naming `caller` and the original error.
-  void CheckNotPoisoned(const char* caller) const;
-  // Runs `fn`; an exception poisons the context (first error wins) and propagates.
-  template <class Fn>
-  auto Guard(const char* where, Fn&& fn) -> decltype(fn());
-
-  // The seed's streams for `device`, created on first use with device::StreamOptionsFromEnv()
-  // (FSDP_CPU_STREAMS selects inline or asynchronous CPU streams).
+  // The root's FullyShardOptions::stream_options (the root's context serves the tree).
+  device::StreamOptions stream_options;
+  // The streams for `device`, created on first use with stream_options (the environment
+  // variable FSDP_CPU_STREAMS overrides them: device::ApplyStreamEnvOverride).
   const CommStreams& Streams(c10::Device device);
   // Null before the first Streams call; then streams() holds the streams.
   device::StreamPool* stream_pool() const { return stream_pool_.get(); }
@@ -75,7 +73,9 @@ class FSDPParamGroup {
 
   // Applies the identity autograd function whose backward runs PostBackward to the
   // tensors that require grad (RegisterPostBackwardFunction); returns them in order.
-  std::vector<at::Tensor> RegisterPostBackward(const std::vector<at::Tensor>& inputs);
+  // `guard` runs the post-backward body (the owning state's poisoning guard).
+  std::vector<at::Tensor> RegisterPostBackward(const std::vector<at::Tensor>& inputs,
+                                               const std::function<void(std::function<void()>)>& guard);
 
   // Switches (public fields in PyTorch).
   bool reduce_grads = true;
@@ -132,20 +132,6 @@ class FSDPParamGroup {
   at::Tensor partial_reduce_output_;
   device::EventPtr post_reduce_event_;
 };
-
-template <class Fn>
-auto FSDPCommContext::Guard(const char* where, Fn&& fn) -> decltype(fn()) {
-  CheckNotPoisoned(where);
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    if (poisoned_by.empty()) poisoned_by = std::string(where) + ": " + e.what_without_backtrace();
-    throw;
-  } catch (const std::exception& e) {
-    if (poisoned_by.empty()) poisoned_by = std::string(where) + ": " + e.what();
-    throw;
-  }
-}
 
 }  // namespace fsdp::per_param
 

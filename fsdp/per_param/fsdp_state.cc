@@ -18,10 +18,7 @@ at::Tensor CastFloating(const at::Tensor& t, c10::ScalarType dtype) {
 
 }  // namespace
 
-FSDPState* GetState(torch::nn::Module& module) {
-  auto* hooks = dynamic_cast<FSDPHooks*>(&module);
-  return hooks ? hooks->fsdp_state() : nullptr;
-}
+FSDPState* GetState(torch::nn::Module& module) { return ::fsdp::FindForwardHook<FSDPState>(module).get(); }
 
 std::vector<FSDPState*> CollectStates(torch::nn::Module& root) {
   std::vector<FSDPState*> states;
@@ -32,7 +29,8 @@ std::vector<FSDPState*> CollectStates(torch::nn::Module& root) {
 }
 
 FSDPState::FSDPState(torch::nn::Module* module, MixedPrecisionPolicy mp_policy, bool auto_reshard_after_forward)
-    : module_(module),
+    : FSDPStateBase("parameters"),
+      module_(module),
       mp_policy_(std::move(mp_policy)),
       auto_reshard_after_forward_(auto_reshard_after_forward),
       state_ctx_(std::make_shared<FSDPStateContext>()),
@@ -87,11 +85,11 @@ void FSDPState::RootPreForward() {
 }
 
 std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
-  return comm_ctx_->Guard("pre-forward", [&] { return PreForwardImpl(std::move(args)); });
+  return Guard("pre-forward", [&] { return PreForwardImpl(std::move(args)); });
 }
 
 void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
-  comm_ctx_->Guard("post-forward", [&] { PostForwardImpl(outputs); });
+  Guard("post-forward", [&] { PostForwardImpl(outputs); });
 }
 
 std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) {
@@ -104,7 +102,8 @@ std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) 
   }
   if (param_group_) {
     param_group_->PreForward();
-    args = param_group_->RegisterPostBackward(args);
+    args = param_group_->RegisterPostBackward(
+        args, [this](const std::function<void()>& body) { Guard("post-backward", body); });
   }
   for (FSDPState* state : states_to_forward_prefetch) {
     if (state->param_group_) FSDPParamGroup::PrefetchUnshard(state->param_group_.get(), TrainingState::kForward);
@@ -118,7 +117,7 @@ void FSDPState::PostForwardImpl(const std::vector<at::Tensor*>& outputs) {
   if (at::GradMode::is_enabled()) {
     for (at::Tensor* t : outputs) {
       if (t->defined() && t->requires_grad()) {
-        t->register_hook([this](const at::Tensor&) { comm_ctx_->Guard("pre-backward", [this] { PreBackward(); }); });
+        t->register_hook([this](const at::Tensor&) { Guard("pre-backward", [this] { PreBackward(); }); });
       }
     }
   }
@@ -145,7 +144,7 @@ void FSDPState::RegisterRootPostBackwardFinalCallback() {
   if (state_ctx_->post_backward_final_callback_queued) return;
   state_ctx_->post_backward_final_callback_queued = true;
   QueueEndOfBackwardCallback(
-      [this] { comm_ctx_->Guard("post-backward final callback", [this] { RootPostBackwardFinalCallback(); }); });
+      [this] { Guard("post-backward final callback", [this] { RootPostBackwardFinalCallback(); }); });
 }
 
 void FSDPState::RootPostBackwardFinalCallback() {

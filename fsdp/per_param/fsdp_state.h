@@ -9,6 +9,8 @@
 #include <optional>
 #include <vector>
 
+#include "fsdp/common/fsdp_state_base.h"
+#include "fsdp/common/hooked_module.h"
 #include "fsdp/per_param/fsdp_param_group.h"
 
 namespace fsdp::per_param {
@@ -23,7 +25,9 @@ struct FSDPStateContext {
   bool is_last_backward = true;
 };
 
-class FSDPState {
+// Attached to its module as a forward hook (fsdp/common/hooked_module.h); the module's hook
+// list owns it.
+class FSDPState final : public ::fsdp::FSDPStateBase {
  public:
   FSDPState(torch::nn::Module* module, MixedPrecisionPolicy mp_policy, bool auto_reshard_after_forward);
   FSDPState(const FSDPState&) = delete;
@@ -31,8 +35,9 @@ class FSDPState {
 
   // Hooks around the module's forward. PreForward returns the (possibly cast, autograd-
   // wrapped) tensor arguments in order; PostForward rewrites the output tensors in place.
-  std::vector<at::Tensor> PreForward(std::vector<at::Tensor> tensor_args);
-  void PostForward(const std::vector<at::Tensor*>& outputs);
+  std::vector<at::Tensor> PreForward(std::vector<at::Tensor> tensor_args) override;
+  void PostForward(const std::vector<at::Tensor*>& outputs) override;
+  const char* api_name() const override { return "fully_shard"; }
 
   // Lazy initialization; on the first forward through this state it becomes the root.
   void LazyInit();
@@ -43,14 +48,13 @@ class FSDPState {
   std::optional<bool> is_root() const { return is_root_; }
   FSDPStateContext& state_ctx() { return *state_ctx_; }
   FSDPCommContext& comm_ctx() { return *comm_ctx_; }
-  // After an error inside an FSDP hook every FSDP call fails (FSDPCommContext::poisoned_by).
-  void CheckNotPoisoned(const char* caller) const { comm_ctx_->CheckNotPoisoned(caller); }
   TrainingState training_state() const { return training_state_; }
 
   std::vector<FSDPState*> states_to_forward_prefetch;
   std::vector<FSDPState*> states_to_backward_prefetch;
 
  private:
+  std::string& poison_record() const override { return comm_ctx_->poisoned_by; }
   std::vector<at::Tensor> PreForwardImpl(std::vector<at::Tensor> tensor_args);
   void PostForwardImpl(const std::vector<at::Tensor*>& outputs);
   void RootPreForward();
@@ -68,17 +72,11 @@ class FSDPState {
   std::shared_ptr<FSDPCommContext> comm_ctx_;
 };
 
-// Base of every module fully_shard can attach to (FullyShardedImpl<Impl> derives from it):
-// owns the module's FSDPState. A module's forward must call the state's PreForward /
-// PostForward around its body (FullyShardedImpl does).
-class FSDPHooks {
+// Deprecated (kept so existing code compiles): derive from fsdp::HookedModule, or build the
+// module as fsdp::Hooked<Impl>. fsdp_state() is the attached FSDP2 state, if any.
+class FSDPHooks : public ::fsdp::HookedModule {
  public:
-  virtual ~FSDPHooks() = default;
-  FSDPState* fsdp_state() const { return state_.get(); }
-  void AttachFSDPState(std::shared_ptr<FSDPState> state) { state_ = std::move(state); }
-
- private:
-  std::shared_ptr<FSDPState> state_;
+  FSDPState* fsdp_state() const { return FindForwardHook<FSDPState>().get(); }
 };
 
 // The FSDP states of `root`'s module tree (including root), in module order.

@@ -42,11 +42,16 @@ void CollectManagedModules(torch::nn::Module& module, bool is_root, std::vector<
 
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullyShardOptions options) {
   TORCH_CHECK(module != nullptr, "fully_shard: module is null");
-  auto* hooks = dynamic_cast<FSDPHooks*>(module.get());
+  ::fsdp::HookedModule* hooks = ::fsdp::AsHooked(*module);
   TORCH_CHECK(hooks != nullptr, "fully_shard: ", module->name(),
-              " has no FSDP hooks; construct it as fsdp::per_param::FullyShardedImpl<", module->name(),
-              "> (or derive it from FSDPHooks and call its state's PreForward/PostForward)");
-  TORCH_CHECK(hooks->fsdp_state() == nullptr, "fully_shard: ", module->name(), " is already fully_shard'ed");
+              " cannot run forward hooks; construct it as fsdp::Hooked<", module->name(),
+              "> (fsdp/common/hooked_module.h), or derive it from fsdp::HookedModule");
+  if (auto existing = hooks->FindForwardHook<::fsdp::FSDPStateBase>()) {
+    TORCH_CHECK(std::string(existing->api_name()) != "fully_shard", "fully_shard: ", module->name(),
+                " is already fully_shard'ed");
+    TORCH_CHECK(false, "fully_shard: ", module->name(), " is already managed by FSDP1 (", existing->api_name(),
+                "); a module takes one FSDP");
+  }
   TORCH_CHECK(options.mesh != nullptr, "fully_shard: options.mesh is null");
   const auto& mesh = options.mesh;
   TORCH_CHECK(options.dp_mesh_dims || mesh->ndim() == 1 || mesh->ndim() == 2,
@@ -127,6 +132,7 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
     }
   }
   auto state = std::make_shared<FSDPState>(module.get(), options.mp_policy, auto_reshard);
+  state->comm_ctx().stream_options = options.stream_options;
   if (!params.empty()) {
     auto group = std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward, shard_dims,
                                                   options.mp_policy, options.offload_policy, tp_specs);
@@ -139,22 +145,19 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
     }
     state->set_param_group(std::move(group));
   }
-  hooks->AttachFSDPState(state);
+  hooks->AddForwardHook(state, ::fsdp::HookPosition::kOutermost);
   return FSDPModule(state.get());
 }
 
-FSDPParamGroup* FSDPModule::param_group() const {
-  TORCH_CHECK(state_ != nullptr, "FSDPModule: empty handle");
-  return state_->param_group();
-}
+FSDPParamGroup* FSDPModule::param_group() const { return state()->param_group(); }
 
 std::vector<FSDPState*> FSDPModule::States(bool recurse) const {
-  TORCH_CHECK(state_ != nullptr, "FSDPModule: empty handle");
-  return recurse ? CollectStates(*state_->module()) : std::vector<FSDPState*>{state_};
+  FSDPState* s = state();
+  return recurse ? CollectStates(*s->module()) : std::vector<FSDPState*>{s};
 }
 
 void FSDPModule::unshard(bool async_op) {
-  state_->LazyInit();
+  state()->LazyInit();
   if (FSDPParamGroup* g = param_group()) {
     g->Unshard(async_op);
     if (!async_op) g->WaitForUnshard();
@@ -166,7 +169,7 @@ void FSDPModule::wait_for_unshard() {
 }
 
 void FSDPModule::reshard() {
-  state_->LazyInit();
+  state()->LazyInit();
   if (FSDPParamGroup* g = param_group()) g->Reshard();
 }
 
@@ -204,17 +207,17 @@ void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool re
 }
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
-  state_->states_to_forward_prefetch.clear();
-  for (const auto& m : modules) state_->states_to_forward_prefetch.push_back(m.state());
+  state()->states_to_forward_prefetch.clear();
+  for (const auto& m : modules) state()->states_to_forward_prefetch.push_back(m.state());
 }
 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  state_->states_to_backward_prefetch.clear();
-  for (const auto& m : modules) state_->states_to_backward_prefetch.push_back(m.state());
+  state()->states_to_backward_prefetch.clear();
+  for (const auto& m : modules) state()->states_to_backward_prefetch.push_back(m.state());
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  state_->state_ctx().is_last_backward = is_last_backward;
+  state()->state_ctx().is_last_backward = is_last_backward;
 }
 
 void FSDPModule::set_gradient_divide_factor(double factor) {

@@ -16,9 +16,9 @@ using test_models::TiedLinear;
 using test_models::TiedLinearImpl;
 using test_models::TrainSteps;
 using test_models::UniqueParameters;
-using Block = FullySharded<BlockImpl>;
-using NetImpl = test_models::NetImplT<FullySharded>;
-using Net = FullySharded<NetImpl>;
+using test_models::Block;
+using test_models::Net;
+using test_models::NetImpl;
 
 }  // namespace fsdp::per_param::testing
 

@@ -1,6 +1,6 @@
-// The explicit state machines shared by both FSDPs.
-#ifndef FSDP_FSDP_COMMON_TRAINING_STATE_H_
-#define FSDP_FSDP_COMMON_TRAINING_STATE_H_
+// FSDP2's explicit state machines (torch/distributed/fsdp/_fully_shard/_fsdp_common.py).
+#ifndef FSDP_FSDP_PER_PARAM_TRAINING_STATE_H_
+#define FSDP_FSDP_PER_PARAM_TRAINING_STATE_H_
 
 namespace fsdp {
 
@@ -34,4 +34,4 @@ inline const char* ToString(ShardedState s) {
 
 }  // namespace fsdp
 
-#endif  // FSDP_FSDP_COMMON_TRAINING_STATE_H_
+#endif  // FSDP_FSDP_PER_PARAM_TRAINING_STATE_H_

@@ -1,6 +1,6 @@
 // Which mesh dimensions FSDP shards over and which it replicates over.
-#ifndef FSDP_FSDP_COMMON_MESH_INFO_H_
-#define FSDP_FSDP_COMMON_MESH_INFO_H_
+#ifndef FSDP_FSDP_PER_PARAM_MESH_INFO_H_
+#define FSDP_FSDP_PER_PARAM_MESH_INFO_H_
 
 #include <optional>
 #include <string>
@@ -48,4 +48,4 @@ struct FSDPMeshInfo {
 
 }  // namespace fsdp
 
-#endif  // FSDP_FSDP_COMMON_MESH_INFO_H_
+#endif  // FSDP_FSDP_PER_PARAM_MESH_INFO_H_

@@ -1,4 +1,4 @@
-#include "fsdp/common/mesh_info.h"
+#include "fsdp/per_param/mesh_info.h"
 
 #include <c10/util/Exception.h>
 
