@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/pair_flags.h"
 #include "absl/strings/str_cat.h"
+#include "bench/pair_flags.h"
 #include "comm/gloo_process_group.h"
 #include "comm/torchrun_env.h"
 
@@ -46,15 +46,12 @@ void InitGroups() {
   g.world = env.world_size;
   const std::string base = absl::StrCat("/tmp/fsdp_comm_bench_", env.master_port);
   fsdp::comm::GlooOptions options;
-  g.ours = fsdp::comm::CreateGlooProcessGroupWithFileStore(base + "_ours", env.rank,
-                                                            env.world_size, options);
+  g.ours = fsdp::comm::CreateGlooProcessGroupWithFileStore(base + "_ours", env.rank, env.world_size, options);
   auto store = c10::make_intrusive<c10d::FileStore>(base + "_direct", env.world_size);
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  gloo_options->devices.push_back(
-      c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
   gloo_options->threads = options.threads;
-  g.direct = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size,
-                                                         gloo_options);
+  g.direct = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, gloo_options);
 }
 
 int64_t Iterations(int64_t bytes) {
@@ -97,8 +94,7 @@ void RegisterAll(int pair_repetitions) {
     // Ours and c10d alternate (repeated as pairs) so machine noise hits both alike;
     // bench_ratio.py takes the median of each side.
     for (int rep = 0; rep < pair_repetitions; ++rep) {
-      for (auto [name, fn] : {std::pair{"AllGather", &BM_AllGather},
-                              std::pair{"ReduceScatter", &BM_ReduceScatter}}) {
+      for (auto [name, fn] : {std::pair{"AllGather", &BM_AllGather}, std::pair{"ReduceScatter", &BM_ReduceScatter}}) {
         for (bool ours : {true, false}) {
           benchmark::RegisterBenchmark(absl::StrCat(name, ours ? "/ours" : "/c10d").c_str(), fn, ours)
               ->Arg(bytes)

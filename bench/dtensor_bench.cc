@@ -28,9 +28,9 @@
 #include <utility>
 #include <vector>
 
-#include "bench/pair_flags.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/pair_flags.h"
 #include "comm/gloo_process_group.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute.h"
@@ -78,8 +78,7 @@ void RunOp(Op op, const Rank& r, int64_t bytes, Loop&& loop) {
   auto sync = [&] { r.group->barrier()->wait(); };
   switch (op) {
     case Op::kAllGatherOurs: {  // Shard(0) -> Replicate
-      const DTensor dt = DTensor::from_local(at::ones({rows / kWorld, kCols}), r.mesh,
-                                             {Placement::Shard(0)});
+      const DTensor dt = DTensor::from_local(at::ones({rows / kWorld, kCols}), r.mesh, {Placement::Shard(0)});
       const Placements dst{Placement::Replicate()};
       sync();
       loop([&] { benchmark::DoNotOptimize(dt.redistribute(dst).to_local().data_ptr()); });
@@ -103,8 +102,7 @@ void RunOp(Op op, const Rank& r, int64_t bytes, Loop&& loop) {
       break;
     }
     case Op::kReduceScatterOurs: {  // Partial -> Shard(0)
-      const DTensor dt = DTensor::from_local(at::ones({rows, kCols}), r.mesh,
-                                             {Placement::Partial()});
+      const DTensor dt = DTensor::from_local(at::ones({rows, kCols}), r.mesh, {Placement::Partial()});
       const Placements dst{Placement::Shard(0)};
       sync();
       loop([&] { benchmark::DoNotOptimize(dt.redistribute(dst).to_local().data_ptr()); });
@@ -183,12 +181,11 @@ void BM_Collective(benchmark::State& state, Op op) {
 
 // PlanRedistribute with a warm cache: what every redistribute pays before communicating.
 void BM_PlanCached(benchmark::State& state, bool two_d) {
-  const DTensorSpec src =
-      two_d ? DTensorSpec::Make(Rank0().mesh_2d, {Placement::Shard(0), Placement::Replicate()},
-                                {4096, kCols}, at::kFloat)
-            : DTensorSpec::Make(Rank0().mesh, {Placement::Shard(0)}, {4096, kCols}, at::kFloat);
-  const Placements dst = two_d ? Placements{Placement::Replicate(), Placement::Shard(1)}
-                               : Placements{Placement::Replicate()};
+  const DTensorSpec src = two_d ? DTensorSpec::Make(Rank0().mesh_2d, {Placement::Shard(0), Placement::Replicate()},
+                                                    {4096, kCols}, at::kFloat)
+                                : DTensorSpec::Make(Rank0().mesh, {Placement::Shard(0)}, {4096, kCols}, at::kFloat);
+  const Placements dst =
+      two_d ? Placements{Placement::Replicate(), Placement::Shard(1)} : Placements{Placement::Replicate()};
   fsdp::dtensor::PlanRedistribute(src, dst);
   for (auto _ : state) benchmark::DoNotOptimize(fsdp::dtensor::PlanRedistribute(src, dst));
 }
@@ -197,8 +194,7 @@ void BM_PlanCached(benchmark::State& state, bool two_d) {
 void BM_PlanMiss(benchmark::State& state) {
   int64_t rows = 1;
   for (auto _ : state) {
-    const DTensorSpec src =
-        DTensorSpec::Make(Rank0().mesh, {Placement::Shard(0)}, {++rows, kCols}, at::kFloat);
+    const DTensorSpec src = DTensorSpec::Make(Rank0().mesh, {Placement::Shard(0)}, {++rows, kCols}, at::kFloat);
     benchmark::DoNotOptimize(fsdp::dtensor::PlanRedistribute(src, {Placement::Replicate()}));
   }
 }
@@ -237,8 +233,7 @@ void RegisterAll(int pair_repetitions) {
         }
       }
       // Unpaired (bench_ratio.py skips it): how much of ours - raw is the fresh output.
-      benchmark::RegisterBenchmark("AllGatherFreshOutput/raw", BM_Collective,
-                                   Op::kAllGatherRawFreshOutput)
+      benchmark::RegisterBenchmark("AllGatherFreshOutput/raw", BM_Collective, Op::kAllGatherRawFreshOutput)
           ->Arg(bytes)
           ->Iterations(Iterations(bytes))
           ->UseRealTime();

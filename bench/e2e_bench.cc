@@ -43,20 +43,20 @@
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
 
-ABSL_FLAG(std::string, model, "overhead", "overhead (64 x Linear(64,64)+LayerNorm, batch 8/rank) or compute (4 x Linear(1024,1024), batch 64/rank)");
+ABSL_FLAG(std::string, model, "overhead",
+          "overhead (64 x Linear(64,64)+LayerNorm, batch 8/rank) or compute (4 x Linear(1024,1024), batch 64/rank)");
 ABSL_FLAG(int, steps, 20, "timed steps (after 3 warm-up steps)");
 ABSL_FLAG(int, fsdp, 2, "2: FSDP2 (fully_shard), 1: FSDP1 (wrap_fsdp, FULL_SHARD, flat parameters to the optimizer)");
 
 namespace {
 
+using fsdp::Hooked;
 using fsdp::comm::ProcessGroup;
 using fsdp::comm::ProcessGroupPtr;
 using fsdp::comm::ReduceOp;
-using fsdp::Hooked;
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t width, bool norm)
-      : fc(register_module("fc", torch::nn::Linear(width, width))) {
+  BlockImpl(int64_t width, bool norm) : fc(register_module("fc", torch::nn::Linear(width, width))) {
     if (norm) ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
   }
   at::Tensor forward(const at::Tensor& x) { return x + fc(ln ? ln(x) : x).relu(); }
@@ -68,7 +68,8 @@ struct BlockImpl : torch::nn::Module {
 // until sharded.
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t blocks, int64_t width, bool norm) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Hooked<BlockImpl>(width, norm)));
+    for (int64_t i = 0; i < blocks; ++i)
+      layers.push_back(register_module(absl::StrCat("block", i), Hooked<BlockImpl>(width, norm)));
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x;
@@ -96,7 +97,8 @@ Net Build(const ModelSpec& s) {
   Net m(s.blocks, s.width, s.norm);
   at::NoGradGuard no_grad;
   uint64_t seed = 1;
-  for (auto& p : m->parameters()) p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.05);
+  for (auto& p : m->parameters())
+    p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.05);
   return m;
 }
 
@@ -152,7 +154,8 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version) {
   auto world = fsdp::comm::CreateGlooProcessGroupFromEnv();
   auto trace = std::make_shared<fsdp::comm::CommTrace>(world);
   const int w = world->size();
-  const at::Tensor x = at::randn({spec.batch, spec.width}, at::make_generator<at::CPUGeneratorImpl>(100 + world->rank()));
+  const at::Tensor x =
+      at::randn({spec.batch, spec.width}, at::make_generator<at::CPUGeneratorImpl>(100 + world->rank()));
   auto step = [&](auto& m, torch::optim::Optimizer& o) {
     m(x).square().mean().backward();
     o.step();
@@ -172,16 +175,20 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version) {
   int64_t bytes = 0;
   std::vector<std::pair<at::Tensor, at::Tensor>> buffers;
   for (const auto& r : records) {
-    buffers.emplace_back(at::empty({r.output_numel}, at::TensorOptions(r.dtype)), at::zeros({r.input_numel}, at::TensorOptions(r.dtype)));
+    buffers.emplace_back(at::empty({r.output_numel}, at::TensorOptions(r.dtype)),
+                         at::zeros({r.input_numel}, at::TensorOptions(r.dtype)));
     bytes += std::max(r.input_bytes, r.output_bytes);
   }
   const double comm_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] {
     for (size_t i = 0; i < records.size(); ++i) {
       auto& [out, in] = buffers[i];
       const auto& r = records[i];
-      if (r.op == "all_gather_into_tensor") world->all_gather_into_tensor(out, in)->wait();
-      else if (r.op == "reduce_scatter_tensor") world->reduce_scatter_tensor(out, in, ParseReduceOp(r.reduce_op))->wait();
-      else if (r.op == "all_reduce") world->all_reduce(in, ParseReduceOp(r.reduce_op))->wait();
+      if (r.op == "all_gather_into_tensor")
+        world->all_gather_into_tensor(out, in)->wait();
+      else if (r.op == "reduce_scatter_tensor")
+        world->reduce_scatter_tensor(out, in, ParseReduceOp(r.reduce_op))->wait();
+      else if (r.op == "all_reduce")
+        world->all_reduce(in, ParseReduceOp(r.reduce_op))->wait();
     }
   }));
 
@@ -203,14 +210,15 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version) {
   const double compute_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] { step(plain, plain_opt); }));
 
   if (world->rank() == 0) {
-    std::printf("{\"impl\": \"ours\", \"fsdp\": %d, \"model\": \"%s\", \"world\": %d, \"params\": %zu, \"step_ms\": %.3f, "
-                "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"overhead_ms\": %.3f, \"collectives\": %zu, \"bytes\": %lld, "
-                "\"numel\": %lld, \"group_numel\": %lld, \"rss_base\": %.0f, \"rss_peak\": %.0f, "
-                "\"alloc_peak\": %.0f, \"alloc_end\": %.0f}\n",
-                absl::GetFlag(FLAGS_fsdp), absl::GetFlag(FLAGS_model).c_str(), w, plain->parameters().size(), step_ms,
-                compute_ms, comm_ms, step_ms - compute_ms - comm_ms, records.size(), static_cast<long long>(bytes),
-                static_cast<long long>(spec.blocks * spec.block_numel()), static_cast<long long>(spec.block_numel()),
-                rss_base, rss_peak, alloc_peak, alloc_end);
+    std::printf(
+        "{\"impl\": \"ours\", \"fsdp\": %d, \"model\": \"%s\", \"world\": %d, \"params\": %zu, \"step_ms\": %.3f, "
+        "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"overhead_ms\": %.3f, \"collectives\": %zu, \"bytes\": %lld, "
+        "\"numel\": %lld, \"group_numel\": %lld, \"rss_base\": %.0f, \"rss_peak\": %.0f, "
+        "\"alloc_peak\": %.0f, \"alloc_end\": %.0f}\n",
+        absl::GetFlag(FLAGS_fsdp), absl::GetFlag(FLAGS_model).c_str(), w, plain->parameters().size(), step_ms,
+        compute_ms, comm_ms, step_ms - compute_ms - comm_ms, records.size(), static_cast<long long>(bytes),
+        static_cast<long long>(spec.blocks * spec.block_numel()), static_cast<long long>(spec.block_numel()), rss_base,
+        rss_peak, alloc_peak, alloc_end);
   }
   return 0;
 }
@@ -225,8 +233,6 @@ int main(int argc, char** argv) {
   switch (absl::GetFlag(FLAGS_fsdp)) {
     case 1:
     case 2: return Run(spec, steps, absl::GetFlag(FLAGS_fsdp));
-    default:
-      std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", absl::GetFlag(FLAGS_fsdp));
-      return 2;
+    default: std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", absl::GetFlag(FLAGS_fsdp)); return 2;
   }
 }

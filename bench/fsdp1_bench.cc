@@ -174,17 +174,23 @@ void RegisterAll(int pair_repetitions, int iterations) {
     for (int64_t n : {16, 64, 256}) {
       for (bool ours : {true, false}) {
         fixed(benchmark::RegisterBenchmark(ours ? "Flatten/ours" : "Flatten/cat", BM_Flatten, ours)
-                  ->Arg(n)->Unit(benchmark::kMicrosecond)->UseRealTime());
+                  ->Arg(n)
+                  ->Unit(benchmark::kMicrosecond)
+                  ->UseRealTime());
       }
       for (bool ours : {true, false}) {
         fixed(benchmark::RegisterBenchmark(ours ? "Unflatten/ours" : "Unflatten/narrow", BM_Unflatten, ours)
-                  ->Arg(n)->Unit(benchmark::kMicrosecond)->UseRealTime());
+                  ->Arg(n)
+                  ->Unit(benchmark::kMicrosecond)
+                  ->UseRealTime());
       }
     }
     for (int64_t blocks : {8, 32}) {
       for (bool fsdp1 : {true, false}) {
         fixed(benchmark::RegisterBenchmark(fsdp1 ? "Step/ours" : "Step/fsdp2", BM_Step, fsdp1)
-                  ->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime());
+                  ->Arg(blocks)
+                  ->Unit(benchmark::kMicrosecond)
+                  ->UseRealTime());
       }
     }
   }

@@ -8,8 +8,8 @@
 //    / reduce-scatter does into its output too).
 // 2. CopyIn/{ours,memcpy}/<bytes>, CopyOut/{ours,memcpy}/<bytes>: the all-gather copy-in
 //    (ForeachAllGather: pack every parameter's shard into this rank's slot of the flat buffer,
-//    taken from FSDP's AllGatherBufferPool as in a real unshard) and copy-out (ForeachAllGatherCopyOut: split the gathered buffer into each
-//    parameter's unsharded storage, re-allocated after the previous reshard freed it) at 4
+//    taken from FSDP's AllGatherBufferPool as in a real unshard) and copy-out (ForeachAllGatherCopyOut: split the
+//    gathered buffer into each parameter's unsharded storage, re-allocated after the previous reshard freed it) at 4
 //    ranks, vs Tensor::copy_ of one contiguous, reused buffer of the same bytes. <bytes> is
 //    the bytes copied (copy-in: this rank's shards; copy-out: the gathered buffer). Two
 //    unpaired diagnostics split the difference (see Side::kDiag).
@@ -45,6 +45,7 @@
 #include "comm/fake_process_group.h"
 #include "comm/process_group.h"
 #include "fsdp/per_param/fsdp_collectives.h"
+#include "fsdp/per_param/fsdp_state.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "mesh/device_mesh.h"
 
@@ -156,7 +157,9 @@ class NoCommGroup final : public fsdp::comm::ProcessGroup {
   WorkPtr DoAllReduce(const at::Tensor&, fsdp::comm::ReduceOp) override { return Done(); }
   WorkPtr DoBroadcast(const at::Tensor&, int) override { return Done(); }
   WorkPtr DoAllToAll(const at::Tensor&, const at::Tensor&, const std::vector<int64_t>&,
-                     const std::vector<int64_t>&) override { return Done(); }
+                     const std::vector<int64_t>&) override {
+    return Done();
+  }
   WorkPtr DoBarrier() override { return Done(); }
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
     const auto it = std::find(ranks.begin(), ranks.end(), rank());
@@ -176,17 +179,15 @@ struct Params {
 
 Params MakeParams(int64_t unsharded_bytes) {
   constexpr int kLayers = 2;
-  const int64_t d = std::max<int64_t>(
-      4, std::llround(std::sqrt(unsharded_bytes / (4.0 * 12 * kLayers)) / 4) * 4);
-  const std::vector<std::vector<int64_t>> layer = {
-      {d}, {d}, {3 * d, d}, {3 * d}, {d, d}, {d}, {d}, {d}, {4 * d, d}, {4 * d}, {d, 4 * d}, {d}};
+  const int64_t d = std::max<int64_t>(4, std::llround(std::sqrt(unsharded_bytes / (4.0 * 12 * kLayers)) / 4) * 4);
+  const std::vector<std::vector<int64_t>> layer = {{d}, {d}, {3 * d, d}, {3 * d}, {d, d},     {d},
+                                                   {d}, {d}, {4 * d, d}, {4 * d}, {d, 4 * d}, {d}};
   const fsdp::FSDPMeshInfo mesh_info = fsdp::FSDPMeshInfo::Fsdp(FakeMesh());
   Params out;
   for (int l = 0; l < kLayers; ++l) {
     for (const auto& shape : layer) {
-      out.owned.push_back(std::make_unique<FSDPParam>(at::randn(shape), fsdp::per_param::ParamModuleInfo{},
-                                                      mesh_info, std::nullopt, 0,
-                                                      fsdp::MixedPrecisionPolicy{},
+      out.owned.push_back(std::make_unique<FSDPParam>(at::randn(shape), fsdp::per_param::ParamModuleInfo{}, mesh_info,
+                                                      std::nullopt, 0, fsdp::MixedPrecisionPolicy{},
                                                       fsdp::per_param::OffloadPolicy{}, std::nullopt));
       out.ptrs.push_back(out.owned.back().get());
       out.shard_bytes += out.owned.back()->sharded_param_data().nbytes();
@@ -245,7 +246,8 @@ void BM_CopyOut(benchmark::State& state, Side side) {
     // iteration's FreeUnshardedParam (what reshard does) freed.
     const fsdp::per_param::AllGatherResult gathered =
         fsdp::per_param::ForeachAllGather(params.ptrs, fsdp::comm::CreateFakeProcessGroup(0, kWorld));
-    const std::string label = absl::StrCat(side == Side::kOurs ? "CopyOut/ours/" : "CopyOutKeepStorage/ours/", state.range(0));
+    const std::string label =
+        absl::StrCat(side == Side::kOurs ? "CopyOut/ours/" : "CopyOutKeepStorage/ours/", state.range(0));
     fsdp::bench::TimedLoop(state, label, [&] {
       fsdp::per_param::AllGatherResult result = gathered;
       fsdp::per_param::ForeachAllGatherCopyOut(result, params.ptrs);
@@ -269,18 +271,22 @@ void RegisterAll(int pair_repetitions, int iterations) {
     for (int64_t blocks : {16, 64}) {
       for (bool ours : {true, false}) {
         fixed(benchmark::RegisterBenchmark(ours ? "Step/ours" : "Step/raw", BM_Step, ours)
-                  ->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime());
+                  ->Arg(blocks)
+                  ->Unit(benchmark::kMicrosecond)
+                  ->UseRealTime());
       }
     }
     for (int64_t mib : {1, 16, 64}) {
       using Op = std::tuple<const char*, void (*)(benchmark::State&, Side), const char*>;
-      for (auto [op, fn, diag] : {Op{"CopyIn", BM_CopyIn, "FreshBuffer/memcpy"},
-                                  Op{"CopyOut", BM_CopyOut, "KeepStorage/ours"}}) {
-        for (auto [name, side] : {std::pair{absl::StrCat(op, "/ours"), Side::kOurs},
-                                  std::pair{absl::StrCat(op, "/memcpy"), Side::kMemcpy},
-                                  std::pair{absl::StrCat(op, diag), Side::kDiag}}) {
+      for (auto [op, fn, diag] :
+           {Op{"CopyIn", BM_CopyIn, "FreshBuffer/memcpy"}, Op{"CopyOut", BM_CopyOut, "KeepStorage/ours"}}) {
+        for (auto [name, side] :
+             {std::pair{absl::StrCat(op, "/ours"), Side::kOurs}, std::pair{absl::StrCat(op, "/memcpy"), Side::kMemcpy},
+              std::pair{absl::StrCat(op, diag), Side::kDiag}}) {
           fixed(benchmark::RegisterBenchmark(name.c_str(), fn, side)
-                    ->Arg(mib << 20)->Unit(benchmark::kMicrosecond)->UseRealTime());
+                    ->Arg(mib << 20)
+                    ->Unit(benchmark::kMicrosecond)
+                    ->UseRealTime());
         }
       }
     }

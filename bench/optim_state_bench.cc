@@ -34,7 +34,8 @@ struct BlockImpl : torch::nn::Module {
 
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t blocks, int64_t width) {
-    for (int64_t i = 0; i < blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), FullySharded<BlockImpl>(width)));
+    for (int64_t i = 0; i < blocks; ++i)
+      layers.push_back(register_module(absl::StrCat("block", i), FullySharded<BlockImpl>(width)));
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x;
@@ -122,7 +123,8 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < pair_repetitions; ++rep) {
     for (bool ours : {true, false}) {
       const char* side = ours ? "ours" : "raw";
-      benchmark::RegisterBenchmark(absl::StrCat("Consolidate/", side, "/", S().full_bytes).c_str(), BM_Consolidate, ours)
+      benchmark::RegisterBenchmark(absl::StrCat("Consolidate/", side, "/", S().full_bytes).c_str(), BM_Consolidate,
+                                   ours)
           ->Iterations(10)
           ->UseRealTime();
       benchmark::RegisterBenchmark(absl::StrCat("Load/", side, "/", S().full_bytes).c_str(), BM_Load, ours)

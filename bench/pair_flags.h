@@ -37,9 +37,9 @@ inline int TakePairRepetitions(std::vector<char*>& args, int fallback = 3) {
 // --benchmark_out* from `args` and silences stdout.
 inline void QuietUnlessRankZero(std::vector<char*>& args, int rank) {
   if (rank == 0) return;
-  args.erase(std::remove_if(args.begin() + 1, args.end(),
-                            [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
-             args.end());
+  args.erase(
+      std::remove_if(args.begin() + 1, args.end(), [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
+      args.end());
   std::freopen("/dev/null", "w", stdout);
 }
 

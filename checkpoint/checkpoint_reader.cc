@@ -22,7 +22,7 @@
 namespace fsdp::checkpoint {
 namespace {
 
-constexpr int kMaxDepth = 64;   // container nesting (PyTorch state dicts nest a few levels)
+constexpr int kMaxDepth = 64;    // container nesting (PyTorch state dicts nest a few levels)
 constexpr size_t kMaxDims = 64;  // tensor dimensions (as c10's SizesAndStrides handles them)
 
 // ---------------------------------------------------------------------------- pickle
@@ -33,7 +33,7 @@ struct TupleData;
 // tuple that may hold the others, a global, a storage).
 struct Value {
   enum class Kind { kIValue, kTuple, kGlobal, kStorage } kind = Kind::kIValue;
-  c10::IValue iv;                     // kIValue; kStorage: a 1-D tensor over the whole storage
+  c10::IValue iv;                    // kIValue; kStorage: a 1-D tensor over the whole storage
   std::shared_ptr<TupleData> tuple;  // kTuple (shared: a memo reference copies no elements)
   Global global = Global::kOrderedDict;
   at::ScalarType dtype = at::kFloat;  // kGlobal kStorageType
@@ -49,12 +49,18 @@ struct StorageType {
   const char* name;
   at::ScalarType dtype;
 };
-constexpr StorageType kStorageTypes[] = {
-    {"FloatStorage", at::kFloat},   {"DoubleStorage", at::kDouble},         {"HalfStorage", at::kHalf},
-    {"BFloat16Storage", at::kBFloat16}, {"LongStorage", at::kLong},       {"IntStorage", at::kInt},
-    {"ShortStorage", at::kShort},   {"CharStorage", at::kChar},             {"ByteStorage", at::kByte},
-    {"BoolStorage", at::kBool},     {"ComplexFloatStorage", at::kComplexFloat},
-    {"ComplexDoubleStorage", at::kComplexDouble}};
+constexpr StorageType kStorageTypes[] = {{"FloatStorage", at::kFloat},
+                                         {"DoubleStorage", at::kDouble},
+                                         {"HalfStorage", at::kHalf},
+                                         {"BFloat16Storage", at::kBFloat16},
+                                         {"LongStorage", at::kLong},
+                                         {"IntStorage", at::kInt},
+                                         {"ShortStorage", at::kShort},
+                                         {"CharStorage", at::kChar},
+                                         {"ByteStorage", at::kByte},
+                                         {"BoolStorage", at::kBool},
+                                         {"ComplexFloatStorage", at::kComplexFloat},
+                                         {"ComplexDoubleStorage", at::kComplexDouble}};
 
 class Unpickler {
  public:
@@ -67,8 +73,8 @@ class Unpickler {
     TORCH_CHECK(protocol == 2, where(), "pickle protocol ", protocol, " (only 2, torch.save's default, is read)");
     while (Step()) {
     }
-    TORCH_CHECK(stack_.size() == 1 && marks_.empty(), where(), "the pickle ends with ", stack_.size(),
-                " values and ", marks_.size(), " marks on its stack instead of one value");
+    TORCH_CHECK(stack_.size() == 1 && marks_.empty(), where(), "the pickle ends with ", stack_.size(), " values and ",
+                marks_.size(), " marks on its stack instead of one value");
     return ToIValue(stack_.back());
   }
 
@@ -149,8 +155,7 @@ class Unpickler {
 
   c10::IValue ToIValue(const Value& v) {
     switch (v.kind) {
-      case Value::Kind::kIValue:
-        return v.iv;
+      case Value::Kind::kIValue: return v.iv;
       case Value::Kind::kTuple: {
         if (v.tuple->converted.isNone()) {
           std::vector<c10::IValue> items;
@@ -160,8 +165,7 @@ class Unpickler {
         }
         return v.tuple->converted;
       }
-      case Value::Kind::kGlobal:
-        TORCH_CHECK(false, where(), "a global (class or function) is used as a value");
+      case Value::Kind::kGlobal: TORCH_CHECK(false, where(), "a global (class or function) is used as a value");
       case Value::Kind::kStorage:
         TORCH_CHECK(false, where(), "a bare storage is used as a value (only tensors of storages are read)");
     }
@@ -173,7 +177,8 @@ class Unpickler {
   // and the depth computed here stays right.
   c10::IValue Adopt(const Value& parent, const Value& child) {
     Container* p = Find(parent);
-    TORCH_CHECK(!p->sealed, where(), "the pickle modifies a container after putting it into another "
+    TORCH_CHECK(!p->sealed, where(),
+                "the pickle modifies a container after putting it into another "
                 "(recursive structures are not read)");
     TORCH_CHECK(Find(child) != p, where(), "the pickle puts a container into itself");
     const int depth = std::max(p->depth, Depth(child) + 1);
@@ -261,9 +266,8 @@ class Unpickler {
       v.global = Global::kOrderedDict;
     } else if (module == "torch.jit._pickle" && name == "restore_type_tag") {
       v.global = Global::kRestoreTypeTag;
-    } else if (module == "torch.jit._pickle" &&
-               (name == "build_intlist" || name == "build_doublelist" || name == "build_boollist" ||
-                name == "build_tensorlist")) {
+    } else if (module == "torch.jit._pickle" && (name == "build_intlist" || name == "build_doublelist" ||
+                                                 name == "build_boollist" || name == "build_tensorlist")) {
       v.global = Global::kBuildList;
     } else {
       bool found = false;
@@ -296,8 +300,8 @@ class Unpickler {
     auto cached = storages_.find(key);
     if (cached != storages_.end()) {
       const at::Tensor& t = cached->second;
-      TORCH_CHECK(t.scalar_type() == dtype && t.numel() == numel, where(), "storage '", key, "' is declared as ",
-                  numel, " ", c10::toString(dtype), " elements, and earlier as ", t.numel(), " ",
+      TORCH_CHECK(t.scalar_type() == dtype && t.numel() == numel, where(), "storage '", key, "' is declared as ", numel,
+                  " ", c10::toString(dtype), " elements, and earlier as ", t.numel(), " ",
                   c10::toString(t.scalar_type()));
       Value v = Of(t);
       v.kind = Value::Kind::kStorage;
@@ -308,8 +312,8 @@ class Unpickler {
       const std::string record = absl::StrCat(zip_.archive(), "/data/", key);
       TORCH_CHECK(zip_.Has(record), where(), "storage '", key, "' has no record '", record, "'");
       bytes = zip_.Read(record);
-      TORCH_CHECK(static_cast<uint64_t>(bytes.size()) == static_cast<uint64_t>(numel * item), where(), "storage '",
-                  key, "' is declared as ", numel, " ", c10::toString(dtype), " elements (", numel * item,
+      TORCH_CHECK(static_cast<uint64_t>(bytes.size()) == static_cast<uint64_t>(numel * item), where(), "storage '", key,
+                  "' is declared as ", numel, " ", c10::toString(dtype), " elements (", numel * item,
                   " bytes) but its record '", record, "' holds ", bytes.size(), " bytes");
       if (dtype == at::kBool) {
         for (size_t i = 0; i < bytes.size(); ++i) {
@@ -334,7 +338,8 @@ class Unpickler {
     const int64_t offset = Int(a[1], "a tensor's storage offset");
     const std::vector<int64_t> sizes = Ints(a[2], "a tensor's size");
     const std::vector<int64_t> strides = Ints(a[3], "a tensor's stride");
-    TORCH_CHECK(a[4].kind == Value::Kind::kIValue && a[4].iv.isBool(), where(), "a tensor's requires_grad is not a bool");
+    TORCH_CHECK(a[4].kind == Value::Kind::kIValue && a[4].iv.isBool(), where(),
+                "a tensor's requires_grad is not a bool");
     const std::string shape = absl::StrCat("[", absl::StrJoin(sizes, ", "), "]");
     const std::string stride = absl::StrCat("[", absl::StrJoin(strides, ", "), "]");
     TORCH_CHECK(sizes.size() == strides.size(), where(), "a tensor has size ", shape, " but stride ", stride);
@@ -353,9 +358,9 @@ class Unpickler {
     if (!empty) {
       for (size_t d = 0; d < sizes.size(); ++d) {
         int64_t reach = 0;
-        TORCH_CHECK(!__builtin_mul_overflow(sizes[d] - 1, strides[d], &reach) &&
-                        !__builtin_add_overflow(last, reach, &last),
-                    where(), "a tensor of size ", shape, " and stride ", stride, " overflows int64");
+        TORCH_CHECK(
+            !__builtin_mul_overflow(sizes[d] - 1, strides[d], &reach) && !__builtin_add_overflow(last, reach, &last),
+            where(), "a tensor of size ", shape, " and stride ", stride, " overflows int64");
       }
       TORCH_CHECK(last < storage.numel(), where(), "a tensor of size ", shape, ", stride ", stride,
                   " and storage offset ", offset, " reaches element ", last, " of a storage of ", storage.numel(),
@@ -364,8 +369,8 @@ class Unpickler {
     at::Tensor t = at::empty({0}, storage.options());
     t.set_(storage.storage(), offset, sizes, strides);
     if (a[4].iv.toBool()) {
-      TORCH_CHECK(at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()), where(),
-                  "a ", c10::toString(t.scalar_type()), " tensor is saved with requires_grad");
+      TORCH_CHECK(at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()), where(), "a ",
+                  c10::toString(t.scalar_type()), " tensor is saved with requires_grad");
       t.set_requires_grad(true);
     }
     return Of(t);
@@ -374,8 +379,7 @@ class Unpickler {
   Value Reduce(const Value& callable, const Value& args) {
     TORCH_CHECK(callable.kind == Value::Kind::kGlobal, where(), "REDUCE calls something that is not a global");
     switch (callable.global) {
-      case Global::kRebuildTensor:
-        return RebuildTensor(args);
+      case Global::kRebuildTensor: return RebuildTensor(args);
       case Global::kRebuildParameter: {  // (data, requires_grad, backward_hooks)
         const auto& a = TupleArgs(args, 3, 3, "_rebuild_parameter");
         TORCH_CHECK(a[0].kind == Value::Kind::kIValue && a[0].iv.isTensor(), where(),
@@ -395,8 +399,7 @@ class Unpickler {
         TORCH_CHECK(a[0].kind == Value::Kind::kIValue && a[0].iv.isList(), where(), "build_*list of a non-list");
         return a[0];
       }
-      case Global::kStorageType:
-        break;
+      case Global::kStorageType: break;
     }
     TORCH_CHECK(false, where(), "REDUCE calls a storage type");
   }
@@ -405,7 +408,7 @@ class Unpickler {
     op_pos_ = pos_;
     const uint8_t op = Byte();
     switch (op) {
-      case '.': return false;  // STOP
+      case '.': return false;                            // STOP
       case '(': marks_.push_back(stack_.size()); break;  // MARK
       case ')': stack_.push_back(MakeTuple({})); break;
       case ']': stack_.push_back(NewContainer(c10::impl::GenericList(c10::AnyType::get()))); break;
@@ -437,13 +440,15 @@ class Unpickler {
         stack_.push_back(Of(std::string(Bytes(n))));
         break;
       }
-      case 'q': case 'r': {  // BINPUT, LONG_BINPUT
+      case 'q':
+      case 'r': {  // BINPUT, LONG_BINPUT
         const uint64_t id = Le(op == 'q' ? 1 : 4);
         TORCH_CHECK(!stack_.empty(), where(), "BINPUT with an empty stack");
         memo_[id] = stack_.back();
         break;
       }
-      case 'h': case 'j': {  // BINGET, LONG_BINGET
+      case 'h':
+      case 'j': {  // BINGET, LONG_BINGET
         const uint64_t id = Le(op == 'h' ? 1 : 4);
         auto it = memo_.find(id);
         TORCH_CHECK(it != memo_.end(), where(), "BINGET of memo entry ", id, ", which was never stored");
@@ -451,13 +456,16 @@ class Unpickler {
         break;
       }
       case 't': stack_.push_back(MakeTuple(TakeFrom(PopMark()))); break;
-      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
         const size_t n = op - 0x84;
         TORCH_CHECK(stack_.size() >= n, where(), "TUPLE", n, " with ", stack_.size(), " values on the stack");
         stack_.push_back(MakeTuple(TakeFrom(stack_.size() - n)));
         break;
       }
-      case 'l': case 'd': {  // LIST, DICT
+      case 'l':
+      case 'd': {  // LIST, DICT
         std::vector<Value> items = TakeFrom(PopMark());
         if (op == 'l') {
           Value list = NewContainer(c10::impl::GenericList(c10::AnyType::get()));
@@ -477,7 +485,8 @@ class Unpickler {
         Append(ListAt(stack_.back()), item);
         break;
       }
-      case 'e': case 'u': {  // APPENDS, SETITEMS
+      case 'e':
+      case 'u': {  // APPENDS, SETITEMS
         const size_t mark = PopMark();
         TORCH_CHECK(mark > 0, where(), "APPENDS / SETITEMS without a container below its MARK");
         std::vector<Value> items = TakeFrom(mark);
@@ -512,9 +521,8 @@ class Unpickler {
       }
       case 'b': {  // BUILD: only an OrderedDict's attributes (state_dict()'s _metadata), dropped
         Value state = Pop();
-        TORCH_CHECK(!stack_.empty() && stack_.back().kind == Value::Kind::kIValue &&
-                        stack_.back().iv.isGenericDict() && state.kind == Value::Kind::kIValue &&
-                        (state.iv.isGenericDict() || state.iv.isNone()),
+        TORCH_CHECK(!stack_.empty() && stack_.back().kind == Value::Kind::kIValue && stack_.back().iv.isGenericDict() &&
+                        state.kind == Value::Kind::kIValue && (state.iv.isGenericDict() || state.iv.isNone()),
                     where(), "BUILD of something other than a dict's attributes");
         break;
       }

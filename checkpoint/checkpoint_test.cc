@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <dirent.h>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -116,7 +116,8 @@ TEST(Checkpoint, TensorDictFileRoundTripsEveryDtypeAndKeepsOrder) {
 
 TEST(Checkpoint, TensorDictErrorsNameTheCallerAndTheSource) {
   const std::vector<char> optim = SerializeOptimStateDict(OptimStateDict{"SGD", {}, {}});
-  EXPECT_ERROR_CONTAINS(DeserializeTensorDict(optim, "'o.pt'"), "LoadTensorDict: 'o.pt' holds a Tuple, not a str -> Tensor dict");
+  EXPECT_ERROR_CONTAINS(DeserializeTensorDict(optim, "'o.pt'"),
+                        "LoadTensorDict: 'o.pt' holds a Tuple, not a str -> Tensor dict");
   EXPECT_ERROR_CONTAINS(DeserializeTensorDict(optim, "'o.pt'", "LoadFullStateDictFile"),
                         "LoadFullStateDictFile: 'o.pt' holds a Tuple");
   c10::impl::GenericDict mixed(c10::StringType::get(), c10::AnyType::get());
@@ -132,11 +133,11 @@ TEST(Checkpoint, TensorDictErrorsNameTheCallerAndTheSource) {
 TEST(Checkpoint, OptimStateFileRoundTripsEveryValueKind) {
   OptimStateDict sd;
   sd.optimizer = "AdamW";
-  sd.state["a.w"] = {{"step", int64_t{4}}, {"exp_avg", at::randn({2, 3})}, {"lr_scale", 0.5},
-                     {"count", at::scalar_tensor(3.0)}};
+  sd.state["a.w"] = {
+      {"step", int64_t{4}}, {"exp_avg", at::randn({2, 3})}, {"lr_scale", 0.5}, {"count", at::scalar_tensor(3.0)}};
   sd.state["b"] = {{"step", int64_t{4}}, {"exp_avg", at::randn({5}, at::kDouble)}};
-  sd.param_groups.push_back({{"a.w"}, {{"lr", 1e-3}, {"betas", c10::ivalue::Tuple::create(0.9, 0.999)},
-                                       {"amsgrad", false}}});
+  sd.param_groups.push_back(
+      {{"a.w"}, {{"lr", 1e-3}, {"betas", c10::ivalue::Tuple::create(0.9, 0.999)}, {"amsgrad", false}}});
   sd.param_groups.push_back({{"b", "c"}, {{"lr", int64_t{1}}}});
   const std::string path = TempPath("optim_state");
   SaveOptimStateDict(sd, path);
@@ -187,7 +188,8 @@ TEST(Checkpoint, FileIoWritesAtomicallyAndNamesThePathInErrors) {
   const std::string missing = TempDir() + "/missing_file";
   EXPECT_ERROR_CONTAINS(ReadFile(missing, "Reader"),
                         "Reader: cannot open '" + missing + "' for reading (No such file or directory)");
-  EXPECT_ERROR_CONTAINS(ReadFile(TempDir(), "Reader"), "Reader: '" + TempDir() + "' is a directory, not a checkpoint file");
+  EXPECT_ERROR_CONTAINS(ReadFile(TempDir(), "Reader"),
+                        "Reader: '" + TempDir() + "' is a directory, not a checkpoint file");
   EXPECT_ERROR_CONTAINS(WriteFileAtomically("/no/such/dir/x.pt", {'x'}, "Writer"),
                         "Writer: cannot create '/no/such/dir/x.pt.tmp.");
   EXPECT_ERROR_CONTAINS(WriteFileAtomically("/no/such/dir/x.pt", {'x'}, "Writer"),

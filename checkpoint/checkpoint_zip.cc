@@ -8,9 +8,21 @@
 namespace fsdp::checkpoint::internal {
 namespace {
 
-uint16_t U16(const char* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
-uint32_t U32(const char* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
-uint64_t U64(const char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+uint16_t U16(const char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+uint32_t U32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t U64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 
 // CRC-32 (zip's polynomial), slicing by 8 bytes: a few GB/s, so checking every record of a
 // large checkpoint costs little next to reading it.
@@ -52,8 +64,8 @@ std::string_view CheckpointZip::Read(const std::string& name) const {
   const std::string_view bytes(data_ + r.offset, r.size);
   if (r.crc != 0) {  // 0: written without checksums (torch.save's compute_crc32=False)
     const uint32_t crc = Crc32(bytes.data(), bytes.size());
-    TORCH_CHECK(crc == r.crc, what_, "record '", name, "' (", r.size, " bytes at offset ", r.offset,
-                ") has CRC-32 ", crc, " but the archive lists ", r.crc, " (corrupted)");
+    TORCH_CHECK(crc == r.crc, what_, "record '", name, "' (", r.size, " bytes at offset ", r.offset, ") has CRC-32 ",
+                crc, " but the archive lists ", r.crc, " (corrupted)");
   }
   return bytes;
 }
@@ -70,10 +82,11 @@ void CheckpointZip::Parse() {
     }
     if (pos == lowest) break;
   }
-  TORCH_CHECK(eocd != size_, what_, "no zip end-of-central-directory record at its end (truncated, or not a file "
+  TORCH_CHECK(eocd != size_, what_,
+              "no zip end-of-central-directory record at its end (truncated, or not a file "
               "that torch.save / torch::pickle_save wrote)");
   uint64_t entries = U16(data_ + eocd + 10), cd_size = U32(data_ + eocd + 12), cd_offset = U32(data_ + eocd + 16);
-  uint64_t cd_limit = eocd;  // the central directory ends before this
+  uint64_t cd_limit = eocd;                                  // the central directory ends before this
   if (eocd >= 20 && U32(data_ + eocd - 20) == 0x07064b50) {  // zip64 locator
     const uint64_t eocd64 = U64(data_ + eocd - 20 + 8);
     TORCH_CHECK(eocd64 <= eocd - 20 && eocd - 20 - eocd64 >= 56 && U32(data_ + eocd64) == 0x06064b50, what_,
@@ -135,8 +148,7 @@ const char* CheckpointZip::ParseEntry(const char* p, const char* end, uint64_t i
                 "' is not in an archive directory");
     archive_ = name.substr(0, slash);
   }
-  TORCH_CHECK(records_.emplace(name, Record{offset, uncomp, crc}).second, what_, "record '", name,
-              "' appears twice");
+  TORCH_CHECK(records_.emplace(name, Record{offset, uncomp, crc}).second, what_, "record '", name, "' appears twice");
   return p + 46 + name_len + extra_len + comment_len;
 }
 

@@ -39,7 +39,7 @@ class Fd {
 std::vector<char> ReadFile(const std::string& path, std::string_view caller) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   TORCH_CHECK(fd.get() >= 0, caller, ": cannot open '", path, "' for reading (", Reason(errno), ")");
-  struct stat st{};
+  struct stat st {};
   TORCH_CHECK(::fstat(fd.get(), &st) == 0, caller, ": cannot stat '", path, "' (", Reason(errno), ")");
   TORCH_CHECK(!S_ISDIR(st.st_mode), caller, ": '", path, "' is a directory, not a checkpoint file");
   std::vector<char> bytes;

@@ -25,13 +25,15 @@ std::vector<char> SerializeOptimStateDict(const OptimStateDict& state_dict) {
     c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
     for (const auto& item : values) {
       const std::string& key = item.first;  // (clang 14 cannot capture a structured binding)
-      std::visit([&](const auto& v) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, at::Tensor>) {
-          entry.insert(key, v.detach().cpu());
-        } else {
-          entry.insert(key, v);
-        }
-      }, item.second);
+      std::visit(
+          [&](const auto& v) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(v)>, at::Tensor>) {
+              entry.insert(key, v.detach().cpu());
+            } else {
+              entry.insert(key, v);
+            }
+          },
+          item.second);
     }
     state.insert(fqn, entry);
   }
@@ -41,7 +43,8 @@ std::vector<char> SerializeOptimStateDict(const OptimStateDict& state_dict) {
     for (const auto& [key, value] : g.options) options.insert(key, value);
     groups.push_back(c10::ivalue::Tuple::create(c10::IValue(g.params), c10::IValue(options)));
   }
-  const auto root = c10::ivalue::Tuple::create(c10::IValue(state_dict.optimizer), c10::IValue(state), c10::IValue(groups));
+  const auto root =
+      c10::ivalue::Tuple::create(c10::IValue(state_dict.optimizer), c10::IValue(state), c10::IValue(groups));
   return WriteCheckpoint(c10::IValue(root));
 }
 

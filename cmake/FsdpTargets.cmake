@@ -1,22 +1,31 @@
-# Bazel-shaped target helpers for CMakeLists.txt.
+# Bazel-shaped target helpers; cmake/bazel_targets.cmake (generated from the BUILD.bazel
+# files by tools/gen_cmake_targets.py) calls them once per Bazel C++ target.
 #
 #   fsdp_cc_library(//pkg:name SRCS .. HDRS .. DEPS .. [CUDA_SRCS ..] [NOCUDA_SRCS ..]
-#                   [CUDA_DEPS ..] [TESTONLY] [ALWAYSLINK])
-#   fsdp_cc_binary(//pkg:name SRCS .. DEPS .. [TESTONLY] [LINKOPTS ..])
+#                   [CUDA_DEPS ..] [TESTONLY] [ALWAYSLINK] [OPTION FSDP_BUILD_X])
+#   fsdp_cc_binary(//pkg:name SRCS .. DEPS .. [TESTONLY] [LINKOPTS ..] [OPTION FSDP_BUILD_X])
 #   fsdp_cc_test(//pkg:name SIZE small|medium|large [TIMEOUT short|moderate|long|eternal]
-#                SRCS .. DEPS .. [DATA ..] [ENV K=V ..] [ARGS ..])           (DATA may use globs: testdata/*.pt, as Bazel's glob())
+#                SRCS .. DEPS .. [DATA ..] [ENV K=V ..] [ARGS ..] [SMOKE])
+#                (DATA may use globs: testdata/*.pt, as Bazel's glob())
 #   fsdp_bazel_excluded(//pkg:name KIND cc_test REASON "...")
 #
 # Arguments read like the BUILD.bazel entry they mirror: sources relative to the package
 # directory, deps as Bazel labels (//comm, //comm:gloo, :sibling, @libtorch, @system//:absl,
 # ...). ALWAYSLINK is Bazel's alwayslink (whole archive: e.g. test cases linked into several
 # test binaries). CUDA_* / NOCUDA_* are the two branches of a `select` on //comm:with_cuda
-# (FSDP_WITH_CUDA). Target names: //pkg:name -> pkg_name with '/' -> '_', and a package's
+# (FSDP_WITH_CUDA). OPTION: the target is defined only when that option is ON (else recorded
+# as skipped). SMOKE: the test is in the smoke set (CTest label `smoke`). Target names:
+# //pkg:name -> pkg_name with '/' -> '_', and a package's
 # default target (//comm == //comm:comm) is just the package: //comm -> comm,
 # //comm:gloo -> comm_gloo, //fsdp/per_param -> fsdp_per_param,
 # //fsdp/per_param:per_param_test -> fsdp_per_param_per_param_test. Every target also has
 # the alias libtorch_fsdp::<name>. Executables land in <build>/bin/<pkg>/<name> (as
 # bazel-bin/<pkg>/<name>); a test's CTest name is its Bazel label.
+#
+# FSDP_CMAKE_SMOKE=ON: the default build (`all`) is the libraries, the binaries that are not
+# testonly, and the SMOKE tests (with the testonly libraries they need); every other test and
+# testonly target is EXCLUDE_FROM_ALL (still buildable by name). Every test is registered
+# with CTest; `ctest -L smoke` runs the smoke set.
 #
 # If FSDP_SKIP is set (to a reason) when a helper runs, the target is recorded but not
 # defined. Every call is recorded in a manifest that cmake/check_bazel_parity.py compares
@@ -131,7 +140,7 @@ endfunction()
 
 # Sources, headers and deps of the configuration being built (FSDP_WITH_CUDA or not).
 macro(_fsdp_common_args kind)
-  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK" "SIZE;TIMEOUT;KIND;REASON"
+  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK;SMOKE" "SIZE;TIMEOUT;KIND;REASON;OPTION"
                         "SRCS;HDRS;DEPS;CUDA_SRCS;NOCUDA_SRCS;CUDA_DEPS;LINKOPTS;DATA;ENV;ARGS" ${ARGN})
   _fsdp_split_label("${label}" pkg name)
   fsdp_target_name("${label}" target)
@@ -167,6 +176,8 @@ macro(_fsdp_common_args kind)
   set(_status built)
   if(DEFINED FSDP_SKIP AND NOT FSDP_SKIP STREQUAL "")
     set(_status "skipped: ${FSDP_SKIP}")
+  elseif(ARG_OPTION AND NOT ${ARG_OPTION})
+    set(_status "skipped: ${ARG_OPTION}=OFF")
   elseif((ARG_TESTONLY OR "${kind}" STREQUAL "cc_test") AND NOT FSDP_BUILD_TESTS)
     set(_status "skipped: FSDP_BUILD_TESTS=OFF")
   endif()
@@ -183,6 +194,11 @@ macro(_fsdp_common_args kind)
         set(_status "missing files")
       endif()
     endforeach()
+  endif()
+  # FSDP_CMAKE_SMOKE: what the default build leaves out (built when something needs it).
+  set(_exclude_from_all OFF)
+  if(FSDP_CMAKE_SMOKE AND (ARG_TESTONLY OR ("${kind}" STREQUAL "cc_test" AND NOT ARG_SMOKE)))
+    set(_exclude_from_all ON)
   endif()
   _fsdp_paths("${pkg}" _src_paths ${_srcs})
   _fsdp_paths("${pkg}" _hdr_paths ${ARG_HDRS})
@@ -203,7 +219,8 @@ function(fsdp_cc_library label)
     target_include_directories(${target}_archive PUBLIC "$<BUILD_INTERFACE:${FSDP_SOURCE_DIR}>")
     target_link_libraries(${target}_archive PUBLIC ${_link})
     target_compile_options(${target}_archive PRIVATE ${FSDP_COPTS})
-    set_target_properties(${target}_archive PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    set_target_properties(${target}_archive PROPERTIES POSITION_INDEPENDENT_CODE ON
+                          EXCLUDE_FROM_ALL ${_exclude_from_all})
     add_library(${target} INTERFACE)
     target_link_libraries(${target} INTERFACE "$<LINK_LIBRARY:WHOLE_ARCHIVE,${target}_archive>")
   elseif(_compiled)
@@ -211,7 +228,8 @@ function(fsdp_cc_library label)
     target_include_directories(${target} PUBLIC "$<BUILD_INTERFACE:${FSDP_SOURCE_DIR}>")
     target_link_libraries(${target} PUBLIC ${_link})
     target_compile_options(${target} PRIVATE ${FSDP_COPTS})
-    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON
+                          EXCLUDE_FROM_ALL ${_exclude_from_all})
   else()
     # Header-only, as a Bazel cc_library without compiled sources.
     add_library(${target} INTERFACE)
@@ -236,7 +254,8 @@ function(_fsdp_executable)
   target_link_libraries(${target} PRIVATE ${_link} ${ARG_LINKOPTS})
   target_compile_options(${target} PRIVATE ${FSDP_COPTS})
   set_target_properties(${target} PROPERTIES OUTPUT_NAME "${name}"
-                        RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/bin/${pkg}")
+                        RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/bin/${pkg}"
+                        EXCLUDE_FROM_ALL ${_exclude_from_all})
 endfunction()
 
 function(fsdp_cc_binary label)
@@ -271,7 +290,11 @@ function(fsdp_cc_test label)
   if(ARG_TIMEOUT)
     set(timeout ${FSDP_TIMEOUT_${ARG_TIMEOUT}})
   endif()
-  set_tests_properties("${label}" PROPERTIES TIMEOUT ${timeout} LABELS "${ARG_SIZE}")
+  set(labels "${ARG_SIZE}")
+  if(ARG_SMOKE)
+    list(APPEND labels smoke)
+  endif()
+  set_tests_properties("${label}" PROPERTIES TIMEOUT ${timeout} LABELS "${labels}")
   set_property(TEST "${label}" PROPERTY ENVIRONMENT ${env})
   if(ARG_DATA)
     # Bazel runs a test in its runfiles tree, laid out as the source tree: data files are

@@ -23,7 +23,6 @@ namespace {
 
 using fsdp::testing::Backend;
 
-
 // ------------------------------------------------------------------ Fake
 
 TEST(FakeProcessGroup, AllGatherCopiesInputIntoEveryChunk) {
@@ -93,8 +92,7 @@ TEST_P(BadInput, DtypeMismatch) {
   auto pg = Group();
   EXPECT_ERROR_CONTAINS(pg->all_gather_into_tensor(at::zeros({8}, at::kDouble), at::zeros({2})),
                         "output and input dtypes differ: output Double[8], input Float[2]");
-  EXPECT_ERROR_CONTAINS(pg->reduce_scatter_tensor(at::zeros({2}, at::kHalf), at::zeros({8})),
-                        "dtypes differ");
+  EXPECT_ERROR_CONTAINS(pg->reduce_scatter_tensor(at::zeros({2}, at::kHalf), at::zeros({8})), "dtypes differ");
 }
 
 TEST_P(BadInput, DeviceMismatch) {
@@ -118,9 +116,8 @@ TEST_P(BadInput, PremulSumOnIntegers) {
 
 TEST_P(BadInput, AvgOnIntegers) {
   auto pg = Group();
-  EXPECT_ERROR_CONTAINS(
-      pg->reduce_scatter_tensor(at::zeros({1}, at::kInt), at::zeros({4}, at::kInt), ReduceOp::Avg()),
-      "AVG needs a floating-point tensor (integer division would truncate), got Int[4]");
+  EXPECT_ERROR_CONTAINS(pg->reduce_scatter_tensor(at::zeros({1}, at::kInt), at::zeros({4}, at::kInt), ReduceOp::Avg()),
+                        "AVG needs a floating-point tensor (integer division would truncate), got Int[4]");
 }
 
 TEST_P(BadInput, NonContiguousAndUndefinedTensors) {
@@ -173,17 +170,20 @@ TEST(CommTrace, RecordsExactBytesOfEveryCollective) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const ProcessGroupPtr& pg) {
     auto trace = std::make_shared<CommTrace>(pg);
     EXPECT_EQ(trace->backend_name(), "trace(threaded)");
-    at::Tensor shard = at::zeros({5}, at::kBFloat16);             // 10 bytes
-    at::Tensor full = at::zeros({20}, at::kBFloat16);             // 40 bytes
+    at::Tensor shard = at::zeros({5}, at::kBFloat16);  // 10 bytes
+    at::Tensor full = at::zeros({20}, at::kBFloat16);  // 40 bytes
     trace->all_gather_into_tensor(full, shard)->wait();
     trace->reduce_scatter_tensor(at::zeros({3}, at::kDouble), at::zeros({12}, at::kDouble),
-                                 ReduceOp::Avg())->wait();     // 96 in, 24 out
+                                 ReduceOp::Avg())
+        ->wait();                                                           // 96 in, 24 out
     trace->all_reduce(at::zeros({7}, at::kLong), ReduceOp::Max())->wait();  // 56
-    trace->broadcast(at::zeros({2, 3}), 1)->wait();             // 24
+    trace->broadcast(at::zeros({2, 3}), 1)->wait();                         // 24
     // Rank r sends r + 1 rows to everyone: in 4(r+1) rows, out 1+2+3+4 rows, 4 bytes a row.
     const int64_t r1 = pg->rank() + 1;
-    trace->all_to_all_single(at::zeros({10, 2}, at::kHalf), at::zeros({4 * r1, 2}, at::kHalf),
-                             {1, 2, 3, 4}, {r1, r1, r1, r1})->wait();
+    trace
+        ->all_to_all_single(at::zeros({10, 2}, at::kHalf), at::zeros({4 * r1, 2}, at::kHalf), {1, 2, 3, 4},
+                            {r1, r1, r1, r1})
+        ->wait();
     trace->barrier()->wait();
     EXPECT_ERROR_CONTAINS(trace->broadcast(at::zeros({1}), 9), "root must be in");
 
@@ -216,8 +216,7 @@ TEST(CommTrace, RecordsExactBytesOfEveryCollective) {
 
 // ------------------------------------------------------------------ torchrun env
 
-std::function<std::optional<std::string>(const std::string&)> Env(
-    std::map<std::string, std::string> vars) {
+std::function<std::optional<std::string>(const std::string&)> Env(std::map<std::string, std::string> vars) {
   return [vars](const std::string& name) -> std::optional<std::string> {
     auto it = vars.find(name);
     if (it == vars.end()) return std::nullopt;
@@ -226,8 +225,8 @@ std::function<std::optional<std::string>(const std::string&)> Env(
 }
 
 std::map<std::string, std::string> GoodEnv() {
-  return {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"},
-          {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  return {
+      {"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
 }
 
 TEST(TorchrunEnv, ParsesValidEnvironment) {
@@ -254,7 +253,10 @@ TEST(TorchrunEnv, InvalidValuesAreNamed) {
   };
   for (const auto& [name, value, message] : cases) {
     auto vars = GoodEnv();
-    if (value) vars[name] = *value; else vars.erase(name);
+    if (value)
+      vars[name] = *value;
+    else
+      vars.erase(name);
     EXPECT_ERROR_CONTAINS(ReadTorchrunEnv(Env(vars)), message);
   }
 }
@@ -312,9 +314,12 @@ TEST(MultiRankRunnerDeathTest, ThreadModeDeadlockExitsWithStuckRanksNamed) {
       {
         fsdp::testing::RunOptions options;
         options.deadline = std::chrono::milliseconds(300);
-        fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const ProcessGroupPtr& pg) {
-          if (pg->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
-        }, options);
+        fsdp::testing::RunOnRanks(
+            Backend::kThreaded, 2,
+            [](const ProcessGroupPtr& pg) {
+              if (pg->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+            },
+            options);
       },
       ::testing::ExitedWithCode(1), "rank\\(s\\) \\[1\\] still running after the deadline of 300 ms");
 }

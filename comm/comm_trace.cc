@@ -9,18 +9,15 @@
 namespace fsdp::comm {
 
 CommTrace::CommTrace(ProcessGroupPtr inner)
-    : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1,
-                   inner ? inner->timeout() : Timeout(1)),
+    : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1, inner ? inner->timeout() : Timeout(1)),
       inner_(std::move(inner)) {
   TORCH_CHECK(inner_ != nullptr, "CommTrace: inner process group is null");
 }
 
-std::string CommTrace::backend_name() const {
-  return absl::StrCat("trace(", inner_->backend_name(), ")");
-}
+std::string CommTrace::backend_name() const { return absl::StrCat("trace(", inner_->backend_name(), ")"); }
 
-void CommTrace::Record(std::string op, std::string reduce_op, const at::Tensor& output,
-                       const at::Tensor& input, int root) {
+void CommTrace::Record(std::string op, std::string reduce_op, const at::Tensor& output, const at::Tensor& input,
+                       int root) {
   CollectiveRecord record;
   record.op = std::move(op);
   record.reduce_op = std::move(reduce_op);
@@ -44,8 +41,7 @@ WorkPtr CommTrace::DoAllGather(const at::Tensor& output, const at::Tensor& input
   return inner_->all_gather_into_tensor(output, input);
 }
 
-WorkPtr CommTrace::DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
-                                   ReduceOp op) {
+WorkPtr CommTrace::DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   Record("reduce_scatter_tensor", op.ToString(), output, input);
   return inner_->reduce_scatter_tensor(output, input, op);
 }
@@ -106,19 +102,17 @@ int64_t CommTrace::total_output_bytes(const std::string& op) const {
 
 std::string CommTrace::ToTable() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::string out = absl::StrFormat("%-24s %-16s %-10s %12s %12s %12s %5s\n", "op", "reduce",
-                                    "dtype", "in elems", "in bytes", "out bytes", "group");
+  std::string out = absl::StrFormat("%-24s %-16s %-10s %12s %12s %12s %5s\n", "op", "reduce", "dtype", "in elems",
+                                    "in bytes", "out bytes", "group");
   int64_t in_total = 0, out_total = 0;
   for (const auto& r : records_) {
-    absl::StrAppendFormat(&out, "%-24s %-16s %-10s %12d %12d %12d %5d\n", r.op,
-                          r.reduce_op.empty() ? "-" : r.reduce_op,
-                          r.dtype == c10::ScalarType::Undefined ? "-" : c10::toString(r.dtype),
-                          r.input_numel, r.input_bytes, r.output_bytes, r.group_size);
+    absl::StrAppendFormat(&out, "%-24s %-16s %-10s %12d %12d %12d %5d\n", r.op, r.reduce_op.empty() ? "-" : r.reduce_op,
+                          r.dtype == c10::ScalarType::Undefined ? "-" : c10::toString(r.dtype), r.input_numel,
+                          r.input_bytes, r.output_bytes, r.group_size);
     in_total += r.input_bytes;
     out_total += r.output_bytes;
   }
-  absl::StrAppendFormat(&out, "%-24s %-16s %-10s %12s %12d %12d\n", "total", "", "", "",
-                        in_total, out_total);
+  absl::StrAppendFormat(&out, "%-24s %-16s %-10s %12s %12d %12d\n", "total", "", "", "", in_total, out_total);
   return out;
 }
 

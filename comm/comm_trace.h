@@ -14,15 +14,15 @@
 namespace fsdp::comm {
 
 struct CollectiveRecord {
-  std::string op;          // "all_gather_into_tensor", "reduce_scatter_tensor", ...
-  std::string reduce_op;   // "SUM", ... for reducing collectives, else ""
+  std::string op;         // "all_gather_into_tensor", "reduce_scatter_tensor", ...
+  std::string reduce_op;  // "SUM", ... for reducing collectives, else ""
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   int64_t input_numel = 0;
   int64_t output_numel = 0;
   int64_t input_bytes = 0;
   int64_t output_bytes = 0;
   int group_size = 0;
-  int root = -1;           // broadcast only
+  int root = -1;  // broadcast only
 };
 
 // Forwards every call to `inner` and records it (one record per call, in call order).
@@ -45,20 +45,17 @@ class CommTrace final : public ProcessGroup {
 
  protected:
   WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
-                          ReduceOp op) override;
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
   WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override;
   WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
-                     const std::vector<int64_t>& output_split_sizes,
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override;
   WorkPtr DoBarrier() override;
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
 
  private:
   int64_t SumBytes(const std::string& op, int64_t CollectiveRecord::*field) const;
-  void Record(std::string op, std::string reduce_op, const at::Tensor& output,
-              const at::Tensor& input, int root = -1);
+  void Record(std::string op, std::string reduce_op, const at::Tensor& output, const at::Tensor& input, int root = -1);
 
   ProcessGroupPtr inner_;
   mutable std::mutex mu_;  // pthread-based, so ThreadSanitizer sees it (Debian's absl is not instrumented)

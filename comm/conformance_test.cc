@@ -14,8 +14,8 @@
 #include <tuple>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
 #include "testing/multi_rank.h"
 
@@ -30,8 +30,7 @@ using fsdp::testing::RunOnRanks;
 double Value(int rank, int64_t i) { return static_cast<double>((rank * 7 + i * 3) % 11) - 5.0; }
 
 // On `device` (the rank's: the CPU, or its GPU for NCCL).
-at::Tensor RankTensor(int rank, int64_t numel, at::ScalarType dtype, c10::Device device,
-                      int64_t offset = 0) {
+at::Tensor RankTensor(int rank, int64_t numel, at::ScalarType dtype, c10::Device device, int64_t offset = 0) {
   std::vector<double> values(numel);
   for (int64_t i = 0; i < numel; ++i) values[i] = Value(rank, i + offset);
   return at::tensor(values, at::kDouble).to(dtype).to(device);
@@ -52,14 +51,12 @@ double Tolerance(at::ScalarType dtype) {
   }
 }
 
-void ExpectValues(const at::Tensor& actual, const std::vector<double>& expected,
-                  const std::string& what) {
+void ExpectValues(const at::Tensor& actual, const std::vector<double>& expected, const std::string& what) {
   std::vector<double> got = ToDoubles(actual);
   ASSERT_EQ(got.size(), expected.size()) << what;
   const double tol = Tolerance(actual.scalar_type());
   for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], expected[i], tol * std::max(1.0, std::abs(expected[i])))
-        << what << " at element " << i;
+    ASSERT_NEAR(got[i], expected[i], tol * std::max(1.0, std::abs(expected[i]))) << what << " at element " << i;
   }
 }
 
@@ -88,8 +85,7 @@ std::vector<ReduceOp> OpsFor(at::ScalarType dtype) {
   return ops;
 }
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
-                                             at::kLong};
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong};
 const std::vector<int64_t> kNumels = {0, 1, 5, 7};
 
 class Conformance : public ::testing::TestWithParam<std::tuple<Backend, int>> {
@@ -111,8 +107,7 @@ TEST_P(Conformance, AllGatherIntoTensor) {
         at::Tensor in = RankTensor(pg->rank(), n, dtype, device);
         // Both output layouts FSDP uses: flat and [W, n].
         for (bool stacked : {false, true}) {
-          at::Tensor out = stacked ? at::full({W, n}, 99, in.options())
-                                   : at::full({W * n}, 99, in.options());
+          at::Tensor out = stacked ? at::full({W, n}, 99, in.options()) : at::full({W * n}, 99, in.options());
           pg->all_gather_into_tensor(out, in)->wait();
           std::vector<double> expected;
           for (int r = 0; r < W; ++r) {
@@ -142,8 +137,7 @@ TEST_P(Conformance, ReduceScatterTensorEveryOp) {
           for (int64_t i = 0; i < n; ++i) {
             expected[i] = Reduce(op, W, [&](int r) { return Value(r, me * n + i); });
           }
-          const std::string what =
-              absl::StrCat("reduce_scatter ", op.ToString(), " ", c10::toString(dtype), " n=", n);
+          const std::string what = absl::StrCat("reduce_scatter ", op.ToString(), " ", c10::toString(dtype), " n=", n);
           ExpectValues(out, expected, what);
           EXPECT_TRUE(at::equal(in, in_copy)) << what << ": input was modified";
         }
@@ -166,8 +160,7 @@ TEST_P(Conformance, AllReduceEveryOp) {
           for (int64_t i = 0; i < n; ++i) {
             expected[i] = Reduce(op, W, [&](int r) { return Value(r, i); });
           }
-          ExpectValues(t, expected,
-                       absl::StrCat("all_reduce ", op.ToString(), " ", c10::toString(dtype), " n=", n));
+          ExpectValues(t, expected, absl::StrCat("all_reduce ", op.ToString(), " ", c10::toString(dtype), " n=", n));
         }
       }
     }
@@ -253,8 +246,7 @@ TEST_P(Conformance, SeveralOutstandingCollectivesCompleteInOrder) {
       works.push_back(pg->all_reduce(tensors.back(), ReduceOp::Sum()));
     }
     at::Tensor gathered = at::empty({W * 6}, at::TensorOptions().dtype(at::kFloat).device(device));
-    works.push_back(
-        pg->all_gather_into_tensor(gathered, RankTensor(pg->rank(), 6, at::kFloat, device)));
+    works.push_back(pg->all_gather_into_tensor(gathered, RankTensor(pg->rank(), 6, at::kFloat, device)));
     works.push_back(pg->barrier());
     for (int k = static_cast<int>(works.size()) - 1; k >= 0; --k) works[k]->wait();
     for (int k = 0; k < kCount; ++k) {
@@ -333,16 +325,14 @@ TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Conformance::ParamType>& info) {
-  return absl::StrCat(fsdp::testing::BackendName(std::get<0>(info.param)), "_w",
-                      std::get<1>(info.param));
+  return absl::StrCat(fsdp::testing::BackendName(std::get<0>(info.param)), "_w", std::get<1>(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, Conformance,
-    ::testing::Combine(::testing::Values(Backend::kThreaded, Backend::kGlooThreads,
-                                         Backend::kGlooProcesses),
-                       ::testing::Values(1, 2, 3, 4)),
-    ParamName);
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
+                         ::testing::Combine(::testing::Values(Backend::kThreaded, Backend::kGlooThreads,
+                                                              Backend::kGlooProcesses),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         ParamName);
 
 // One process per rank on GPU cuda:rank; world sizes beyond the visible GPUs skip ("needs W
 // GPUs, found N"), as does every case in a build without CUDA.

@@ -19,15 +19,12 @@ class FakeProcessGroup final : public ProcessGroup {
     for (int r = 0; r < size(); ++r) flat_out.narrow(0, r * n, n).copy_(input.reshape({-1}));
     return Done("all_gather_into_tensor", output);
   }
-  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
-                          ReduceOp) override {
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp) override {
     const int64_t n = output.numel();
     output.view({-1}).copy_(input.reshape({-1}).narrow(0, rank() * n, n));
     return Done("reduce_scatter_tensor", input);
   }
-  WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp) override {
-    return Done("all_reduce", tensor);
-  }
+  WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp) override { return Done("all_reduce", tensor); }
   WorkPtr DoBroadcast(const at::Tensor& tensor, int) override { return Done("broadcast", tensor); }
   WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor&, const std::vector<int64_t>&,
                      const std::vector<int64_t>&) override {
@@ -37,8 +34,7 @@ class FakeProcessGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i] == rank()) {
-        return CreateFakeProcessGroup(static_cast<int>(i), static_cast<int>(ranks.size()),
-                                      timeout());
+        return CreateFakeProcessGroup(static_cast<int>(i), static_cast<int>(ranks.size()), timeout());
       }
     }
     return nullptr;

@@ -14,8 +14,7 @@ namespace fsdp::comm {
 //   all_reduce, broadcast   leave the tensor unchanged;
 //   all_to_all_single       leaves the output unchanged; barrier does nothing;
 //   new_subgroup            returns a fake group of the member ranks.
-ProcessGroupPtr CreateFakeProcessGroup(int rank, int world_size,
-                                       Timeout timeout = kDefaultTimeout);
+ProcessGroupPtr CreateFakeProcessGroup(int rank, int world_size, Timeout timeout = kDefaultTimeout);
 
 }  // namespace fsdp::comm
 

@@ -33,23 +33,28 @@ fsdp::testing::RunOptions ShortTimeout() {
 // `fault`; returns each rank's error message ("" if none) and checks it came in time.
 std::vector<std::string> AllReduceWithFaultOnRankZero(Fault fault) {
   std::vector<std::string> errors(2);
-  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const ProcessGroupPtr& pg) {
-    ProcessGroupPtr group = pg->rank() == 0 ? std::make_shared<FaultyProcessGroup>(pg, std::vector<Fault>{fault}) : pg;
-    at::Tensor t = at::ones({4});
-    const auto start = Clock::now();
-    try {
-      group->all_reduce(t)->wait();
-    } catch (const c10::Error& e) {
-      errors[pg->rank()] = e.what_without_backtrace();
-    }
-    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3000)) << "rank " << pg->rank();
-  }, ShortTimeout());
+  fsdp::testing::RunOnRanks(
+      Backend::kThreaded, 2,
+      [&](const ProcessGroupPtr& pg) {
+        ProcessGroupPtr group =
+            pg->rank() == 0 ? std::make_shared<FaultyProcessGroup>(pg, std::vector<Fault>{fault}) : pg;
+        at::Tensor t = at::ones({4});
+        const auto start = Clock::now();
+        try {
+          group->all_reduce(t)->wait();
+        } catch (const c10::Error& e) {
+          errors[pg->rank()] = e.what_without_backtrace();
+        }
+        EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3000)) << "rank " << pg->rank();
+      },
+      ShortTimeout());
   return errors;
 }
 
 TEST(FaultyProcessGroup, AFailedCollectiveErrorsHereAndTimesOutOnThePeers) {
   const auto errors = AllReduceWithFaultOnRankZero({.kind = Fault::Kind::kFail, .index = 0});
-  EXPECT_TRUE(absl::StrContains(errors[0], "all_reduce Float[4] on faulty(threaded) rank 0/2 failed: injected fault")) << errors[0];
+  EXPECT_TRUE(absl::StrContains(errors[0], "all_reduce Float[4] on faulty(threaded) rank 0/2 failed: injected fault"))
+      << errors[0];
   EXPECT_TRUE(absl::StrContains(errors[1], "timed out after 400 ms")) << errors[1];
   EXPECT_TRUE(absl::StrContains(errors[1], "rank(s) [0] never joined it")) << errors[1];
 }
@@ -61,8 +66,8 @@ TEST(FaultyProcessGroup, AHungCollectiveTimesOutEverywhere) {
 }
 
 TEST(FaultyProcessGroup, DelaysPastTheTimeoutTimeOutShorterOnesSucceed) {
-  auto errors = AllReduceWithFaultOnRankZero(
-      {.kind = Fault::Kind::kDelay, .index = 0, .delay = std::chrono::milliseconds(50)});
+  auto errors =
+      AllReduceWithFaultOnRankZero({.kind = Fault::Kind::kDelay, .index = 0, .delay = std::chrono::milliseconds(50)});
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
   errors = AllReduceWithFaultOnRankZero({.kind = Fault::Kind::kDelay, .index = 0, .delay = std::chrono::seconds(5)});
@@ -74,8 +79,9 @@ TEST(FaultyProcessGroup, CorruptionChangesOnlyTheFaultedRanksOutput) {
   for (bool nan : {false, true}) {
     fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [nan](const ProcessGroupPtr& pg) {
       auto faulty = std::make_shared<FaultyProcessGroup>(
-          pg, std::vector<Fault>{{.kind = Fault::Kind::kCorrupt, .index = 1, .op = "all_gather_into_tensor",
-                                  .corrupt_with_nan = nan}});
+          pg,
+          std::vector<Fault>{
+              {.kind = Fault::Kind::kCorrupt, .index = 1, .op = "all_gather_into_tensor", .corrupt_with_nan = nan}});
       at::Tensor out = at::empty({4});
       faulty->all_gather_into_tensor(out, at::full({2}, 3.0f))->wait();  // call 0: clean
       EXPECT_TRUE(at::equal(out, at::full({4}, 3.0f)));
@@ -93,11 +99,11 @@ TEST(FaultyProcessGroup, CorruptionChangesOnlyTheFaultedRanksOutput) {
 
 TEST(FaultyProcessGroup, CountsPerOpAndOverAllOps) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [](const ProcessGroupPtr& pg) {
-    FaultyProcessGroup faulty(pg, {{.kind = Fault::Kind::kFail, .index = 1, .op = "broadcast"},
-                                   {.kind = Fault::Kind::kFail, .index = 3}});
+    FaultyProcessGroup faulty(
+        pg, {{.kind = Fault::Kind::kFail, .index = 1, .op = "broadcast"}, {.kind = Fault::Kind::kFail, .index = 3}});
     at::Tensor t = at::ones({2});
-    faulty.broadcast(t, 0)->wait();                                         // broadcast #0, call #0
-    faulty.all_reduce(t)->wait();                                           // call #1
+    faulty.broadcast(t, 0)->wait();                                           // broadcast #0, call #0
+    faulty.all_reduce(t)->wait();                                             // call #1
     EXPECT_ERROR_CONTAINS(faulty.broadcast(t, 0)->wait(), "injected fault");  // broadcast #1
     EXPECT_ERROR_CONTAINS(faulty.all_reduce(t)->wait(), "injected fault");    // call #3
     faulty.all_reduce(t)->wait();
@@ -112,22 +118,25 @@ void ExpectPeersOfAKilledRankNameIt(int victim) {
   fsdp::testing::RunOptions options;
   options.collective_timeout = std::chrono::milliseconds(3000);
   options.deadline = std::chrono::milliseconds(60000);
-  const auto outcomes = fsdp::testing::RunOnRanksCollect(Backend::kGlooProcesses, 3, [victim](const ProcessGroupPtr& pg) {
-    at::Tensor t = at::ones({1024});
-    pg->all_reduce(t)->wait();            // everyone alive
-    if (pg->rank() == victim) _exit(3);  // dies mid-step, no goodbye
-    const auto start = Clock::now();
-    try {
-      pg->all_reduce(t)->wait();
-    } catch (const c10::Error& e) {
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-      // Stay alive while the other survivor probes: only the victim may be named.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      // The parent reads the time from the message (a child's EXPECT would be lost).
-      TORCH_CHECK(false, "failed after ", ms, " ms: ", e.what_without_backtrace());
-    }
-    TORCH_CHECK(false, "all_reduce succeeded without rank ", victim);
-  }, options);
+  const auto outcomes = fsdp::testing::RunOnRanksCollect(
+      Backend::kGlooProcesses, 3,
+      [victim](const ProcessGroupPtr& pg) {
+        at::Tensor t = at::ones({1024});
+        pg->all_reduce(t)->wait();           // everyone alive
+        if (pg->rank() == victim) _exit(3);  // dies mid-step, no goodbye
+        const auto start = Clock::now();
+        try {
+          pg->all_reduce(t)->wait();
+        } catch (const c10::Error& e) {
+          const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+          // Stay alive while the other survivor probes: only the victim may be named.
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          // The parent reads the time from the message (a child's EXPECT would be lost).
+          TORCH_CHECK(false, "failed after ", ms, " ms: ", e.what_without_backtrace());
+        }
+        TORCH_CHECK(false, "all_reduce succeeded without rank ", victim);
+      },
+      options);
   ASSERT_EQ(outcomes.size(), 3u);
   for (int r = 0; r < 3; ++r) {
     const std::string& message = outcomes[r].message;
@@ -135,7 +144,8 @@ void ExpectPeersOfAKilledRankNameIt(int victim) {
     if (r == victim) continue;  // exited with 3 mid-test
     EXPECT_TRUE(absl::StrContains(message, "all_reduce(SUM) Float[1024] on gloo rank")) << message;
     // Gloo names the lost peer by address; the liveness probe adds its rank.
-    EXPECT_TRUE(absl::StrContains(message, absl::StrCat("lost rank(s) [", victim, "] of this group: their processes are gone")))
+    EXPECT_TRUE(
+        absl::StrContains(message, absl::StrCat("lost rank(s) [", victim, "] of this group: their processes are gone")))
         << message;
     int64_t ms = -1;
     const size_t at = message.find("failed after ");

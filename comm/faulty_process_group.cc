@@ -17,13 +17,12 @@ using Clock = std::chrono::steady_clock;
 // The Work of a faulted collective.
 class FaultWork final : public Work {
  public:
-  FaultWork(std::string description, Timeout timeout, Fault::Kind kind, WorkPtr inner,
-            std::chrono::milliseconds delay)
+  FaultWork(std::string description, Timeout timeout, Fault::Kind kind, WorkPtr inner, std::chrono::milliseconds delay)
       : Work(std::move(description), timeout), kind_(kind), inner_(std::move(inner)), ready_at_(Clock::now() + delay) {
     if (kind_ == Fault::Kind::kFail) {
-      error_ = std::make_exception_ptr(c10::DistBackendError(
-          {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-          absl::StrCat(this->description(), " failed: injected fault (FaultyProcessGroup)")));
+      error_ = std::make_exception_ptr(
+          c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                absl::StrCat(this->description(), " failed: injected fault (FaultyProcessGroup)")));
     }
   }
 
@@ -37,11 +36,8 @@ class FaultWork final : public Work {
  protected:
   bool WaitFor(Timeout timeout) override {
     switch (kind_) {
-      case Fault::Kind::kFail:
-        return true;
-      case Fault::Kind::kHang:
-        std::this_thread::sleep_for(timeout);
-        return false;
+      case Fault::Kind::kFail: return true;
+      case Fault::Kind::kHang: std::this_thread::sleep_for(timeout); return false;
       default: {
         const auto deadline = Clock::now() + timeout;
         if (ready_at_ > deadline) {

@@ -48,8 +48,7 @@ class FaultyProcessGroup final : public ProcessGroup {
   WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
   WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override;
   WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
-                     const std::vector<int64_t>& output_split_sizes,
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override;
   WorkPtr DoBarrier() override;
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;

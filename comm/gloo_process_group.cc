@@ -220,8 +220,7 @@ class GlooWork final : public Work {
       // peers' ranks (gloo names them by address) behind.
       const std::string lost = liveness_->Describe(/*retries=*/2);
       try {
-        TORCH_CHECK_WITH(DistBackendError, false, description(), " failed: ", e.what(), lost.empty() ? "" : "; ",
-                         lost);
+        TORCH_CHECK_WITH(DistBackendError, false, description(), " failed: ", e.what(), lost.empty() ? "" : "; ", lost);
       } catch (...) {
         error_ = std::current_exception();
       }
@@ -246,12 +245,10 @@ c10d::ReduceOp ToC10d(ReduceOp op) {
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
-  GlooProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                   const GlooOptions& options)
+  GlooProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GlooOptions& options)
       : ProcessGroup(rank, size, options.timeout), store_(store), options_(options) {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    gloo_options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
     gloo_options->threads = options.threads;
     const std::string address = LivenessAddress(options.hostname);
     store->set(absl::StrCat(kLivenessKey, rank), std::vector<uint8_t>(address.begin(), address.end()));
@@ -276,14 +273,12 @@ class GlooProcessGroup final : public ProcessGroup {
     return Wrap(what, backend_->all_gather_single(out, in));
   }
 
-  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
-                          ReduceOp op) override {
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     const std::string what = Describe(absl::StrCat("reduce_scatter_tensor(", op.ToString(), ")"), input);
     if (output.numel() == 0) return MakeCompletedWork(what);
     at::Tensor out = output.view({-1});
     // PREMUL_SUM must not modify the caller's input: scale a copy.
-    at::Tensor in = op.kind() == ReduceOpKind::kPremulSum ? input.view({-1}).mul(op.factor())
-                                                           : input.view({-1});
+    at::Tensor in = op.kind() == ReduceOpKind::kPremulSum ? input.view({-1}).mul(op.factor()) : input.view({-1});
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = ToC10d(op);
     // c10d's work keeps `in` (the scaled copy) alive until the collective finished.
@@ -313,13 +308,11 @@ class GlooProcessGroup final : public ProcessGroup {
     return Wrap(what, backend_->broadcast(tensors, opts));
   }
 
-  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
-                     const std::vector<int64_t>& output_split_sizes,
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override {
-    const std::string what = Describe(
-        absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","), "], out [",
-                     absl::StrJoin(output_split_sizes, ","), "])"),
-        input);
+    const std::string what = Describe(absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","),
+                                                   "], out [", absl::StrJoin(output_split_sizes, ","), "])"),
+                                      input);
     at::Tensor out = output;
     at::Tensor in = input;
     std::vector<int64_t> out_splits = output_split_sizes;
@@ -327,9 +320,7 @@ class GlooProcessGroup final : public ProcessGroup {
     return Wrap(what, backend_->all_to_all_single(out, in, out_splits, in_splits));
   }
 
-  WorkPtr DoBarrier() override {
-    return Wrap(absl::StrCat("barrier on ", WhoAmI()), backend_->barrier());
-  }
+  WorkPtr DoBarrier() override { return Wrap(absl::StrCat("barrier on ", WhoAmI()), backend_->barrier()); }
 
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
     const uint64_t index = next_split_++;
@@ -337,8 +328,8 @@ class GlooProcessGroup final : public ProcessGroup {
       if (ranks[i] != rank()) continue;
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
           absl::StrCat("fsdp_subgroup_", index, "_", absl::StrJoin(ranks, "_")), store_);
-      return std::make_shared<GlooProcessGroup>(prefixed, static_cast<int>(i),
-                                                static_cast<int>(ranks.size()), options_);
+      return std::make_shared<GlooProcessGroup>(prefixed, static_cast<int>(i), static_cast<int>(ranks.size()),
+                                                options_);
     }
     return nullptr;
   }
@@ -373,22 +364,19 @@ void CheckOptions(const GlooOptions& options) {
 
 }  // namespace
 
-ProcessGroupPtr CreateGlooProcessGroupWithFileStore(const std::string& store_path, int rank,
-                                                    int world_size, const GlooOptions& options) {
+ProcessGroupPtr CreateGlooProcessGroupWithFileStore(const std::string& store_path, int rank, int world_size,
+                                                    const GlooOptions& options) {
   CheckOptions(options);
-  TORCH_CHECK(world_size >= 1, "CreateGlooProcessGroupWithFileStore: world_size must be >= 1, got ",
-              world_size);
-  TORCH_CHECK(rank >= 0 && rank < world_size,
-              "CreateGlooProcessGroupWithFileStore: rank must be in [0, ", world_size, "), got ",
-              rank);
+  TORCH_CHECK(world_size >= 1, "CreateGlooProcessGroupWithFileStore: world_size must be >= 1, got ", world_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "CreateGlooProcessGroupWithFileStore: rank must be in [0, ", world_size,
+              "), got ", rank);
   TORCH_CHECK(!store_path.empty(), "CreateGlooProcessGroupWithFileStore: store_path is empty");
   auto store = c10::make_intrusive<c10d::FileStore>(store_path, world_size);
   store->setTimeout(options.timeout);
   return std::make_shared<GlooProcessGroup>(store, rank, world_size, options);
 }
 
-ProcessGroupPtr CreateGlooProcessGroupWithTcpStore(const TorchrunEnv& env,
-                                                   const GlooOptions& options) {
+ProcessGroupPtr CreateGlooProcessGroupWithTcpStore(const TorchrunEnv& env, const GlooOptions& options) {
   CheckOptions(options);
   auto store = internal::ConnectTcpStore(env, options.timeout, "CreateGlooProcessGroupWithTcpStore");
   return std::make_shared<GlooProcessGroup>(store, env.rank, env.world_size, options);

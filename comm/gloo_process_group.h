@@ -28,13 +28,11 @@ struct GlooOptions {
 
 // Ranks meet through a c10d::FileStore at `store_path` (ranks as threads or processes on
 // one machine). The file must not hold a previous run's keys: use a fresh path.
-ProcessGroupPtr CreateGlooProcessGroupWithFileStore(const std::string& store_path, int rank,
-                                                    int world_size,
+ProcessGroupPtr CreateGlooProcessGroupWithFileStore(const std::string& store_path, int rank, int world_size,
                                                     const GlooOptions& options = {});
 
 // Ranks meet through a c10d::TCPStore served by rank 0 at env.master_addr:master_port.
-ProcessGroupPtr CreateGlooProcessGroupWithTcpStore(const TorchrunEnv& env,
-                                                   const GlooOptions& options = {});
+ProcessGroupPtr CreateGlooProcessGroupWithTcpStore(const TorchrunEnv& env, const GlooOptions& options = {});
 
 // ReadTorchrunEnv() + CreateGlooProcessGroupWithTcpStore: what a program launched by
 // torchrun (or `./x run -n N`) calls.

@@ -42,9 +42,8 @@ struct NcclWatch {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::string description, Timeout timeout, std::shared_ptr<NcclComm> comm,
-           std::shared_ptr<CudaEvent> done, NcclWatch watch,
-           std::shared_ptr<Watchdog::Collective> watched)
+  NcclWork(std::string description, Timeout timeout, std::shared_ptr<NcclComm> comm, std::shared_ptr<CudaEvent> done,
+           NcclWatch watch, std::shared_ptr<Watchdog::Collective> watched)
       : Work(std::move(description), timeout),
         comm_(std::move(comm)),
         done_(std::move(done)),
@@ -59,16 +58,15 @@ class NcclWork final : public Work {
   // running (and later ones queue behind it) after the caller gave up on it.
   bool WaitFor(Timeout timeout) override {
     if (Poll(timeout)) return true;
-    const std::string message = absl::StrCat(
-        description(), " timed out after ", timeout.count(), " ms in Work::wait (still running on cuda:",
-        comm_->device(), "; a rank may not have joined it)");
+    const std::string message =
+        absl::StrCat(description(), " timed out after ", timeout.count(),
+                     " ms in Work::wait (still running on cuda:", comm_->device(), "; a rank may not have joined it)");
     if (watched_ == nullptr) {
       comm_->Abort();
       return false;  // Work::wait reports the timeout, with TimeoutDetail
     }
     watch_.watchdog->Fail(watch_.comm, watched_.get(),
-                          absl::StrCat(message, "; communicator ", watch_.comm->name(),
-                                       " aborted by the watchdog"));
+                          absl::StrCat(message, "; communicator ", watch_.comm->name(), " aborted by the watchdog"));
     return Poll(Timeout(0));  // failed now: by this timeout or a failure just before it
   }
 
@@ -90,7 +88,8 @@ class NcclWork final : public Work {
       // A communicator aborted by another Work's failure: this collective's result is lost
       // (its event may still complete, as abort makes the kernels exit).
       if (watched_ == nullptr && comm_->aborted()) {
-        return Fail(absl::StrCat(description(), " failed: the NCCL communicator was aborted "
+        return Fail(absl::StrCat(description(),
+                                 " failed: the NCCL communicator was aborted "
                                  "after an earlier failure"));
       }
       const cudaError_t query = cudaEventQuery(done_->get());
@@ -106,8 +105,8 @@ class NcclWork final : public Work {
         return finished_ = true;
       }
       if (query != cudaErrorNotReady) {
-        return FailAndAbort(absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(query),
-                                         " (", cudaGetErrorString(query), ")"));
+        return FailAndAbort(
+            absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(query), " (", cudaGetErrorString(query), ")"));
       }
       const ncclResult_t async = comm_->AsyncError();
       if (async != ncclSuccess) {
@@ -127,14 +126,14 @@ class NcclWork final : public Work {
       return Fail(absl::StrCat(description(), " failed: ", reason, "; communicator aborted"));
     }
     watch_.watchdog->Fail(watch_.comm, watched_.get(),
-                          absl::StrCat(description(), " failed: ", reason, "; communicator ",
-                                       watch_.comm->name(), " aborted by the watchdog"));
+                          absl::StrCat(description(), " failed: ", reason, "; communicator ", watch_.comm->name(),
+                                       " aborted by the watchdog"));
     return Fail(watched_->status().error);  // ours, or the failure that came first
   }
 
   bool Fail(std::string message) {
-    error_ = std::make_exception_ptr(c10::DistBackendError(
-        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(message)));
+    error_ = std::make_exception_ptr(
+        c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(message)));
     return finished_ = true;
   }
 
@@ -153,11 +152,10 @@ class NcclProcessGroup final : public ProcessGroup {
                    c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<Watchdog> watchdog)
       : ProcessGroup(rank, size, timeout), comm_(std::move(comm)), store_(std::move(store)) {
     if (watchdog != nullptr) {
-      watch_.comm = watchdog->AddCommunicator(
-          absl::StrCat(WhoAmI(), " on cuda:", comm_->device()),
-          [weak = std::weak_ptr<NcclComm>(comm_)] {
-            if (std::shared_ptr<NcclComm> c = weak.lock()) c->Abort();
-          });
+      watch_.comm = watchdog->AddCommunicator(absl::StrCat(WhoAmI(), " on cuda:", comm_->device()),
+                                              [weak = std::weak_ptr<NcclComm>(comm_)] {
+                                                if (std::shared_ptr<NcclComm> c = weak.lock()) c->Abort();
+                                              });
       watch_.watchdog = std::move(watchdog);
     }
   }
@@ -173,13 +171,11 @@ class NcclProcessGroup final : public ProcessGroup {
     const std::string what = Describe(kOp, input);
     if (input.numel() == 0) return MakeCompletedWork(what);
     return Enqueue(what, {output, input}, [&](ncclComm_t comm, cudaStream_t stream) {
-      FSDP_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(),
-                                    ncclUint8, comm, stream));
+      FSDP_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm, stream));
     });
   }
 
-  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
-                          ReduceOp op) override {
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     constexpr const char* kOp = "reduce_scatter_tensor";
     CheckOnDevice(kOp, "output", output);
     CheckOnDevice(kOp, "input", input);
@@ -188,8 +184,8 @@ class NcclProcessGroup final : public ProcessGroup {
     if (output.numel() == 0) return MakeCompletedWork(what);
     return Enqueue(what, {output, input}, [&](ncclComm_t comm, cudaStream_t stream) {
       NcclRedOp red(kOp, op, input, type, comm);
-      FSDP_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                                        type, red.get(), comm, stream));
+      FSDP_NCCL_CHECK(
+          ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type, red.get(), comm, stream));
       red.Release();
     });
   }
@@ -202,8 +198,8 @@ class NcclProcessGroup final : public ProcessGroup {
     if (tensor.numel() == 0) return MakeCompletedWork(what);
     return Enqueue(what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
       NcclRedOp red(kOp, op, tensor, type, comm);
-      FSDP_NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type,
-                                    red.get(), comm, stream));
+      FSDP_NCCL_CHECK(
+          ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), type, red.get(), comm, stream));
       red.Release();
     });
   }
@@ -214,24 +210,21 @@ class NcclProcessGroup final : public ProcessGroup {
     const std::string what = Describe(absl::StrCat(kOp, "(root=", root, ")"), tensor);
     if (tensor.numel() == 0) return MakeCompletedWork(what);
     return Enqueue(what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
-      FSDP_NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.nbytes(),
-                                    ncclUint8, root, comm, stream));
+      FSDP_NCCL_CHECK(
+          ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.nbytes(), ncclUint8, root, comm, stream));
     });
   }
 
-  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
-                     const std::vector<int64_t>& output_split_sizes,
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override {
     constexpr const char* kOp = "all_to_all_single";
     CheckOnDevice(kOp, "output", output);
     CheckOnDevice(kOp, "input", input);
-    const std::string what = Describe(
-        absl::StrCat(kOp, "(in [", absl::StrJoin(input_split_sizes, ","), "], out [",
-                     absl::StrJoin(output_split_sizes, ","), "])"),
-        input);
+    const std::string what = Describe(absl::StrCat(kOp, "(in [", absl::StrJoin(input_split_sizes, ","), "], out [",
+                                                   absl::StrJoin(output_split_sizes, ","), "])"),
+                                      input);
     // Validated: output and input agree beyond dim 0, so one row size serves both.
-    const size_t row_bytes =
-        input.element_size() * static_cast<size_t>(c10::multiply_integers(input.sizes().slice(1)));
+    const size_t row_bytes = input.element_size() * static_cast<size_t>(c10::multiply_integers(input.sizes().slice(1)));
     return Enqueue(what, {output, input}, [&](ncclComm_t comm, cudaStream_t stream) {
       const char* send = static_cast<const char*>(input.data_ptr());
       char* recv = static_cast<char*>(output.data_ptr());
@@ -273,26 +266,25 @@ class NcclProcessGroup final : public ProcessGroup {
     if (!member) return nullptr;
     TORCH_CHECK(child != nullptr, "new_subgroup on ", WhoAmI(),
                 ": ncclCommSplit returned no communicator for a member");
-    return std::make_shared<NcclProcessGroup>(
-        NcclComm::Adopt(child, comm_->device(), timeout()), static_cast<int>(it - ranks.begin()),
-        static_cast<int>(ranks.size()), timeout(), store_, watch_.watchdog);
+    return std::make_shared<NcclProcessGroup>(NcclComm::Adopt(child, comm_->device(), timeout()),
+                                              static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+                                              timeout(), store_, watch_.watchdog);
   }
 
  private:
   void CheckOnDevice(const char* op, const char* arg, const at::Tensor& t) const {
-    TORCH_CHECK(t.is_cuda(), op, ": ", arg, " must be a CUDA tensor for the nccl backend, got ",
-                arg, " on ", t.device().str());
-    TORCH_CHECK(t.device().index() == comm_->device(), op, ": ", arg, " must be on cuda:",
-                comm_->device(), " (this rank's NCCL device), got ", arg, " on ",
+    TORCH_CHECK(t.is_cuda(), op, ": ", arg, " must be a CUDA tensor for the nccl backend, got ", arg, " on ",
                 t.device().str());
+    TORCH_CHECK(t.device().index() == comm_->device(), op, ": ", arg, " must be on cuda:", comm_->device(),
+                " (this rank's NCCL device), got ", arg, " on ", t.device().str());
   }
 
   // "<op> <tensor> #<seq> on nccl rank r/W"; seq numbers this group's collectives, the
   // same on every rank, so mismatched calls can be matched up from the messages.
   std::string Describe(const std::string& op_text, const at::Tensor& t) {
     const uint64_t seq = next_seq_++;
-    return absl::StrCat(op_text, t.defined() ? " " : "", t.defined() ? DescribeTensor(t) : "",
-                        " #", seq, " on ", WhoAmI());
+    return absl::StrCat(op_text, t.defined() ? " " : "", t.defined() ? DescribeTensor(t) : "", " #", seq, " on ",
+                        WhoAmI());
   }
 
   // Runs `launch` on the group's stream after the default stream's queued work and returns
@@ -311,8 +303,7 @@ class NcclProcessGroup final : public ProcessGroup {
       // Throws if the communicator failed since the check above: the result is lost.
       watched = watch_.watchdog->Watch(watch_.comm, what, timeout(), MakeWatchPoll(comm_, done));
     }
-    return std::make_shared<NcclWork>(what, timeout(), comm_, std::move(done), watch_,
-                                      std::move(watched));
+    return std::make_shared<NcclWork>(what, timeout(), comm_, std::move(done), watch_, std::move(watched));
   }
 
   std::shared_ptr<NcclComm> comm_;
@@ -326,16 +317,14 @@ constexpr const char* kUniqueIdKey = "fsdp/nccl/unique_id";
 
 }  // namespace
 
-ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env,
-                                                   const NcclOptions& options) {
+ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env, const NcclOptions& options) {
   constexpr const char* kFn = "CreateNcclProcessGroupWithTcpStore";
-  TORCH_CHECK(options.timeout.count() > 0, kFn, ": NcclOptions.timeout must be positive, got ",
-              options.timeout.count(), " ms");
-  TORCH_CHECK(options.device_index >= -1, kFn, ": NcclOptions.device_index must be >= -1, got ",
-              options.device_index);
+  TORCH_CHECK(options.timeout.count() > 0, kFn, ": NcclOptions.timeout must be positive, got ", options.timeout.count(),
+              " ms");
+  TORCH_CHECK(options.device_index >= -1, kFn, ": NcclOptions.device_index must be >= -1, got ", options.device_index);
   TORCH_CHECK(!options.watchdog || options.watchdog_poll_interval.count() > 0, kFn,
-              ": NcclOptions.watchdog_poll_interval must be positive, got ",
-              options.watchdog_poll_interval.count(), " ms");
+              ": NcclOptions.watchdog_poll_interval must be positive, got ", options.watchdog_poll_interval.count(),
+              " ms");
   const int device = options.device_index >= 0 ? options.device_index : env.local_rank;
   int device_count = 0;
   FSDP_CUDA_CHECK(cudaGetDeviceCount(&device_count));
@@ -352,8 +341,8 @@ ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env,
     store->set(kUniqueIdKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {
     const std::vector<uint8_t> bytes = store->get(kUniqueIdKey);  // waits up to the timeout
-    TORCH_CHECK(bytes.size() == sizeof(id), kFn, ": the store's ", kUniqueIdKey, " holds ",
-                bytes.size(), " bytes, expected sizeof(ncclUniqueId) = ", sizeof(id));
+    TORCH_CHECK(bytes.size() == sizeof(id), kFn, ": the store's ", kUniqueIdKey, " holds ", bytes.size(),
+                " bytes, expected sizeof(ncclUniqueId) = ", sizeof(id));
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
 
@@ -367,9 +356,8 @@ ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env,
     watchdog_options.poll_interval = options.watchdog_poll_interval;
     watchdog = std::make_shared<Watchdog>(std::move(watchdog_options));
   }
-  return std::make_shared<NcclProcessGroup>(NcclComm::Adopt(comm, device, options.timeout),
-                                            env.rank, env.world_size, options.timeout, store,
-                                            std::move(watchdog));
+  return std::make_shared<NcclProcessGroup>(NcclComm::Adopt(comm, device, options.timeout), env.rank, env.world_size,
+                                            options.timeout, store, std::move(watchdog));
 }
 
 ProcessGroupPtr CreateNcclProcessGroupFromEnv(const NcclOptions& options) {

@@ -42,8 +42,7 @@ struct NcclOptions {
 
 // Ranks meet through a c10d::TCPStore served by rank 0 at env.master_addr:master_port;
 // rank 0 publishes the ncclUniqueId there.
-ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env,
-                                                   const NcclOptions& options = {});
+ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env, const NcclOptions& options = {});
 
 // ReadTorchrunEnv() + CreateNcclProcessGroupWithTcpStore.
 ProcessGroupPtr CreateNcclProcessGroupFromEnv(const NcclOptions& options = {});

@@ -60,8 +60,7 @@ TorchrunEnv OneRankEnv() {
 
 #ifndef FSDP_WITH_CUDA
 
-constexpr const char* kNotBuilt =
-    "NCCL backend not built: rebuild with --config=cuda (needs nvcc and NCCL)";
+constexpr const char* kNotBuilt = "NCCL backend not built: rebuild with --config=cuda (needs nvcc and NCCL)";
 
 TEST(NcclTest, UnavailableInDefaultBuild) { EXPECT_FALSE(NcclAvailable()); }
 
@@ -73,16 +72,15 @@ TEST(NcclTest, FactoriesSayHowToBuildIt) {
 #else  // FSDP_WITH_CUDA
 
 // Skips the test unless a GPU is visible, printing why.
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
-    int count = 0;                                                                      \
-    const cudaError_t status = cudaGetDeviceCount(&count);                              \
-    if (status != cudaSuccess) {                                                        \
-      (void)cudaGetLastError();                                                         \
-      GTEST_SKIP() << "no usable GPU: cudaGetDeviceCount failed: "                      \
-                   << cudaGetErrorString(status);                                       \
-    }                                                                                   \
-    if (count == 0) GTEST_SKIP() << "no usable GPU: cudaGetDeviceCount returned 0";      \
+#define SKIP_WITHOUT_GPU()                                                                        \
+  do {                                                                                            \
+    int count = 0;                                                                                \
+    const cudaError_t status = cudaGetDeviceCount(&count);                                        \
+    if (status != cudaSuccess) {                                                                  \
+      (void)cudaGetLastError();                                                                   \
+      GTEST_SKIP() << "no usable GPU: cudaGetDeviceCount failed: " << cudaGetErrorString(status); \
+    }                                                                                             \
+    if (count == 0) GTEST_SKIP() << "no usable GPU: cudaGetDeviceCount returned 0";               \
   } while (0)
 
 TEST(NcclTest, AvailableInCudaBuild) { EXPECT_TRUE(NcclAvailable()); }
@@ -118,11 +116,8 @@ TEST(NcclTest, OneRankGroup) {
 TEST(NcclTest, RejectsNonPositiveWatchdogPollInterval) {
   NcclOptions options;
   options.watchdog_poll_interval = std::chrono::milliseconds(0);
-  const std::string error =
-      ErrorOf([&] { CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options); });
-  EXPECT_NE(error.find("NcclOptions.watchdog_poll_interval must be positive, got 0 ms"),
-            std::string::npos)
-      << error;
+  const std::string error = ErrorOf([&] { CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options); });
+  EXPECT_NE(error.find("NcclOptions.watchdog_poll_interval must be positive, got 0 ms"), std::string::npos) << error;
 }
 
 TEST(NcclTest, OneRankGroupWithoutWatchdog) {

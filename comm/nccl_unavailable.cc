@@ -5,17 +5,14 @@
 
 namespace fsdp::comm {
 namespace {
-constexpr const char* kNotBuilt =
-    "NCCL backend not built: rebuild with --config=cuda (needs nvcc and NCCL)";
+constexpr const char* kNotBuilt = "NCCL backend not built: rebuild with --config=cuda (needs nvcc and NCCL)";
 }  // namespace
 
 ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv&, const NcclOptions&) {
   TORCH_CHECK(false, kNotBuilt);
 }
 
-ProcessGroupPtr CreateNcclProcessGroupFromEnv(const NcclOptions&) {
-  TORCH_CHECK(false, kNotBuilt);
-}
+ProcessGroupPtr CreateNcclProcessGroupFromEnv(const NcclOptions&) { TORCH_CHECK(false, kNotBuilt); }
 
 bool NcclAvailable() { return false; }
 

@@ -34,8 +34,8 @@ void Work::wait(Timeout timeout) {
   if (waited_) return;
   if (!WaitFor(timeout)) {
     std::string detail = TimeoutDetail();
-    TORCH_CHECK_WITH(DistBackendError, false, description_, " timed out after ",
-                     timeout.count(), " ms", detail.empty() ? "" : ": ", detail);
+    TORCH_CHECK_WITH(DistBackendError, false, description_, " timed out after ", timeout.count(), " ms",
+                     detail.empty() ? "" : ": ", detail);
   }
   if (std::exception_ptr error = exception()) std::rethrow_exception(error);
   if (completion_step_ && !completion_step_done_) {
@@ -68,9 +68,7 @@ class CompletedWork final : public Work {
 };
 }  // namespace
 
-WorkPtr MakeCompletedWork(std::string description) {
-  return std::make_shared<CompletedWork>(std::move(description));
-}
+WorkPtr MakeCompletedWork(std::string description) { return std::make_shared<CompletedWork>(std::move(description)); }
 
 // ------------------------------------------------------------------ validation
 
@@ -84,15 +82,14 @@ namespace {
 
 void CheckTensor(const char* op, const char* arg, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), op, ": ", arg, " is an undefined tensor");
-  TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous, got ", DescribeTensor(t),
-              " with strides [", absl::StrJoin(t.strides(), ", "), "]");
+  TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous, got ", DescribeTensor(t), " with strides [",
+              absl::StrJoin(t.strides(), ", "), "]");
   TORCH_CHECK(!t.is_sparse(), op, ": ", arg, " must be dense, got a sparse tensor");
 }
 
 void CheckSameKind(const char* op, const at::Tensor& output, const at::Tensor& input) {
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), op,
-              ": output and input dtypes differ: output ", DescribeTensor(output), ", input ",
-              DescribeTensor(input));
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), op, ": output and input dtypes differ: output ",
+              DescribeTensor(output), ", input ", DescribeTensor(input));
   TORCH_CHECK(output.device() == input.device(), op, ": output and input devices differ: output on ",
               output.device().str(), ", input on ", input.device().str());
 }
@@ -100,23 +97,20 @@ void CheckSameKind(const char* op, const at::Tensor& output, const at::Tensor& i
 void CheckReduceOp(const char* op, const at::Tensor& t, ReduceOp reduce_op) {
   const auto dtype = t.scalar_type();
   const bool integral = at::isIntegralType(dtype, /*includeBool=*/true);
-  TORCH_CHECK(!(integral && reduce_op.kind() == ReduceOpKind::kPremulSum), op, ": ",
-              reduce_op.ToString(), " needs a floating-point tensor, got ", DescribeTensor(t));
+  TORCH_CHECK(!(integral && reduce_op.kind() == ReduceOpKind::kPremulSum), op, ": ", reduce_op.ToString(),
+              " needs a floating-point tensor, got ", DescribeTensor(t));
   TORCH_CHECK(!(integral && reduce_op.kind() == ReduceOpKind::kAvg), op,
-              ": AVG needs a floating-point tensor (integer division would truncate), got ",
-              DescribeTensor(t));
-  TORCH_CHECK(!(at::isComplexType(dtype) && (reduce_op.kind() == ReduceOpKind::kMax ||
-                                              reduce_op.kind() == ReduceOpKind::kMin)),
-              op, ": ", reduce_op.ToString(), " is undefined for complex tensors, got ",
-              DescribeTensor(t));
+              ": AVG needs a floating-point tensor (integer division would truncate), got ", DescribeTensor(t));
+  TORCH_CHECK(
+      !(at::isComplexType(dtype) && (reduce_op.kind() == ReduceOpKind::kMax || reduce_op.kind() == ReduceOpKind::kMin)),
+      op, ": ", reduce_op.ToString(), " is undefined for complex tensors, got ", DescribeTensor(t));
   TORCH_CHECK(!(dtype == at::kBool && reduce_op.kind() == ReduceOpKind::kSum), op,
               ": SUM on a Bool tensor is not supported; use MAX (logical or) or MIN (and)");
 }
 
 }  // namespace
 
-std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at::Tensor& t,
-                                   int world_size) {
+std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at::Tensor& t, int world_size) {
   if (!splits.empty()) return splits;
   const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
   return std::vector<int64_t>(world_size, rows / world_size);
@@ -124,17 +118,14 @@ std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at:
 
 // ------------------------------------------------------------------ ProcessGroup
 
-ProcessGroup::ProcessGroup(int rank, int size, Timeout timeout)
-    : rank_(rank), size_(size), timeout_(timeout) {
+ProcessGroup::ProcessGroup(int rank, int size, Timeout timeout) : rank_(rank), size_(size), timeout_(timeout) {
   TORCH_CHECK(size >= 1, "ProcessGroup: size must be >= 1, got ", size);
-  TORCH_CHECK(rank >= 0 && rank < size, "ProcessGroup: rank must be in [0, ", size, "), got ",
-              rank);
-  TORCH_CHECK(timeout.count() > 0, "ProcessGroup: timeout must be positive, got ",
-              timeout.count(), " ms");
+  TORCH_CHECK(rank >= 0 && rank < size, "ProcessGroup: rank must be in [0, ", size, "), got ", rank);
+  TORCH_CHECK(timeout.count() > 0, "ProcessGroup: timeout must be positive, got ", timeout.count(), " ms");
 }
 
-void ProcessGroup::CheckShardedPair(const char* op, const at::Tensor& output,
-                                    const at::Tensor& input, bool output_is_full) const {
+void ProcessGroup::CheckShardedPair(const char* op, const at::Tensor& output, const at::Tensor& input,
+                                    bool output_is_full) const {
   CheckTensor(op, "output", output);
   CheckTensor(op, "input", input);
   CheckSameKind(op, output, input);
@@ -142,23 +133,19 @@ void ProcessGroup::CheckShardedPair(const char* op, const at::Tensor& output,
   const char* shard_name = output_is_full ? "input" : "output";
   const at::Tensor& full = output_is_full ? output : input;
   const at::Tensor& shard = output_is_full ? input : output;
-  TORCH_CHECK(full.numel() == shard.numel() * size_, op, ": ", full_name,
-              " must have world_size (", size_, ") x ", shard_name, " numel (", shard.numel(),
-              ") = ", shard.numel() * size_, " elements, got ", full_name, " ",
+  TORCH_CHECK(full.numel() == shard.numel() * size_, op, ": ", full_name, " must have world_size (", size_, ") x ",
+              shard_name, " numel (", shard.numel(), ") = ", shard.numel() * size_, " elements, got ", full_name, " ",
               DescribeTensor(full), " with ", full.numel());
 }
 
-std::string ProcessGroup::WhoAmI() const {
-  return absl::StrCat(backend_name(), " rank ", rank_, "/", size_);
-}
+std::string ProcessGroup::WhoAmI() const { return absl::StrCat(backend_name(), " rank ", rank_, "/", size_); }
 
 WorkPtr ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
   CheckShardedPair("all_gather_into_tensor", output, input, /*output_is_full=*/true);
   return DoAllGather(output, input);
 }
 
-WorkPtr ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
-                                            ReduceOp op) {
+WorkPtr ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   CheckShardedPair("reduce_scatter_tensor", output, input, /*output_is_full=*/false);
   CheckReduceOp("reduce_scatter_tensor", input, op);
   return DoReduceScatter(output, input, op);
@@ -185,30 +172,27 @@ WorkPtr ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tens
   CheckTensor(kOp, "output", output);
   CheckTensor(kOp, "input", input);
   CheckSameKind(kOp, output, input);
-  const auto check_splits = [&](const char* arg, const at::Tensor& t,
-                                const std::vector<int64_t>& splits) {
-    TORCH_CHECK(t.dim() >= 1, kOp, ": ", arg, " must have at least one dimension, got ",
-                DescribeTensor(t));
+  const auto check_splits = [&](const char* arg, const at::Tensor& t, const std::vector<int64_t>& splits) {
+    TORCH_CHECK(t.dim() >= 1, kOp, ": ", arg, " must have at least one dimension, got ", DescribeTensor(t));
     if (splits.empty()) {
-      TORCH_CHECK(t.size(0) % size_ == 0, kOp, ": ", arg, " dim 0 (", t.size(0),
-                  ") must divide by world_size (", size_, ") when no split sizes are given");
+      TORCH_CHECK(t.size(0) % size_ == 0, kOp, ": ", arg, " dim 0 (", t.size(0), ") must divide by world_size (", size_,
+                  ") when no split sizes are given");
       return;
     }
-    TORCH_CHECK(static_cast<int>(splits.size()) == size_, kOp, ": ", arg,
-                "_split_sizes must have world_size (", size_, ") entries, got ", splits.size());
+    TORCH_CHECK(static_cast<int>(splits.size()) == size_, kOp, ": ", arg, "_split_sizes must have world_size (", size_,
+                ") entries, got ", splits.size());
     for (size_t i = 0; i < splits.size(); ++i) {
-      TORCH_CHECK(splits[i] >= 0, kOp, ": ", arg, "_split_sizes[", i,
-                  "] must be >= 0, got ", splits[i]);
+      TORCH_CHECK(splits[i] >= 0, kOp, ": ", arg, "_split_sizes[", i, "] must be >= 0, got ", splits[i]);
     }
     const int64_t total = std::accumulate(splits.begin(), splits.end(), int64_t{0});
-    TORCH_CHECK(total == t.size(0), kOp, ": ", arg, "_split_sizes sum to ", total, " but ", arg,
-                " dim 0 is ", t.size(0));
+    TORCH_CHECK(total == t.size(0), kOp, ": ", arg, "_split_sizes sum to ", total, " but ", arg, " dim 0 is ",
+                t.size(0));
   };
   check_splits("output", output, output_split_sizes);
   check_splits("input", input, input_split_sizes);
   TORCH_CHECK(output.sizes().slice(1) == input.sizes().slice(1), kOp,
-              ": output and input must agree beyond dim 0, got output ", DescribeTensor(output),
-              " and input ", DescribeTensor(input));
+              ": output and input must agree beyond dim 0, got output ", DescribeTensor(output), " and input ",
+              DescribeTensor(input));
   return DoAllToAll(output, input, ResolveSplits(output_split_sizes, output, size_),
                     ResolveSplits(input_split_sizes, input, size_));
 }
@@ -220,8 +204,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
   for (size_t i = 0; i < ranks.size(); ++i) {
     TORCH_CHECK(ranks[i] >= 0 && ranks[i] < size_, "new_subgroup: ranks[", i, "] = ", ranks[i],
                 " is not a rank of this group of size ", size_);
-    TORCH_CHECK(i == 0 || ranks[i] > ranks[i - 1],
-                "new_subgroup: ranks must be sorted and unique, got [",
+    TORCH_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_subgroup: ranks must be sorted and unique, got [",
                 absl::StrJoin(ranks, ", "), "]");
   }
   return DoNewSubgroup(ranks);

@@ -42,8 +42,7 @@ class ProcessGroup {
   WorkPtr all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
   // output (input.numel() / size() elements) = reduction over ranks of input's rank-th
   // chunk of the flattened input.
-  WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
-                                ReduceOp op = ReduceOp::Sum());
+  WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::Sum());
   // In place: tensor = reduction over ranks of tensor.
   WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum());
   // In place: tensor = root's tensor.
@@ -51,8 +50,7 @@ class ProcessGroup {
   // Splits along dim 0: input's i-th piece goes to rank i; output's j-th piece comes from
   // rank j. Empty split sizes mean equal pieces (dim 0 must then divide by size()).
   WorkPtr all_to_all_single(const at::Tensor& output, const at::Tensor& input,
-                            std::vector<int64_t> output_split_sizes = {},
-                            std::vector<int64_t> input_split_sizes = {});
+                            std::vector<int64_t> output_split_sizes = {}, std::vector<int64_t> input_split_sizes = {});
   WorkPtr barrier();
 
   // Creates the group of `ranks` (of this group; sorted, unique). Collective over THIS
@@ -66,8 +64,7 @@ class ProcessGroup {
   // Backend hooks, called with validated arguments. `description` names the collective
   // for error messages.
   virtual WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) = 0;
-  virtual WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
-                                  ReduceOp op) = 0;
+  virtual WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) = 0;
   virtual WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) = 0;
   virtual WorkPtr DoBroadcast(const at::Tensor& tensor, int root) = 0;
   virtual WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
@@ -81,8 +78,7 @@ class ProcessGroup {
 
  private:
   // Validates an all-gather / reduce-scatter pair: the full buffer holds size() shards.
-  void CheckShardedPair(const char* op, const at::Tensor& output, const at::Tensor& input,
-                        bool output_is_full) const;
+  void CheckShardedPair(const char* op, const at::Tensor& output, const at::Tensor& input, bool output_is_full) const;
 
   int rank_;
   int size_;
@@ -95,8 +91,7 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 std::string DescribeTensor(const at::Tensor& t);
 
 // Equal split sizes along dim 0 when `splits` is empty, else `splits`.
-std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at::Tensor& t,
-                                   int world_size);
+std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at::Tensor& t, int world_size);
 
 }  // namespace fsdp::comm
 

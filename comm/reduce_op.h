@@ -24,9 +24,7 @@ class ReduceOp {
   // "SUM", "AVG", "MAX", "MIN" or "PREMUL_SUM(0.25)".
   std::string ToString() const;
 
-  friend bool operator==(const ReduceOp& a, const ReduceOp& b) {
-    return a.kind_ == b.kind_ && a.factor_ == b.factor_;
-  }
+  friend bool operator==(const ReduceOp& a, const ReduceOp& b) { return a.kind_ == b.kind_ && a.factor_ == b.factor_; }
 
  private:
   ReduceOp(ReduceOpKind kind, double factor) : kind_(kind), factor_(factor) {}

@@ -90,30 +90,24 @@ std::string FindMismatch(const Rendezvous& rv, uint64_t seq) {
     if (same) {
       switch (first.kind) {
         case OpKind::kAllGather:
-        case OpKind::kReduceScatter:
-          same = other.input.numel() == first.input.numel();
-          break;
+        case OpKind::kReduceScatter: same = other.input.numel() == first.input.numel(); break;
         case OpKind::kAllReduce:
-        case OpKind::kBroadcast:
-          same = other.input.sizes() == first.input.sizes();
-          break;
+        case OpKind::kBroadcast: same = other.input.sizes() == first.input.sizes(); break;
         case OpKind::kAllToAll:
-        case OpKind::kBarrier:
-          break;
+        case OpKind::kBarrier: break;
       }
     }
     if (!same) {
-      return absl::StrCat("collective mismatch at #", seq, ": rank 0 called ", first.text,
-                          " but rank ", r, " called ", other.text);
+      return absl::StrCat("collective mismatch at #", seq, ": rank 0 called ", first.text, " but rank ", r, " called ",
+                          other.text);
     }
   }
   if (first.kind == OpKind::kAllToAll) {
     for (size_t i = 0; i < rv.calls.size(); ++i) {
       for (size_t j = 0; j < rv.calls.size(); ++j) {
         if (rv.calls[i].output_splits[j] != rv.calls[j].input_splits[i]) {
-          return absl::StrCat("all_to_all_single #", seq, ": rank ", i, " expects ",
-                              rv.calls[i].output_splits[j], " rows from rank ", j,
-                              " but rank ", j, " sends ", rv.calls[j].input_splits[i]);
+          return absl::StrCat("all_to_all_single #", seq, ": rank ", i, " expects ", rv.calls[i].output_splits[j],
+                              " rows from rank ", j, " but rank ", j, " sends ", rv.calls[j].input_splits[i]);
         }
       }
     }
@@ -177,8 +171,7 @@ void Execute(Rendezvous& rv) {
       }
       break;
     }
-    case OpKind::kBarrier:
-      break;
+    case OpKind::kBarrier: break;
   }
 }
 
@@ -263,25 +256,19 @@ class World : public std::enable_shared_from_this<World> {
   std::mutex mu_;  // std::mutex, not absl::Mutex: see Done
   std::map<uint64_t, std::shared_ptr<Rendezvous>> pending_;
   std::string abort_reason_;
-  std::map<std::pair<uint64_t, std::vector<int>>, std::shared_ptr<World>> subworlds_
-     ;
+  std::map<std::pair<uint64_t, std::vector<int>>, std::shared_ptr<World>> subworlds_;
 };
 
 class ThreadedWork final : public Work {
  public:
-  ThreadedWork(std::string description, Timeout timeout, std::shared_ptr<World> world,
-               std::shared_ptr<Rendezvous> rv)
+  ThreadedWork(std::string description, Timeout timeout, std::shared_ptr<World> world, std::shared_ptr<Rendezvous> rv)
       : Work(std::move(description), timeout), world_(std::move(world)), rv_(std::move(rv)) {}
 
   bool is_completed() override { return rv_->done.HasBeenNotified(); }
-  std::exception_ptr exception() override {
-    return rv_->done.HasBeenNotified() ? rv_->error : nullptr;
-  }
+  std::exception_ptr exception() override { return rv_->done.HasBeenNotified() ? rv_->error : nullptr; }
 
  protected:
-  bool WaitFor(Timeout timeout) override {
-    return rv_->done.WaitFor(timeout);
-  }
+  bool WaitFor(Timeout timeout) override { return rv_->done.WaitFor(timeout); }
   std::string TimeoutDetail() override { return world_->MissingRanks(*rv_); }
 
  private:
@@ -301,29 +288,26 @@ class ThreadedProcessGroup final : public ProcessGroup {
   WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override {
     return Submit({OpKind::kAllGather, output, input}, "all_gather_into_tensor", input);
   }
-  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input,
-                          ReduceOp op) override {
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     return Submit({OpKind::kReduceScatter, output, input, op},
                   absl::StrCat("reduce_scatter_tensor(", op.ToString(), ")"), input);
   }
   WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override {
-    return Submit({OpKind::kAllReduce, tensor, tensor, op},
-                  absl::StrCat("all_reduce(", op.ToString(), ")"), tensor);
+    return Submit({OpKind::kAllReduce, tensor, tensor, op}, absl::StrCat("all_reduce(", op.ToString(), ")"), tensor);
   }
   WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override {
     Call call{OpKind::kBroadcast, tensor, tensor};
     call.root = root;
     return Submit(std::move(call), absl::StrCat("broadcast(root=", root, ")"), tensor);
   }
-  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input,
-                     const std::vector<int64_t>& output_split_sizes,
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override {
     Call call{OpKind::kAllToAll, output, input};
     call.output_splits = output_split_sizes;
     call.input_splits = input_split_sizes;
     return Submit(std::move(call),
-                  absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","),
-                               "], out [", absl::StrJoin(output_split_sizes, ","), "])"),
+                  absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","), "], out [",
+                               absl::StrJoin(output_split_sizes, ","), "])"),
                   input);
   }
   WorkPtr DoBarrier() override { return Submit({OpKind::kBarrier}, "barrier", at::Tensor()); }
@@ -344,8 +328,7 @@ class ThreadedProcessGroup final : public ProcessGroup {
     call.text = shown.defined() ? absl::StrCat(op_text, " ", DescribeTensor(shown)) : op_text;
     std::string description = absl::StrCat(call.text, " #", seq, " on ", WhoAmI());
     auto rv = world_->Join(seq, rank(), std::move(call));
-    return std::make_shared<ThreadedWork>(std::move(description), timeout(), world_,
-                                          std::move(rv));
+    return std::make_shared<ThreadedWork>(std::move(description), timeout(), world_, std::move(rv));
   }
 
   std::shared_ptr<World> world_;
@@ -356,8 +339,7 @@ class ThreadedProcessGroup final : public ProcessGroup {
 }  // namespace
 
 std::vector<ProcessGroupPtr> CreateThreadedProcessGroups(int world_size, Timeout timeout) {
-  TORCH_CHECK(world_size >= 1, "CreateThreadedProcessGroups: world_size must be >= 1, got ",
-              world_size);
+  TORCH_CHECK(world_size >= 1, "CreateThreadedProcessGroups: world_size must be >= 1, got ", world_size);
   auto world = std::make_shared<World>(world_size);
   std::vector<ProcessGroupPtr> groups;
   for (int r = 0; r < world_size; ++r) {

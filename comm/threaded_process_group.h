@@ -17,8 +17,7 @@ namespace fsdp::comm {
 // Work at once, so several collectives can be outstanding). Ranks that disagree about the
 // k-th collective (op, dtype, shape, reduce op, root) all get an error naming both calls.
 // Reductions run in rank order, f16/bf16 accumulate in f32: results are deterministic.
-std::vector<ProcessGroupPtr> CreateThreadedProcessGroups(int world_size,
-                                                         Timeout timeout = kDefaultTimeout);
+std::vector<ProcessGroupPtr> CreateThreadedProcessGroups(int world_size, Timeout timeout = kDefaultTimeout);
 
 // Fails every pending and future collective of `group`'s world with `reason` (used by the
 // test runner when one rank's thread dies, so the others stop waiting at once).

@@ -27,23 +27,21 @@ std::string Required(const std::function<std::optional<std::string>(const std::s
 
 int ParseInt(const std::string& name, const std::string& text, int min, int max) {
   int value = 0;
-  TORCH_CHECK(absl::SimpleAtoi(text, &value), "torchrun environment: ", name,
-              " must be an integer, got '", text, "'");
-  TORCH_CHECK(value >= min && value <= max, "torchrun environment: ", name, " must be in [", min,
-              ", ", max, "], got ", value);
+  TORCH_CHECK(absl::SimpleAtoi(text, &value), "torchrun environment: ", name, " must be an integer, got '", text, "'");
+  TORCH_CHECK(value >= min && value <= max, "torchrun environment: ", name, " must be in [", min, ", ", max, "], got ",
+              value);
   return value;
 }
 
 }  // namespace
 
-TorchrunEnv ReadTorchrunEnv(
-    const std::function<std::optional<std::string>(const std::string&)>& getenv_in) {
+TorchrunEnv ReadTorchrunEnv(const std::function<std::optional<std::string>(const std::string&)>& getenv_in) {
   const auto getenv = getenv_in ? getenv_in : ProcessEnv;
   TorchrunEnv env;
   env.world_size = ParseInt("WORLD_SIZE", Required(getenv, "WORLD_SIZE"), 1, 1 << 20);
   env.rank = ParseInt("RANK", Required(getenv, "RANK"), 0, 1 << 20);
-  TORCH_CHECK(env.rank < env.world_size, "torchrun environment: RANK (", env.rank,
-              ") must be < WORLD_SIZE (", env.world_size, ")");
+  TORCH_CHECK(env.rank < env.world_size, "torchrun environment: RANK (", env.rank, ") must be < WORLD_SIZE (",
+              env.world_size, ")");
   std::optional<std::string> local = getenv("LOCAL_RANK");
   env.local_rank = local ? ParseInt("LOCAL_RANK", *local, 0, env.world_size - 1) : env.rank;
   env.master_addr = Required(getenv, "MASTER_ADDR");

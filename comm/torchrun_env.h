@@ -20,8 +20,7 @@ struct TorchrunEnv {
 // Reads and validates the contract from `getenv` (the process environment by default).
 // Throws c10::Error naming the variable and its bad value when one is missing, not an
 // integer, out of range (RANK >= WORLD_SIZE, port outside 1..65535, ...) or empty.
-TorchrunEnv ReadTorchrunEnv(
-    const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
+TorchrunEnv ReadTorchrunEnv(const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
 
 }  // namespace fsdp::comm
 

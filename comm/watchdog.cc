@@ -33,8 +33,8 @@ size_t Watchdog::Communicator::num_in_flight() const {
 
 // ------------------------------------------------------------------ Collective
 
-Watchdog::Collective::Collective(std::shared_ptr<Communicator> comm, std::string description,
-                                 Timeout timeout, std::function<WatchPoll()> poll)
+Watchdog::Collective::Collective(std::shared_ptr<Communicator> comm, std::string description, Timeout timeout,
+                                 std::function<WatchPoll()> poll)
     : comm_(std::move(comm)),
       description_(std::move(description)),
       timeout_(timeout),
@@ -48,16 +48,13 @@ WatchPoll Watchdog::Collective::status() const {
   if (!comm_->failed_.load(std::memory_order_relaxed)) return WatchPoll::Running();
   if (comm_->culprit_ == this) return WatchPoll::Failed(comm_->error_);
   return WatchPoll::Failed(absl::StrCat(description_, " failed: communicator ", comm_->name_,
-                                        " aborted by the watchdog after an earlier failure: ",
-                                        comm_->error_));
+                                        " aborted by the watchdog after an earlier failure: ", comm_->error_));
 }
 
 WatchPoll Watchdog::Collective::Wait(Timeout timeout) const {
   {
     std::unique_lock<std::mutex> lock(comm_->mu_);
-    comm_->cv_.wait_for(lock, timeout, [&] {
-      return done_ || comm_->failed_.load(std::memory_order_relaxed);
-    });
+    comm_->cv_.wait_for(lock, timeout, [&] { return done_ || comm_->failed_.load(std::memory_order_relaxed); });
   }
   return status();
 }
@@ -65,16 +62,14 @@ WatchPoll Watchdog::Collective::Wait(Timeout timeout) const {
 // ------------------------------------------------------------------ Watchdog
 
 Watchdog::Watchdog(WatchdogOptions options) : options_(std::move(options)) {
-  TORCH_CHECK(options_.poll_interval.count() > 0,
-              "Watchdog: poll_interval must be positive, got ", options_.poll_interval.count(),
-              " ms");
+  TORCH_CHECK(options_.poll_interval.count() > 0, "Watchdog: poll_interval must be positive, got ",
+              options_.poll_interval.count(), " ms");
   thread_ = std::thread([this] { Run(); });
 }
 
 Watchdog::~Watchdog() { Shutdown(); }
 
-std::shared_ptr<Watchdog::Communicator> Watchdog::AddCommunicator(std::string name,
-                                                                  std::function<void()> abort) {
+std::shared_ptr<Watchdog::Communicator> Watchdog::AddCommunicator(std::string name, std::function<void()> abort) {
   return std::shared_ptr<Communicator>(new Communicator(std::move(name), std::move(abort)));
 }
 
@@ -82,14 +77,12 @@ std::shared_ptr<Watchdog::Collective> Watchdog::Watch(const std::shared_ptr<Comm
                                                       std::string description, Timeout timeout,
                                                       std::function<WatchPoll()> poll) {
   TORCH_CHECK(comm != nullptr, "Watchdog::Watch(", description, "): null communicator");
-  TORCH_CHECK(timeout.count() > 0, "Watchdog::Watch(", description,
-              "): timeout must be positive, got ", timeout.count(), " ms");
+  TORCH_CHECK(timeout.count() > 0, "Watchdog::Watch(", description, "): timeout must be positive, got ",
+              timeout.count(), " ms");
   TORCH_CHECK(poll != nullptr, "Watchdog::Watch(", description, "): null poll");
-  std::shared_ptr<Collective> collective(
-      new Collective(comm, std::move(description), timeout, std::move(poll)));
+  std::shared_ptr<Collective> collective(new Collective(comm, std::move(description), timeout, std::move(poll)));
   std::lock_guard<std::mutex> lock(mu_);
-  TORCH_CHECK(!stop_, "Watchdog::Watch(", collective->description(),
-              "): the watchdog was shut down");
+  TORCH_CHECK(!stop_, "Watchdog::Watch(", collective->description(), "): the watchdog was shut down");
   bool failed = false;
   {
     // Under comm->mu_: a failure either happened before (throw) or will count this one.
@@ -103,8 +96,7 @@ std::shared_ptr<Watchdog::Collective> Watchdog::Watch(const std::shared_ptr<Comm
   return collective;
 }
 
-bool Watchdog::Fail(const std::shared_ptr<Communicator>& comm, const Collective* culprit,
-                    const std::string& message) {
+bool Watchdog::Fail(const std::shared_ptr<Communicator>& comm, const Collective* culprit, const std::string& message) {
   TORCH_CHECK(comm != nullptr, "Watchdog::Fail: null communicator");
   size_t in_flight = 0;
   {
@@ -128,9 +120,8 @@ bool Watchdog::Fail(const std::shared_ptr<Communicator>& comm, const Collective*
   }
   // Waiters wake once the abort returned (failed_ was set under mu_: no lost wake-up).
   comm->cv_.notify_all();
-  const std::string line =
-      absl::StrCat("[fsdp watchdog] ", message, abort_note, " [communicator ", comm->name_,
-                   " aborted; ", in_flight, " in-flight collective(s) failed]");
+  const std::string line = absl::StrCat("[fsdp watchdog] ", message, abort_note, " [communicator ", comm->name_,
+                                        " aborted; ", in_flight, " in-flight collective(s) failed]");
   try {
     if (options_.log) {
       options_.log(line);
@@ -207,16 +198,14 @@ void Watchdog::Tick() {
         finished = true;
       } else if (result.state == WatchPoll::State::kFailed) {
         Fail(c->comm_, c.get(),
-             absl::StrCat(c->description_, " failed: ", result.error, "; communicator ",
-                          comm.name_, " aborted by the watchdog"));
+             absl::StrCat(c->description_, " failed: ", result.error, "; communicator ", comm.name_,
+                          " aborted by the watchdog"));
         finished = true;
       } else if (before_poll >= c->deadline_) {
-        const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(
-            before_poll - c->start_);
+        const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(before_poll - c->start_);
         Fail(c->comm_, c.get(),
-             absl::StrCat(c->description_, " timed out after ", c->timeout_.count(),
-                          " ms (watchdog: still running ", ran.count(),
-                          " ms after it was enqueued); communicator ", comm.name_,
+             absl::StrCat(c->description_, " timed out after ", c->timeout_.count(), " ms (watchdog: still running ",
+                          ran.count(), " ms after it was enqueued); communicator ", comm.name_,
                           " aborted by the watchdog"));
         finished = true;
       }

@@ -70,15 +70,14 @@ class Watchdog {
 
    private:
     friend class Watchdog;
-    Communicator(std::string name, std::function<void()> abort)
-        : name_(std::move(name)), abort_(std::move(abort)) {}
+    Communicator(std::string name, std::function<void()> abort) : name_(std::move(name)), abort_(std::move(abort)) {}
 
     const std::string name_;
     const std::function<void()> abort_;
     std::atomic<bool> failed_{false};
     mutable std::mutex mu_;
-    std::condition_variable cv_;  // signalled when a collective finishes or it fails
-    std::string error_;           // guarded by mu_
+    std::condition_variable cv_;     // signalled when a collective finishes or it fails
+    std::string error_;              // guarded by mu_
     const void* culprit_ = nullptr;  // guarded by mu_: the Collective that failed first
     size_t in_flight_ = 0;           // guarded by mu_
   };
@@ -132,16 +131,14 @@ class Watchdog {
   // the communicator failed, and is destroyed then. A collective still running at its
   // deadline times out. Throws comm->ThrowIfFailed's error when `comm` already failed, and
   // c10::Error after Shutdown().
-  std::shared_ptr<Collective> Watch(const std::shared_ptr<Communicator>& comm,
-                                    std::string description, Timeout timeout,
+  std::shared_ptr<Collective> Watch(const std::shared_ptr<Communicator>& comm, std::string description, Timeout timeout,
                                     std::function<WatchPoll()> poll);
 
   // Fails `comm` from outside the thread (e.g. Work::wait saw a timeout or an async error):
   // as for a failure the thread detected, unless `comm` already failed (then a no-op).
   // `culprit` (may be null) gets exactly `message` as its error; other collectives name it.
   // Returns whether this call failed the communicator.
-  bool Fail(const std::shared_ptr<Communicator>& comm, const Collective* culprit,
-            const std::string& message);
+  bool Fail(const std::shared_ptr<Communicator>& comm, const Collective* culprit, const std::string& message);
 
   // Stops and joins the thread promptly (it does not wait for collectives or deadlines),
   // then drops the watched collectives and destroys their polls; their statuses stay as

@@ -85,17 +85,16 @@ TEST(Watchdog, TimesOutStuckCollectiveAndFailsItsWholeCommunicator) {
   ASSERT_EQ(s.state, State::kFailed);
   EXPECT_GE(elapsed, 150);
   EXPECT_LT(elapsed, 150 + 2000);
-  EXPECT_TRUE(absl::StrContains(s.error, "all_reduce #0 on rank 1/2 timed out after 150 ms"))
-      << s.error;
+  EXPECT_TRUE(absl::StrContains(s.error, "all_reduce #0 on rank 1/2 timed out after 150 ms")) << s.error;
   EXPECT_TRUE(absl::StrContains(s.error, "communicator comm A aborted by the watchdog")) << s.error;
 
   const WatchPoll o = other->status();
   ASSERT_EQ(o.state, State::kFailed);
-  EXPECT_TRUE(absl::StrContains(o.error, "all_gather #1 on rank 1/2 failed: communicator comm A "
-                                         "aborted by the watchdog"))
+  EXPECT_TRUE(absl::StrContains(o.error,
+                                "all_gather #1 on rank 1/2 failed: communicator comm A "
+                                "aborted by the watchdog"))
       << o.error;
-  EXPECT_TRUE(absl::StrContains(o.error, "all_reduce #0 on rank 1/2 timed out after 150 ms"))
-      << o.error;
+  EXPECT_TRUE(absl::StrContains(o.error, "all_reduce #0 on rank 1/2 timed out after 150 ms")) << o.error;
   EXPECT_TRUE(a->failed());
   EXPECT_EQ(a->num_in_flight(), 0u);
 
@@ -107,8 +106,7 @@ TEST(Watchdog, TimesOutStuckCollectiveAndFailsItsWholeCommunicator) {
   EXPECT_EQ(unrelated->status().state, State::kRunning);
   const std::vector<std::string> lines = log.Get();
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_TRUE(absl::StrContains(lines[0], "all_reduce #0 on rank 1/2 timed out after 150 ms"))
-      << lines[0];
+  EXPECT_TRUE(absl::StrContains(lines[0], "all_reduce #0 on rank 1/2 timed out after 150 ms")) << lines[0];
   EXPECT_TRUE(absl::StrContains(lines[0], "2 in-flight collective(s) failed")) << lines[0];
 
   // Sticky: later collectives on A fail at once with the first error; B still works.
@@ -129,8 +127,7 @@ TEST(Watchdog, PollFailureAbortsAtOnceWithItsMessage) {
   auto comm = watchdog.AddCommunicator("nccl cuda:0", [&] { ++aborts; });
   std::atomic<bool> broken{false};
   auto first = watchdog.Watch(comm, "all_reduce #7", milliseconds(60000), [&] {
-    return broken ? WatchPoll::Failed("NCCL async error: unhandled system error")
-                  : WatchPoll::Running();
+    return broken ? WatchPoll::Failed("NCCL async error: unhandled system error") : WatchPoll::Running();
   });
   auto second = watchdog.Watch(comm, "all_reduce #8", milliseconds(60000), NeverCompletes());
   std::this_thread::sleep_for(milliseconds(30));
@@ -197,17 +194,14 @@ TEST(Watchdog, CompletedCollectivesAreForgotten) {
   std::vector<std::shared_ptr<Watchdog::Collective>> all;
   for (int i = 0; i < 1000; ++i) {
     all.push_back(watchdog.Watch(comm, absl::StrCat("op #", i), milliseconds(60000),
-                                 [token, &finished] {
-                                   return finished ? WatchPoll::Done() : WatchPoll::Running();
-                                 }));
+                                 [token, &finished] { return finished ? WatchPoll::Done() : WatchPoll::Running(); }));
   }
   EXPECT_EQ(token.use_count(), 1001);
   EXPECT_EQ(comm->num_in_flight(), 1000u);
   std::this_thread::sleep_for(milliseconds(20));
   EXPECT_EQ(watchdog.num_watched(), 1000u);
   finished = true;
-  ASSERT_TRUE(Eventually([&] { return watchdog.num_watched() == 0; }))
-      << watchdog.num_watched() << " still watched";
+  ASSERT_TRUE(Eventually([&] { return watchdog.num_watched() == 0; })) << watchdog.num_watched() << " still watched";
   EXPECT_EQ(token.use_count(), 1);  // the polls were destroyed, not just skipped
   EXPECT_EQ(comm->num_in_flight(), 0u);
   for (const auto& c : all) EXPECT_EQ(c->status().state, State::kDone);
@@ -232,9 +226,7 @@ TEST(Watchdog, ShutdownWithInFlightWorkReturnsPromptly) {
   auto comm = watchdog->AddCommunicator("c", [&] { ++aborts; });
   std::vector<std::shared_ptr<Watchdog::Collective>> in_flight;
   for (int i = 0; i < 10; ++i) {
-    in_flight.push_back(watchdog->Watch(comm, "op", milliseconds(100000), [token] {
-      return WatchPoll::Running();
-    }));
+    in_flight.push_back(watchdog->Watch(comm, "op", milliseconds(100000), [token] { return WatchPoll::Running(); }));
   }
   const auto start = Clock::now();
   watchdog->Shutdown();
@@ -243,8 +235,7 @@ TEST(Watchdog, ShutdownWithInFlightWorkReturnsPromptly) {
   EXPECT_EQ(watchdog->num_watched(), 0u);
   EXPECT_EQ(aborts.load(), 0);
   EXPECT_EQ(in_flight[0]->status().state, State::kRunning);
-  EXPECT_ERROR_CONTAINS(watchdog->Watch(comm, "late", milliseconds(1000), NeverCompletes()),
-                        "shut down");
+  EXPECT_ERROR_CONTAINS(watchdog->Watch(comm, "late", milliseconds(1000), NeverCompletes()), "shut down");
   watchdog->Shutdown();  // idempotent
   const auto destroy_start = Clock::now();
   watchdog.reset();
@@ -289,9 +280,10 @@ TEST(Watchdog, ExternalFailAbortsOnceAndFailsEveryCollective) {
   EXPECT_FALSE(watchdog.Fail(comm, w2.get(), "second"));  // first failure wins
   EXPECT_EQ(aborts.load(), 1);
   EXPECT_EQ(w1->status().error, "op #1 timed out after 10 ms in Work::wait");
-  EXPECT_TRUE(absl::StrContains(w2->status().error, "op #2 failed: communicator c aborted by "
-                                                    "the watchdog after an earlier failure: op "
-                                                    "#1 timed out"))
+  EXPECT_TRUE(absl::StrContains(w2->status().error,
+                                "op #2 failed: communicator c aborted by "
+                                "the watchdog after an earlier failure: op "
+                                "#1 timed out"))
       << w2->status().error;
   ASSERT_TRUE(Eventually([&] { return watchdog.num_watched() == 0; }));
   EXPECT_EQ(aborts.load(), 1);
@@ -346,10 +338,8 @@ TEST(Watchdog, RejectsBadArguments) {
   EXPECT_ERROR_CONTAINS(Watchdog(Options(milliseconds(0), nullptr)), "poll_interval");
   Watchdog watchdog(Options(milliseconds(5), nullptr));
   auto comm = watchdog.AddCommunicator("c", [] {});
-  EXPECT_ERROR_CONTAINS(watchdog.Watch(comm, "op", milliseconds(0), NeverCompletes()),
-                        "timeout must be positive");
-  EXPECT_ERROR_CONTAINS(watchdog.Watch(nullptr, "op", milliseconds(10), NeverCompletes()),
-                        "null communicator");
+  EXPECT_ERROR_CONTAINS(watchdog.Watch(comm, "op", milliseconds(0), NeverCompletes()), "timeout must be positive");
+  EXPECT_ERROR_CONTAINS(watchdog.Watch(nullptr, "op", milliseconds(10), NeverCompletes()), "null communicator");
 }
 
 }  // namespace

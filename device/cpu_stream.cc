@@ -82,7 +82,8 @@ class AsyncCpuStream final : public Stream {
     const uint64_t ticket = sequencer.TakeTicket();  // program order: taken on the host
     Enqueue([this, &sequencer, ticket, issue = std::move(issue)](const std::exception_ptr& failed) {
       if (failed) {  // give up the turn, keeping the rank's order consistent
-        sequencer.IssueInTurn(ticket, [&]() -> comm::WorkPtr { std::rethrow_exception(failed); }, timeout());
+        sequencer.IssueInTurn(
+            ticket, [&]() -> comm::WorkPtr { std::rethrow_exception(failed); }, timeout());
         return;
       }
       Delay();
@@ -149,8 +150,7 @@ class AsyncCpuStream final : public Stream {
 
 class CpuStreamPool final : public StreamPool {
  public:
-  explicit CpuStreamPool(const StreamOptions& options)
-      : StreamPool(options), compute_("compute", options.timeout) {}
+  explicit CpuStreamPool(const StreamOptions& options) : StreamPool(options), compute_("compute", options.timeout) {}
 
   Stream& current() override { return compute_; }
 
@@ -170,8 +170,7 @@ StreamPtr NewInlineStream(const std::string& name, Timeout timeout) {
 }
 
 StreamPtr NewAsyncCpuStream(const std::string& name, Timeout timeout, std::chrono::microseconds task_delay) {
-  TORCH_CHECK(task_delay.count() >= 0, "NewAsyncCpuStream: task_delay must be >= 0 us, got ",
-              task_delay.count());
+  TORCH_CHECK(task_delay.count() >= 0, "NewAsyncCpuStream: task_delay must be >= 0 us, got ", task_delay.count());
   return std::make_shared<AsyncCpuStream>(name, timeout, task_delay);
 }
 

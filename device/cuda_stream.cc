@@ -17,14 +17,14 @@
 namespace fsdp::device {
 namespace {
 
-#define FSDP_DEVICE_CUDA_CHECK(call)                                                                 \
-  do {                                                                                               \
-    const cudaError_t fsdp_status = (call);                                                          \
-    if (fsdp_status != cudaSuccess) {                                                                \
-      (void)cudaGetLastError();                                                                      \
-      TORCH_CHECK(false, #call, " failed: ", cudaGetErrorName(fsdp_status), " (",                    \
-                  cudaGetErrorString(fsdp_status), ")");                                             \
-    }                                                                                                \
+#define FSDP_DEVICE_CUDA_CHECK(call)                                                                               \
+  do {                                                                                                             \
+    const cudaError_t fsdp_status = (call);                                                                        \
+    if (fsdp_status != cudaSuccess) {                                                                              \
+      (void)cudaGetLastError();                                                                                    \
+      TORCH_CHECK(false, #call, " failed: ", cudaGetErrorName(fsdp_status), " (", cudaGetErrorString(fsdp_status), \
+                  ")");                                                                                            \
+    }                                                                                                              \
   } while (0)
 
 std::shared_ptr<CUevent_st> NewCudaEvent() {
@@ -113,9 +113,7 @@ class CudaStream final : public Stream {
   }
 
  private:
-  c10::cuda::CUDAStream stream() const {
-    return fixed_ ? *fixed_ : c10::cuda::getCurrentCUDAStream(device_);
-  }
+  c10::cuda::CUDAStream stream() const { return fixed_ ? *fixed_ : c10::cuda::getCurrentCUDAStream(device_); }
   void DrainCollectives() {
     std::vector<comm::WorkPtr> pending;
     pending.swap(pending_);

@@ -28,7 +28,10 @@ TEST(AsyncCpuStream, RunsTasksInOrderOffTheHostThread) {
   auto stream = NewAsyncCpuStream("side", kTimeout, microseconds(0));
   std::vector<int> order;
   std::thread::id worker;
-  stream->Launch([&] { order.push_back(1); worker = std::this_thread::get_id(); });
+  stream->Launch([&] {
+    order.push_back(1);
+    worker = std::this_thread::get_id();
+  });
   stream->Launch([&] { order.push_back(2); });
   stream->Synchronize();
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
@@ -38,8 +41,7 @@ TEST(AsyncCpuStream, RunsTasksInOrderOffTheHostThread) {
 // The ordering bug the async implementation exists to expose: work produced on a side
 // stream and consumed on the compute stream without waiting for it.
 double ProduceOnSideStreamThenConsume(bool wait) {
-  auto pool = StreamPool::Create(c10::Device(c10::kCPU),
-                                 {CpuStreamMode::kAsync, microseconds(30000), kTimeout});
+  auto pool = StreamPool::Create(c10::Device(c10::kCPU), {CpuStreamMode::kAsync, microseconds(30000), kTimeout});
   StreamPtr side = pool->NewStream("all_gather");
   at::Tensor data = at::zeros({4});
   side->Launch([data]() mutable { data.fill_(1.0); });
@@ -140,12 +142,17 @@ TEST(CollectiveSequencer, KeepsProgramOrderAcrossAsyncStreams) {
 TEST(CollectiveSequencer, AFailedIssueSkipsEveryLaterCollective) {
   CollectiveSequencer sequencer;
   const uint64_t t0 = sequencer.TakeTicket(), t1 = sequencer.TakeTicket();
-  EXPECT_ERROR_CONTAINS(sequencer.IssueInTurn(t0, []() -> comm::WorkPtr { TORCH_CHECK(false, "gloo: peer gone"); },
-                                              kTimeout),
+  EXPECT_ERROR_CONTAINS(sequencer.IssueInTurn(
+                            t0, []() -> comm::WorkPtr { TORCH_CHECK(false, "gloo: peer gone"); }, kTimeout),
                         "peer gone");
   bool issued = false;
-  EXPECT_ERROR_CONTAINS(sequencer.IssueInTurn(t1, [&] { issued = true; return comm::MakeCompletedWork("x"); },
-                                              kTimeout),
+  EXPECT_ERROR_CONTAINS(sequencer.IssueInTurn(
+                            t1,
+                            [&] {
+                              issued = true;
+                              return comm::MakeCompletedWork("x");
+                            },
+                            kTimeout),
                         "peer gone");
   EXPECT_FALSE(issued);
 }
@@ -154,7 +161,8 @@ TEST(CollectiveSequencer, ATurnThatNeverComesTimesOut) {
   CollectiveSequencer sequencer;
   (void)sequencer.TakeTicket();  // taken, never issued
   const uint64_t t1 = sequencer.TakeTicket();
-  EXPECT_ERROR_CONTAINS(sequencer.IssueInTurn(t1, [] { return comm::MakeCompletedWork("x"); }, Timeout(100)),
+  EXPECT_ERROR_CONTAINS(sequencer.IssueInTurn(
+                            t1, [] { return comm::MakeCompletedWork("x"); }, Timeout(100)),
                         "waited 100 ms for collective #0");
 }
 
@@ -166,7 +174,8 @@ TEST(StreamOptions, ParsesAndRejectsFsdpCpuStreams) {
   ::setenv("FSDP_CPU_STREAMS", "inline", 1);
   EXPECT_EQ(StreamOptionsFromEnv().cpu_mode, CpuStreamMode::kInline);
   ::setenv("FSDP_CPU_STREAMS", "threads", 1);
-  EXPECT_ERROR_CONTAINS(StreamOptionsFromEnv(), "FSDP_CPU_STREAMS must be 'inline', 'async' or 'async:<microseconds>', got 'threads'");
+  EXPECT_ERROR_CONTAINS(StreamOptionsFromEnv(),
+                        "FSDP_CPU_STREAMS must be 'inline', 'async' or 'async:<microseconds>', got 'threads'");
   ::setenv("FSDP_CPU_STREAMS", "async:-3", 1);
   EXPECT_ERROR_CONTAINS(StreamOptionsFromEnv(), "got '-3'");
   ::unsetenv("FSDP_CPU_STREAMS");
@@ -179,8 +188,9 @@ TEST(StreamOptions, ParsesAndRejectsFsdpCpuStreams) {
   EXPECT_EQ(ApplyStreamEnvOverride(chosen).cpu_mode, CpuStreamMode::kInline);
   EXPECT_EQ(ApplyStreamEnvOverride(chosen).timeout, Timeout(5));
   ::unsetenv("FSDP_CPU_STREAMS");
-  EXPECT_ERROR_CONTAINS(StreamPool::Create(c10::Device(c10::kCPU), {CpuStreamMode::kInline, microseconds(0), Timeout(0)}),
-                        "options.timeout must be positive, got 0 ms");
+  EXPECT_ERROR_CONTAINS(
+      StreamPool::Create(c10::Device(c10::kCPU), {CpuStreamMode::kInline, microseconds(0), Timeout(0)}),
+      "options.timeout must be positive, got 0 ms");
 #ifndef FSDP_WITH_CUDA
   EXPECT_ERROR_CONTAINS(StreamPool::Create(c10::Device(c10::kCUDA, 0), {}), "rebuild with --config=cuda");
 #endif

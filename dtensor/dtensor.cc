@@ -48,26 +48,23 @@ bool SameMesh(const mesh::DeviceMesh& a, const mesh::DeviceMesh& b) {
 }
 
 DTensor DTensor::from_local(at::Tensor local, mesh::DeviceMeshPtr mesh, Placements placements,
-                            std::optional<std::vector<int64_t>> shape,
-                            std::optional<std::vector<int64_t>> stride) {
+                            std::optional<std::vector<int64_t>> shape, std::optional<std::vector<int64_t>> stride) {
   TORCH_CHECK(local.defined(), "DTensor::from_local: local tensor is undefined");
   TORCH_CHECK(mesh != nullptr, "DTensor::from_local: mesh is null");
   placements = ValidatePlacements(placements, mesh->ndim(), local.dim(), "DTensor::from_local");
   std::vector<int64_t> global = shape ? *shape : InferGlobalShape(local, *mesh, placements);
-  DTensorSpec spec = DTensorSpec::Make(std::move(mesh), std::move(placements), std::move(global),
-                                       local.scalar_type(), stride.value_or(std::vector<int64_t>{}));
+  DTensorSpec spec = DTensorSpec::Make(std::move(mesh), std::move(placements), std::move(global), local.scalar_type(),
+                                       stride.value_or(std::vector<int64_t>{}));
   const std::vector<int64_t> expected = spec.local_shape();
   TORCH_CHECK(local.sizes().vec() == expected, "DTensor::from_local: local tensor of shape [",
               absl::StrJoin(local.sizes(), ", "), "] does not match the spec: global shape [",
               absl::StrJoin(spec.shape, ", "), "] with ", dtensor::ToString(spec.placements),
-              " gives this rank (coordinate [", absl::StrJoin(spec.mesh->coordinate(), ", "),
-              "]) a local shape of [", absl::StrJoin(expected, ", "), "]");
+              " gives this rank (coordinate [", absl::StrJoin(spec.mesh->coordinate(), ", "), "]) a local shape of [",
+              absl::StrJoin(expected, ", "), "]");
   return DTensor(std::move(local), std::move(spec));
 }
 
-DTensor DTensor::FromSpec(at::Tensor local, DTensorSpec spec) {
-  return DTensor(std::move(local), std::move(spec));
-}
+DTensor DTensor::FromSpec(at::Tensor local, DTensorSpec spec) { return DTensor(std::move(local), std::move(spec)); }
 
 at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) {
   const auto plan = PlanRedistribute(src, dst);
@@ -84,8 +81,7 @@ at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, co
     for (Placement& p : grad_dst) {
       if (p.is_partial()) p = Placement::Replicate();
     }
-    auto node = c10::make_intrusive<RedistributeBackward>(src.WithPlacements(plan->dst),
-                                                          std::move(grad_dst));
+    auto node = c10::make_intrusive<RedistributeBackward>(src.WithPlacements(plan->dst), std::move(grad_dst));
     node->set_next_edges(torch::autograd::collect_next_edges(local));
     torch::autograd::set_history(out, node);
   }
@@ -114,27 +110,27 @@ at::Tensor DTensor::full_tensor() const {
 
 std::string DTensor::ToString() const {
   if (!defined()) return "DTensor(undefined)";
-  return absl::StrCat("DTensor(local=", c10::toString(local_.scalar_type()), "[",
-                      absl::StrJoin(local_.sizes(), ", "), "], spec=", spec_.ToString(), ")");
+  return absl::StrCat("DTensor(local=", c10::toString(local_.scalar_type()), "[", absl::StrJoin(local_.sizes(), ", "),
+                      "], spec=", spec_.ToString(), ")");
 }
 
-DTensor distribute_tensor(const at::Tensor& tensor, const mesh::DeviceMeshPtr& mesh,
-                          const Placements& placements, std::optional<int> src_data_rank) {
+DTensor distribute_tensor(const at::Tensor& tensor, const mesh::DeviceMeshPtr& mesh, const Placements& placements,
+                          std::optional<int> src_data_rank) {
   TORCH_CHECK(tensor.defined(), "distribute_tensor: tensor is undefined");
   TORCH_CHECK(mesh != nullptr, "distribute_tensor: mesh is null");
-  const Placements normalized =
-      ValidatePlacements(placements, mesh->ndim(), tensor.dim(), "distribute_tensor");
+  const Placements normalized = ValidatePlacements(placements, mesh->ndim(), tensor.dim(), "distribute_tensor");
   for (size_t m = 0; m < normalized.size(); ++m) {
-    TORCH_CHECK(!normalized[m].is_partial(), "distribute_tensor: placement ", m, " is ",
-                normalized[m].ToString(), "; Partial cannot be distributed (use from_local)");
+    TORCH_CHECK(!normalized[m].is_partial(), "distribute_tensor: placement ", m, " is ", normalized[m].ToString(),
+                "; Partial cannot be distributed (use from_local)");
   }
   at::Tensor data = tensor.detach();
   if (src_data_rank.has_value()) {
     data = data.contiguous().clone();  // broadcast writes into it
     for (int m = 0; m < mesh->ndim(); ++m) {
-      TORCH_CHECK(*src_data_rank >= 0 && *src_data_rank < mesh->size(m), "distribute_tensor: "
-                  "src_data_rank ", *src_data_rank, " is not a rank of mesh dim ", m, " (size ",
-                  mesh->size(m), ")");
+      TORCH_CHECK(*src_data_rank >= 0 && *src_data_rank < mesh->size(m),
+                  "distribute_tensor: "
+                  "src_data_rank ",
+                  *src_data_rank, " is not a rank of mesh dim ", m, " (size ", mesh->size(m), ")");
       // Broadcasting dim by dim from the same group rank reaches every rank from the one
       // whose coordinate is src_data_rank everywhere.
       if (mesh->size(m) > 1) mesh->group(m)->broadcast(data, *src_data_rank)->wait();

@@ -69,8 +69,8 @@ class DTensor {
 // (PyTorch's default 0: one source of truth); with std::nullopt every rank uses its own
 // tensor and nothing is communicated. Partial is rejected (as PyTorch). The result's local
 // tensor is a leaf with tensor.requires_grad().
-DTensor distribute_tensor(const at::Tensor& tensor, const mesh::DeviceMeshPtr& mesh,
-                          const Placements& placements, std::optional<int> src_data_rank = 0);
+DTensor distribute_tensor(const at::Tensor& tensor, const mesh::DeviceMeshPtr& mesh, const Placements& placements,
+                          std::optional<int> src_data_rank = 0);
 
 // Redistributes a local tensor from `src` to `dst` placements, recording autograd when
 // `local` requires grad (the building block of DTensor::redistribute).

@@ -11,8 +11,7 @@ namespace fsdp::dtensor {
 namespace {
 
 // Positions [pos, pos + len) of the concatenation of `runs`, as runs of the same indices.
-void AppendSlice(const std::vector<Segment>& runs, int64_t pos, int64_t len,
-                 std::vector<Segment>* out) {
+void AppendSlice(const std::vector<Segment>& runs, int64_t pos, int64_t len, std::vector<Segment>* out) {
   int64_t run_begin = 0;
   for (const Segment& run : runs) {
     if (len == 0) return;
@@ -47,16 +46,14 @@ Chunk ChunkOf(int64_t n, int64_t pieces, int64_t index) {
   return {std::min(n, begin + full) - begin, begin};
 }
 
-std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t mesh_size,
-                                    int64_t coordinate) {
+std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t mesh_size, int64_t coordinate) {
   const int64_t sf = shard.split_factor();
   std::vector<Chunk> chunks;
   for (int64_t j = 0; j < sf; ++j) chunks.push_back(ChunkOf(n, mesh_size * sf, coordinate + j * mesh_size));
   return chunks;
 }
 
-std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh_size,
-                                 int64_t coordinate) {
+std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh_size, int64_t coordinate) {
   std::vector<Segment> pieces;
   for (const Chunk& c : ShardPieceChunks(shard, n, mesh_size, coordinate)) {
     if (c.size > 0) AppendSlice({{0, n}}, c.offset, c.size, &pieces);
@@ -66,8 +63,7 @@ std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh
 
 std::vector<std::vector<Segment>> LocalSegments(const std::vector<int64_t>& global_shape,
                                                 const std::vector<int64_t>& mesh_shape,
-                                                const std::vector<int64_t>& coordinate,
-                                                const Placements& placements) {
+                                                const std::vector<int64_t>& coordinate, const Placements& placements) {
   std::vector<std::vector<Segment>> runs;
   for (int64_t size : global_shape) {
     runs.push_back(size > 0 ? std::vector<Segment>{{0, size}} : std::vector<Segment>{});
@@ -76,8 +72,7 @@ std::vector<std::vector<Segment>> LocalSegments(const std::vector<int64_t>& glob
     if (!placements[m].is_shard()) continue;
     std::vector<Segment>& dim_runs = runs[placements[m].dim()];
     std::vector<Segment> next;
-    for (const Segment& piece :
-         ShardPieces(placements[m], TotalLength(dim_runs), mesh_shape[m], coordinate[m])) {
+    for (const Segment& piece : ShardPieces(placements[m], TotalLength(dim_runs), mesh_shape[m], coordinate[m])) {
       AppendSlice(dim_runs, piece.start, piece.length, &next);
     }
     dim_runs = std::move(next);
@@ -92,21 +87,20 @@ LocalShapeAndOffset ComputeLocalShapeAndGlobalOffset(const std::vector<int64_t>&
   const auto runs = LocalSegments(global_shape, mesh_shape, coordinate, placements);
   LocalShapeAndOffset result;
   for (size_t d = 0; d < runs.size(); ++d) {
-    TORCH_CHECK(runs[d].size() <= 1, "ComputeLocalShapeAndGlobalOffset: the local rows of tensor "
-                "dim ", d, " under ", ToString(placements), " at coordinate [",
-                absl::StrJoin(coordinate, ", "), "] are ", runs[d].size(),
-                " separate runs, not one block (StridedShard without the shard that completes it)");
+    TORCH_CHECK(runs[d].size() <= 1,
+                "ComputeLocalShapeAndGlobalOffset: the local rows of tensor "
+                "dim ",
+                d, " under ", ToString(placements), " at coordinate [", absl::StrJoin(coordinate, ", "), "] are ",
+                runs[d].size(), " separate runs, not one block (StridedShard without the shard that completes it)");
     result.shape.push_back(runs[d].empty() ? 0 : runs[d][0].length);
     result.offset.push_back(runs[d].empty() ? global_shape[d] : runs[d][0].start);
   }
   return result;
 }
 
-Placements ValidatePlacements(const Placements& placements, int mesh_ndim, int64_t tensor_ndim,
-                              const char* what) {
-  TORCH_CHECK(static_cast<int>(placements.size()) == mesh_ndim, what, ": got ",
-              placements.size(), " placements ", ToString(placements), " for a ", mesh_ndim,
-              "-D mesh; placements must have one entry per mesh dimension");
+Placements ValidatePlacements(const Placements& placements, int mesh_ndim, int64_t tensor_ndim, const char* what) {
+  TORCH_CHECK(static_cast<int>(placements.size()) == mesh_ndim, what, ": got ", placements.size(), " placements ",
+              ToString(placements), " for a ", mesh_ndim, "-D mesh; placements must have one entry per mesh dimension");
   Placements normalized;
   for (size_t m = 0; m < placements.size(); ++m) {
     const Placement& p = placements[m];
@@ -115,12 +109,10 @@ Placements ValidatePlacements(const Placements& placements, int mesh_ndim, int64
       continue;
     }
     const int64_t dim = p.dim();
-    TORCH_CHECK(dim >= -tensor_ndim && dim < tensor_ndim, what, ": shard dim ", dim,
-                " of placement ", m, " (", p.ToString(), ") is out of range for a ",
-                tensor_ndim, "-D tensor");
+    TORCH_CHECK(dim >= -tensor_ndim && dim < tensor_ndim, what, ": shard dim ", dim, " of placement ", m, " (",
+                p.ToString(), ") is out of range for a ", tensor_ndim, "-D tensor");
     const int64_t d = dim < 0 ? dim + tensor_ndim : dim;
-    normalized.push_back(p.is_strided_shard() ? Placement::StridedShard(d, p.split_factor())
-                                              : Placement::Shard(d));
+    normalized.push_back(p.is_strided_shard() ? Placement::StridedShard(d, p.split_factor()) : Placement::Shard(d));
   }
   return normalized;
 }
@@ -133,18 +125,16 @@ std::vector<int64_t> ContiguousStride(const std::vector<int64_t>& shape) {
   return stride;
 }
 
-DTensorSpec DTensorSpec::Make(mesh::DeviceMeshPtr mesh, Placements placements,
-                              std::vector<int64_t> shape, c10::ScalarType dtype,
-                              std::vector<int64_t> stride) {
+DTensorSpec DTensorSpec::Make(mesh::DeviceMeshPtr mesh, Placements placements, std::vector<int64_t> shape,
+                              c10::ScalarType dtype, std::vector<int64_t> stride) {
   TORCH_CHECK(mesh != nullptr, "DTensorSpec: mesh is null");
   for (size_t d = 0; d < shape.size(); ++d) {
     TORCH_CHECK(shape[d] >= 0, "DTensorSpec: shape[", d, "] must be >= 0, got ", shape[d]);
   }
   DTensorSpec spec;
-  spec.placements = ValidatePlacements(placements, mesh->ndim(),
-                                       static_cast<int64_t>(shape.size()), "DTensorSpec");
-  TORCH_CHECK(stride.empty() || stride.size() == shape.size(), "DTensorSpec: stride has ",
-              stride.size(), " entries for a ", shape.size(), "-D shape");
+  spec.placements = ValidatePlacements(placements, mesh->ndim(), static_cast<int64_t>(shape.size()), "DTensorSpec");
+  TORCH_CHECK(stride.empty() || stride.size() == shape.size(), "DTensorSpec: stride has ", stride.size(),
+              " entries for a ", shape.size(), "-D shape");
   spec.stride = stride.empty() ? ContiguousStride(shape) : std::move(stride);
   spec.mesh = std::move(mesh);
   spec.shape = std::move(shape);
@@ -171,21 +161,18 @@ int64_t DTensorSpec::numel() const {
 }
 
 bool DTensorSpec::has_partial() const {
-  return std::any_of(placements.begin(), placements.end(),
-                     [](const Placement& p) { return p.is_partial(); });
+  return std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_partial(); });
 }
 
 DTensorSpec DTensorSpec::WithPlacements(Placements new_placements) const {
   DTensorSpec spec = *this;
-  spec.placements = ValidatePlacements(new_placements, mesh->ndim(),
-                                       static_cast<int64_t>(shape.size()), "DTensorSpec");
+  spec.placements = ValidatePlacements(new_placements, mesh->ndim(), static_cast<int64_t>(shape.size()), "DTensorSpec");
   return spec;
 }
 
 std::string DTensorSpec::ToString() const {
-  return absl::StrCat("DTensorSpec(shape=[", absl::StrJoin(shape, ", "), "], ",
-                      c10::toString(dtype), ", ", dtensor::ToString(placements), ", ",
-                      mesh->ToString(), ")");
+  return absl::StrCat("DTensorSpec(shape=[", absl::StrJoin(shape, ", "), "], ", c10::toString(dtype), ", ",
+                      dtensor::ToString(placements), ", ", mesh->ToString(), ")");
 }
 
 }  // namespace fsdp::dtensor

@@ -27,9 +27,7 @@ Chunk ChunkOf(int64_t n, int64_t pieces, int64_t index);
 struct Segment {
   int64_t start;
   int64_t length;
-  friend bool operator==(const Segment& a, const Segment& b) {
-    return a.start == b.start && a.length == b.length;
-  }
+  friend bool operator==(const Segment& a, const Segment& b) { return a.start == b.start && a.length == b.length; }
 };
 
 // For each tensor dimension, the global index runs the rank at `coordinate` holds, in local
@@ -38,19 +36,16 @@ struct Segment {
 // Preconditions: ValidatePlacements passed.
 std::vector<std::vector<Segment>> LocalSegments(const std::vector<int64_t>& global_shape,
                                                 const std::vector<int64_t>& mesh_shape,
-                                                const std::vector<int64_t>& coordinate,
-                                                const Placements& placements);
+                                                const std::vector<int64_t>& coordinate, const Placements& placements);
 
 // The pieces of a shard placement held by `coordinate` of a mesh dimension of `mesh_size`
 // ranks over `n` rows, one Chunk per piece in local order (split_factor of them; Shard
 // has one), empty pieces included.
-std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t mesh_size,
-                                    int64_t coordinate);
+std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t mesh_size, int64_t coordinate);
 
 // The part of a shard placement held by `coordinate` of a mesh dimension of `mesh_size`
 // ranks, given that dimension's `n` current rows: runs of positions in [0, n).
-std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh_size,
-                                 int64_t coordinate);
+std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh_size, int64_t coordinate);
 
 // Local shape, and the global offset of the local block. Throws when the local rows along a
 // dimension are not one contiguous block (a StridedShard not followed by the shards that
@@ -66,8 +61,7 @@ LocalShapeAndOffset ComputeLocalShapeAndGlobalOffset(const std::vector<int64_t>&
 
 // Checks one placement per mesh dimension and shard dims in [-ndim, ndim); returns the
 // placements with negative shard dims normalized. `what` prefixes the messages.
-Placements ValidatePlacements(const Placements& placements, int mesh_ndim, int64_t tensor_ndim,
-                              const char* what);
+Placements ValidatePlacements(const Placements& placements, int mesh_ndim, int64_t tensor_ndim, const char* what);
 
 // Metadata of a DTensor: the global shape/stride/dtype and the layout over `mesh`.
 struct DTensorSpec {
@@ -79,9 +73,8 @@ struct DTensorSpec {
 
   // Validates (non-null mesh, placements vs mesh and shape) and normalizes; empty `stride`
   // means contiguous.
-  static DTensorSpec Make(mesh::DeviceMeshPtr mesh, Placements placements,
-                          std::vector<int64_t> shape, c10::ScalarType dtype,
-                          std::vector<int64_t> stride = {});
+  static DTensorSpec Make(mesh::DeviceMeshPtr mesh, Placements placements, std::vector<int64_t> shape,
+                          c10::ScalarType dtype, std::vector<int64_t> stride = {});
 
   // This rank's local shape and the global offset of its block.
   std::vector<int64_t> local_shape() const;

@@ -14,8 +14,7 @@ using P = Placement;
 
 // The global row indices the rank at `coordinate` holds along tensor dim `dim`.
 std::vector<int64_t> Rows(const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh,
-                          const std::vector<int64_t>& coordinate, const Placements& placements,
-                          int dim) {
+                          const std::vector<int64_t>& coordinate, const Placements& placements, int dim) {
   std::vector<int64_t> rows;
   const auto runs = LocalSegments(shape, mesh, coordinate, placements);
   for (const Segment& s : runs[dim]) {
@@ -51,15 +50,11 @@ TEST(LayoutTest, LiteralShapesAndOffsetsOn1DMesh) {
     EXPECT_EQ(got.offset, (std::vector<int64_t>{offsets[r], 0}));
   }
   // 6 rows on 4 ranks: chunk 2 -> 2, 2, 2, 0 (torch.chunk makes only 3 chunks).
-  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({6}, {4}, {3}, {P::Shard(0)}).shape,
-            std::vector<int64_t>{0});
-  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({6}, {4}, {3}, {P::Shard(0)}).offset,
-            std::vector<int64_t>{6});
+  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({6}, {4}, {3}, {P::Shard(0)}).shape, std::vector<int64_t>{0});
+  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({6}, {4}, {3}, {P::Shard(0)}).offset, std::vector<int64_t>{6});
   // Replicate and Partial hold everything.
-  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({5, 3}, {4}, {2}, {P::Replicate()}).shape,
-            (std::vector<int64_t>{5, 3}));
-  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({5, 3}, {4}, {2}, {P::Partial()}).offset,
-            (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({5, 3}, {4}, {2}, {P::Replicate()}).shape, (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(ComputeLocalShapeAndGlobalOffset({5, 3}, {4}, {2}, {P::Partial()}).offset, (std::vector<int64_t>{0, 0}));
 }
 
 TEST(LayoutTest, TwoDimMeshShardsNestLeftToRight) {
@@ -73,8 +68,7 @@ TEST(LayoutTest, TwoDimMeshShardsNestLeftToRight) {
   // (Shard(0), Shard(1)) on 2x3 over [5, 7]: rows by mesh dim 0, columns by mesh dim 1.
   for (int64_t a = 0; a < 2; ++a) {
     for (int64_t b = 0; b < 3; ++b) {
-      const auto got = ComputeLocalShapeAndGlobalOffset({5, 7}, {2, 3}, {a, b},
-                                                        {P::Shard(0), P::Shard(1)});
+      const auto got = ComputeLocalShapeAndGlobalOffset({5, 7}, {2, 3}, {a, b}, {P::Shard(0), P::Shard(1)});
       EXPECT_EQ(got.shape, (std::vector<int64_t>{a == 0 ? 3 : 2, b == 2 ? 1 : 3}));
       EXPECT_EQ(got.offset, (std::vector<int64_t>{a * 3, b * 3}));
     }
@@ -86,10 +80,8 @@ TEST(LayoutTest, TwoDimMeshShardsNestLeftToRight) {
 
 TEST(LayoutTest, StridedShardInterleavesPieces) {
   // 12 rows, 2 ranks, sf 3: six pieces of 2 rows; rank c holds pieces c, c+2, c+4.
-  EXPECT_EQ(Rows({12}, {2}, {0}, {P::StridedShard(0, 3)}, 0),
-            (std::vector<int64_t>{0, 1, 4, 5, 8, 9}));
-  EXPECT_EQ(Rows({12}, {2}, {1}, {P::StridedShard(0, 3)}, 0),
-            (std::vector<int64_t>{2, 3, 6, 7, 10, 11}));
+  EXPECT_EQ(Rows({12}, {2}, {0}, {P::StridedShard(0, 3)}, 0), (std::vector<int64_t>{0, 1, 4, 5, 8, 9}));
+  EXPECT_EQ(Rows({12}, {2}, {1}, {P::StridedShard(0, 3)}, 0), (std::vector<int64_t>{2, 3, 6, 7, 10, 11}));
   // 7 rows, 2 ranks, sf 2: pieces [0,2) [2,4) [4,6) [6,7).
   EXPECT_EQ(Rows({7}, {2}, {0}, {P::StridedShard(0, 2)}, 0), (std::vector<int64_t>{0, 1, 4, 5}));
   EXPECT_EQ(Rows({7}, {2}, {1}, {P::StridedShard(0, 2)}, 0), (std::vector<int64_t>{2, 3, 6}));
@@ -97,8 +89,7 @@ TEST(LayoutTest, StridedShardInterleavesPieces) {
   EXPECT_EQ(Rows({3}, {2}, {0}, {P::StridedShard(0, 3)}, 0), (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(Rows({3}, {2}, {1}, {P::StridedShard(0, 3)}, 0), (std::vector<int64_t>{1}));
   // A StridedShard alone is not one block.
-  EXPECT_ERROR_CONTAINS(ComputeLocalShapeAndGlobalOffset({12}, {2}, {0}, {P::StridedShard(0, 3)}),
-                        "not one block");
+  EXPECT_ERROR_CONTAINS(ComputeLocalShapeAndGlobalOffset({12}, {2}, {0}, {P::StridedShard(0, 3)}), "not one block");
 }
 
 TEST(LayoutTest, StridedShardThenShardIsFsdpOfATensorParallelShard) {
@@ -114,12 +105,11 @@ TEST(LayoutTest, StridedShardThenShardIsFsdpOfATensorParallelShard) {
           std::vector<int64_t> expected;
           const auto within = ChunkRows(static_cast<int64_t>(tp_rows.size()), d_size, d);
           for (int64_t i : within) expected.push_back(tp_rows[i]);
-          const auto got = ComputeLocalShapeAndGlobalOffset(
-              {n, 4}, {d_size, t_size}, {d, t}, {P::StridedShard(0, t_size), P::Shard(0)});
+          const auto got = ComputeLocalShapeAndGlobalOffset({n, 4}, {d_size, t_size}, {d, t},
+                                                            {P::StridedShard(0, t_size), P::Shard(0)});
           EXPECT_EQ(got.shape[0], static_cast<int64_t>(expected.size()));
           EXPECT_EQ(got.offset[0], expected.front());
-          EXPECT_EQ(Rows({n, 4}, {d_size, t_size}, {d, t},
-                         {P::StridedShard(0, t_size), P::Shard(0)}, 0), expected);
+          EXPECT_EQ(Rows({n, 4}, {d_size, t_size}, {d, t}, {P::StridedShard(0, t_size), P::Shard(0)}, 0), expected);
         }
       }
     }

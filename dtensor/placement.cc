@@ -14,7 +14,8 @@ Placement Placement::StridedShard(int64_t dim, int64_t split_factor) {
 Placement Placement::Partial(comm::ReduceOp op) {
   TORCH_CHECK(op.kind() != comm::ReduceOpKind::kPremulSum,
               "Partial: PREMUL_SUM is not a placement's reduce op (fold the factor into the "
-              "local tensor), got ", op.ToString());
+              "local tensor), got ",
+              op.ToString());
   return Placement(PlacementKind::kPartial, -1, 1, op);
 }
 
@@ -30,14 +31,10 @@ const comm::ReduceOp& Placement::reduce_op() const {
 
 std::string Placement::ToString() const {
   switch (kind_) {
-    case PlacementKind::kShard:
-      return absl::StrCat("Shard(dim=", dim_, ")");
-    case PlacementKind::kStridedShard:
-      return absl::StrCat("StridedShard(dim=", dim_, ", sf=", split_factor_, ")");
-    case PlacementKind::kReplicate:
-      return "Replicate()";
-    case PlacementKind::kPartial:
-      return absl::StrCat("Partial(", op_.ToString(), ")");
+    case PlacementKind::kShard: return absl::StrCat("Shard(dim=", dim_, ")");
+    case PlacementKind::kStridedShard: return absl::StrCat("StridedShard(dim=", dim_, ", sf=", split_factor_, ")");
+    case PlacementKind::kReplicate: return "Replicate()";
+    case PlacementKind::kPartial: return absl::StrCat("Partial(", op_.ToString(), ")");
   }
   return "?";
 }

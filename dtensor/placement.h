@@ -30,9 +30,7 @@ class Placement {
   static Placement Partial(comm::ReduceOp op = comm::ReduceOp::Sum());
 
   PlacementKind kind() const { return kind_; }
-  bool is_shard() const {
-    return kind_ == PlacementKind::kShard || kind_ == PlacementKind::kStridedShard;
-  }
+  bool is_shard() const { return kind_ == PlacementKind::kShard || kind_ == PlacementKind::kStridedShard; }
   bool is_shard(int64_t dim) const { return is_shard() && dim_ == dim; }
   bool is_strided_shard() const { return kind_ == PlacementKind::kStridedShard; }
   bool is_replicate() const { return kind_ == PlacementKind::kReplicate; }
@@ -49,14 +47,12 @@ class Placement {
   std::string ToString() const;
 
   friend bool operator==(const Placement& a, const Placement& b) {
-    return a.kind_ == b.kind_ && a.dim_ == b.dim_ && a.split_factor_ == b.split_factor_ &&
-           a.op_ == b.op_;
+    return a.kind_ == b.kind_ && a.dim_ == b.dim_ && a.split_factor_ == b.split_factor_ && a.op_ == b.op_;
   }
   friend bool operator!=(const Placement& a, const Placement& b) { return !(a == b); }
 
  private:
-  Placement(PlacementKind kind, int64_t dim, int64_t split_factor,
-            comm::ReduceOp op = comm::ReduceOp::Sum())
+  Placement(PlacementKind kind, int64_t dim, int64_t split_factor, comm::ReduceOp op = comm::ReduceOp::Sum())
       : kind_(kind), dim_(dim), split_factor_(split_factor), op_(op) {}
 
   PlacementKind kind_;

@@ -23,8 +23,7 @@ int64_t Product(const std::vector<int64_t>& v) {
 std::vector<int64_t> LogicalShape(const DTensorSpec& spec, const Placements& current, int m) {
   const Placements prefix(current.begin(), current.begin() + m);
   std::vector<int64_t> shape;
-  for (const auto& runs :
-       LocalSegments(spec.shape, spec.mesh->shape(), spec.mesh->coordinate(), prefix)) {
+  for (const auto& runs : LocalSegments(spec.shape, spec.mesh->shape(), spec.mesh->coordinate(), prefix)) {
     int64_t n = 0;
     for (const Segment& s : runs) n += s.length;
     shape.push_back(n);
@@ -79,15 +78,13 @@ int64_t StepBytes(const TransformStep& step, int64_t group_size, int64_t element
       const int64_t rest = shape[d] == 0 ? 0 : Product(shape) / shape[d];
       return group_size * MaxRows(shard, shape[d], group_size) * rest * element_size;
     }
-    case TransformKind::kAllReduce:
-      return Product(shape) * element_size;
+    case TransformKind::kAllReduce: return Product(shape) * element_size;
     case TransformKind::kAllToAll: {
       const int64_t d = step.src.dim();
       const int64_t rest = shape[d] == 0 ? 0 : Product(shape) / shape[d];
       return rest * RowsOf(ShardPieceChunks(step.src, shape[d], group_size, 0)) * element_size;
     }
-    default:
-      return 0;
+    default: return 0;
   }
 }
 
@@ -100,8 +97,8 @@ std::shared_ptr<const RedistributePlan> BuildPlan(const DTensorSpec& src, const 
   // Each pass moves at least one mesh dimension closer to its target; 2 * ndim passes bound
   // the worst case (every dimension through Replicate).
   for (int pass = 0; current != dst; ++pass) {
-    TORCH_CHECK(pass <= 2 * ndim + 1, "redistribute: no plan from ", ToString(src.placements),
-                " to ", ToString(dst), " (internal planner error)");
+    TORCH_CHECK(pass <= 2 * ndim + 1, "redistribute: no plan from ", ToString(src.placements), " to ", ToString(dst),
+                " (internal planner error)");
     // Inner mesh dimensions first: a shard of dim d at mesh dim m is cut out of what the
     // earlier mesh dimensions left, so it must be undone before those change.
     for (int m = ndim - 1; m >= 0; --m) {
@@ -128,8 +125,8 @@ std::shared_ptr<const RedistributePlan> BuildPlan(const DTensorSpec& src, const 
 
 // ---- execution: one function per transform, each with its copy-in / copy-out ----
 
-at::Tensor AllGatherShards(const at::Tensor& local, const Placement& shard,
-                           const std::vector<int64_t>& logical, const comm::ProcessGroupPtr& group) {
+at::Tensor AllGatherShards(const at::Tensor& local, const Placement& shard, const std::vector<int64_t>& logical,
+                           const comm::ProcessGroupPtr& group) {
   const int64_t d = shard.dim(), n = logical[d], world = group->size();
   const int64_t max_rows = MaxRows(shard, n, world);
   at::Tensor rows = local.movedim(d, 0);
@@ -158,9 +155,8 @@ at::Tensor AllGatherShards(const at::Tensor& local, const Placement& shard,
   return gathered.movedim(0, d).contiguous();
 }
 
-at::Tensor ReduceScatterShards(const at::Tensor& local, const Placement& shard,
-                               const comm::ReduceOp& op, const std::vector<int64_t>& logical,
-                               const comm::ProcessGroupPtr& group) {
+at::Tensor ReduceScatterShards(const at::Tensor& local, const Placement& shard, const comm::ReduceOp& op,
+                               const std::vector<int64_t>& logical, const comm::ProcessGroupPtr& group) {
   const int64_t d = shard.dim(), n = logical[d], world = group->size();
   const int64_t max_rows = MaxRows(shard, n, world);
   const at::Tensor rows = local.movedim(d, 0);
@@ -190,15 +186,14 @@ at::Tensor ReduceScatterShards(const at::Tensor& local, const Placement& shard,
   return out.narrow(0, 0, mine).movedim(0, d).contiguous();
 }
 
-at::Tensor AllReducePartial(const at::Tensor& local, const comm::ReduceOp& op,
-                            const comm::ProcessGroupPtr& group) {
+at::Tensor AllReducePartial(const at::Tensor& local, const comm::ReduceOp& op, const comm::ProcessGroupPtr& group) {
   at::Tensor out = local.clone(at::MemoryFormat::Contiguous);
   group->all_reduce(out, op)->wait();
   return out;
 }
 
-at::Tensor ChunkLocally(const at::Tensor& local, const Placement& shard,
-                        const std::vector<int64_t>& logical, int64_t world, int64_t coordinate) {
+at::Tensor ChunkLocally(const at::Tensor& local, const Placement& shard, const std::vector<int64_t>& logical,
+                        int64_t world, int64_t coordinate) {
   const int64_t d = shard.dim();
   const auto pieces = ShardPieces(shard, logical[d], world, coordinate);
   if (pieces.empty()) return local.narrow(d, 0, 0).contiguous();
@@ -209,8 +204,7 @@ at::Tensor ChunkLocally(const at::Tensor& local, const Placement& shard,
 }
 
 // Replicate -> Partial: the ranks' values must reduce back to the replicated value.
-at::Tensor PartitionLocally(const at::Tensor& local, const comm::ReduceOp& op, int64_t world,
-                            int64_t coordinate) {
+at::Tensor PartitionLocally(const at::Tensor& local, const comm::ReduceOp& op, int64_t world, int64_t coordinate) {
   if (op.kind() != comm::ReduceOpKind::kSum) return local.clone();  // avg/max/min of copies
   if (at::isFloatingType(local.scalar_type()) || at::isComplexType(local.scalar_type())) {
     return local / static_cast<double>(world);  // as PyTorch's Partial._partition_value
@@ -236,8 +230,7 @@ at::Tensor AllToAllShards(const at::Tensor& local, const Placement& src, const P
     recv_shapes.push_back(std::move(shape));
   }
   const at::Tensor input = at::cat(sends, 0);
-  at::Tensor output = at::empty({std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0})},
-                                local.options());
+  at::Tensor output = at::empty({std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0})}, local.options());
   group->all_to_all_single(output, input, out_splits, in_splits)->wait();
   std::vector<at::Tensor> parts;
   int64_t offset = 0;
@@ -267,9 +260,8 @@ std::string RedistributePlan::ToString(const mesh::DeviceMesh& mesh) const {
   std::vector<std::string> lines;
   for (const TransformStep& s : steps) {
     const std::string name = mesh.dim_names().empty() ? "" : absl::StrCat(" (", mesh.dim_names()[s.mesh_dim], ")");
-    lines.push_back(absl::StrCat("mesh dim ", s.mesh_dim, name, ": ", s.src.ToString(), " -> ",
-                                 s.dst.ToString(), ": ", TransformKindName(s.kind), " over ",
-                                 mesh.size(s.mesh_dim), " ranks, logical [",
+    lines.push_back(absl::StrCat("mesh dim ", s.mesh_dim, name, ": ", s.src.ToString(), " -> ", s.dst.ToString(), ": ",
+                                 TransformKindName(s.kind), " over ", mesh.size(s.mesh_dim), " ranks, logical [",
                                  absl::StrJoin(s.logical_shape, ", "), "], ", s.bytes, " B"));
   }
   return absl::StrJoin(lines, "\n");
@@ -281,16 +273,14 @@ int64_t RedistributePlan::total_bytes() const {
   return total;
 }
 
-std::shared_ptr<const RedistributePlan> PlanRedistribute(const DTensorSpec& src,
-                                                         const Placements& dst) {
-  const Placements target = ValidatePlacements(dst, src.mesh->ndim(),
-                                               static_cast<int64_t>(src.shape.size()), "redistribute");
+std::shared_ptr<const RedistributePlan> PlanRedistribute(const DTensorSpec& src, const Placements& dst) {
+  const Placements target =
+      ValidatePlacements(dst, src.mesh->ndim(), static_cast<int64_t>(src.shape.size()), "redistribute");
   // Plans depend only on this key; a thread owns one rank, so a per-thread cache needs no lock.
   thread_local absl::flat_hash_map<std::string, std::shared_ptr<const RedistributePlan>> cache;
-  std::string key = absl::StrCat(absl::StrJoin(src.mesh->shape(), ","), "|",
-                                 absl::StrJoin(src.mesh->coordinate(), ","), "|",
-                                 absl::StrJoin(src.shape, ","), "|", static_cast<int>(src.dtype),
-                                 "|", ToString(src.placements), "|", ToString(target));
+  std::string key = absl::StrCat(absl::StrJoin(src.mesh->shape(), ","), "|", absl::StrJoin(src.mesh->coordinate(), ","),
+                                 "|", absl::StrJoin(src.shape, ","), "|", static_cast<int>(src.dtype), "|",
+                                 ToString(src.placements), "|", ToString(target));
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() > 4096) cache.clear();  // bound memory for programs with many shapes
@@ -299,25 +289,18 @@ std::shared_ptr<const RedistributePlan> PlanRedistribute(const DTensorSpec& src,
   return plan;
 }
 
-at::Tensor RunRedistributePlan(const at::Tensor& local, const DTensorSpec& src,
-                               const RedistributePlan& plan) {
+at::Tensor RunRedistributePlan(const at::Tensor& local, const DTensorSpec& src, const RedistributePlan& plan) {
   const mesh::DeviceMesh& mesh = *src.mesh;
   at::Tensor t = local;
   for (const TransformStep& s : plan.steps) {
     const comm::ProcessGroupPtr& group = mesh.group(s.mesh_dim);
     switch (s.kind) {
-      case TransformKind::kAllGather:
-        t = AllGatherShards(t, s.src, s.logical_shape, group);
-        break;
-      case TransformKind::kAllReduce:
-        t = AllReducePartial(t, s.src.reduce_op(), group);
-        break;
+      case TransformKind::kAllGather: t = AllGatherShards(t, s.src, s.logical_shape, group); break;
+      case TransformKind::kAllReduce: t = AllReducePartial(t, s.src.reduce_op(), group); break;
       case TransformKind::kReduceScatter:
         t = ReduceScatterShards(t, s.dst, s.src.reduce_op(), s.logical_shape, group);
         break;
-      case TransformKind::kAllToAll:
-        t = AllToAllShards(t, s.src, s.dst, s.logical_shape, group);
-        break;
+      case TransformKind::kAllToAll: t = AllToAllShards(t, s.src, s.dst, s.logical_shape, group); break;
       case TransformKind::kLocalChunk:
         t = ChunkLocally(t, s.dst, s.logical_shape, mesh.size(s.mesh_dim), mesh.coordinate()[s.mesh_dim]);
         break;

@@ -51,15 +51,13 @@ struct RedistributePlan {
 // The plan from `src` to `dst` placements (validated against src's mesh and shape). Plans
 // are cached per thread by (mesh shape, coordinate, shape, dtype, src, dst): a repeated
 // redistribute costs a hash lookup.
-std::shared_ptr<const RedistributePlan> PlanRedistribute(const DTensorSpec& src,
-                                                         const Placements& dst);
+std::shared_ptr<const RedistributePlan> PlanRedistribute(const DTensorSpec& src, const Placements& dst);
 
 // Runs `plan` on `local` (the local tensor of `src`); returns the new local tensor. Never
 // modifies `local`; the result may alias it when no step communicates (a Replicate ->
 // Shard chunk of dim 0 is a view). Blocks until every collective completes (each waits
 // with its group's timeout). No autograd: see DTensor::redistribute.
-at::Tensor RunRedistributePlan(const at::Tensor& local, const DTensorSpec& src,
-                               const RedistributePlan& plan);
+at::Tensor RunRedistributePlan(const at::Tensor& local, const DTensorSpec& src, const RedistributePlan& plan);
 
 }  // namespace fsdp::dtensor
 

@@ -63,8 +63,7 @@ DTensor MakeSource(const at::Tensor& global, const mesh::DeviceMeshPtr& mesh, co
 }
 
 std::vector<Placements> AllPlacementTuples(int ndim) {
-  const std::vector<P> single = {P::Shard(0), P::Shard(1), P::Replicate(), P::Partial(),
-                                 P::StridedShard(0, 2)};
+  const std::vector<P> single = {P::Shard(0), P::Shard(1), P::Replicate(), P::Partial(), P::StridedShard(0, 2)};
   std::vector<Placements> tuples = {{}};
   for (int m = 0; m < ndim; ++m) {
     std::vector<Placements> next;
@@ -120,8 +119,8 @@ TEST_P(RedistributeTest, EveryPlacementPairPreservesTheGlobalTensor) {
           ASSERT_TRUE(at::equal(from.full_tensor(), global)) << ToString(src);
           for (const Placements& dst : tuples) {
             const DTensor to = from.redistribute(dst);
-            const std::string what = absl::StrCat(ToString(src), " -> ", ToString(dst), " shape [",
-                                                  shape[0], ", ", shape[1], "]");
+            const std::string what =
+                absl::StrCat(ToString(src), " -> ", ToString(dst), " shape [", shape[0], ", ", shape[1], "]");
             ASSERT_EQ(to.to_local().sizes().vec(), to.spec().local_shape()) << what;
             ASSERT_TRUE(at::equal(to.full_tensor(), global)) << what;
             if (!to.spec().has_partial()) {
@@ -134,16 +133,17 @@ TEST_P(RedistributeTest, EveryPlacementPairPreservesTheGlobalTensor) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Meshes, RedistributeTest,
-    ::testing::Values(MeshCase{Backend::kThreaded, {1}}, MeshCase{Backend::kThreaded, {2}},
-                      MeshCase{Backend::kThreaded, {3}}, MeshCase{Backend::kThreaded, {4}},
-                      MeshCase{Backend::kThreaded, {2, 2}}, MeshCase{Backend::kThreaded, {1, 4}},
-                      MeshCase{Backend::kThreaded, {4, 1}}, MeshCase{Backend::kGlooThreads, {1}},
-                      MeshCase{Backend::kGlooThreads, {2}}, MeshCase{Backend::kGlooThreads, {3}},
-                      MeshCase{Backend::kGlooThreads, {4}}, MeshCase{Backend::kGlooThreads, {2, 2}},
-                      MeshCase{Backend::kGlooThreads, {1, 4}}, MeshCase{Backend::kGlooThreads, {4, 1}}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Meshes, RedistributeTest,
+                         ::testing::Values(MeshCase{Backend::kThreaded, {1}}, MeshCase{Backend::kThreaded, {2}},
+                                           MeshCase{Backend::kThreaded, {3}}, MeshCase{Backend::kThreaded, {4}},
+                                           MeshCase{Backend::kThreaded, {2, 2}}, MeshCase{Backend::kThreaded, {1, 4}},
+                                           MeshCase{Backend::kThreaded, {4, 1}}, MeshCase{Backend::kGlooThreads, {1}},
+                                           MeshCase{Backend::kGlooThreads, {2}}, MeshCase{Backend::kGlooThreads, {3}},
+                                           MeshCase{Backend::kGlooThreads, {4}},
+                                           MeshCase{Backend::kGlooThreads, {2, 2}},
+                                           MeshCase{Backend::kGlooThreads, {1, 4}},
+                                           MeshCase{Backend::kGlooThreads, {4, 1}}),
+                         CaseName);
 
 TEST(RedistributePlan, PrintsStepsInnerMeshDimFirstWithBytes) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
@@ -156,15 +156,19 @@ TEST(RedistributePlan, PrintsStepsInnerMeshDimFirstWithBytes) {
     EXPECT_EQ(plan->steps[0].bytes, 2 * 3 * 3 * 4);
     EXPECT_EQ(plan->steps[1].bytes, 2 * 5 * 3 * 4);
     const std::string text = plan->ToString(*mesh);
-    EXPECT_TRUE(absl::StrContains(text, "mesh dim 1 (tp): Shard(dim=0) -> Replicate(): all_gather over 2 ranks, logical [5, 3], 72 B")) << text;
+    EXPECT_TRUE(absl::StrContains(
+        text, "mesh dim 1 (tp): Shard(dim=0) -> Replicate(): all_gather over 2 ranks, logical [5, 3], 72 B"))
+        << text;
     EXPECT_TRUE(absl::StrContains(text, "mesh dim 0 (dp): Shard(dim=0) -> Replicate(): all_gather")) << text;
     // Cached: the same object comes back.
     EXPECT_EQ(PlanRedistribute(spec, {P::Replicate(), P::Replicate()}).get(), plan.get());
     // Partial -> Shard is one reduce-scatter; Shard(0) -> Shard(1) one all-to-all.
-    const auto rs = PlanRedistribute(spec.WithPlacements({P::Partial(), P::Replicate()}), {P::Shard(0), P::Replicate()});
+    const auto rs =
+        PlanRedistribute(spec.WithPlacements({P::Partial(), P::Replicate()}), {P::Shard(0), P::Replicate()});
     ASSERT_EQ(rs->steps.size(), 1u);
     EXPECT_EQ(rs->steps[0].kind, TransformKind::kReduceScatter);
-    const auto a2a = PlanRedistribute(spec.WithPlacements({P::Shard(0), P::Replicate()}), {P::Shard(1), P::Replicate()});
+    const auto a2a =
+        PlanRedistribute(spec.WithPlacements({P::Shard(0), P::Replicate()}), {P::Shard(1), P::Replicate()});
     ASSERT_EQ(a2a->steps.size(), 1u);
     EXPECT_EQ(a2a->steps[0].kind, TransformKind::kAllToAll);
     EXPECT_TRUE(absl::StrContains(PlanRedistribute(spec, spec.placements)->ToString(*mesh), "no-op"));
@@ -223,8 +227,9 @@ TEST(DTensorErrors, BadInputIsNamed) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2}, {"dp"});
     const at::Tensor t = at::ones({4, 3});
-    EXPECT_ERROR_CONTAINS(distribute_tensor(t, mesh, {P::Shard(2)}),
-                          "distribute_tensor: shard dim 2 of placement 0 (Shard(dim=2)) is out of range for a 2-D tensor");
+    EXPECT_ERROR_CONTAINS(
+        distribute_tensor(t, mesh, {P::Shard(2)}),
+        "distribute_tensor: shard dim 2 of placement 0 (Shard(dim=2)) is out of range for a 2-D tensor");
     EXPECT_ERROR_CONTAINS(DTensor::from_local(t, mesh, {P::Shard(0), P::Replicate()}),
                           "got 2 placements (Shard(dim=0), Replicate()) for a 1-D mesh");
     EXPECT_ERROR_CONTAINS(DTensor::from_local(at::ones({3, 3}), mesh, {P::Shard(0)}, std::vector<int64_t>{4, 3}),

@@ -26,18 +26,15 @@ struct GroupCapsule : torch::CustomClassHolder {
 // every rank's column shard, so its gradient is the sum of the ranks' partial gradients
 // (what PyTorch gets from DTensor.from_local(Replicate) in ColwiseParallel).
 struct AllReduceGradient : torch::autograd::Function<AllReduceGradient> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            comm::ProcessGroupPtr group) {
-    ctx->saved_data["group"] =
-        c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(std::move(group)));
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, comm::ProcessGroupPtr group) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(std::move(group)));
     return x;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    const auto holder =
-        c10::static_intrusive_pointer_cast<GroupCapsule>(ctx->saved_data["group"].toCapsule());
+    const auto holder = c10::static_intrusive_pointer_cast<GroupCapsule>(ctx->saved_data["group"].toCapsule());
     // The engine may share the incoming buffer with other consumers: reduce a copy.
     at::Tensor grad = grads[0].clone(at::MemoryFormat::Contiguous);
     holder->group->all_reduce(grad)->wait();
@@ -55,14 +52,13 @@ const char* TensorParallelStyleName(TensorParallelStyle style) {
   return "?";
 }
 
-TensorParallelLinearImpl::TensorParallelLinearImpl(const torch::nn::Linear& linear,
-                                                   mesh::DeviceMeshPtr tp_mesh,
+TensorParallelLinearImpl::TensorParallelLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr tp_mesh,
                                                    TensorParallelStyle style)
     : style_(style), mesh_(std::move(tp_mesh)) {
   TORCH_CHECK(!linear.is_empty(), "TensorParallelLinear: the Linear is empty (no module)");
   TORCH_CHECK(mesh_ != nullptr, "TensorParallelLinear: tp_mesh is null");
-  TORCH_CHECK(mesh_->ndim() == 1, "TensorParallelLinear: tp_mesh must be 1-D, got ",
-              mesh_->ToString(), " (slice the tensor-parallel dimension, e.g. mesh[\"tp\"])");
+  TORCH_CHECK(mesh_->ndim() == 1, "TensorParallelLinear: tp_mesh must be 1-D, got ", mesh_->ToString(),
+              " (slice the tensor-parallel dimension, e.g. mesh[\"tp\"])");
   const at::Tensor& full_weight = linear->weight;
   TORCH_CHECK(full_weight.defined() && full_weight.dim() == 2,
               "TensorParallelLinear: the Linear's weight must be 2-D [out, in]");
@@ -90,10 +86,9 @@ at::Tensor TensorParallelLinearImpl::forward(const at::Tensor& x) {
   const bool colwise = style_ == TensorParallelStyle::kColwise;
   TORCH_CHECK(x.defined() && x.dim() >= 1, "TensorParallelLinear (", TensorParallelStyleName(style_),
               "): input must be a tensor of at least 1 dimension");
-  TORCH_CHECK(x.size(-1) == local_in_features(), "TensorParallelLinear (",
-              TensorParallelStyleName(style_), ", tp rank ", mesh_->coordinate()[0], " of ",
-              mesh_->size(), "): input's last dimension is ", x.size(-1), " but expected ",
-              local_in_features(),
+  TORCH_CHECK(x.size(-1) == local_in_features(), "TensorParallelLinear (", TensorParallelStyleName(style_),
+              ", tp rank ", mesh_->coordinate()[0], " of ", mesh_->size(), "): input's last dimension is ", x.size(-1),
+              " but expected ", local_in_features(),
               colwise ? " (in_features; colwise takes the replicated input)"
                       : absl::StrCat(" (this rank's Shard(-1) chunk of in_features=", in_features_, ")"));
   if (colwise) {
@@ -105,37 +100,35 @@ at::Tensor TensorParallelLinearImpl::forward(const at::Tensor& x) {
   }
   // Each rank multiplies its columns of x by its columns of W: the sum over ranks is x W^T.
   const at::Tensor partial = at::linear(x, weight);
-  const DTensorSpec spec = DTensorSpec::Make(mesh_, {Placement::Partial()}, partial.sizes().vec(),
-                                             partial.scalar_type());
+  const DTensorSpec spec =
+      DTensorSpec::Make(mesh_, {Placement::Partial()}, partial.sizes().vec(), partial.scalar_type());
   // Autograd-aware: the gradient of each partial term is the replicated output gradient.
   at::Tensor y = RedistributeLocal(partial, spec, {Placement::Replicate()});
   return bias.defined() ? y + bias : y;
 }
 
 const DTensorSpec& TensorParallelLinearImpl::parameter_spec(const std::string& name) const {
-  const auto it = std::find_if(specs_.begin(), specs_.end(),
-                               [&](const auto& entry) { return entry.first == name; });
+  const auto it = std::find_if(specs_.begin(), specs_.end(), [&](const auto& entry) { return entry.first == name; });
   if (it != specs_.end()) return it->second;
   std::vector<std::string> known;
   for (const auto& entry : specs_) known.push_back(entry.first);
-  TORCH_CHECK(false, "TensorParallelLinear: no distributed parameter named '", name,
-              "'; known: [", absl::StrJoin(known, ", "), "]");
+  TORCH_CHECK(false, "TensorParallelLinear: no distributed parameter named '", name, "'; known: [",
+              absl::StrJoin(known, ", "), "]");
   return it->second;  // unreachable
 }
 
-std::vector<std::pair<std::string, DTensorSpec>> TensorParallelLinearImpl::named_parameter_specs()
-    const {
+std::vector<std::pair<std::string, DTensorSpec>> TensorParallelLinearImpl::named_parameter_specs() const {
   return specs_;
 }
 
 void TensorParallelLinearImpl::pretty_print(std::ostream& stream) const {
-  stream << "fsdp::dtensor::TensorParallelLinear(in_features=" << in_features_
-         << ", out_features=" << out_features_ << ", style=" << TensorParallelStyleName(style_)
-         << ", tp=" << mesh_->size() << ", bias=" << (bias.defined() ? "true" : "false") << ")";
+  stream << "fsdp::dtensor::TensorParallelLinear(in_features=" << in_features_ << ", out_features=" << out_features_
+         << ", style=" << TensorParallelStyleName(style_) << ", tp=" << mesh_->size()
+         << ", bias=" << (bias.defined() ? "true" : "false") << ")";
 }
 
-TensorParallelLinear ParallelizeLinear(const torch::nn::Linear& linear,
-                                       mesh::DeviceMeshPtr tp_mesh, TensorParallelStyle style) {
+TensorParallelLinear ParallelizeLinear(const torch::nn::Linear& linear, mesh::DeviceMeshPtr tp_mesh,
+                                       TensorParallelStyle style) {
   return TensorParallelLinear(linear, std::move(tp_mesh), style);
 }
 

@@ -50,8 +50,7 @@ class TensorParallelLinearImpl : public torch::nn::Module, public DistributedPar
   // Collective over tp_mesh (distribute_tensor broadcasts rank 0's weights, so ranks that
   // start from different initializations still agree). The parameters are fresh leaves
   // with the requires_grad of the originals; `linear` is not modified.
-  TensorParallelLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr tp_mesh,
-                           TensorParallelStyle style);
+  TensorParallelLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr tp_mesh, TensorParallelStyle style);
 
   // Colwise: x [*, in_features] (the same on every rank) -> [*, local out columns].
   // Rowwise: x [*, local in columns] -> [*, out_features] (the same on every rank);
@@ -88,8 +87,8 @@ TORCH_MODULE(TensorParallelLinear);
 
 // Builds the tensor-parallel version of `linear` over `tp_mesh` (must be 1-D).
 // Collective over tp_mesh.
-TensorParallelLinear ParallelizeLinear(const torch::nn::Linear& linear,
-                                       mesh::DeviceMeshPtr tp_mesh, TensorParallelStyle style);
+TensorParallelLinear ParallelizeLinear(const torch::nn::Linear& linear, mesh::DeviceMeshPtr tp_mesh,
+                                       TensorParallelStyle style);
 
 }  // namespace fsdp::dtensor
 

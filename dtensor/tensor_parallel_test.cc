@@ -61,8 +61,8 @@ struct MlpShape {
 };
 
 std::string ShapeName(const MlpShape& s) {
-  return "w" + std::to_string(s.world) + "_" + std::to_string(s.in) + "x" +
-         std::to_string(s.hidden) + "x" + std::to_string(s.out);
+  return "w" + std::to_string(s.world) + "_" + std::to_string(s.in) + "x" + std::to_string(s.hidden) + "x" +
+         std::to_string(s.out);
 }
 
 // Readable test parameters in gtest's failure lines.
@@ -119,17 +119,16 @@ TEST_P(TensorParallelMlpTest, MatchesUnshardedOutputAndGradients) {
                             [&](const comm::ProcessGroupPtr& group) { CheckMlpParity(group, shape); });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, TensorParallelMlpTest,
-    ::testing::Combine(::testing::Values(Backend::kThreaded, Backend::kGlooThreads),
-                       ::testing::Values(MlpShape{2, 6, 8, 5},    // even
-                                         MlpShape{3, 6, 7, 5},    // uneven: 3, 3, 1
-                                         MlpShape{3, 4, 2, 3},    // rank 2 holds nothing
-                                         MlpShape{1, 4, 3, 2})),  // degenerate tp=1
-    [](const auto& info) {
-      return fsdp::testing::BackendName(std::get<0>(info.param)) + "_" +
-             ShapeName(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelMlpTest,
+                         ::testing::Combine(::testing::Values(Backend::kThreaded, Backend::kGlooThreads),
+                                            ::testing::Values(MlpShape{2, 6, 8, 5},    // even
+                                                              MlpShape{3, 6, 7, 5},    // uneven: 3, 3, 1
+                                                              MlpShape{3, 4, 2, 3},    // rank 2 holds nothing
+                                                              MlpShape{1, 4, 3, 2})),  // degenerate tp=1
+                         [](const auto& info) {
+                           return fsdp::testing::BackendName(std::get<0>(info.param)) + "_" +
+                                  ShapeName(std::get<1>(info.param));
+                         });
 
 TEST(TensorParallelLinearTest, ParameterSpecsNamesAndRequiresGrad) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [](const comm::ProcessGroupPtr& group) {
@@ -190,8 +189,7 @@ TEST(TensorParallelLinearTest, Errors) {
     auto col = ParallelizeLinear(fc, mesh, TensorParallelStyle::kColwise);
     auto row = ParallelizeLinear(fc, mesh, TensorParallelStyle::kRowwise);
 
-    EXPECT_ERROR_CONTAINS(col->forward(at::ones({2, 5})),
-                          "input's last dimension is 5 but expected 6 (in_features");
+    EXPECT_ERROR_CONTAINS(col->forward(at::ones({2, 5})), "input's last dimension is 5 but expected 6 (in_features");
     // Rowwise takes this rank's 3 of the 6 input columns, not all of them.
     EXPECT_ERROR_CONTAINS(row->forward(at::ones({2, 6})),
                           "input's last dimension is 6 but expected 3 (this rank's Shard(-1) chunk "
@@ -201,12 +199,9 @@ TEST(TensorParallelLinearTest, Errors) {
     auto mesh_2d = mesh::DeviceMesh::Create(group, {2, 1}, {"dp", "tp"});
     EXPECT_ERROR_CONTAINS(ParallelizeLinear(fc, mesh_2d, TensorParallelStyle::kColwise),
                           "tp_mesh must be 1-D, got DeviceMesh((dp=2, tp=1)");
-    EXPECT_ERROR_CONTAINS(ParallelizeLinear(fc, nullptr, TensorParallelStyle::kRowwise),
-                          "tp_mesh is null");
+    EXPECT_ERROR_CONTAINS(ParallelizeLinear(fc, nullptr, TensorParallelStyle::kRowwise), "tp_mesh is null");
     // The 1-D slice of the same mesh is accepted.
-    EXPECT_EQ(ParallelizeLinear(fc, (*mesh_2d)["dp"], TensorParallelStyle::kRowwise)
-                  ->local_in_features(),
-              3);
+    EXPECT_EQ(ParallelizeLinear(fc, (*mesh_2d)["dp"], TensorParallelStyle::kRowwise)->local_in_features(), 3);
   });
 }
 

@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
     const double ms = TimeMs(pg, iters, [&] { pg.all_to_all_single(out, in)->wait(); });
     bool ok = true;
     for (int j = 0; j < W; ++j) {
-      ok = ok && at::equal(out.narrow(0, j * per_peer, per_peer),
-                           at::full({per_peer}, static_cast<float>(100.0 * j + me)));
+      ok = ok &&
+           at::equal(out.narrow(0, j * per_peer, per_peer), at::full({per_peer}, static_cast<float>(100.0 * j + me)));
     }
     rows.push_back({"all_to_all_single", ok, ms, in.nbytes() / gib / (ms / 1e3)});
   }
@@ -101,14 +101,12 @@ int main(int argc, char** argv) {
   pg.all_reduce(all_ok, ReduceOp::Min())->wait();
 
   if (me == 0) {
-    std::printf("\nlibtorch-fsdp collectives demo: %d ranks as processes, Gloo over TCPStore on %s\n",
-                W, "127.0.0.1");
+    std::printf("\nlibtorch-fsdp collectives demo: %d ranks as processes, Gloo over TCPStore on %s\n", W, "127.0.0.1");
     std::printf("payload %lld MiB per rank, %d timed iterations each\n\n",
                 static_cast<long long>(absl::GetFlag(FLAGS_mib)), iters);
     std::printf("%-28s %-8s %10s %12s\n", "collective", "result", "ms/iter", "GiB/s (alg)");
     for (const Row& row : rows) {
-      std::printf("%-28s %-8s %10.2f %12.2f\n", row.name.c_str(), row.correct ? "ok" : "WRONG",
-                  row.ms, row.gib_per_s);
+      std::printf("%-28s %-8s %10.2f %12.2f\n", row.name.c_str(), row.correct ? "ok" : "WRONG", row.ms, row.gib_per_s);
     }
     std::printf("\nall ranks correct: %s; collectives issued by rank 0: %zu (%.1f MiB in)\n",
                 all_ok.item<int64_t>() == 1 ? "yes" : "NO", trace->records().size(),

@@ -25,7 +25,9 @@
 #include "absl/strings/match.h"
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
+#include "fsdp/per_param/fsdp_state.h"  // runtime introspection for the printout (CollectStates)
 #include "fsdp/per_param/fully_shard.h"
+#include "fsdp/per_param/state_dict.h"
 #include "mesh/device_mesh.h"
 
 namespace {
@@ -184,9 +186,11 @@ int main() {
 
   const int64_t local = kGlobalBatch / W;
   if (log) {
-    std::printf("FSDP2 demo: %ld-block decoder (vocab %ld, d %ld, tied head), %d ranks, global batch %ld x %ld tokens, AdamW\n",
-                kBlocks, kVocab, kDim, W, kGlobalBatch, kSeq);
-    std::printf("%4s %8s %7s %18s %15s %19s\n", "step", "loss", "ms", "P+G+O KiB/rank", "all-gather KiB", "reduce-scatter KiB");
+    std::printf(
+        "FSDP2 demo: %ld-block decoder (vocab %ld, d %ld, tied head), %d ranks, global batch %ld x %ld tokens, AdamW\n",
+        kBlocks, kVocab, kDim, W, kGlobalBatch, kSeq);
+    std::printf("%4s %8s %7s %18s %15s %19s\n", "step", "loss", "ms", "P+G+O KiB/rank", "all-gather KiB",
+                "reduce-scatter KiB");
   }
   std::vector<double> losses, step_ms;
   Bytes sharded;
@@ -198,7 +202,7 @@ int main() {
     at::Tensor loss = Loss(model, seqs);
     loss.backward();  // blocks re-gather their weights; gradients are reduce-scattered (averaged)
     opt.step();
-    step_ms.push_back(Ms(t0));  // step 0 includes FSDP's lazy initialization
+    step_ms.push_back(Ms(t0));                       // step 0 includes FSDP's lazy initialization
     sharded = CountBytes(model->parameters(), opt);  // before zero_grad: gradients still there
     opt.zero_grad();
     // Sizes of the full buffers: all-gather outputs and reduce-scatter inputs.
@@ -208,15 +212,14 @@ int main() {
     at::Tensor global = loss.detach().clone();
     world->all_reduce(global, fsdp::comm::ReduceOp::Avg())->wait();
     losses.push_back(global.item<double>());
-    if (log) std::printf("%4d %8.4f %7.1f %18.1f %15.1f %19.1f\n", step, losses.back(), step_ms.back(), Kib(sharded.total()), Kib(ag), Kib(rs));
+    if (log)
+      std::printf("%4d %8.4f %7.1f %18.1f %15.1f %19.1f\n", step, losses.back(), step_ms.back(), Kib(sharded.total()),
+                  Kib(ag), Kib(rs));
   }
 
   // Gather every trained parameter (collective: all ranks, same order) keyed by its name.
   std::map<std::string, at::Tensor> trained;
-  for (auto* state : fsdp::per_param::CollectStates(*model)) {
-    if (state->param_group() == nullptr) continue;
-    for (const auto& p : state->param_group()->fsdp_params()) trained[p->fqn()] = p->ShardedDTensor().full_tensor();
-  }
+  for (const auto& item : fsdp::per_param::GetFullStateDict(*model)) trained[item.key()] = item.value();
 
   // The same training on one rank without FSDP: same init, the whole global batch per step.
   Decoder ref;
@@ -258,18 +261,23 @@ int main() {
       const auto& group = state->param_group();
       std::string names;
       for (const auto& p : group->fsdp_params()) names += " " + p->fqn();
-      std::printf("fully_shard(%s): %zu tensors%s\n", group->module_fqn().empty() ? "root" : group->module_fqn().c_str(), group->fsdp_params().size(),
+      std::printf("fully_shard(%s): %zu tensors%s\n",
+                  group->module_fqn().empty() ? "root" : group->module_fqn().c_str(), group->fsdp_params().size(),
                   state->is_root().value_or(false) ? (":" + names).c_str() : "");
     }
     std::sort(step_ms.begin() + 1, step_ms.end());
-    std::printf("median step %.1f ms; per step all-gather %.1f KiB (root once, kept through backward; each block\n"
-                "  twice: forward, then again for backward), reduce-scatter %.1f KiB (every gradient once)\n",
-                step_ms[kSteps / 2], Kib(ag), Kib(rs));
-    std::printf("KiB per rank, params + grads + AdamW state: FSDP %.1f + %.1f + %.1f = %.1f, single rank %.1f + %.1f + %.1f = %.1f (%.2fx)\n",
-                Kib(sharded.params), Kib(sharded.grads), Kib(sharded.optim), Kib(sharded.total()), Kib(full.params),
-                Kib(full.grads), Kib(full.optim), Kib(full.total()), double(full.total()) / double(sharded.total()));
-    std::printf("vs single-rank reference: max loss diff %.1e (tol %.0e), max param diff %.1e (tol %.0e), %zu tensors\n",
-                loss_diff, kLossTol, param_diff, kParamTol, trained.size());
+    std::printf(
+        "median step %.1f ms; per step all-gather %.1f KiB (root once, kept through backward; each block\n"
+        "  twice: forward, then again for backward), reduce-scatter %.1f KiB (every gradient once)\n",
+        step_ms[kSteps / 2], Kib(ag), Kib(rs));
+    std::printf(
+        "KiB per rank, params + grads + AdamW state: FSDP %.1f + %.1f + %.1f = %.1f, single rank %.1f + %.1f + %.1f = "
+        "%.1f (%.2fx)\n",
+        Kib(sharded.params), Kib(sharded.grads), Kib(sharded.optim), Kib(sharded.total()), Kib(full.params),
+        Kib(full.grads), Kib(full.optim), Kib(full.total()), double(full.total()) / double(sharded.total()));
+    std::printf(
+        "vs single-rank reference: max loss diff %.1e (tol %.0e), max param diff %.1e (tol %.0e), %zu tensors\n",
+        loss_diff, kLossTol, param_diff, kParamTol, trained.size());
     std::printf("%s\n", ok ? "PASS" : "FAIL");
   }
   return ok ? 0 : 1;

@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,8 +29,8 @@
 namespace fsdp::fuzz {
 namespace {
 
-using per_param::FullStateDict;
 using checkpoint::ReadCheckpoint;
+using per_param::FullStateDict;
 using namespace std::string_literals;
 
 c10::IValue Read(const std::vector<char>& bytes) { return ReadCheckpoint(bytes.data(), bytes.size(), "'test.pt'"); }
@@ -56,7 +56,8 @@ void ExpectSame(const c10::IValue& a, const c10::IValue& b, const std::string& a
     auto it = y.begin();
     for (const auto& item : x) {  // insertion order is kept by both readers
       ExpectSame(item.key(), it->key(), at + " key");
-      ExpectSame(item.value(), it->value(), absl::StrCat(at, "[", item.key().isString() ? item.key().toStringRef() : "?", "]"));
+      ExpectSame(item.value(), it->value(),
+                 absl::StrCat(at, "[", item.key().isString() ? item.key().toStringRef() : "?", "]"));
       ++it;
     }
   } else if (a.isString()) {
@@ -98,7 +99,10 @@ std::vector<char> Archive(const std::vector<std::pair<std::string, std::string>>
 // Pickle opcodes, protocol 2.
 struct Pickle {
   std::string b = "\x80\x02";
-  Pickle& Op(const std::string& ops) { b += ops; return *this; }
+  Pickle& Op(const std::string& ops) {
+    b += ops;
+    return *this;
+  }
   Pickle& Str(const std::string& s) {
     const uint32_t n = s.size();
     b += 'X';
@@ -248,20 +252,26 @@ TEST(CorruptCheckpoint, EveryBitFlipIsAnErrorOrHarmless) {
 TEST(CorruptCheckpoint, CraftedTensorsAreCheckedAgainstTheirStorage) {
   const std::string six(24, '\0');
   EXPECT_NO_THROW(Read(TensorFile(Pickle().Tensor(6, 1, {2, 2}, {3, 1}), six)));  // elements 1..5
-  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(100, 0, {100}, {1}), six),
-                  "storage '0' is declared as 100 Float elements (400 bytes) but its record 'archive/data/0' holds 24 bytes");
+  EXPECT_BAD_FILE(
+      TensorFile(Pickle().Tensor(100, 0, {100}, {1}), six),
+      "storage '0' is declared as 100 Float elements (400 bytes) but its record 'archive/data/0' holds 24 bytes");
   EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 0, {4}, {2}), six),
                   "a tensor of size [4], stride [2] and storage offset 0 reaches element 6 of a storage of 6 elements");
-  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 7, {0}, {1}), six), "a tensor's storage offset 7 is outside its storage of 6 elements");
-  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 5, {2}, {-1}), six), "a tensor has size [2] and stride [-1] (negative)");
-  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 0, {1LL << 40, 1LL << 40}, {1, 1}), six), "has more elements than int64 counts");
+  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 7, {0}, {1}), six),
+                  "a tensor's storage offset 7 is outside its storage of 6 elements");
+  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 5, {2}, {-1}), six),
+                  "a tensor has size [2] and stride [-1] (negative)");
+  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 0, {1LL << 40, 1LL << 40}, {1, 1}), six),
+                  "has more elements than int64 counts");
   EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 0, {2, 3}, {1}), six), "a tensor has size [2, 3] but stride [1]");
-  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(int64_t{1} << 62, 0, {1}, {1}), six), "storage '0' has 4611686018427387904 elements");
+  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(int64_t{1} << 62, 0, {1}, {1}), six),
+                  "storage '0' has 4611686018427387904 elements");
   EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(3, 0, {3}, {1}, "BoolStorage"), std::string("\x01\x02\x00", 3)),
                   "bool storage '0' holds byte 2 at element 1");
   EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(3, 0, {3}, {1}, "LongStorage", true), std::string(24, '\0')),
                   "a Long tensor is saved with requires_grad");
-  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 0, {6}, {1}, "QInt8Storage"), six), "unsupported global 'torch.QInt8Storage'");
+  EXPECT_BAD_FILE(TensorFile(Pickle().Tensor(6, 0, {6}, {1}, "QInt8Storage"), six),
+                  "unsupported global 'torch.QInt8Storage'");
   EXPECT_BAD_FILE(Archive({{"data.pkl", Pickle().Op("}(").Str("w").Tensor(6, 0, {6}, {1}).Op("u").Done()}}),
                   "storage '0' has no record 'archive/data/0'");
 }
@@ -276,7 +286,8 @@ TEST(CorruptCheckpoint, CraftedPicklesAreClearErrors) {
   EXPECT_BAD_FILE(PickleFile(Pickle().Op("R")), "opcode needs a value but the stack is empty");
   EXPECT_BAD_FILE(PickleFile(Pickle().Op("h\x05")), "BINGET of memo entry 5, which was never stored");
   EXPECT_TRUE(Read(PickleFile(Pickle().Op("Nr\xff\xff\xff\xff"))).isNone());  // a 2^32 memo id costs nothing
-  EXPECT_BAD_FILE(PickleFile(Pickle().Global("os", "system").Op("(").Str("true").Op("tR")), "unsupported global 'os.system'");
+  EXPECT_BAD_FILE(PickleFile(Pickle().Global("os", "system").Op("(").Str("true").Op("tR")),
+                  "unsupported global 'os.system'");
   EXPECT_BAD_FILE(PickleFile(Pickle().Global("torch._utils", "_rebuild_tensor_v2").Op(")R")),
                   "_rebuild_tensor_v2 takes 6 to 7 arguments, got 0");
   EXPECT_BAD_FILE(PickleFile(Pickle().Op("]q\0h\0a"s)), "the pickle puts a container into itself");
@@ -286,7 +297,8 @@ TEST(CorruptCheckpoint, CraftedPicklesAreClearErrors) {
   for (int i = 0; i < 100000; ++i) deep.Op("\x85");
   EXPECT_BAD_FILE(PickleFile(deep), "containers nest 65 deep, more than 64");
   EXPECT_BAD_FILE(PickleFile(Pickle().Op("NN")), "the pickle ends with 2 values and 0 marks");
-  EXPECT_BAD_FILE(PickleFile(Pickle().Op("X\xff\xff\xff\x7f")), "an operand of 2147483647 bytes runs past the end of data.pkl");
+  EXPECT_BAD_FILE(PickleFile(Pickle().Op("X\xff\xff\xff\x7f")),
+                  "an operand of 2147483647 bytes runs past the end of data.pkl");
   EXPECT_BAD_FILE(Archive({{"data.pkl", "\x80\x04N."}}), "pickle protocol 4 (only 2");
   EXPECT_BAD_FILE(Archive({{"data.pkl", "\x80\x02N"}}), "data.pkl ends at byte 3 inside an opcode (truncated)");
   EXPECT_BAD_FILE(Archive({{"data.pkl", "\x80\x02\xff"}}), "unsupported pickle opcode 0xff");
@@ -333,8 +345,9 @@ TEST(CorruptCheckpoint, LoadersNameTheFileAndTheValue) {
     std::ofstream out(path, std::ios::binary);
     out.write(model.data(), static_cast<std::streamsize>(model.size() / 2));
   }
-  EXPECT_ERROR_CONTAINS(per_param::LoadFullStateDictFile(path), "LoadFullStateDictFile: '" + path +
-                                                                    "' is not a valid checkpoint: no zip end-of-central-directory record");
+  EXPECT_ERROR_CONTAINS(
+      per_param::LoadFullStateDictFile(path),
+      "LoadFullStateDictFile: '" + path + "' is not a valid checkpoint: no zip end-of-central-directory record");
   std::remove(path.c_str());
   EXPECT_ERROR_CONTAINS(per_param::DeserializeFullStateDict(adamw, "'o.pt'"),
                         "LoadFullStateDictFile: 'o.pt' holds a Tuple, not a str -> Tensor dict");
@@ -342,24 +355,30 @@ TEST(CorruptCheckpoint, LoadersNameTheFileAndTheValue) {
                         "LoadOptimStateDict: 'm.pt' is not an optimizer state dict: expected a 3-tuple");
   std::vector<char> flipped = adamw;
   flipped[ReadRecords(adamw).front().first] ^= 4;
-  EXPECT_ERROR_CONTAINS(optim_state::DeserializeOptimStateDict(flipped, "'o.pt'"), "LoadOptimStateDict: 'o.pt' is not a valid checkpoint: ");
+  EXPECT_ERROR_CONTAINS(optim_state::DeserializeOptimStateDict(flipped, "'o.pt'"),
+                        "LoadOptimStateDict: 'o.pt' is not a valid checkpoint: ");
 
   // Options and scalar state that cannot be applied leave the optimizer as it was.
   Target& t = SharedTarget();
-  const optim_state::OptimStateDict before = optim_state::GetOptimStateDict(*t.adamw, optim_state::NamedOptimizerParams(*t.model));
+  const optim_state::OptimStateDict before =
+      optim_state::GetOptimStateDict(*t.adamw, optim_state::NamedOptimizerParams(*t.model));
   optim_state::OptimStateDict sd = optim_state::DeserializeOptimStateDict(adamw, "'o.pt'");
   sd.param_groups[0].options.at("lr") = c10::IValue("fast");
-  EXPECT_ERROR_CONTAINS(optim_state::LoadFullOptimStateDict(*t.model, *t.adamw, sd), "param group option 'lr' is a String, not a float");
+  EXPECT_ERROR_CONTAINS(optim_state::LoadFullOptimStateDict(*t.model, *t.adamw, sd),
+                        "param group option 'lr' is a String, not a float");
   sd.param_groups[0].options.erase("lr");
-  EXPECT_ERROR_CONTAINS(optim_state::LoadFullOptimStateDict(*t.model, *t.adamw, sd), "the optimizer state's param group has no option 'lr'");
+  EXPECT_ERROR_CONTAINS(optim_state::LoadFullOptimStateDict(*t.model, *t.adamw, sd),
+                        "the optimizer state's param group has no option 'lr'");
   sd = optim_state::DeserializeOptimStateDict(adamw, "'o.pt'");
   sd.state.begin()->second.at("step") = int64_t{-3};
   EXPECT_ERROR_CONTAINS(optim_state::LoadFullOptimStateDict(*t.model, *t.adamw, sd), "' is -3 (negative)");
-  const optim_state::OptimStateDict after = optim_state::GetOptimStateDict(*t.adamw, optim_state::NamedOptimizerParams(*t.model));
+  const optim_state::OptimStateDict after =
+      optim_state::GetOptimStateDict(*t.adamw, optim_state::NamedOptimizerParams(*t.model));
   ASSERT_EQ(after.state.size(), before.state.size());
   for (const auto& [fqn, values] : before.state) {
     EXPECT_EQ(std::get<int64_t>(after.state.at(fqn).at("step")), std::get<int64_t>(values.at("step"))) << fqn;
-    EXPECT_TRUE(at::equal(std::get<at::Tensor>(after.state.at(fqn).at("exp_avg")), std::get<at::Tensor>(values.at("exp_avg"))));
+    EXPECT_TRUE(
+        at::equal(std::get<at::Tensor>(after.state.at(fqn).at("exp_avg")), std::get<at::Tensor>(values.at("exp_avg"))));
   }
 }
 

@@ -4,13 +4,13 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 
+#include "checkpoint/tensor_dict_file.h"
 #include "comm/fake_process_group.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
-#include "checkpoint/tensor_dict_file.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -31,7 +31,8 @@ std::unique_ptr<Target> Build() {
   auto mesh = mesh::DeviceMesh::Create(comm::CreateFakeProcessGroup(0, 2), {2});
   for (auto& b : t->model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
   per_param::fully_shard(t->model.ptr(), {.mesh = mesh});
-  t->adamw = std::make_unique<torch::optim::AdamW>(t->model->parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  t->adamw =
+      std::make_unique<torch::optim::AdamW>(t->model->parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true));
   t->sgd = std::make_unique<torch::optim::SGD>(t->model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   per_param::testing::TrainSteps(t->model, *t->adamw, 0, 1, 2, 0);
   per_param::testing::TrainSteps(t->model, *t->sgd, 1, 1, 2, 0);
@@ -53,7 +54,7 @@ NamedBytes FullStateDictSeeds() {
   out.emplace_back("model.pt", SaveFull(per_param::GetFullStateDict(*t.model)));
   checkpoint::TensorDict mixed;
   const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
-  mixed.insert("view", base.narrow(1, 1, 3));          // offset + strides into a shared storage
+  mixed.insert("view", base.narrow(1, 1, 3));  // offset + strides into a shared storage
   mixed.insert("transposed", base.t());
   mixed.insert("scalar", at::scalar_tensor(2.5, at::kDouble));
   mixed.insert("empty", at::empty({0, 3}));
@@ -69,8 +70,10 @@ NamedBytes FullStateDictSeeds() {
 NamedBytes OptimStateSeeds() {
   Target& t = SharedTarget();
   NamedBytes out;
-  out.emplace_back("adamw.pt", optim_state::SerializeOptimStateDict(optim_state::GetFullOptimStateDict(*t.model, *t.adamw)));
-  out.emplace_back("sgd.pt", optim_state::SerializeOptimStateDict(optim_state::GetFullOptimStateDict(*t.model, *t.sgd)));
+  out.emplace_back("adamw.pt",
+                   optim_state::SerializeOptimStateDict(optim_state::GetFullOptimStateDict(*t.model, *t.adamw)));
+  out.emplace_back("sgd.pt",
+                   optim_state::SerializeOptimStateDict(optim_state::GetFullOptimStateDict(*t.model, *t.sgd)));
   return out;
 }
 
@@ -81,8 +84,16 @@ void RunAsIsAndWithFixedCrcs(const uint8_t* data, size_t size, void (*run)(const
 }
 
 bool FixZipCrcs(std::vector<char>& bytes) {
-  auto u16 = [&](size_t at) { uint16_t v; std::memcpy(&v, &bytes[at], 2); return static_cast<size_t>(v); };
-  auto u32 = [&](size_t at) { uint32_t v; std::memcpy(&v, &bytes[at], 4); return static_cast<size_t>(v); };
+  auto u16 = [&](size_t at) {
+    uint16_t v;
+    std::memcpy(&v, &bytes[at], 2);
+    return static_cast<size_t>(v);
+  };
+  auto u32 = [&](size_t at) {
+    uint32_t v;
+    std::memcpy(&v, &bytes[at], 4);
+    return static_cast<size_t>(v);
+  };
   const size_t n = bytes.size();
   if (n < 22 || u32(n - 22) != 0x06054b50) return false;
   size_t p = u32(n - 22 + 16);

@@ -53,14 +53,14 @@ void RunAsIsAndWithFixedCrcs(const uint8_t* data, size_t size, void (*run)(const
 
 // Defines the libFuzzer entry points of a checkpoint-loader target: the shared model is
 // built once, and each input goes through RunAsIsAndWithFixedCrcs(run).
-#define FSDP_CHECKPOINT_FUZZ_TARGET(run)                                     \
-  extern "C" int LLVMFuzzerInitialize(int*, char***) {                       \
-    ::fsdp::fuzz::SharedTarget();                                            \
-    return 0;                                                                \
-  }                                                                          \
-  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {  \
-    ::fsdp::fuzz::RunAsIsAndWithFixedCrcs(data, size, (run));                \
-    return 0;                                                                \
+#define FSDP_CHECKPOINT_FUZZ_TARGET(run)                                    \
+  extern "C" int LLVMFuzzerInitialize(int*, char***) {                      \
+    ::fsdp::fuzz::SharedTarget();                                           \
+    return 0;                                                               \
+  }                                                                         \
+  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { \
+    ::fsdp::fuzz::RunAsIsAndWithFixedCrcs(data, size, (run));               \
+    return 0;                                                               \
   }
 
 #endif  // FSDP_FUZZ_FUZZ_MODELS_H_

@@ -1,4 +1,4 @@
-// Writes the seed corpora of the fuzz targets from real files: make_seeds DIR creates
+// Writes PyTorch corpora of the fuzz targets from real files: make_seeds DIR creates
 // DIR/full_state_dict/, DIR/optim_state/ and DIR/torchrun_env/.
 #include <cstdio>
 #include <filesystem>
@@ -32,10 +32,12 @@ int main(int argc, char** argv) {
   fsdp::fuzz::Target& target = fsdp::fuzz::SharedTarget();
   const fsdp::fuzz::NamedBytes full = fsdp::fuzz::FullStateDictSeeds(), optim = fsdp::fuzz::OptimStateSeeds();
   for (const auto& [name, bytes] : full) fsdp::checkpoint::DeserializeTensorDict(bytes, name);
-  fsdp::per_param::LoadFullStateDict(*target.model, fsdp::checkpoint::DeserializeTensorDict(full[0].second, full[0].first));
+  fsdp::per_param::LoadFullStateDict(*target.model,
+                                     fsdp::checkpoint::DeserializeTensorDict(full[0].second, full[0].first));
   for (const auto& [name, bytes] : optim) {
     const auto sd = fsdp::optim_state::DeserializeOptimStateDict(bytes, name);
-    fsdp::optim_state::LoadFullOptimStateDict(*target.model, sd.optimizer == "SGD" ? static_cast<torch::optim::Optimizer&>(*target.sgd) : *target.adamw, sd);
+    fsdp::optim_state::LoadFullOptimStateDict(
+        *target.model, sd.optimizer == "SGD" ? static_cast<torch::optim::Optimizer&>(*target.sgd) : *target.adamw, sd);
   }
   Write(dir / "full_state_dict", full);
   Write(dir / "optim_state", optim);

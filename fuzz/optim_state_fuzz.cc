@@ -26,7 +26,7 @@ void Run(const std::vector<char>& bytes) {
       }
     }
     torch::optim::Optimizer& opt = sd.optimizer == "SGD" ? static_cast<torch::optim::Optimizer&>(*target.sgd)
-                                                        : static_cast<torch::optim::Optimizer&>(*target.adamw);
+                                                         : static_cast<torch::optim::Optimizer&>(*target.adamw);
     fsdp::optim_state::LoadFullOptimStateDict(*target.model, opt, sd);
   } catch (const c10::Error&) {
   }

@@ -54,8 +54,8 @@ std::vector<int64_t> CoordinateOf(int64_t rank, const std::vector<int64_t>& shap
 }
 
 // Creates, collectively over `world`, one group per line along `dims`; returns this rank's.
-comm::ProcessGroupPtr CreateLineGroups(const comm::ProcessGroupPtr& world,
-                                       const std::vector<int64_t>& shape, const std::vector<int>& dims) {
+comm::ProcessGroupPtr CreateLineGroups(const comm::ProcessGroupPtr& world, const std::vector<int64_t>& shape,
+                                       const std::vector<int>& dims) {
   // Every world rank walks all lines in the same order (rank order of the line's first rank).
   std::set<std::vector<int>> lines;
   for (int r = 0; r < world->size(); ++r) {
@@ -100,8 +100,7 @@ struct DeviceMesh::Root {
   std::map<std::vector<int>, comm::ProcessGroupPtr> groups;
 };
 
-std::shared_ptr<DeviceMesh> DeviceMesh::FromRoot(std::shared_ptr<Root> root,
-                                                 std::vector<std::vector<int>> root_dims,
+std::shared_ptr<DeviceMesh> DeviceMesh::FromRoot(std::shared_ptr<Root> root, std::vector<std::vector<int>> root_dims,
                                                  std::vector<std::string> dim_names) {
   std::shared_ptr<DeviceMesh> mesh(new DeviceMesh());
   std::vector<int> all_dims;
@@ -126,8 +125,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::FromRoot(std::shared_ptr<Root> root,
   return mesh;
 }
 
-std::shared_ptr<DeviceMesh> DeviceMesh::Create(comm::ProcessGroupPtr world,
-                                               std::vector<int64_t> shape,
+std::shared_ptr<DeviceMesh> DeviceMesh::Create(comm::ProcessGroupPtr world, std::vector<int64_t> shape,
                                                std::vector<std::string> dim_names) {
   TORCH_CHECK(world != nullptr, "DeviceMesh::Create: world group is null");
   TORCH_CHECK(!shape.empty(), "DeviceMesh::Create: shape must have at least one dimension");
@@ -136,11 +134,10 @@ std::shared_ptr<DeviceMesh> DeviceMesh::Create(comm::ProcessGroupPtr world,
     TORCH_CHECK(shape[d] >= 1, "DeviceMesh::Create: shape[", d, "] must be >= 1, got ", shape[d]);
     numel *= shape[d];
   }
-  TORCH_CHECK(numel == world->size(), "DeviceMesh::Create: mesh shape [", absl::StrJoin(shape, ", "),
-              "] holds ", numel, " ranks but the world group has ", world->size());
-  TORCH_CHECK(dim_names.empty() || dim_names.size() == shape.size(),
-              "DeviceMesh::Create: dim_names has ", dim_names.size(), " names for ", shape.size(),
-              " dimensions");
+  TORCH_CHECK(numel == world->size(), "DeviceMesh::Create: mesh shape [", absl::StrJoin(shape, ", "), "] holds ", numel,
+              " ranks but the world group has ", world->size());
+  TORCH_CHECK(dim_names.empty() || dim_names.size() == shape.size(), "DeviceMesh::Create: dim_names has ",
+              dim_names.size(), " names for ", shape.size(), " dimensions");
   std::set<std::string> seen;
   for (const auto& name : dim_names) {
     TORCH_CHECK(!name.empty(), "DeviceMesh::Create: dim_names must not be empty strings");
@@ -185,21 +182,17 @@ const comm::ProcessGroupPtr& DeviceMesh::group(int dim) const {
   return groups_[dim];
 }
 
-const comm::ProcessGroupPtr& DeviceMesh::group(const std::string& name) const {
-  return groups_[dim_index(name)];
-}
+const comm::ProcessGroupPtr& DeviceMesh::group(const std::string& name) const { return groups_[dim_index(name)]; }
 
-std::shared_ptr<DeviceMesh> DeviceMesh::operator[](const std::string& name) const {
-  return slice({name});
-}
+std::shared_ptr<DeviceMesh> DeviceMesh::operator[](const std::string& name) const { return slice({name}); }
 
 std::shared_ptr<DeviceMesh> DeviceMesh::slice(const std::vector<std::string>& names) const {
   TORCH_CHECK(!names.empty(), "DeviceMesh: slicing needs at least one dimension name");
   std::vector<int> dims;
   for (const auto& name : names) {
     const int d = dim_index(name);
-    TORCH_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(), "DeviceMesh: dimension '",
-                name, "' named twice in a slice");
+    TORCH_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(), "DeviceMesh: dimension '", name,
+                "' named twice in a slice");
     dims.push_back(d);
   }
   std::vector<std::vector<int>> root_dims;
@@ -214,16 +207,15 @@ std::shared_ptr<DeviceMesh> DeviceMesh::flatten(const std::vector<std::string>& 
   std::vector<int> dims;
   for (const auto& name : names) dims.push_back(dim_index(name));
   for (size_t i = 1; i < dims.size(); ++i) {
-    TORCH_CHECK(dims[i] == dims[i - 1] + 1, "DeviceMesh::flatten: dimensions [",
-                absl::StrJoin(names, ", "), "] must be adjacent and in mesh order");
+    TORCH_CHECK(dims[i] == dims[i - 1] + 1, "DeviceMesh::flatten: dimensions [", absl::StrJoin(names, ", "),
+                "] must be adjacent and in mesh order");
   }
   std::vector<int> flat;
   for (int d : dims) flat.insert(flat.end(), root_dims_[d].begin(), root_dims_[d].end());
   // Groups list their members in rank order; only ascending root dimensions make that order
   // the row-major one, so that group rank == flattened coordinate.
-  TORCH_CHECK(std::is_sorted(flat.begin(), flat.end()), "DeviceMesh::flatten: dimensions [",
-              absl::StrJoin(names, ", "), "] span root dimensions [",
-              RootDimNames(root_->dim_names, flat),
+  TORCH_CHECK(std::is_sorted(flat.begin(), flat.end()), "DeviceMesh::flatten: dimensions [", absl::StrJoin(names, ", "),
+              "] span root dimensions [", RootDimNames(root_->dim_names, flat),
               "], out of the root mesh's order; flatten dimensions in root order");
   if (root_->groups.count(flat) == 0) {
     // Insert only after creation succeeded: a failed attempt must not look cached.
@@ -236,11 +228,9 @@ std::shared_ptr<DeviceMesh> DeviceMesh::flatten(const std::vector<std::string>& 
 std::string DeviceMesh::ToString() const {
   std::vector<std::string> dims;
   for (int d = 0; d < ndim(); ++d) {
-    dims.push_back(dim_names_.empty() ? absl::StrCat(shape_[d])
-                                      : absl::StrCat(dim_names_[d], "=", shape_[d]));
+    dims.push_back(dim_names_.empty() ? absl::StrCat(shape_[d]) : absl::StrCat(dim_names_[d], "=", shape_[d]));
   }
-  return absl::StrCat("DeviceMesh((", absl::StrJoin(dims, ", "), "), ranks=[",
-                      absl::StrJoin(ranks_, ", "), "])");
+  return absl::StrCat("DeviceMesh((", absl::StrJoin(dims, ", "), "), ranks=[", absl::StrJoin(ranks_, ", "), "])");
 }
 
 std::shared_ptr<DeviceMesh> Concatenate(const std::vector<std::shared_ptr<DeviceMesh>>& meshes) {
@@ -252,16 +242,15 @@ std::shared_ptr<DeviceMesh> Concatenate(const std::vector<std::shared_ptr<Device
     const auto& mesh = meshes[i];
     TORCH_CHECK(mesh != nullptr, "DeviceMesh Concatenate: mesh ", i, " is null");
     // Rank arithmetic and group reuse need one row-major world layout.
-    TORCH_CHECK(mesh->root_ == meshes[0]->root_, "DeviceMesh Concatenate: meshes 0 (",
-                meshes[0]->ToString(), ") and ", i, " (", mesh->ToString(),
+    TORCH_CHECK(mesh->root_ == meshes[0]->root_, "DeviceMesh Concatenate: meshes 0 (", meshes[0]->ToString(), ") and ",
+                i, " (", mesh->ToString(),
                 ") come from different root meshes; only meshes derived from one "
                 "DeviceMesh::Create can be concatenated");
     for (int d = 0; d < mesh->ndim(); ++d) {
       for (int r : mesh->root_dims_[d]) {
         auto [it, fresh] = owner.emplace(r, i);
         TORCH_CHECK(fresh, "DeviceMesh Concatenate: meshes ", it->second, " and ", i,
-                    " overlap: both span root dimension ",
-                    RootDimNames(mesh->root_->dim_names, {r}));
+                    " overlap: both span root dimension ", RootDimNames(mesh->root_->dim_names, {r}));
       }
       root_dims.push_back(mesh->root_dims_[d]);
       if (!mesh->dim_names_.empty()) names.push_back(mesh->dim_names_[d]);
@@ -269,8 +258,8 @@ std::shared_ptr<DeviceMesh> Concatenate(const std::vector<std::shared_ptr<Device
   }
   std::set<std::string> seen;
   for (const auto& name : names) {
-    TORCH_CHECK(seen.insert(name).second, "DeviceMesh Concatenate: dimension name '", name,
-                "' appears twice in [", absl::StrJoin(names, ", "), "]");
+    TORCH_CHECK(seen.insert(name).second, "DeviceMesh Concatenate: dimension name '", name, "' appears twice in [",
+                absl::StrJoin(names, ", "), "]");
   }
   // Only an unnamed root has no names, and it overlaps any other mesh: names are all or none.
   return DeviceMesh::FromRoot(meshes[0]->root_, std::move(root_dims), std::move(names));

@@ -25,8 +25,7 @@ class DeviceMesh {
  public:
   // Builds a mesh over all ranks of `world`: product(shape) must equal world->size().
   // dim_names: empty, or one unique non-empty name per dimension.
-  static std::shared_ptr<DeviceMesh> Create(comm::ProcessGroupPtr world,
-                                            std::vector<int64_t> shape,
+  static std::shared_ptr<DeviceMesh> Create(comm::ProcessGroupPtr world, std::vector<int64_t> shape,
                                             std::vector<std::string> dim_names = {});
 
   int ndim() const { return static_cast<int>(shape_.size()); }
@@ -62,8 +61,7 @@ class DeviceMesh {
   // group of every line of the root along those dimensions, once per root; flattening the
   // same root dimensions again (from any mesh of the root, under any name) reuses the
   // groups and communicates nothing.
-  std::shared_ptr<DeviceMesh> flatten(const std::vector<std::string>& names,
-                                      const std::string& new_name) const;
+  std::shared_ptr<DeviceMesh> flatten(const std::vector<std::string>& names, const std::string& new_name) const;
 
   // "DeviceMesh((dp=2, tp=2), ranks=[0, 1, 2, 3])".
   std::string ToString() const;
@@ -72,15 +70,13 @@ class DeviceMesh {
   // The layout and group cache shared by all meshes of one root (defined in the .cc).
   struct Root;
 
-  friend std::shared_ptr<DeviceMesh> Concatenate(
-      const std::vector<std::shared_ptr<DeviceMesh>>& meshes);
+  friend std::shared_ptr<DeviceMesh> Concatenate(const std::vector<std::shared_ptr<DeviceMesh>>& meshes);
 
   DeviceMesh() = default;
   // The mesh of `root` whose dimension d spans the root dimensions root_dims[d] (ascending,
   // disjoint across d, each set's group already in the root's cache).
-  static std::shared_ptr<DeviceMesh> FromRoot(std::shared_ptr<Root> root,
-                                               std::vector<std::vector<int>> root_dims,
-                                               std::vector<std::string> dim_names);
+  static std::shared_ptr<DeviceMesh> FromRoot(std::shared_ptr<Root> root, std::vector<std::vector<int>> root_dims,
+                                              std::vector<std::string> dim_names);
 
   std::shared_ptr<Root> root_;
   std::vector<std::vector<int>> root_dims_;  // per dimension, the root dimensions it spans

@@ -102,15 +102,14 @@ TEST_P(MeshShapes, GroupsAreTheLinesOfTheMesh) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, MeshShapes,
-    ::testing::Values(std::make_tuple(Backend::kThreaded, std::vector<int64_t>{4}),
-                      std::make_tuple(Backend::kThreaded, std::vector<int64_t>{2, 3}),
-                      std::make_tuple(Backend::kThreaded, std::vector<int64_t>{2, 2, 2}),
-                      std::make_tuple(Backend::kThreaded, std::vector<int64_t>{2, 1, 2, 2}),
-                      std::make_tuple(Backend::kThreaded, std::vector<int64_t>{1}),
-                      std::make_tuple(Backend::kGlooThreads, std::vector<int64_t>{2, 2}),
-                      std::make_tuple(Backend::kGlooProcesses, std::vector<int64_t>{2, 2})));
+INSTANTIATE_TEST_SUITE_P(Shapes, MeshShapes,
+                         ::testing::Values(std::make_tuple(Backend::kThreaded, std::vector<int64_t>{4}),
+                                           std::make_tuple(Backend::kThreaded, std::vector<int64_t>{2, 3}),
+                                           std::make_tuple(Backend::kThreaded, std::vector<int64_t>{2, 2, 2}),
+                                           std::make_tuple(Backend::kThreaded, std::vector<int64_t>{2, 1, 2, 2}),
+                                           std::make_tuple(Backend::kThreaded, std::vector<int64_t>{1}),
+                                           std::make_tuple(Backend::kGlooThreads, std::vector<int64_t>{2, 2}),
+                                           std::make_tuple(Backend::kGlooProcesses, std::vector<int64_t>{2, 2})));
 
 TEST(DeviceMesh, NamedSlicingFlattenAndConcatenation) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 8, [](const comm::ProcessGroupPtr& pg) {
@@ -141,8 +140,7 @@ TEST(DeviceMesh, NamedSlicingFlattenAndConcatenation) {
     // FSDP2's TP path concatenates the DP and TP dimensions of one root mesh.
     auto dp_tp = mesh->slice({"dp_shard", "tp"});
     EXPECT_EQ(dp_tp->group("tp"), mesh->group("tp"));
-    EXPECT_TRUE(absl::StrContains(mesh->ToString(), "dp_replicate=2, dp_shard=2, tp=2"))
-        << mesh->ToString();
+    EXPECT_TRUE(absl::StrContains(mesh->ToString(), "dp_replicate=2, dp_shard=2, tp=2")) << mesh->ToString();
   });
 }
 
@@ -243,8 +241,7 @@ TEST_P(MeshBackends, ConcatenateAFlattenedDimension) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, MeshBackends,
-                         ::testing::Values(Backend::kThreaded, Backend::kGlooThreads),
+INSTANTIATE_TEST_SUITE_P(Backends, MeshBackends, ::testing::Values(Backend::kThreaded, Backend::kGlooThreads),
                          [](const auto& info) { return fsdp::testing::BackendName(info.param); });
 
 TEST(DeviceMesh, ConcatenateAndFlattenBadInput) {
@@ -255,8 +252,7 @@ TEST(DeviceMesh, ConcatenateAndFlattenBadInput) {
     EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["dp_shard"], (*other)["tp"]})),
                           "come from different root meshes; only meshes derived from one "
                           "DeviceMesh::Create can be concatenated");
-    EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["dp_shard"], (*other)["tp"]})),
-                          "and 1 (DeviceMesh((tp=2)");
+    EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["dp_shard"], (*other)["tp"]})), "and 1 (DeviceMesh((tp=2)");
     EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["tp"], (*mesh)["tp"]})),
                           "meshes 0 and 1 overlap: both span root dimension tp");
     EXPECT_ERROR_CONTAINS((Concatenate({(*mesh)["tp"], dp, (*mesh)["dp_shard"]})),

@@ -70,10 +70,8 @@ std::shared_ptr<const OptimizerAdapter> Sgd() {
                        PutDefined(out, "momentum_buffer", s.momentum_buffer());
                        return out;
                      },
-                 .write_state =
-                     [](const ParamStateReader& in, SGDParamState& s) {
-                       s.momentum_buffer(in.Tensor("momentum_buffer"));
-                     },
+                 .write_state = [](const ParamStateReader& in,
+                                   SGDParamState& s) { s.momentum_buffer(in.Tensor("momentum_buffer")); },
                  .read_options =
                      [](const SGDOptions& o) {
                        return OptionMap{{"lr", o.lr()},
@@ -98,7 +96,10 @@ std::shared_ptr<const OptimizerAdapter> Adagrad() {
   using torch::optim::AdagradParamState;
   return std::make_shared<TypedOptimizerAdapter<torch::optim::Adagrad, AdagradParamState, AdagradOptions>>(
       "Adagrad", TypedAdapterFunctions<AdagradParamState, AdagradOptions>{
-                     .read_state = [](const AdagradParamState& s) { return StateMap{{"step", s.step()}, {"sum", s.sum()}}; },
+                     .read_state =
+                         [](const AdagradParamState& s) {
+                           return StateMap{{"step", s.step()}, {"sum", s.sum()}};
+                         },
                      .write_state =
                          [](const ParamStateReader& in, AdagradParamState& s) {
                            s.step(in.Step());
@@ -144,12 +145,9 @@ std::shared_ptr<const OptimizerAdapter> Rmsprop() {
                          },
                      .read_options =
                          [](const RMSpropOptions& o) {
-                           return OptionMap{{"lr", o.lr()},
-                                            {"momentum", o.momentum()},
-                                            {"alpha", o.alpha()},
-                                            {"eps", o.eps()},
-                                            {"centered", o.centered()},
-                                            {"weight_decay", o.weight_decay()}};
+                           return OptionMap{
+                               {"lr", o.lr()},   {"momentum", o.momentum()}, {"alpha", o.alpha()},
+                               {"eps", o.eps()}, {"centered", o.centered()}, {"weight_decay", o.weight_decay()}};
                          },
                      .write_options =
                          [](const OptionReader& in, RMSpropOptions& o) {

@@ -74,9 +74,9 @@ class Fsdp2Model {
 using Kind = comm::Fault::Kind;
 
 void ConsolidateWithFault(const comm::Fault& fault) {
-  fsdp::testing::RunFaultThenRestore<Fsdp2Model>({.fault = fault, .rank0_error = "injected fault"},
-                                                 AfterFault::kUnchanged,
-                                                 [](Fsdp2Model& m) { GetFullOptimStateDict(*m.model(), m.optimizer()); });
+  fsdp::testing::RunFaultThenRestore<Fsdp2Model>(
+      {.fault = fault, .rank0_error = "injected fault"}, AfterFault::kUnchanged,
+      [](Fsdp2Model& m) { GetFullOptimStateDict(*m.model(), m.optimizer()); });
 }
 
 TEST(Fsdp2OptimStateFault, AFailedAgreementCheckErrsOnEveryRankAndLeavesTheStateUntouched) {

@@ -24,12 +24,13 @@ std::string ValueText(const StateValue& v) {
   return absl::StrCat(std::get<double>(v));
 }
 
-// The value's type for the seed's "same type" rule: positive-dim tensor, zero-dim tensor
+// The value's type for PyTorch's "same type" rule: positive-dim tensor, zero-dim tensor
 // of a dtype, int, double.
 std::string TypeKey(const StateValue& v) {
   switch (Classify(v)) {
     case StateKind::kPositiveDimTensor: return "tensor";
-    case StateKind::kZeroDimTensor: return absl::StrCat("scalar tensor ", c10::toString(std::get<at::Tensor>(v).scalar_type()));
+    case StateKind::kZeroDimTensor:
+      return absl::StrCat("scalar tensor ", c10::toString(std::get<at::Tensor>(v).scalar_type()));
     case StateKind::kNonTensor: return std::holds_alternative<int64_t>(v) ? "int" : "float";
   }
   return "?";
@@ -37,8 +38,10 @@ std::string TypeKey(const StateValue& v) {
 
 }  // namespace
 
-std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamHandle& handle, const StateMap& flat_state,
-                                                    const comm::ProcessGroupPtr& shard_group, const std::string& prefix) {
+std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamHandle& handle,
+                                                    const StateMap& flat_state,
+                                                    const comm::ProcessGroupPtr& shard_group,
+                                                    const std::string& prefix) {
   const flat_param::FlatParameter& fp = handle.flat_param();
   std::map<std::string, StateMap> out;
   for (const auto& [name, value] : flat_state) {
@@ -67,7 +70,8 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
     if (it == full.end()) continue;
     std::set<std::string> mine;
     for (const auto& [name, v] : it->second) mine.insert(name);
-    TORCH_CHECK(first || mine == names, "Differing optimizer state names for the unflattened parameters: ", Names(fqns));
+    TORCH_CHECK(first || mine == names,
+                "Differing optimizer state names for the unflattened parameters: ", Names(fqns));
     names = mine;
     first = false;
   }
@@ -87,9 +91,10 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
       for (const StateValue* v : values) {
         if (v) dtypes.insert(std::get<at::Tensor>(*v).scalar_type());
       }
-      TORCH_CHECK(dtypes.size() == 1, "All unflattened parameters comprising a single flattened parameter must have "
-                  "positive-dimension tensor state with the same dtype for state ", name,
-                  " and unflattened parameter names ", Names(fqns));
+      TORCH_CHECK(dtypes.size() == 1,
+                  "All unflattened parameters comprising a single flattened parameter must have "
+                  "positive-dimension tensor state with the same dtype for state ",
+                  name, " and unflattened parameter names ", Names(fqns));
       // Zeros for parameters without the state (Adam's moments: zero == no state).
       std::map<std::string, const at::Tensor*> tensors;
       for (size_t i = 0; i < fqns.size(); ++i) {
@@ -107,7 +112,8 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
       if (v) texts.insert(ValueText(*v));
       missing = missing || v == nullptr;
     }
-    TORCH_CHECK(!missing && texts.size() == 1, "All unflattened parameters comprising a single flattened parameter must "
+    TORCH_CHECK(!missing && texts.size() == 1,
+                "All unflattened parameters comprising a single flattened parameter must "
                 "have scalar state with the same value and dtype but got values {",
                 absl::StrJoin(texts, ", "), missing ? ", None" : "", "} for state ", name,
                 " and unflattened parameter names ", Names(fqns));
@@ -136,7 +142,8 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
   for (flat_param::FSDPState* s : flat_param::CollectStates(module)) {
     flat_param::FlatParamHandle* h = s->handle();
     if (h == nullptr) continue;
-    TORCH_CHECK(h->flat_param().params.empty(), caller, ": FSDP1 optimizer state needs use_orig_params false "
+    TORCH_CHECK(h->flat_param().params.empty(), caller,
+                ": FSDP1 optimizer state needs use_orig_params false "
                 "(the optimizer on the flat parameters); with use_orig_params use an optimizer state per original "
                 "parameter instead");
     const std::string key = FlatKey(out.handles.size());
@@ -200,7 +207,8 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
     auto it = local.state.find(FlatKey(i));
     if (it == local.state.end()) continue;
     const flat_param::FlatParamHandle& h = *m.handles[i];
-    auto unflat = UnflattenOptimState(h, it->second, h.uses_sharded_strategy() ? h.process_group() : nullptr, m.prefixes[i]);
+    auto unflat =
+        UnflattenOptimState(h, it->second, h.uses_sharded_strategy() ? h.process_group() : nullptr, m.prefixes[i]);
     if (keep) out.state.merge(unflat);
   }
   if (!keep) return OptimStateDict{};
@@ -216,8 +224,9 @@ void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, to
   const FlatModelParams m = ModelParams(root, "LoadFullOptimStateDict");
   // The optimizer's own groups in keys, to compare with the checkpoint's in FQNs.
   const OptimStateDict current = GetOptimStateDict(optimizer, m.named);
-  TORCH_CHECK(current.param_groups.size() == full.param_groups.size(), "LoadFullOptimStateDict: the optimizer state has ",
-              full.param_groups.size(), " param groups but the optimizer has ", current.param_groups.size());
+  TORCH_CHECK(current.param_groups.size() == full.param_groups.size(),
+              "LoadFullOptimStateDict: the optimizer state has ", full.param_groups.size(),
+              " param groups but the optimizer has ", current.param_groups.size());
   OptimStateDict local;
   local.optimizer = full.optimizer;
   for (size_t g = 0; g < full.param_groups.size(); ++g) {
@@ -231,7 +240,8 @@ void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, to
   for (size_t i = 0; i < m.handles.size(); ++i) {
     const flat_param::FlatParamHandle& h = *m.handles[i];
     const bool sharded = h.uses_sharded_strategy();
-    StateMap flat = FlattenOptimState(h, full.state, sharded ? h.rank() : 0, sharded ? h.world_size() : 1, m.prefixes[i]);
+    StateMap flat =
+        FlattenOptimState(h, full.state, sharded ? h.rank() : 0, sharded ? h.world_size() : 1, m.prefixes[i]);
     if (!flat.empty()) local.state[FlatKey(i)] = std::move(flat);
     for (const auto& fqn : m.fqns_of.at(FlatKey(i))) flattened.insert(fqn);
   }

@@ -1,5 +1,5 @@
 // Optimizer state of FSDP1 flat parameters (optimizers built on the flat parameters, i.e.
-// use_orig_params false) in the FQN-keyed format, as the seed's _optim_utils.py does it:
+// use_orig_params false) in the FQN-keyed format, as PyTorch's torch/distributed/fsdp/_optim_utils.py does it:
 // a flat parameter's state is unflattened into its original parameters (gathered, padding
 // stripped, split by numels, reshaped), and a full FQN-keyed state is flattened back into
 // this rank's flat shard (zero fill for parameters without state; scalar state must agree).
@@ -15,7 +15,7 @@
 namespace fsdp::flat_param {
 class FlatParamHandle;
 class FullyShardedDataParallel;
-}
+}  // namespace fsdp::flat_param
 
 namespace fsdp::optim_state {
 
@@ -30,13 +30,12 @@ std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamH
                                                     const std::string& prefix = "");
 
 // The inverse for rank `rank` of `world_size`: the original parameters' full state (keys
-// `prefix` + FQN; parameters may be missing) -> the flat shard's state. Errors as the seed:
+// `prefix` + FQN; parameters may be missing) -> the flat shard's state. Errors as PyTorch:
 // differing state names or types across the original parameters, a tensor state whose shape
 // differs from its parameter, differing dtypes, scalar state missing on some parameters or
 // with differing values. Empty when no original parameter has state. Local.
-StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle,
-                           const std::map<std::string, StateMap>& full, int64_t rank, int64_t world_size,
-                           const std::string& prefix = "");
+StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std::map<std::string, StateMap>& full,
+                           int64_t rank, int64_t world_size, const std::string& prefix = "");
 
 // Model level: the optimizer was built on `root.parameters()` with use_orig_params false
 // (it holds the flat parameters, and any parameters no handle manages). The full state is

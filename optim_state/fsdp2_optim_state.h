@@ -26,8 +26,7 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
 // Loads a full state (from any world size): each positive-dim tensor of an FSDP parameter is
 // chunked like the parameter; then SetOptimStateDict with its checks. Local, no
 // communication.
-void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
-                            const OptimStateDict& full);
+void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer, const OptimStateDict& full);
 
 // The sharded state: this rank's own state, FQN-keyed, each positive-dim tensor its shard of
 // the parameter (as torch.distributed.checkpoint.state_dict's get_optimizer_state_dict without

@@ -32,8 +32,8 @@ std::vector<std::string> GroupFqns(const torch::optim::OptimizerParamGroup& grou
   std::vector<std::string> out;
   for (size_t i = 0; i < group.params().size(); ++i) {
     auto it = names.find(group.params()[i].unsafeGetTensorImpl());
-    TORCH_CHECK(it != names.end(), "optimizer param group ", index, " parameter ", i,
-                " (shape ", Shape(group.params()[i].sizes()), ") is not among the named parameters");
+    TORCH_CHECK(it != names.end(), "optimizer param group ", index, " parameter ", i, " (shape ",
+                Shape(group.params()[i].sizes()), ") is not among the named parameters");
     out.push_back(it->second);
   }
   return out;

@@ -46,10 +46,9 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
 // optimizer type, an FQN the optimizer does
 // not have, param groups that differ, a state tensor whose shape differs from its parameter,
 // a missing or mistyped option, a negative step. On an error the optimizer is unchanged.
-void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named,
-                       const OptimStateDict& state_dict);
+void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict);
 
-// The seed's key agreement: every rank of `world` holds state for the same `fqns` (a rank
+// PyTorch's key agreement: every rank of `world` holds state for the same `fqns` (a rank
 // without state would skip a gather and hang the others). Collective (two all-reduces);
 // every rank fails naming the first FQN the ranks disagree on. No-op for null / size 1.
 void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<std::string>& fqns,
@@ -69,7 +68,7 @@ using checkpoint::LoadOptimStateDict;
 using checkpoint::SaveOptimStateDict;
 using checkpoint::SerializeOptimStateDict;
 
-// Scatter from rank 0 (the seed's broadcast of a rank-0-only full state): rank 0's dict
+// Scatter from rank 0 (PyTorch's broadcast of a rank-0-only full state): rank 0's dict
 // reaches every rank of `world` (the others' argument is ignored; pass an empty dict).
 // Collective; then Load*OptimStateDict takes each rank's part.
 OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const comm::ProcessGroupPtr& world);

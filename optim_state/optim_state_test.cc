@@ -13,12 +13,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
-#include "fsdp/per_param/test_models.h"
 #include "fsdp/flat_param/flat_param.h"
 #include "fsdp/flat_param/fsdp_test_models.h"
 #include "fsdp/flat_param/state_dict.h"
+#include "fsdp/per_param/fully_shard.h"
+#include "fsdp/per_param/state_dict.h"
+#include "fsdp/per_param/test_models.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -149,7 +149,8 @@ TEST(OptimStateDict, BadInputIsReportedWithTheOffendingValue) {
   missing.state.at("head.bias").erase("exp_avg_sq");
   EXPECT_ERROR_CONTAINS(SetOptimStateDict(adamw, Named(*model), missing),
                         "optimizer state of 'head.bias' has no 'exp_avg_sq'");
-  EXPECT_ERROR_CONTAINS(GetOptimStateDict(adamw, {}), "optimizer param group 0 parameter 0 (shape [6]) is not among the named parameters");
+  EXPECT_ERROR_CONTAINS(GetOptimStateDict(adamw, {}),
+                        "optimizer param group 0 parameter 0 (shape [6]) is not among the named parameters");
   const std::string path = TempPath("not_a_state");
   {
     std::ofstream out(path, std::ios::binary);
@@ -214,7 +215,7 @@ TEST(Fsdp2OptimState, SavedAtOneWorldSizeContinuesAtAnother) {
   ReshardAndContinue(1, 4);
 }
 
-// The seed's worked example: a.w (2x3) and b.w (4) flatten to 10 elements. The unsharded
+// PyTorch's worked example: a.w (2x3) and b.w (4) flatten to 10 elements. The unsharded
 // AdamW state (the reference), flattened by hand and chunked as torch.chunk does (W=2: 5 and
 // 5; W=4: 3, 3, 3, 1 + 2 zeros), is each rank's flat state; gathering it back gives the
 // reference state bitwise.
@@ -250,7 +251,8 @@ TEST(Fsdp1OptimState, WorkedExampleShardsAndConsolidatesLikeTheUnshardedOptimize
                                         std::get<at::Tensor>(ref.state.at("b.w").at(name)).reshape(-1)});
         const int64_t start = std::min<int64_t>(10, pg->rank() * chunk), end = std::min<int64_t>(10, start + chunk);
         const at::Tensor expected = at::constant_pad_nd(cat.narrow(0, start, end - start), {0, chunk - (end - start)});
-        EXPECT_TRUE(at::equal(std::get<at::Tensor>(flat.at(name)), expected)) << name << " W=" << world << " rank " << pg->rank();
+        EXPECT_TRUE(at::equal(std::get<at::Tensor>(flat.at(name)), expected))
+            << name << " W=" << world << " rank " << pg->rank();
       }
       EXPECT_EQ(std::get<int64_t>(flat.at("step")), 2);
       const auto consolidated = UnflattenOptimState(handle, flat, pg);
@@ -264,22 +266,24 @@ TEST(Fsdp1OptimState, WorkedExampleShardsAndConsolidatesLikeTheUnshardedOptimize
           }
         }
       }
-      // The seed's errors.
+      // PyTorch's errors.
       auto bad = ref.state;
       bad.at("b.w").erase("exp_avg_sq");
       EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world),
                             "Differing optimizer state names for the unflattened parameters: [a.w, b.w]");
       bad = ref.state;
       bad.at("b.w").at("step") = int64_t{3};
-      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world),
-                            "must have scalar state with the same value and dtype but got values {2, 3} for state step");
+      EXPECT_ERROR_CONTAINS(
+          FlattenOptimState(handle, bad, pg->rank(), world),
+          "must have scalar state with the same value and dtype but got values {2, 3} for state step");
       bad = ref.state;
       bad.at("a.w").at("exp_avg") = at::zeros({3, 2});
       EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world),
                             "Tensor optimizer state does not have same shape as its parameter: [3, 2] [2, 3]");
       bad = ref.state;
       bad.at("a.w").at("step") = at::scalar_tensor(2.0);
-      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world), "Differing optimizer state types for state step");
+      EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world),
+                            "Differing optimizer state types for state step");
       bad = ref.state;
       bad.erase("b.w");  // no state for b.w: its moments are zero-filled, but step is missing
       EXPECT_ERROR_CONTAINS(FlattenOptimState(handle, bad, pg->rank(), world), "{2, None} for state step");
@@ -298,7 +302,8 @@ TEST(Fsdp2OptimState, RankZeroOnlyKeepsOtherRanksBelowOneFullState) {
     torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-3));
     TrainSteps(model, opt, 0, 1, 3, pg->rank());
     int64_t full_bytes = 0;  // exp_avg + exp_avg_sq of every parameter, unsharded
-    for (const auto& item : Net(NetOptions{.hidden = 3000})->named_parameters()) full_bytes += 2 * item.value().nbytes();
+    for (const auto& item : Net(NetOptions{.hidden = 3000})->named_parameters())
+      full_bytes += 2 * item.value().nbytes();
     fsdp::testing::ScopedAllocationCounter counter;
     const OptimStateDict full = GetFullOptimStateDict(*model, opt, /*rank0_only=*/true);
     if (pg->rank() == 0) {
@@ -385,11 +390,13 @@ void CheckpointAcrossFsdps(const Continuation& c) {
     } else {
       WithFsdp2(pg, 99, [&](Net& model, torch::optim::AdamW& opt) {
         // Only rank 0 reads the files: the model state by rank0_only broadcast, the optimizer
-        // state by BroadcastOptimStateDict (the seed's scatter from rank 0).
+        // state by BroadcastOptimStateDict (PyTorch's scatter from rank 0).
         const bool reader = pg->rank() == 0;
-        per_param::LoadFullStateDict(*model, reader ? per_param::LoadFullStateDictFile(model_path) : per_param::FullStateDict(),
+        per_param::LoadFullStateDict(*model,
+                                     reader ? per_param::LoadFullStateDictFile(model_path) : per_param::FullStateDict(),
                                      {.rank0_only = true});
-        LoadFullOptimStateDict(*model, opt, BroadcastOptimStateDict(reader ? LoadOptimStateDict(optim_path) : OptimStateDict{}, pg));
+        LoadFullOptimStateDict(*model, opt,
+                               BroadcastOptimStateDict(reader ? LoadOptimStateDict(optim_path) : OptimStateDict{}, pg));
         TrainSteps(model, opt, 3, 5, c.to_world, pg->rank());
         result = per_param::GetFullStateDict(*model);
       });

@@ -82,8 +82,7 @@ const StateValue& Find(const StateMap& state, const std::string& fqn, const std:
 template <class T>
 const T& Typed(const StateValue& value, const std::string& fqn, const std::string& name, const char* want) {
   const T* typed = std::get_if<T>(&value);
-  TORCH_CHECK(typed != nullptr, "optimizer state '", name, "' of '", fqn, "' has the wrong type (expected ", want,
-              ")");
+  TORCH_CHECK(typed != nullptr, "optimizer state '", name, "' of '", fqn, "' has the wrong type (expected ", want, ")");
   return *typed;
 }
 

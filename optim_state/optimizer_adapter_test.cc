@@ -97,7 +97,9 @@ void RegisterVelocitySgdOnce() {
                                  s.count(in.Step("count"));
                                },
                            .read_options =
-                               [](const VelocitySgdOptions& o) { return OptionMap{{"lr", o.lr()}, {"beta", o.beta()}}; },
+                               [](const VelocitySgdOptions& o) {
+                                 return OptionMap{{"lr", o.lr()}, {"beta", o.beta()}};
+                               },
                            .write_options =
                                [](const OptionReader& in, VelocitySgdOptions& o) {
                                  o.lr(in.Double("lr"));
@@ -284,7 +286,8 @@ TEST(OptimizerAdapter, AdagradAndRmspropRoundTripUnderFsdp2WithPyTorchNames) {
         return std::make_unique<torch::optim::Adagrad>(
             std::move(params), torch::optim::AdagradOptions(lr).lr_decay(0.01).initial_accumulator_value(0.1));
       },
-      2, 3, "adagrad", [](const OptimStateDict& sd) {
+      2, 3, "adagrad",
+      [](const OptimStateDict& sd) {
         EXPECT_EQ(sd.optimizer, "Adagrad");
         EXPECT_EQ(sd.state.at("in.weight").size(), 2u);
         EXPECT_EQ(std::get<int64_t>(sd.state.at("in.weight").at("step")), 3);
@@ -297,7 +300,8 @@ TEST(OptimizerAdapter, AdagradAndRmspropRoundTripUnderFsdp2WithPyTorchNames) {
         return std::make_unique<torch::optim::RMSprop>(std::move(params),
                                                        torch::optim::RMSpropOptions(lr).momentum(0.5).centered(true));
       },
-      3, 2, "rmsprop", [](const OptimStateDict& sd) {
+      3, 2, "rmsprop",
+      [](const OptimStateDict& sd) {
         EXPECT_EQ(sd.optimizer, "RMSprop");
         std::vector<std::string> names;
         for (const auto& [name, value] : sd.state.at("head.bias")) names.push_back(name);
@@ -322,18 +326,19 @@ TEST(OptimizerAdapter, RegistryErrorsNameTheCulprit) {
       .read_options = [](const torch::optim::SGDOptions&) { return OptionMap{}; },
       .write_options = [](const OptionReader&, torch::optim::SGDOptions&) {},
   };
-  EXPECT_ERROR_CONTAINS((RegisterOptimizerAdapter<torch::optim::SGD, torch::optim::SGDParamState,
-                                                  torch::optim::SGDOptions>("SGD", noop)),
-                        "RegisterOptimizerAdapter: an optimizer adapter named 'SGD' is already registered");
-  EXPECT_ERROR_CONTAINS((RegisterOptimizerAdapter<torch::optim::SGD, torch::optim::SGDParamState,
-                                                  torch::optim::SGDOptions>("", noop)),
-                        "RegisterOptimizerAdapter: the adapter's name is empty");
+  EXPECT_ERROR_CONTAINS(
+      (RegisterOptimizerAdapter<torch::optim::SGD, torch::optim::SGDParamState, torch::optim::SGDOptions>("SGD", noop)),
+      "RegisterOptimizerAdapter: an optimizer adapter named 'SGD' is already registered");
+  EXPECT_ERROR_CONTAINS(
+      (RegisterOptimizerAdapter<torch::optim::SGD, torch::optim::SGDParamState, torch::optim::SGDOptions>("", noop)),
+      "RegisterOptimizerAdapter: the adapter's name is empty");
   EXPECT_ERROR_CONTAINS(RegisterOptimizerAdapter(nullptr), "RegisterOptimizerAdapter: the adapter is null");
   auto incomplete = noop;
   incomplete.write_state = nullptr;
-  EXPECT_ERROR_CONTAINS((RegisterOptimizerAdapter<torch::optim::SGD, torch::optim::SGDParamState,
-                                                  torch::optim::SGDOptions>("Partial", incomplete)),
-                        "adapter 'Partial' lacks one of read_state, write_state");
+  EXPECT_ERROR_CONTAINS(
+      (RegisterOptimizerAdapter<torch::optim::SGD, torch::optim::SGDParamState, torch::optim::SGDOptions>("Partial",
+                                                                                                          incomplete)),
+      "adapter 'Partial' lacks one of read_state, write_state");
   EXPECT_EQ(RegisteredOptimizerAdapters(), names);  // failed registrations leave no trace
 
   per_param::testing::Net model;

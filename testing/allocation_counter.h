@@ -13,7 +13,7 @@ namespace fsdp::testing {
 
 class ScopedAllocationCounter {
  public:
-  ScopedAllocationCounter();   // active on this thread until destroyed (not nestable)
+  ScopedAllocationCounter();  // active on this thread until destroyed (not nestable)
   ~ScopedAllocationCounter();
   ScopedAllocationCounter(const ScopedAllocationCounter&) = delete;
   ScopedAllocationCounter& operator=(const ScopedAllocationCounter&) = delete;

@@ -93,7 +93,8 @@ inline std::map<std::string, at::Tensor> ToMap(const torch::OrderedDict<std::str
 }
 
 // Copies of `params` (a model's local shards) and of their AdamW state, in `params` order.
-inline std::vector<at::Tensor> CopyParamsAndAdamWState(torch::optim::AdamW& opt, const std::vector<at::Tensor>& params) {
+inline std::vector<at::Tensor> CopyParamsAndAdamWState(torch::optim::AdamW& opt,
+                                                       const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> out;
   for (const at::Tensor& p : params) {
     out.push_back(p.detach().clone());
@@ -140,27 +141,30 @@ void RunFaultThenRestore(const FaultScenario& scenario, AfterFault after, const 
   typename Model::Checkpoint saved;
   RunOptions options;
   options.collective_timeout = scenario.collective_timeout;
-  RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
-    auto faulty = std::make_shared<comm::FaultyProcessGroup>(pg, std::vector<comm::Fault>{});
-    Model model(faulty, 11);
-    model.Train(0, 1);
-    const typename Model::Checkpoint checkpoint = model.Save();
-    if (pg->rank() == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      saved = checkpoint;
-    }
-    const std::vector<at::Tensor> before = model.LocalState();
-    ExpectFaultSurfaces(*faulty, scenario, [&] { faulted(model); });
-    if (after == AfterFault::kPoisoned) {
-      model.ExpectPoisoned(ExpectedFaultError(scenario, pg->rank()));
-      return;
-    }
-    const std::vector<at::Tensor> now = model.LocalState();
-    ASSERT_EQ(now.size(), before.size());
-    for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(at::equal(now[i], before[i])) << "local state tensor " << i;
-    // Not poisoned: the (local) load of the last checkpoint still works.
-    EXPECT_NO_THROW(model.Load(checkpoint));
-  }, options);
+  RunOnRanks(
+      Backend::kThreaded, kWorld,
+      [&](const comm::ProcessGroupPtr& pg) {
+        auto faulty = std::make_shared<comm::FaultyProcessGroup>(pg, std::vector<comm::Fault>{});
+        Model model(faulty, 11);
+        model.Train(0, 1);
+        const typename Model::Checkpoint checkpoint = model.Save();
+        if (pg->rank() == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          saved = checkpoint;
+        }
+        const std::vector<at::Tensor> before = model.LocalState();
+        ExpectFaultSurfaces(*faulty, scenario, [&] { faulted(model); });
+        if (after == AfterFault::kPoisoned) {
+          model.ExpectPoisoned(ExpectedFaultError(scenario, pg->rank()));
+          return;
+        }
+        const std::vector<at::Tensor> now = model.LocalState();
+        ASSERT_EQ(now.size(), before.size());
+        for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(at::equal(now[i], before[i])) << "local state tensor " << i;
+        // Not poisoned: the (local) load of the last checkpoint still works.
+        EXPECT_NO_THROW(model.Load(checkpoint));
+      },
+      options);
 
   RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
     Model model(pg, 99);  // other initial values: everything must come from the checkpoint

@@ -86,8 +86,7 @@ int FreePort() {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
-  TORCH_CHECK(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
-              "FreePort: bind() failed");
+  TORCH_CHECK(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "FreePort: bind() failed");
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
@@ -103,8 +102,7 @@ std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const Ran
     threaded = comm::CreateThreadedProcessGroups(world_size, options.collective_timeout);
   }
   static std::atomic<int> store_counter{0};
-  const std::string store_path = absl::StrCat(TempDir(), "/fsdp_gloo_store_", getpid(), "_",
-                                              store_counter++);
+  const std::string store_path = absl::StrCat(TempDir(), "/fsdp_gloo_store_", getpid(), "_", store_counter++);
   std::remove(store_path.c_str());
 
   std::vector<RankOutcome> outcomes(world_size);
@@ -132,8 +130,7 @@ std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const Ran
         outcomes[r].ok = false;
         outcomes[r].message = ExceptionMessage(std::current_exception());
         if (backend == Backend::kThreaded) {
-          comm::AbortThreadedWorld(*threaded[r],
-                                   absl::StrCat("rank ", r, " failed: ", outcomes[r].message));
+          comm::AbortThreadedWorld(*threaded[r], absl::StrCat("rank ", r, " failed: ", outcomes[r].message));
         }
       }
       {
@@ -165,13 +162,14 @@ std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const Ran
     }
     // The stuck threads cannot be stopped, and they reference this frame and the test's
     // locals: the process cannot go on. Name them (and what the others reported) and exit.
-    std::cerr << "\n[multi_rank] " << CurrentTestName() << ": rank(s) ["
-              << absl::StrJoin(stuck, ", ") << "] still running after the deadline of "
-              << options.deadline.count() << " ms (deadlock?); failing the test binary\n";
+    std::cerr << "\n[multi_rank] " << CurrentTestName() << ": rank(s) [" << absl::StrJoin(stuck, ", ")
+              << "] still running after the deadline of " << options.deadline.count()
+              << " ms (deadlock?); failing the test binary\n";
     {
       std::lock_guard<std::mutex> lock(mu);
       for (int r = 0; r < world_size; ++r) {
-        if (done[r] && !outcomes[r].ok) std::cerr << "[multi_rank] rank " << r << " failed: " << outcomes[r].message << "\n";
+        if (done[r] && !outcomes[r].ok)
+          std::cerr << "[multi_rank] rank " << r << " failed: " << outcomes[r].message << "\n";
       }
     }
     std::cerr.flush();
@@ -210,8 +208,7 @@ comm::ProcessGroupPtr CreateChildGroup(Backend backend, const RunOptions& option
     // at once would otherwise exit (taking rank 0's TCPStore or a Gloo connection with it)
     // while a peer is still connecting ("Failed to recv", "Connection closed by peer").
     group->barrier()->wait();
-    SCOPED_TRACE(absl::StrCat("rank ", group->rank(), " of ", group->size(), " (",
-                              BackendName(backend), ")"));
+    SCOPED_TRACE(absl::StrCat("rank ", group->rank(), " of ", group->size(), " (", BackendName(backend), ")"));
     body(group);
     if (::testing::Test::HasFailure()) status = 1;
   } catch (...) {
@@ -242,11 +239,9 @@ std::string FailureMessage(const std::string& output) {
   return output.size() > kTail ? output.substr(output.size() - kTail) : output;
 }
 
-std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int call_index,
-                                        const RunOptions& options) {
+std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int call_index, const RunOptions& options) {
   const std::string test = CurrentTestName();
-  TORCH_CHECK(!test.empty(), "RunOnRanks(", BackendName(backend),
-              ") must run inside a GoogleTest test");
+  TORCH_CHECK(!test.empty(), "RunOnRanks(", BackendName(backend), ") must run inside a GoogleTest test");
   const int port = FreePort();
   // Children inherit the environment minus what would let them write the parent's test
   // result files.
@@ -255,10 +250,9 @@ std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int cal
     std::string entry(*e);
     const std::string name = entry.substr(0, entry.find('='));
     if (name == "GTEST_OUTPUT" || name == "XML_OUTPUT_FILE" || name == "TEST_PREMATURE_EXIT_FILE" ||
-        name == "TEST_SHARD_STATUS_FILE" || name == "GTEST_SHARD_INDEX" ||
-        name == "GTEST_TOTAL_SHARDS" || name == "RANK" || name == "WORLD_SIZE" ||
-        name == "LOCAL_RANK" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
-        name == kChildCallEnv) {
+        name == "TEST_SHARD_STATUS_FILE" || name == "GTEST_SHARD_INDEX" || name == "GTEST_TOTAL_SHARDS" ||
+        name == "RANK" || name == "WORLD_SIZE" || name == "LOCAL_RANK" || name == "MASTER_ADDR" ||
+        name == "MASTER_PORT" || name == kChildCallEnv) {
       continue;
     }
     base_env.push_back(entry);
@@ -283,11 +277,9 @@ std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int cal
     logs[r] = absl::StrCat(TempDir(), "/fsdp_rank_", getpid(), "_", port, "_", r, ".log");
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, logs[r].c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, logs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    const int rc = posix_spawn(&pids[r], "/proc/self/exe", &actions, nullptr, argv.data(),
-                               envp.data());
+    const int rc = posix_spawn(&pids[r], "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     TORCH_CHECK(rc == 0, "RunOnRanks: posix_spawn of rank ", r, " failed with ", rc);
   }
@@ -308,8 +300,7 @@ std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int cal
         if (!outcomes[r].ok) {
           outcomes[r].message = FailureMessage(ReadFile(logs[r]));
           if (WIFSIGNALED(status)) {
-            outcomes[r].message = absl::StrCat("killed by signal ", WTERMSIG(status), "\n",
-                                               outcomes[r].message);
+            outcomes[r].message = absl::StrCat("killed by signal ", WTERMSIG(status), "\n", outcomes[r].message);
           }
         }
       }
@@ -322,8 +313,7 @@ std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int cal
     waitpid(pids[r], nullptr, 0);
     outcomes[r] = {r, false,
                    absl::StrCat("still running after the deadline of ", options.deadline.count(),
-                                " ms (deadlock?); killed. Output:\n",
-                                FailureMessage(ReadFile(logs[r])))};
+                                " ms (deadlock?); killed. Output:\n", FailureMessage(ReadFile(logs[r])))};
   }
   for (const auto& log : logs) std::remove(log.c_str());
   return outcomes;
@@ -342,8 +332,7 @@ std::string LoadedLibTorchDir() {
       [](dl_phdr_info* info, size_t, void* out) {
         const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
         const std::string name = "/libtorch_cpu.so";
-        if (path.size() <= name.size() ||
-            path.compare(path.size() - name.size(), name.size(), name) != 0) {
+        if (path.size() <= name.size() || path.compare(path.size() - name.size(), name.size(), name) != 0) {
           return 0;
         }
         *static_cast<std::string*>(out) = path.substr(0, path.size() - name.size());
@@ -367,21 +356,21 @@ std::string LoadLibTorchCuda() {
     } else {
       const std::string dir = LoadedLibTorchDir();
       if (dir.empty()) {
-        return std::string("LibTorch's CUDA backend not found: libtorch_cpu.so is not loaded "
-                           "from a file (set FSDP_LIBTORCH_CUDA to libtorch_cuda.so)");
+        return std::string(
+            "LibTorch's CUDA backend not found: libtorch_cpu.so is not loaded "
+            "from a file (set FSDP_LIBTORCH_CUDA to libtorch_cuda.so)");
       }
       path = dir + "/libtorch_cuda.so";
     }
     if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return std::string();
     const char* error = dlerror();
-    return absl::StrCat(
-        "LibTorch's CUDA backend (needed for CUDA tensors) cannot be loaded: dlopen(", path,
-        ") failed: ", error != nullptr ? error : "unknown error",
-        ". Install the torch wheel with its CUDA dependencies (pip install torch without "
-        "--no-deps: nvidia-cudnn, -cusparselt, -cufile, -nvshmem, -nccl, ...) or set "
-        "FSDP_LIBTORCH_CUDA to such an install's torch/lib/libtorch_cuda.so; if the symbol "
-        "missing is an nccl* one, put that install's nvidia/nccl/lib first on LD_LIBRARY_PATH "
-        "(the CUDA toolkit's libnccl is older than the wheel's)");
+    return absl::StrCat("LibTorch's CUDA backend (needed for CUDA tensors) cannot be loaded: dlopen(", path,
+                        ") failed: ", error != nullptr ? error : "unknown error",
+                        ". Install the torch wheel with its CUDA dependencies (pip install torch without "
+                        "--no-deps: nvidia-cudnn, -cusparselt, -cufile, -nvshmem, -nccl, ...) or set "
+                        "FSDP_LIBTORCH_CUDA to such an install's torch/lib/libtorch_cuda.so; if the symbol "
+                        "missing is an nccl* one, put that install's nvidia/nccl/lib first on LD_LIBRARY_PATH "
+                        "(the CUDA toolkit's libnccl is older than the wheel's)");
   }();
   return reason;
 }
@@ -418,8 +407,8 @@ std::string BackendUnavailableReason(Backend backend, int world_size) {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::StrCat("nccl_processes: no usable GPU: cudaGetDeviceCount failed: ",
-                        cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+    return absl::StrCat("nccl_processes: no usable GPU: cudaGetDeviceCount failed: ", cudaGetErrorName(status), " (",
+                        cudaGetErrorString(status), ")");
   }
   // NCCL rejects two ranks of one communicator on the same GPU.
   if (count < world_size) {
@@ -431,8 +420,8 @@ std::string BackendUnavailableReason(Backend backend, int world_size) {
 
 bool IsRankProcess() { return std::getenv(kChildCallEnv) != nullptr; }
 
-std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size,
-                                           const RankBody& body, const RunOptions& options) {
+std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size, const RankBody& body,
+                                           const RunOptions& options) {
   TORCH_CHECK(world_size >= 1, "RunOnRanks: world_size must be >= 1, got ", world_size);
   if (!IsProcessBackend(backend)) return RunAsThreads(backend, world_size, body, options);
   const int call_index = NextCallIndex();
@@ -444,17 +433,16 @@ std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size,
     return skipped;
   }
   const std::string unavailable = BackendUnavailableReason(backend, world_size);
-  TORCH_CHECK(unavailable.empty(), "RunOnRanks(", BackendName(backend), ", world_size ", world_size,
-              "): ", unavailable, " (skip first: FSDP_SKIP_IF_BACKEND_UNAVAILABLE)");
+  TORCH_CHECK(unavailable.empty(), "RunOnRanks(", BackendName(backend), ", world_size ", world_size, "): ", unavailable,
+              " (skip first: FSDP_SKIP_IF_BACKEND_UNAVAILABLE)");
   return RunAsProcesses(backend, world_size, call_index, options);
 }
 
-void RunOnRanks(Backend backend, int world_size, const RankBody& body,
-                const RunOptions& options) {
+void RunOnRanks(Backend backend, int world_size, const RankBody& body, const RunOptions& options) {
   for (const RankOutcome& outcome : RunOnRanksCollect(backend, world_size, body, options)) {
     if (!outcome.ok) {
-      ADD_FAILURE() << "rank " << outcome.rank << " of " << world_size << " ("
-                    << BackendName(backend) << ") failed: " << outcome.message;
+      ADD_FAILURE() << "rank " << outcome.rank << " of " << world_size << " (" << BackendName(backend)
+                    << ") failed: " << outcome.message;
     }
   }
 }

@@ -34,11 +34,10 @@ c10::Device RankDevice(Backend backend, int rank);
 // backend (libtorch_cuda.so, which CUDA tensors need) cannot be loaded. Loads it into this
 // process on first success (FSDP_LIBTORCH_CUDA names the library, default: next to the
 // loaded libtorch_cpu.so). Tests skip with it:
-#define FSDP_SKIP_IF_BACKEND_UNAVAILABLE(backend, world_size)                             \
-  do {                                                                                   \
-    const std::string fsdp_unavailable =                                                 \
-        ::fsdp::testing::BackendUnavailableReason((backend), (world_size));              \
-    if (!fsdp_unavailable.empty()) GTEST_SKIP() << fsdp_unavailable;                     \
+#define FSDP_SKIP_IF_BACKEND_UNAVAILABLE(backend, world_size)                                                \
+  do {                                                                                                       \
+    const std::string fsdp_unavailable = ::fsdp::testing::BackendUnavailableReason((backend), (world_size)); \
+    if (!fsdp_unavailable.empty()) GTEST_SKIP() << fsdp_unavailable;                                         \
   } while (0)
 std::string BackendUnavailableReason(Backend backend, int world_size);
 
@@ -71,12 +70,11 @@ struct RankOutcome {
 // Process mode re-executes the current test binary filtered to the current test, once per
 // rank; a test may call this several times (each call is matched by its index). Calling it
 // with a backend that BackendUnavailableReason rejects throws that reason: skip first.
-std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size,
-                                           const RankBody& body, const RunOptions& options = {});
+std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size, const RankBody& body,
+                                           const RunOptions& options = {});
 
 // RunOnRanksCollect, then one GoogleTest failure per failing rank, naming the rank.
-void RunOnRanks(Backend backend, int world_size, const RankBody& body,
-                const RunOptions& options = {});
+void RunOnRanks(Backend backend, int world_size, const RankBody& body, const RunOptions& options = {});
 
 // True inside a rank process started by process mode.
 bool IsRankProcess();

@@ -91,13 +91,14 @@ TEST(MultiRankDeadline, GlooThreadRanksBlockedOnAHungPeerAreAllNamed) {
 // Process mode: the runner kills the stuck rank process at the deadline; the call returns.
 void ExpectStuckRankProcessIsKilled(Hang hang) {
   const auto start = Clock::now();
-  const std::vector<RankOutcome> outcomes = RunOnRanksCollect(Backend::kGlooProcesses, 2, HangingBody(1, hang),
-                                                              HangOptions(kProcessDeadline));
+  const std::vector<RankOutcome> outcomes =
+      RunOnRanksCollect(Backend::kGlooProcesses, 2, HangingBody(1, hang), HangOptions(kProcessDeadline));
   EXPECT_LT(Clock::now() - start, kProcessDeadline + kSlack) << "the runner did not enforce its deadline";
   ASSERT_EQ(outcomes.size(), 2u);
   EXPECT_EQ(outcomes[1].rank, 1);
   EXPECT_FALSE(outcomes[1].ok);
-  EXPECT_TRUE(absl::StrContains(outcomes[1].message, "still running after the deadline of 10000 ms (deadlock?); killed"))
+  EXPECT_TRUE(
+      absl::StrContains(outcomes[1].message, "still running after the deadline of 10000 ms (deadlock?); killed"))
       << outcomes[1].message;
   if (hang == Hang::kInBody) {
     EXPECT_TRUE(outcomes[0].ok) << outcomes[0].message;  // rank 0 returned on its own
@@ -107,19 +108,27 @@ void ExpectStuckRankProcessIsKilled(Hang hang) {
   }
 }
 
-TEST(MultiRankDeadline, ARankProcessHungInACollectiveIsKilledAndNamed) { ExpectStuckRankProcessIsKilled(Hang::kInCollective); }
+TEST(MultiRankDeadline, ARankProcessHungInACollectiveIsKilledAndNamed) {
+  ExpectStuckRankProcessIsKilled(Hang::kInCollective);
+}
 
-TEST(MultiRankDeadline, ARankProcessWhoseBodyNeverReturnsIsKilledAndNamed) { ExpectStuckRankProcessIsKilled(Hang::kInBody); }
+TEST(MultiRankDeadline, ARankProcessWhoseBodyNeverReturnsIsKilledAndNamed) {
+  ExpectStuckRankProcessIsKilled(Hang::kInBody);
+}
 
 // The control: the same runs without a hang finish well before the deadline.
 TEST(MultiRankDeadline, RunsWithoutAHangFinishNormally) {
   for (Backend backend : {Backend::kThreaded, Backend::kGlooThreads}) {
-    const std::vector<RankOutcome> outcomes = RunOnRanksCollect(backend, 2, [](const comm::ProcessGroupPtr& pg) {
-      at::Tensor t = at::ones({4});
-      pg->all_reduce(t)->wait();
-      EXPECT_TRUE(at::equal(t, at::full({4}, 2.0f)));
-    }, HangOptions());
-    for (const RankOutcome& o : outcomes) EXPECT_TRUE(o.ok) << BackendName(backend) << " rank " << o.rank << ": " << o.message;
+    const std::vector<RankOutcome> outcomes = RunOnRanksCollect(
+        backend, 2,
+        [](const comm::ProcessGroupPtr& pg) {
+          at::Tensor t = at::ones({4});
+          pg->all_reduce(t)->wait();
+          EXPECT_TRUE(at::equal(t, at::full({4}, 2.0f)));
+        },
+        HangOptions());
+    for (const RankOutcome& o : outcomes)
+      EXPECT_TRUE(o.ok) << BackendName(backend) << " rank " << o.rank << ": " << o.message;
   }
 }
 

@@ -52,8 +52,8 @@ std::map<std::string, at::Tensor> TrainReference(const test_models::NetOptions& 
   return out;
 }
 
-void ExpectEqualsReference(const std::map<std::string, at::Tensor>& got,
-                           const std::map<std::string, at::Tensor>& want, const std::string& label) {
+void ExpectEqualsReference(const std::map<std::string, at::Tensor>& got, const std::map<std::string, at::Tensor>& want,
+                           const std::string& label) {
   ASSERT_EQ(got.size(), want.size()) << label;
   for (const auto& [name, w] : want) {
     auto it = got.find(name);
@@ -111,9 +111,7 @@ struct ConstNetImpl : torch::nn::Module {
       : a(register_module("a", Hooked<ConstBlockImpl>())),
         b(register_module("b", Hooked<ConstBlockImpl>())),
         head(register_module("head", torch::nn::Linear(3, 1))) {}
-  at::Tensor forward(const at::Tensor& x) const {
-    return head.ptr()->forward(b.ptr()->forward(a.ptr()->forward(x)));
-  }
+  at::Tensor forward(const at::Tensor& x) const { return head.ptr()->forward(b.ptr()->forward(a.ptr()->forward(x))); }
   Hooked<ConstBlockImpl> a, b;
   torch::nn::Linear head;
 };

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The CMake build (CMakeLists.txt): configure with Ninja + ccache, build, run every test with
-# CTest, and print 'N passed, N failed' (GoogleTest cases, as for Bazel) as the last line.
+# The CMake build (CMakeLists.txt + cmake/bazel_targets.cmake, generated from the BUILD files):
+# configure with Ninja + ccache, build, run the tests with CTest, and print 'N passed, N failed'
+# (GoogleTest cases, as for Bazel) as the last line. By default a smoke run
+# (-DFSDP_CMAKE_SMOKE=ON): the libraries, the binaries (the demos) and one test per package,
+# run with `ctest -L smoke` (the set: tools/gen_cmake_targets.py --smoke); `bazel test //...`
+# is the full suite. --full (or FSDP_CMAKE_FULL=1) builds and runs every test.
 # When nvcc and nccl.h are present, also configures a second build with -DFSDP_WITH_CUDA=ON
 # and builds the NCCL backend + nccl_test (compile and link check; there is no GPU here).
 #
-#   tools/cmake_build.sh          (after ./x setup: needs third_party/torch_root)
+#   tools/cmake_build.sh [--full] [--no-check]   (after ./x setup: needs third_party/torch_root)
 #
-# The build trees are in the checkout (build/cmake, build/cmake-cuda; git-ignored) and the
-# ccache under the cache directory. ccache sees every path under the checkout relative to
-# the build directory (CCACHE_BASEDIR), so a fresh clone in another directory hits the
-# compiles of an earlier checkout, as Bazel's disk cache does. Environment:
-# FSDP_CACHE_DIR (cache directory), FSDP_CMAKE_JOBS (build jobs, default 2),
-# FSDP_CTEST_JOBS (tests run at once, default 2). Exit status non-zero when configuring,
-# building or any test failed.
+# --no-check: configure with -DFSDP_CHECK_BAZEL_PARITY=OFF (./x test checks the generated
+# target list itself, as a counted part). The build trees are in the checkout (build/cmake,
+# build/cmake-cuda; git-ignored) and the ccache under the cache directory. ccache sees every
+# path under the checkout relative to the build directory (CCACHE_BASEDIR), so a fresh clone
+# in another directory hits the compiles of an earlier checkout, as Bazel's disk cache does.
+# Environment: FSDP_CACHE_DIR (cache directory), FSDP_CMAKE_JOBS (build jobs, default 2),
+# FSDP_CTEST_JOBS (tests run at once, default 2), FSDP_CMAKE_FULL=1 (as --full). Exit
+# status non-zero when configuring, building or any test failed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +31,17 @@ export CCACHE_DIR="$CACHE/ccache"
 # working directory (the build tree, also under ROOT), and that directory is not hashed.
 export CCACHE_BASEDIR="$ROOT"
 export CCACHE_NOHASHDIR=1
+
+FULL="${FSDP_CMAKE_FULL:-0}"
+CHECK=ON
+for arg in "$@"; do
+  case "$arg" in
+    --full) FULL=1 ;;
+    --no-check) CHECK=OFF ;;
+    *) echo "usage: tools/cmake_build.sh [--full] [--no-check]" >&2; exit 2 ;;
+  esac
+done
+[ "$FULL" = 1 ] && SMOKE=OFF || SMOKE=ON
 
 step() { printf '\n==> %s\n' "$*"; }
 run() { printf '+ %s\n' "$*"; "$@"; }
@@ -46,9 +62,16 @@ fi
 
 rc=0
 t0=$SECONDS
-step "configure $BUILD (Ninja${LAUNCHER:+, ccache in $CCACHE_DIR})"
+if [ "$SMOKE" = ON ]; then
+  what="smoke: libraries, binaries, one test per package (--full: everything)"
+  CTEST_SELECT=(-L smoke)
+else
+  what="full: every target and test"
+  CTEST_SELECT=()
+fi
+step "configure $BUILD ($what; Ninja${LAUNCHER:+, ccache in $CCACHE_DIR})"
 if ! run cmake -S "$ROOT" -B "$BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=OFF \
-     -DFSDP_BUILD_TESTS=ON; then
+     -DFSDP_BUILD_TESTS=ON -DFSDP_CMAKE_SMOKE=$SMOKE -DFSDP_CHECK_BAZEL_PARITY=$CHECK; then
   die "CMake configuration failed (see above)"
 fi
 
@@ -66,11 +89,11 @@ if [ ${#LAUNCHER[@]} -gt 0 ]; then
     END{printf "%d hits, %d misses", h, m}')"
 fi
 
-step "ctest -j$CTEST_JOBS --output-on-failure (per-test timeouts from the Bazel sizes: small 60 s, medium 300 s, large 900 s)"
+step "ctest -j$CTEST_JOBS ${CTEST_SELECT[*]} --output-on-failure (per-test timeouts from the Bazel sizes: small 60 s, medium 300 s, large 900 s)"
 CTEST_LOG="$BUILD/ctest.log"
 rm -rf "$BUILD/test-xml"   # each test writes its GoogleTest XML there (GTEST_OUTPUT)
 t_test=$SECONDS
-(cd "$BUILD" && run ctest -j "$CTEST_JOBS" --output-on-failure --timeout 900) 2>&1 | tee "$CTEST_LOG"
+(cd "$BUILD" && run ctest -j "$CTEST_JOBS" "${CTEST_SELECT[@]}" --output-on-failure --timeout 900) 2>&1 | tee "$CTEST_LOG"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 test_note="tests: $((SECONDS - t_test)) s"
 
@@ -83,7 +106,7 @@ if [ -n "$NVCC" ]; then
   if [ -f "$CUDA_HOME_GUESS/include/nccl.h" ] || [ -f /usr/include/nccl.h ]; then
     step "FSDP_WITH_CUDA=ON: configure $CUDA_BUILD, build comm_nccl + comm_nccl_test (compile + link only)"
     if run cmake -S "$ROOT" -B "$CUDA_BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=ON \
-         -DFSDP_BUILD_TESTS=ON -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" &&
+         -DFSDP_BUILD_TESTS=ON -DFSDP_CHECK_BAZEL_PARITY=$CHECK -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" &&
        run nice -n 10 cmake --build "$CUDA_BUILD" -j "$JOBS" --target comm_nccl comm_nccl_test; then
       cuda_note="cuda build: ok (comm_nccl + comm_nccl_test against $CUDA_HOME_GUESS)"
     else
@@ -94,7 +117,7 @@ if [ -n "$NVCC" ]; then
 fi
 
 step "results (CMake)"
-echo "$build_note; $test_note; total $((SECONDS - t0)) s"
+echo "$what; $build_note; $test_note; total $((SECONDS - t0)) s"
 echo "$cuda_note"
 # Test cases from each test's GoogleTest XML, as for Bazel (a crashed test counts as one
 # failure); the last line is 'N passed, N failed'.

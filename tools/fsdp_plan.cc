@@ -22,10 +22,8 @@ ABSL_FLAG(std::string, mesh, "",
           "Empty: 1-D FSDP over --world ranks. RxS: HSDP with R replicas x S shards "
           "(R*S must equal --world).");
 ABSL_FLAG(std::string, dtype, "f32", "Parameter dtype as stored (sharded): f32|bf16|f16|f64.");
-ABSL_FLAG(std::string, param_dtype, "",
-          "Mixed precision: unsharded/all-gather/compute dtype (empty: --dtype).");
-ABSL_FLAG(std::string, reduce_dtype, "",
-          "Mixed precision: gradient reduce-scatter dtype (empty: the param dtype).");
+ABSL_FLAG(std::string, param_dtype, "", "Mixed precision: unsharded/all-gather/compute dtype (empty: --dtype).");
+ABSL_FLAG(std::string, reduce_dtype, "", "Mixed precision: gradient reduce-scatter dtype (empty: the param dtype).");
 ABSL_FLAG(std::string, style, "per_param",
           "per_param: FSDP2 fully_shard (each parameter chunked on dim 0). flat: FSDP1 "
           "FlatParameter (all parameters flattened into one, then chunked).");
@@ -60,8 +58,8 @@ std::string FirstUnknownFlag(int argc, char** argv) {
     const bool has_value = arg.find('=') != std::string_view::npos;
     std::string name(arg.substr(0, arg.find('=')));
     // absl's usage flags are not registered flags; ParseCommandLine handles them itself.
-    for (const char* usage : {"help", "helpfull", "helpshort", "helppackage", "helpon",
-                              "helpmatch", "version", "only_check_args"}) {
+    for (const char* usage :
+         {"help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch", "version", "only_check_args"}) {
       if (name == usage) return "";
     }
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
@@ -91,8 +89,7 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
-    return Fail(std::string("unexpected argument '") + rest[1] +
-                "' (flags take the form --name=value)");
+    return Fail(std::string("unexpected argument '") + rest[1] + "' (flags take the form --name=value)");
   }
   fsdp_plan::RawFlags raw;
   raw.shapes = absl::GetFlag(FLAGS_shapes);
@@ -106,8 +103,7 @@ int main(int argc, char** argv) {
   fsdp_plan::PlanOptions options;
   if (std::string err = fsdp_plan::ParseOptions(raw, &options); !err.empty()) return Fail(err);
   const fsdp_plan::Plan plan = fsdp_plan::MakePlan(options);
-  const std::string out = absl::GetFlag(FLAGS_json) ? fsdp_plan::FormatJson(plan)
-                                                    : fsdp_plan::FormatText(plan);
+  const std::string out = absl::GetFlag(FLAGS_json) ? fsdp_plan::FormatJson(plan) : fsdp_plan::FormatText(plan);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

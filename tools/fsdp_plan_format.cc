@@ -70,19 +70,13 @@ std::string Obj(const Fields& fields) {
   return out + "}";
 }
 
-std::string Arr(const std::vector<std::string>& items) {
-  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
-}
+std::string Arr(const std::vector<std::string>& items) { return absl::StrCat("[", absl::StrJoin(items, ","), "]"); }
 
-std::string IntArr(const std::vector<int64_t>& v) {
-  return absl::StrCat("[", absl::StrJoin(v, ","), "]");
-}
+std::string IntArr(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
 
 std::string I(int64_t v) { return absl::StrCat(v); }
 
-std::string OptDType(const std::optional<DType>& d) {
-  return d ? JsonQuote(DTypeName(*d)) : "null";
-}
+std::string OptDType(const std::optional<DType>& d) { return d ? JsonQuote(DTypeName(*d)) : "null"; }
 
 }  // namespace
 
@@ -118,22 +112,18 @@ std::string FormatText(const Plan& plan) {
   std::string out;
   if (flat) {
     absl::StrAppend(&out, "FSDP plan: flat (FSDP1 FlatParameter, ",
-                    plan.aligned_numel > 0
-                        ? absl::StrCat("use_orig_params: align to ", plan.aligned_numel,
-                                       " elements = 16 B of ", DTypeName(plan.unsharded_dtype))
-                        : std::string("no alignment padding"),
+                    plan.aligned_numel > 0 ? absl::StrCat("use_orig_params: align to ", plan.aligned_numel,
+                                                          " elements = 16 B of ", DTypeName(plan.unsharded_dtype))
+                                           : std::string("no alignment padding"),
                     ")");
   } else {
     absl::StrAppend(&out, "FSDP plan: per_param (FSDP2 fully_shard, Shard(0))");
   }
-  absl::StrAppend(&out, ", ", o.shapes.size(), " parameters, ", plan.total_numel,
-                  " elements\n");
-  absl::StrAppend(&out, "mesh: world ", o.world, " = ", o.replicate, " replica",
-                  o.replicate == 1 ? "" : "s", " x ", o.shard, " shards",
-                  o.replicate == 1 ? " (1-D FSDP)\n"
-                                   : " (HSDP: replicas hold identical shards)\n");
-  absl::StrAppend(&out, "dtypes: stored ", dt, ", unsharded/all-gather ",
-                  DTypeName(plan.unsharded_dtype), ", reduce-scatter ", rdt, "\n");
+  absl::StrAppend(&out, ", ", o.shapes.size(), " parameters, ", plan.total_numel, " elements\n");
+  absl::StrAppend(&out, "mesh: world ", o.world, " = ", o.replicate, " replica", o.replicate == 1 ? "" : "s", " x ",
+                  o.shard, " shards", o.replicate == 1 ? " (1-D FSDP)\n" : " (HSDP: replicas hold identical shards)\n");
+  absl::StrAppend(&out, "dtypes: stored ", dt, ", unsharded/all-gather ", DTypeName(plan.unsharded_dtype),
+                  ", reduce-scatter ", rdt, "\n");
 
   std::vector<std::vector<std::string>> rows = {{"param", "shape", "numel"}};
   for (size_t i = 0; i < o.shapes.size(); ++i) {
@@ -142,9 +132,9 @@ std::string FormatText(const Plan& plan) {
   absl::StrAppend(&out, "\nparameters:\n", Table(rows));
 
   if (flat) {
-    absl::StrAppend(&out, "\nflat parameter: ", plan.padded_total, " elements (",
-                    plan.total_numel, " parameter + ", plan.padded_total - plan.total_numel,
-                    " padding), chunk ", plan.ranks[0].padded_numel, " per rank\n");
+    absl::StrAppend(&out, "\nflat parameter: ", plan.padded_total, " elements (", plan.total_numel, " parameter + ",
+                    plan.padded_total - plan.total_numel, " padding), chunk ", plan.ranks[0].padded_numel,
+                    " per rank\n");
     rows = {{"segment", "[start, end)", "holds"}};
     for (size_t i = 0; i < plan.flat_segments.size(); ++i) {
       const FlatSegment& s = plan.flat_segments[i];
@@ -157,59 +147,55 @@ std::string FormatText(const Plan& plan) {
   for (const RankPlan& r : plan.ranks) {
     absl::StrAppend(&out, "\nshard rank ", r.shard_rank, " (", Ranks(r.global_ranks), ")");
     if (flat) {
-      absl::StrAppend(&out, ": flat [", r.flat_start, ", ", r.flat_end,
-                      "), _shard_numel_padded ", r.shard_numel_padded, "\n");
-      rows = {{"param", "intra_param_start_idx", "intra_param_end_idx", "offset_in_shard",
-               "numel_in_shard"}};
+      absl::StrAppend(&out, ": flat [", r.flat_start, ", ", r.flat_end, "), _shard_numel_padded ", r.shard_numel_padded,
+                      "\n");
+      rows = {{"param", "intra_param_start_idx", "intra_param_end_idx", "offset_in_shard", "numel_in_shard"}};
       for (const FlatShardParamInfo& f : r.flat_infos) {
         if (!f.in_shard) continue;
-        rows.push_back({I(f.index), I(f.intra_param_start_idx), I(f.intra_param_end_idx),
-                        I(f.offset_in_shard), I(f.numel_in_shard)});
+        rows.push_back({I(f.index), I(f.intra_param_start_idx), I(f.intra_param_end_idx), I(f.offset_in_shard),
+                        I(f.numel_in_shard)});
       }
       if (rows.size() == 1) rows.push_back({"(none: padding only)"});
     } else {
       absl::StrAppend(&out, ":\n");
       rows = {{"param", "local", "padded", "row_offset", "numel", "padded_numel"}};
       for (const ParamShard& p : r.params) {
-        rows.push_back({I(p.index), ShapeStr(p.sharded_size), ShapeStr(p.padded_sharded_size),
-                        I(p.offset), I(p.numel), I(p.padded_numel)});
+        rows.push_back({I(p.index), ShapeStr(p.sharded_size), ShapeStr(p.padded_sharded_size), I(p.offset), I(p.numel),
+                        I(p.padded_numel)});
       }
     }
     absl::StrAppend(&out, Table(rows));
   }
 
-  absl::StrAppend(&out, "\nper-rank memory in bytes (", flat ? "grads: padded flat shard; "
-                                                             : "grads: unpadded shard; ",
+  absl::StrAppend(&out, "\nper-rank memory in bytes (", flat ? "grads: padded flat shard; " : "grads: unpadded shard; ",
                   "AdamW: exp_avg + exp_avg_sq in ", dt, "):\n");
   rows = {{"shard_rank", "numel", "padded_numel", absl::StrCat("params(", dt, ",padded)"),
            absl::StrCat("grads(", dt, ")"), "adamw", absl::StrCat("rs_output(", rdt, ")")}};
   for (const RankPlan& r : plan.ranks) {
-    rows.push_back({I(r.shard_rank), I(r.numel), I(r.padded_numel), I(r.bytes.params),
-                    I(r.bytes.grads), I(r.bytes.optim), I(r.bytes.reduce_scatter_output)});
+    rows.push_back({I(r.shard_rank), I(r.numel), I(r.padded_numel), I(r.bytes.params), I(r.bytes.grads),
+                    I(r.bytes.optim), I(r.bytes.reduce_scatter_output)});
   }
   absl::StrAppend(&out, Table(rows));
   if (plan.reduce_dtype != o.dtype) {
-    absl::StrAppend(&out, "  note: gradients are reduced in ", rdt, " (rs_output, "
-                    "reduce-scatter input) and cast back to ", dt, " for the sharded grads\n");
+    absl::StrAppend(&out, "  note: gradients are reduced in ", rdt,
+                    " (rs_output, "
+                    "reduce-scatter input) and cast back to ",
+                    dt, " for the sharded grads\n");
   }
 
   const int64_t S = o.shard, P = plan.ranks[0].padded_numel;
-  absl::StrAppend(&out, "\nunsharded buffers (on every rank while the group is unsharded): ",
-                  plan.padded_total, " padded elements = ", S, " shards x ", P, "\n");
+  absl::StrAppend(&out, "\nunsharded buffers (on every rank while the group is unsharded): ", plan.padded_total,
+                  " padded elements = ", S, " shards x ", P, "\n");
   absl::StrAppend(&out, "  all-gather output: ", Bytes(plan.all_gather_buffer_bytes), " in ",
                   DTypeName(plan.unsharded_dtype), "\n");
-  absl::StrAppend(&out, "  reduce-scatter input: ", Bytes(plan.reduce_scatter_input_bytes),
-                  " in ", rdt, "\n");
-  absl::StrAppend(&out, "\ncommunication per rank per step (FULL_SHARD, ring):\n  3 x ",
-                  plan.padded_total, " x (", S, "-1)/", S, " = ",
-                  2 * plan.all_gather_elements + plan.reduce_scatter_elements,
+  absl::StrAppend(&out, "  reduce-scatter input: ", Bytes(plan.reduce_scatter_input_bytes), " in ", rdt, "\n");
+  absl::StrAppend(&out, "\ncommunication per rank per step (FULL_SHARD, ring):\n  3 x ", plan.padded_total, " x (", S,
+                  "-1)/", S, " = ", 2 * plan.all_gather_elements + plan.reduce_scatter_elements,
                   " elements: all-gather fwd ", plan.all_gather_elements, " + all-gather bwd ",
-                  plan.all_gather_elements, " + reduce-scatter ", plan.reduce_scatter_elements,
-                  "\n");
+                  plan.all_gather_elements, " + reduce-scatter ", plan.reduce_scatter_elements, "\n");
   if (o.replicate > 1) {
-    absl::StrAppend(&out, "  + HSDP all-reduce across ", o.replicate, " replicas: 2 x ", P,
-                    " x (", o.replicate, "-1)/", o.replicate, " = ",
-                    Num(plan.all_reduce_elements), " elements (", rdt, ")\n");
+    absl::StrAppend(&out, "  + HSDP all-reduce across ", o.replicate, " replicas: 2 x ", P, " x (", o.replicate, "-1)/",
+                    o.replicate, " = ", Num(plan.all_reduce_elements), " elements (", rdt, ")\n");
   }
   absl::StrAppend(&out, "  = ", Bytes(plan.comm_bytes), " per rank per step\n");
   return out;
@@ -220,9 +206,7 @@ std::string FormatJson(const Plan& plan) {
   const bool flat = o.style == Style::kFlat;
   std::vector<std::string> params, segments, ranks;
   for (size_t i = 0; i < o.shapes.size(); ++i) {
-    params.push_back(Obj({{"index", I(i)},
-                          {"shape", IntArr(o.shapes[i])},
-                          {"numel", I(fsdp::Numel(o.shapes[i]))}}));
+    params.push_back(Obj({{"index", I(i)}, {"shape", IntArr(o.shapes[i])}, {"numel", I(fsdp::Numel(o.shapes[i]))}}));
   }
   for (const FlatSegment& s : plan.flat_segments) {
     segments.push_back(Obj({{"param", s.param_index < 0 ? "null" : I(s.param_index)},
@@ -286,16 +270,14 @@ std::string FormatJson(const Plan& plan) {
   }
   top.push_back({"ranks", Arr(ranks)});
   top.push_back({"group_bytes", Obj({{"all_gather_buffer", I(plan.all_gather_buffer_bytes)},
-                                     {"reduce_scatter_input",
-                                      I(plan.reduce_scatter_input_bytes)}})});
-  top.push_back(
-      {"comm", Obj({{"formula", JsonQuote("3 x padded_total x (S-1)/S elements per rank "
-                                          "(+ 2 x P x (R-1)/R all-reduce for HSDP)")},
-                    {"all_gather_forward_elements", I(plan.all_gather_elements)},
-                    {"all_gather_backward_elements", I(plan.all_gather_elements)},
-                    {"reduce_scatter_elements", I(plan.reduce_scatter_elements)},
-                    {"all_reduce_elements", Num(plan.all_reduce_elements)},
-                    {"bytes", Num(plan.comm_bytes)}})});
+                                     {"reduce_scatter_input", I(plan.reduce_scatter_input_bytes)}})});
+  top.push_back({"comm", Obj({{"formula", JsonQuote("3 x padded_total x (S-1)/S elements per rank "
+                                                    "(+ 2 x P x (R-1)/R all-reduce for HSDP)")},
+                              {"all_gather_forward_elements", I(plan.all_gather_elements)},
+                              {"all_gather_backward_elements", I(plan.all_gather_elements)},
+                              {"reduce_scatter_elements", I(plan.reduce_scatter_elements)},
+                              {"all_reduce_elements", Num(plan.all_reduce_elements)},
+                              {"bytes", Num(plan.comm_bytes)}})});
   return Obj(top) + "\n";
 }
 

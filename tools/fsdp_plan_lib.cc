@@ -32,9 +32,7 @@ bool ParseInt(std::string_view s, int64_t* out) {
 // in, i.e. the unsharded param dtype. This is FSDP2's ResolveDtypes (reduce_dtype equal to
 // param_dtype is dropped as a no-op) and FSDP1's _init_param_reduce_dtypes (unset
 // reduce_dtype with param_dtype set follows param_dtype) -- both give the same buffer dtype.
-DType ReduceDType(const PlanOptions& o) {
-  return o.reduce_dtype.value_or(o.param_dtype.value_or(o.dtype));
-}
+DType ReduceDType(const PlanOptions& o) { return o.reduce_dtype.value_or(o.param_dtype.value_or(o.dtype)); }
 
 // Debian's abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0), so
 // std::string_view goes to StrCat as std::string and splitting is done here.
@@ -44,8 +42,7 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
   std::vector<std::string_view> parts;
   for (size_t pos = 0;;) {
     const size_t next = s.find(sep, pos);
-    parts.push_back(s.substr(pos, next == std::string_view::npos ? std::string_view::npos
-                                                                  : next - pos));
+    parts.push_back(s.substr(pos, next == std::string_view::npos ? std::string_view::npos : next - pos));
     if (next == std::string_view::npos) return parts;
     pos = next + 1;
   }
@@ -156,12 +153,10 @@ std::string ParseShapes(std::string_view text, std::vector<Shape>* out) {
     for (std::string_view dim : Split(item, 'x')) {
       int64_t d = 0;
       if (!ParseInt(dim, &d)) {
-        return absl::StrCat("--shapes: dimension '", Str(dim), "' of shape '", Str(item),
-                            "' is not an integer");
+        return absl::StrCat("--shapes: dimension '", Str(dim), "' of shape '", Str(item), "' is not an integer");
       }
       if (d <= 0) {
-        return absl::StrCat("--shapes: dimension ", d, " of shape '", Str(item),
-                            "' must be positive");
+        return absl::StrCat("--shapes: dimension ", d, " of shape '", Str(item), "' must be positive");
       }
       if (d > kMaxTotalNumel || numel > kMaxTotalNumel / d) {
         return absl::StrCat("--shapes: shape '", Str(item), "' has more than 2^44 elements");
@@ -185,8 +180,7 @@ std::string ParseDType(std::string_view flag, std::string_view text, DType* out)
       return "";
     }
   }
-  return absl::StrCat(Str(flag), ": unknown dtype '", Str(text),
-                      "' (expected f32, bf16, f16 or f64)");
+  return absl::StrCat(Str(flag), ": unknown dtype '", Str(text), "' (expected f32, bf16, f16 or f64)");
 }
 
 std::string ParseOptions(const RawFlags& f, PlanOptions* o) {
@@ -202,17 +196,14 @@ std::string ParseOptions(const RawFlags& f, PlanOptions* o) {
   o->shard = o->world;
   if (!f.mesh.empty()) {
     std::vector<std::string_view> parts = Split(f.mesh, 'x');
-    if (parts.size() != 2 || !ParseInt(parts[0], &o->replicate) ||
-        !ParseInt(parts[1], &o->shard) || o->replicate < 1 || o->shard < 1) {
-      return absl::StrCat("--mesh: '", f.mesh,
-                          "' is not RxS with positive R (replicas) and S (shards), e.g. 2x4");
+    if (parts.size() != 2 || !ParseInt(parts[0], &o->replicate) || !ParseInt(parts[1], &o->shard) || o->replicate < 1 ||
+        o->shard < 1) {
+      return absl::StrCat("--mesh: '", f.mesh, "' is not RxS with positive R (replicas) and S (shards), e.g. 2x4");
     }
-    if (o->replicate > o->world || o->shard > o->world ||
-        o->replicate * o->shard != o->world) {
+    if (o->replicate > o->world || o->shard > o->world || o->replicate * o->shard != o->world) {
       // (Both factors are <= world before multiplying, so the product cannot overflow.)
       return absl::StrCat("--mesh: '", f.mesh, "' (", o->replicate, " replicas x ", o->shard,
-                          " shards) does not match --world ", o->world,
-                          ": R * S must equal the world size");
+                          " shards) does not match --world ", o->world, ": R * S must equal the world size");
     }
   }
   if (std::string err = ParseDType("--dtype", f.dtype, &o->dtype); !err.empty()) return err;
@@ -267,12 +258,10 @@ Plan MakePlan(const PlanOptions& options) {
   // Ring all-gather / reduce-scatter: each rank sends (S-1) of the S equal chunks.
   plan.all_gather_elements = P * (S - 1);
   plan.reduce_scatter_elements = P * (S - 1);
-  plan.all_reduce_elements = 2.0 * static_cast<double>(P) * static_cast<double>(R - 1) /
-                             static_cast<double>(R);
-  plan.comm_bytes =
-      static_cast<double>(2 * plan.all_gather_elements * ItemSize(plan.unsharded_dtype) +
-                          plan.reduce_scatter_elements * ItemSize(plan.reduce_dtype)) +
-      plan.all_reduce_elements * static_cast<double>(ItemSize(plan.reduce_dtype));
+  plan.all_reduce_elements = 2.0 * static_cast<double>(P) * static_cast<double>(R - 1) / static_cast<double>(R);
+  plan.comm_bytes = static_cast<double>(2 * plan.all_gather_elements * ItemSize(plan.unsharded_dtype) +
+                                        plan.reduce_scatter_elements * ItemSize(plan.reduce_dtype)) +
+                    plan.all_reduce_elements * static_cast<double>(ItemSize(plan.reduce_dtype));
   return plan;
 }
 

@@ -32,14 +32,14 @@ using Shape = std::vector<int64_t>;
 
 // The flags as typed; ParseOptions validates them all.
 struct RawFlags {
-  std::string shapes;        // "5x3,6,1024x1024"
-  std::string world = "1";   // total ranks
-  std::string mesh;          // "" (1-D FSDP) or "RxS" (HSDP)
+  std::string shapes;       // "5x3,6,1024x1024"
+  std::string world = "1";  // total ranks
+  std::string mesh;         // "" (1-D FSDP) or "RxS" (HSDP)
   std::string dtype = "f32";
   std::string param_dtype;   // "" = no cast
   std::string reduce_dtype;  // "" = no cast
   std::string style = "per_param";
-  bool align = true;         // flat: use_orig_params alignment padding
+  bool align = true;  // flat: use_orig_params alignment padding
 };
 
 struct PlanOptions {
@@ -85,9 +85,9 @@ struct RankBytes {
 
 struct RankPlan {
   int64_t shard_rank = 0;
-  std::vector<int64_t> global_ranks;  // r * S + shard_rank for each replica r
-  int64_t numel = 0;         // parameter elements this rank owns (no padding)
-  int64_t padded_numel = 0;  // elements it stores
+  std::vector<int64_t> global_ranks;           // r * S + shard_rank for each replica r
+  int64_t numel = 0;                           // parameter elements this rank owns (no padding)
+  int64_t padded_numel = 0;                    // elements it stores
   std::vector<ParamShard> params;              // per_param
   int64_t flat_start = 0, flat_end = 0;        // flat: [start, end) of the unsharded flat param
   int64_t shard_numel_padded = 0;              // flat: _shard_numel_padded
@@ -103,16 +103,16 @@ struct Plan {
   int64_t padded_total = 0;             // unsharded padded numel = S * per-rank padded numel
   int64_t aligned_numel = 0;            // flat: 16 / itemsize(unsharded) or 0
   std::vector<FlatSegment> flat_segments;
-  std::vector<RankPlan> ranks;          // one per shard rank; replicas hold the same
-  int64_t all_gather_buffer_bytes = 0;  // padded_total in the unsharded dtype
+  std::vector<RankPlan> ranks;             // one per shard rank; replicas hold the same
+  int64_t all_gather_buffer_bytes = 0;     // padded_total in the unsharded dtype
   int64_t reduce_scatter_input_bytes = 0;  // padded_total in the reduce dtype
   // FULL_SHARD, per rank per step (ring algorithms): each all-gather and the reduce-scatter
   // move padded_total * (S-1)/S elements; HSDP adds an all-reduce of the padded shard
   // across R replicas: 2 * P * (R-1)/R elements.
-  int64_t all_gather_elements = 0;      // one all-gather (forward or backward)
+  int64_t all_gather_elements = 0;  // one all-gather (forward or backward)
   int64_t reduce_scatter_elements = 0;
   double all_reduce_elements = 0;
-  double comm_bytes = 0;                // 2 all-gathers + reduce-scatter (+ all-reduce)
+  double comm_bytes = 0;  // 2 all-gathers + reduce-scatter (+ all-reduce)
 };
 
 // Preconditions: options came from ParseOptions (validated).

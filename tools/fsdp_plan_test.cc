@@ -78,9 +78,8 @@ class JsonChecker {
   bool Number() {
     const size_t start = i_;
     if (i_ < s_.size() && s_[i_] == '-') ++i_;
-    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) ||
-                              s_[i_] == '.' || s_[i_] == 'e' || s_[i_] == 'E' ||
-                              s_[i_] == '+' || s_[i_] == '-')) {
+    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' || s_[i_] == 'e' ||
+                              s_[i_] == 'E' || s_[i_] == '+' || s_[i_] == '-')) {
       ++i_;
     }
     return i_ > start && std::isdigit(static_cast<unsigned char>(s_[i_ - 1]));
@@ -203,8 +202,7 @@ TEST(Flat, AlignedF32Layout) {
   // then world-size pad 1 -> 32 = 4 x 8: chunks divide evenly, no _shard_numel_padded.
   Plan plan = PlanFor(Flags("5x3,6,1x7", "4", "flat"));
   EXPECT_EQ(plan.aligned_numel, 4);
-  const std::vector<FlatSegment> want = {{0, 0, 15},  {-1, 15, 1}, {1, 16, 6},
-                                         {-1, 22, 2}, {2, 24, 7},  {-1, 31, 1}};
+  const std::vector<FlatSegment> want = {{0, 0, 15}, {-1, 15, 1}, {1, 16, 6}, {-1, 22, 2}, {2, 24, 7}, {-1, 31, 1}};
   ASSERT_EQ(plan.flat_segments.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(plan.flat_segments[i].param_index, want[i].param_index) << i;
@@ -213,7 +211,9 @@ TEST(Flat, AlignedF32Layout) {
   }
   EXPECT_EQ(plan.padded_total, 32);
   // {param, offset_in_shard, numel_in_shard, intra start, intra end (inclusive)}
-  struct Want { int64_t param, off, numel, start, end; };
+  struct Want {
+    int64_t param, off, numel, start, end;
+  };
   const std::vector<std::vector<Want>> infos = {
       {{0, 0, 8, 0, 7}}, {{0, 0, 7, 8, 14}}, {{1, 0, 6, 0, 5}}, {{2, 0, 7, 0, 6}}};
   for (int s = 0; s < 4; ++s) {
@@ -222,7 +222,7 @@ TEST(Flat, AlignedF32Layout) {
     EXPECT_EQ(r.flat_end, 8 * s + 8);
     EXPECT_EQ(r.shard_numel_padded, 0);
     EXPECT_EQ(r.padded_numel, 8);
-    ASSERT_EQ(r.flat_infos.size(), 3u);  // one per original parameter, as in the seed
+    ASSERT_EQ(r.flat_infos.size(), 3u);  // one per original parameter, as in PyTorch
     int in_shard = 0;
     for (const FlatShardParamInfo& x : r.flat_infos) {
       if (!x.in_shard) continue;
@@ -317,16 +317,14 @@ TEST(Format, JsonIsValidAndHasKeys) {
     f.mesh = "2x2";
     const std::string json = FormatJson(PlanFor(f));
     EXPECT_TRUE(JsonChecker(json).Valid()) << json;
-    for (const char* key : {"\"style\":", "\"world\":4", "\"replicate\":2", "\"shard\":2",
-                            "\"param_dtype\":null", "\"ranks\":[", "\"global_ranks\":[0,2]",
-                            "\"bytes\":{\"params\":", "\"optim\":", "\"all_gather_buffer\":",
-                            "\"all_reduce_elements\":", "\"formula\":"}) {
+    for (const char* key : {"\"style\":", "\"world\":4", "\"replicate\":2", "\"shard\":2", "\"param_dtype\":null",
+                            "\"ranks\":[", "\"global_ranks\":[0,2]", "\"bytes\":{\"params\":", "\"optim\":",
+                            "\"all_gather_buffer\":", "\"all_reduce_elements\":", "\"formula\":"}) {
       EXPECT_NE(json.find(key), std::string::npos) << style << " " << key;
     }
   }
   const std::string per_param = FormatJson(PlanFor(Flags("5x3,6", "4")));
-  EXPECT_NE(per_param.find("\"sharded_size\":[0,3],\"padded_sharded_size\":[2,3],\"offset\":5"),
-            std::string::npos);
+  EXPECT_NE(per_param.find("\"sharded_size\":[0,3],\"padded_sharded_size\":[2,3],\"offset\":5"), std::string::npos);
   const std::string flat = FormatJson(PlanFor(Flags("5x3,6,1x7", "4", "flat")));
   EXPECT_NE(flat.find("\"aligned_numel\":4"), std::string::npos);
   EXPECT_NE(flat.find("{\"param\":null,\"start\":15,\"end\":16}"), std::string::npos);
@@ -354,7 +352,10 @@ TEST(Format, TextMentionsTheEssentials) {
 }
 
 TEST(Parse, ErrorsNameTheFlagAndValue) {
-  struct Case { RawFlags flags; std::string want; };
+  struct Case {
+    RawFlags flags;
+    std::string want;
+  };
   auto with = [](auto edit) {
     RawFlags f = Flags("5x3", "4");
     edit(f);

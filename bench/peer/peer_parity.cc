@@ -10,8 +10,8 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "fsdp/common/test_models.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "fsdp/common/test_models.h"
 
 namespace fsdp::peer {
 namespace {
@@ -31,8 +31,9 @@ double MaxDiffOverScale(const at::Tensor& ours, const at::Tensor& theirs) {
 std::string PeerPython(std::string* why_not) {
   const char* python = std::getenv("FSDP_PEER_PYTHON");
   if (python == nullptr || *python == '\0') {
-    *why_not = "FSDP_PEER_PYTHON is not set: ./x setup sets it once PyTorch (with its dependencies) is "
-               "installed in the peer venv";
+    *why_not =
+        "FSDP_PEER_PYTHON is not set: ./x setup sets it once PyTorch (with its dependencies) is "
+        "installed in the peer venv";
     return "";
   }
   const std::string probe = absl::StrCat(python, " -c 'import torch.distributed.fsdp' > /dev/null 2>&1");
@@ -89,8 +90,7 @@ void ExpectMatchesPeer(const TensorDict& params, const optim_state::OptimStateDi
       continue;
     }
     for (const char* name : {"exp_avg", "exp_avg_sq"}) {
-      EXPECT_LE(MaxDiffOverScale(std::get<at::Tensor>(it->second.at(name)), theirs[absl::StrCat(name, "/", fqn)]),
-                1e-5)
+      EXPECT_LE(MaxDiffOverScale(std::get<at::Tensor>(it->second.at(name)), theirs[absl::StrCat(name, "/", fqn)]), 1e-5)
           << label << " " << name << " " << fqn;
     }
     EXPECT_EQ(static_cast<double>(std::get<int64_t>(it->second.at("step"))), theirs["step/" + fqn].item<double>())

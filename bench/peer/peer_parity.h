@@ -34,8 +34,8 @@ std::string PeerPython(std::string* why_not);
 // `init`'s parameters (before any sharding) and kSteps batches as input; returns what the
 // script wrote. A script that fails twice in a row fails the calling test (and returns an
 // empty dict).
-TensorDict RunPeer(const std::string& python, const std::string& script, int world,
-                   const torch::nn::Module& init, const std::string& extra_args = "");
+TensorDict RunPeer(const std::string& python, const std::string& script, int world, const torch::nn::Module& init,
+                   const std::string& extra_args = "");
 
 // Every parameter of `params` and its AdamW state in `optim` (exp_avg, exp_avg_sq, step)
 // equals the peer's within 1e-5 x max(1, |peer value|); exactly `expected_params` compared.

@@ -91,8 +91,8 @@ TEST_P(PyTorchFsdp1Parity, ParametersAndAdamWStateMatchAfterTenSteps) {
       torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(peer::kLr));
       test_models::TrainSteps(model, opt, 0, peer::kSteps, world, pg->rank());
       const flat_param::FullStateDict params = flat_param::GetFullStateDict(root);
-      const OptimStateDict optim = use_orig_params ? FullOptimStateOfOrigParams(root, opt)
-                                                   : optim_state::GetFullOptimStateDict(root, opt);
+      const OptimStateDict optim =
+          use_orig_params ? FullOptimStateOfOrigParams(root, opt) : optim_state::GetFullOptimStateDict(root, opt);
       if (pg->rank() == 0) {
         peer::ExpectMatchesPeer(params, optim, theirs, 13,
                                 absl::StrCat("FSDP1 W=", world, " use_orig_params=", use_orig_params));

@@ -15,21 +15,20 @@ namespace fsdp::comm::internal {
 
 // Throws c10::Error naming the failed call. Clears CUDA's last-error slot so the failure
 // does not resurface in an unrelated LibTorch launch check later.
-#define FSDP_CUDA_CHECK(call)                                                           \
-  do {                                                                                  \
-    const cudaError_t fsdp_cuda_status = (call);                                        \
-    if (fsdp_cuda_status != cudaSuccess) {                                              \
-      (void)cudaGetLastError();                                                         \
+#define FSDP_CUDA_CHECK(call)                                                          \
+  do {                                                                                 \
+    const cudaError_t fsdp_cuda_status = (call);                                       \
+    if (fsdp_cuda_status != cudaSuccess) {                                             \
+      (void)cudaGetLastError();                                                        \
       TORCH_CHECK(false, #call, " failed: ", cudaGetErrorName(fsdp_cuda_status), " (", \
-                  cudaGetErrorString(fsdp_cuda_status), ")");                           \
-    }                                                                                   \
+                  cudaGetErrorString(fsdp_cuda_status), ")");                          \
+    }                                                                                  \
   } while (0)
 
-#define FSDP_NCCL_CHECK(call)                                                           \
-  do {                                                                                  \
-    const ncclResult_t fsdp_nccl_status = (call);                                       \
-    TORCH_CHECK(fsdp_nccl_status == ncclSuccess, #call, " failed: ",                    \
-                NcclErrorText(fsdp_nccl_status));                                       \
+#define FSDP_NCCL_CHECK(call)                                                                          \
+  do {                                                                                                 \
+    const ncclResult_t fsdp_nccl_status = (call);                                                      \
+    TORCH_CHECK(fsdp_nccl_status == ncclSuccess, #call, " failed: ", NcclErrorText(fsdp_nccl_status)); \
   } while (0)
 
 // ncclGetErrorString plus NCCL's last detailed message, when it has one.

@@ -29,8 +29,8 @@ NcclComm::~NcclComm() {
   // The last owner: no other thread uses the communicator any more.
   if (comm_ == nullptr) return;
   int previous = -1;
-  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                        cudaSetDevice(device_) == cudaSuccess;
+  const bool switched =
+      cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
   // Destroying a communicator with collectives in flight can hang on peers that never
   // join them: give them the group's timeout, then abort.
   bool idle = aborted_ ? false : WaitIdle(/*check_async=*/true, shutdown_timeout_);
@@ -50,8 +50,8 @@ NcclComm::~NcclComm() {
     if (barrier_buffer_ != nullptr) (void)cudaFree(barrier_buffer_);
   } else {
     try {  // a warning handler may throw; a destructor must not
-      TORCH_WARN("nccl on cuda:", device_, ": the stream did not drain at shutdown; leaking ",
-                 pending_.size(), " collectives' buffers");
+      TORCH_WARN("nccl on cuda:", device_, ": the stream did not drain at shutdown; leaking ", pending_.size(),
+                 " collectives' buffers");
     } catch (...) {
     }
     (void)new std::deque<Pending>(std::move(pending_));
@@ -117,8 +117,8 @@ void NcclComm::RunRequestedAbort() noexcept {
 void NcclComm::AbortLocked() noexcept {
   if (aborted()) return;
   int previous = -1;
-  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                        cudaSetDevice(device_) == cudaSuccess;
+  const bool switched =
+      cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
   (void)ncclCommAbort(comm_);
   aborted_.store(true, std::memory_order_release);
   (void)cudaGetLastError();
@@ -142,10 +142,8 @@ bool NcclComm::WaitIdle(bool check_async, Timeout timeout) {
   }
 }
 
-std::function<WatchPoll()> MakeWatchPoll(const std::shared_ptr<NcclComm>& comm,
-                                         std::shared_ptr<CudaEvent> done) {
-  return [weak = std::weak_ptr<NcclComm>(comm), done = std::move(done),
-          device = comm->device()]() -> WatchPoll {
+std::function<WatchPoll()> MakeWatchPoll(const std::shared_ptr<NcclComm>& comm, std::shared_ptr<CudaEvent> done) {
+  return [weak = std::weak_ptr<NcclComm>(comm), done = std::move(done), device = comm->device()]() -> WatchPoll {
     // Without this the watchdog thread's first CUDA call would create a context on
     // device 0 (memory on a GPU this rank does not use).
     int current = -1;
@@ -154,8 +152,8 @@ std::function<WatchPoll()> MakeWatchPoll(const std::shared_ptr<NcclComm>& comm,
     if (query == cudaSuccess) return WatchPoll::Done();
     (void)cudaGetLastError();
     if (query != cudaErrorNotReady) {
-      return WatchPoll::Failed(absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(query),
-                                            " (", cudaGetErrorString(query), ")"));
+      return WatchPoll::Failed(
+          absl::StrCat("cudaEventQuery failed: ", cudaGetErrorName(query), " (", cudaGetErrorString(query), ")"));
     }
     if (std::shared_ptr<NcclComm> c = weak.lock()) {
       const ncclResult_t async = c->AsyncError();
@@ -180,13 +178,12 @@ ncclDataType_t ToNcclType(const char* op, const at::Tensor& t) {
     case at::kBool: return ncclUint8;
     default: break;
   }
-  TORCH_CHECK(false, op, ": the nccl backend cannot reduce dtype ", t.scalar_type(), " (",
-              DescribeTensor(t), "); supported: Float, Double, Half, BFloat16, Int, Long, Byte, "
+  TORCH_CHECK(false, op, ": the nccl backend cannot reduce dtype ", t.scalar_type(), " (", DescribeTensor(t),
+              "); supported: Float, Double, Half, BFloat16, Int, Long, Byte, "
               "Char, Bool");
 }
 
-NcclRedOp::NcclRedOp(const char* op_name, ReduceOp op, const at::Tensor& t, ncclDataType_t type,
-                     ncclComm_t comm)
+NcclRedOp::NcclRedOp(const char* op_name, ReduceOp op, const at::Tensor& t, ncclDataType_t type, ncclComm_t comm)
     : comm_(comm) {
   switch (op.kind()) {
     case ReduceOpKind::kSum: op_ = ncclSum; return;
@@ -201,8 +198,7 @@ NcclRedOp::NcclRedOp(const char* op_name, ReduceOp op, const at::Tensor& t, nccl
     case at::kHalf: Create(c10::Half(static_cast<float>(op.factor())), type); break;
     case at::kBFloat16: Create(c10::BFloat16(static_cast<float>(op.factor())), type); break;
     default:
-      TORCH_CHECK(false, op_name, ": ", op.ToString(), " needs a floating-point tensor, got ",
-                  DescribeTensor(t));
+      TORCH_CHECK(false, op_name, ": ", op.ToString(), " needs a floating-point tensor, got ", DescribeTensor(t));
   }
 }
 

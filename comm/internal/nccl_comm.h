@@ -128,8 +128,7 @@ class NcclComm {
 
 // The watchdog's non-blocking poll of one collective (on the watchdog thread). Holds the
 // communicator weakly: the watchdog must not keep a destroyed group's communicator alive.
-std::function<WatchPoll()> MakeWatchPoll(const std::shared_ptr<NcclComm>& comm,
-                                         std::shared_ptr<CudaEvent> done);
+std::function<WatchPoll()> MakeWatchPoll(const std::shared_ptr<NcclComm>& comm, std::shared_ptr<CudaEvent> done);
 
 // Reducing collectives need NCCL's element type; Bool rides as Uint8 (MAX = or, MIN = and;
 // the interface rejects SUM on Bool).
@@ -139,8 +138,7 @@ ncclDataType_t ToNcclType(const char* op, const at::Tensor& t);
 // as a host scalar of the tensor's dtype; Release() destroys it once the call is enqueued.
 class NcclRedOp {
  public:
-  NcclRedOp(const char* op_name, ReduceOp op, const at::Tensor& t, ncclDataType_t type,
-            ncclComm_t comm);
+  NcclRedOp(const char* op_name, ReduceOp op, const at::Tensor& t, ncclDataType_t type, ncclComm_t comm);
   ~NcclRedOp() {
     if (created_) (void)ncclRedOpDestroy(op_, comm_);  // error path only
   }
@@ -156,8 +154,7 @@ class NcclRedOp {
   template <typename T>
   void Create(T scalar, ncclDataType_t type) {
     // HostImmediate: NCCL reads the scalar during the create call.
-    FSDP_NCCL_CHECK(
-        ncclRedOpCreatePreMulSum(&op_, &scalar, type, ncclScalarHostImmediate, comm_));
+    FSDP_NCCL_CHECK(ncclRedOpCreatePreMulSum(&op_, &scalar, type, ncclScalarHostImmediate, comm_));
     created_ = true;
   }
 

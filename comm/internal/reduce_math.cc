@@ -15,18 +15,10 @@ at::Tensor ReduceInRankOrder(const std::vector<at::Tensor>& xs, ReduceOp op) {
     at::Tensor x = xs[j].to(acc_dtype);
     switch (op.kind()) {
       case ReduceOpKind::kSum:
-      case ReduceOpKind::kAvg:
-        acc.add_(x);
-        break;
-      case ReduceOpKind::kPremulSum:
-        acc.add_(x, op.factor());
-        break;
-      case ReduceOpKind::kMax:
-        at::maximum_out(acc, acc, x);
-        break;
-      case ReduceOpKind::kMin:
-        at::minimum_out(acc, acc, x);
-        break;
+      case ReduceOpKind::kAvg: acc.add_(x); break;
+      case ReduceOpKind::kPremulSum: acc.add_(x, op.factor()); break;
+      case ReduceOpKind::kMax: at::maximum_out(acc, acc, x); break;
+      case ReduceOpKind::kMin: at::minimum_out(acc, acc, x); break;
     }
   }
   if (op.kind() == ReduceOpKind::kAvg) acc.div_(static_cast<double>(xs.size()));

@@ -11,8 +11,7 @@ namespace fsdp::comm::internal {
 
 // Validates `env` (errors start with `caller`) and connects to the TCPStore that rank 0
 // serves at env.master_addr:env.master_port; waits for peers up to `timeout`.
-c10::intrusive_ptr<c10d::Store> ConnectTcpStore(const TorchrunEnv& env, Timeout timeout,
-                                                const char* caller);
+c10::intrusive_ptr<c10d::Store> ConnectTcpStore(const TorchrunEnv& env, Timeout timeout, const char* caller);
 
 }  // namespace fsdp::comm::internal
 

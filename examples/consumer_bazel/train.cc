@@ -125,8 +125,8 @@ TrainResult TrainFsdp2(const TrainConfig& config) {
         const int64_t local = kGlobalBatch / world;
         for (int step = 0; step < config.steps; ++step) {
           auto [x, y] = Batch(step);
-          at::Tensor loss = torch::nn::functional::mse_loss(model(x.narrow(0, r * local, local)),
-                                                            y.narrow(0, r * local, local));
+          at::Tensor loss =
+              torch::nn::functional::mse_loss(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
           loss.backward();  // FSDP reduce-scatters (averages) the gradients into the shards
           opt.step();
           opt.zero_grad();
@@ -181,7 +181,8 @@ Comparison Compare(const TrainResult& fsdp, const TrainResult& reference) {
   if (fsdp.losses.size() != reference.losses.size()) c.problems.push_back("different number of steps");
   for (size_t i = 0; i < std::min(fsdp.losses.size(), reference.losses.size()); ++i) {
     const double expected = reference.losses[i];
-    c.max_loss_diff = std::max(c.max_loss_diff, std::abs(fsdp.losses[i] - expected) / std::max(1.0, std::abs(expected)));
+    c.max_loss_diff =
+        std::max(c.max_loss_diff, std::abs(fsdp.losses[i] - expected) / std::max(1.0, std::abs(expected)));
   }
   for (const auto& [name, ref] : reference.params) {
     auto it = fsdp.params.find(name);

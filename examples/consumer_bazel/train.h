@@ -14,8 +14,8 @@
 namespace consumer {
 
 struct TrainConfig {
-  int world = 4;    // ranks (threads); must divide kGlobalBatch
-  int steps = 10;   // AdamW steps
+  int world = 4;   // ranks (threads); must divide kGlobalBatch
+  int steps = 10;  // AdamW steps
   double lr = 1e-2;
 };
 
@@ -39,8 +39,8 @@ TrainResult TrainFsdp2(const TrainConfig& config);
 TrainResult TrainSingleRank(const TrainConfig& config);
 
 struct Comparison {
-  double max_loss_diff = 0;   // relative to max(1, |reference|)
-  double max_param_diff = 0;  // max |fsdp - ref| / max(1, max |ref|), over all parameters
+  double max_loss_diff = 0;           // relative to max(1, |reference|)
+  double max_param_diff = 0;          // max |fsdp - ref| / max(1, max |ref|), over all parameters
   std::vector<std::string> problems;  // missing / extra / mis-shaped parameters
 };
 Comparison Compare(const TrainResult& fsdp, const TrainResult& reference);

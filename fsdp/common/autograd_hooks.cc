@@ -19,8 +19,7 @@ struct CallbackRef : torch::CustomClassHolder {
 // Identity on its tensor inputs; its backward runs once all of them have gradients.
 struct PostBackwardFunction : torch::autograd::Function<PostBackwardFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                c10::intrusive_ptr<CallbackRef> callback,
-                                                at::TensorList inputs) {
+                                                c10::intrusive_ptr<CallbackRef> callback, at::TensorList inputs) {
     ctx->saved_data["callback"] = c10::IValue::make_capsule(std::move(callback));
     return inputs.vec();
   }
@@ -48,8 +47,8 @@ std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tenso
   }
   if (needing.empty()) return inputs;
   // at::TensorList (not std::vector) so Function::apply treats them as autograd inputs.
-  auto wrapped = PostBackwardFunction::apply(c10::make_intrusive<CallbackRef>(std::move(callback)),
-                                             at::TensorList(needing));
+  auto wrapped =
+      PostBackwardFunction::apply(c10::make_intrusive<CallbackRef>(std::move(callback)), at::TensorList(needing));
   std::vector<at::Tensor> out = inputs;
   for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
   return out;

@@ -9,7 +9,7 @@
 
 namespace fsdp {
 
-// The seed's ALIGNMENT (from TorchInductor): with use_orig_params every original parameter
+// PyTorch's ALIGNMENT (from TorchInductor): with use_orig_params every original parameter
 // starts at a multiple of this many bytes of the flat parameter.
 inline constexpr int64_t kFlatParamAlignmentBytes = 16;
 
@@ -30,15 +30,15 @@ struct FlatSegment {
 // padded to a multiple of world_size; with aligned_numel == 0 there is no padding at all.
 // `numels`: the original parameters' numels in flattening order (duplicates already
 // removed). Checked: aligned_numel >= 0, world_size >= 1, numels >= 0.
-std::vector<FlatSegment> MakeFlatSegments(const std::vector<int64_t>& numels,
-                                          int64_t aligned_numel, int64_t world_size);
+std::vector<FlatSegment> MakeFlatSegments(const std::vector<int64_t>& numels, int64_t aligned_numel,
+                                          int64_t world_size);
 // The unpadded unsharded numel: the end of the last segment (0 if none).
 int64_t FlatTotalNumel(const std::vector<FlatSegment>& segments);
 
 // _ShardParamInfo for one original parameter, same names and conventions: when in_shard,
 // flat_shard[offset_in_shard : offset_in_shard + numel_in_shard] is
 // param.flatten()[intra_param_start_idx : intra_param_end_idx + 1] (end inclusive); when not,
-// the seed's None fields are 0 here.
+// PyTorch's None fields are 0 here.
 struct FlatShardParamInfo {
   int64_t index = 0;  // the original parameter's index
   bool in_shard = false;
@@ -52,8 +52,7 @@ struct FlatShardParamInfo {
 // [unsharded_start_idx, unsharded_end_idx] (inclusive) of the unsharded flat parameter.
 // Checked: 0 <= unsharded_start_idx <= unsharded_end_idx.
 std::vector<FlatShardParamInfo> FlatShardParamInfos(const std::vector<FlatSegment>& segments,
-                                                    int64_t unsharded_start_idx,
-                                                    int64_t unsharded_end_idx);
+                                                    int64_t unsharded_start_idx, int64_t unsharded_end_idx);
 
 // _get_unpadded_shard / _get_shard on a flat tensor of `total_numel` elements: torch.chunk
 // into world_size chunks of ceil(total / world) elements (trailing ranks short or empty);

@@ -96,6 +96,17 @@ std::shared_ptr<H> FindForwardHook(torch::nn::Module& module) {
   return hooked ? hooked->template FindForwardHook<H>() : nullptr;
 }
 
+// The hooks of type H attached to the modules of `root`'s tree (root included), in module
+// pre-order (torch::nn::Module::named_modules order): each FSDP's CollectStates.
+template <class H>
+std::vector<H*> CollectForwardHooks(torch::nn::Module& root) {
+  std::vector<H*> found;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    if (auto hook = FindForwardHook<H>(*item.value())) found.push_back(hook.get());
+  }
+  return found;
+}
+
 template <class R, class Body, class... Args>
 R HookedModule::RunForwardHooks(Body&& body, Args&&... args) const {
   static_assert(ForwardTensors<std::decay_t<R>>::kHasTensors,

@@ -166,8 +166,9 @@ TEST(FSDPStateBase, FirstHookErrorPoisonsEveryLaterCall) {
   state->fail = true;
   EXPECT_THROW(m(at::ones({1})), std::runtime_error);
   state->fail = false;
-  EXPECT_ERROR_CONTAINS(m(at::ones({1})), "pre-forward: FSDP cannot continue after an earlier error on this rank "
-                                          "(pre-forward: collective timed out): toy parameters may be unsharded");
+  EXPECT_ERROR_CONTAINS(m(at::ones({1})),
+                        "pre-forward: FSDP cannot continue after an earlier error on this rank "
+                        "(pre-forward: collective timed out): toy parameters may be unsharded");
   EXPECT_ERROR_CONTAINS(state->CheckNotPoisoned("state dict"), "state dict: FSDP cannot continue");
 }
 

@@ -19,14 +19,13 @@ std::vector<int64_t> DimShardLayout::padded_unsharded_size() const {
   return size;
 }
 
-DimShardLayout MakeDimShardLayout(const std::vector<int64_t>& orig_size, int64_t shard_dim,
-                                  int64_t world_size, int64_t rank) {
+DimShardLayout MakeDimShardLayout(const std::vector<int64_t>& orig_size, int64_t shard_dim, int64_t world_size,
+                                  int64_t rank) {
   TORCH_CHECK(!orig_size.empty(), "FSDP sharding: 0-D tensors must be viewed as 1-D first");
-  TORCH_CHECK(shard_dim >= 0 && shard_dim < static_cast<int64_t>(orig_size.size()),
-              "FSDP sharding: shard dim ", shard_dim, " is invalid for a ", orig_size.size(),
-              "-D tensor");
-  TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "FSDP sharding: rank ", rank,
-              " not in [0, ", world_size, ")");
+  TORCH_CHECK(shard_dim >= 0 && shard_dim < static_cast<int64_t>(orig_size.size()), "FSDP sharding: shard dim ",
+              shard_dim, " is invalid for a ", orig_size.size(), "-D tensor");
+  TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "FSDP sharding: rank ", rank, " not in [0, ",
+              world_size, ")");
   DimShardLayout layout;
   layout.orig_size = orig_size;
   layout.shard_dim = shard_dim;

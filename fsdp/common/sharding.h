@@ -28,8 +28,8 @@ struct DimShardLayout {
 
 // Checked: orig_size has at least one dimension, 0 <= shard_dim < orig_size.size(),
 // 0 <= rank < world_size.
-DimShardLayout MakeDimShardLayout(const std::vector<int64_t>& orig_size, int64_t shard_dim,
-                                  int64_t world_size, int64_t rank);
+DimShardLayout MakeDimShardLayout(const std::vector<int64_t>& orig_size, int64_t shard_dim, int64_t world_size,
+                                  int64_t rank);
 
 int64_t Numel(const std::vector<int64_t>& size);
 

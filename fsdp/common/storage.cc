@@ -19,8 +19,6 @@ void AllocStorage(const at::Tensor& t) {
   storage->set_nbytes(nbytes);
 }
 
-int64_t StorageNbytes(const at::Tensor& t) {
-  return static_cast<int64_t>(t.storage().nbytes());
-}
+int64_t StorageNbytes(const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); }
 
 }  // namespace fsdp

@@ -55,7 +55,8 @@ struct NetImpl : torch::nn::Module {
       : in(register_module("in", torch::nn::Linear(3, 5))),
         head(register_module("head", torch::nn::Linear(5, 1))),
         opts(options) {
-    for (int64_t i = 0; i < opts.blocks; ++i) layers.push_back(register_module(absl::StrCat("block", i), Block(5, opts.hidden)));
+    for (int64_t i = 0; i < opts.blocks; ++i)
+      layers.push_back(register_module(absl::StrCat("block", i), Block(5, opts.hidden)));
     extra = register_parameter("extra", at::zeros({6}));
     if (opts.tie) {
       mix = register_module("mix", torch::nn::Linear(5, 5));

@@ -24,8 +24,8 @@ at::Tensor GetGradNorm(const std::vector<at::Tensor>& params, double norm_type, 
     norms.push_back(at::linalg_vector_norm(g.detach(), norm_type, c10::nullopt, false, at::kFloat));
   }
   if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-  TORCH_CHECK(dtypes.size() == 1, "clip_grad_norm requires uniform dtype across all gradients but got ",
-              dtypes.size(), " dtypes");
+  TORCH_CHECK(dtypes.size() == 1, "clip_grad_norm requires uniform dtype across all gradients but got ", dtypes.size(),
+              " dtypes");
   return at::linalg_vector_norm(at::stack(norms), norm_type, c10::nullopt, false, at::kFloat).to(device);
 }
 
@@ -76,8 +76,8 @@ at::Tensor FullyShardedDataParallel::clip_grad_norm(double max_norm, double norm
     std::optional<at::Tensor> local_nonsharded_norm;
     if (!nonsharded_params.empty()) local_nonsharded_norm = GetGradNorm(nonsharded_params, norm_type, device);
     if (is_inf) {
-      total_norm = local_nonsharded_norm ? at::maximum(local_sharded_norm, *local_nonsharded_norm)
-                                         : local_sharded_norm.clone();
+      total_norm =
+          local_nonsharded_norm ? at::maximum(local_sharded_norm, *local_nonsharded_norm) : local_sharded_norm.clone();
       root->process_group()->all_reduce(total_norm, comm::ReduceOp::Max())->wait();
     } else {
       total_norm = local_sharded_norm.pow(norm_type);

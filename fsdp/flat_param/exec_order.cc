@@ -38,7 +38,7 @@ FlatParamHandle* ExecOrderData::GetHandleToForwardPrefetch(const FlatParamHandle
 
 void ExecOrderData::RecordPostForward(FlatParamHandle* handle) {
   if (handle == nullptr) return;
-  // A module running forward twice keeps its first index (the seed tests the index for
+  // A module running forward twice keeps its first index (PyTorch tests the index for
   // truthiness, so there index 0 is re-assigned; here any recorded index is kept).
   if (!handle->runtime().post_forward_index.has_value()) {
     handle->runtime().post_forward_index = static_cast<int64_t>(post_forward_order_.size());

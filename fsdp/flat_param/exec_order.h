@@ -16,8 +16,8 @@ namespace fsdp::flat_param {
 
 // Per root: every handle in the tree (module pre-order), the pre-forward order of the first
 // iteration (forward prefetch) and this iteration's post-forward order (backward prefetch:
-// modules run backward in reverse post-forward order). Prefetch limits are 1 (as the seed).
-// The seed's optional execution-order validation across ranks (debug level DETAIL) is not
+// modules run backward in reverse post-forward order). Prefetch limits are 1 (as PyTorch).
+// PyTorch's optional execution-order validation across ranks (debug level DETAIL) is not
 // ported.
 class ExecOrderData {
  public:
@@ -52,7 +52,7 @@ class ExecOrderData {
 // event (recorded on the compute stream: the freed memory's last readers are done once it
 // completes); before an all-gather, with kMaxNumInflightAllGathers or more queued, the oldest
 // is dequeued and the host synchronizes it, so that at most 2 all-gathers' memory is in flight
-// (the seed's _FreeEventQueue). `num_synchronized` counts the rate limiter's waits.
+// (PyTorch's _FreeEventQueue). `num_synchronized` counts the rate limiter's waits.
 class FreeEventQueue {
  public:
   static constexpr int kMaxNumInflightAllGathers = 2;

@@ -30,8 +30,7 @@ std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s,
 
 // The segments' tensors concatenated: originals flattened (detached), padding as 42s
 // (_construct_padding_tensor).
-at::Tensor FlattenBySegments(const std::vector<at::Tensor>& tensors,
-                             const std::vector<FlatSegment>& segments,
+at::Tensor FlattenBySegments(const std::vector<at::Tensor>& tensors, const std::vector<FlatSegment>& segments,
                              const at::TensorOptions& options) {
   std::vector<at::Tensor> parts;
   parts.reserve(segments.size());
@@ -99,8 +98,7 @@ const char* ToString(HandleTrainingState s) {
   return "?";
 }
 
-FlatParamHandle::FlatParamHandle(const std::vector<at::Tensor>& params,
-                                 torch::nn::Module& fully_sharded_module,
+FlatParamHandle::FlatParamHandle(const std::vector<at::Tensor>& params, torch::nn::Module& fully_sharded_module,
                                  FlatParamHandleOptions options)
     : options_(std::move(options)), fully_sharded_module_(&fully_sharded_module) {
   TORCH_CHECK(!params.empty(), "Cannot construct a FlatParamHandle with an empty parameter list");
@@ -115,10 +113,9 @@ FlatParamHandle::FlatParamHandle(const std::vector<at::Tensor>& params,
   // Optimistically assume valid params; InitFlatParamAndMetadata validates them.
   orig_param_dtype_ = params[0].scalar_type();
   InitParamReduceDtypes(options_.mp_param_dtype, options_.mp_reduce_dtype);
-  // Only align addresses for use_orig_params (as the seed).
-  aligned_numel_ = options_.use_orig_params
-                       ? FlatAlignedNumel(static_cast<int64_t>(c10::elementSize(fwd_bwd_param_dtype_)))
-                       : 0;
+  // Only align addresses for use_orig_params (as PyTorch).
+  aligned_numel_ =
+      options_.use_orig_params ? FlatAlignedNumel(static_cast<int64_t>(c10::elementSize(fwd_bwd_param_dtype_))) : 0;
   InitFlatParamAndMetadata(params, fully_sharded_module);
   UseUnshardedViews();
 }
@@ -145,18 +142,18 @@ FlatParamHandle::ValidatedTensors FlatParamHandle::ValidateTensorsToFlatten(
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     if (!dtype) {
-      TORCH_CHECK(t.is_floating_point(), "Cannot flatten integer dtype tensors (tensor ", i,
-                  " has dtype ", t.scalar_type(), ")");
+      TORCH_CHECK(t.is_floating_point(), "Cannot flatten integer dtype tensors (tensor ", i, " has dtype ",
+                  t.scalar_type(), ")");
     }
-    TORCH_CHECK(!dtype || t.scalar_type() == *dtype,
-                "Must flatten tensors with uniform dtype but got ", *dtype, " and ", t.scalar_type(),
-                " (tensor ", i, ")");
+    TORCH_CHECK(!dtype || t.scalar_type() == *dtype, "Must flatten tensors with uniform dtype but got ", *dtype,
+                " and ", t.scalar_type(), " (tensor ", i, ")");
     // For use_orig_params, permit non-uniform requires_grad.
     TORCH_CHECK(options_.use_orig_params || !requires_grad || t.requires_grad() == *requires_grad,
                 "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False` "
-                "(tensor ", i, " has requires_grad=", t.requires_grad() ? "True" : "False", ")");
-    TORCH_CHECK(!device || t.device() == *device, "Must flatten tensors on the same device but got both ",
-                *device, " and ", t.device(), " (tensor ", i, ")");
+                "(tensor ",
+                i, " has requires_grad=", t.requires_grad() ? "True" : "False", ")");
+    TORCH_CHECK(!device || t.device() == *device, "Must flatten tensors on the same device but got both ", *device,
+                " and ", t.device(), " (tensor ", i, ")");
     dtype = t.scalar_type();
     requires_grad = requires_grad.value_or(false) || t.requires_grad();
     device = t.device();
@@ -165,8 +162,7 @@ FlatParamHandle::ValidatedTensors FlatParamHandle::ValidateTensorsToFlatten(
   return {*dtype, *requires_grad, *device};
 }
 
-void FlatParamHandle::InitFlatParamAndMetadata(const std::vector<at::Tensor>& params,
-                                               torch::nn::Module& module) {
+void FlatParamHandle::InitFlatParamAndMetadata(const std::vector<at::Tensor>& params, torch::nn::Module& module) {
   at::NoGradGuard no_grad;
   const ValidatedTensors v = ValidateTensorsToFlatten(params);
   std::unordered_set<const c10::TensorImpl*> params_set;
@@ -187,8 +183,8 @@ void FlatParamHandle::InitFlatParamAndMetadata(const std::vector<at::Tensor>& pa
       auto it = shared_param_memo.find(param.unsafeGetTensorImpl());
       if (it != shared_param_memo.end()) {  // shared reference
         shared_params.push_back(param);
-        fp.shared_param_infos.push_back({item.key(), &submodule, submodule_name, it->second.param_name,
-                                         it->second.module, it->second.module_name});
+        fp.shared_param_infos.push_back(
+            {item.key(), &submodule, submodule_name, it->second.param_name, it->second.module, it->second.module_name});
         continue;
       }
       shared_param_memo.emplace(param.unsafeGetTensorImpl(), Prim{&submodule, submodule_name, item.key()});
@@ -200,8 +196,7 @@ void FlatParamHandle::InitFlatParamAndMetadata(const std::vector<at::Tensor>& pa
       fp.fqns.push_back(submodule_name.empty() ? item.key() : submodule_name + "." + item.key());
     }
   });
-  TORCH_CHECK(!to_flatten.empty(), "`params` were not found in `module`'s tree (", params.size(),
-              " params given)");
+  TORCH_CHECK(!to_flatten.empty(), "`params` were not found in `module`'s tree (", params.size(), " params given)");
 
   // Alignment padding before each parameter and world-size divisibility padding (both only
   // with aligned_numel > 0): the shared layout math.
@@ -218,7 +213,8 @@ void FlatParamHandle::InitFlatParamAndMetadata(const std::vector<at::Tensor>& pa
     if (std::find(fp.modules.begin(), fp.modules.end(), pi.module) == fp.modules.end()) fp.modules.push_back(pi.module);
   }
   for (const SharedParamInfo& spi : fp.shared_param_infos) {
-    if (std::find(fp.modules.begin(), fp.modules.end(), spi.module) == fp.modules.end()) fp.modules.push_back(spi.module);
+    if (std::find(fp.modules.begin(), fp.modules.end(), spi.module) == fp.modules.end())
+      fp.modules.push_back(spi.module);
   }
   if (options_.use_orig_params) {
     fp.params = to_flatten;
@@ -229,8 +225,7 @@ void FlatParamHandle::InitFlatParamAndMetadata(const std::vector<at::Tensor>& pa
   fp.unpadded_unsharded_size = {flat.numel()};
 }
 
-at::Tensor FlatParamHandle::FlattenTensors(const std::vector<at::Tensor>& tensors,
-                                           int64_t aligned_numel) const {
+at::Tensor FlatParamHandle::FlattenTensors(const std::vector<at::Tensor>& tensors, int64_t aligned_numel) const {
   TORCH_CHECK(!tensors.empty(), "Expects non-empty `tensors`");
   TORCH_CHECK(aligned_numel >= 0, "Expects non-negative `aligned_numel` but got ", aligned_numel);
   at::NoGradGuard no_grad;
@@ -250,8 +245,9 @@ void FlatParamHandle::Shard() {
   if (!uses_sharded_strategy()) {
     InitShardMetadata(0, 0, numel - 1);
   } else {
-    TORCH_CHECK(flat.storage_offset() == 0, "The `FlatParameter` is not the sole occupant of its storage (storage_offset=",
-                flat.storage_offset(), ")");
+    TORCH_CHECK(flat.storage_offset() == 0,
+                "The `FlatParameter` is not the sole occupant of its storage (storage_offset=", flat.storage_offset(),
+                ")");
     TORCH_CHECK(numel > 0, "FlatParamHandle::Shard: cannot shard a flat parameter with 0 elements (",
                 absl::StrJoin(flat_param_.fqns, ", "), "): unsharded_start_idx 0 > unsharded_end_idx -1");
     // _get_shard: this rank's torch.chunk (cloned), zero-padded to the first chunk's size.
@@ -267,8 +263,7 @@ void FlatParamHandle::Shard() {
   if (options_.use_orig_params) UseShardedViews();
 }
 
-void FlatParamHandle::InitShardMetadata(int64_t numel_padded, int64_t unsharded_start_idx,
-                                        int64_t unsharded_end_idx) {
+void FlatParamHandle::InitShardMetadata(int64_t numel_padded, int64_t unsharded_start_idx, int64_t unsharded_end_idx) {
   FlatParameter& fp = flat_param_;
   const int64_t sharded_numel = fp.param.numel();  // includes numel_padded
   TORCH_CHECK(unsharded_start_idx >= 0 && unsharded_start_idx <= unsharded_end_idx,
@@ -276,8 +271,8 @@ void FlatParamHandle::InitShardMetadata(int64_t numel_padded, int64_t unsharded_
   TORCH_CHECK(numel_padded <= sharded_numel, "numel_padded: ", numel_padded,
               " sharded_flat_param_numel: ", sharded_numel);
   std::vector<ShardParamInfo> infos = FlatShardParamInfos(fp.segments, unsharded_start_idx, unsharded_end_idx);
-  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(infos.size()) == fp.num_params, "Expects length ",
-                        fp.num_params, " but got ", infos.size());
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(infos.size()) == fp.num_params, "Expects length ", fp.num_params,
+                        " but got ", infos.size());
   fp.sharded_size = fp.param.sizes().vec();
   fp.shard_param_infos = std::move(infos);
   fp.shard_numel_padded = numel_padded;
@@ -320,8 +315,10 @@ void FlatParamHandle::InitFlatParamAttributes() {
     orig_param_dtype_ = flat.scalar_type();
   }
   if (options_.offload_params) {
-    TORCH_CHECK(flat.device().is_cpu(), "Expects the `FlatParameter` to be on CPU when parameter CPU offloading is "
-                "enabled, not ", flat.device());
+    TORCH_CHECK(flat.device().is_cpu(),
+                "Expects the `FlatParameter` to be on CPU when parameter CPU offloading is "
+                "enabled, not ",
+                flat.device());
   } else {
     CheckOnComputeDevice(flat);
   }
@@ -333,7 +330,8 @@ void FlatParamHandle::InitFlatParamAttributes() {
     if (!options_.device.is_cpu()) fp.cpu_grad = fp.cpu_grad.pin_memory();
   }
   if (uses_param_mixed_precision()) {
-    fp.mp_shard = at::empty_like(fp.local_shard, fp.local_shard.options().device(options_.device).dtype(fwd_bwd_param_dtype_));
+    fp.mp_shard =
+        at::empty_like(fp.local_shard, fp.local_shard.options().device(options_.device).dtype(fwd_bwd_param_dtype_));
     FreeStorage(fp.mp_shard);
   }
   if (uses_sharded_strategy()) {

@@ -2,22 +2,22 @@
 // parameters of one module subtree flattened into one 1-D parameter, sharded across the
 // shard group, all-gathered for computation, and the original parameters as views into it.
 //
-// C++ mapping of the seed's mechanics:
+// C++ mapping of PyTorch's mechanics:
 //  - The FlatParameter is a plain leaf tensor (FlatParameter::param) whose data is swapped
-//    with set_data, as the seed swaps `flat_param.data` (shard() uses set_data where the
-//    seed uses set_): sharded flat param (this rank's padded chunk, `local_shard`), low
+//    with set_data, as PyTorch swaps `flat_param.data` (shard() uses set_data where the
+//    PyTorch uses set_): sharded flat param (this rank's padded chunk, `local_shard`), low
 //    precision shard (`mp_shard`), or the unpadded prefix of the padded all-gather output
 //    (`full_param_padded`), whose storage is freed / re-allocated in place
 //    (fsdp/common/storage.h).
 //  - LibTorch modules hold their parameters in members and cannot re-register them, so the
 //    original parameter tensors keep their identity and their data is swapped: to unflattened
-//    views of the unsharded flat param after unshard(), to the seed's flattened sharded views
+//    views of the unsharded flat param after unshard(), to PyTorch's flattened sharded views
 //    after reshard() with use_orig_params. Tied parameters are one tensor registered under
-//    several names, so one swap serves every name (the seed's SharedParamInfo bookkeeping is
+//    several names, so one swap serves every name (PyTorch's SharedParamInfo bookkeeping is
 //    kept as metadata). An original tensor never keeps pointing into freed storage: before the
-//    unsharded flat param is freed, originals still viewing it get 0-element data (the seed
+//    unsharded flat param is freed, originals still viewing it get 0-element data (PyTorch
 //    leaves them as stale views; without use_orig_params they are not exposed anyway).
-//  - Set_data views are not tracked by autograd (the seed's forward uses autograd views of the
+//  - Set_data views are not tracked by autograd (PyTorch's forward uses autograd views of the
 //    flat param, so gradients land in flat_param.grad); here autograd accumulates into the
 //    original tensors' .grad and FlattenOrigGrads() gathers them into the flat gradient.
 #ifndef FSDP_FSDP_FLAT_PARAM_FLAT_PARAM_H_
@@ -44,9 +44,9 @@ class Module;
 
 namespace fsdp::flat_param {
 
-// The seed's sharding strategies. The seed's `_HYBRID_SHARD_ZERO2` is spelled
+// PyTorch's sharding strategies. PyTorch's `_HYBRID_SHARD_ZERO2` is spelled
 // HYBRID_SHARD_ZERO2 (a leading underscore + capital is reserved in C++); ToString gives
-// the seed's spelling.
+// PyTorch's spelling.
 enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
 enum class HandleShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
 HandleShardingStrategy ToHandleShardingStrategy(ShardingStrategy s);
@@ -57,7 +57,7 @@ bool ReshardsAfterForward(HandleShardingStrategy s);
 // HYBRID_SHARD, HYBRID_SHARD_ZERO2 (gradients also all-reduced across the inter-node group).
 bool IsHybrid(HandleShardingStrategy s);
 
-// The seed's HandleTrainingState.
+// PyTorch's HandleTrainingState.
 enum class HandleTrainingState { IDLE, FORWARD, BACKWARD_PRE, BACKWARD_POST, SUMMON_FULL_PARAMS };
 const char* ToString(HandleTrainingState s);
 
@@ -79,7 +79,7 @@ struct SharedParamInfo {
   std::string prim_module_name;
 };
 
-using ShardParamInfo = ::fsdp::FlatShardParamInfo;  // the seed's _ShardParamInfo
+using ShardParamInfo = ::fsdp::FlatShardParamInfo;  // PyTorch's _ShardParamInfo
 
 // This rank's part of every original parameter it holds (padding excluded).
 struct FlatParamShardMetadata {
@@ -89,7 +89,7 @@ struct FlatParamShardMetadata {
   std::vector<std::pair<int64_t, int64_t>> param_offsets;  // [start, end] inclusive
 };
 
-// The seed's FlatParameter: the tensor plus its metadata (the seed's underscore attributes,
+// PyTorch's FlatParameter: the tensor plus its metadata (PyTorch's underscore attributes,
 // same names without the underscore).
 struct FlatParameter {
   at::Tensor param;  // the 1-D flat parameter; its data changes storage
@@ -141,17 +141,17 @@ struct FlatParamHandleOptions {
 };
 
 // A communication hook replaces the default gradient reduction (pre-divide, reduce-scatter
-// or all-reduce, post-divide; the seed's register_comm_hook): sharded strategies call
+// or all-reduce, post-divide; PyTorch's register_comm_hook): sharded strategies call
 // hook(group, padded_unsharded_grad, sharded_grad_out) and the hook must fill
 // sharded_grad_out (this rank's chunk); NO_SHARD calls hook(group, grad, undefined) and the
 // hook reduces `grad` in place. Gradients arrive in the reduce dtype; FSDP casts the result
 // to the parameter dtype afterwards. `group` is the handle's process group.
-using CommHook = std::function<void(const comm::ProcessGroupPtr& group, const at::Tensor& grad,
-                                    const at::Tensor& output)>;
+using CommHook =
+    std::function<void(const comm::ProcessGroupPtr& group, const at::Tensor& grad, const at::Tensor& output)>;
 
-// The seed's per-handle runtime bookkeeping (attributes the FSDP runtime sets on the handle).
+// PyTorch's per-handle runtime bookkeeping (attributes the FSDP runtime sets on the handle).
 struct HandleRuntimeState {
-  std::optional<int64_t> handle_index;            // in the root's all_handles
+  std::optional<int64_t> handle_index;             // in the root's all_handles
   std::optional<int64_t> pre_forward_order_index;  // in ExecOrderData's pre-forward order
   std::optional<int64_t> post_forward_index;       // in ExecOrderData's post-forward order
   bool needs_pre_forward_unshard = false;          // guards mistargeted forward prefetches
@@ -160,7 +160,7 @@ struct HandleRuntimeState {
   bool ran_pre_backward_hook = false;
 };
 
-// The seed's _FLAT_PARAM_PADDING_VALUE: alignment padding elements hold 42.
+// PyTorch's _FLAT_PARAM_PADDING_VALUE: alignment padding elements hold 42.
 inline constexpr int kFlatParamPaddingValue = 42;
 
 // Not thread-safe: belongs to one rank.
@@ -199,7 +199,7 @@ class FlatParamHandle {
   // stream and switch to its unpadded prefix; the originals become views into it (their data
   // is there once WaitForUnshard ordered the compute stream after it). NO_SHARD: views only.
   void Unshard();
-  // The seed's current_stream.wait_stream(unshard_stream): the compute stream waits for the
+  // PyTorch's current_stream.wait_stream(unshard_stream): the compute stream waits for the
   // last Unshard's all-gather (and low precision cast). No-op when nothing is pending.
   void WaitForUnshard();
   bool NeedsUnshard() const;
@@ -240,8 +240,7 @@ class FlatParamHandle {
   // The work runs on the post-backward stream after the compute stream's (hybrid: the
   // inter-node all-reduce and what follows on the all-reduce stream); tensors are assigned at
   // once, their data is there once the compute stream waited for those streams.
-  at::Tensor ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group = nullptr,
-                               const CommHook& comm_hook = {});
+  at::Tensor ReduceScatterGrad(const comm::ProcessGroupPtr& inter_node_group = nullptr, const CommHook& comm_hook = {});
   // prepare_gradient_for_backward: a sharded flat_param.grad (a previous synced backward) is
   // saved in saved_grad_shard so the coming reduction accumulates into it, an unsharded one
   // (no_sync) is kept; then, as autograd accumulates into the originals here, their .grad
@@ -264,9 +263,7 @@ class FlatParamHandle {
   // --- state ---
   FlatParameter& flat_param() { return flat_param_; }
   const FlatParameter& flat_param() const { return flat_param_; }
-  bool uses_sharded_strategy() const {
-    return options_.sharding_strategy != HandleShardingStrategy::NO_SHARD;
-  }
+  bool uses_sharded_strategy() const { return options_.sharding_strategy != HandleShardingStrategy::NO_SHARD; }
   bool uses_param_mixed_precision() const { return fwd_bwd_param_dtype_ != orig_param_dtype_; }
   bool uses_reduce_mixed_precision() const { return reduce_dtype_ != orig_param_dtype_; }
   bool force_full_precision() const;
@@ -318,8 +315,8 @@ class FlatParamHandle {
   // `t` for stream work: an alias of the current memory of those buffers, else `t` itself.
   at::Tensor ForStream(const at::Tensor& t) const;
   void ReleaseOrigParamsViewing(const at::Tensor& storage_owner);
-  void WritebackTensor(const at::Tensor& src, const at::Tensor& dst, int64_t tensor_index,
-                       int64_t expected_numel, int64_t offset, bool is_param);
+  void WritebackTensor(const at::Tensor& src, const at::Tensor& dst, int64_t tensor_index, int64_t expected_numel,
+                       int64_t offset, bool is_param);
   // The tensors whose data is swapped: the originals (one per parameter).
   const std::vector<at::Tensor>& orig_tensors() const { return orig_tensors_; }
 

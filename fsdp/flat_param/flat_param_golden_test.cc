@@ -1,6 +1,6 @@
 // Golden shard metadata: for several parameter lists and every world size 1..5, a real
 // FlatParamHandle per rank against a closed form written here from interval arithmetic
-// (not fsdp/common/flat_layout, whose branchy transcription of the seed's
+// (not fsdp/common/flat_layout, whose branchy transcription of PyTorch's
 // _get_shard_metadata the handle uses):
 //  - segments: parameter i occupies [b_i, b_i + n_i) of the unsharded flat parameter; without
 //    alignment b_i is the prefix sum; with use_orig_params (f32: 16 bytes = 4 elements) b_i is
@@ -10,7 +10,7 @@
 //    flat parameter, real data [min(r c, T), min((r + 1) c, T)), numel_padded c - that;
 //  - parameter i in the shard iff lo = max(b_i, r c) < hi = min(b_i + n_i, (r + 1) c); then
 //    offset_in_shard = lo - r c, numel_in_shard = hi - lo, intra_param_start_idx = lo - b_i,
-//    intra_param_end_idx = hi - 1 - b_i (inclusive, as the seed).
+//    intra_param_end_idx = hi - 1 - b_i (inclusive, as PyTorch).
 // The local shard's contents are checked element by element (parameter values, 42 for
 // alignment padding, 0 for the chunk padding), and an all-gather round trip on threaded
 // ranks restores every original.
@@ -36,12 +36,12 @@ using Shape = std::vector<int64_t>;
 using ShapeList = std::vector<Shape>;
 
 const std::vector<ShapeList> kLists = {
-    {{2, 3}, {4}},             // the seed's worked example, total 10
-    {{7}},                     // one parameter, total 7
-    {{1}, {1}, {1}},           // total 3 < W for W = 4, 5
+    {{2, 3}, {4}},               // PyTorch's worked example, total 10
+    {{7}},                       // one parameter, total 7
+    {{1}, {1}, {1}},             // total 3 < W for W = 4, 5
     {{5, 3}, {6}, {1, 7}, {2}},  // total 30
-    {{2}},                     // total 2 < W for W = 3, 4, 5
-    {{3}, {5}, {2, 2}, {1}},   // odd sizes: alignment gaps of 1 and 3
+    {{2}},                       // total 2 < W for W = 3, 4, 5
+    {{3}, {5}, {2, 2}, {1}},     // odd sizes: alignment gaps of 1 and 3
 };
 
 int64_t Numel(const Shape& s) {
@@ -199,7 +199,7 @@ TEST(FlatParamGolden, ShardMetadataForEveryRankAndWorldSize) {
   }
 }
 
-// The closed form's own sanity on the seed's worked example (hand-derived in
+// The closed form's own sanity on PyTorch's worked example (hand-derived in
 // flat_param_test.cc): W=4 rank 3 holds b.w[3] and 2 elements of padding.
 TEST(FlatParamGolden, ClosedFormMatchesTheSeedExample) {
   const Golden g = MakeGolden({{2, 3}, {4}}, 4, 3, false);

@@ -1,5 +1,5 @@
 // FlatParamHandle's gradient path: flatten the originals' gradients, reduce-scatter with the
-// seed's divide factors, sharded / unsharded gradient views.
+// PyTorch's divide factors, sharded / unsharded gradient views.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -15,8 +15,7 @@ namespace fsdp::flat_param {
 namespace {
 
 bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
-  return a.defined() && b.defined() &&
-         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+  return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
 }
 
 std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
@@ -87,7 +86,7 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
               ToString(options_.sharding_strategy));
   CheckUnsharded(grad);
   fp.post_backward_called = true;
-  // The seed's post-backward stream: everything below is launched there after the compute
+  // PyTorch's post-backward stream: everything below is launched there after the compute
   // stream's work so far (which produced the gradient); the host only allocates and assigns.
   const FlatParamStreams& s = streams();
   device::Stream& stream = *s.post_backward;
@@ -130,7 +129,7 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
         return group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum());
       });
       if (inter_node_group) {
-        // The seed's all-reduce stream: the next handle's reduce-scatter need not wait for it.
+        // PyTorch's all-reduce stream: the next handle's reduce-scatter need not wait for it.
         s.all_reduce->WaitStream(stream);
         last = s.all_reduce;
         last->LaunchCollective(*s.sequencer, [inter_node_group, new_sharded_grad] {
@@ -187,8 +186,8 @@ void FlatParamHandle::PrepareGradientForBackward() {
   if (grad.defined() && (grad.sizes().vec() != fp.unpadded_unsharded_size || grad.device() != fp.param.device())) {
     CheckOnComputeDevice(fp.param);
     const bool grad_offloaded = grad.device() != options_.device;
-    TORCH_CHECK(!grad_offloaded || options_.offload_params, "Expects the sharded gradient to be on ",
-                options_.device, " but got ", grad.device());
+    TORCH_CHECK(!grad_offloaded || options_.offload_params, "Expects the sharded gradient to be on ", options_.device,
+                " but got ", grad.device());
     const bool prev_iter_synced_gradients = grad.sizes() == fp.local_shard.sizes();
     if (prev_iter_synced_gradients) {
       at::Tensor* sharded_grad = nullptr;
@@ -232,7 +231,7 @@ void FlatParamHandle::ResetFlatParamGradInfoIfNeeded() {
   if (all_grad_none) {
     fp.param.mutable_grad() = at::Tensor();
     // Also mark them none: with CPU offloading the sharded gradient views are taken from
-    // cpu_grad, which still holds the last step's gradient (the seed would re-expose it after
+    // cpu_grad, which still holds the last step's gradient (PyTorch would re-expose it after
     // the post-forward reshard and write it back as an accumulated gradient).
     fp.is_grad_none_mask.assign(fp.num_params, true);
   }

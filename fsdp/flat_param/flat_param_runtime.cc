@@ -14,8 +14,7 @@ namespace fsdp::flat_param {
 namespace {
 
 bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
-  return a.defined() && b.defined() &&
-         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+  return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
 }
 
 std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
@@ -33,7 +32,7 @@ bool FlatParamHandle::PreUnshard() {
   bool ret = false;
   if (options_.use_orig_params && !skip_writeback_check_) ret = WritebackOrigParams();
   // The writeback ran on the compute stream; the unshard stream reads what it wrote (the
-  // seed's unshard_stream.wait_stream(pre_unshard_stream)).
+  // PyTorch's unshard_stream.wait_stream(pre_unshard_stream)).
   if (ret) streams().unshard->WaitStream(*streams().current);
   const at::Tensor& flat = flat_param_.param;
   if (uses_sharded_strategy() && !options_.offload_params && !NeedsUnshard()) {
@@ -67,7 +66,7 @@ void FlatParamHandle::UseLowPrecisionShard() {
   // Still allocated (NO_SHARD between unshards): the compute stream may be reading it.
   if (StorageNbytes(fp.mp_shard) > 0) unshard.WaitStream(*streams().current);
   AllocStorage(fp.mp_shard);
-  // The seed casts on the pre-unshard stream; here on the unshard stream, before the
+  // PyTorch casts on the pre-unshard stream; here on the unshard stream, before the
   // all-gather that reads it (copy_ casts to the low precision and moves to the device).
   unshard.Launch([dst = ForStream(fp.mp_shard), src = fp.local_shard] { dst.copy_(src); });
   fp.param.set_data(fp.mp_shard);
@@ -150,23 +149,20 @@ at::Tensor FlatParamHandle::AllGatherFlatParam(const at::Tensor& padded_unsharde
   // Issued in program order among the root's collectives; the host frees the output (and a
   // low precision input) in place while it may be in flight, so it gets their aliases.
   const FlatParamStreams& s = streams();
-  s.unshard->LaunchCollective(*s.sequencer, [group = options_.process_group,
-                                             out = ForStream(padded_unsharded_flat_param),
-                                             in = ForStream(sharded)] {
-    return group->all_gather_into_tensor(out, in);
-  });
+  s.unshard->LaunchCollective(*s.sequencer,
+                              [group = options_.process_group, out = ForStream(padded_unsharded_flat_param),
+                               in = ForStream(sharded)] { return group->all_gather_into_tensor(out, in); });
   return padded_unsharded_flat_param;
 }
 
 void FlatParamHandle::UseUnshardedFlatParam(const at::Tensor& padded_unsharded_flat_param) {
   const int64_t numel = flat_param_.unpadded_unsharded_size[0];
   flat_param_.param.set_data(padded_unsharded_flat_param.narrow(0, 0, numel));
-  if (options_.use_orig_params && skipped_use_sharded_views() &&
-      training_state_ == HandleTrainingState::BACKWARD_PRE) {
+  if (options_.use_orig_params && skipped_use_sharded_views() && training_state_ == HandleTrainingState::BACKWARD_PRE) {
     // Complement of the skipped post-forward sharded views: the views are still unsharded.
     return;
   }
-  // The seed sets views only in forward without use_orig_params (callers use
+  // PyTorch sets views only in forward without use_orig_params (callers use
   // unflatten_as_params otherwise); here the originals always follow the unsharded data.
   UseUnshardedViews();
 }
@@ -179,7 +175,7 @@ void FlatParamHandle::PostUnshard() {
 void FlatParamHandle::FreeLowPrecisionShardedParam() {
   TORCH_CHECK(uses_param_mixed_precision(), "Not using low precision for parameters");
   TORCH_CHECK(flat_param_.mp_shard.defined(), "Expects `_mp_shard` to exist");
-  // The all-gather on the unshard stream may still read it (the seed's record_stream).
+  // The all-gather on the unshard stream may still read it (PyTorch's record_stream).
   ReleaseStorage(flat_param_.mp_shard);
 }
 
@@ -217,8 +213,7 @@ void FlatParamHandle::UseShardedFlatParam() {
   TORCH_CHECK(fp.local_shard.defined(), "FlatParamHandle::Reshard: call InitFlatParamAttributes() first");
   const bool in_forward = training_state_ == HandleTrainingState::FORWARD;
   const bool skip_use_sharded_views = options_.use_orig_params && at::GradMode::is_enabled() && in_forward &&
-                                      !ReshardsAfterForward(options_.sharding_strategy) &&
-                                      uses_sharded_strategy();
+                                      !ReshardsAfterForward(options_.sharding_strategy) && uses_sharded_strategy();
   at::Tensor unsharded_flat_param;
   if (skip_use_sharded_views) unsharded_flat_param = fp.param.data();
   if (options_.offload_params) {
@@ -236,8 +231,8 @@ void FlatParamHandle::UseShardedFlatParam() {
   // accumulated in no_sync); the post-backward reshard defers them to after the reduction.
   if (in_forward && !skipped_use_sharded_views()) {
     const at::Tensor& grad = fp.param.grad();
-    const bool accumulated_grad_in_no_sync = grad.defined() && uses_sharded_strategy() &&
-                                             grad.sizes().vec() == fp.unpadded_unsharded_size;
+    const bool accumulated_grad_in_no_sync =
+        grad.defined() && uses_sharded_strategy() && grad.sizes().vec() == fp.unpadded_unsharded_size;
     if (accumulated_grad_in_no_sync) {
       UseUnshardedGradViews();
     } else {
@@ -302,7 +297,7 @@ void FlatParamHandle::UseShardedViews() {
   FlatParameter& fp = flat_param_;
   CheckSharded(fp.param);
   const at::Tensor flat = fp.param.data();
-  // One size-0 tensor for every parameter outside the local shard (as the seed).
+  // One size-0 tensor for every parameter outside the local shard (as PyTorch).
   const at::Tensor size_0_empty = at::empty({0}, flat.options());
   for (int64_t i = 0; i < fp.num_params; ++i) {
     const ShardParamInfo& info = fp.shard_param_infos[i];
@@ -369,7 +364,7 @@ bool FlatParamHandle::WritebackOrigParams() {
       }
     }
   }
-  // Changing shared parameters would need the shared structures rebuilt (as the seed).
+  // Changing shared parameters would need the shared structures rebuilt (as PyTorch).
   for (const SharedParamInfo& spi : fp.shared_param_infos) {
     const auto params_a = spi.module->named_parameters(/*recurse=*/false);
     const auto params_b = spi.prim_module->named_parameters(/*recurse=*/false);

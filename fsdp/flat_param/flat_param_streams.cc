@@ -10,7 +10,7 @@ namespace fsdp::flat_param {
 
 FlatParamStreamContext::FlatParamStreamContext(c10::Device device, const device::StreamOptions& options)
     : pool_(device::StreamPool::Create(device, device::ApplyStreamEnvOverride(options))) {
-  // The seed's names (they appear in timeout and error messages).
+  // PyTorch's names (they appear in timeout and error messages).
   for (const char* name : {"fsdp1_unshard", "fsdp1_post_backward", "fsdp1_all_reduce"}) {
     owned_.push_back(pool_->NewStream(name));
   }
@@ -21,7 +21,7 @@ FlatParamStreamContext::FlatParamStreamContext(c10::Device device, const device:
 const FlatParamStreams& ThreadInlineFlatParamStreams() {
   thread_local const device::StreamPoolPtr pool = device::StreamPool::Create(c10::Device(c10::kCPU), {});
   thread_local const device::StreamPtr side = pool->NewStream("fsdp1_inline");
-  thread_local const FlatParamStreams streams{&pool->current(), side.get(),        side.get(),
+  thread_local const FlatParamStreams streams{&pool->current(), side.get(),         side.get(),
                                               side.get(),       &pool->sequencer(), pool->options().timeout};
   return streams;
 }

@@ -1,8 +1,8 @@
-// The streams FSDP1 issues its work on (the seed's _init_streams in fsdp1__runtime_utils.py)
+// The streams FSDP1 issues its work on (PyTorch's _init_streams in torch/distributed/fsdp/_runtime_utils.py)
 // and the storage rules that let the host free a buffer while a stream may still use it.
 //
 // The host assigns tensors and metadata at once; the streams fill the data later:
-//   unshard        the low precision shard's cast (the seed's pre-unshard stream) and the
+//   unshard        the low precision shard's cast (PyTorch's pre-unshard stream) and the
 //                  all-gather into the padded unsharded flat parameter
 //   post_backward  the gradient reduction: cast, pre-divide, reduce-scatter (NO_SHARD:
 //                  all-reduce) or the communication hook, post-divide, accumulation, offload

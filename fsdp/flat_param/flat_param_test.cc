@@ -1,6 +1,6 @@
-// FlatParamHandle against hand-derived layouts (the seed's worked example), unshard /
+// FlatParamHandle against hand-derived layouts (PyTorch's worked example), unshard /
 // reshard storage behaviour, use_orig_params views and writeback, gradient reduction
-// against direct math, and the seed's error paths.
+// against direct math, and PyTorch's error paths.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
@@ -69,7 +69,7 @@ void ExpectInfos(const std::vector<ShardParamInfo>& got, const std::vector<Info>
   }
 }
 
-// The seed's worked example: a.w (2x3) = 1..6 and b.w (4) = 7..10 flatten to 1..10; offsets
+// PyTorch's worked example: a.w (2x3) = 1..6 and b.w (4) = 7..10 flatten to 1..10; offsets
 // (_get_flat_param_offsets) a.w [0, 5], b.w [6, 9]. For a shard [us, ue]: in_shard iff
 // us <= param_end and ue >= param_start; if us <= param_start then intra_start 0 and
 // offset = param_start - us, else intra_start = us - param_start and offset 0; intra_end =
@@ -186,7 +186,7 @@ TEST(FlatParamHandle, SeedExampleShardsUnshardsAndFreesStorage) {
           EXPECT_EQ(fp.param.data_ptr<float>(), fp.full_param_padded.data_ptr<float>());
           h.Reshard(/*free_unsharded_flat_param=*/true);
           h.PostReshard();
-          EXPECT_EQ(fp.full_param_padded.storage().nbytes(), 0u);  // the seed's _check_storage_freed
+          EXPECT_EQ(fp.full_param_padded.storage().nbytes(), 0u);  // PyTorch's _check_storage_freed
           EXPECT_TRUE(at::equal(fp.param.detach(), Floats((w == 2 ? kSeedShardsW2 : kSeedShardsW4)[r])));
           EXPECT_EQ(t.aw.numel(), 0);  // nothing points into the freed storage
         }
@@ -249,8 +249,8 @@ TEST(FlatParamHandle, AlignedUseOrigParamsPaddingAndShardedViews) {
       h.Shard();
       const int r = pg->rank();
       const int64_t chunk = w == 2 ? 5 : 3;
-      EXPECT_TRUE(at::equal(fp.param.detach(), Floats(std::vector<float>(flat.begin() + r * chunk,
-                                                                          flat.begin() + (r + 1) * chunk))));
+      EXPECT_TRUE(at::equal(fp.param.detach(),
+                            Floats(std::vector<float>(flat.begin() + r * chunk, flat.begin() + (r + 1) * chunk))));
       EXPECT_EQ(fp.shard_numel_padded, 0);
       const auto& table = (w == 2 ? kAlignedW2 : kAlignedW4)[r];
       ExpectInfos(fp.shard_param_infos, table, "rank " + std::to_string(r));
@@ -406,7 +406,8 @@ TEST(FlatParamHandle, ReduceScatterGradIsTheMeanOverRanks) {
               EXPECT_FALSE(origs[i].grad().defined());
               continue;
             }
-            EXPECT_TRUE(at::equal(origs[i].grad(), sharded.narrow(0, infos[i].offset_in_shard, infos[i].numel_in_shard)));
+            EXPECT_TRUE(
+                at::equal(origs[i].grad(), sharded.narrow(0, infos[i].offset_in_shard, infos[i].numel_in_shard)));
           }
         }
       });
@@ -414,7 +415,7 @@ TEST(FlatParamHandle, ReduceScatterGradIsTheMeanOverRanks) {
   }
 }
 
-// The seed's _accumulate_sharded_grad check: a saved sharded gradient of another shape is an
+// PyTorch's _accumulate_sharded_grad check: a saved sharded gradient of another shape is an
 // error, not a broadcast or a silent overwrite.
 TEST(FlatParamHandle, AccumulatingAShardedGradientOfTheWrongShapeIsAnError) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
@@ -429,8 +430,9 @@ TEST(FlatParamHandle, AccumulatingAShardedGradientOfTheWrongShapeIsAnError) {
     h.set_training_state(HandleTrainingState::BACKWARD_POST);
     h.Reshard(true);
     h.flat_param().saved_grad_shard = at::zeros({7});  // a chunk is 5 elements
-    EXPECT_ERROR_CONTAINS(h.ReduceScatterGrad(),
-                          "Shape mismatch when accumulating gradients: existing gradient shape=[7] new gradient shape=[5]");
+    EXPECT_ERROR_CONTAINS(
+        h.ReduceScatterGrad(),
+        "Shape mismatch when accumulating gradients: existing gradient shape=[7] new gradient shape=[5]");
   });
 }
 
@@ -487,8 +489,8 @@ TEST(FlatParamHandle, ParamMixedPrecisionGathersLowPrecision) {
     EXPECT_EQ(fp.param.scalar_type(), at::kFloat);
     at::Tensor g = h.ReduceScatterGrad();
     EXPECT_EQ(g.scalar_type(), at::kFloat);  // cast back to the parameter dtype
-    const std::vector<float> want = pg->rank() == 0 ? std::vector<float>{1.5, 1.5, 1.5, 1.5, 1.5}
-                                                    : std::vector<float>{1.5, 3, 3, 3, 3};
+    const std::vector<float> want =
+        pg->rank() == 0 ? std::vector<float>{1.5, 1.5, 1.5, 1.5, 1.5} : std::vector<float>{1.5, 3, 3, 3, 3};
     EXPECT_TRUE(at::allclose(g, Floats(want)));
   });
 }
@@ -502,7 +504,8 @@ TEST(FlatParamHandle, SeedErrorPaths) {
   {
     auto m = std::make_shared<torch::nn::Module>();
     at::Tensor i = m->register_parameter("i", at::arange(3), /*requires_grad=*/false);
-    EXPECT_ERROR_CONTAINS(FlatParamHandle({i}, *m, Options(pg)), "Cannot flatten integer dtype tensors (tensor 0 has dtype Long)");
+    EXPECT_ERROR_CONTAINS(FlatParamHandle({i}, *m, Options(pg)),
+                          "Cannot flatten integer dtype tensors (tensor 0 has dtype Long)");
     at::Tensor d = m->register_parameter("d", at::ones({2}, at::kDouble));
     EXPECT_ERROR_CONTAINS(FlatParamHandle({d, t.aw}, *m, Options(pg)),
                           "Must flatten tensors with uniform dtype but got Double and Float (tensor 1)");
@@ -513,7 +516,8 @@ TEST(FlatParamHandle, SeedErrorPaths) {
     // use_orig_params permits it; the flat parameter requires grad if any original does.
     FlatParamHandle ok({d, frozen}, *m, Options(pg, HandleShardingStrategy::FULL_SHARD, true));
     EXPECT_TRUE(ok.flat_param().param.requires_grad());
-    at::Tensor meta = m->register_parameter("meta", at::empty({2}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta)));
+    at::Tensor meta =
+        m->register_parameter("meta", at::empty({2}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta)));
     EXPECT_ERROR_CONTAINS(FlatParamHandle({d, meta}, *m, Options(pg)),
                           "Must flatten tensors on the same device but got both cpu and meta (tensor 1)");
   }
@@ -537,7 +541,8 @@ TEST(FlatParamHandle, SeedErrorPaths) {
   // cannot be written back.
   ASSERT_EQ(t.aw.numel(), 6);
   t.aw.set_data(at::zeros({7}));
-  EXPECT_ERROR_CONTAINS(h.PreUnshard(), "Cannot writeback when the parameter shape changes\nExpects [6] but got [7] (a.w)");
+  EXPECT_ERROR_CONTAINS(h.PreUnshard(),
+                        "Cannot writeback when the parameter shape changes\nExpects [6] but got [7] (a.w)");
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ std::map<std::string, at::Tensor> UnflattenShard(const FlatParamHandle& handle, 
   std::map<std::string, at::Tensor> out;
   for (const FlatSegment& seg : fp.segments) {
     if (seg.param_index < 0) continue;  // padding
-    out[prefix + fp.fqns[seg.param_index]] = full.narrow(0, seg.start, seg.numel).view(fp.shapes[seg.param_index]).clone();
+    out[prefix + fp.fqns[seg.param_index]] =
+        full.narrow(0, seg.start, seg.numel).view(fp.shapes[seg.param_index]).clone();
   }
   return out;
 }
@@ -43,9 +44,11 @@ at::Tensor FlatShardOf(const FlatParamHandle& handle, const std::map<std::string
     auto it = tensors.find(fqn);
     if (it == tensors.end() || it->second == nullptr) continue;
     const at::Tensor& t = *it->second;
-    TORCH_CHECK(t.sizes().vec() == fp.shapes[seg.param_index], "Tensor optimizer state does not have same shape as its "
-                "parameter: [", absl::StrJoin(t.sizes(), ", "), "] [", absl::StrJoin(fp.shapes[seg.param_index], ", "),
-                "] (", fqn, ")");
+    TORCH_CHECK(t.sizes().vec() == fp.shapes[seg.param_index],
+                "Tensor optimizer state does not have same shape as its "
+                "parameter: [",
+                absl::StrJoin(t.sizes(), ", "), "] [", absl::StrJoin(fp.shapes[seg.param_index], ", "), "] (", fqn,
+                ")");
     flat.narrow(0, seg.start, seg.numel).copy_(t.reshape(-1));
   }
   const FlatChunk chunk = MakeFlatChunk(total, world_size, rank);

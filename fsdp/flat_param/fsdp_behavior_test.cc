@@ -227,11 +227,13 @@ TEST(Fsdp1Behavior, CommunicationVolumePerStepForEveryStrategy) {
         opt.zero_grad();
         const CollectiveCounts got = Count(*shard_trace);
         EXPECT_EQ(got, want_shard) << label << " step " << step << " got:\n"
-                                   << Describe(got) << "want:\n" << Describe(want_shard);
+                                   << Describe(got) << "want:\n"
+                                   << Describe(want_shard);
         if (replica_trace) {
           const CollectiveCounts got_replica = Count(*replica_trace);
           EXPECT_EQ(got_replica, want_replica) << label << " step " << step << " got:\n"
-                                               << Describe(got_replica) << "want:\n" << Describe(want_replica);
+                                               << Describe(got_replica) << "want:\n"
+                                               << Describe(want_replica);
         }
       }
     });
@@ -254,7 +256,8 @@ TEST(Fsdp1Behavior, BackwardPrefetchOrder) {
       loss.backward();
       std::vector<std::string> ops;
       for (const comm::CollectiveRecord& r : trace->records()) {
-        ops.push_back((r.op == "all_gather_into_tensor" ? "AG" : "RS") + std::to_string(r.output_numel + r.input_numel));
+        ops.push_back((r.op == "all_gather_into_tensor" ? "AG" : "RS") +
+                      std::to_string(r.output_numel + r.input_numel));
       }
       // Blocks: 82 elements padded to 82 (W=2): AG 41 -> 82, RS 82 -> 41; root 32: RS 32 -> 16.
       const std::vector<std::string> with_prefetch = {"AG123", "AG123", "RS123", "RS123", "RS48"};
@@ -298,15 +301,15 @@ TEST(Fsdp1Behavior, CommHookReplacesTheReduction) {
       FullyShardedDataParallel root = WrapNested(model, {.process_group = pg, .sharding_strategy = strategy});
       int calls = 0;
       // Mean via AVG (the default path pre/post-divides a SUM); counts its calls.
-      root.register_comm_hook([&calls](const comm::ProcessGroupPtr& group, const at::Tensor& grad,
-                                       const at::Tensor& output) {
-        ++calls;
-        if (output.defined()) {
-          group->reduce_scatter_tensor(output, grad, comm::ReduceOp::Avg())->wait();
-        } else {
-          group->all_reduce(grad, comm::ReduceOp::Avg())->wait();
-        }
-      });
+      root.register_comm_hook(
+          [&calls](const comm::ProcessGroupPtr& group, const at::Tensor& grad, const at::Tensor& output) {
+            ++calls;
+            if (output.defined()) {
+              group->reduce_scatter_tensor(output, grad, comm::ReduceOp::Avg())->wait();
+            } else {
+              group->all_reduce(grad, comm::ReduceOp::Avg())->wait();
+            }
+          });
       EXPECT_ERROR_CONTAINS(root.register_comm_hook([](auto&, auto&, auto&) {}),
                             "A communication hook is already registered");
       torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -359,6 +362,25 @@ TEST(Fsdp1Behavior, ParametersAreWhatTheOptimizerNeeds) {
       EXPECT_TRUE(params[0].is_same(root.handle()->flat_param().param));
     }
     EXPECT_EQ(root.handles().size(), 3u);
+  }
+}
+
+// FSDPOptions::use_full_prec_in_eval (PyTorch's FSDP_USE_FULL_PREC_IN_EVAL): an eval-mode
+// forward under bf16 mixed precision computes in full precision only when it is set.
+TEST(Fsdp1Behavior, UseFullPrecInEvalOption) {
+  auto pg = comm::CreateFakeProcessGroup(0, 2);
+  for (bool full_prec_in_eval : {false, true}) {
+    Net model;
+    InitDeterministic(*model);
+    FullyShardedDataParallel root = WrapNested(model, {.process_group = pg,
+                                                       .mixed_precision = MixedPrecision{.param_dtype = at::kBFloat16},
+                                                       .use_full_prec_in_eval = full_prec_in_eval});
+    const at::Tensor x = Batch(0, 4, 3, 1);
+    EXPECT_EQ(model(x).scalar_type(), at::kBFloat16) << "training forwards always use param_dtype";
+    model->eval();
+    at::NoGradGuard no_grad;
+    EXPECT_EQ(model(x).scalar_type(), full_prec_in_eval ? at::kFloat : at::kBFloat16)
+        << "use_full_prec_in_eval=" << full_prec_in_eval;
   }
 }
 

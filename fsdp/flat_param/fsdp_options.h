@@ -38,11 +38,11 @@ struct MixedPrecision {
   std::optional<c10::ScalarType> param_dtype;   // unsharded parameters / forward compute
   std::optional<c10::ScalarType> reduce_dtype;  // gradient reduction (unset: param_dtype)
   bool keep_low_precision_grads = false;
-  bool cast_forward_inputs = false;       // every FSDP module casts its floating inputs
-  bool cast_root_forward_inputs = true;   // the root casts its floating inputs
+  bool cast_forward_inputs = false;      // every FSDP module casts its floating inputs
+  bool cast_root_forward_inputs = true;  // the root casts its floating inputs
 };
 
-// The seed's auto-wrap policy callable: called with recurse = true to ask whether to look
+// PyTorch's auto-wrap policy callable: called with recurse = true to ask whether to look
 // into `module`'s children, and with recurse = false whether to wrap `module` itself, given
 // the number of its parameters' elements not yet wrapped by a descendant.
 using AutoWrapPolicy = std::function<bool(torch::nn::Module& module, bool recurse, int64_t nonwrapped_numel)>;

@@ -99,9 +99,7 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
       for (auto& b : model->layers) wrap_fsdp(b.ptr(), opts);
       root = wrap_fsdp(model.ptr(), opts);
       break;
-    case Wrap::kRootOnly:
-      root = wrap_fsdp(model.ptr(), opts);
-      break;
+    case Wrap::kRootOnly: root = wrap_fsdp(model.ptr(), opts); break;
     case Wrap::kAutoByType:
       opts.auto_wrap_policy = ModuleTypeWrapPolicy<testing::BlockImpl>();
       root = wrap_fsdp(model.ptr(), opts);
@@ -173,58 +171,94 @@ std::vector<ParityCase> Cases() {
       for (int w = 1; w <= 4; ++w) {
         cases.push_back({Backend::kThreaded, w, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
       }
-      cases.push_back({Backend::kGlooThreads, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
+      cases.push_back(
+          {Backend::kGlooThreads, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
     }
     for (ShardingStrategy s : hybrid) {
       cases.push_back({Backend::kThreaded, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
-      cases.push_back({Backend::kThreaded, 4,
-                       {.name = StrategyName(s) + o + "_groups", .strategy = s, .use_orig_params = orig,
+      cases.push_back({Backend::kThreaded,
+                       4,
+                       {.name = StrategyName(s) + o + "_groups",
+                        .strategy = s,
+                        .use_orig_params = orig,
                         .groups = Groups::kExplicit}});
-      cases.push_back({Backend::kGlooThreads, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
+      cases.push_back(
+          {Backend::kGlooThreads, 4, {.name = StrategyName(s) + o, .strategy = s, .use_orig_params = orig}});
     }
     for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
                                ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD}) {
       const int w = 4;
       const std::string n = StrategyName(s) + o;
-      cases.push_back({Backend::kThreaded, w, {.name = n + "_root_only", .strategy = s, .use_orig_params = orig,
-                                               .wrap = Wrap::kRootOnly}});
+      cases.push_back({Backend::kThreaded,
+                       w,
+                       {.name = n + "_root_only", .strategy = s, .use_orig_params = orig, .wrap = Wrap::kRootOnly}});
       // The acceptance's 4 micro-batches (3 under no_sync, then a synchronized one).
-      cases.push_back({Backend::kThreaded, w, {.name = n + "_no_sync4", .strategy = s, .use_orig_params = orig,
-                                               .micro_batches = 4}});
+      cases.push_back({Backend::kThreaded,
+                       w,
+                       {.name = n + "_no_sync4", .strategy = s, .use_orig_params = orig, .micro_batches = 4}});
       if (s == ShardingStrategy::FULL_SHARD) {
-        cases.push_back({Backend::kThreaded, 3, {.name = n + "_no_sync3", .strategy = s, .use_orig_params = orig,
-                                                 .micro_batches = 3}});
+        cases.push_back({Backend::kThreaded,
+                         3,
+                         {.name = n + "_no_sync3", .strategy = s, .use_orig_params = orig, .micro_batches = 3}});
       }
     }
-    cases.push_back({Backend::kThreaded, 4, {.name = "auto_type" + o, .use_orig_params = orig, .wrap = Wrap::kAutoByType}});
-    cases.push_back({Backend::kThreaded, 3, {.name = "auto_size" + o, .use_orig_params = orig, .wrap = Wrap::kAutoBySize}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "prefetch_post" + o, .use_orig_params = orig,
-                                             .backward_prefetch = BackwardPrefetch::BACKWARD_POST}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "prefetch_none" + o, .use_orig_params = orig,
-                                             .backward_prefetch = std::nullopt, .limit_all_gathers = false}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "forward_prefetch" + o, .use_orig_params = orig,
-                                             .forward_prefetch = true}});
+    cases.push_back(
+        {Backend::kThreaded, 4, {.name = "auto_type" + o, .use_orig_params = orig, .wrap = Wrap::kAutoByType}});
+    cases.push_back(
+        {Backend::kThreaded, 3, {.name = "auto_size" + o, .use_orig_params = orig, .wrap = Wrap::kAutoBySize}});
+    cases.push_back(
+        {Backend::kThreaded,
+         4,
+         {.name = "prefetch_post" + o, .use_orig_params = orig, .backward_prefetch = BackwardPrefetch::BACKWARD_POST}});
+    cases.push_back({Backend::kThreaded,
+                     4,
+                     {.name = "prefetch_none" + o,
+                      .use_orig_params = orig,
+                      .backward_prefetch = std::nullopt,
+                      .limit_all_gathers = false}});
+    cases.push_back(
+        {Backend::kThreaded, 4, {.name = "forward_prefetch" + o, .use_orig_params = orig, .forward_prefetch = true}});
     cases.push_back({Backend::kThreaded, 2, {.name = "bf16" + o, .use_orig_params = orig, .bf16 = true}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "bf16_shard_grad_op" + o,
-                                             .strategy = ShardingStrategy::SHARD_GRAD_OP, .use_orig_params = orig,
-                                             .bf16 = true}});
+    cases.push_back({Backend::kThreaded,
+                     4,
+                     {.name = "bf16_shard_grad_op" + o,
+                      .strategy = ShardingStrategy::SHARD_GRAD_OP,
+                      .use_orig_params = orig,
+                      .bf16 = true}});
     cases.push_back({Backend::kThreaded, 3, {.name = "clip_l2" + o, .use_orig_params = orig, .clip_norm_type = 2.0}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "clip_inf" + o, .use_orig_params = orig,
-                                             .clip_norm_type = std::numeric_limits<double>::infinity()}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "clip_l1_no_shard" + o, .strategy = ShardingStrategy::NO_SHARD,
-                                             .use_orig_params = orig, .clip_norm_type = 1.0}});
+    cases.push_back(
+        {Backend::kThreaded,
+         4,
+         {.name = "clip_inf" + o, .use_orig_params = orig, .clip_norm_type = std::numeric_limits<double>::infinity()}});
+    cases.push_back({Backend::kThreaded,
+                     4,
+                     {.name = "clip_l1_no_shard" + o,
+                      .strategy = ShardingStrategy::NO_SHARD,
+                      .use_orig_params = orig,
+                      .clip_norm_type = 1.0}});
     cases.push_back({Backend::kThreaded, 4, {.name = "offload" + o, .use_orig_params = orig, .offload = true}});
-    cases.push_back({Backend::kThreaded, 2, {.name = "offload_no_shard" + o, .strategy = ShardingStrategy::NO_SHARD,
-                                             .use_orig_params = orig, .offload = true}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "frozen_block0" + o, .use_orig_params = orig,
-                                             .freeze_block0 = true}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "block0_twice" + o, .use_orig_params = orig,
-                                             .block0_twice = true}});
-    cases.push_back({Backend::kThreaded, 2, {.name = "block0_twice_post" + o, .use_orig_params = orig,
-                                             .backward_prefetch = BackwardPrefetch::BACKWARD_POST,
-                                             .block0_twice = true}});
-    cases.push_back({Backend::kThreaded, 4, {.name = "clip_hybrid" + o, .strategy = ShardingStrategy::HYBRID_SHARD,
-                                             .use_orig_params = orig, .clip_norm_type = 2.0}});
+    cases.push_back({Backend::kThreaded,
+                     2,
+                     {.name = "offload_no_shard" + o,
+                      .strategy = ShardingStrategy::NO_SHARD,
+                      .use_orig_params = orig,
+                      .offload = true}});
+    cases.push_back(
+        {Backend::kThreaded, 4, {.name = "frozen_block0" + o, .use_orig_params = orig, .freeze_block0 = true}});
+    cases.push_back(
+        {Backend::kThreaded, 4, {.name = "block0_twice" + o, .use_orig_params = orig, .block0_twice = true}});
+    cases.push_back({Backend::kThreaded,
+                     2,
+                     {.name = "block0_twice_post" + o,
+                      .use_orig_params = orig,
+                      .backward_prefetch = BackwardPrefetch::BACKWARD_POST,
+                      .block0_twice = true}});
+    cases.push_back({Backend::kThreaded,
+                     4,
+                     {.name = "clip_hybrid" + o,
+                      .strategy = ShardingStrategy::HYBRID_SHARD,
+                      .use_orig_params = orig,
+                      .clip_norm_type = 2.0}});
   }
   return cases;
 }
@@ -312,8 +346,8 @@ void RunTiedParity(ShardingStrategy strategy, bool use_orig_params, const comm::
       ADD_FAILURE() << label << ": no reference parameter " << name;
       continue;
     }
-    EXPECT_TRUE(at::allclose(got, *want, 1e-6, 1e-6)) << label << " " << name << " max diff "
-                                                      << (got - *want).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(got, *want, 1e-6, 1e-6))
+        << label << " " << name << " max diff " << (got - *want).abs().max().item<double>();
   }
   EXPECT_FALSE(at::allclose(ref->embed->w, w0)) << "the tied weight should have trained";
 }
@@ -323,9 +357,8 @@ TEST(Fsdp1TiedParity, TiedWeightsInOneUnitEqualSingleRank) {
                              ShardingStrategy::HYBRID_SHARD}) {
     for (bool orig : {false, true}) {
       const int w = IsHybrid(ToHandleShardingStrategy(s)) ? 4 : 3;
-      fsdp::testing::RunOnRanks(Backend::kThreaded, w, [s, orig](const comm::ProcessGroupPtr& pg) {
-        RunTiedParity(s, orig, pg);
-      });
+      fsdp::testing::RunOnRanks(Backend::kThreaded, w,
+                                [s, orig](const comm::ProcessGroupPtr& pg) { RunTiedParity(s, orig, pg); });
     }
   }
 }

@@ -1,6 +1,6 @@
 // FSDPState: what wrap_fsdp attaches to one module (PyTorch's FullyShardedDataParallel
 // instance state, _FSDPState): its FlatParamHandle (if it manages parameters), its options,
-// and the runtime of the seed fsdp1__runtime_utils.py around its forward and backward:
+// and the runtime of torch/distributed/fsdp/_runtime_utils.py around its forward and backward:
 //
 //   forward   PreForward:  _root_pre_forward (lazy init on the first call: this state becomes
 //                          the root) + _pre_forward (unshard, forward prefetch, post-backward
@@ -15,13 +15,13 @@
 //             end:         _post_backward_final_callback (post-backward of handles whose
 //                          inputs needed no gradient, catch-all reshard, finalize gradients)
 //
-// C++ mapping: the seed's post-backward hook sits on the FlatParameter's AccumulateGrad; here
+// C++ mapping: PyTorch's post-backward hook sits on the FlatParameter's AccumulateGrad; here
 // autograd accumulates into the original parameters (flat_param.h), so the post-backward runs
 // when the module's inputs have their gradients (the module's backward is done), and in the
 // final callback for modules whose inputs need none (e.g. the root). A module called k times
 // in one forward reduces once, after its k-th post-backward.
 //
-// Streams (flat_param_streams.h, the seed's _init_streams): the root creates them at lazy
+// Streams (flat_param_streams.h, PyTorch's _init_streams): the root creates them at lazy
 // init and every handle of its tree issues on them. The root's pre-forward makes the unshard
 // stream wait for the compute stream (the optimizer step wrote the shards); all-gathers run on
 // the unshard stream and the compute stream waits for a handle's before using it (pre-forward,
@@ -49,7 +49,7 @@ namespace fsdp::flat_param {
 
 class FSDPState;
 
-// The seed's TrainingState (of an FSDP instance; handles have HandleTrainingState).
+// PyTorch's TrainingState (of an FSDP instance; handles have HandleTrainingState).
 enum class FSDPTrainingState { IDLE, FORWARD_BACKWARD, SUMMON_FULL_PARAMS };
 const char* ToString(FSDPTrainingState s);
 
@@ -137,7 +137,7 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   void FinalizeParams();
   // The root's streams (after lazy init).
   const FlatParamStreams& streams() const;
-  // The seed's current_stream.wait_stream(post_backward_stream) (+ the all-reduce stream).
+  // PyTorch's current_stream.wait_stream(post_backward_stream) (+ the all-reduce stream).
   void WaitForPostBackwardStreams();
 
   torch::nn::Module* module_;

@@ -20,9 +20,9 @@
 namespace fsdp::flat_param::testing {
 
 using test_models::Batch;
+using test_models::Block;
 using test_models::BlockImpl;
 using test_models::InitDeterministic;
-using test_models::Block;
 using test_models::Net;
 using test_models::NetImpl;
 

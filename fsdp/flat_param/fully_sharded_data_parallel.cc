@@ -68,7 +68,7 @@ int64_t UniqueNumel(const torch::nn::Module& module) {
   return n;
 }
 
-// The seed's _recursive_wrap; returns the numel wrapped in `module`'s tree.
+// PyTorch's _recursive_wrap; returns the numel wrapped in `module`'s tree.
 int64_t RecursiveWrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options,
                       bool only_wrap_children) {
   const int64_t nonwrapped_numel = UniqueNumel(*module);
@@ -182,7 +182,7 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
 
 AutoWrapPolicy SizeBasedAutoWrapPolicy(int64_t min_num_params) {
   TORCH_CHECK(min_num_params >= 0, "SizeBasedAutoWrapPolicy: min_num_params must be >= 0, got ", min_num_params);
-  // The seed's force-leaf (MultiheadAttention) and excluded (ModuleList / ModuleDict) types
+  // PyTorch's force-leaf (MultiheadAttention) and excluded (ModuleList / ModuleDict) types
   // cannot run the hooks in C++, so they are never wrapped anyway.
   return [min_num_params](torch::nn::Module&, bool, int64_t nonwrapped_numel) {
     return nonwrapped_numel >= min_num_params;
@@ -219,8 +219,7 @@ bool FullyShardedDataParallel::is_root() const {
 }
 
 void FullyShardedDataParallel::CheckRoot(const char* what) const {
-  TORCH_CHECK(is_root(), "`", what, "()` should only be called on the root FSDP instance, not on ",
-              state()->name());
+  TORCH_CHECK(is_root(), "`", what, "()` should only be called on the root FSDP instance, not on ", state()->name());
 }
 
 std::vector<at::Tensor> FullyShardedDataParallel::parameters() const {

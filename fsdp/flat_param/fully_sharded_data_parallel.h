@@ -14,7 +14,7 @@
 // HookedImpl<Impl> (the same type FSDP2 and no FSDP use) or derives from fsdp::HookedModule;
 // FSDP1's hook is attached outermost. wrap_fsdp flattens the parameters of the module's tree that no wrapped
 // descendant manages into one FlatParameter, sharded over the process group; call it
-// bottom-up. Auto-wrap (options.auto_wrap_policy) follows the seed's _recursive_wrap over the
+// bottom-up. Auto-wrap (options.auto_wrap_policy) follows PyTorch's _recursive_wrap over the
 // children, but only modules that can run the hooks can be selected: a module the policy
 // picks that cannot is left unwrapped and its parameters go to the nearest wrapped
 // ancestor (its numel is not counted as wrapped).
@@ -108,15 +108,16 @@ class FullyShardedDataParallel {
 // before building the optimizer; parameters must already be on options.device.
 FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions options);
 
-// The seed's size_based_auto_wrap_policy: recurse into / wrap modules with at least
+// PyTorch's size_based_auto_wrap_policy: recurse into / wrap modules with at least
 // min_num_params (unique, not yet wrapped) parameter elements.
 AutoWrapPolicy SizeBasedAutoWrapPolicy(int64_t min_num_params = 100000000);
-// The seed's ModuleWrapPolicy with a predicate: always recurse, wrap modules it accepts.
+// PyTorch's ModuleWrapPolicy with a predicate: always recurse, wrap modules it accepts.
 AutoWrapPolicy ModuleWrapPolicy(std::function<bool(const torch::nn::Module&)> predicate);
 // ModuleWrapPolicy by type: wraps modules deriving from any of `Impls`.
 template <class... Impls>
 AutoWrapPolicy ModuleTypeWrapPolicy() {
-  return ModuleWrapPolicy([](const torch::nn::Module& m) { return (... || (dynamic_cast<const Impls*>(&m) != nullptr)); });
+  return ModuleWrapPolicy(
+      [](const torch::nn::Module& m) { return (... || (dynamic_cast<const Impls*>(&m) != nullptr)); });
 }
 
 // The wrapper names of earlier versions: the hooked-module layer's types (one model type

@@ -1,4 +1,4 @@
-// FSDP1 runtime, backward half (the seed's fsdp1__runtime_utils.py): pre-backward hook,
+// FSDP1 runtime, backward half (torch/distributed/fsdp/_runtime_utils.py): pre-backward hook,
 // post-backward hook (reshard, gradient reduction with the communication hook, sharded
 // gradient accumulation, no_sync), the end-of-backward final callback.
 #include <ATen/ATen.h>
@@ -66,7 +66,7 @@ void FSDPState::PostBackwardHook() {
               "Expects `BACKWARD_PRE` or `BACKWARD_POST` state but got ", ToString(hts));
   handle->set_training_state(HandleTrainingState::BACKWARD_POST);
   // C++: what autograd accumulated into the original parameters becomes flat_param.grad
-  // (the seed's FlatParameter AccumulateGrad), while the flat parameter is unsharded.
+  // (PyTorch's FlatParameter AccumulateGrad), while the flat parameter is unsharded.
   if (fp.param.sizes().vec() == fp.unpadded_unsharded_size) handle->FlattenOrigGrads();
   if (!fp.param.grad().defined()) return;  // the catch-all reshard in the final callback
   fp.post_backward_called = true;
@@ -110,7 +110,8 @@ void FSDPState::RegisterPostBackwardFinalCallback() {
   TORCH_CHECK(training_state_ == FSDPTrainingState::IDLE, "Expects the root FSDP state to be IDLE when queueing ",
               "the post-backward callback but got ", ToString(training_state_));
   post_backward_callback_queued_ = true;
-  QueueEndOfBackwardCallback([this] { Guard("post-backward final callback", [this] { PostBackwardFinalCallback(); }); });
+  QueueEndOfBackwardCallback(
+      [this] { Guard("post-backward final callback", [this] { PostBackwardFinalCallback(); }); });
 }
 
 void FSDPState::PostBackwardFinalCallback() {
@@ -153,7 +154,7 @@ void FSDPState::WaitForPostBackwardStreams() {
   s.current->WaitStream(*s.unshard);
   bool offload = false;
   for (FSDPState* state : ctx_->all_states) offload = offload || (state->handle_ && state->handle_->offload_params());
-  // The CPU gradients are read by the host, which device-side waits do not order (the seed
+  // The CPU gradients are read by the host, which device-side waits do not order (PyTorch
   // synchronizes the current stream).
   if (offload) {
     s.post_backward->Synchronize();

@@ -1,4 +1,4 @@
-// FSDP1 runtime, forward half (the seed's fsdp1__runtime_utils.py): lazy root
+// FSDP1 runtime, forward half (torch/distributed/fsdp/_runtime_utils.py): lazy root
 // initialization, root pre-forward, pre-/post-forward, unshard / reshard with the rate
 // limiter, prefetching. Backward half: runtime_backward.cc.
 #include <ATen/ATen.h>
@@ -49,13 +49,7 @@ const char* ToString(FSDPTrainingState s) {
 
 FSDPState* GetState(torch::nn::Module& module) { return ::fsdp::FindForwardHook<FSDPState>(module).get(); }
 
-std::vector<FSDPState*> CollectStates(torch::nn::Module& root) {
-  std::vector<FSDPState*> states;
-  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
-    if (FSDPState* s = GetState(*item.value())) states.push_back(s);
-  }
-  return states;
-}
+std::vector<FSDPState*> CollectStates(torch::nn::Module& root) { return ::fsdp::CollectForwardHooks<FSDPState>(root); }
 
 FSDPState::FSDPState(torch::nn::Module* module, FSDPOptions options, comm::ProcessGroupPtr process_group,
                      comm::ProcessGroupPtr inter_node_group, std::unique_ptr<FlatParamHandle> handle)
@@ -131,7 +125,8 @@ void FSDPState::ShareStateAndInitHandleAttrs() {
     if (s == this) continue;
     TORCH_CHECK(!s->is_root_.has_value() || !*s->is_root_,
                 "Non-root FSDP instance's `_is_root` should not have been set yet or should have been set to `False` "
-                "(", s->name(), " ran forward as an FSDP root before its ancestor ", name(),
+                "(",
+                s->name(), " ran forward as an FSDP root before its ancestor ", name(),
                 "): run the first forward through the root");
     s->is_root_ = false;
     s->ctx_ = ctx_;

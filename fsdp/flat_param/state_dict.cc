@@ -83,7 +83,8 @@ void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict
     if (!known.contains(item.key())) unexpected.push_back(item.key());
   }
   TORCH_CHECK(missing.empty() && unexpected.empty(), "LoadFullStateDict: Missing key(s) in state_dict: [",
-              absl::StrJoin(missing, ", "), "]. Unexpected key(s) in state_dict: [", absl::StrJoin(unexpected, ", "), "].");
+              absl::StrJoin(missing, ", "), "]. Unexpected key(s) in state_dict: [", absl::StrJoin(unexpected, ", "),
+              "].");
   std::map<std::string, const at::Tensor*> tensors;
   for (const auto& item : state_dict) tensors[item.key()] = &item.value();
   at::NoGradGuard no_grad;

@@ -25,7 +25,7 @@ class AllGatherExtension {
   struct PreAllGatherResult {
     // Tensors to all-gather over the shard group (any dtypes and shapes; gathered along
     // dim 0). When the parameter is sharded unevenly, each must have the padded sharded
-    // size (the seed's rule: ranks with padding would otherwise gather mismatched sizes).
+    // size (PyTorch's rule: ranks with padding would otherwise gather mismatched sizes).
     std::vector<at::Tensor> inputs;
     // Handed to PostAllGather of the same unshard.
     c10::IValue metadata;

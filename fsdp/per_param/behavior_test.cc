@@ -1,4 +1,4 @@
-// FSDP2 communication volume (CommTrace), storage freeing, and the seed's error paths.
+// FSDP2 communication volume (CommTrace), storage freeing, and PyTorch's error paths.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 
 #include "comm/comm_trace.h"
 #include "comm/threaded_process_group.h"
+#include "fsdp/per_param/fsdp_state.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
 #include "testing/expect_error.h"
@@ -25,15 +26,18 @@ namespace {
 using fsdp::testing::Backend;
 
 struct TwoLinearImpl : torch::nn::Module {
-  TwoLinearImpl() : a(register_module("a", torch::nn::Linear(5, 3))), b(register_module("b", torch::nn::Linear(3, 6))) {}
+  TwoLinearImpl()
+      : a(register_module("a", torch::nn::Linear(5, 3))), b(register_module("b", torch::nn::Linear(3, 6))) {}
   at::Tensor forward(const at::Tensor& x) { return b(a(x)); }
   torch::nn::Linear a, b;
 };
 using Leaf = FullySharded<TwoLinearImpl>;
 
 struct RootImpl : torch::nn::Module {
-  RootImpl() : first(register_module("first", Leaf())), second(register_module("second", Leaf())),
-               proj(register_module("proj", torch::nn::Linear(6, 5))) {}
+  RootImpl()
+      : first(register_module("first", Leaf())),
+        second(register_module("second", Leaf())),
+        proj(register_module("proj", torch::nn::Linear(6, 5))) {}
   at::Tensor forward(const at::Tensor& x) { return second(proj(first(x))); }
   Leaf first, second;
   torch::nn::Linear proj;
@@ -51,9 +55,7 @@ int64_t PaddedBytes(const std::vector<std::vector<int64_t>>& shapes, int64_t w, 
   return total;
 }
 
-void RunStep(Root& model) {
-  model(at::ones({4, 5})).sum().backward();
-}
+void RunStep(Root& model) { model(at::ones({4, 5})).sum().backward(); }
 
 TEST(FullyShardCommunication, FullShardStepIsTwoAllGathersAndOneReduceScatterPerGroup) {
   for (bool reshard : {true, false}) {
@@ -132,20 +134,24 @@ TEST(FullyShardErrors, SeedErrorsAreRaisedWithTheirMessages) {
                           "FSDP does not support non-contiguous parameters yet: w shape=[4, 3] stride=[1, 4]");
     FullyShardOptions dim1{.mesh = mesh};
     dim1.shard_placement_fn = [](const at::Tensor&, const std::string&) { return std::optional<int64_t>(1); };
-    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), dim1), "FSDP does not support uneven sharding on dim 1: [3, 5] (world size: 2)");
+    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), dim1),
+                          "FSDP does not support uneven sharding on dim 1: [3, 5] (world size: 2)");
     EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = mesh, .device = c10::Device("meta")}),
                           "Expects the parameter to already be moved to device meta but got cpu");
     EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = mesh, .reshard_after_forward = int64_t{3}}),
                           "it should be a factor of 2, not 3");
-    EXPECT_ERROR_CONTAINS(fully_shard(std::make_shared<TwoLinearImpl>(), {.mesh = mesh}), "cannot run forward hooks; construct it as fsdp::Hooked<");
+    EXPECT_ERROR_CONTAINS(fully_shard(std::make_shared<TwoLinearImpl>(), {.mesh = mesh}),
+                          "cannot run forward hooks; construct it as fsdp::Hooked<");
     Leaf twice;
     fully_shard(twice.ptr(), {.mesh = mesh});
     EXPECT_ERROR_CONTAINS(fully_shard(twice.ptr(), {.mesh = mesh}), "is already fully_shard'ed");
     FullySharded<MixedDtypeImpl> mixed;
     fully_shard(mixed.ptr(), {.mesh = mesh});
-    EXPECT_ERROR_CONTAINS(mixed(at::ones({4})), "FSDP expects uniform original parameter dtype but got {Float, Double}");
+    EXPECT_ERROR_CONTAINS(mixed(at::ones({4})),
+                          "FSDP expects uniform original parameter dtype but got {Float, Double}");
     auto flat = mesh::DeviceMesh::Create(pg, {1, 2});
-    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = flat}), "Please init the 2D mesh for HSDP with mesh_dim_names specified");
+    EXPECT_ERROR_CONTAINS(fully_shard(Leaf().ptr(), {.mesh = flat}),
+                          "Please init the 2D mesh for HSDP with mesh_dim_names specified");
   });
   fsdp::testing::RunOnRanks(Backend::kThreaded, 8, [](const comm::ProcessGroupPtr& pg) {
     auto cube = mesh::DeviceMesh::Create(pg, {2, 2, 2});
@@ -171,7 +177,8 @@ TEST(FullyShardMixedPrecision, AllGatherInParamDtypeReduceScatterInReduceDtype) 
       const std::vector<std::vector<int64_t>> leaf = {{3, 5}, {3}, {6, 3}, {6}}, root = {{5, 6}, {5}};
       const int64_t reduce_size = reduce_f32 ? 4 : 2;
       // The root keeps its parameters after forward: 2 gathers per leaf, 1 for the root.
-      EXPECT_EQ(trace->total_output_bytes("all_gather_into_tensor"), 4 * PaddedBytes(leaf, 4, 2) + PaddedBytes(root, 4, 2));
+      EXPECT_EQ(trace->total_output_bytes("all_gather_into_tensor"),
+                4 * PaddedBytes(leaf, 4, 2) + PaddedBytes(root, 4, 2));
       EXPECT_EQ(trace->total_input_bytes("reduce_scatter_tensor"),
                 2 * PaddedBytes(leaf, 4, reduce_size) + PaddedBytes(root, 4, reduce_size));
       for (FSDPState* s : CollectStates(*model)) {
@@ -188,7 +195,8 @@ TEST(FullyShardMixedPrecision, AllGatherInParamDtypeReduceScatterInReduceDtype) 
 // (backward), how many bytes of parameter storage FSDP holds on this rank.
 struct ProbedBlockImpl : torch::nn::Module {
   explicit ProbedBlockImpl(std::function<void()>* probe)
-      : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 8))),
+      : fc1(register_module("fc1", torch::nn::Linear(8, 16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 8))),
         probe_(probe) {}
   at::Tensor forward(const at::Tensor& x) {
     (*probe_)();
@@ -268,8 +276,8 @@ class HalvedExtension : public AllGatherExtension {
     ++pre_calls;
     return {{sharded * 0.5, at::full(sharded.sizes(), 2.0, at::kDouble)}, c10::IValue(std::string("halved"))};
   }
-  at::Tensor PostAllGather(const std::vector<at::Tensor>& outputs, const c10::IValue& metadata,
-                           c10::ScalarType dtype, const at::Tensor& out) override {
+  at::Tensor PostAllGather(const std::vector<at::Tensor>& outputs, const c10::IValue& metadata, c10::ScalarType dtype,
+                           const at::Tensor& out) override {
     ++post_calls;
     TORCH_CHECK(outputs.size() == 2 && metadata.toStringRef() == "halved", "unexpected post-all-gather arguments");
     const at::Tensor data = (outputs[0] * outputs[1]).to(dtype).view(-1);
@@ -295,7 +303,8 @@ struct HalvedLinearImpl : torch::nn::Module, AllGatherExtensionProvider {
 TORCH_MODULE(HalvedLinear);
 
 struct ExtensionNetImpl : torch::nn::Module {
-  ExtensionNetImpl() : halved(register_module("halved", HalvedLinear())), out(register_module("out", torch::nn::Linear(3, 6))) {
+  ExtensionNetImpl()
+      : halved(register_module("halved", HalvedLinear())), out(register_module("out", torch::nn::Linear(3, 6))) {
     at::NoGradGuard no_grad;
     out->weight.copy_(at::randn({6, 3}, at::make_generator<at::CPUGeneratorImpl>(5)));
     out->bias.copy_(at::randn({6}, at::make_generator<at::CPUGeneratorImpl>(6)));
@@ -371,7 +380,7 @@ TEST(AllGatherBufferPool, AReusedBufferCarriesTheEventOfItsLastReader) {
   auto copied_out = std::make_shared<device::Event>("compute");
   pool.Give(pool.Take(64, options).bytes, copied_out);
   AllGatherBufferPool::Buffer reused = pool.Take(32, options);
-  EXPECT_EQ(reused.ready, copied_out);  // the copy-in stream waits for it before writing
+  EXPECT_EQ(reused.ready, copied_out);               // the copy-in stream waits for it before writing
   EXPECT_EQ(pool.Take(32, options).ready, nullptr);  // a new buffer: nothing to wait for
 }
 
@@ -463,7 +472,8 @@ struct ReluImpl : torch::nn::Module {
 };
 
 struct WithParameterlessImpl : torch::nn::Module {
-  WithParameterlessImpl() : leaf(register_module("leaf", Leaf())), act(register_module("act", FullySharded<ReluImpl>())) {}
+  WithParameterlessImpl()
+      : leaf(register_module("leaf", Leaf())), act(register_module("act", FullySharded<ReluImpl>())) {}
   at::Tensor forward(const at::Tensor& x) { return act(leaf(x)); }
   Leaf leaf;
   FullySharded<ReluImpl> act;

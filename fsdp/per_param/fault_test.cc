@@ -46,37 +46,41 @@ TEST_P(FaultTest, EveryRankErrsInTimeThenFsdpRefusesAndARestoreContinuesExactly)
   FullStateDict saved;  // full parameters after step 0 (identical on every rank)
   fsdp::testing::RunOptions options;
   options.collective_timeout = std::chrono::milliseconds(500);
-  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
-    auto faulty = std::make_shared<comm::FaultyProcessGroup>(pg, std::vector<comm::Fault>{});
-    Net model;
-    InitDeterministic(*model);
-    ShardNet(model, mesh::DeviceMesh::Create(faulty, {2}));
-    torch::optim::SGD opt(model->parameters(), 1e-2);  // stateless: a restart needs the parameters only
-    TrainSteps(model, opt, 0, 1, 2, pg->rank());
-    const FullStateDict snapshot = GetFullStateDict(*model);
-    if (pg->rank() == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      saved = snapshot;
-    }
-    if (pg->rank() == 0) faulty->Arm({c.fault});
-    const auto start = Clock::now();
-    std::string error;
-    try {
-      if (c.in_state_dict) {
-        GetFullStateDict(*model);
-      } else {
-        TrainSteps(model, opt, 1, 1, 2, pg->rank());
-      }
-    } catch (const c10::Error& e) {
-      error = e.what_without_backtrace();
-    }
-    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(5000)) << "rank " << pg->rank();
-    EXPECT_TRUE(absl::StrContains(error, pg->rank() == 0 ? c.rank0_error : "timed out after 500 ms"))
-        << "rank " << pg->rank() << ": " << error;
-    if (c.in_state_dict) return;  // the model itself is untouched by a failed gather
-    EXPECT_ERROR_CONTAINS(model(at::ones({2, 3})), "FSDP cannot continue after an earlier error on this rank");
-    EXPECT_ERROR_CONTAINS(GetFullStateDict(*model), "GetFullStateDict: FSDP cannot continue after an earlier error");
-  }, options);
+  fsdp::testing::RunOnRanks(
+      Backend::kThreaded, 2,
+      [&](const comm::ProcessGroupPtr& pg) {
+        auto faulty = std::make_shared<comm::FaultyProcessGroup>(pg, std::vector<comm::Fault>{});
+        Net model;
+        InitDeterministic(*model);
+        ShardNet(model, mesh::DeviceMesh::Create(faulty, {2}));
+        torch::optim::SGD opt(model->parameters(), 1e-2);  // stateless: a restart needs the parameters only
+        TrainSteps(model, opt, 0, 1, 2, pg->rank());
+        const FullStateDict snapshot = GetFullStateDict(*model);
+        if (pg->rank() == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          saved = snapshot;
+        }
+        if (pg->rank() == 0) faulty->Arm({c.fault});
+        const auto start = Clock::now();
+        std::string error;
+        try {
+          if (c.in_state_dict) {
+            GetFullStateDict(*model);
+          } else {
+            TrainSteps(model, opt, 1, 1, 2, pg->rank());
+          }
+        } catch (const c10::Error& e) {
+          error = e.what_without_backtrace();
+        }
+        EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(5000)) << "rank " << pg->rank();
+        EXPECT_TRUE(absl::StrContains(error, pg->rank() == 0 ? c.rank0_error : "timed out after 500 ms"))
+            << "rank " << pg->rank() << ": " << error;
+        if (c.in_state_dict) return;  // the model itself is untouched by a failed gather
+        EXPECT_ERROR_CONTAINS(model(at::ones({2, 3})), "FSDP cannot continue after an earlier error on this rank");
+        EXPECT_ERROR_CONTAINS(GetFullStateDict(*model),
+                              "GetFullStateDict: FSDP cannot continue after an earlier error");
+      },
+      options);
 
   if (c.in_state_dict) return;
   // Restart from the snapshot on new groups; with SGD (no state) the parameters are all a
@@ -101,15 +105,22 @@ TEST_P(FaultTest, EveryRankErrsInTimeThenFsdpRefusesAndARestoreContinuesExactly)
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, FaultTest,
-    ::testing::Values(
-        FaultCase{"forward_all_gather_fails", {.kind = comm::Fault::Kind::kFail, .index = 1, .op = "all_gather_into_tensor"},
-                  false, "injected fault"},
-        FaultCase{"backward_reduce_scatter_fails",
-                  {.kind = comm::Fault::Kind::kFail, .index = 0, .op = "reduce_scatter_tensor"}, false, "injected fault"},
-        FaultCase{"backward_reduce_scatter_hangs",
-                  {.kind = comm::Fault::Kind::kHang, .index = 1, .op = "reduce_scatter_tensor"}, false, "injected hang"},
-        FaultCase{"state_dict_gather_fails", {.kind = comm::Fault::Kind::kFail, .index = 2, .op = "all_gather_into_tensor"},
-                  true, "injected fault"}),
+    ::testing::Values(FaultCase{"forward_all_gather_fails",
+                                {.kind = comm::Fault::Kind::kFail, .index = 1, .op = "all_gather_into_tensor"},
+                                false,
+                                "injected fault"},
+                      FaultCase{"backward_reduce_scatter_fails",
+                                {.kind = comm::Fault::Kind::kFail, .index = 0, .op = "reduce_scatter_tensor"},
+                                false,
+                                "injected fault"},
+                      FaultCase{"backward_reduce_scatter_hangs",
+                                {.kind = comm::Fault::Kind::kHang, .index = 1, .op = "reduce_scatter_tensor"},
+                                false,
+                                "injected hang"},
+                      FaultCase{"state_dict_gather_fails",
+                                {.kind = comm::Fault::Kind::kFail, .index = 2, .op = "all_gather_into_tensor"},
+                                true,
+                                "injected fault"}),
     [](const ::testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

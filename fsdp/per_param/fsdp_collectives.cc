@@ -36,16 +36,15 @@ void AllGatherBufferPool::Give(at::Tensor buffer, device::EventPtr ready) {
   if (!buffer.defined() || max_buffers_ == 0) return;
   free_.push_back({std::move(buffer), std::move(ready)});
   if (free_.size() <= max_buffers_) return;
-  free_.erase(std::min_element(free_.begin(), free_.end(), [](const Buffer& a, const Buffer& b) {
-    return a.bytes.numel() < b.bytes.numel();
-  }));
+  free_.erase(std::min_element(free_.begin(), free_.end(),
+                               [](const Buffer& a, const Buffer& b) { return a.bytes.numel() < b.bytes.numel(); }));
 }
 
 const CommStreams& ThreadInlineStreams() {
   thread_local const device::StreamPoolPtr pool = device::StreamPool::Create(c10::Device(c10::kCPU), {});
   thread_local const device::StreamPtr side = pool->NewStream("inline");
-  thread_local const CommStreams streams{&pool->current(), side.get(), side.get(), side.get(), side.get(),
-                                         &pool->sequencer()};
+  thread_local const CommStreams streams{&pool->current(), side.get(), side.get(),
+                                         side.get(),       side.get(), &pool->sequencer()};
   return streams;
 }
 
@@ -71,8 +70,8 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   const auto options = inputs.front().options();  // bytes on the compute device
   const int64_t bytes = result.world_size * total;
   result.pool = pool;
-  AllGatherBufferPool::Buffer buffer = pool ? pool->Take(bytes, options)
-                                            : AllGatherBufferPool::Buffer{at::empty({bytes}, options), nullptr};
+  AllGatherBufferPool::Buffer buffer =
+      pool ? pool->Take(bytes, options) : AllGatherBufferPool::Buffer{at::empty({bytes}, options), nullptr};
   // A reused buffer may still be read by the previous copy-out.
   if (buffer.ready) copy_in_stream.WaitEvent(buffer.ready);
   result.buffer = buffer.bytes;
@@ -94,9 +93,8 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   if (group) {
     if (&all_gather_stream != &copy_in_stream) all_gather_stream.WaitStream(copy_in_stream);
     at::Tensor output = result.output;
-    all_gather_stream.LaunchCollective(sequencer, [group, output, slot] {
-      return group->all_gather_into_tensor(output, slot);
-    });
+    all_gather_stream.LaunchCollective(sequencer,
+                                       [group, output, slot] { return group->all_gather_into_tensor(output, slot); });
     result.event = all_gather_stream.RecordEvent();
   } else {
     result.event = copy_in_stream.RecordEvent();
@@ -108,8 +106,7 @@ void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPPara
   ForeachAllGatherCopyOut(result, params, *ThreadInlineStreams().current);
 }
 
-void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params,
-                             device::Stream& current) {
+void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params, device::Stream& current) {
   at::NoGradGuard no_grad;
   current.WaitEvent(result.event);
   const int64_t world = result.world_size;
@@ -155,8 +152,7 @@ void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPPara
 }
 
 GradientDivideFactors GetGradientDivideFactors(int64_t reduce_scatter_size, int64_t all_reduce_size,
-                                               c10::ScalarType reduce_dtype,
-                                               std::optional<double> factor) {
+                                               c10::ScalarType reduce_dtype, std::optional<double> factor) {
   const bool overflow_risk = reduce_dtype != at::kFloat && reduce_dtype != at::kBFloat16;
   const int64_t data_parallel_size = reduce_scatter_size * all_reduce_size;
   if (!overflow_risk) {
@@ -171,7 +167,7 @@ GradientDivideFactors GetGradientDivideFactors(int64_t reduce_scatter_size, int6
   }
   const double f = factor.value_or(static_cast<double>(data_parallel_size));
   // Divide by about sqrt(f) before and the rest after, so that neither the summands nor
-  // the sum leave f16's range (the seed's pre/post divide).
+  // the sum leave f16's range (PyTorch's pre/post divide).
   const double pre = GradientPredivideFactor(f);
   return {pre, f / pre, comm::ReduceOp::Sum(), comm::ReduceOp::Sum()};
 }
@@ -186,9 +182,9 @@ struct ReduceJob {
   int64_t world = 1;
   c10::ScalarType reduce_dtype = at::kFloat;
   std::optional<GradientDivideFactors> factors;  // set before any task runs
-  at::Tensor input;   // [world, out_numel], reduce dtype
-  at::Tensor output;  // [out_numel], reduce dtype
-  at::Tensor result;  // [out_numel], orig dtype: what the gradients alias
+  at::Tensor input;                              // [world, out_numel], reduce dtype
+  at::Tensor output;                             // [out_numel], reduce dtype
+  at::Tensor result;                             // [out_numel], orig dtype: what the gradients alias
   // Per parameter: the gradient tensor the reduced shard becomes, and the existing
   // gradient to add it into (undefined when adopted as the gradient itself).
   std::vector<at::Tensor> new_grads, accumulate_into;
@@ -222,7 +218,7 @@ void ReduceScatterCopyIn(ReduceJob& job) {
 void PostReduce(ReduceJob& job) {
   if (job.factors->post) job.output.div_(*job.factors->post);
   if (!job.result.is_same(job.output)) job.result.copy_(job.output);
-  // From pinned memory the copy is asynchronous: the host reads it after the seed's
+  // From pinned memory the copy is asynchronous: the host reads it after PyTorch's
   // grad_offload_event (FSDPParamGroup::WaitForPostBackward synchronizes the event).
   for (auto& [device_grad, cpu_grad] : job.offloads) {
     cpu_grad.copy_(device_grad, /*non_blocking=*/cpu_grad.is_pinned());
@@ -243,8 +239,7 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
   if (dtypes.size() != 1) {
     std::vector<std::string> names;
     for (auto d : dtypes) names.push_back(c10::toString(d));
-    TORCH_CHECK(false, "FSDP reduce-scatter expects uniform gradient dtype but got {",
-                absl::StrJoin(names, ", "), "}");
+    TORCH_CHECK(false, "FSDP reduce-scatter expects uniform gradient dtype but got {", absl::StrJoin(names, ", "), "}");
   }
   auto job = std::make_shared<ReduceJob>();
   job->params = params;

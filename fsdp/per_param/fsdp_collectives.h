@@ -43,7 +43,7 @@ class AllGatherBufferPool {
   std::vector<Buffer> free_;
 };
 
-// The streams of one rank's collectives (FSDPCommContext's; the seed's names).
+// The streams of one rank's collectives (FSDPCommContext's; PyTorch's names).
 struct CommStreams {
   device::Stream* current = nullptr;  // compute
   device::Stream* all_gather_copy_in = nullptr;
@@ -61,8 +61,8 @@ const CommStreams& ThreadInlineStreams();
 // An issued all-gather: every parameter's input packed (as bytes, so parameters of
 // different dtypes share one collective) into this rank's slot of `output`.
 struct AllGatherResult {
-  at::Tensor output;  // uint8 [world * sum(input bytes)]
-  device::EventPtr event;  // the all-gather finished
+  at::Tensor output;                 // uint8 [world * sum(input bytes)]
+  device::EventPtr event;            // the all-gather finished
   std::vector<int64_t> input_bytes;  // per parameter
   int64_t world_size = 1;
   at::Tensor buffer;                    // what `output` is a prefix of
@@ -70,7 +70,7 @@ struct AllGatherResult {
 };
 
 // Copy-in on `copy_in_stream`, then all_gather_into_tensor on `all_gather_stream` after it
-// (the seed's foreach_all_gather); returns at once with the event to wait for. The
+// (PyTorch's foreach_all_gather); returns at once with the event to wait for. The
 // all-gather inputs (mixed-precision casts) are taken on the host. With a pool, the packed
 // buffer comes from it (and copy-out gives it back).
 AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const comm::ProcessGroupPtr& group,
@@ -83,8 +83,7 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
 // Makes `current` wait for the all-gather, then copies each parameter's rows out into its
 // (re-allocated) all-gather output on `current`; a parameter sharded on dim > 0 is
 // chunk-concatenated back.
-void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params,
-                             device::Stream& current);
+void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params, device::Stream& current);
 void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPParam*>& params);
 
 // How gradients are divided by the data-parallel size (_get_gradient_divide_factors):
@@ -98,8 +97,7 @@ struct GradientDivideFactors {
   comm::ReduceOp all_reduce_op;
 };
 GradientDivideFactors GetGradientDivideFactors(int64_t reduce_scatter_size, int64_t all_reduce_size,
-                                               c10::ScalarType reduce_dtype,
-                                               std::optional<double> factor);
+                                               c10::ScalarType reduce_dtype, std::optional<double> factor);
 
 struct ReduceOptions {
   comm::ProcessGroupPtr reduce_scatter_group;  // null for DDP (no sharding)
@@ -118,14 +116,13 @@ struct ReduceEvents {
 // Reduce-scatters (then for HSDP all-reduces) `unsharded_grads` and accumulates each
 // parameter's sharded gradient: copy-in and reduce-scatter on the reduce-scatter stream
 // after `current`, the all-reduce on the all-reduce stream, the division and accumulation
-// on the last of them (the seed's foreach_reduce). Returns at once: gradient tensors are
+// on the last of them (PyTorch's foreach_reduce). Returns at once: gradient tensors are
 // assigned on the host now, their data is there once `post_reduce` completed. With
 // all_reduce_grads false (HSDP accumulation), the reduce-scattered output is summed into
 // *partial_reduce_output instead and no gradient is assigned; the next reducing call adds
 // it back.
 ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor> unsharded_grads,
-                           const ReduceOptions& options, at::Tensor* partial_reduce_output,
-                           const CommStreams& streams);
+                           const ReduceOptions& options, at::Tensor* partial_reduce_output, const CommStreams& streams);
 
 }  // namespace fsdp::per_param
 

@@ -31,18 +31,16 @@ FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo
       tp_spec_(std::move(tp_spec)),
       orig_dtype_(param_.scalar_type()) {
   at::NoGradGuard no_grad;
-  TORCH_CHECK(param_.is_contiguous(), "FSDP does not support non-contiguous parameters yet: ",
-              module_info_.param_name, " shape=", Shape(param_.sizes()),
-              " stride=", Shape(param_.strides()));
+  TORCH_CHECK(param_.is_contiguous(), "FSDP does not support non-contiguous parameters yet: ", module_info_.param_name,
+              " shape=", Shape(param_.sizes()), " stride=", Shape(param_.strides()));
   TORCH_CHECK(param_.dim() >= 1, "FSDP does not support 0-D parameters: ", module_info_.param_name,
               " (view it as shape [1])");
   if (shard_dim < 0) shard_dim += param_.dim();
-  TORCH_CHECK(shard_dim >= 0 && shard_dim < param_.dim(), "Shard dim ", shard_dim,
-              " is invalid for ", param_.dim(), "D tensor: ", Shape(param_.sizes()));
+  TORCH_CHECK(shard_dim >= 0 && shard_dim < param_.dim(), "Shard dim ", shard_dim, " is invalid for ", param_.dim(),
+              "D tensor: ", Shape(param_.sizes()));
   const int64_t world = mesh_info_.shard_size();
-  TORCH_CHECK(shard_dim == 0 || param_.size(shard_dim) % world == 0,
-              "FSDP does not support uneven sharding on dim ", shard_dim, ": ",
-              Shape(param_.sizes()), " (world size: ", world, ")");
+  TORCH_CHECK(shard_dim == 0 || param_.size(shard_dim) % world == 0, "FSDP does not support uneven sharding on dim ",
+              shard_dim, ": ", Shape(param_.sizes()), " (world size: ", world, ")");
   layout_ = MakeDimShardLayout(param_.sizes().vec(), shard_dim, world, mesh_info_.shard_rank());
 
   // FSDP owns the padded sharded storage; the sharded parameter is a view into it.
@@ -117,7 +115,8 @@ void FSDPParam::InitShardingSpecSpmd(c10::ScalarType dtype) {
   // PyTorch compares mesh objects; meshes here are values, so: same ranks, shape and names.
   TORCH_CHECK(dtensor::SameMesh(*tp_spec_->mesh, *spmd) && tp_spec_->mesh->dim_names() == spmd->dim_names(),
               "Expected param's DTensor mesh to be the same mesh passed to fully_shard, but got different mesh "
-              "objects: ", tp_spec_->mesh->ToString(), " vs ", spmd->ToString(), " (", module_info_.param_name, ")");
+              "objects: ",
+              tp_spec_->mesh->ToString(), " vs ", spmd->ToString(), " (", module_info_.param_name, ")");
   const dtensor::Placements& orig = tp_spec_->placements;
   auto expect_replicate = [&](int idx, const char* what) {
     if (idx < 0) return;
@@ -131,9 +130,8 @@ void FSDPParam::InitShardingSpecSpmd(c10::ScalarType dtype) {
     if (orig[j].is_shard(layout_.shard_dim)) split_factor *= spmd->size(j);
   }
   dtensor::Placements placements = orig;
-  placements[mesh_info_.spmd_dp_shard_dim] = split_factor > 1
-                                                 ? Placement::StridedShard(layout_.shard_dim, split_factor)
-                                                 : Placement::Shard(layout_.shard_dim);
+  placements[mesh_info_.spmd_dp_shard_dim] =
+      split_factor > 1 ? Placement::StridedShard(layout_.shard_dim, split_factor) : Placement::Shard(layout_.shard_dim);
   sharding_spec_ = dtensor::DTensorSpec::Make(spmd, placements, tp_spec_->shape, dtype);
 }
 
@@ -150,8 +148,8 @@ void FSDPParam::AssertInStates(std::initializer_list<ShardedState> states, const
   }
   std::vector<std::string> names;
   for (ShardedState s : states) names.push_back(fsdp::ToString(s));
-  TORCH_CHECK(false, "FSDPParam(", fqn_, ")::", what, ": expects to be in one of [",
-              absl::StrJoin(names, ", "), "], not ", fsdp::ToString(sharded_state_));
+  TORCH_CHECK(false, "FSDPParam(", fqn_, ")::", what, ": expects to be in one of [", absl::StrJoin(names, ", "),
+              "], not ", fsdp::ToString(sharded_state_));
 }
 
 void FSDPParam::SetParamData(const at::Tensor& data) {
@@ -165,8 +163,7 @@ int64_t FSDPParam::AllGatherInputNumel() const {
     for (const auto& t : extension_inputs_) bytes += t.numel() * static_cast<int64_t>(t.element_size());
     return bytes;
   }
-  return sharded_state_ == ShardedState::kShardedPostForward ? post_forward_data_.numel()
-                                                             : sharded_param_data_.numel();
+  return sharded_state_ == ShardedState::kShardedPostForward ? post_forward_data_.numel() : sharded_param_data_.numel();
 }
 
 at::Tensor FSDPParam::AllGatherInput() {
@@ -186,7 +183,8 @@ void FSDPParam::SetAllGatherExtension(std::shared_ptr<AllGatherExtension> extens
               " is sharded on dim ", layout_.shard_dim);
   TORCH_CHECK(!post_forward_mesh_info_ || post_forward_mesh_info_->mesh == mesh_info_.mesh,
               "Resharding to a post-forward mesh (reshard_after_forward as an int) is not supported with an "
-              "all-gather extension (", module_info_.param_name, ")");
+              "all-gather extension (",
+              module_info_.param_name, ")");
   extension_ = std::move(extension);
   extension_mp_policy_ = std::move(mp_policy);
 }
@@ -234,11 +232,11 @@ void FSDPParam::InitExtensionUnshardedParam() {
   const c10::ScalarType dtype = param_dtype_.value_or(orig_dtype_);
   if (extension_unsharded_.defined()) AllocStorage(extension_unsharded_);
   at::Tensor data = extension_->PostAllGather(outputs, extension_metadata_, dtype, extension_unsharded_);
-  TORCH_CHECK(data.defined() && data.numel() == Numel(layout_.orig_size) && data.scalar_type() == dtype &&
-                  data.is_contiguous(),
-              "fsdp_post_all_gather of ", module_info_.param_name, " must return a contiguous ",
-              c10::toString(dtype), " tensor of ", Numel(layout_.orig_size), " elements, got ",
-              data.defined() ? data.toString() + Shape(data.sizes()) : std::string("undefined"));
+  TORCH_CHECK(
+      data.defined() && data.numel() == Numel(layout_.orig_size) && data.scalar_type() == dtype && data.is_contiguous(),
+      "fsdp_post_all_gather of ", module_info_.param_name, " must return a contiguous ", c10::toString(dtype),
+      " tensor of ", Numel(layout_.orig_size), " elements, got ",
+      data.defined() ? data.toString() + Shape(data.sizes()) : std::string("undefined"));
   if (!extension_unsharded_.defined()) {
     extension_unsharded_ = data;
     unsharded_view_ = data.as_strided(layout_.orig_size, dtensor::ContiguousStride(layout_.orig_size), 0);
@@ -297,11 +295,12 @@ void FSDPParam::ToShardedPostForward() {
   TORCH_INTERNAL_ASSERT(post_forward_mesh_info_.has_value());
   const int64_t world = post_forward_mesh_info_->shard_size();
   const int64_t numel = all_gather_output_.numel();
-  TORCH_CHECK(numel % world == 0, "All-gather output size (", numel,
-              ") must be divisible by the shard world size (", world, ")");
+  TORCH_CHECK(numel % world == 0, "All-gather output size (", numel, ") must be divisible by the shard world size (",
+              world, ")");
   const int64_t shard_numel = numel / world;
   // A copy, so that the full all-gather output can be freed.
-  post_forward_data_ = all_gather_output_.narrow(0, shard_numel * post_forward_mesh_info_->shard_rank(), shard_numel).clone();
+  post_forward_data_ =
+      all_gather_output_.narrow(0, shard_numel * post_forward_mesh_info_->shard_rank(), shard_numel).clone();
   stashed_unsharded_grad_ = param_.grad();
   param_.mutable_grad() = stashed_sharded_grad_;
   stashed_sharded_grad_ = at::Tensor();
@@ -355,8 +354,8 @@ void FSDPParam::AccumulateUnshardedGradIfNeeded() {
 }
 
 at::Tensor FSDPParam::AdoptShardedGrad(const at::Tensor& sharded_grad) {
-  TORCH_CHECK(sharded_grad.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_,
-              "): expects size ", Shape(layout_.sharded_size), " but got ", Shape(sharded_grad.sizes()));
+  TORCH_CHECK(sharded_grad.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_, "): expects size ",
+              Shape(layout_.sharded_size), " but got ", Shape(sharded_grad.sizes()));
   at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? stashed_sharded_grad_ : param_.mutable_grad();
   if (grad.defined()) return grad;
   grad = sharded_grad;

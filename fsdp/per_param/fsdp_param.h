@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "dtensor/dtensor.h"
-#include "fsdp/per_param/all_gather_extension.h"
-#include "fsdp/per_param/mesh_info.h"
-#include "fsdp/per_param/fsdp_api.h"
 #include "fsdp/common/sharding.h"
+#include "fsdp/per_param/all_gather_extension.h"
+#include "fsdp/per_param/fsdp_api.h"
+#include "fsdp/per_param/mesh_info.h"
 #include "fsdp/per_param/training_state.h"
 
 namespace torch::nn {
@@ -83,7 +83,7 @@ class FSDPParam {
   void ToShardedPostForward();
   void ToUnsharded();
 
-  // Gradient bookkeeping (the seed's unsharded_param.grad / unsharded_accumulated_grad /
+  // Gradient bookkeeping (PyTorch's unsharded_param.grad / unsharded_accumulated_grad /
   // sharded_param.grad, mapped onto the single user tensor).
   // Removes and returns the unsharded gradient to reduce (accumulated one first); undefined
   // if this parameter got none. Requires that the unsharded state is current or stashed.
@@ -99,7 +99,7 @@ class FSDPParam {
   at::Tensor sharded_grad() const;
 
   // Gathers this parameter through `extension` from now on (fully_shard, before the first
-  // unshard). Requires dim-0 sharding and no post-forward mesh (as the seed).
+  // unshard). Requires dim-0 sharding and no post-forward mesh (as PyTorch).
   void SetAllGatherExtension(std::shared_ptr<AllGatherExtension> extension, MixedPrecisionPolicy mp_policy);
   bool has_all_gather_extension() const { return extension_ != nullptr; }
 
@@ -163,13 +163,13 @@ class FSDPParam {
   at::Tensor sharded_param_data_;  // flat, padded; owned by FSDP
   at::Tensor sharded_local_;       // the sharded parameter: a view of sharded_param_data_
   std::vector<int64_t> post_forward_size_;
-  at::Tensor post_forward_data_;   // flat shard on the post-forward mesh
-  at::Tensor all_gather_output_;   // flat [world * padded numel], storage freed when sharded
-  at::Tensor unsharded_view_;      // orig_size view of all_gather_output_
+  at::Tensor post_forward_data_;  // flat shard on the post-forward mesh
+  at::Tensor all_gather_output_;  // flat [world * padded numel], storage freed when sharded
+  at::Tensor unsharded_view_;     // orig_size view of all_gather_output_
 
   ShardedState sharded_state_ = ShardedState::kSharded;
-  at::Tensor stashed_sharded_grad_;    // param.grad while unsharded data is registered
-  at::Tensor stashed_unsharded_grad_;  // param.grad while sharded data is registered
+  at::Tensor stashed_sharded_grad_;        // param.grad while unsharded data is registered
+  at::Tensor stashed_unsharded_grad_;      // param.grad while sharded data is registered
   at::Tensor unsharded_accumulated_grad_;  // reduce-dtype accumulation without reduction
 
   // All-gather extension: the inputs of the current unshard (shapes, dtypes, metadata) and

@@ -11,22 +11,18 @@
 #include "fsdp/common/autograd_hooks.h"
 
 namespace fsdp::per_param {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 FSDPParamGroup::FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos,
                                FSDPMeshInfo mesh_info, std::optional<FSDPMeshInfo> post_forward_mesh_info,
                                const std::vector<int64_t>& shard_dims, MixedPrecisionPolicy mp_policy,
-                               OffloadPolicy offload_policy,
-                               std::vector<std::optional<dtensor::DTensorSpec>> tp_specs)
+                               OffloadPolicy offload_policy, std::vector<std::optional<dtensor::DTensorSpec>> tp_specs)
     : mesh_info_(std::move(mesh_info)),
       post_forward_mesh_info_(std::move(post_forward_mesh_info)),
       mp_policy_(std::move(mp_policy)) {
   for (size_t i = 0; i < params.size(); ++i) {
-    fsdp_params_.push_back(std::make_unique<FSDPParam>(params[i], module_infos[i], mesh_info_,
-                                                       post_forward_mesh_info_, shard_dims[i],
-                                                       mp_policy_, offload_policy, tp_specs[i]));
+    fsdp_params_.push_back(std::make_unique<FSDPParam>(params[i], module_infos[i], mesh_info_, post_forward_mesh_info_,
+                                                       shard_dims[i], mp_policy_, offload_policy, tp_specs[i]));
   }
 }
 
@@ -100,15 +96,15 @@ void FSDPParamGroup::Unshard(bool async_op) {
   if (is_unsharded()) return;
   if (!unshard_in_backward && training_state_ == TrainingState::kPreBackward) return;
   const CommStreams& s = streams();
-  // The seed's get_all_gather_streams: implicit prefetching (forward, pre-backward) uses
+  // PyTorch's get_all_gather_streams: implicit prefetching (forward, pre-backward) uses
   // the all-gather streams; an explicit async_op unshard stays on the compute stream.
   const bool side_streams =
       !async_op && (training_state_ == TrainingState::kForward || training_state_ == TrainingState::kPreBackward);
   // DDP has no shard group: the "sharded" data is the full parameter, copied locally.
-  all_gather_result_ = ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr,
-                                        side_streams ? *s.all_gather_copy_in : *s.current,
-                                        side_streams ? *s.all_gather : *s.current, *s.sequencer,
-                                        comm_ctx_ ? &comm_ctx_->all_gather_buffers : nullptr);
+  all_gather_result_ =
+      ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr,
+                       side_streams ? *s.all_gather_copy_in : *s.current, side_streams ? *s.all_gather : *s.current,
+                       *s.sequencer, comm_ctx_ ? &comm_ctx_->all_gather_buffers : nullptr);
 }
 
 void FSDPParamGroup::WaitForUnshard() {
@@ -195,7 +191,7 @@ void FSDPParamGroup::WaitForPostBackward() {
   post_reduce_event_ = nullptr;
   streams().current->WaitEvent(event);
   // Offloaded gradients are read by the host (CPU optimizer): a device-side wait is not
-  // enough (the seed's grad_offload_event.synchronize()).
+  // enough (PyTorch's grad_offload_event.synchronize()).
   for (const auto& p : fsdp_params_) {
     if (p->offload_to_cpu()) {
       event->Synchronize(comm_ctx_ ? comm_ctx_->stream_pool()->options().timeout : comm::kDefaultTimeout);
@@ -254,8 +250,8 @@ void FSDPParamGroup::ToUnsharded() {
   sharded_state_ = ShardedState::kUnsharded;
 }
 
-std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(
-    const std::vector<at::Tensor>& inputs, const std::function<void(std::function<void()>)>& guard) {
+std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(const std::vector<at::Tensor>& inputs,
+                                                             const std::function<void(std::function<void()>)>& guard) {
   return RegisterPostBackwardCallback(inputs, [this, guard] { guard([this] { PostBackward(); }); });
 }
 

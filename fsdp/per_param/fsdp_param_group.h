@@ -24,7 +24,7 @@ class FSDPParamGroup;
 struct FSDPCommContext {
   std::vector<FSDPParamGroup*> post_forward_order;
   AllGatherBufferPool all_gather_buffers;
-  // The last reduce-scatter in flight (the seed's reduce_scatter_state): the next one
+  // The last reduce-scatter in flight (PyTorch's reduce_scatter_state): the next one
   // waits for it, so at most one reduce-scatter input is alive.
   device::EventPtr reduce_scatter_event;
   // Set by the first error inside an FSDP hook (a failed collective, ...): parameters may
@@ -50,16 +50,15 @@ struct FSDPCommContext {
 class FSDPParamGroup {
  public:
   // `params` must be distinct tensors; `module_infos` parallel to them.
-  FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos,
-                 FSDPMeshInfo mesh_info, std::optional<FSDPMeshInfo> post_forward_mesh_info,
-                 const std::vector<int64_t>& shard_dims, MixedPrecisionPolicy mp_policy,
-                 OffloadPolicy offload_policy,
+  FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos, FSDPMeshInfo mesh_info,
+                 std::optional<FSDPMeshInfo> post_forward_mesh_info, const std::vector<int64_t>& shard_dims,
+                 MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy,
                  std::vector<std::optional<dtensor::DTensorSpec>> tp_specs);
 
   // Idempotent; re-reads parameter dtypes and pads parameters changed since construction.
   void LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx);
 
-  // Runtime (the seed's methods).
+  // Runtime (PyTorch's methods).
   void Unshard(bool async_op = false);
   void WaitForUnshard();
   void Reshard();
@@ -108,7 +107,7 @@ class FSDPParamGroup {
   void ToUnsharded();
   void BackwardPrefetch();
   void InitMixedPrecisionDtypes();
-  // The compute stream waits for this group's last gradient reduction (the seed's
+  // The compute stream waits for this group's last gradient reduction (PyTorch's
   // _wait_for_post_backward).
   void WaitForPostBackward();
   const CommStreams& streams();

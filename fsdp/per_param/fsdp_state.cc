@@ -20,13 +20,7 @@ at::Tensor CastFloating(const at::Tensor& t, c10::ScalarType dtype) {
 
 FSDPState* GetState(torch::nn::Module& module) { return ::fsdp::FindForwardHook<FSDPState>(module).get(); }
 
-std::vector<FSDPState*> CollectStates(torch::nn::Module& root) {
-  std::vector<FSDPState*> states;
-  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
-    if (FSDPState* s = GetState(*item.value())) states.push_back(s);
-  }
-  return states;
-}
+std::vector<FSDPState*> CollectStates(torch::nn::Module& root) { return ::fsdp::CollectForwardHooks<FSDPState>(root); }
 
 FSDPState::FSDPState(torch::nn::Module* module, MixedPrecisionPolicy mp_policy, bool auto_reshard_after_forward)
     : FSDPStateBase("parameters"),
@@ -44,8 +38,8 @@ void FSDPState::LazyInit() {
     FSDPState* state = GetState(*item.value());
     if (state == nullptr) continue;
     if (state != this) {
-      TORCH_CHECK(!state->is_root_.has_value(), "FSDP state has already been lazily initialized for ",
-                  item.key(), "\nFSDP requires running forward through the root module first");
+      TORCH_CHECK(!state->is_root_.has_value(), "FSDP state has already been lazily initialized for ", item.key(),
+                  "\nFSDP requires running forward through the root module first");
       state->is_root_ = false;
     }
     state_ctx_->all_states.push_back(state);

@@ -72,13 +72,6 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   std::shared_ptr<FSDPCommContext> comm_ctx_;
 };
 
-// Deprecated (kept so existing code compiles): derive from fsdp::HookedModule, or build the
-// module as fsdp::Hooked<Impl>. fsdp_state() is the attached FSDP2 state, if any.
-class FSDPHooks : public ::fsdp::HookedModule {
- public:
-  FSDPState* fsdp_state() const { return FindForwardHook<FSDPState>().get(); }
-};
-
 // The FSDP states of `root`'s module tree (including root), in module order.
 std::vector<FSDPState*> CollectStates(torch::nn::Module& root);
 // The state attached to `module` by fully_shard, or nullptr.

@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "dtensor/tensor_parallel.h"
+#include "fsdp/per_param/fsdp_state.h"
 
 namespace fsdp::per_param {
 namespace {
@@ -20,8 +21,7 @@ std::optional<FSDPMeshInfo> PostForwardMeshInfo(const std::variant<bool, int64_t
   const int64_t k = std::get<int64_t>(reshard);
   const int64_t shard_size = mesh_info.shard_size();
   TORCH_CHECK(k >= 1 && k <= shard_size && shard_size % k == 0,
-              "If passing reshard_after_forward as an int, it should be a factor of ", shard_size,
-              ", not ", k);
+              "If passing reshard_after_forward as an int, it should be a factor of ", shard_size, ", not ", k);
   if (k == 1) return std::nullopt;  // one rank: the same as false (PyTorch warns)
   if (k == shard_size) return mesh_info;
   // Groups of k consecutive ranks of the shard group: a (shard/k, k) mesh over it.
@@ -116,8 +116,8 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
                     "', which a fully_shard'ed submodule already manages. Tied parameters must belong to "
                     "one FSDP group: fully_shard their lowest common ancestor instead of the submodule.");
       }
-      TORCH_CHECK(p.device() == options.device, "Expects the parameter to already be moved to device ",
-                  options.device, " but got ", p.device(), " (", m->name(), ".", item.key(), ")");
+      TORCH_CHECK(p.device() == options.device, "Expects the parameter to already be moved to device ", options.device,
+                  " but got ", p.device(), " (", m->name(), ".", item.key(), ")");
       index_of.emplace(p.unsafeGetTensorImpl(), params.size());
       params.push_back(p);
       infos.push_back(ParamModuleInfo{m, item.key(), {}});
@@ -134,8 +134,8 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
   auto state = std::make_shared<FSDPState>(module.get(), options.mp_policy, auto_reshard);
   state->comm_ctx().stream_options = options.stream_options;
   if (!params.empty()) {
-    auto group = std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward, shard_dims,
-                                                  options.mp_policy, options.offload_policy, tp_specs);
+    auto group = std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward, shard_dims, options.mp_policy,
+                                                  options.offload_policy, tp_specs);
     for (const auto& p : group->fsdp_params()) {
       const auto* provider = dynamic_cast<const AllGatherExtensionProvider*>(p->module_info().module);
       if (provider == nullptr) continue;
@@ -148,6 +148,12 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
   hooks->AddForwardHook(state, ::fsdp::HookPosition::kOutermost);
   return FSDPModule(state.get());
 }
+
+FSDPModule::FSDPModule(FSDPState* state) : state_(state) {}
+
+FSDPState* FSDPModule::state() const { return state_.Get("FSDPModule"); }
+
+FSDPState* FSDPHooks::fsdp_state() const { return FindForwardHook<FSDPState>().get(); }
 
 FSDPParamGroup* FSDPModule::param_group() const { return state()->param_group(); }
 

@@ -28,9 +28,13 @@
 #include "fsdp/common/fsdp_state_base.h"
 #include "fsdp/common/hooked_module.h"
 #include "fsdp/per_param/fsdp_api.h"
-#include "fsdp/per_param/fsdp_state.h"
 
 namespace fsdp::per_param {
+
+// The runtime (fsdp_state.h, fsdp_param_group.h: //fsdp/per_param:runtime) stays out of this
+// header; tests and tools include it for introspection.
+class FSDPState;
+class FSDPParamGroup;
 
 // The handle fully_shard returns (PyTorch's FSDPModule methods). Cheap to copy; safe to
 // hold: it refers to the module's state weakly, and any call after the module is destroyed
@@ -38,7 +42,7 @@ namespace fsdp::per_param {
 class FSDPModule {
  public:
   FSDPModule() = default;
-  explicit FSDPModule(FSDPState* state) : state_(state) {}
+  explicit FSDPModule(FSDPState* state);
 
   // All-gathers this module's parameters now (async_op: issue only; then wait_for_unshard).
   void unshard(bool async_op = false);
@@ -57,7 +61,7 @@ class FSDPModule {
   void set_unshard_in_backward(bool unshard_in_backward);
 
   // Runtime internals (fsdp_state.h), for tests and tools.
-  FSDPState* state() const { return state_.Get("FSDPModule"); }
+  FSDPState* state() const;
   FSDPParamGroup* param_group() const;
 
  private:
@@ -76,6 +80,13 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
 // Forward arguments and outputs are searched for tensors with fsdp::ForwardTensors
 // (fsdp/common/forward_tensors.h; specialize it there for other types).
 using ::fsdp::ForwardTensors;
+
+// Deprecated (kept so existing code compiles): derive from fsdp::HookedModule, or build the
+// module as fsdp::Hooked<Impl>. fsdp_state() is the attached FSDP2 state, if any.
+class FSDPHooks : public ::fsdp::HookedModule {
+ public:
+  FSDPState* fsdp_state() const;
+};
 
 // The wrapper names of earlier versions: the hooked-module layer's types (one model type
 // for FSDP2, FSDP1 and no FSDP at all).

@@ -14,8 +14,7 @@ FSDPMeshInfo FSDPMeshInfo::Fsdp(mesh::DeviceMeshPtr mesh) {
 
 FSDPMeshInfo FSDPMeshInfo::Hsdp(mesh::DeviceMeshPtr mesh) {
   TORCH_CHECK(mesh != nullptr, "FSDP: mesh is null");
-  TORCH_CHECK(mesh->ndim() == 2, "FSDP: HSDP needs a 2-D (replicate, shard) mesh, got ",
-              mesh->ToString());
+  TORCH_CHECK(mesh->ndim() == 2, "FSDP: HSDP needs a 2-D (replicate, shard) mesh, got ", mesh->ToString());
   return FSDPMeshInfo{Kind::kHsdp, std::move(mesh)};
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
 #include "dtensor/tensor_parallel.h"
+#include "fsdp/per_param/fsdp_state.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/test_models.h"
 #include "testing/expect_error.h"
@@ -35,7 +36,7 @@ struct Config {
   std::string name;
   std::variant<bool, int64_t> reshard_after_forward = true;
   bool hsdp = false;
-  int micro_batches = 1;       // > 1: accumulate without sync, then sync on the last
+  int micro_batches = 1;  // > 1: accumulate without sync, then sync on the last
   bool freeze_first_fc1 = false;
   bool use_block_twice = false;
   bool explicit_prefetch = false;
@@ -94,8 +95,7 @@ constexpr int64_t kBatch = 12;  // divisible by 1..4
 constexpr double kCudaF32Tolerance = 1e-5;
 
 // `device`: where the model, its inputs and the reference live (the rank's GPU for NCCL).
-void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world,
-               c10::Device device = c10::Device(c10::kCPU)) {
+void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Device device = c10::Device(c10::kCPU)) {
   const int w = world->size(), me = world->rank();
   const NetOptions net{.use_block_twice = cfg.use_block_twice, .tie = cfg.tie};
   Net ref(net), model(net);
@@ -199,16 +199,18 @@ std::vector<ParityCase> Cases() {
   add(Config{.name = "cpu_offload", .offload = true}, 3);
   add(Config{.name = "bf16", .bf16 = true}, 2);
   add(Config{.name = "tied_weights", .tie = true}, 3);
-  add(Config{.name = "bf16_reduce_f32_output_f32", .bf16 = true, .reduce_dtype = at::kFloat,
-             .output_dtype = at::kFloat}, 4);
+  add(
+      Config{
+          .name = "bf16_reduce_f32_output_f32", .bf16 = true, .reduce_dtype = at::kFloat, .output_dtype = at::kFloat},
+      4);
   add(Config{.name = "bf16_reduce_bf16", .bf16 = true, .reduce_dtype = at::kBFloat16}, 3);
   add(Config{.name = "bf16_reduce_f32_accumulation", .micro_batches = 3, .bf16 = true, .reduce_dtype = at::kFloat}, 2);
   add(Config{.name = "replicate", .replicate = true}, 3);
   add(Config{.name = "replicate_grad_accumulation", .micro_batches = 2, .replicate = true}, 2);
   cases.push_back({Backend::kGlooThreads, 4, Config{.name = "hsdp", .hsdp = true}});
   cases.push_back({Backend::kGlooProcesses, 3, Config{"default"}});
-  cases.push_back({Backend::kGlooProcesses, 4, Config{.name = "hsdp_reshard_false", .reshard_after_forward = false,
-                                                      .hsdp = true}});
+  cases.push_back(
+      {Backend::kGlooProcesses, 4, Config{.name = "hsdp_reshard_false", .reshard_after_forward = false, .hsdp = true}});
   // CUDA + NCCL, rank r on cuda:r (skipped where that cannot run; see the file comment).
   // w1 runs on any one-GPU host; the others need 2 or 4 GPUs.
   cases.push_back({Backend::kNcclProcesses, 1, Config{"default"}});
@@ -244,8 +246,9 @@ TEST(Soak, RandomConfigurationsKeepParityAndDoNotLeak) {
     cfg.micro_batches = std::uniform_int_distribution<int>(1, 3)(rng);
     cfg.use_block_twice = coin();
     cfg.tie = coin();
-    absl::StrAppend(&cfg.name, "_w", w, cfg.hsdp ? "_hsdp" : "", "_reshard", reshard, cfg.explicit_prefetch ? "_prefetch" : "",
-                    "_mb", cfg.micro_batches, cfg.use_block_twice ? "_twice" : "", cfg.tie ? "_tied" : "");
+    absl::StrAppend(&cfg.name, "_w", w, cfg.hsdp ? "_hsdp" : "", "_reshard", reshard,
+                    cfg.explicit_prefetch ? "_prefetch" : "", "_mb", cfg.micro_batches,
+                    cfg.use_block_twice ? "_twice" : "", cfg.tie ? "_tied" : "");
     SCOPED_TRACE(cfg.name);
     fsdp::testing::RunOnRanks(Backend::kThreaded, w, [cfg](const comm::ProcessGroupPtr& pg) { RunParity(cfg, pg); });
   }
@@ -275,14 +278,17 @@ struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
 struct TPBlockImpl : torch::nn::Module {
   TPBlockImpl(const testing::BlockImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd,
               dtensor::Placement dp_placement)
-      : fc1(register_module("fc1", Parallel(plain.fc1, tp, spmd, dtensor::TensorParallelStyle::kColwise, dp_placement))),
-        fc2(register_module("fc2", Parallel(plain.fc2, tp, spmd, dtensor::TensorParallelStyle::kRowwise, dp_placement))) {}
+      : fc1(register_module("fc1",
+                            Parallel(plain.fc1, tp, spmd, dtensor::TensorParallelStyle::kColwise, dp_placement))),
+        fc2(register_module("fc2",
+                            Parallel(plain.fc2, tp, spmd, dtensor::TensorParallelStyle::kRowwise, dp_placement))) {}
   at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
   static dtensor::TensorParallelLinear Parallel(const torch::nn::Linear& l, const mesh::DeviceMeshPtr& tp,
                                                 const mesh::DeviceMeshPtr& spmd, dtensor::TensorParallelStyle style,
                                                 dtensor::Placement dp_placement) {
     if (!spmd) return ParallelizeLinear(l, tp, style);
-    std::shared_ptr<dtensor::TensorParallelLinearImpl> impl = std::make_shared<SpmdLinearImpl>(l, spmd, style, dp_placement);
+    std::shared_ptr<dtensor::TensorParallelLinearImpl> impl =
+        std::make_shared<SpmdLinearImpl>(l, spmd, style, dp_placement);
     return dtensor::TensorParallelLinear(impl);
   }
   dtensor::TensorParallelLinear fc1, fc2;

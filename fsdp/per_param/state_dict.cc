@@ -30,7 +30,7 @@ struct Entry {
 
 std::string Shape(c10::IntArrayRef size) { return absl::StrCat("[", absl::StrJoin(size, ", "), "]"); }
 
-// Every FSDP group resharded (the seed's to_sharded pre-save / pre-load hook); the FSDPParam
+// Every FSDP group resharded (PyTorch's to_sharded pre-save / pre-load hook); the FSDPParam
 // of each managed parameter tensor.
 absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> ReshardedParams(torch::nn::Module& root, const char* caller) {
   absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> by_impl;
@@ -79,7 +79,7 @@ void CopyIntoShard(FSDPParam& p, const at::Tensor& full) {
   at::NoGradGuard no_grad;
   const at::Tensor shard = LocalShardOf(p, full);
   if (shard.numel() > 0) p.param().data().copy_(shard);
-  p.ResetShardedParam();  // the seed's load_state_dict post-hook
+  p.ResetShardedParam();  // PyTorch's load_state_dict post-hook
 }
 
 void CopyIntoPlain(const Entry& e, const at::Tensor& value) {
@@ -178,16 +178,16 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
     } else if (e.fsdp_param && d == nullptr) {
       errors.problems.push_back(absl::StrCat(e.fqn, " is sharded by FSDP and needs a DTensor, got a plain tensor."));
     } else if (!e.fsdp_param && t == nullptr) {
-      errors.problems.push_back(absl::StrCat(e.fqn, " is not managed by FSDP and needs a plain tensor, got a DTensor."));
+      errors.problems.push_back(
+          absl::StrCat(e.fqn, " is not managed by FSDP and needs a plain tensor, got a DTensor."));
     } else {
       const std::vector<int64_t> have = d ? d->sizes() : t->sizes().vec();
       if (have != e.global_shape()) {
         errors.SizeMismatch(e.fqn, have, e.global_shape());
       } else if (d && !dtensor::SameMesh(*d->device_mesh(), *e.fsdp_param->sharding_spec().mesh)) {
-        errors.problems.push_back(absl::StrCat(e.fqn, ": the checkpoint's mesh ", d->device_mesh()->ToString(),
-                                        " differs from the parameter's mesh ",
-                                        e.fsdp_param->sharding_spec().mesh->ToString(),
-                                        " (load a full state dict to change the world size)."));
+        errors.problems.push_back(absl::StrCat(
+            e.fqn, ": the checkpoint's mesh ", d->device_mesh()->ToString(), " differs from the parameter's mesh ",
+            e.fsdp_param->sharding_spec().mesh->ToString(), " (load a full state dict to change the world size)."));
       }
     }
   }

@@ -6,7 +6,7 @@
 // Every function here is collective over the ranks of the model's meshes when it gathers
 // or broadcasts (full state dicts): call it on every rank, in the same order, outside
 // forward/backward. Groups that are unsharded (e.g. the root after forward with
-// reshard_after_forward false) are resharded first, as the seed's pre-save/pre-load hooks
+// reshard_after_forward false) are resharded first, as PyTorch's pre-save/pre-load hooks
 // do.
 #ifndef FSDP_FSDP_PER_PARAM_STATE_DICT_H_
 #define FSDP_FSDP_PER_PARAM_STATE_DICT_H_

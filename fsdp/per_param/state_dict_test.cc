@@ -52,8 +52,8 @@ at::Tensor ExpectedShard(const at::Tensor& full, int64_t world, int64_t rank) {
 TEST(ShardedStateDict, RoundTripIsBitwiseAndKeyedByOriginalNames) {
   for (bool hsdp : {false, true}) {
     fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [hsdp](const comm::ProcessGroupPtr& pg) {
-      auto mesh = hsdp ? mesh::DeviceMesh::Create(pg, {2, 2}, {"replicate", "shard"})
-                       : mesh::DeviceMesh::Create(pg, {4});
+      auto mesh =
+          hsdp ? mesh::DeviceMesh::Create(pg, {2, 2}, {"replicate", "shard"}) : mesh::DeviceMesh::Create(pg, {4});
       Net model = ShardedNet(mesh);
       torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
       TrainSteps(model, opt, 0, 2, 4, pg->rank());
@@ -96,8 +96,9 @@ TEST(ShardedStateDict, ReplicatedDTensorsAreRedistributedOnLoad) {
     Net model = ShardedNet(mesh, 11);
     ShardedStateDict replicated;
     for (const auto& item : source->named_parameters()) {
-      replicated.dtensors.insert(item.key(), dtensor::distribute_tensor(item.value().detach(), mesh,
-                                                                        {dtensor::Placement::Replicate()}, std::nullopt));
+      replicated.dtensors.insert(
+          item.key(),
+          dtensor::distribute_tensor(item.value().detach(), mesh, {dtensor::Placement::Replicate()}, std::nullopt));
     }
     LoadShardedStateDict(*model, replicated);
     for (const auto& item : GetFullStateDict(*model)) {
@@ -175,8 +176,8 @@ TEST(StateDictErrors, LoadNamesMissingUnexpectedAndMisshapenKeys) {
     plain.tensors.insert("in.weight", at::zeros({5, 3}));
     EXPECT_ERROR_CONTAINS(LoadShardedStateDict(*model, plain), "in.weight is sharded by FSDP and needs a DTensor");
     auto other = mesh::DeviceMesh::Create(pg, {1, 2}, {"replicate", "shard"});
-    sharded.dtensors["in.bias"] =
-        dtensor::distribute_tensor(at::zeros({5}), other, {dtensor::Placement::Replicate(), dtensor::Placement::Replicate()});
+    sharded.dtensors["in.bias"] = dtensor::distribute_tensor(
+        at::zeros({5}), other, {dtensor::Placement::Replicate(), dtensor::Placement::Replicate()});
     EXPECT_ERROR_CONTAINS(LoadShardedStateDict(*model, sharded), "in.bias: the checkpoint's mesh");
   });
 }

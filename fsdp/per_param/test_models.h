@@ -9,16 +9,16 @@
 namespace fsdp::per_param::testing {
 
 using test_models::Batch;
+using test_models::Block;
 using test_models::BlockImpl;
 using test_models::InitDeterministic;
+using test_models::Net;
+using test_models::NetImpl;
 using test_models::NetOptions;
 using test_models::TiedLinear;
 using test_models::TiedLinearImpl;
 using test_models::TrainSteps;
 using test_models::UniqueParameters;
-using test_models::Block;
-using test_models::Net;
-using test_models::NetImpl;
 
 }  // namespace fsdp::per_param::testing
 
