@@ -124,16 +124,18 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
 
 namespace {
 
-// The optimizer's view of an FSDP1 model: each flat parameter under a key no FQN can take,
-// and what each key stands for in FQNs.
+// The optimizer's view of an FSDP1 model: each flat parameter under the list of its original
+// FQNs ("[block0.fc1.weight, block0.fc1.bias, ...]", a key no FQN can take), so every error
+// about it names the original parameters as PyTorch's do (its _OptimStateKey holds the
+// unflat_param_names: torch/distributed/fsdp/_optim_utils.py, v2.15.0), and what each key
+// stands for in FQNs.
 struct FlatModelParams {
   NamedParams named;
-  std::vector<flat_param::FlatParamHandle*> handles;  // handles[i] <-> key FlatKey(i)
+  std::vector<flat_param::FlatParamHandle*> handles;  // handles[i] <-> key named[i].first
   std::vector<std::string> prefixes;
   std::map<std::string, std::vector<std::string>> fqns_of;  // key -> original FQNs
+  const std::string& key(size_t i) const { return named[i].first; }
 };
-
-std::string FlatKey(size_t i) { return absl::StrCat("<flat parameter ", i, ">"); }
 
 FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, const char* caller) {
   torch::nn::Module& module = root.module();
@@ -146,15 +148,20 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
                 ": FSDP1 optimizer state needs use_orig_params false "
                 "(the optimizer on the flat parameters); with use_orig_params use an optimizer state per original "
                 "parameter instead");
-    const std::string key = FlatKey(out.handles.size());
-    out.named.emplace_back(key, h->flat_param().param);
     out.handles.push_back(h);
     out.prefixes.push_back(flat_param::HandlePrefix(module, *h));
-    for (const auto& fqn : h->flat_param().fqns) out.fqns_of[key].push_back(out.prefixes.back() + fqn);
+    std::vector<std::string> fqns;
+    for (const auto& fqn : h->flat_param().fqns) fqns.push_back(out.prefixes.back() + fqn);
+    const std::string key = Names(fqns);
+    out.named.emplace_back(key, h->flat_param().param);
+    out.fqns_of[key] = std::move(fqns);
     managed.insert(h->flat_param().param.unsafeGetTensorImpl());
   }
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (managed.insert(item.value().unsafeGetTensorImpl()).second) out.named.emplace_back(item.key(), item.value());
+    if (!managed.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    TORCH_CHECK(!out.fqns_of.contains(item.key()), caller, ": parameter '", item.key(),
+                "' is named like a flat parameter's key");
+    out.named.emplace_back(item.key(), item.value());
   }
   return out;
 }
@@ -204,7 +211,7 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
   OptimStateDict out;
   out.optimizer = local.optimizer;
   for (size_t i = 0; i < m.handles.size(); ++i) {
-    auto it = local.state.find(FlatKey(i));
+    auto it = local.state.find(m.key(i));
     if (it == local.state.end()) continue;
     const flat_param::FlatParamHandle& h = *m.handles[i];
     auto unflat =
@@ -222,19 +229,18 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
 void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
                             const OptimStateDict& full) {
   const FlatModelParams m = ModelParams(root, "LoadFullOptimStateDict");
-  // The optimizer's own groups in keys, to compare with the checkpoint's in FQNs.
+  // The optimizer's own groups in keys, matched with the checkpoint's by their FQNs (as
+  // PyTorch's _rekey_sharded_optim_state_dict maps each loaded group's FQNs to flat
+  // parameter keys, torch/distributed/fsdp/_optim_utils.py, v2.15.0): another wrapping
+  // orders and groups the flat parameters differently.
   const OptimStateDict current = GetOptimStateDict(optimizer, m.named);
-  TORCH_CHECK(current.param_groups.size() == full.param_groups.size(),
-              "LoadFullOptimStateDict: the optimizer state has ", full.param_groups.size(),
-              " param groups but the optimizer has ", current.param_groups.size());
+  std::vector<std::vector<std::string>> expanded;
+  for (const auto& g : current.param_groups) expanded.push_back(ExpandFqns(m, g.params));
+  const std::vector<size_t> match = MatchParamGroups(expanded, full.param_groups, "LoadFullOptimStateDict");
   OptimStateDict local;
   local.optimizer = full.optimizer;
-  for (size_t g = 0; g < full.param_groups.size(); ++g) {
-    const std::vector<std::string> expected = ExpandFqns(m, current.param_groups[g].params);
-    TORCH_CHECK(expected == full.param_groups[g].params, "LoadFullOptimStateDict: param group ", g,
-                " of the optimizer state holds [", absl::StrJoin(full.param_groups[g].params, ", "),
-                "] but the model's holds [", absl::StrJoin(expected, ", "), "]");
-    local.param_groups.push_back({current.param_groups[g].params, full.param_groups[g].options});
+  for (size_t g = 0; g < current.param_groups.size(); ++g) {
+    local.param_groups.push_back({current.param_groups[g].params, full.param_groups[match[g]].options});
   }
   std::set<std::string> flattened;
   for (size_t i = 0; i < m.handles.size(); ++i) {
@@ -242,8 +248,8 @@ void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, to
     const bool sharded = h.uses_sharded_strategy();
     StateMap flat =
         FlattenOptimState(h, full.state, sharded ? h.rank() : 0, sharded ? h.world_size() : 1, m.prefixes[i]);
-    if (!flat.empty()) local.state[FlatKey(i)] = std::move(flat);
-    for (const auto& fqn : m.fqns_of.at(FlatKey(i))) flattened.insert(fqn);
+    if (!flat.empty()) local.state[m.key(i)] = std::move(flat);
+    for (const auto& fqn : m.fqns_of.at(m.key(i))) flattened.insert(fqn);
   }
   for (const auto& [fqn, values] : full.state) {
     if (!flattened.count(fqn)) local.state[fqn] = values;  // unmanaged, or unknown (reported by Set)

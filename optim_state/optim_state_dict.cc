@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -39,7 +40,63 @@ std::vector<std::string> GroupFqns(const torch::optim::OptimizerParamGroup& grou
   return out;
 }
 
+std::string List(const std::vector<std::string>& fqns) { return absl::StrCat("[", absl::StrJoin(fqns, ", "), "]"); }
+
 }  // namespace
+
+std::vector<size_t> MatchParamGroups(const std::vector<std::vector<std::string>>& optimizer_groups,
+                                     const std::vector<ParamGroupState>& loaded, const char* caller) {
+  absl::flat_hash_map<std::string, size_t> loaded_group;  // FQN -> index in `loaded`
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    for (const auto& fqn : loaded[i].params) {
+      auto [it, added] = loaded_group.emplace(fqn, i);
+      TORCH_CHECK(added, caller, ": the optimizer state lists '", fqn, "' in param groups ", it->second, " and ", i);
+    }
+  }
+  absl::flat_hash_map<std::string, size_t> optimizer_group;  // FQN -> index in `optimizer_groups`
+  for (size_t g = 0; g < optimizer_groups.size(); ++g) {
+    for (const auto& fqn : optimizer_groups[g]) optimizer_group.emplace(fqn, g);
+  }
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    for (const auto& fqn : loaded[i].params) {
+      TORCH_CHECK(optimizer_group.contains(fqn), caller, ": param group ", i, " of the optimizer state holds '", fqn,
+                  "', which is not a parameter of the optimizer");
+    }
+  }
+  std::vector<size_t> out;
+  std::vector<bool> used(loaded.size(), false);
+  for (size_t g = 0; g < optimizer_groups.size(); ++g) {
+    const std::vector<std::string>& fqns = optimizer_groups[g];
+    std::optional<size_t> match;
+    for (const auto& fqn : fqns) {
+      auto it = loaded_group.find(fqn);
+      TORCH_CHECK(it != loaded_group.end(), caller, ": the optimizer's parameter '", fqn, "' (param group ", g,
+                  ") is in no param group of the optimizer state");
+      TORCH_CHECK(!match || *match == it->second, caller, ": the optimizer's param group ", g, " holds ", List(fqns),
+                  " but the optimizer state splits them across its param groups ", *match, " and ", it->second, " ('",
+                  fqns.front(), "' in ", *match, ", '", fqn, "' in ", it->second, ")");
+      match = it->second;
+    }
+    if (!match) {  // an empty group takes the first unused empty one
+      for (size_t i = 0; i < loaded.size() && !match; ++i) {
+        if (!used[i] && loaded[i].params.empty()) match = i;
+      }
+      TORCH_CHECK(match, caller, ": the optimizer's param group ", g,
+                  " is empty and the optimizer state has no empty param group left for it");
+    }
+    for (const auto& fqn : loaded[*match].params) {
+      const size_t other = optimizer_group.at(fqn);
+      TORCH_CHECK(other == g, caller, ": param group ", *match, " of the optimizer state holds ",
+                  List(loaded[*match].params), " but the optimizer splits them across its param groups ", g, " and ",
+                  other, " ('", fqns.front(), "' in ", g, ", '", fqn, "' in ", other, ")");
+    }
+    used[*match] = true;
+    out.push_back(*match);
+  }
+  TORCH_CHECK(loaded.size() == optimizer_groups.size(), caller, ": the optimizer state has ", loaded.size(),
+              " param groups but the optimizer has ", optimizer_groups.size());
+  return out;
+}
 
 OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const NamedParams& named) {
   const std::shared_ptr<const OptimizerAdapter> adapter = OptimizerAdapterFor(optimizer);
@@ -64,15 +121,16 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
               " but the optimizer is ", adapter->name());
   const auto names = NamesByTensor(named);
   auto& groups = optimizer.param_groups();
-  TORCH_CHECK(groups.size() == state_dict.param_groups.size(), "the optimizer state has ",
-              state_dict.param_groups.size(), " param groups but the optimizer has ", groups.size());
   absl::flat_hash_map<std::string, at::Tensor> params;
+  std::vector<std::vector<std::string>> group_fqns;
   for (size_t g = 0; g < groups.size(); ++g) {
-    const std::vector<std::string> fqns = GroupFqns(groups[g], g, names);
-    TORCH_CHECK(fqns == state_dict.param_groups[g].params, "param group ", g, " of the optimizer state holds [",
-                absl::StrJoin(state_dict.param_groups[g].params, ", "), "] but the optimizer's holds [",
-                absl::StrJoin(fqns, ", "), "]");
-    for (size_t i = 0; i < fqns.size(); ++i) params.emplace(fqns[i], groups[g].params()[i]);
+    group_fqns.push_back(GroupFqns(groups[g], g, names));
+    for (size_t i = 0; i < group_fqns[g].size(); ++i) params.emplace(group_fqns[g][i], groups[g].params()[i]);
+  }
+  // The options of the loaded group holding each optimizer group's FQNs.
+  std::vector<const OptionMap*> options;
+  for (size_t i : MatchParamGroups(group_fqns, state_dict.param_groups, "SetOptimStateDict")) {
+    options.push_back(&state_dict.param_groups[i].options);
   }
   for (const auto& [fqn, state] : state_dict.state) {
     TORCH_CHECK(params.contains(fqn), "the optimizer state has state for '", fqn,
@@ -80,7 +138,7 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
   }
   // Everything is read and checked before the optimizer changes: a bad state leaves it as it was.
   for (size_t g = 0; g < groups.size(); ++g) {  // on a copy: only the checks count here
-    adapter->WriteOptions(OptionReader(state_dict.param_groups[g].options), *groups[g].options().clone());
+    adapter->WriteOptions(OptionReader(*options[g]), *groups[g].options().clone());
   }
   std::vector<std::pair<void*, std::unique_ptr<OptimizerParamState>>> states;
   for (const auto& [fqn, state] : state_dict.state) {
@@ -88,7 +146,7 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
     states.emplace_back(p.unsafeGetTensorImpl(), adapter->MakeState(ParamStateReader(state, fqn, p)));
   }
   for (size_t g = 0; g < groups.size(); ++g) {
-    adapter->WriteOptions(OptionReader(state_dict.param_groups[g].options), groups[g].options());
+    adapter->WriteOptions(OptionReader(*options[g]), groups[g].options());
   }
   optimizer.state().clear();
   for (auto& [key, state] : states) optimizer.state()[key] = std::move(state);

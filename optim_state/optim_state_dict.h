@@ -41,12 +41,29 @@ using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const NamedParams& named);
 
 // Replaces `optimizer`'s state and group options with `state_dict`'s (tensors are cloned).
-// Both functions look the optimizer's adapter up (an optimizer no adapter matches is an
-// error listing the registered ones). Errors, each naming the offending value: another
-// optimizer type, an FQN the optimizer does
-// not have, param groups that differ, a state tensor whose shape differs from its parameter,
-// a missing or mistyped option, a negative step. On an error the optimizer is unchanged.
+// State is matched by FQN and param groups by MatchParamGroups (each group's options go to
+// the optimizer's group holding the same FQNs, in any order). Both functions look the
+// optimizer's adapter up (an optimizer no adapter matches is an error listing the registered
+// ones). Errors, each naming the offending value: another optimizer type, an FQN the
+// optimizer does not have (or lacks), param groups split differently, a state tensor whose
+// shape differs from its parameter, a missing or mistyped option, a negative step. On an
+// error the optimizer is unchanged.
 void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict);
+
+// For each of the optimizer's param groups (`optimizer_groups`, FQN lists), the index of the
+// loaded group holding the same set of FQNs (in any order): param groups are matched by
+// name, never by position, so a checkpoint loads under another wrapping, world size or FSDP.
+// PyTorch 2.15 gets there by rekeying the loaded groups' FQNs to the optimizer's own
+// parameter keys (_rekey_sharded_optim_state_dict in torch/distributed/fsdp/_optim_utils.py)
+// and then requires the same number of groups with the same sizes
+// (torch/optim/optimizer.py, load_state_dict); its id map is positional, so groups in another
+// order fail there ("doesn't match the size of optimizer's group") or mix up state. Here
+// the order does not matter; errors, prefixed by `caller` and naming the FQN: one the
+// optimizer has and the loaded groups lack, one the loaded groups list but the optimizer
+// lacks, one listed twice, a group of either side whose FQNs the other splits across groups
+// (PyTorch fails these too), a different number of (empty) groups.
+std::vector<size_t> MatchParamGroups(const std::vector<std::vector<std::string>>& optimizer_groups,
+                                     const std::vector<ParamGroupState>& loaded, const char* caller);
 
 // PyTorch's key agreement: every rank of `world` holds state for the same `fqns` (a rank
 // without state would skip a gather and hang the others). Collective (two all-reduces);

@@ -23,7 +23,8 @@ std::map<std::string, at::Tensor> UnflattenShard(const FlatParamHandle& handle, 
   }
   const int64_t total = FlatTotalNumel(fp.segments);
   TORCH_CHECK(full.numel() >= total, "UnflattenShard: the gathered tensor has ", full.numel(),
-              " elements but the flat parameter has ", total);
+              " elements but the flat parameter holding [", prefix, absl::StrJoin(fp.fqns, ", " + prefix), "] has ",
+              total);
   std::map<std::string, at::Tensor> out;
   for (const FlatSegment& seg : fp.segments) {
     if (seg.param_index < 0) continue;  // padding
