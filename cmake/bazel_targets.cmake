@@ -355,6 +355,11 @@ fsdp_cc_test(//optim_state:optimizer_adapter_test SIZE medium
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:expect_error
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
+fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
+  SRCS param_group_matching_test.cc
+  DEPS :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/flat_param //fsdp/per_param //mesh
+       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+
 # ================================================================ //testing
 fsdp_cc_library(//testing:multi_rank TESTONLY
   SRCS multi_rank.cc
