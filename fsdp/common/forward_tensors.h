@@ -54,6 +54,37 @@ std::vector<at::Tensor*> CollectForwardTensors(std::tuple<Ts...>& args) {
   return slots;
 }
 
+// Runs `body` (a module's forward) on copies of `args` whose tensors went through `pre`
+// (std::vector<at::Tensor> in argument order -> the same count, possibly replaced), and hands
+// the output's tensors to `post` (which may replace them in place). The one implementation
+// behind the hooked-module layer (HookedModule::RunForwardHooks) and RunForwardWithHooks.
+template <class R, class Pre, class Post, class Body, class... Args>
+R RunForwardAround(Pre&& pre, Post&& post, Body&& body, Args&&... args) {
+  static_assert(ForwardTensors<std::decay_t<R>>::kHasTensors,
+                "a hooked module's forward must return tensors (specialize fsdp::ForwardTensors)");
+  std::tuple<std::decay_t<Args>...> copies(std::forward<Args>(args)...);
+  const std::vector<at::Tensor*> slots = CollectForwardTensors(copies);
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(slots.size());
+  for (at::Tensor* t : slots) inputs.push_back(*t);
+  inputs = pre(std::move(inputs));
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(inputs[i]);
+  R output = std::apply(std::forward<Body>(body), copies);
+  std::vector<at::Tensor*> outs;
+  ForwardTensors<std::decay_t<R>>::Collect(output, outs);
+  post(outs);
+  return output;
+}
+
+// Deprecated (kept so code written for the earlier per-FSDP wrappers compiles): runs one
+// state's PreForward / PostForward around `body`. New code builds modules as fsdp::Hooked.
+template <class R, class State, class Body, class... Args>
+R RunForwardWithHooks(State* state, Body&& body, Args&&... args) {
+  return RunForwardAround<R>([state](std::vector<at::Tensor> a) { return state->PreForward(std::move(a)); },
+                             [state](const std::vector<at::Tensor*>& outs) { state->PostForward(outs); },
+                             std::forward<Body>(body), std::forward<Args>(args)...);
+}
+
 }  // namespace fsdp
 
 #endif  // FSDP_FSDP_COMMON_FORWARD_TENSORS_H_

@@ -109,20 +109,9 @@ std::vector<H*> CollectForwardHooks(torch::nn::Module& root) {
 
 template <class R, class Body, class... Args>
 R HookedModule::RunForwardHooks(Body&& body, Args&&... args) const {
-  static_assert(ForwardTensors<std::decay_t<R>>::kHasTensors,
-                "a hooked module's forward must return tensors (specialize fsdp::ForwardTensors)");
-  std::tuple<std::decay_t<Args>...> copies(std::forward<Args>(args)...);
-  const std::vector<at::Tensor*> slots = CollectForwardTensors(copies);
-  std::vector<at::Tensor> inputs;
-  inputs.reserve(slots.size());
-  for (at::Tensor* t : slots) inputs.push_back(*t);
-  inputs = RunPreForward(std::move(inputs));
-  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(inputs[i]);
-  R output = std::apply(std::forward<Body>(body), copies);
-  std::vector<at::Tensor*> outs;
-  ForwardTensors<std::decay_t<R>>::Collect(output, outs);
-  RunPostForward(outs);
-  return output;
+  return RunForwardAround<R>([this](std::vector<at::Tensor> a) { return RunPreForward(std::move(a)); },
+                             [this](const std::vector<at::Tensor*>& outs) { RunPostForward(outs); },
+                             std::forward<Body>(body), std::forward<Args>(args)...);
 }
 
 // `Impl` whose forward (same signature, const or not) runs the attached hooks; with none it

@@ -140,6 +140,24 @@ TEST(HookedModule, Errors) {
   EXPECT_EQ(FindForwardHook<RecordingHook>(*m).get(), h.get());
 }
 
+// Code written against the earlier wrappers (a module calling its state's hooks itself
+// through RunForwardWithHooks) still compiles and runs the hooks once.
+struct ManualImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    return RunForwardWithHooks<at::Tensor>(
+        hook.get(), [](const at::Tensor& a) { return a * 2; }, x);
+  }
+  std::shared_ptr<ForwardHook> hook;
+};
+
+TEST(HookedModule, RunForwardWithHooksStillWorks) {
+  std::vector<std::string> log;
+  ManualImpl m;
+  m.hook = std::make_shared<RecordingHook>("manual", &log, /*add=*/1, /*mul=*/3);
+  EXPECT_TRUE(at::equal(m.forward(at::ones({2})), at::full({2}, 12.f)));
+  EXPECT_EQ(log, (std::vector<std::string>{"pre manual 1", "post manual 1"}));
+}
+
 // A minimal FSDP-like state: its pre-forward fails when told to; the failure poisons it.
 class ToyState final : public FSDPStateBase {
  public:
