@@ -34,6 +34,33 @@
 set(FSDP_COPTS -Wall -Wno-unused-parameter -Wno-sign-compare -Wno-unknown-pragmas
     -Wno-missing-field-initializers)
 
+# Precompiled LibTorch headers: ATen.h and torch::nn / torch::optim cost ~8 of a TU's ~12 s
+# on the project machine (measured: fsdp_param_group.cc 12.1 s plain, 3.9 s with the PCH; the
+# PCH itself ~37 s once). One PCH is built (target fsdp_pch) and every target reuses it, so
+# all targets compile position-independent (one -fPIC setting for the PCH and its users).
+# A target whose flags differ (e.g. FSDP_WITH_CUDA's defines) makes GCC ignore the PCH and
+# read the headers as usual: slower, never wrong. ccache caches these compiles with
+# CCACHE_SLOPPINESS=pch_defines,time_macros (tools/cmake_build.sh sets it).
+option(FSDP_PRECOMPILED_HEADERS "Precompile the most used LibTorch headers once and reuse them in every target" ON)
+set(CMAKE_POSITION_INDEPENDENT_CODE ON)
+if(FSDP_PRECOMPILED_HEADERS)
+  set(_fsdp_pch_anchor "${CMAKE_BINARY_DIR}/fsdp_pch.cc")
+  if(NOT EXISTS "${_fsdp_pch_anchor}")
+    file(WRITE "${_fsdp_pch_anchor}" "// Compiles the precompiled header (target fsdp_pch).\n")
+  endif()
+  add_library(fsdp_pch OBJECT "${_fsdp_pch_anchor}")
+  target_link_libraries(fsdp_pch PRIVATE fsdp_libtorch)
+  target_compile_options(fsdp_pch PRIVATE ${FSDP_COPTS})
+  target_precompile_headers(fsdp_pch PRIVATE <ATen/ATen.h> <c10/util/Exception.h> <torch/nn/module.h>
+                            <torch/nn/modules/linear.h> <torch/optim/adamw.h>)
+endif()
+
+function(_fsdp_use_pch target)
+  if(FSDP_PRECOMPILED_HEADERS)
+    target_precompile_headers(${target} REUSE_FROM fsdp_pch)
+  endif()
+endfunction()
+
 # Bazel's test timeouts: per size, unless the test sets `timeout`.
 set(FSDP_TIMEOUT_small 60)
 set(FSDP_TIMEOUT_medium 300)
@@ -219,6 +246,7 @@ function(fsdp_cc_library label)
     target_include_directories(${target}_archive PUBLIC "$<BUILD_INTERFACE:${FSDP_SOURCE_DIR}>")
     target_link_libraries(${target}_archive PUBLIC ${_link})
     target_compile_options(${target}_archive PRIVATE ${FSDP_COPTS})
+    _fsdp_use_pch(${target}_archive)
     set_target_properties(${target}_archive PROPERTIES POSITION_INDEPENDENT_CODE ON
                           EXCLUDE_FROM_ALL ${_exclude_from_all})
     add_library(${target} INTERFACE)
@@ -228,6 +256,7 @@ function(fsdp_cc_library label)
     target_include_directories(${target} PUBLIC "$<BUILD_INTERFACE:${FSDP_SOURCE_DIR}>")
     target_link_libraries(${target} PUBLIC ${_link})
     target_compile_options(${target} PRIVATE ${FSDP_COPTS})
+    _fsdp_use_pch(${target})
     set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON
                           EXCLUDE_FROM_ALL ${_exclude_from_all})
   else()
@@ -252,8 +281,11 @@ function(_fsdp_executable)
   add_executable(${target} ${_src_paths} ${_hdr_paths})
   target_include_directories(${target} PRIVATE "${FSDP_SOURCE_DIR}")
   target_link_libraries(${target} PRIVATE ${_link} ${ARG_LINKOPTS})
-  target_compile_options(${target} PRIVATE ${FSDP_COPTS})
-  set_target_properties(${target} PROPERTIES OUTPUT_NAME "${name}"
+  # -fPIC like the libraries (CMake would compile executables with -fPIE, and GCC rejects a
+  # PCH built with the other setting); the objects still link into a PIE.
+  target_compile_options(${target} PRIVATE ${FSDP_COPTS} -fPIC)
+  _fsdp_use_pch(${target})
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF OUTPUT_NAME "${name}"
                         RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/bin/${pkg}"
                         EXCLUDE_FROM_ALL ${_exclude_from_all})
 endfunction()

@@ -7,10 +7,11 @@
 #     //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on
 #     the standalone driver (the libFuzzer build is tools/fuzz.sh's)
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
-#   //checkpoint:checkpoint_test //comm:watchdog_test //device:stream_test //dtensor:dtensor_test
-#     //fsdp/common:common_test //fsdp/flat_param:flat_param_test //fsdp/per_param:per_param_test
-#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optim_state_test
-#     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_plan_test
+#   //checkpoint:checkpoint_test //comm:watchdog_test //dcp:dcp_test //device:stream_test
+#     //dtensor:dtensor_test //fsdp/common:common_test //fsdp/flat_param:flat_param_test
+#     //fsdp/per_param:per_param_test //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test
+#     //optim_state:optim_state_test //testing:multi_rank_test //tests:bad_input_catalogue_test
+#     //tools:fsdp_plan_test
 #   //bench/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 
 # ================================================================ //bench
@@ -89,6 +90,16 @@ fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE
   SRCS checkpoint_test.cc
   DEPS :checkpoint //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
+fsdp_cc_library(//checkpoint:dcp
+  SRCS dcp_metadata.cc dcp_pickle.cc dcp_storage.cc
+  HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h
+  DEPS :checkpoint @libtorch @system//:absl)
+
+fsdp_cc_test(//checkpoint:dcp_test SIZE medium
+  SRCS dcp_test.cc
+  DATA testdata/dcp_interop.py
+  DEPS :checkpoint :dcp //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
+
 # ================================================================ //comm
 fsdp_cc_library(//comm
   SRCS comm_trace.cc fake_process_group.cc internal/reduce_math.cc internal/reduce_math.h
@@ -147,6 +158,27 @@ fsdp_cc_test(//comm:nccl_test SIZE small
   SRCS nccl_test.cc
   DEPS :nccl //testing:multi_rank @libtorch @system//:gtest_main)
 
+# ================================================================ //dcp
+fsdp_cc_library(//dcp
+  SRCS collectives.cc collectives.h load.cc plan.cc plan.h save.cc state_items.cc state_items.h
+  HDRS dcp.h
+  DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/per_param
+       //fsdp/per_param:runtime //mesh //optim_state:core //optim_state:fsdp2 @libtorch
+       @system//:absl)
+
+fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
+  SRCS dcp_test.cc
+  DEPS :dcp //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel
+       //fsdp/per_param //fsdp/per_param:runtime //fsdp/per_param:test_models //mesh
+       //optim_state:core //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest_main)
+
+fsdp_cc_test(//dcp:interop_test SIZE medium
+  SRCS interop_test.cc
+  DATA testdata/fsdp2_interop.py
+  DEPS :dcp //comm //fsdp/common //fsdp/per_param //mesh //optim_state:fsdp2 //testing:multi_rank
+       @libtorch @system//:absl @system//:gtest_main)
+
 # ================================================================ //device
 fsdp_cc_library(//device
   SRCS cpu_stream.cc internal/pools.h stream.cc
@@ -167,7 +199,8 @@ fsdp_cc_library(//dtensor
   DEPS //comm //mesh @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:dtensor_test SIZE medium SMOKE
-  SRCS layout_test.cc redistribute_test.cc
+  SRCS golden_test.cc layout_test.cc redistribute_test.cc
+  DATA testdata/*.txt
   DEPS :dtensor //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
@@ -238,6 +271,11 @@ fsdp_cc_library(//fsdp/flat_param:fsdp_test_models TESTONLY
   HDRS fsdp_test_models.h
   DEPS //fsdp/common:test_models :flat_param @libtorch @system//:absl)
 
+fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small
+  SRCS golden_test.cc
+  DATA testdata/*.txt
+  DEPS :runtime //comm @libtorch @system//:absl @system//:gtest_main)
+
 # ================================================================ //fsdp/per_param
 fsdp_cc_library(//fsdp/per_param
   SRCS fully_shard.cc state_dict.cc
@@ -270,6 +308,12 @@ fsdp_cc_test(//fsdp/per_param:per_param_async_streams_test SIZE medium
 fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
   HDRS test_models.h
   DEPS //fsdp/common:test_models :per_param @libtorch @system//:absl)
+
+fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium
+  SRCS golden_test.cc
+  DATA testdata/*.txt
+  DEPS :per_param :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:multi_rank
+       @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fuzz
 fsdp_cc_library(//fuzz:fuzz_models TESTONLY

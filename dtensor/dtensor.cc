@@ -32,6 +32,24 @@ class RedistributeBackward : public torch::autograd::Node {
   Placements grad_dst_;
 };
 
+// PyTorch's compute_global_tensor_info (torch/csrc/distributed/...; called by
+// DTensor.from_local): a shard of tensor dim d multiplies every other dim's stride that is
+// at least d's stride by the mesh dim's size, so a permuted local tensor keeps its layout.
+std::vector<int64_t> InferGlobalStride(const at::Tensor& local, const mesh::DeviceMesh& mesh,
+                                       const Placements& placements) {
+  std::vector<int64_t> stride = local.strides().vec();
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_shard()) continue;
+    const int64_t d = placements[m].dim();
+    const int64_t size = mesh.size(static_cast<int>(m));
+    const int64_t shard_stride = stride[d];
+    for (size_t i = 0; i < stride.size(); ++i) {
+      if (static_cast<int64_t>(i) != d && stride[i] >= shard_stride) stride[i] *= size;
+    }
+  }
+  return stride;
+}
+
 std::vector<int64_t> InferGlobalShape(const at::Tensor& local, const mesh::DeviceMesh& mesh,
                                       const Placements& placements) {
   std::vector<int64_t> shape = local.sizes().vec();
@@ -53,8 +71,13 @@ DTensor DTensor::from_local(at::Tensor local, mesh::DeviceMeshPtr mesh, Placemen
   TORCH_CHECK(mesh != nullptr, "DTensor::from_local: mesh is null");
   placements = ValidatePlacements(placements, mesh->ndim(), local.dim(), "DTensor::from_local");
   std::vector<int64_t> global = shape ? *shape : InferGlobalShape(local, *mesh, placements);
+  // Without a stride: inferred from the local layout when the shape is inferred too (as
+  // PyTorch); contiguous for a given shape (PyTorch wants both or neither).
+  std::vector<int64_t> global_stride = stride ? *stride
+                                       : shape ? std::vector<int64_t>{}
+                                               : InferGlobalStride(local, *mesh, placements);
   DTensorSpec spec = DTensorSpec::Make(std::move(mesh), std::move(placements), std::move(global), local.scalar_type(),
-                                       stride.value_or(std::vector<int64_t>{}));
+                                       std::move(global_stride));
   const std::vector<int64_t> expected = spec.local_shape();
   TORCH_CHECK(local.sizes().vec() == expected, "DTensor::from_local: local tensor of shape [",
               absl::StrJoin(local.sizes(), ", "), "] does not match the spec: global shape [",
@@ -81,7 +104,13 @@ at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, co
     for (Placement& p : grad_dst) {
       if (p.is_partial()) p = Placement::Replicate();
     }
-    auto node = c10::make_intrusive<RedistributeBackward>(src.WithPlacements(plan->dst), std::move(grad_dst));
+    // The gradient of a Partial output is Replicate (each partial term's gradient is the
+    // whole output gradient), as torch/distributed/tensor/_redistribute.py's backward.
+    Placements grad_src = plan->dst;
+    for (Placement& p : grad_src) {
+      if (p.is_partial()) p = Placement::Replicate();
+    }
+    auto node = c10::make_intrusive<RedistributeBackward>(src.WithPlacements(std::move(grad_src)), std::move(grad_dst));
     node->set_next_edges(torch::autograd::collect_next_edges(local));
     torch::autograd::set_history(out, node);
   }
@@ -91,6 +120,17 @@ at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, co
 DTensor DTensor::redistribute(const Placements& placements) const {
   TORCH_CHECK(defined(), "DTensor::redistribute: undefined DTensor");
   DTensorSpec dst = spec_.WithPlacements(placements);
+  // PyTorch's DTensor.redistribute (torch/distributed/tensor/_api.py) makes a Partial only
+  // out of a Shard, and only Partial(sum) (a local zero-fill): Replicate -> Partial would
+  // have to invent the ranks' terms, and Partial -> another Partial changes what is pending.
+  for (size_t m = 0; m < dst.placements.size(); ++m) {
+    const Placement& from = spec_.placements[m];
+    const Placement& to = dst.placements[m];
+    if (!to.is_partial() || from == to) continue;
+    TORCH_CHECK(from.kind() == PlacementKind::kShard && to.reduce_op().kind() == comm::ReduceOpKind::kSum,
+                "DTensor::redistribute: can not redistribute from ", from.ToString(), " to ", to.ToString(),
+                " on mesh dim ", m, "; only Shard to Partial(sum) redistribution is supported");
+  }
   at::Tensor out = RedistributeLocal(local_, spec_, dst.placements);
   return DTensor(std::move(out), std::move(dst));
 }

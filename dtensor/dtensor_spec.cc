@@ -46,10 +46,21 @@ Chunk ChunkOf(int64_t n, int64_t pieces, int64_t index) {
   return {std::min(n, begin + full) - begin, begin};
 }
 
+// PyTorch 2.15's _StridedShard._split_tensor (torch/distributed/tensor/placement_types.py):
+// torch.chunk the dim into split_factor pieces first (the virtual "right" sharding), then
+// each piece over the mesh dimension; rank c holds piece j's chunk c for every j. Shard is
+// the split_factor 1 case. (Older PyTorch cut N * split_factor equal pieces; the two agree
+// only when the sizes divide evenly.)
 std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t mesh_size, int64_t coordinate) {
   const int64_t sf = shard.split_factor();
   std::vector<Chunk> chunks;
-  for (int64_t j = 0; j < sf; ++j) chunks.push_back(ChunkOf(n, mesh_size * sf, coordinate + j * mesh_size));
+  chunks.reserve(sf);
+  for (int64_t j = 0; j < sf; ++j) {
+    const Chunk outer = sf == 1 ? Chunk{n, 0} : ChunkOf(n, sf, j);
+    const Chunk inner = ChunkOf(outer.size, mesh_size, coordinate);
+    // An empty piece reports the dim's end, as ChunkOf does for Shard.
+    chunks.push_back(inner.size == 0 ? Chunk{0, n} : Chunk{inner.size, outer.offset + inner.offset});
+  }
   return chunks;
 }
 
@@ -84,15 +95,13 @@ LocalShapeAndOffset ComputeLocalShapeAndGlobalOffset(const std::vector<int64_t>&
                                                      const std::vector<int64_t>& mesh_shape,
                                                      const std::vector<int64_t>& coordinate,
                                                      const Placements& placements) {
+  // As torch/distributed/tensor/_utils.py's compute_local_shape_and_global_offset: the
+  // local size and the global index of the first local row, also when a StridedShard
+  // leaves the local rows in several runs (its callers only need where the block starts).
   const auto runs = LocalSegments(global_shape, mesh_shape, coordinate, placements);
   LocalShapeAndOffset result;
   for (size_t d = 0; d < runs.size(); ++d) {
-    TORCH_CHECK(runs[d].size() <= 1,
-                "ComputeLocalShapeAndGlobalOffset: the local rows of tensor "
-                "dim ",
-                d, " under ", ToString(placements), " at coordinate [", absl::StrJoin(coordinate, ", "), "] are ",
-                runs[d].size(), " separate runs, not one block (StridedShard without the shard that completes it)");
-    result.shape.push_back(runs[d].empty() ? 0 : runs[d][0].length);
+    result.shape.push_back(TotalLength(runs[d]));
     result.offset.push_back(runs[d].empty() ? global_shape[d] : runs[d][0].start);
   }
   return result;

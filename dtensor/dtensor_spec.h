@@ -47,9 +47,10 @@ std::vector<Chunk> ShardPieceChunks(const Placement& shard, int64_t n, int64_t m
 // ranks, given that dimension's `n` current rows: runs of positions in [0, n).
 std::vector<Segment> ShardPieces(const Placement& shard, int64_t n, int64_t mesh_size, int64_t coordinate);
 
-// Local shape, and the global offset of the local block. Throws when the local rows along a
-// dimension are not one contiguous block (a StridedShard not followed by the shards that
-// make it contiguous). Empty dimensions report offset = global size, as PyTorch does.
+// Local shape, and the global offset of the first local row of each dimension (when a
+// StridedShard leaves the local rows in several runs, the first run's start: LocalSegments
+// has all of them). Empty dimensions report offset = global size. As PyTorch 2.15's
+// compute_local_shape_and_global_offset.
 struct LocalShapeAndOffset {
   std::vector<int64_t> shape;
   std::vector<int64_t> offset;

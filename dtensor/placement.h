@@ -15,10 +15,11 @@ enum class PlacementKind { kShard, kStridedShard, kReplicate, kPartial };
 // One of (as torch.distributed.tensor):
 //   Shard(dim)                   rank c of N holds torch.chunk(t, N, dim)[c] (ceil-sized
 //                                chunks; trailing ranks may hold fewer rows or none);
-//   StridedShard(dim, sf)        t is chunked into N * sf pieces along dim; rank c holds
-//                                pieces c, c + N, ..., c + (sf - 1) * N, concatenated
-//                                (PyTorch's _StridedShard: what FSDP's dim-0 sharding of a
-//                                tensor-parallel shard looks like from the global tensor);
+//   StridedShard(dim, sf)        t is torch.chunk'ed into sf pieces along dim, each piece
+//                                into N chunks; rank c holds chunk c of every piece,
+//                                concatenated (PyTorch 2.15's _StridedShard: what FSDP's
+//                                dim-0 sharding of a tensor-parallel shard looks like from
+//                                the global tensor, even or uneven);
 //   Replicate()                  every rank holds t;
 //   Partial(op)                  t = op-reduction of the ranks' local tensors.
 // Shard is StridedShard with split factor 1; both count as is_shard(). Cheap to copy.

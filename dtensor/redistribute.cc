@@ -49,23 +49,18 @@ bool EvenPlainShard(const Placement& shard, int64_t n, int64_t group_size) {
   return shard.split_factor() == 1 && n % group_size == 0;
 }
 
-// Whether cur -> tgt is one step; otherwise the planner goes through Replicate first.
-bool IsDirect(const Placement& cur, const Placement& tgt) {
-  if (cur.is_replicate() || tgt.is_replicate()) return true;
-  if (cur.is_partial()) return tgt.is_shard();  // P -> P' goes through Replicate
-  if (tgt.is_shard()) {                         // shard -> shard: a plain dim change
-    return cur.split_factor() == 1 && tgt.split_factor() == 1 && cur.dim() != tgt.dim();
-  }
-  return false;  // shard -> partial
+// PyTorch's Shard (not _StridedShard, which PyTorch 2.15 does not count as a shard when
+// planning: its is_shard() is false) on tensor dim `dim`, or on any dim when dim < 0.
+bool IsPlainShard(const Placement& p, int64_t dim = -1) {
+  return p.kind() == PlacementKind::kShard && (dim < 0 || p.dim() == dim);
 }
 
-TransformKind KindOf(const Placement& cur, const Placement& tgt) {
-  if (cur.is_shard() && tgt.is_replicate()) return TransformKind::kAllGather;
-  if (cur.is_partial() && tgt.is_replicate()) return TransformKind::kAllReduce;
-  if (cur.is_partial()) return TransformKind::kReduceScatter;
-  if (cur.is_replicate() && tgt.is_shard()) return TransformKind::kLocalChunk;
-  if (cur.is_replicate()) return TransformKind::kLocalPartition;
-  return TransformKind::kAllToAll;
+int64_t NumShards(const mesh::DeviceMesh& mesh, const Placements& placements) {
+  int64_t n = 1;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (placements[m].is_shard()) n *= mesh.size(static_cast<int>(m));
+  }
+  return n;
 }
 
 int64_t StepBytes(const TransformStep& step, int64_t group_size, int64_t element_size) {
@@ -88,37 +83,88 @@ int64_t StepBytes(const TransformStep& step, int64_t group_size, int64_t element
   }
 }
 
+// The steps of one placement change cur -> tgt on mesh dim m, as
+// torch/distributed/tensor/_redistribute.py's redistribute_local_tensor runs one transform:
+// one collective at most, with a local chunk after it where PyTorch goes through Replicate
+// (a StridedShard on either side, Partial -> StridedShard).
+void AppendTransform(const DTensorSpec& src, const Placements& current, int m, const Placement& cur,
+                     const Placement& tgt, RedistributePlan* plan) {
+  const mesh::DeviceMesh& mesh = *src.mesh;
+  // One rank on this mesh dim: the local tensor already is the result (PyTorch skips it).
+  if (cur == tgt || mesh.size(m) == 1) return;
+  const auto add = [&](const Placement& from, const Placement& to, TransformKind kind) {
+    TransformStep step{m, from, to, kind, LogicalShape(src, current, m), 0};
+    step.bytes = StepBytes(step, mesh.size(m), c10::elementSize(src.dtype));
+    plan->steps.push_back(std::move(step));
+  };
+  const Placement replicate = Placement::Replicate();
+  if (tgt.is_replicate()) {
+    add(cur, tgt, cur.is_partial() ? TransformKind::kAllReduce : TransformKind::kAllGather);
+  } else if (tgt.is_partial()) {
+    if (cur.is_replicate()) {
+      add(cur, tgt, TransformKind::kLocalPartition);
+    } else if (cur.is_partial()) {
+      TORCH_CHECK(false, "redistribute: redistribution from one partial type (", cur.ToString(), ") to another (",
+                  tgt.ToString(), ") is unsupported");
+    } else {
+      TORCH_CHECK(IsPlainShard(cur) && tgt.reduce_op().kind() == comm::ReduceOpKind::kSum, "redistribute from ",
+                  cur.ToString(), " to ", tgt.ToString(), " not supported yet");
+      add(cur, tgt, TransformKind::kLocalZeroFill);
+    }
+  } else if (IsPlainShard(tgt) && !cur.is_strided_shard()) {
+    if (cur.is_partial()) {
+      add(cur, tgt, TransformKind::kReduceScatter);
+    } else if (cur.is_replicate()) {
+      add(cur, tgt, TransformKind::kLocalChunk);
+    } else {
+      add(cur, tgt, TransformKind::kAllToAll);
+    }
+  } else {  // through Replicate: a StridedShard on either side
+    if (!cur.is_replicate()) add(cur, replicate, cur.is_partial() ? TransformKind::kAllReduce : TransformKind::kAllGather);
+    add(replicate, tgt, TransformKind::kLocalChunk);
+  }
+}
+
+// PyTorch 2.15's greedy planner (DTensorRedistributePlanner.generate_greedy_transform_infos
+// in torch/distributed/tensor/_redistribute.py): when the source shards, first walk the mesh
+// dims from the innermost out, replicating a dim whose target Shard(d) is nested under a
+// different set of earlier mesh dims sharding d than the source has; then walk outermost in
+// and finish every dim. At most one transform per mesh dim per walk, so at most 2 * ndim.
+// PyTorch plans a StridedShard with a min-cost graph search instead (its greedy walks would
+// miss a nested StridedShard: "TODO: extend nested sharding detection to _StridedShard");
+// here a StridedShard counts as a shard of its dim in the nesting check, so the same walks
+// stay correct with it, possibly with other collectives than PyTorch's search picks.
 std::shared_ptr<const RedistributePlan> BuildPlan(const DTensorSpec& src, const Placements& dst) {
   auto plan = std::make_shared<RedistributePlan>();
   plan->src = src.placements;
   plan->dst = dst;
   Placements current = src.placements;
   const int ndim = static_cast<int>(current.size());
-  // Each pass moves at least one mesh dimension closer to its target; 2 * ndim passes bound
-  // the worst case (every dimension through Replicate).
-  for (int pass = 0; current != dst; ++pass) {
-    TORCH_CHECK(pass <= 2 * ndim + 1, "redistribute: no plan from ", ToString(src.placements), " to ", ToString(dst),
-                " (internal planner error)");
-    // Inner mesh dimensions first: a shard of dim d at mesh dim m is cut out of what the
-    // earlier mesh dimensions left, so it must be undone before those change.
+  // The shards of tensor_dim on the mesh dims before `before` (PyTorch compares which mesh
+  // dims shard it; with a StridedShard the split factor matters too). Size-1 mesh dims count
+  // as PyTorch counts them (their transforms are skipped, but they can force a replicate).
+  const auto sharding_dims = [](const Placements& placements, int before, int64_t tensor_dim) {
+    std::vector<std::pair<int, Placement>> dims;
+    for (int i = 0; i < before; ++i) {
+      if (placements[i].is_shard(tensor_dim)) dims.emplace_back(i, placements[i]);
+    }
+    return dims;
+  };
+  if (NumShards(*src.mesh, src.placements) > 1) {
     for (int m = ndim - 1; m >= 0; --m) {
       Placement tgt = dst[m];
-      const Placement& cur = current[m];
-      if (tgt.is_shard()) {
-        // The earlier mesh dimensions must already shard tgt's tensor dim as the target
-        // does; otherwise replicate here first and come back in a later pass.
-        for (int i = 0; i < m; ++i) {
-          const bool involved = current[i].is_shard(tgt.dim()) || dst[i].is_shard(tgt.dim());
-          if (involved && current[i] != dst[i]) tgt = Placement::Replicate();
-        }
+      if (tgt.is_shard() && sharding_dims(current, m, tgt.dim()) != sharding_dims(dst, m, tgt.dim())) {
+        tgt = Placement::Replicate();
       }
-      if (cur == tgt) continue;
-      if (!IsDirect(cur, tgt)) tgt = Placement::Replicate();
-      TransformStep step{m, cur, tgt, KindOf(cur, tgt), LogicalShape(src, current, m), 0};
-      step.bytes = StepBytes(step, src.mesh->size(m), c10::elementSize(src.dtype));
-      plan->steps.push_back(std::move(step));
+      if (current[m] == tgt) continue;
+      AppendTransform(src, current, m, current[m], tgt, plan.get());
       current[m] = tgt;
     }
+  }
+  for (int m = 0; m < ndim; ++m) {
+    if (current[m] == dst[m]) continue;
+    AppendTransform(src, current, m, current[m], dst[m], plan.get());
+    current[m] = dst[m];
   }
   return plan;
 }
@@ -213,6 +259,19 @@ at::Tensor PartitionLocally(const at::Tensor& local, const comm::ReduceOp& op, i
   return coordinate == 0 ? local.clone() : at::zeros_like(local);
 }
 
+// Shard -> Partial(sum): this rank's shard at its place in a zero tensor of the logical
+// shape, so that the ranks' sum is the tensor (PyTorch's Shard._to_partial_tensor).
+at::Tensor ZeroFillShard(const at::Tensor& local, const Placement& shard, const std::vector<int64_t>& logical,
+                         int64_t world, int64_t coordinate) {
+  const int64_t d = shard.dim();
+  std::vector<int64_t> shape = local.sizes().vec();
+  shape[d] = logical[d];
+  at::Tensor out = at::zeros(shape, local.options());
+  const Chunk mine = ChunkOf(logical[d], world, coordinate);
+  if (mine.size > 0) out.narrow(d, mine.offset, mine.size).copy_(local);
+  return out;
+}
+
 at::Tensor AllToAllShards(const at::Tensor& local, const Placement& src, const Placement& dst,
                           const std::vector<int64_t>& logical, const comm::ProcessGroupPtr& group) {
   const int64_t i = src.dim(), j = dst.dim(), world = group->size(), me = group->rank();
@@ -251,6 +310,7 @@ const char* TransformKindName(TransformKind kind) {
     case TransformKind::kAllToAll: return "all_to_all";
     case TransformKind::kLocalChunk: return "local_chunk";
     case TransformKind::kLocalPartition: return "local_partition";
+    case TransformKind::kLocalZeroFill: return "local_zero_fill";
   }
   return "?";
 }
@@ -306,6 +366,9 @@ at::Tensor RunRedistributePlan(const at::Tensor& local, const DTensorSpec& src, 
         break;
       case TransformKind::kLocalPartition:
         t = PartitionLocally(t, s.dst.reduce_op(), mesh.size(s.mesh_dim), mesh.coordinate()[s.mesh_dim]);
+        break;
+      case TransformKind::kLocalZeroFill:
+        t = ZeroFillShard(t, s.src, s.logical_shape, mesh.size(s.mesh_dim), mesh.coordinate()[s.mesh_dim]);
         break;
     }
   }

@@ -21,6 +21,7 @@ enum class TransformKind {
   kAllToAll,        // Shard(i) -> Shard(j)
   kLocalChunk,      // Replicate -> Shard/StridedShard: no communication
   kLocalPartition,  // Replicate -> Partial: no communication (SUM divides by the group size)
+  kLocalZeroFill,   // Shard -> Partial(sum): the shard in a zero tensor, no communication
 };
 const char* TransformKindName(TransformKind kind);
 

@@ -118,9 +118,18 @@ TEST_P(RedistributeTest, EveryPlacementPairPreservesTheGlobalTensor) {
           const DTensor from = MakeSource(global, mesh, src);
           ASSERT_TRUE(at::equal(from.full_tensor(), global)) << ToString(src);
           for (const Placements& dst : tuples) {
-            const DTensor to = from.redistribute(dst);
             const std::string what =
                 absl::StrCat(ToString(src), " -> ", ToString(dst), " shape [", shape[0], ", ", shape[1], "]");
+            // PyTorch 2.15 makes a Partial only out of a plain Shard (and refuses the rest).
+            bool refused = false;
+            for (size_t m = 0; m < dst.size(); ++m) {
+              refused |= dst[m].is_partial() && src[m] != dst[m] && src[m].kind() != dtensor::PlacementKind::kShard;
+            }
+            if (refused) {
+              EXPECT_ERROR_CONTAINS(from.redistribute(dst), "only Shard to Partial(sum) redistribution is supported");
+              continue;
+            }
+            const DTensor to = from.redistribute(dst);
             ASSERT_EQ(to.to_local().sizes().vec(), to.spec().local_shape()) << what;
             ASSERT_TRUE(at::equal(to.full_tensor(), global)) << what;
             if (!to.spec().has_partial()) {
@@ -221,6 +230,88 @@ TEST(DTensorAutograd, GradientsMatchPlainAutogradOnTheGlobalTensor) {
       EXPECT_TRUE(at::allclose(rows.to_local().grad(), Chunk(expected, world, me, 0)));
     });
   }
+}
+
+// The PyTorch 2.15 examples (values and counts printed by PyTorch 2.15 with
+// CommDebugMode on a 2 x 2 x 2 mesh; the golden corpus in dtensor/testdata covers the rest).
+std::vector<std::string> CollectiveKinds(const RedistributePlan& plan) {
+  std::vector<std::string> kinds;
+  for (const TransformStep& s : plan.steps) {
+    if (s.kind != TransformKind::kLocalChunk && s.kind != TransformKind::kLocalPartition &&
+        s.kind != TransformKind::kLocalZeroFill) {
+      kinds.push_back(TransformKindName(s.kind));
+    }
+  }
+  return kinds;
+}
+
+TEST(PyTorchConformance, ThreeDimensionalMeshRedistributes) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 8, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2, 2, 2});
+    const at::Tensor global = GlobalTensor({6, 5, 7}, at::kFloat, 2);
+    struct Case {
+      Placements src, dst;
+      std::vector<std::string> collectives;
+    };
+    const std::vector<Case> cases = {
+        {{P::Shard(0), P::Shard(0), P::Shard(0)},
+         {P::Shard(1), P::Shard(1), P::Shard(1)},
+         {"all_gather", "all_gather", "all_to_all"}},
+        {{P::Shard(0), P::Shard(1), P::Shard(0)},
+         {P::Shard(1), P::Shard(0), P::Shard(0)},
+         {"all_gather", "all_gather", "all_to_all"}},
+        {{P::Shard(0), P::Shard(1), P::Shard(2)}, {P::Shard(2), P::Shard(1), P::Shard(0)}, {"all_gather", "all_to_all"}},
+    };
+    for (const Case& c : cases) {
+      const std::string what = absl::StrCat(ToString(c.src), " -> ", ToString(c.dst));
+      const DTensor from = distribute_tensor(global, mesh, c.src);
+      EXPECT_EQ(CollectiveKinds(*PlanRedistribute(from.spec(), c.dst)), c.collectives) << what;
+      const DTensor to = from.redistribute(c.dst);
+      EXPECT_TRUE(at::equal(to.to_local(), distribute_tensor(global, mesh, c.dst).to_local())) << what;
+      EXPECT_TRUE(at::equal(to.full_tensor(), global)) << what;
+    }
+  });
+}
+
+TEST(PyTorchConformance, ShardToPartialSumIsLocalAndPartialRefusals) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {4});
+    const at::Tensor global = GlobalTensor({6, 3}, at::kFloat, 1);
+    const DTensor sharded = distribute_tensor(global, mesh, {P::Shard(0)});
+    const auto plan = PlanRedistribute(sharded.spec(), {P::Partial()});
+    EXPECT_TRUE(CollectiveKinds(*plan).empty()) << plan->ToString(*mesh);
+    const DTensor partial = sharded.redistribute({P::Partial()});
+    // Zero-filled: this rank's rows in place, zeros elsewhere; the sum is the tensor.
+    const at::Tensor mine = Chunk(global, 4, pg->rank(), 0);
+    at::Tensor expected = at::zeros_like(global);
+    if (mine.size(0) > 0) expected.narrow(0, 2 * pg->rank(), mine.size(0)).copy_(mine);
+    EXPECT_TRUE(at::equal(partial.to_local(), expected));
+    EXPECT_TRUE(at::equal(partial.full_tensor(), global));
+    const DTensor replicated = distribute_tensor(global, mesh, {P::Replicate()});
+    EXPECT_ERROR_CONTAINS(replicated.redistribute({P::Partial()}),
+                          "can not redistribute from Replicate() to Partial(SUM) on mesh dim 0; only Shard to "
+                          "Partial(sum) redistribution is supported");
+    EXPECT_ERROR_CONTAINS(partial.redistribute({P::Partial(comm::ReduceOp::Avg())}),
+                          "can not redistribute from Partial(SUM) to Partial(AVG)");
+    EXPECT_ERROR_CONTAINS(sharded.redistribute({P::Partial(comm::ReduceOp::Max())}),
+                          "can not redistribute from Shard(dim=0) to Partial(MAX)");
+  });
+}
+
+TEST(PyTorchConformance, FromLocalInfersTheGlobalStrideFromTheLocalLayout) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {4});
+    // A permuted local (8, 4, 8) with strides (8, 1, 32); PyTorch 2.15's from_local gives
+    // S(0): (8, 1, 128), S(1): (32, 1, 128), S(2): (8, 1, 32), Replicate: (8, 1, 32).
+    const at::Tensor local = at::empty_strided({8, 4, 8}, {8, 1, 32});
+    const std::vector<std::pair<P, std::vector<int64_t>>> expected = {{P::Shard(0), {8, 1, 128}},
+                                                                       {P::Shard(1), {32, 1, 128}},
+                                                                       {P::Shard(2), {8, 1, 32}},
+                                                                       {P::Replicate(), {8, 1, 32}}};
+    for (const auto& [placement, stride] : expected) {
+      EXPECT_EQ(DTensor::from_local(local, mesh, {placement}).spec().stride, stride) << placement.ToString();
+    }
+  });
 }
 
 TEST(DTensorErrors, BadInputIsNamed) {

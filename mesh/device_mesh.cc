@@ -195,6 +195,10 @@ std::shared_ptr<DeviceMesh> DeviceMesh::slice(const std::vector<std::string>& na
                 "' named twice in a slice");
     dims.push_back(d);
   }
+  // PyTorch 2.15 (torch/distributed/device_mesh.py) slices only in mesh order: a reordered
+  // submesh would make group ranks disagree with the coordinates.
+  TORCH_CHECK(std::is_sorted(dims.begin(), dims.end()), "DeviceMesh: invalid mesh_dim_names [",
+              absl::StrJoin(names, ", "), "] specified; mesh dim indices should be in ascending order");
   std::vector<std::vector<int>> root_dims;
   for (int d : dims) root_dims.push_back(root_dims_[d]);
   return FromRoot(root_, std::move(root_dims), names);

@@ -279,6 +279,10 @@ TEST(DeviceMesh, BadInput) {
     EXPECT_ERROR_CONTAINS(mesh->group(2), "dim must be in [0, 2), got 2");
     EXPECT_ERROR_CONTAINS((mesh->flatten({"tp", "dp"}, "x")), "must be adjacent and in mesh order");
     EXPECT_ERROR_CONTAINS((mesh->slice({"dp", "dp"})), "dimension 'dp' named twice");
+    // PyTorch 2.15 refuses names out of mesh order: KeyError "Invalid mesh_dim_names ('tp',
+    // 'dp') specified. Mesh dim indices should be in ascending order."
+    EXPECT_ERROR_CONTAINS((mesh->slice({"tp", "dp"})),
+                          "invalid mesh_dim_names [tp, dp] specified; mesh dim indices should be in ascending order");
   });
 }
 

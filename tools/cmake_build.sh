@@ -31,6 +31,9 @@ export CCACHE_DIR="$CACHE/ccache"
 # working directory (the build tree, also under ROOT), and that directory is not hashed.
 export CCACHE_BASEDIR="$ROOT"
 export CCACHE_NOHASHDIR=1
+# Every target reuses one precompiled header (cmake/FsdpTargets.cmake); ccache caches such
+# compiles only when told that the PCH's macros and timestamps may be ignored.
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 
 FULL="${FSDP_CMAKE_FULL:-0}"
 CHECK=ON

@@ -28,11 +28,13 @@ bool ParseInt(std::string_view s, int64_t* out) {
   return true;
 }
 
-// The reduce-scatter runs in reduce_dtype if given, else in the dtype gradients are computed
-// in, i.e. the unsharded param dtype. This is FSDP2's ResolveDtypes (reduce_dtype equal to
-// param_dtype is dropped as a no-op) and FSDP1's _init_param_reduce_dtypes (unset
-// reduce_dtype with param_dtype set follows param_dtype) -- both give the same buffer dtype.
-DType ReduceDType(const PlanOptions& o) { return o.reduce_dtype.value_or(o.param_dtype.value_or(o.dtype)); }
+// The reduce-scatter runs in reduce_dtype if given. Unset, FSDP2 (PyTorch 2.15's
+// FSDPParam.unsharded_grad_dtype) reduces in the original parameter dtype, FSDP1
+// (_init_param_reduce_dtypes) in param_dtype.
+DType ReduceDType(const PlanOptions& o) {
+  if (o.reduce_dtype) return *o.reduce_dtype;
+  return o.style == Style::kPerParam ? o.dtype : o.param_dtype.value_or(o.dtype);
+}
 
 // Debian's abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0), so
 // std::string_view goes to StrCat as std::string and splitting is done here.

@@ -192,9 +192,10 @@ TEST(PerParam, HsdpAndMixedPrecision) {
   EXPECT_EQ(plan.all_gather_elements, 6);
   EXPECT_DOUBLE_EQ(plan.all_reduce_elements, 2.0 * 6 * 2 / 3);  // 2 x P x (R-1)/R
   EXPECT_DOUBLE_EQ(plan.comm_bytes, 2 * 6 * 2 + 6 * 4 + 8.0 * 4);
-  // param_dtype alone: gradients are reduced in it (FSDP1 and FSDP2 agree).
+  // param_dtype alone: PyTorch 2.15's FSDP2 reduces in the original dtype
+  // (FSDPParam.unsharded_grad_dtype), FSDP1 in param_dtype (_init_param_reduce_dtypes).
   f.reduce_dtype = "";
-  EXPECT_EQ(PlanFor(f).reduce_dtype, DType::kBF16);
+  EXPECT_EQ(PlanFor(f).reduce_dtype, DType::kF32);
 }
 
 TEST(Flat, AlignedF32Layout) {

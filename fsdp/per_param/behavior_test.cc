@@ -160,14 +160,17 @@ TEST(FullyShardErrors, SeedErrorsAreRaisedWithTheirMessages) {
 }
 
 TEST(FullyShardMixedPrecision, AllGatherInParamDtypeReduceScatterInReduceDtype) {
-  for (bool reduce_f32 : {false, true}) {
-    fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [reduce_f32](const comm::ProcessGroupPtr& pg) {
+  // PyTorch 2.15: an unset reduce_dtype reduces in the original dtype (fp32 here), not in
+  // param_dtype (FSDPParam.unsharded_grad_dtype in torch/distributed/fsdp/_fully_shard/_fsdp_param.py).
+  for (std::optional<c10::ScalarType> reduce : {std::optional<c10::ScalarType>(), std::optional(at::kFloat),
+                                                std::optional(at::kBFloat16)}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [reduce](const comm::ProcessGroupPtr& pg) {
       auto trace = std::make_shared<comm::CommTrace>(pg);
       auto mesh = mesh::DeviceMesh::Create(trace, {4});
       Root model;
       FullyShardOptions opts{.mesh = mesh};
       opts.mp_policy.param_dtype = at::kBFloat16;
-      if (reduce_f32) opts.mp_policy.reduce_dtype = at::kFloat;
+      opts.mp_policy.reduce_dtype = reduce;
       fully_shard(model->first.ptr(), opts);
       fully_shard(model->second.ptr(), opts);
       fully_shard(model.ptr(), opts);
@@ -175,7 +178,7 @@ TEST(FullyShardMixedPrecision, AllGatherInParamDtypeReduceScatterInReduceDtype) 
       EXPECT_EQ(out.scalar_type(), at::kBFloat16);
       out.sum().backward();
       const std::vector<std::vector<int64_t>> leaf = {{3, 5}, {3}, {6, 3}, {6}}, root = {{5, 6}, {5}};
-      const int64_t reduce_size = reduce_f32 ? 4 : 2;
+      const int64_t reduce_size = reduce == at::kBFloat16 ? 2 : 4;
       // The root keeps its parameters after forward: 2 gathers per leaf, 1 for the root.
       EXPECT_EQ(trace->total_output_bytes("all_gather_into_tensor"),
                 4 * PaddedBytes(leaf, 4, 2) + PaddedBytes(root, 4, 2));
@@ -186,6 +189,39 @@ TEST(FullyShardMixedPrecision, AllGatherInParamDtypeReduceScatterInReduceDtype) 
           EXPECT_EQ(p->param().scalar_type(), at::kFloat) << p->fqn();  // sharded: original dtype
           EXPECT_EQ(p->param().grad().scalar_type(), at::kFloat) << p->fqn();
         }
+      }
+    });
+  }
+}
+
+TEST(FullyShardWorldSizeOne, IssuesNoCollectivesAndEqualsPlainTraining) {
+  // PyTorch 2.15 skips the all-gather (FSDPParamGroup.unshard) and the reduce-scatter
+  // (foreach_reduce) when the shard group has one rank. (HSDP's all-reduce over a 1-rank
+  // replicate group it does issue: only all-reduces may appear then.)
+  for (bool hsdp : {false, true}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [hsdp](const comm::ProcessGroupPtr& pg) {
+      auto trace = std::make_shared<comm::CommTrace>(pg);
+      auto mesh = hsdp ? mesh::DeviceMesh::Create(trace, {1, 1}, {"replicate", "shard"})
+                       : mesh::DeviceMesh::Create(trace, {1});
+      Root model, plain;
+      {
+        at::NoGradGuard no_grad;
+        for (size_t i = 0; i < plain->parameters().size(); ++i) plain->parameters()[i].copy_(model->parameters()[i]);
+      }
+      FullyShardOptions opts{.mesh = mesh};
+      fully_shard(model->first.ptr(), opts);
+      fully_shard(model->second.ptr(), opts);
+      fully_shard(model.ptr(), opts);
+      const size_t before = trace->records().size();  // building the mesh may talk
+      model(at::ones({4, 5})).sum().backward();
+      plain(at::ones({4, 5})).sum().backward();
+      const auto records = trace->records();
+      for (size_t i = before; i < records.size(); ++i) {
+        EXPECT_TRUE(hsdp && records[i].op == "all_reduce") << records[i].op << "\n" << trace->ToTable();
+      }
+      if (!hsdp) EXPECT_EQ(records.size(), before) << trace->ToTable();
+      for (size_t i = 0; i < plain->parameters().size(); ++i) {
+        EXPECT_TRUE(at::equal(model->parameters()[i].grad(), plain->parameters()[i].grad())) << i;
       }
     });
   }

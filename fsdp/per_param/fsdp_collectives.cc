@@ -90,7 +90,7 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
       at::cat_out(slot, inputs, 0);
     }
   });
-  if (group) {
+  if (result.world_size > 1) {  // one rank gathers nothing (PyTorch skips it too)
     if (&all_gather_stream != &copy_in_stream) all_gather_stream.WaitStream(copy_in_stream);
     at::Tensor output = result.output;
     all_gather_stream.LaunchCollective(sequencer,
@@ -152,9 +152,14 @@ void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPPara
 }
 
 GradientDivideFactors GetGradientDivideFactors(int64_t reduce_scatter_size, int64_t all_reduce_size,
-                                               c10::ScalarType reduce_dtype, std::optional<double> factor) {
+                                               c10::ScalarType reduce_dtype, std::optional<double> factor,
+                                               bool force_sum_reduction_for_comms) {
   const bool overflow_risk = reduce_dtype != at::kFloat && reduce_dtype != at::kBFloat16;
   const int64_t data_parallel_size = reduce_scatter_size * all_reduce_size;
+  if (!overflow_risk && force_sum_reduction_for_comms) {  // SUM, then one post-divide
+    return {std::nullopt, factor.value_or(static_cast<double>(data_parallel_size)), comm::ReduceOp::Sum(),
+            comm::ReduceOp::Sum()};
+  }
   if (!overflow_risk) {
     if (!factor) {
       if (data_parallel_size == 1) return {std::nullopt, std::nullopt, comm::ReduceOp::Sum(), comm::ReduceOp::Sum()};
@@ -182,6 +187,7 @@ struct ReduceJob {
   int64_t world = 1;
   c10::ScalarType reduce_dtype = at::kFloat;
   std::optional<GradientDivideFactors> factors;  // set before any task runs
+  std::optional<double> local_scale;             // one rank: the PremulSum factor, applied here
   at::Tensor input;                              // [world, out_numel], reduce dtype
   at::Tensor output;                             // [out_numel], reduce dtype
   at::Tensor result;                             // [out_numel], orig dtype: what the gradients alias
@@ -216,6 +222,7 @@ void ReduceScatterCopyIn(ReduceJob& job) {
 }
 
 void PostReduce(ReduceJob& job) {
+  if (job.local_scale) job.output.mul_(*job.local_scale);
   if (job.factors->post) job.output.div_(*job.factors->post);
   if (!job.result.is_same(job.output)) job.result.copy_(job.output);
   // From pinned memory the copy is asynchronous: the host reads it after PyTorch's
@@ -243,11 +250,18 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
   }
   auto job = std::make_shared<ReduceJob>();
   job->params = params;
-  job->reduce_dtype = options.reduce_dtype.value_or(*dtypes.begin());
+  // Unset: the original dtype (PyTorch 2.15's _get_reduce_dtype over unsharded_grad_dtype),
+  // so bf16 gradients of fp32 parameters are summed in fp32.
+  job->reduce_dtype = options.reduce_dtype.value_or(options.orig_dtype);
   job->world = options.reduce_scatter_group ? options.reduce_scatter_group->size() : 1;
   const int64_t world = job->world;
   const int64_t replicas = options.all_reduce_group ? options.all_reduce_group->size() : 1;
-  job->factors = GetGradientDivideFactors(world, replicas, job->reduce_dtype, options.gradient_divide_factor);
+  // One rank reduce-scatters nothing: no collective (PyTorch's foreach_reduce copies the
+  // input and applies the divide factor). PyTorch 2.15 does all-reduce over a 1-rank
+  // replicate group (HSDP 1 x N), and so do we: the golden corpus counts it.
+  const bool scatter = world > 1;
+  job->factors = GetGradientDivideFactors(world, replicas, job->reduce_dtype, options.gradient_divide_factor,
+                                          options.force_sum_reduction_for_comms);
 
   // The plan from shapes alone (the data may still be in flight on the compute stream).
   int64_t total = 0;
@@ -263,12 +277,15 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
   const at::TensorOptions reduce_options = grads.front().options().dtype(job->reduce_dtype);
   job->grads = std::move(grads);
   job->input = at::empty({world, out_numel}, reduce_options);
-  job->output = options.reduce_scatter_group ? at::empty({out_numel}, reduce_options) : job->input.view(-1);
+  job->output = scatter ? at::empty({out_numel}, reduce_options) : job->input.view(-1);
+  if (!scatter && job->factors->reduce_scatter_op.kind() == comm::ReduceOpKind::kPremulSum) {
+    job->local_scale = job->factors->reduce_scatter_op.factor();  // what the collective would apply
+  }
 
   device::Stream& rs = *streams.reduce_scatter;
   rs.WaitStream(*streams.current);  // the gradients come from the compute stream
   rs.Launch([job] { ReduceScatterCopyIn(*job); });
-  if (options.reduce_scatter_group) {
+  if (scatter) {
     rs.LaunchCollective(*streams.sequencer, [job, group = options.reduce_scatter_group] {
       return group->reduce_scatter_tensor(job->output, job->input.view(-1), job->factors->reduce_scatter_op);
     });

@@ -89,7 +89,8 @@ void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPPara
 // How gradients are divided by the data-parallel size (_get_gradient_divide_factors):
 // f32/bf16 reductions use AVG in the collectives (SUM for a single rank); other dtypes
 // risk overflow, so they divide by ~sqrt(N) before and the rest after a SUM. A custom
-// `factor` replaces the data-parallel size.
+// `factor` replaces the data-parallel size. force_sum_reduction_for_comms: only SUM in the
+// collectives, dividing after (before and after for the overflow-prone dtypes).
 struct GradientDivideFactors {
   std::optional<double> pre;
   std::optional<double> post;
@@ -97,7 +98,8 @@ struct GradientDivideFactors {
   comm::ReduceOp all_reduce_op;
 };
 GradientDivideFactors GetGradientDivideFactors(int64_t reduce_scatter_size, int64_t all_reduce_size,
-                                               c10::ScalarType reduce_dtype, std::optional<double> factor);
+                                               c10::ScalarType reduce_dtype, std::optional<double> factor,
+                                               bool force_sum_reduction_for_comms = false);
 
 struct ReduceOptions {
   comm::ProcessGroupPtr reduce_scatter_group;  // null for DDP (no sharding)
@@ -105,6 +107,7 @@ struct ReduceOptions {
   c10::ScalarType orig_dtype;
   std::optional<c10::ScalarType> reduce_dtype;
   std::optional<double> gradient_divide_factor;
+  bool force_sum_reduction_for_comms = false;
   bool all_reduce_grads = true;
 };
 

@@ -340,8 +340,8 @@ at::Tensor FSDPParam::TakeUnshardedGrad() {
 
 void FSDPParam::ToAccumulatedGradIfNeeded() {
   at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? param_.mutable_grad() : stashed_unsharded_grad_;
-  if (!reduce_dtype_ || !grad.defined() || grad.scalar_type() == *reduce_dtype_) return;
-  unsharded_accumulated_grad_ = grad.to(*reduce_dtype_);
+  if (!grad.defined() || grad.scalar_type() == unsharded_grad_dtype()) return;
+  unsharded_accumulated_grad_ = grad.to(unsharded_grad_dtype());
   grad = at::Tensor();
 }
 

@@ -31,9 +31,10 @@ struct ParamModuleInfo {
   std::vector<std::pair<torch::nn::Module*, std::string>> shared;
 };
 
-// The casts one parameter actually needs (FSDPParam.init_dtype_attrs): reduce_dtype is
-// dropped when it equals param_dtype (gradients are already in it); param_dtype is dropped
-// when it equals the parameter's dtype or the parameter is not floating point.
+// The casts one parameter actually needs (PyTorch 2.15's FSDPParam.init_dtype_attrs):
+// param_dtype is dropped when it equals the parameter's dtype or the parameter is not
+// floating point; reduce_dtype stays as given (unset: gradients are reduced in the original
+// dtype, FSDPParam.unsharded_grad_dtype; older PyTorch reduced them in param_dtype).
 struct ResolvedDtypes {
   std::optional<c10::ScalarType> param_dtype;
   std::optional<c10::ScalarType> reduce_dtype;
@@ -41,7 +42,6 @@ struct ResolvedDtypes {
 
 inline ResolvedDtypes ResolveDtypes(const MixedPrecisionPolicy& policy, c10::ScalarType orig_dtype) {
   ResolvedDtypes r{policy.param_dtype, policy.reduce_dtype};
-  if (r.reduce_dtype == r.param_dtype) r.reduce_dtype.reset();
   if (r.param_dtype == orig_dtype || !c10::isFloatingType(orig_dtype)) r.param_dtype.reset();
   return r;
 }
@@ -125,6 +125,9 @@ class FSDPParam {
   c10::ScalarType orig_dtype() const { return orig_dtype_; }
   std::optional<c10::ScalarType> param_dtype() const { return param_dtype_; }
   std::optional<c10::ScalarType> reduce_dtype() const { return reduce_dtype_; }
+  // The dtype gradients accumulate and are reduced in: reduce_dtype, else the original
+  // dtype (PyTorch 2.15's FSDPParam.unsharded_grad_dtype).
+  c10::ScalarType unsharded_grad_dtype() const { return reduce_dtype_.value_or(orig_dtype_); }
   bool offload_to_cpu() const { return offload_.offload_to_cpu; }
   bool pin_memory() const { return offload_.pin_memory && offload_.offload_to_cpu && !device_.is_cpu(); }
   // The compute device (the parameter's device at fully_shard): all-gather buffers, unsharded

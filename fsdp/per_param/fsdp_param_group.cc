@@ -179,6 +179,7 @@ void FSDPParamGroup::PostBackward() {
   options.orig_dtype = orig_dtype_;
   options.reduce_dtype = reduce_dtype_;
   options.gradient_divide_factor = gradient_divide_factor;
+  options.force_sum_reduction_for_comms = force_sum_reduction_for_comms;
   options.all_reduce_grads = all_reduce_grads;
   ReduceEvents events = ForeachReduce(with_grad, std::move(grads), options, &partial_reduce_output_, s);
   if (comm_ctx_) comm_ctx_->reduce_scatter_event = std::move(events.reduce_scatter);

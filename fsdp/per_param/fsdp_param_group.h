@@ -83,6 +83,7 @@ class FSDPParamGroup {
   bool unshard_in_backward = true;
   bool unshard_async_op = false;
   std::optional<double> gradient_divide_factor;
+  bool force_sum_reduction_for_comms = false;
 
   const std::vector<std::unique_ptr<FSDPParam>>& fsdp_params() const { return fsdp_params_; }
   std::vector<FSDPParam*> fsdp_param_ptrs() const;

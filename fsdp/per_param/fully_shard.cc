@@ -233,6 +233,10 @@ void FSDPModule::set_gradient_divide_factor(double factor) {
   }
 }
 
+void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
+  if (FSDPParamGroup* g = param_group()) g->force_sum_reduction_for_comms = enable;
+}
+
 void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
   if (FSDPParamGroup* g = param_group()) g->unshard_in_backward = unshard_in_backward;
 }

@@ -58,6 +58,10 @@ class FSDPModule {
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   void set_is_last_backward(bool is_last_backward);
   void set_gradient_divide_factor(double factor);
+  // Only SUM reductions in the collectives (the division becomes a separate pre/post
+  // scaling), e.g. for zero-copy NCCL; this module's group only, as PyTorch 2.15's
+  // FSDPModule.set_force_sum_reduction_for_comms.
+  void set_force_sum_reduction_for_comms(bool enable);
   void set_unshard_in_backward(bool unshard_in_backward);
 
   // Runtime internals (fsdp_state.h), for tests and tools.

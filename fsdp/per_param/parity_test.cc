@@ -18,6 +18,7 @@
 #include "dtensor/tensor_parallel.h"
 #include "fsdp/per_param/fsdp_state.h"
 #include "fsdp/per_param/fully_shard.h"
+#include "fsdp/per_param/state_dict.h"
 #include "fsdp/per_param/test_models.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
@@ -347,6 +348,65 @@ TEST(FsdpTpParity, TwoByTwoMeshEqualsSingleRank) {
                 static_cast<int>(ref->parameters().size()));
     });
   }
+}
+
+// The uneven FSDP + TP layouts: colwise Linear(9, 18) and Linear(9, 27) and a
+// rowwise Linear(9, 5) on dp 2 x tp 2. PyTorch 2.15's _StridedShard (torch.chunk into sf
+// pieces, then each over dp) describes FSDP's chunk of each TP shard exactly, so the full
+// tensors are the original weights (the older N * sf piece rule permuted rows 9..14).
+struct UnevenTPImpl : torch::nn::Module {
+  UnevenTPImpl(const std::vector<torch::nn::Linear>& plain, const mesh::DeviceMeshPtr& tp) {
+    const dtensor::TensorParallelStyle styles[] = {dtensor::TensorParallelStyle::kColwise,
+                                                   dtensor::TensorParallelStyle::kColwise,
+                                                   dtensor::TensorParallelStyle::kRowwise};
+    for (size_t i = 0; i < plain.size(); ++i) {
+      layers.push_back(register_module(absl::StrCat("l", i), ParallelizeLinear(plain[i], tp, styles[i])));
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) { return x; }
+  std::vector<dtensor::TensorParallelLinear> layers;
+};
+using UnevenTP = FullySharded<UnevenTPImpl>;
+
+TEST(FsdpTpParity, UnevenTensorParallelShardsRoundTripBitwise) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
+    auto dp = (*mesh)["dp"], tp = (*mesh)["tp"];
+    const auto make_plain = [](double scale) {
+      std::vector<torch::nn::Linear> plain = {torch::nn::Linear(9, 18), torch::nn::Linear(9, 27),
+                                              torch::nn::Linear(9, 5)};
+      at::NoGradGuard no_grad;
+      for (auto& l : plain) {  // row r holds r * 100 + column: a permutation would show
+        const int64_t out = l->weight.size(0), in = l->weight.size(1);
+        l->weight.copy_((at::arange(out, at::kFloat).unsqueeze(1) * 100 + at::arange(in, at::kFloat)) * scale);
+        l->bias.copy_(at::arange(out, at::kFloat) * scale);
+      }
+      return plain;
+    };
+    const auto plain = make_plain(1.0);
+    UnevenTP model(plain, tp);
+    fully_shard(model.ptr(), {.mesh = dp});
+    model(at::ones({1}));  // lazy init names the parameters (FSDPParam::fqn)
+    const auto& params = CollectStates(*model)[0]->param_group()->fsdp_params();
+    EXPECT_EQ(dtensor::ToString(params[0]->sharding_spec().placements), "(StridedShard(dim=0, sf=2), Shard(dim=0))");
+    const FullStateDict full = GetFullStateDict(*model);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      const std::string w = absl::StrCat("l", i, ".weight"), b = absl::StrCat("l", i, ".bias");
+      ASSERT_NE(full.find(w), nullptr) << w;
+      EXPECT_TRUE(at::equal(*full.find(w), plain[i]->weight)) << w << " on rank " << pg->rank();
+      EXPECT_TRUE(at::equal(*full.find(b), plain[i]->bias)) << b << " on rank " << pg->rank();
+    }
+    for (const auto& p : params) {
+      ASSERT_NE(full.find(p->fqn()), nullptr) << p->fqn();
+      EXPECT_TRUE(at::equal(p->ShardedDTensor().full_tensor(), *full.find(p->fqn()))) << p->fqn();
+    }
+    // Load the full state dict into a differently initialized model: bitwise the same.
+    UnevenTP other(make_plain(-3.0), tp);
+    fully_shard(other.ptr(), {.mesh = dp});
+    LoadFullStateDict(*other, full);
+    const FullStateDict again = GetFullStateDict(*other);
+    for (const auto& item : full) EXPECT_TRUE(at::equal(*again.find(item.key()), item.value())) << item.key();
+  });
 }
 
 TEST(FsdpTpParity, SpmdMeshErrors) {

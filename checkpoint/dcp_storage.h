@@ -1,0 +1,102 @@
+// The storage layer of PyTorch's distributed checkpoint (DCP) on a local file system: the
+// directory layout of torch/distributed/checkpoint/filesystem.py (FileSystemWriter with its
+// defaults: single_file_per_rank, one thread, TORCH_SAVE format, no stream transforms) and
+// FileSystemReader, at the pinned PyTorch (v2.15.0). No collectives: the FSDP layer gathers
+// the ranks' fragments to one rank, which calls WriteMetadata.
+//
+// On disk, a checkpoint is a directory holding
+//  * `__<rank>_0.distcp` per rank: the rank's items back to back, bytes items first, then
+//    tensor chunks in the order given (filesystem.py _write_files_from_queue). A tensor chunk
+//    is a whole torch.save archive of the local tensor (filesystem.py _write_item calls
+//    torch.save per item; checkpoint_writer.h writes the same archive), a bytes item its raw
+//    bytes (DCP torch.save's a non-tensor value into them);
+//  * `.metadata` (dcp_metadata.h), written last: a checkpoint is complete only once it exists.
+//
+// Contracts:
+//  * WriteRankData(dir, rank, tensors, bytes) creates `dir` (and its parents) if needed,
+//    removes a `.metadata` left there (so an interrupted overwrite never looks complete),
+//    writes `__<rank>_0.distcp` atomically (a temporary file renamed over it) and returns the
+//    rank's fragment: one entry per FQN with the chunks it wrote (a rank may write several
+//    chunks of one tensor) and where each is stored. Preconditions of each tensor item: the
+//    local tensor's dtype is `dtype`, it has the global size's dimensions, and
+//    offsets + local sizes lie inside the global size; anything else is an error naming the
+//    item. The local tensor may be on any device and be a view: it is copied to the CPU and,
+//    when its storage holds more than it (filesystem.py _SerialCpuLoader), cloned first.
+//  * WriteMetadata(dir, fragments) merges the fragments in order (a tensor's chunks in rank
+//    order, as default_planner.py create_default_global_save_plan), checks every tensor is
+//    covered exactly (same size and dtype on every rank, no overlap, chunk volumes summing to
+//    the tensor's), and writes `dir/.metadata` atomically.
+//  * ReadMetadata(dir) parses `dir/.metadata` (every ParseDcpMetadata check).
+//  * ReadInto(dir, metadata, fqn, dest_offsets, dest) fills `dest`, the box of the global
+//    tensor at `dest_offsets` with dest's sizes (any box: the saved sharding does not matter),
+//    from the stored chunks that overlap it: each such chunk's byte range is read with pread
+//    into one buffer reused across chunks (never a whole file), parsed with ReadCheckpoint and
+//    its overlap with the box copied. Files whose chunks do not overlap are not opened.
+//  * ReadBytes(dir, metadata, fqn) returns a bytes entry's raw bytes (a torch.save archive when
+//    Python wrote them: ReadCheckpoint reads it).
+//  Errors are c10::Errors that start with the function's name and name the file and the
+//  offending value: a missing file, a range outside its file (truncated), an item that is not
+//  the tensor the metadata says, a FQN not in the checkpoint, a box outside the tensor, a dtype
+//  or dimension mismatch, chunks that do not cover the box.
+#ifndef FSDP_CHECKPOINT_DCP_STORAGE_H_
+#define FSDP_CHECKPOINT_DCP_STORAGE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/dcp_metadata.h"
+
+namespace fsdp::checkpoint {
+
+// One chunk of a tensor that a rank writes: the box at `offsets` with local's sizes.
+struct DcpTensorItem {
+  std::string fqn;
+  std::vector<int64_t> global_size;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> offsets;
+  at::Tensor local;
+};
+
+// A non-tensor value, already serialized (DCP's BYTE_IO: e.g. WriteCheckpoint of the value,
+// which Python's dcp.load turns back into it with torch.load).
+struct DcpBytesItem {
+  std::string fqn;
+  std::vector<char> bytes;
+};
+
+// What one rank wrote: state_dict_metadata entries holding only this rank's chunks.
+struct DcpFragment {
+  std::vector<DcpEntry> entries;
+};
+
+// The name of a rank's data file, "__<rank>_0.distcp" (filesystem.py: the _StoragePrefix
+// "__<rank>_", a file counter, DEFAULT_SUFFIX).
+std::string DcpDataFileName(int64_t rank);
+
+DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vector<DcpTensorItem>& tensors,
+                          const std::vector<DcpBytesItem>& bytes = {});
+
+// The checkpoint's metadata from the ranks' fragments, in rank order (what WriteMetadata
+// writes, with storage_meta.checkpoint_id = `checkpoint_id` and a fresh save_id).
+DcpMetadata MergeDcpFragments(const std::vector<DcpFragment>& fragments, const std::string& checkpoint_id);
+
+void WriteMetadata(const std::string& dir, const std::vector<DcpFragment>& fragments);
+
+// A fragment as bytes and back, for gathering the fragments to one rank (the metadata pickle
+// of its entries, without the coverage check; ParseDcpFragment validates like ReadMetadata).
+std::vector<char> SerializeDcpFragment(const DcpFragment& fragment);
+DcpFragment ParseDcpFragment(const std::vector<char>& bytes, const std::string& source);
+
+DcpMetadata ReadMetadata(const std::string& dir);
+
+void ReadInto(const std::string& dir, const DcpMetadata& metadata, const std::string& fqn,
+              const std::vector<int64_t>& dest_offsets, const at::Tensor& dest);
+
+std::vector<char> ReadBytes(const std::string& dir, const DcpMetadata& metadata, const std::string& fqn);
+
+}  // namespace fsdp::checkpoint
+
+#endif  // FSDP_CHECKPOINT_DCP_STORAGE_H_

@@ -1,0 +1,131 @@
+// Distributed checkpoints of fully_shard'ed (FSDP2) models in PyTorch's distributed-checkpoint
+// (DCP) format: the C++ counterpart of torch.distributed.checkpoint's save / load together
+// with torch.distributed.checkpoint.state_dict's get/set_model_state_dict and
+// get/set_optimizer_state_dict (PyTorch 2.15). A checkpoint directory holds one
+// `__<rank>_0.distcp` file per writing rank and `.metadata` (checkpoint/dcp_storage.h), and
+// is interchangeable with Python's:
+//
+//   dcp::Save(*model, &optim, "/ckpt/step100");          // every rank, collective
+//   dcp::Load(*model, &optim, "/ckpt/step100");          // any world size or mesh
+//
+// Python reads it with dcp.load({"model": get_model_state_dict(m), "optim":
+// get_optimizer_state_dict(m, o)}, checkpoint_id=dir) and set_*_state_dict; a checkpoint
+// Python saved that way loads here. Keys: "model.<fqn>", "optim.state.<fqn>.<name>",
+// "optim.param_groups.<i>.<option>" (dcp/state_items.h has the details).
+//
+// Contract:
+//  * Collective over the model's world group (the world of its FSDP meshes; a model FSDP
+//    does not manage is a world of one rank): every rank calls, with the same `dir` (a
+//    directory every rank can reach) and options, outside forward/backward, in the same
+//    order as its other collectives. FSDP groups are resharded first. Ranks are the world
+//    group's; the model may be FSDP, HSDP (Replicate, Shard), FSDP + TP (StridedShard;
+//    several index runs per rank become several chunks) or the SPMD-mesh variant.
+//  * Save (sharded, the default): each rank writes only its own shards, one chunk per box
+//    of its local tensor; a tensor several ranks hold whole or in the same box (HSDP
+//    replicas, buffers, unmanaged parameters, `step`, param group options) is written by
+//    one of them, chosen as DCP's dedup chooses (dcp/plan.h). Rank 0 gathers every rank's
+//    fragment and writes `.metadata` last; the checkpoint is complete only then (an
+//    existing `.metadata` in `dir` is removed first). Save returns on every rank once
+//    `.metadata` is written, or throws on every rank (a rank's failure names the rank).
+//  * Load: reads `.metadata`, checks every key the model (and optimizer) needs is there
+//    with the right global shape, then reads into each rank's shards only the chunks that
+//    overlap them (checkpoint::ReadInto): any world size and mesh, whatever the saving
+//    sharding was; no rank builds a full tensor it does not own (it may read a stored chunk
+//    larger than its part when the saver stored one). Values are cast to the model's dtypes.
+//    Nothing in the model or optimizer changes unless every rank read and checked its part;
+//    then all ranks apply it. Optimizer state keys for parameters the model lacks and
+//    other extra checkpoint keys are ignored (as DCP's load planner).
+//  * Optimizer: any optimizer with an adapter (optim_state/optimizer_adapter.h). LibTorch's
+//    int `step` is saved as PyTorch's 0-d float32 tensor and read back as an int; the
+//    options PyTorch has and LibTorch lacks are saved with PyTorch's defaults.
+//  * Errors are c10::Errors naming the directory or file and the key or value: a missing or
+//    invalid `.metadata`, a key missing from the checkpoint, a shape mismatch, an unreadable
+//    chunk.
+//  * Thread-safety: one call at a time per model; the calls of a rank run on one thread
+//    (AsyncSave's writer thread uses its own group).
+#ifndef FSDP_DCP_DCP_H_
+#define FSDP_DCP_DCP_H_
+
+#include <memory>
+#include <string>
+
+#include "comm/process_group.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace fsdp::dcp {
+
+enum class StateDictKind {
+  // Each rank writes its shards (get_model_state_dict's default).
+  kSharded,
+  // StateDictOptions(full_state_dict=True): every FSDP tensor is all-gathered whole on every
+  // rank, and each whole tensor is written by one rank (DCP's dedup spreads them). Every rank
+  // holds one gathered tensor at a time plus those it writes.
+  kFull,
+  // As kFull, but rank 0 keeps every gathered tensor and writes the whole checkpoint into its
+  // one file; the other ranks write nothing (small models, export).
+  kFullRank0,
+};
+
+struct SaveOptions {
+  StateDictKind kind = StateDictKind::kSharded;
+};
+
+struct LoadOptions {
+  // DefaultLoadPlanner(allow_partial_load=True): model and optimizer keys missing from the
+  // checkpoint keep their current values instead of being an error.
+  bool allow_partial_load = false;
+};
+
+// `optimizer` may be null (the model alone). The optimizer's state is saved as it is now (a
+// parameter without state, e.g. before the first step, has none in the checkpoint).
+void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
+          const SaveOptions& options = {});
+
+// `optimizer` may be null (the model alone; optimizer entries in the checkpoint are ignored).
+void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const std::string& dir,
+          const LoadOptions& options = {});
+
+// The handle of an AsyncSave. wait() blocks until this rank's files are written and the
+// checkpoint is complete (rank 0 wrote `.metadata`), or throws the save's error (every rank
+// throws when any rank's write failed). Later waits return or throw the same. Local: no
+// collective on the model's group. The destructor waits, dropping an error. Movable.
+class AsyncSaveHandle {
+ public:
+  AsyncSaveHandle();
+  AsyncSaveHandle(AsyncSaveHandle&&) noexcept;
+  AsyncSaveHandle& operator=(AsyncSaveHandle&&) noexcept;
+  ~AsyncSaveHandle();
+
+  void wait();
+  // Whether the writer thread has finished (wait() would not block).
+  bool done() const;
+
+  struct State;
+
+ private:
+  explicit AsyncSaveHandle(std::shared_ptr<State> state);
+  friend AsyncSaveHandle AsyncSave(torch::nn::Module&, const torch::optim::Optimizer*, const std::string&,
+                                   const SaveOptions&, comm::ProcessGroupPtr);
+  std::shared_ptr<State> state_;
+};
+
+// Save, split: synchronously (collective on the model's group) the plan is made, this rank's
+// items are copied to the CPU (a snapshot: training may change the model right after the
+// call) and serialized values encoded, and the fragments (which depend only on shapes and
+// dtypes) are gathered to rank 0; then a background thread writes this rank's file and,
+// after every rank's thread has written its own (agreed over `background_group`), rank 0's
+// writes `.metadata`. `background_group`: a group of the same ranks that nothing else uses
+// until wait() returns (PyTorch's async_save advises a separate Gloo group too); null: one
+// is created from the model's world group (collective, new_subgroup) for this save.
+AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
+                          const SaveOptions& options = {}, comm::ProcessGroupPtr background_group = nullptr);
+
+}  // namespace fsdp::dcp
+
+#endif  // FSDP_DCP_DCP_H_

@@ -1,0 +1,260 @@
+// dcp::Load (dcp.h): torch/distributed/checkpoint/state_dict_loader.py load with the
+// default planner (default_planner.py create_default_local_load_plan: a read of each stored
+// chunk that overlaps a destination) into the model's and optimizer's local shards, then
+// state_dict.py set_model_state_dict / set_optimizer_state_dict.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/dcp_storage.h"
+#include "dcp/collectives.h"
+#include "dcp/dcp.h"
+#include "dcp/plan.h"
+#include "dcp/state_items.h"
+#include "fsdp/per_param/fsdp_param.h"
+#include "fsdp/per_param/state_dict.h"
+#include "optim_state/fsdp2_optim_state.h"
+#include "optim_state/optimizer_adapter.h"
+
+namespace fsdp::dcp {
+namespace {
+
+using checkpoint::DcpEntry;
+using checkpoint::DcpMetadata;
+
+constexpr char kLoad[] = "dcp::Load";
+
+std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
+
+// "'a', 'b', 'c' (and 4 more)".
+std::string ListKeys(const std::vector<std::string>& keys) {
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < keys.size() && i < 5; ++i) shown.push_back("'" + keys[i] + "'");
+  std::string out = absl::StrJoin(shown, ", ");
+  if (keys.size() > shown.size()) absl::StrAppend(&out, " (and ", keys.size() - shown.size(), " more)");
+  return out;
+}
+
+// A tensor entry of the checkpoint with the global size `want`.
+const DcpEntry& TensorEntry(const std::string& dir, const DcpMetadata& md, const std::string& key,
+                            const std::vector<int64_t>& want, const std::string& what) {
+  const DcpEntry* e = md.Find(key);
+  TORCH_CHECK(e != nullptr, kLoad, ": the checkpoint '", dir, "' has no entry '", key, "'");
+  TORCH_CHECK(!e->is_bytes, kLoad, ": '", key, "' in the checkpoint '", dir, "' is a bytes entry, but ", what,
+              " is a tensor");
+  TORCH_CHECK(e->size == want, kLoad, ": '", key, "' in the checkpoint '", dir, "' has size ", Shape(e->size), ", but ",
+              what, " has size ", Shape(want), " (a checkpoint of another model?)");
+  return *e;
+}
+
+// The local tensor laid out like `fsdp`'s shard (or whole when null) of entry `key`, read
+// from the overlapping chunks only, in the stored dtype.
+at::Tensor ReadLocal(const std::string& dir, const DcpMetadata& md, const DcpEntry& e, const per_param::FSDPParam* fsdp,
+                     const std::vector<int64_t>& local_sizes) {
+  at::Tensor local = at::empty(local_sizes, at::TensorOptions().dtype(e.properties.dtype));
+  for (const internal::Box& box : internal::LocalBoxes(fsdp, local_sizes)) {
+    checkpoint::ReadInto(dir, md, e.fqn, box.global_offsets, internal::BoxOf(local, box));
+  }
+  return local;
+}
+
+c10::IValue ReadValue(const std::string& dir, const DcpMetadata& md, const std::string& key) {
+  const std::vector<char> bytes = checkpoint::ReadBytes(dir, md, key);
+  return checkpoint::ReadCheckpoint(bytes.data(), bytes.size(), absl::StrCat("entry '", key, "' of '", dir, "'"));
+}
+
+struct ModelUpdate {
+  at::Tensor target;  // the live parameter or buffer
+  per_param::FSDPParam* fsdp = nullptr;
+  at::Tensor value;  // its local part, read
+};
+
+struct Pending {
+  std::vector<ModelUpdate> model;
+  bool has_optimizer_state = false;
+  optim_state::OptimStateDict optim;
+};
+
+void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParameter>& params, const std::string& dir,
+               const DcpMetadata& md, const LoadOptions& options, Pending& out) {
+  absl::flat_hash_map<const c10::TensorImpl*, per_param::FSDPParam*> by_impl;
+  for (const auto& p : params) {
+    if (p.fsdp_param) by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
+  }
+  struct Target {
+    std::string fqn;
+    at::Tensor tensor;
+    per_param::FSDPParam* fsdp;
+  };
+  std::vector<Target> targets;
+  absl::flat_hash_set<const c10::TensorImpl*> seen;  // a tied tensor is read under its first name
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    auto it = by_impl.find(t.unsafeGetTensorImpl());
+    targets.push_back({item.key(), t, it == by_impl.end() ? nullptr : it->second});
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) targets.push_back({item.key(), item.value(), nullptr});
+  }
+  std::vector<std::string> missing;
+  for (const Target& t : targets) {
+    if (md.Find(internal::ModelKey(t.fqn)) == nullptr) missing.push_back(internal::ModelKey(t.fqn));
+  }
+  TORCH_CHECK(missing.empty() || options.allow_partial_load, kLoad, ": the checkpoint '", dir, "' lacks ",
+              missing.size(), " of the model's ", targets.size(), " keys: ", ListKeys(missing),
+              " (a checkpoint of another model?)");
+  for (const Target& t : targets) {
+    const std::string key = internal::ModelKey(t.fqn);
+    if (md.Find(key) == nullptr) continue;  // allow_partial_load
+    const std::vector<int64_t> global = t.fsdp ? t.fsdp->sharding_spec().shape : t.tensor.sizes().vec();
+    const DcpEntry& e = TensorEntry(dir, md, key, global, absl::StrCat("the model's '", t.fqn, "'"));
+    const std::vector<int64_t> local = t.fsdp ? t.fsdp->sharded_size() : t.tensor.sizes().vec();
+    out.model.push_back({t.tensor, t.fsdp, ReadLocal(dir, md, e, t.fsdp, local)});
+  }
+}
+
+// "optim.param_groups.<i>.<option>" -> (i, option); false for other keys.
+bool ParseGroupKey(const std::string& key, size_t* group, std::string* option) {
+  if (!absl::StartsWith(key, internal::kParamGroupsPrefix)) return false;
+  const std::string rest = key.substr(std::strlen(internal::kParamGroupsPrefix));
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos || !absl::SimpleAtoi(rest.substr(0, dot), group)) return false;
+  *option = rest.substr(dot + 1);
+  return !option->empty();
+}
+
+void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<per_param::NamedParameter>& params,
+                   const std::string& dir, const DcpMetadata& md, const LoadOptions& options, Pending& out) {
+  // Param groups: every "optim.param_groups.<i>.<option>" entry (PyTorch writes each option
+  // of each group, "params" the FQN list).
+  std::map<size_t, optim_state::ParamGroupState> groups;
+  for (const DcpEntry& e : md.entries) {
+    size_t g;
+    std::string option;
+    if (!ParseGroupKey(e.fqn, &g, &option)) continue;
+    const c10::IValue value = ReadValue(dir, md, e.fqn);
+    if (option != "params") {
+      groups[g].options[option] = value;
+      continue;
+    }
+    TORCH_CHECK(value.isList(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' is a ", value.tagKind(),
+                ", not a list of parameter names");
+    for (const c10::IValue& name : value.toListRef()) {
+      TORCH_CHECK(name.isString(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' lists a ", name.tagKind(),
+                  ", not a parameter name");
+      groups[g].params.push_back(name.toStringRef());
+    }
+  }
+  if (groups.empty()) {
+    TORCH_CHECK(options.allow_partial_load, kLoad, ": the checkpoint '", dir, "' has no optimizer state (no entry '",
+                internal::ParamGroupKey(0, "params"), "')");
+    return;
+  }
+  for (auto& [g, group] : groups) {
+    const size_t next = out.optim.param_groups.size();  // groups are numbered 0, 1, ...
+    TORCH_CHECK(g == next, kLoad, ": the checkpoint '", dir, "' has no entry '",
+                internal::ParamGroupKey(next, "params"), "' but has param group ", g);
+    TORCH_CHECK(!group.params.empty() || md.Find(internal::ParamGroupKey(g, "params")) != nullptr, kLoad,
+                ": the checkpoint '", dir, "' has no entry '", internal::ParamGroupKey(g, "params"), "'");
+    out.optim.param_groups.push_back(std::move(group));
+  }
+  // State: "optim.state.<fqn>.<name>" for the optimizer's parameters (others are ignored).
+  absl::flat_hash_map<std::string, per_param::FSDPParam*> fsdp_of;
+  absl::flat_hash_map<std::string, at::Tensor> param_of;
+  for (const auto& p : params) {
+    fsdp_of.emplace(p.fqn, p.fsdp_param);
+    param_of.emplace(p.fqn, p.param);
+  }
+  for (const DcpEntry& e : md.entries) {
+    if (!absl::StartsWith(e.fqn, internal::kOptimStatePrefix)) continue;
+    const std::string rest = e.fqn.substr(std::strlen(internal::kOptimStatePrefix));
+    const size_t dot = rest.rfind('.');
+    if (dot == std::string::npos) continue;
+    const std::string fqn = rest.substr(0, dot), name = rest.substr(dot + 1);
+    auto it = fsdp_of.find(fqn);
+    if (it == fsdp_of.end()) continue;
+    per_param::FSDPParam* fsdp = it->second;
+    optim_state::StateValue value;
+    if (e.is_bytes) {
+      const c10::IValue v = ReadValue(dir, md, e.fqn);
+      TORCH_CHECK(v.isInt() || v.isDouble(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' is a ", v.tagKind(),
+                  "; optimizer state values are tensors, ints or floats");
+      value = v.isInt() ? optim_state::StateValue(v.toInt()) : optim_state::StateValue(v.toDouble());
+    } else if (!e.size.empty()) {
+      const at::Tensor& param = param_of.at(fqn);
+      const std::vector<int64_t> global = fsdp ? fsdp->sharding_spec().shape : param.sizes().vec();
+      TensorEntry(dir, md, e.fqn, global, absl::StrCat("parameter '", fqn, "'"));
+      value = ReadLocal(dir, md, e, fsdp, fsdp ? fsdp->sharded_size() : param.sizes().vec());
+    } else {
+      at::Tensor scalar = ReadLocal(dir, md, e, nullptr, {});
+      if (name == "step") {  // PyTorch's 0-d float tensor; LibTorch's optimizers count in an int
+        const double step = scalar.item<double>();
+        TORCH_CHECK(step >= 0 && std::floor(step) == step, kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' is ",
+                    step, ", not a step count");
+        value = static_cast<int64_t>(step);
+      } else {
+        value = scalar;
+      }
+    }
+    out.optim.state[fqn][name] = std::move(value);
+  }
+  out.optim.optimizer = optim_state::OptimizerAdapterFor(optimizer)->name();
+  out.has_optimizer_state = true;
+}
+
+}  // namespace
+
+void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const std::string& dir,
+          const LoadOptions& options) {
+  const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
+  comm::ProcessGroupPtr world;
+  for (const auto& p : params) {
+    if (p.fsdp_param != nullptr) {
+      world = p.fsdp_param->sharding_spec().mesh->world();
+      break;
+    }
+  }
+  // Read and check everything first; change nothing unless every rank could.
+  Pending pending;
+  std::string error = internal::ErrorOf([&] {
+    DcpMetadata md;
+    try {
+      md = checkpoint::ReadMetadata(dir);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, kLoad, ": '", dir, "' holds no complete checkpoint: ", e.what_without_backtrace());
+    }
+    ReadModel(model, params, dir, md, options, pending);
+    if (optimizer != nullptr) ReadOptimizer(*optimizer, params, dir, md, options, pending);
+  });
+  internal::AgreeOrThrow(world, error, kLoad);
+  error = internal::ErrorOf([&] {
+    if (pending.has_optimizer_state) optim_state::LoadShardedOptimStateDict(model, *optimizer, pending.optim);
+    at::NoGradGuard no_grad;
+    for (ModelUpdate& u : pending.model) {
+      if (u.fsdp != nullptr) {
+        u.fsdp->param().data().copy_(u.value);
+        u.fsdp->ResetShardedParam();  // PyTorch's load_state_dict post-hook
+      } else {
+        u.target.data().copy_(u.value);
+      }
+    }
+  });
+  internal::AgreeOrThrow(world, error, kLoad);
+}
+
+}  // namespace fsdp::dcp

@@ -1,0 +1,203 @@
+#include "dcp/plan.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dtensor/dtensor_spec.h"
+#include "fsdp/per_param/fsdp_param.h"
+
+namespace fsdp::dcp::internal {
+namespace {
+
+using dtensor::Segment;
+
+std::string Shape(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
+
+int64_t Total(const std::vector<Segment>& runs) {
+  int64_t n = 0;
+  for (const Segment& s : runs) n += s.length;
+  return n;
+}
+
+// The positions [start, start + length) of the concatenation of `runs`, as global runs.
+std::vector<Segment> NarrowRuns(const std::vector<Segment>& runs, int64_t start, int64_t length) {
+  std::vector<Segment> out;
+  int64_t pos = 0;  // local position of the current run's first index
+  for (const Segment& s : runs) {
+    const int64_t lo = std::max(start, pos), hi = std::min(start + length, pos + s.length);
+    if (hi > lo) out.push_back({s.start + (lo - pos), hi - lo});
+    pos += s.length;
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t Box::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int64_t>& local_sizes) {
+  const size_t dims = local_sizes.size();
+  if (p == nullptr) return {Box{std::vector<int64_t>(dims, 0), std::vector<int64_t>(dims, 0), local_sizes}};
+  const std::vector<int64_t>& global = p->sharding_spec().shape;
+  TORCH_CHECK(global.size() == dims, "LocalBoxes: a tensor of size ", Shape(local_sizes),
+              " is not laid out like parameter '", p->fqn(), "' of global size ", Shape(global));
+  int64_t global_numel = 1;
+  for (int64_t s : global) global_numel *= s;
+  if (global_numel == 0) return {Box{std::vector<int64_t>(dims, 0), std::vector<int64_t>(dims, 0), global}};
+  std::vector<std::vector<Segment>> runs;
+  if (const auto& tp = p->tp_spec()) {
+    runs = dtensor::LocalSegments(tp->shape, tp->mesh->shape(), tp->mesh->coordinate(), tp->placements);
+  } else {
+    for (int64_t s : global) runs.push_back({Segment{0, s}});
+  }
+  const DimShardLayout& layout = p->layout();
+  const int64_t d = layout.shard_dim;
+  runs[d] = NarrowRuns(runs[d], layout.offset, layout.sharded_size[d]);
+  for (size_t k = 0; k < dims; ++k) {
+    TORCH_CHECK(Total(runs[k]) == local_sizes[k], "LocalBoxes: parameter '", p->fqn(), "' holds ", Total(runs[k]),
+                " indices of dim ", k, " on this rank, but its local tensor has size ", Shape(local_sizes));
+  }
+  std::vector<Box> out;
+  std::vector<size_t> pick(dims, 0);  // one run per dim: an odometer over the runs
+  while (true) {
+    Box box;
+    bool empty = false;
+    for (size_t k = 0; k < dims; ++k) {
+      if (runs[k].empty()) {
+        empty = true;
+        break;
+      }
+      int64_t local = 0;
+      for (size_t j = 0; j < pick[k]; ++j) local += runs[k][j].length;
+      box.global_offsets.push_back(runs[k][pick[k]].start);
+      box.local_offsets.push_back(local);
+      box.sizes.push_back(runs[k][pick[k]].length);
+    }
+    if (empty) break;
+    if (box.numel() > 0) out.push_back(std::move(box));
+    size_t k = dims;
+    while (k > 0 && ++pick[k - 1] == runs[k - 1].size()) pick[--k] = 0;
+    if (k == 0) break;
+  }
+  return out;
+}
+
+at::Tensor BoxOf(const at::Tensor& local, const Box& box) {
+  at::Tensor t = local;
+  for (size_t d = 0; d < box.sizes.size(); ++d)
+    t = t.narrow(static_cast<int64_t>(d), box.local_offsets[d], box.sizes[d]);
+  return t;
+}
+
+std::string ChunkKey(const std::string& fqn, const std::vector<int64_t>& offsets) {
+  return absl::StrCat("T", fqn, "\n", absl::StrJoin(offsets, ","));
+}
+
+std::string BytesKey(const std::string& fqn) { return absl::StrCat("B", fqn); }
+
+std::vector<std::vector<bool>> DedupSavePlans(const std::vector<std::vector<PlannedItem>>& plans) {
+  struct Key {
+    std::vector<std::pair<size_t, size_t>> holders;  // (plan, item), plans ascending
+    int64_t size = 0;
+  };
+  std::vector<Key> keys;  // in first-appearance order
+  absl::flat_hash_map<std::string, size_t> index;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    for (size_t i = 0; i < plans[p].size(); ++i) {
+      auto [it, added] = index.emplace(plans[p][i].key, keys.size());
+      if (added) keys.emplace_back();
+      Key& k = keys[it->second];
+      k.holders.emplace_back(p, i);
+      k.size = plans[p][i].is_bytes ? 0 : plans[p][i].storage_size;
+    }
+  }
+  std::vector<std::vector<bool>> keep(plans.size());
+  for (size_t p = 0; p < plans.size(); ++p) keep[p].assign(plans[p].size(), false);
+  std::vector<int64_t> plan_size(plans.size(), 0);
+  for (const Key& k : keys) {
+    size_t best = k.holders.front().first;  // min(plan_indices, key=plan_to_size): ties to the lowest
+    for (const auto& [p, i] : k.holders) {
+      if (plan_size[p] < plan_size[best]) best = p;
+    }
+    plan_size[best] += k.size > 0 ? k.size : 1;
+    for (const auto& [p, i] : k.holders) {
+      if (p == best) keep[p][i] = true;
+    }
+  }
+  return keep;
+}
+
+namespace {
+
+void PutU64(std::vector<char>& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+class Reader {
+ public:
+  Reader(const std::vector<char>& bytes, const std::string& source) : bytes_(bytes), source_(source) {}
+  uint64_t U64() {
+    Need(8, "an integer");
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(bytes_[pos_ + i])) << (8 * i);
+    pos_ += 8;
+    return v;
+  }
+  std::string Str() {
+    const uint64_t n = U64();
+    Need(n, "a string");
+    std::string s(bytes_.data() + pos_, n);
+    pos_ += n;
+    return s;
+  }
+  bool AtEnd() const { return pos_ == bytes_.size(); }
+
+ private:
+  void Need(uint64_t n, const char* what) {
+    TORCH_CHECK(n <= bytes_.size() - pos_, source_, " is not a valid save plan: ", what, " at byte ", pos_, " needs ",
+                n, " bytes, ", bytes_.size() - pos_, " are left");
+  }
+  const std::vector<char>& bytes_;
+  const std::string& source_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::vector<char> EncodePlan(const std::vector<PlannedItem>& plan) {
+  std::vector<char> out;
+  PutU64(out, plan.size());
+  for (const PlannedItem& item : plan) {
+    PutU64(out, item.key.size());
+    out.insert(out.end(), item.key.begin(), item.key.end());
+    PutU64(out, static_cast<uint64_t>(item.storage_size));
+    PutU64(out, item.is_bytes ? 1 : 0);
+  }
+  return out;
+}
+
+std::vector<PlannedItem> DecodePlan(const std::vector<char>& bytes, const std::string& source) {
+  Reader in(bytes, source);
+  const uint64_t n = in.U64();
+  TORCH_CHECK(n <= bytes.size(), source, " is not a valid save plan: it claims ", n, " items in ", bytes.size(),
+              " bytes");
+  std::vector<PlannedItem> plan(n);
+  for (PlannedItem& item : plan) {
+    item.key = in.Str();
+    item.storage_size = static_cast<int64_t>(in.U64());
+    item.is_bytes = in.U64() != 0;
+  }
+  TORCH_CHECK(in.AtEnd(), source, " is not a valid save plan: bytes follow its last item");
+  return plan;
+}
+
+}  // namespace fsdp::dcp::internal

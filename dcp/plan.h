@@ -1,0 +1,67 @@
+// Save planning of //dcp, internal to it: the boxes of a global tensor a rank holds, and
+// DCP's de-duplication of items several ranks hold (replicated tensors).
+//
+// Contract:
+//  * LocalBoxes: the boxes (one per combination of one index run per dimension) that make up
+//    a rank's local tensor, each with its offsets in the global tensor and in the local
+//    tensor. For an FSDP parameter (or a state tensor shaped like its shard) the local tensor
+//    is FSDP's chunk along its shard dim of the tensor-parallel local tensor (whose runs are
+//    dtensor::LocalSegments of the TP spec; no TP: the whole tensor). This is FSDPParam's
+//    actual layout, also where the StridedShard spec would not describe it (uneven TP). Empty
+//    boxes are left out. Precondition: `p` is resharded (outside forward/backward).
+//  * DedupSavePlans: torch/distributed/checkpoint/_dedup_save_plans.py dedup_save_plans
+//    (PyTorch 2.15, save_to_lowest_rank=False), the default planner's step: every item key
+//    that several plans hold is kept by exactly one of them, the one with the least storage
+//    planned so far (ties: the lowest rank), visiting keys in first-appearance order (plans
+//    in rank order, items in plan order); a bytes item counts 1. Returns, per plan, whether
+//    each of its items stays. Pure; the same answer on every rank given the same plans.
+//  * EncodePlan / DecodePlan: a plan as bytes (for AllGatherBytes) and back; DecodePlan
+//    checks every length against the buffer (c10::Error naming `source`).
+#ifndef FSDP_DCP_PLAN_H_
+#define FSDP_DCP_PLAN_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp::per_param {
+class FSDPParam;
+}
+
+namespace fsdp::dcp::internal {
+
+struct Box {
+  std::vector<int64_t> global_offsets;
+  std::vector<int64_t> local_offsets;
+  std::vector<int64_t> sizes;
+  int64_t numel() const;
+};
+
+// `p` null: one box, the whole tensor of `local_sizes`.
+std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int64_t>& local_sizes);
+
+// The part of `local` a box covers (a view).
+at::Tensor BoxOf(const at::Tensor& local, const Box& box);
+
+// One write item of a plan: its MetadataIndex (fqn and chunk offsets; bytes: fqn only) as a
+// string, and its storage size in bytes (0 for bytes items).
+struct PlannedItem {
+  std::string key;
+  int64_t storage_size = 0;
+  bool is_bytes = false;
+};
+
+// The MetadataIndex key of a tensor chunk / a bytes item.
+std::string ChunkKey(const std::string& fqn, const std::vector<int64_t>& offsets);
+std::string BytesKey(const std::string& fqn);
+
+std::vector<std::vector<bool>> DedupSavePlans(const std::vector<std::vector<PlannedItem>>& plans);
+
+std::vector<char> EncodePlan(const std::vector<PlannedItem>& plan);
+std::vector<PlannedItem> DecodePlan(const std::vector<char>& bytes, const std::string& source);
+
+}  // namespace fsdp::dcp::internal
+
+#endif  // FSDP_DCP_PLAN_H_

@@ -1,0 +1,341 @@
+// dcp::Save and dcp::AsyncSave (dcp.h): plan (torch/distributed/checkpoint/
+// default_planner.py create_local_save_plan + _dedup_save_plans.py), write this rank's items
+// (filesystem.py FileSystemWriter.write_data), gather the fragments and write `.metadata`
+// on rank 0 (FileSystemWriter.finish), as torch/distributed/checkpoint/state_dict_saver.py
+// save / async_save run them.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/dcp_storage.h"
+#include "dcp/collectives.h"
+#include "dcp/dcp.h"
+#include "dcp/plan.h"
+#include "dcp/state_items.h"
+#include "fsdp/per_param/fsdp_param.h"
+#include "fsdp/per_param/state_dict.h"
+
+namespace fsdp::dcp {
+namespace {
+
+using checkpoint::DcpBytesItem;
+using checkpoint::DcpFragment;
+using checkpoint::DcpTensorItem;
+using internal::Box;
+using internal::PlannedItem;
+
+constexpr char kAsyncSave[] = "dcp::AsyncSave";
+
+// This rank's part of the checkpoint after de-duplication.
+struct RankPlan {
+  internal::SaveSources sources;
+  std::vector<std::pair<size_t, Box>> tensors;  // (source, box), in plan order
+  std::vector<size_t> bytes;                    // sources.bytes indices
+  int rank = 0;
+  absl::flat_hash_map<std::string, std::vector<checkpoint::DcpPathElement>> paths;  // key -> object path
+};
+
+struct RankItems {
+  std::vector<DcpTensorItem> tensors;
+  std::vector<DcpBytesItem> bytes;
+  bool empty() const { return tensors.empty() && bytes.empty(); }
+};
+
+std::string MetadataPath(const std::string& dir) {
+  return !dir.empty() && dir.back() == '/' ? dir + ".metadata" : dir + "/.metadata";
+}
+
+Box WholeBox(const std::vector<int64_t>& size) {
+  return Box{std::vector<int64_t>(size.size(), 0), std::vector<int64_t>(size.size(), 0), size};
+}
+
+// Collective over the model's world group.
+RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
+                  const SaveOptions& options, const char* caller) {
+  RankPlan plan;
+  plan.sources = internal::CollectSaveSources(model, optimizer);  // reshards: the same on every rank
+  const comm::ProcessGroupPtr& world = plan.sources.world;
+  plan.rank = world ? world->rank() : 0;
+  std::vector<PlannedItem> mine;
+  std::vector<std::pair<size_t, Box>> tensor_candidates;
+  std::vector<size_t> bytes_candidates;
+  const std::string error = internal::ErrorOf([&] {
+    // A checkpoint being overwritten stops being complete before any rank writes (the
+    // gather below orders this before every write).
+    if (plan.rank == 0) {
+      const std::string md = MetadataPath(dir);
+      TORCH_CHECK(::unlink(md.c_str()) == 0 || errno == ENOENT, caller, ": cannot remove the old '", md, "' (",
+                  std::strerror(errno), ")");
+    }
+    if (options.kind == StateDictKind::kFullRank0 && plan.rank != 0) return;
+    for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
+      const internal::TensorSource& s = plan.sources.tensors[i];
+      plan.paths[s.key] = s.object_path;
+      std::vector<Box> boxes = options.kind == StateDictKind::kSharded
+                                   ? internal::LocalBoxes(s.fsdp, s.local.sizes().vec())
+                                   : std::vector<Box>{WholeBox(s.global_size)};
+      for (Box& box : boxes) {
+        mine.push_back({internal::ChunkKey(s.key, box.global_offsets),
+                        box.numel() * static_cast<int64_t>(c10::elementSize(s.local.scalar_type())), false});
+        tensor_candidates.emplace_back(i, std::move(box));
+      }
+    }
+    for (size_t i = 0; i < plan.sources.bytes.size(); ++i) {
+      plan.paths[plan.sources.bytes[i].key] = plan.sources.bytes[i].object_path;
+      mine.push_back({internal::BytesKey(plan.sources.bytes[i].key), 0, true});
+      bytes_candidates.push_back(i);
+    }
+  });
+  const auto all = internal::AllGatherOrThrow(world, error, internal::EncodePlan(mine), caller);
+  std::vector<std::vector<PlannedItem>> plans;
+  for (size_t r = 0; r < all.size(); ++r) {
+    plans.push_back(
+        static_cast<int>(r) == plan.rank ? mine : internal::DecodePlan(all[r], absl::StrCat("rank ", r, "'s plan")));
+  }
+  const std::vector<bool> keep = internal::DedupSavePlans(plans)[plan.rank];
+  for (size_t i = 0; i < tensor_candidates.size(); ++i) {
+    if (keep[i]) plan.tensors.push_back(std::move(tensor_candidates[i]));
+  }
+  for (size_t i = 0; i < bytes_candidates.size(); ++i) {
+    if (keep[tensor_candidates.size() + i]) plan.bytes.push_back(bytes_candidates[i]);
+  }
+  return plan;
+}
+
+// An owned, contiguous CPU copy (the snapshot of AsyncSave).
+at::Tensor Snapshot(const at::Tensor& t) {
+  return t.is_cpu() ? t.clone(at::MemoryFormat::Contiguous) : t.to(at::kCPU).contiguous();
+}
+
+// The items this rank writes. Collective in the full kinds (every FSDP tensor is gathered
+// on every rank, in source order).
+RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot) {
+  RankItems items;
+  at::NoGradGuard no_grad;
+  const auto add = [&](const internal::TensorSource& s, const std::vector<int64_t>& offsets, const at::Tensor& t) {
+    items.tensors.push_back(
+        {s.key, s.global_size, s.local.scalar_type(), offsets, snapshot ? Snapshot(t) : t.contiguous()});
+  };
+  if (kind == StateDictKind::kSharded) {
+    for (const auto& [source, box] : plan.tensors) {
+      const internal::TensorSource& s = plan.sources.tensors[source];
+      add(s, box.global_offsets, internal::BoxOf(s.local, box));
+    }
+  } else {
+    absl::flat_hash_set<size_t> kept;
+    for (const auto& [source, box] : plan.tensors) kept.insert(source);
+    for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
+      const internal::TensorSource& s = plan.sources.tensors[i];
+      at::Tensor full = s.fsdp ? per_param::GatherLikeParam(*s.fsdp, s.local) : s.local;
+      if (kept.contains(i)) add(s, std::vector<int64_t>(s.global_size.size(), 0), full);
+    }
+  }
+  for (size_t i : plan.bytes) {
+    const internal::BytesSource& b = plan.sources.bytes[i];
+    items.bytes.push_back({b.key, checkpoint::WriteCheckpoint(b.value)});
+  }
+  return items;
+}
+
+void SetObjectPaths(const RankPlan& plan, DcpFragment& fragment) {
+  for (checkpoint::DcpEntry& e : fragment.entries) {
+    auto it = plan.paths.find(e.fqn);
+    if (it != plan.paths.end()) e.object_path = it->second;
+  }
+}
+
+// Rank 0: the fragments gathered from every rank (ranks that wrote nothing send none).
+std::vector<DcpFragment> ParseFragments(const std::vector<std::vector<char>>& all) {
+  std::vector<DcpFragment> fragments;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty())
+      fragments.push_back(checkpoint::ParseDcpFragment(all[r], absl::StrCat("rank ", r, "'s fragment")));
+  }
+  return fragments;
+}
+
+// The bytes length of the torch.save archive of a contiguous tensor of `sizes` and `dtype`:
+// it does not depend on the values (data.pkl holds only the storage key, dtype, sizes and
+// strides; the data record is stored uncompressed), so one archive of zeros per shape says.
+int64_t ArchiveLength(at::ScalarType dtype, const std::vector<int64_t>& sizes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, std::vector<int64_t>>, int64_t> cache;
+  const auto key = std::make_pair(static_cast<int>(dtype), sizes);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const int64_t n = static_cast<int64_t>(checkpoint::WriteCheckpoint(c10::IValue(at::zeros(sizes, dtype))).size());
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace(key, n);
+  return n;
+}
+
+// What WriteRankData (checkpoint/dcp_storage.cc) will return for `items` (contiguous CPU
+// snapshots), without writing: bytes items first, then the tensor chunks, back to back.
+DcpFragment PredictFragment(int rank, const RankItems& items) {
+  DcpFragment fragment;
+  const std::string file = checkpoint::DcpDataFileName(rank);
+  absl::flat_hash_map<std::string, size_t> index;
+  int64_t offset = 0;
+  const auto entry = [&](const std::string& fqn) -> std::pair<checkpoint::DcpEntry*, bool> {
+    auto [it, added] = index.emplace(fqn, fragment.entries.size());
+    if (added) {
+      fragment.entries.emplace_back();
+      fragment.entries.back().fqn = fqn;
+      fragment.entries.back().object_path = {fqn};
+    }
+    return {&fragment.entries[it->second], added};
+  };
+  for (const DcpBytesItem& b : items.bytes) {
+    checkpoint::DcpEntry* e = entry(b.fqn).first;
+    e->is_bytes = true;
+    e->bytes_storage = {file, offset, static_cast<int64_t>(b.bytes.size())};
+    offset += static_cast<int64_t>(b.bytes.size());
+  }
+  for (const DcpTensorItem& t : items.tensors) {
+    auto [e, added] = entry(t.fqn);
+    if (added) {
+      e->size = t.global_size;
+      e->properties.dtype = t.dtype;
+      e->properties.requires_grad = t.local.requires_grad();
+      e->properties.pin_memory = t.local.is_pinned();
+      e->properties.strides = t.local.strides().vec();
+    }
+    const int64_t length = ArchiveLength(t.dtype, t.local.sizes().vec());
+    e->chunks.push_back({t.offsets, t.local.sizes().vec(), {file, offset, length}});
+    offset += length;
+  }
+  return fragment;
+}
+
+std::vector<char> FragmentPayload(const DcpFragment& fragment) {
+  return fragment.entries.empty() ? std::vector<char>() : checkpoint::SerializeDcpFragment(fragment);
+}
+
+}  // namespace
+
+void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
+          const SaveOptions& options) {
+  const RankPlan plan = MakePlan(model, optimizer, dir, options, "dcp::Save");
+  const comm::ProcessGroupPtr& world = plan.sources.world;
+  const RankItems items = Materialize(plan, options.kind, /*snapshot=*/false);
+  DcpFragment fragment;
+  const std::string error = internal::ErrorOf([&] {
+    if (items.empty()) return;
+    fragment = checkpoint::WriteRankData(dir, plan.rank, items.tensors, items.bytes);
+    SetObjectPaths(plan, fragment);
+  });
+  const auto all = internal::AllGatherOrThrow(world, error, FragmentPayload(fragment), "dcp::Save");
+  std::string md_error;
+  if (plan.rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, ParseFragments(all)); });
+  const std::vector<char> root_error =
+      internal::BroadcastBytes(world, std::vector<char>(md_error.begin(), md_error.end()), 0);
+  TORCH_CHECK(md_error.empty(), md_error);
+  TORCH_CHECK(root_error.empty(), "dcp::Save: rank 0 failed: ", std::string(root_error.begin(), root_error.end()));
+}
+
+// ------------------------------------------------------------------------- AsyncSave
+struct AsyncSaveHandle::State {
+  std::thread thread;
+  std::atomic<bool> finished{false};
+  std::string error;  // written by the thread before `finished`
+  std::mutex join_mu;
+};
+
+AsyncSaveHandle::AsyncSaveHandle() = default;
+AsyncSaveHandle::AsyncSaveHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+AsyncSaveHandle::AsyncSaveHandle(AsyncSaveHandle&&) noexcept = default;
+AsyncSaveHandle& AsyncSaveHandle::operator=(AsyncSaveHandle&& other) noexcept {
+  if (this != &other) {
+    if (state_) {
+      std::lock_guard<std::mutex> lock(state_->join_mu);
+      if (state_->thread.joinable()) state_->thread.join();
+    }
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+AsyncSaveHandle::~AsyncSaveHandle() {
+  if (!state_) return;
+  std::lock_guard<std::mutex> lock(state_->join_mu);
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+void AsyncSaveHandle::wait() {
+  TORCH_CHECK(state_ != nullptr, "AsyncSaveHandle::wait: the handle holds no save (moved from or default)");
+  {
+    std::lock_guard<std::mutex> lock(state_->join_mu);
+    if (state_->thread.joinable()) state_->thread.join();
+  }
+  TORCH_CHECK(state_->error.empty(), state_->error);
+}
+
+bool AsyncSaveHandle::done() const { return state_ == nullptr || state_->finished.load(); }
+
+AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
+                          const SaveOptions& options, comm::ProcessGroupPtr background_group) {
+  RankPlan plan = MakePlan(model, optimizer, dir, options, kAsyncSave);
+  const comm::ProcessGroupPtr world = plan.sources.world;
+  auto items = std::make_shared<RankItems>(Materialize(plan, options.kind, /*snapshot=*/true));
+  DcpFragment predicted;
+  const std::string error = internal::ErrorOf([&] {
+    predicted = PredictFragment(plan.rank, *items);
+    SetObjectPaths(plan, predicted);
+  });
+  const auto all = internal::AllGatherOrThrow(world, error, FragmentPayload(predicted), kAsyncSave);
+  std::vector<DcpFragment> fragments;
+  if (plan.rank == 0) fragments = ParseFragments(all);
+  if (background_group == nullptr && world != nullptr && world->size() > 1) {
+    std::vector<int> ranks(world->size());
+    for (int r = 0; r < world->size(); ++r) ranks[r] = r;
+    background_group = world->new_subgroup(ranks);
+  }
+  TORCH_CHECK(world == nullptr || background_group == nullptr || background_group->size() == world->size(), kAsyncSave,
+              ": background_group has ", background_group->size(), " ranks, the model's world ", world->size());
+  auto state = std::make_shared<AsyncSaveHandle::State>();
+  const int rank = plan.rank;
+  auto paths = std::make_shared<RankPlan>(std::move(plan));
+  paths->sources = {};  // the thread needs only the object paths; the model's tensors stay here
+  state->thread = std::thread([state, items, paths, predicted = std::move(predicted), fragments = std::move(fragments),
+                               dir, rank, group = background_group] {
+    std::string err = internal::ErrorOf([&] {
+      if (items->empty()) return;
+      DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
+      SetObjectPaths(*paths, written);
+      TORCH_CHECK(written.entries == predicted.entries, kAsyncSave, ": rank ", rank, " wrote '",
+                  checkpoint::DcpDataFileName(rank), "' in '", dir,
+                  "' with another layout than the one it announced to rank 0 (an archive length that depends on the "
+                  "values?); the checkpoint stays incomplete");
+    });
+    items->tensors.clear();  // the snapshot is on disk: free it before waiting for the others
+    const std::string outcome = internal::ErrorOf([&] {
+      internal::AgreeOrThrow(group, err, kAsyncSave);
+      std::string md_error;
+      if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, fragments); });
+      const std::vector<char> root =
+          internal::BroadcastBytes(group, std::vector<char>(md_error.begin(), md_error.end()), 0);
+      TORCH_CHECK(md_error.empty(), md_error);
+      TORCH_CHECK(root.empty(), kAsyncSave, ": rank 0 failed: ", std::string(root.begin(), root.end()));
+    });
+    state->error = outcome;
+    state->finished.store(true);
+  });
+  return AsyncSaveHandle(std::move(state));
+}
+
+}  // namespace fsdp::dcp

@@ -1,0 +1,127 @@
+#include "dcp/state_items.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fsdp/per_param/fsdp_param.h"
+#include "fsdp/per_param/state_dict.h"
+#include "optim_state/fsdp2_optim_state.h"
+
+namespace fsdp::dcp::internal {
+namespace {
+
+std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
+
+}  // namespace
+
+std::string ModelKey(const std::string& fqn) { return kModelPrefix + fqn; }
+std::string OptimStateKey(const std::string& fqn, const std::string& name) {
+  return absl::StrCat(kOptimStatePrefix, fqn, ".", name);
+}
+std::string ParamGroupKey(size_t group, const std::string& option) {
+  return absl::StrCat(kParamGroupsPrefix, group, ".", option);
+}
+
+optim_state::OptionMap PythonOnlyOptions(const std::string& optimizer) {
+  const c10::IValue none, no(false), yes(true);
+  if (optimizer == "Adam" || optimizer == "AdamW") {
+    return {{"maximize", no},       {"foreach", none}, {"capturable", no},
+            {"differentiable", no}, {"fused", none},   {"decoupled_weight_decay", c10::IValue(optimizer == "AdamW")}};
+  }
+  if (optimizer == "SGD" || optimizer == "Adagrad") {
+    return {{"maximize", no}, {"foreach", none}, {"differentiable", no}, {"fused", none}};
+  }
+  if (optimizer == "RMSprop") {
+    return {{"capturable", no}, {"foreach", none}, {"maximize", no}, {"differentiable", no}};
+  }
+  return {};
+}
+
+SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) {
+  SaveSources out;
+  const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
+  absl::flat_hash_map<const c10::TensorImpl*, const per_param::FSDPParam*> by_impl;
+  absl::flat_hash_map<std::string, const per_param::FSDPParam*> by_fqn;
+  for (const auto& p : params) {
+    by_fqn.emplace(p.fqn, p.fsdp_param);
+    if (p.fsdp_param == nullptr) continue;
+    by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
+    if (out.world == nullptr) out.world = p.fsdp_param->sharding_spec().mesh->world();
+  }
+  const auto add_tensor = [&](std::string key, std::vector<DcpPathElement> path, const per_param::FSDPParam* fsdp,
+                              const at::Tensor& local) {
+    TensorSource s{std::move(key), std::move(path), fsdp, local.detach(), {}};
+    s.global_size = fsdp ? fsdp->sharding_spec().shape : local.sizes().vec();
+    out.tensors.push_back(std::move(s));
+  };
+  // Model: named_parameters then named_buffers (tied parameters under each name, as
+  // state_dict()).
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    auto it = by_impl.find(item.value().unsafeGetTensorImpl());
+    const per_param::FSDPParam* fsdp = it == by_impl.end() ? nullptr : it->second;
+    add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, fsdp,
+               fsdp ? fsdp->ShardedDTensor().to_local() : item.value());
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined())
+      add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, nullptr, item.value());
+  }
+  if (optimizer == nullptr) return out;
+
+  const optim_state::OptimStateDict sd = optim_state::GetShardedOptimStateDict(model, *optimizer);
+  for (const auto& [fqn, state] : sd.state) {
+    auto it = by_fqn.find(fqn);
+    TORCH_CHECK(it != by_fqn.end(), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
+    const per_param::FSDPParam* fsdp = it->second;
+    for (const auto& [name, value] : state) {
+      const std::string key = OptimStateKey(fqn, name);
+      std::vector<DcpPathElement> path = {std::string("optim"), std::string("state"), fqn, name};
+      if (const at::Tensor* t = std::get_if<at::Tensor>(&value)) {
+        const bool sharded = fsdp != nullptr && t->dim() > 0;
+        if (sharded) {
+          TORCH_CHECK(t->sizes().vec() == fsdp->sharded_size(), "dcp: optimizer state '", name, "' of '", fqn,
+                      "' has shape ", Shape(t->sizes()), " but the parameter's shard has shape ",
+                      Shape(fsdp->sharded_size()));
+        }
+        add_tensor(key, std::move(path), sharded ? fsdp : nullptr, *t);
+      } else if (const int64_t* i = std::get_if<int64_t>(&value)) {
+        // LibTorch keeps `step` as an int; PyTorch as a 0-d float32 tensor (torch/optim/adam.py
+        // _init_group: torch.tensor(0.0, dtype=_get_scalar_dtype())).
+        if (name == "step") {
+          add_tensor(key, std::move(path), nullptr, at::scalar_tensor(static_cast<double>(*i), at::kFloat));
+        } else {
+          out.bytes.push_back({key, std::move(path), c10::IValue(*i)});
+        }
+      } else {
+        out.bytes.push_back({key, std::move(path), c10::IValue(std::get<double>(value))});
+      }
+    }
+  }
+  const optim_state::OptionMap extra = PythonOnlyOptions(sd.optimizer);
+  for (size_t g = 0; g < sd.param_groups.size(); ++g) {
+    const optim_state::ParamGroupState& group = sd.param_groups[g];
+    optim_state::OptionMap options = group.options;
+    for (const auto& [name, value] : extra) options.emplace(name, value);
+    for (const auto& [name, value] : options) {
+      TORCH_CHECK(name != "params", "dcp: param group ", g, " has an option named 'params'");
+      out.bytes.push_back({ParamGroupKey(g, name),
+                           {std::string("optim"), std::string("param_groups"), static_cast<int64_t>(g), name},
+                           value});
+    }
+    c10::List<std::string> fqns;
+    for (const std::string& fqn : group.params) fqns.push_back(fqn);
+    out.bytes.push_back(
+        {ParamGroupKey(g, "params"),
+         {std::string("optim"), std::string("param_groups"), static_cast<int64_t>(g), std::string("params")},
+         c10::IValue(fqns)});
+  }
+  return out;
+}
+
+}  // namespace fsdp::dcp::internal
