@@ -333,13 +333,17 @@ fsdp_cc_binary(//fuzz:optim_state_fuzz TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS optim_state_fuzz.cc
   DEPS :standalone_driver :fuzz_models //optim_state:fsdp2 @libtorch)
 
+fsdp_cc_binary(//fuzz:dcp_metadata_fuzz
+  SRCS dcp_metadata_fuzz.cc
+  DEPS :standalone_driver //checkpoint:dcp @libtorch)
+
 fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ
   SRCS torchrun_env_fuzz.cc
   DEPS :standalone_driver //comm @libtorch)
 
 fsdp_cc_binary(//fuzz:make_seeds TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS make_seeds.cc
-  DEPS :fuzz_models //checkpoint //fsdp/per_param //optim_state:fsdp2)
+  DEPS :fuzz_models //checkpoint //checkpoint:dcp //fsdp/per_param //optim_state:fsdp2)
 
 fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE
   SRCS corrupt_checkpoint_test.cc

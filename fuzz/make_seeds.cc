@@ -1,10 +1,12 @@
 // Writes PyTorch corpora of the fuzz targets from real files: make_seeds DIR creates
-// DIR/full_state_dict/, DIR/optim_state/ and DIR/torchrun_env/.
+// DIR/full_state_dict/, DIR/optim_state/, DIR/torchrun_env/ and DIR/dcp_metadata/.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "checkpoint/dcp_metadata.h"
+#include "checkpoint/dcp_storage.h"
 #include "checkpoint/tensor_dict_file.h"
 #include "fsdp/per_param/state_dict.h"
 #include "fuzz/fuzz_models.h"
@@ -43,5 +45,20 @@ int main(int argc, char** argv) {
   Write(dir / "optim_state", optim);
   auto text = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
   Write(dir / "torchrun_env", {{"ok", text("1\n4\n1\n127.0.0.1\n29500")}, {"no_local", text("0\n1")}});
+  // A two-rank checkpoint's .metadata as our writer makes it (tools/fuzz.sh adds Python's).
+  namespace ckpt = fsdp::checkpoint;
+  const std::filesystem::path data_dir = dir / "dcp_metadata_data";
+  std::filesystem::create_directories(data_dir);
+  const at::Tensor w = at::arange(12, at::kFloat).view({3, 4});
+  std::vector<ckpt::DcpFragment> fragments;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    const at::Tensor rows = w.narrow(0, rank * 2, rank == 0 ? 2 : 1).contiguous();
+    fragments.push_back(ckpt::WriteRankData(data_dir.string(), rank, {{"model.w", {3, 4}, at::kFloat, {rank * 2, 0}, rows}},
+                                            rank == 0 ? std::vector<ckpt::DcpBytesItem>{{"optim.lr", text("0.01")}}
+                                                      : std::vector<ckpt::DcpBytesItem>{}));
+  }
+  const std::vector<char> metadata = ckpt::SerializeDcpMetadata(ckpt::MergeDcpFragments(fragments, data_dir.string()));
+  ckpt::ParseDcpMetadata(metadata.data(), metadata.size(), "seed");  // must load
+  Write(dir / "dcp_metadata", {{"ours.metadata", metadata}});
   return 0;
 }
