@@ -274,7 +274,7 @@ fsdp_cc_library(//fsdp/flat_param:fsdp_test_models TESTONLY
 fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small
   SRCS golden_test.cc
   DATA testdata/*.txt
-  DEPS :runtime //comm @libtorch @system//:absl @system//:gtest_main)
+  DEPS :runtime //comm @libtorch //testing:golden_file @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/per_param
 fsdp_cc_library(//fsdp/per_param
@@ -312,8 +312,8 @@ fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
 fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium
   SRCS golden_test.cc
   DATA testdata/*.txt
-  DEPS :per_param :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:multi_rank
-       @libtorch @system//:absl @system//:gtest_main)
+  DEPS :per_param :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
+       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fuzz
 fsdp_cc_library(//fuzz:fuzz_models TESTONLY
@@ -414,6 +414,10 @@ fsdp_cc_library(//testing:multi_rank TESTONLY
   HDRS multi_rank.h
   DEPS //comm //comm:gloo //comm:nccl @libtorch @system//:absl @system//:gtest
   CUDA_DEPS @cuda//:cuda_nccl)
+
+fsdp_cc_library(//testing:golden_file TESTONLY
+  HDRS golden_file.h
+  DEPS @system//:absl)
 
 fsdp_cc_library(//testing:expect_error TESTONLY
   HDRS expect_error.h

@@ -26,50 +26,21 @@
 #include "absl/strings/str_split.h"
 #include "comm/fake_process_group.h"
 #include "fsdp/flat_param/flat_param.h"
+#include "testing/golden_file.h"
 
 namespace fsdp::flat_param {
 namespace {
 
 using Fields = std::vector<std::string>;
 
+// The records of a golden file of this package (testing/golden_file.h).
 std::vector<Fields> ReadGolden(const std::string& name) {
-  // Bazel runs tests in the runfiles root, where data files keep their workspace paths.
-  const std::string path = "fsdp/flat_param/testdata/" + name;
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path + " (regenerate: testing/golden/gen_fsdp.py)");
-  std::vector<Fields> out;
-  std::string line;
-  for (int n = 0; std::getline(in, line); ++n) {
-    if (n == 0 && !absl::StartsWith(line, "# torch 2.15")) throw std::runtime_error(path + ": written by " + line);
-    if (line.empty() || line[0] == '#') continue;
-    out.push_back(absl::StrSplit(line, '\t'));
-  }
-  return out;
+  return fsdp::testing::ReadGoldenFile("fsdp/flat_param/testdata/" + name);
 }
 
-int64_t Int(const std::string& s) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(s, &v)) throw std::runtime_error("not an integer: " + s);
-  return v;
-}
-
-std::vector<int64_t> Ints(const std::string& s, char sep = ',') {
-  std::vector<int64_t> out;
-  if (s == "-") return out;
-  for (absl::string_view v : absl::StrSplit(s, sep)) out.push_back(Int(std::string(v)));
-  return out;
-}
-
-std::vector<double> Values(const std::string& s) {
-  std::vector<double> out;
-  if (s == "-") return out;
-  for (absl::string_view v : absl::StrSplit(s, ',')) {
-    double d = 0;
-    if (!absl::SimpleAtod(v, &d)) throw std::runtime_error("not a number: " + std::string(v));
-    out.push_back(d);
-  }
-  return out;
-}
+int64_t Int(const std::string& s) { return fsdp::testing::GoldenInt(s); }
+std::vector<int64_t> Ints(const std::string& s, char sep = ',') { return fsdp::testing::GoldenInts(s, sep); }
+std::vector<double> Values(const std::string& s) { return fsdp::testing::GoldenNums(s); }
 
 std::vector<double> Values(const at::Tensor& t) {
   const at::Tensor d = t.detach().to(at::kDouble).contiguous().view(-1);

@@ -34,6 +34,7 @@
 #include "fsdp/per_param/fsdp_state.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
+#include "testing/golden_file.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::per_param {
@@ -44,34 +45,13 @@ using Shape = std::vector<int64_t>;
 
 // ------------------------------------------------------------------ reading the files
 
-// The records of a golden file (its '#' header skipped); the first line names the PyTorch
-// that wrote it, which must be the pinned 2.15.
+// The records of a golden file of this package (testing/golden_file.h).
 std::vector<Fields> ReadGolden(const std::string& name) {
-  // Bazel runs tests in the runfiles root, where data files keep their workspace paths.
-  const std::string path = "fsdp/per_param/testdata/" + name;
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path + " (regenerate: testing/golden/gen_fsdp.py)");
-  std::vector<Fields> out;
-  std::string line;
-  for (int n = 0; std::getline(in, line); ++n) {
-    if (n == 0 && !absl::StartsWith(line, "# torch 2.15")) throw std::runtime_error(path + ": written by " + line);
-    if (line.empty() || line[0] == '#') continue;
-    out.push_back(absl::StrSplit(line, '\t'));
-  }
-  return out;
+  return fsdp::testing::ReadGoldenFile("fsdp/per_param/testdata/" + name);
 }
 
-int64_t Int(const std::string& s) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(s, &v)) throw std::runtime_error("not an integer: " + s);
-  return v;
-}
-
-double Num(const std::string& s) {
-  double v = 0;
-  if (!absl::SimpleAtod(s, &v)) throw std::runtime_error("not a number: " + s);
-  return v;
-}
+int64_t Int(const std::string& s) { return fsdp::testing::GoldenInt(s); }
+double Num(const std::string& s) { return fsdp::testing::GoldenNum(s); }
 
 std::optional<double> OptNum(const std::string& s) { return s == "None" ? std::nullopt : std::optional(Num(s)); }
 
@@ -85,12 +65,7 @@ Shape ShapeOf(const std::string& s) {
 
 std::string ShapeStr(at::IntArrayRef shape) { return shape.empty() ? "scalar" : absl::StrJoin(shape, "x"); }
 
-std::vector<double> ValuesOf(const std::string& s) {
-  std::vector<double> out;
-  if (s == "-") return out;
-  for (absl::string_view v : absl::StrSplit(s, ',')) out.push_back(Num(std::string(v)));
-  return out;
-}
+std::vector<double> ValuesOf(const std::string& s) { return fsdp::testing::GoldenNums(s); }
 
 std::vector<double> ValuesOf(const at::Tensor& t) {
   const at::Tensor d = t.detach().to(at::kDouble).contiguous().view(-1);
