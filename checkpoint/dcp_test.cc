@@ -22,6 +22,7 @@
 #include "checkpoint/dcp_storage.h"
 #include "checkpoint/file_io.h"
 #include "testing/expect_error.h"
+#include "testing/peer_python.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -399,29 +400,8 @@ TEST(Dcp, WritersRejectInconsistentChunks) {
 }
 
 // ------------------------------------------------------------------ interop with PyTorch
-// The peer interpreter, or "" with the reason in `why_not`.
-std::string PeerPython(std::string* why_not) {
-  const char* python = std::getenv("FSDP_PEER_PYTHON");
-  if (python == nullptr || *python == '\0') {
-    *why_not = "FSDP_PEER_PYTHON is not set (./x setup sets it in .bazelrc.user once the peer venv exists)";
-    return "";
-  }
-  if (::access(python, X_OK) != 0) {
-    *why_not = absl::StrCat("FSDP_PEER_PYTHON=", python, " is not an executable");
-    return "";
-  }
-  return python;
-}
-
-// Runs `command`, returning its exit status and its output (stdout and stderr).
-int RunCommand(const std::string& command, std::string* output) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
-  return ::pclose(pipe);
-}
+using fsdp::testing::PeerPython;
+using fsdp::testing::RunCommand;
 
 constexpr char kScript[] = "checkpoint/testdata/dcp_interop.py";
 

@@ -98,7 +98,8 @@ fsdp_cc_library(//checkpoint:dcp
 fsdp_cc_test(//checkpoint:dcp_test SIZE medium
   SRCS dcp_test.cc
   DATA testdata/dcp_interop.py
-  DEPS :checkpoint :dcp //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
+  DEPS :checkpoint :dcp //testing:expect_error //testing:peer_python @libtorch @system//:absl
+       @system//:gtest_main)
 
 # ================================================================ //comm
 fsdp_cc_library(//comm
@@ -177,7 +178,7 @@ fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS interop_test.cc
   DATA testdata/fsdp2_interop.py
   DEPS :dcp //comm //fsdp/common //fsdp/per_param //mesh //optim_state:fsdp2 //testing:multi_rank
-       @libtorch @system//:absl @system//:gtest_main)
+       //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //device
 fsdp_cc_library(//device
@@ -418,6 +419,9 @@ fsdp_cc_library(//testing:multi_rank TESTONLY
 fsdp_cc_library(//testing:golden_file TESTONLY
   HDRS golden_file.h
   DEPS @system//:absl)
+
+fsdp_cc_library(//testing:peer_python TESTONLY
+  HDRS peer_python.h)
 
 fsdp_cc_library(//testing:expect_error TESTONLY
   HDRS expect_error.h

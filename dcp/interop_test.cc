@@ -29,6 +29,7 @@
 #include "fsdp/per_param/state_dict.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/multi_rank.h"
+#include "testing/peer_python.h"
 
 namespace fsdp::dcp {
 namespace {
@@ -103,27 +104,8 @@ std::string NewDir(const std::string& name) {
   return absl::StrCat(tmp ? tmp : "/tmp", "/", name, "_", getpid());
 }
 
-std::string PeerPython(std::string* why_not) {
-  const char* python = std::getenv("FSDP_PEER_PYTHON");
-  if (python == nullptr || *python == '\0') {
-    *why_not = "FSDP_PEER_PYTHON is not set (./x setup sets it in .bazelrc.user once the peer venv exists)";
-    return "";
-  }
-  if (::access(python, X_OK) != 0) {
-    *why_not = absl::StrCat("FSDP_PEER_PYTHON=", python, " is not an executable");
-    return "";
-  }
-  return python;
-}
-
-int RunCommand(const std::string& command, std::string* output) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
-  return ::pclose(pipe);
-}
+using fsdp::testing::PeerPython;
+using fsdp::testing::RunCommand;
 
 constexpr char kScript[] = "dcp/testdata/fsdp2_interop.py";
 
