@@ -91,7 +91,7 @@ fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE
   DEPS :checkpoint //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//checkpoint:dcp
-  SRCS dcp_metadata.cc dcp_pickle.cc dcp_storage.cc
+  SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_pickle.cc dcp_storage.cc
   HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h
   DEPS :checkpoint @libtorch @system//:absl)
 
