@@ -4,8 +4,9 @@
 # differently from Bazel, with the reasons, is in the tables of that script:
 #   //bench:*: only with FSDP_BUILD_BENCH=ON: benchmarks need Debian's libbenchmark-dev
 #   //fuzz:standalone_driver //fuzz:full_state_dict_fuzz //fuzz:optim_state_fuzz
-#     //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on
-#     the standalone driver (the libFuzzer build is tools/fuzz.sh's)
+#     //fuzz:dcp_metadata_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with
+#     FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
+#     tools/fuzz.sh's)
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:watchdog_test //dcp:dcp_test //device:stream_test
 #     //dtensor:dtensor_test //fsdp/common:common_test //fsdp/flat_param:flat_param_test
@@ -334,7 +335,7 @@ fsdp_cc_binary(//fuzz:optim_state_fuzz TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS optim_state_fuzz.cc
   DEPS :standalone_driver :fuzz_models //optim_state:fsdp2 @libtorch)
 
-fsdp_cc_binary(//fuzz:dcp_metadata_fuzz
+fsdp_cc_binary(//fuzz:dcp_metadata_fuzz OPTION FSDP_BUILD_FUZZ
   SRCS dcp_metadata_fuzz.cc
   DEPS :standalone_driver //checkpoint:dcp @libtorch)
 

@@ -81,8 +81,10 @@ fi
 step "build (-j$JOBS, nice -n 10; keeps going past errors so every test that can run does)"
 [ ${#LAUNCHER[@]} -eq 0 ] || ccache --zero-stats >/dev/null 2>&1
 t_build=$SECONDS
-if ! run nice -n 10 cmake --build "$BUILD" -j "$JOBS" -- -k 0; then
-  echo "BUILD FAILED (tests whose binaries are missing are counted as failed below)"
+BUILD_LOG="$BUILD/build.log"
+run nice -n 10 cmake --build "$BUILD" -j "$JOBS" -- -k 0 2>&1 | tee "$BUILD_LOG"
+if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+  echo "BUILD FAILED (each target that failed to build counts as a failure below)"
   rc=1
 fi
 build_note="build: $((SECONDS - t_build)) s"
@@ -124,6 +126,6 @@ echo "$what; $build_note; $test_note; total $((SECONDS - t0)) s"
 echo "$cuda_note"
 # Test cases from each test's GoogleTest XML, as for Bazel (a crashed test counts as one
 # failure); the last line is 'N passed, N failed'.
-summary="$(python3 "$ROOT/tools/test_summary.py" --ctest "$CTEST_LOG" "$BUILD/test-xml")" || rc=1
+summary="$(python3 "$ROOT/tools/test_summary.py" --ctest "$CTEST_LOG" "$BUILD/test-xml" "$BUILD_LOG")" || rc=1
 printf '%s\n' "$summary"
 exit $rc

@@ -42,6 +42,7 @@ OPTIONAL = {
     "//fuzz:standalone_driver": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:full_state_dict_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:optim_state_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
+    "//fuzz:dcp_metadata_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:torchrun_env_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:make_seeds": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
 }
@@ -63,6 +64,15 @@ def short_label(label):
     """//comm:comm -> //comm (as BUILD files write a package's default target)."""
     pkg, _, name = label[2:].partition(":")
     return f"//{pkg}" if pkg and pkg.rsplit("/", 1)[-1] == name else label
+
+
+def absolute_label(dep, pkg):
+    """':x' or '//a/b' in package pkg -> '//pkg:x' or '//a/b:b' (external labels unchanged)."""
+    if dep.startswith(":"):
+        return f"//{pkg}{dep}"
+    if dep.startswith("//") and ":" not in dep:
+        return f"{dep}:{dep.rsplit('/', 1)[-1]}"
+    return dep
 
 
 def split_select(label, attr, value):
@@ -157,6 +167,17 @@ def check_tables(targets):
         if key.endswith(":*") and key[2:-2] in pkgs or key in labels:
             continue
         die(f"table entry {key} names no Bazel C++ target (update tools/gen_cmake_targets.py)")
+    # A target CMake always builds must not depend on one it builds only with an option
+    # (CMake would link the missing library by name: `-lfuzz_standalone_driver`).
+    for label, (kind, pkg, kw) in targets.items():
+        if optional_for(label, pkg):
+            continue
+        for dep in split_select(label, "deps", kw.get("deps"))[0]:
+            full = absolute_label(dep, pkg)
+            opt = full in labels and optional_for(full, targets[full][1])
+            if opt:
+                die(f"{label} depends on {dep}, which CMake builds only with {opt[0]}=ON: "
+                    f"add {label} to OPTIONAL (tools/gen_cmake_targets.py)")
     for pkg, (name, _) in SMOKE_OVERRIDES.items():
         if pkg not in pkgs or (name and targets.get(f"//{pkg}:{name}", ("",))[0] != "cc_test"):
             die(f"SMOKE_OVERRIDES: //{pkg}:{name or '*'} is not a cc_test of a Bazel package "

@@ -3,8 +3,13 @@
 
 Usage:
   test_summary.py BAZEL_TEST_LOG BAZEL_TESTLOGS_DIR   a `bazel test` run
-  test_summary.py --ctest CTEST_LOG XML_DIR           a `ctest` run whose tests wrote
-                                                      GoogleTest XML as XML_DIR/<test>.xml
+  test_summary.py --ctest CTEST_LOG XML_DIR [BUILD_LOG]
+                                                      a `ctest` run whose tests wrote
+                                                      GoogleTest XML as XML_DIR/<test>.xml;
+                                                      each Ninja 'FAILED: <output>' line of
+                                                      BUILD_LOG counts as one failure (a
+                                                      binary that did not link is a failure
+                                                      even when no test runs it)
   test_summary.py --combine NAME=FILE ...             sums the last summary line of each
                                                       FILE (a part's output); a part with
                                                       no summary line counts as one failure
@@ -99,8 +104,22 @@ def bazel(log_path, testlogs):
     return tally.report("bazel")
 
 
-def ctest(log_path, xml_dir):
+NINJA_FAILED = re.compile(r"^FAILED: (.+?)\s*$")
+
+
+def ctest(log_path, xml_dir, build_log=None):
     tally = Tally()
+    if build_log:
+        try:
+            with open(build_log, errors="replace") as f:
+                for line in f:
+                    m = NINJA_FAILED.match(line)
+                    if m:
+                        tally.failed += 1
+                        tally.failures.append(f"build: {m.group(1)}")
+        except OSError:
+            tally.failed += 1
+            tally.failures.append(f"build: no build log at {build_log}")
     for target, status in sorted(statuses(log_path, CTEST_STATUS).items()):
         name = target[2:].replace("/", "_").replace(":", "_")
         tally.add_target(target, status, status == "Passed", os.path.join(xml_dir, name + ".xml"))
@@ -137,8 +156,8 @@ def combine(parts):
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--combine":
         return combine(argv[1:])
-    if len(argv) == 3 and argv[0] == "--ctest":
-        return ctest(argv[1], argv[2])
+    if len(argv) in (3, 4) and argv[0] == "--ctest":
+        return ctest(*argv[1:])
     if len(argv) == 2 and not argv[0].startswith("--"):
         return bazel(argv[0], argv[1])
     print(__doc__, file=sys.stderr)
