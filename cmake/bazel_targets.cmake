@@ -175,6 +175,12 @@ fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
        //optim_state:core //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
 
+fsdp_cc_test(//dcp:large_model_test SIZE medium
+  SRCS large_model_test.cc
+  DEPS :dcp //comm //fsdp/common //fsdp/common:test_models //fsdp/per_param //fsdp/per_param:runtime
+       //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest_main)
+
 fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS interop_test.cc
   DATA testdata/fsdp2_interop.py
@@ -227,9 +233,10 @@ fsdp_cc_binary(//examples:fsdp2_demo
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common
-  SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc hooked_module.cc sharding.cc storage.cc
+  SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc hooked_module.cc meta.cc sharding.cc
+       storage.cc
   HDRS autograd_hooks.h flat_layout.h forward_tensors.h fsdp_state_base.h grad_divide.h
-       hooked_module.h sharding.h storage.h
+       hooked_module.h meta.h sharding.h storage.h
   DEPS @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/common:test_models TESTONLY
@@ -280,8 +287,8 @@ fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small
 
 # ================================================================ //fsdp/per_param
 fsdp_cc_library(//fsdp/per_param
-  SRCS fully_shard.cc state_dict.cc
-  HDRS checkpoint_reader.h checkpoint_zip.h fully_shard.h state_dict.h
+  SRCS fully_shard.cc meta_init.cc state_dict.cc
+  HDRS checkpoint_reader.h checkpoint_zip.h fully_shard.h meta_init.h state_dict.h
   DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:tensor_parallel //fsdp/common //mesh
        @libtorch @system//:absl)
 
@@ -296,7 +303,7 @@ fsdp_cc_library(//fsdp/per_param:runtime
        @system//:absl)
 
 fsdp_cc_library(//fsdp/per_param:per_param_test_cases TESTONLY ALWAYSLINK
-  SRCS behavior_test.cc fault_test.cc parity_test.cc state_dict_test.cc
+  SRCS behavior_test.cc fault_test.cc meta_init_test.cc parity_test.cc state_dict_test.cc
   DEPS :per_param :test_models //comm //comm:faulty //device //dtensor //dtensor:tensor_parallel
        //mesh //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest)
 
@@ -465,3 +472,18 @@ fsdp_cc_binary(//tools:fsdp_plan
 fsdp_cc_test(//tools:fsdp_plan_test SIZE small SMOKE
   SRCS fsdp_plan_test.cc
   DEPS :fsdp_plan_lib @system//:gtest_main)
+
+fsdp_cc_library(//tools:dcp_cli_lib
+  SRCS dcp_cli_lib.cc torch_save_writer.cc
+  HDRS dcp_cli_lib.h torch_save_writer.h
+  DEPS //checkpoint //checkpoint:dcp @libtorch @system//:absl)
+
+fsdp_cc_binary(//tools:dcp
+  SRCS dcp_cli.cc
+  DEPS :dcp_cli_lib)
+
+fsdp_cc_test(//tools:dcp_cli_test SIZE medium
+  SRCS dcp_cli_test.cc
+  DATA testdata/dcp_cli_interop.py
+  DEPS :dcp_cli_lib //checkpoint //checkpoint:dcp //testing:expect_error //testing:peer_python
+       @libtorch @system//:absl @system//:gtest_main)

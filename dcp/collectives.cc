@@ -45,6 +45,71 @@ std::vector<char> BroadcastBytes(const comm::ProcessGroupPtr& group, const std::
   return std::vector<char>(p, p + n);
 }
 
+std::vector<std::vector<char>> GatherBytes(const comm::ProcessGroupPtr& group, const std::vector<char>& mine, int root) {
+  if (group == nullptr || group->size() == 1) return {mine};
+  const int64_t w = group->size();
+  const bool is_root = group->rank() == root;
+  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor lengths = at::empty({w}, at::kLong);
+  group->all_gather_into_tensor(lengths, length)->wait();
+  std::vector<int64_t> sizes(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + w);
+  int64_t total = 0;
+  for (int64_t r = 0; r < w; ++r) {
+    TORCH_CHECK(sizes[r] >= 0, "GatherBytes: rank ", r, " sent length ", sizes[r]);
+    total += sizes[r];
+  }
+  // Only `root` receives: every rank's input goes whole to it (an all-to-all with one
+  // non-empty piece per rank), so no other rank holds the W payloads.
+  at::Tensor input = at::empty({static_cast<int64_t>(mine.size())}, at::kByte);
+  if (!mine.empty()) std::memcpy(input.data_ptr<uint8_t>(), mine.data(), mine.size());
+  std::vector<int64_t> input_splits(w, 0), output_splits(w, 0);
+  input_splits[root] = static_cast<int64_t>(mine.size());
+  if (is_root) output_splits = sizes;
+  at::Tensor output = at::empty({is_root ? total : 0}, at::kByte);
+  group->all_to_all_single(output, input, output_splits, input_splits)->wait();
+  if (!is_root) return {};
+  std::vector<std::vector<char>> out(w);
+  const char* p = reinterpret_cast<const char*>(output.data_ptr<uint8_t>());
+  for (int64_t r = 0; r < w; ++r) {
+    out[r].assign(p, p + sizes[r]);
+    p += sizes[r];
+  }
+  return out;
+}
+
+std::vector<char> ScatterBytes(const comm::ProcessGroupPtr& group, const std::vector<std::vector<char>>& pieces,
+                               int root) {
+  const bool is_root = group == nullptr || group->rank() == root;
+  const int64_t w = group == nullptr ? 1 : group->size();
+  TORCH_CHECK(!is_root || static_cast<int64_t>(pieces.size()) == w, "ScatterBytes: ", pieces.size(),
+              " pieces for ", w, " ranks");
+  if (w == 1) return pieces[0];
+  at::Tensor lengths = at::zeros({w}, at::kLong);
+  int64_t total = 0;
+  if (is_root) {
+    for (int64_t r = 0; r < w; ++r) total += lengths[r].fill_(static_cast<int64_t>(pieces[r].size())).item<int64_t>();
+  }
+  group->broadcast(lengths, root)->wait();
+  std::vector<int64_t> sizes(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + w);
+  const int64_t me = sizes[group->rank()];
+  TORCH_CHECK(me >= 0, "ScatterBytes: rank ", root, " sent length ", me);
+  at::Tensor input = at::empty({total}, at::kByte);
+  if (is_root) {
+    char* p = reinterpret_cast<char*>(input.data_ptr<uint8_t>());
+    for (const auto& piece : pieces) {
+      if (!piece.empty()) std::memcpy(p, piece.data(), piece.size());
+      p += piece.size();
+    }
+  }
+  std::vector<int64_t> input_splits(w, 0), output_splits(w, 0);
+  if (is_root) input_splits = sizes;
+  output_splits[root] = me;
+  at::Tensor output = at::empty({me}, at::kByte);
+  group->all_to_all_single(output, input, output_splits, input_splits)->wait();
+  const char* p = reinterpret_cast<const char*>(output.data_ptr<uint8_t>());
+  return std::vector<char>(p, p + me);
+}
+
 void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error, const std::string& what) {
   const auto all = AllGatherBytes(group, std::vector<char>(local_error.begin(), local_error.end()));
   TORCH_CHECK(local_error.empty(), local_error);
@@ -53,23 +118,22 @@ void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_e
   }
 }
 
-std::vector<std::vector<char>> AllGatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,
-                                                const std::vector<char>& payload, const std::string& what) {
-  std::vector<char> mine(1, local_error.empty() ? 'P' : 'E');
-  if (local_error.empty()) {
-    mine.insert(mine.end(), payload.begin(), payload.end());
-  } else {
-    mine.insert(mine.end(), local_error.begin(), local_error.end());
+std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,
+                                             const std::vector<char>& payload, int root, const std::string& what) {
+  AgreeOrThrow(group, local_error, what);  // without errors: one all-gather of W lengths
+  return GatherBytes(group, payload, root);
+}
+
+std::vector<char> ScatterOrThrow(const comm::ProcessGroupPtr& group, const std::string& root_error,
+                                 const std::vector<std::vector<char>>& pieces, int root, const std::string& what) {
+  const bool is_root = group == nullptr || group->rank() == root;
+  const std::vector<char> error =
+      BroadcastBytes(group, is_root ? std::vector<char>(root_error.begin(), root_error.end()) : std::vector<char>(), root);
+  if (!error.empty()) {
+    TORCH_CHECK(!is_root, root_error);
+    TORCH_CHECK(false, what, ": rank ", root, " failed: ", std::string(error.begin(), error.end()));
   }
-  std::vector<std::vector<char>> all = AllGatherBytes(group, mine);
-  TORCH_CHECK(local_error.empty(), local_error);
-  for (size_t r = 0; r < all.size(); ++r) {
-    TORCH_CHECK(!all[r].empty(), what, ": rank ", r, " sent nothing");
-    if (all[r][0] == 'E')
-      TORCH_CHECK(false, what, ": rank ", r, " failed: ", std::string(all[r].begin() + 1, all[r].end()));
-    all[r].erase(all[r].begin());
-  }
-  return all;
+  return ScatterBytes(group, pieces, root);
 }
 
 }  // namespace fsdp::dcp::internal

@@ -14,7 +14,14 @@
 //    rank failed, every rank throws a c10::Error: a failed rank its own message unchanged,
 //    the others "<what>: rank <r> failed: <r's message>" (the first failed rank). So a
 //    collective operation succeeds everywhere or fails everywhere.
-//  * AllGatherOrThrow: AllGatherBytes and AgreeOrThrow in one.
+//  * GatherBytes returns every rank's bytes on `root` and nothing elsewhere (an all-gather
+//    of the lengths, then an all-to-all in which each rank sends only to root: no rank but
+//    root ever holds W payloads, which matters at large world sizes). ScatterBytes gives
+//    rank r root's pieces[r] (pieces is read on root only).
+//  * GatherOrThrow: AgreeOrThrow, then GatherBytes (a rank with a non-empty `local_error`
+//    makes every rank throw as AgreeOrThrow does). ScatterOrThrow: root's error (if any) is
+//    broadcast and every rank throws (the others "<what>: rank <root> failed: ..."), else
+//    ScatterBytes.
 //  * Communication errors (a timed-out or failed collective) are the backend's c10::Errors.
 //  * Not thread-safe beyond the group's own rule: one thread per group at a time.
 #ifndef FSDP_DCP_COLLECTIVES_H_
@@ -33,11 +40,16 @@ std::vector<char> BroadcastBytes(const comm::ProcessGroupPtr& group, const std::
 
 void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error, const std::string& what);
 
-// AllGatherBytes of `payload` with AgreeOrThrow's error agreement in the same collective:
-// a rank with a non-empty `local_error` sends it instead, and then every rank throws as
-// AgreeOrThrow does; otherwise returns every rank's payload.
-std::vector<std::vector<char>> AllGatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,
-                                                const std::vector<char>& payload, const std::string& what);
+std::vector<std::vector<char>> GatherBytes(const comm::ProcessGroupPtr& group, const std::vector<char>& mine, int root);
+
+std::vector<char> ScatterBytes(const comm::ProcessGroupPtr& group, const std::vector<std::vector<char>>& pieces,
+                               int root);
+
+std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,
+                                             const std::vector<char>& payload, int root, const std::string& what);
+
+std::vector<char> ScatterOrThrow(const comm::ProcessGroupPtr& group, const std::string& root_error,
+                                 const std::vector<std::vector<char>>& pieces, int root, const std::string& what);
 
 // The message of the exception `fn` throws ("" when it returns): std::exception's what()
 // (c10::Error's without its backtrace), so a failure can go through AgreeOrThrow.

@@ -25,6 +25,7 @@
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
 #include "dcp/state_items.h"
+#include "fsdp/common/meta.h"
 #include "fsdp/per_param/fsdp_param.h"
 #include "fsdp/per_param/state_dict.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -223,9 +224,11 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
           const LoadOptions& options) {
   const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
   comm::ProcessGroupPtr world;
+  c10::Device device(c10::kCPU);  // FSDP's: where tensors built on the meta device go
   for (const auto& p : params) {
     if (p.fsdp_param != nullptr) {
       world = p.fsdp_param->sharding_spec().mesh->world();
+      device = p.fsdp_param->device();
       break;
     }
   }
@@ -249,7 +252,9 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
       if (u.fsdp != nullptr) {
         u.fsdp->param().data().copy_(u.value);
         u.fsdp->ResetShardedParam();  // PyTorch's load_state_dict post-hook
+        u.fsdp->MarkInitialized();       // deferred init (fsdp/per_param/meta_init.h)
       } else {
+        ::fsdp::MaterializeEmpty(u.target, device);
         u.target.data().copy_(u.value);
       }
     }

@@ -99,13 +99,21 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
       bytes_candidates.push_back(i);
     }
   });
-  const auto all = internal::AllGatherOrThrow(world, error, internal::EncodePlan(mine), caller);
-  std::vector<std::vector<PlannedItem>> plans;
-  for (size_t r = 0; r < all.size(); ++r) {
-    plans.push_back(
-        static_cast<int>(r) == plan.rank ? mine : internal::DecodePlan(all[r], absl::StrCat("rank ", r, "'s plan")));
-  }
-  const std::vector<bool> keep = internal::DedupSavePlans(plans)[plan.rank];
+  // DCP's central planning: rank 0 gathers the plans, dedups them and sends each rank what
+  // it keeps (no other rank holds the W plans).
+  const auto all = internal::GatherOrThrow(world, error, internal::EncodePlan(mine), 0, caller);
+  std::vector<std::vector<char>> keeps;
+  const std::string dedup_error = internal::ErrorOf([&] {
+    if (plan.rank != 0) return;
+    std::vector<std::vector<PlannedItem>> plans;
+    for (size_t r = 0; r < all.size(); ++r) {
+      plans.push_back(r == 0 ? mine : internal::DecodePlan(all[r], absl::StrCat("rank ", r, "'s plan")));
+    }
+    for (const std::vector<bool>& k : internal::DedupSavePlans(plans)) keeps.emplace_back(k.begin(), k.end());
+  });
+  const std::vector<char> keep = internal::ScatterOrThrow(world, dedup_error, keeps, 0, caller);
+  TORCH_CHECK(keep.size() == tensor_candidates.size() + bytes_candidates.size(), caller, ": rank 0 sent ",
+              keep.size(), " decisions for ", tensor_candidates.size() + bytes_candidates.size(), " items");
   for (size_t i = 0; i < tensor_candidates.size(); ++i) {
     if (keep[i]) plan.tensors.push_back(std::move(tensor_candidates[i]));
   }
@@ -240,7 +248,7 @@ void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, co
     fragment = checkpoint::WriteRankData(dir, plan.rank, items.tensors, items.bytes);
     SetObjectPaths(plan, fragment);
   });
-  const auto all = internal::AllGatherOrThrow(world, error, FragmentPayload(fragment), "dcp::Save");
+  const auto all = internal::GatherOrThrow(world, error, FragmentPayload(fragment), 0, "dcp::Save");
   std::string md_error;
   if (plan.rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, ParseFragments(all)); });
   const std::vector<char> root_error =
@@ -297,7 +305,7 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
     predicted = PredictFragment(plan.rank, *items);
     SetObjectPaths(plan, predicted);
   });
-  const auto all = internal::AllGatherOrThrow(world, error, FragmentPayload(predicted), kAsyncSave);
+  const auto all = internal::GatherOrThrow(world, error, FragmentPayload(predicted), 0, kAsyncSave);
   std::vector<DcpFragment> fragments;
   if (plan.rank == 0) fragments = ParseFragments(all);
   if (background_group == nullptr && world != nullptr && world->size() > 1) {

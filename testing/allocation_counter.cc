@@ -29,6 +29,12 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
   c10::DataPtr allocate(size_t n) override {
+    if (active != nullptr && n > 0) {
+      const int64_t limit = active->limit.load();
+      TORCH_CHECK(limit < 0 || active->current.load() + static_cast<int64_t>(n) <= limit,
+                  "ScopedAllocationCounter: allocating ", n, " bytes would exceed this thread's limit of ", limit,
+                  " bytes (", active->current.load(), " live)");
+    }
     c10::DataPtr p = inner_->allocate(n);
     if (active == nullptr || n == 0) return p;
     active->Add(static_cast<int64_t>(n));

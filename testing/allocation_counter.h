@@ -21,10 +21,16 @@ class ScopedAllocationCounter {
   int64_t current() const { return counts_->current.load(); }  // bytes still live
   int64_t peak() const { return counts_->peak.load(); }        // the most live at once
 
+  // From now on an allocation on this thread that would take current() above `bytes` throws
+  // a c10::Error instead (as an out-of-memory would): what "a rank may allocate at most N
+  // bytes" means in a test. Negative: no limit (the default).
+  void set_limit(int64_t bytes) { counts_->limit = bytes; }
+
   // Shared with the allocations, which may be freed after the counter is gone.
   struct Counts {
     std::atomic<int64_t> current{0};
     std::atomic<int64_t> peak{0};
+    std::atomic<int64_t> limit{-1};
     void Add(int64_t bytes);
   };
 

@@ -14,6 +14,8 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -85,6 +87,24 @@ inline void InitDeterministic(torch::nn::Module& m, uint64_t seed = 11) {
   for (auto& p : m.parameters()) {
     p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.4);
   }
+}
+
+// A deferred-init function (fsdp::per_param::InitMetaParameters, FSDP1's param_init_fn): each
+// module's own parameters and buffers, drawn from one generator in the order modules are
+// visited (a generator of its own: threaded ranks share the global one).
+inline std::function<void(torch::nn::Module&)> SeededModuleInit(uint64_t seed, double stddev = 0.5) {
+  auto gen = std::make_shared<at::Generator>(at::make_generator<at::CPUGeneratorImpl>(seed));
+  return [gen, stddev](torch::nn::Module& m) {
+    at::NoGradGuard no_grad;
+    for (auto& p : m.parameters(/*recurse=*/false)) p.normal_(0.0, stddev, *gen);
+    for (auto& b : m.buffers(/*recurse=*/false)) b.uniform_(0.5, 1.5, *gen);
+  };
+}
+
+// The single-rank reference of that init: `init` on every module of a materialized model in
+// modules() order (a module without tensors of its own draws nothing).
+inline void InitEveryModule(torch::nn::Module& model, const std::function<void(torch::nn::Module&)>& init) {
+  for (const auto& m : model.modules(/*include_self=*/true)) init(*m);
 }
 
 // module.parameters() without repeats: LibTorch lists a tied tensor under each name, and an

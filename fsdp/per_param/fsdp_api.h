@@ -65,7 +65,9 @@ struct FullyShardOptions {
   // DTensor on it (a DistributedParameterModule spec) with Replicate on these dims, and
   // FSDP shards over `shard` (HSDP: and replicates over `replicate`, which must precede it).
   std::optional<DataParallelMeshDims> dp_mesh_dims;
-  // Parameters must already live here.
+  // Parameters must already live here, or on the meta device: then only this rank's shard
+  // is allocated, here, and filled by fsdp::per_param::InitMetaParameters or a state dict
+  // load (fsdp/per_param/meta_init.h).
   c10::Device device = c10::Device(c10::kCPU);
   // The streams FSDP issues its collectives on (the root's options serve the whole tree).
   // On the CPU: inline (default) or asynchronous worker threads; the environment variable

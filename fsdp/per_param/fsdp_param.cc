@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/common/meta.h"
 #include "fsdp/common/storage.h"
 
 namespace fsdp::per_param {
@@ -22,7 +23,7 @@ at::Tensor CastIfNeeded(const at::Tensor& t, std::optional<c10::ScalarType> dtyp
 FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo mesh_info,
                      std::optional<FSDPMeshInfo> post_forward_mesh_info, int64_t shard_dim,
                      const MixedPrecisionPolicy& mp_policy, OffloadPolicy offload_policy,
-                     std::optional<dtensor::DTensorSpec> tp_spec)
+                     std::optional<dtensor::DTensorSpec> tp_spec, c10::Device device)
     : param_(std::move(param)),
       module_info_(std::move(module_info)),
       mesh_info_(std::move(mesh_info)),
@@ -43,11 +44,14 @@ FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo
               shard_dim, ": ", Shape(param_.sizes()), " (world size: ", world, ")");
   layout_ = MakeDimShardLayout(param_.sizes().vec(), shard_dim, world, mesh_info_.shard_rank());
 
-  // FSDP owns the padded sharded storage; the sharded parameter is a view into it.
-  at::Tensor padded = at::zeros(layout_.padded_sharded_size, param_.options());
+  // FSDP owns the padded sharded storage; the sharded parameter is a view into it. A meta
+  // parameter has no values to copy: its shard is allocated on the compute device and
+  // filled later (deferred init).
+  needs_init_ = param_.is_meta();
+  device_ = needs_init_ ? device : param_.device();
+  at::Tensor padded = at::zeros(layout_.padded_sharded_size, param_.options().device(device_));
   const int64_t rows = layout_.sharded_size[shard_dim];
-  if (rows > 0) padded.narrow(shard_dim, 0, rows).copy_(param_.narrow(shard_dim, layout_.offset, rows));
-  device_ = param_.device();
+  if (rows > 0 && !needs_init_) padded.narrow(shard_dim, 0, rows).copy_(param_.narrow(shard_dim, layout_.offset, rows));
   if (offload_.offload_to_cpu) {
     padded = padded.cpu();
     if (offload_.pin_memory && !device_.is_cpu()) padded = padded.pin_memory();
@@ -154,7 +158,11 @@ void FSDPParam::AssertInStates(std::initializer_list<ShardedState> states, const
 
 void FSDPParam::SetParamData(const at::Tensor& data) {
   at::NoGradGuard no_grad;
-  param_.set_data(data);
+  if (param_.is_meta()) {
+    ::fsdp::ReplaceData(param_, data);  // deferred init: set_data refuses meta -> device
+  } else {
+    param_.set_data(data);
+  }
 }
 
 int64_t FSDPParam::AllGatherInputNumel() const {
@@ -380,6 +388,16 @@ void FSDPParam::ResetShardedParam() {
   sharded_param_data_ = padded.view(-1);
   sharded_local_ = padded.narrow(layout_.shard_dim, 0, rows);
   SetParamData(sharded_local_);
+}
+
+void FSDPParam::InitShard(const at::Tensor& shard) {
+  AssertInStates({ShardedState::kSharded}, "init_shard");
+  TORCH_CHECK(shard.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_, ")::InitShard: expects size ",
+              Shape(layout_.sharded_size), " but got ", Shape(shard.sizes()));
+  at::NoGradGuard no_grad;
+  if (shard.numel() > 0) sharded_local_.copy_(shard);
+  SetParamData(sharded_local_);
+  needs_init_ = false;
 }
 
 dtensor::DTensor FSDPParam::ShardedDTensor() const {

@@ -55,10 +55,13 @@ class FSDPParam {
  public:
   // `shard_dim`: the dim FSDP shards (dim 0 by default; shard_placement_fn). `tp_spec`: the
   // parameter is this rank's local part of a DTensor (tensor parallel) with this spec.
+  // `device`: the compute device (fully_shard's); a parameter on the meta device gets its
+  // shard allocated there, uninitialized (needs_init(): deferred init, meta_init.h), and no
+  // full tensor is ever materialized for it.
   FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo mesh_info,
             std::optional<FSDPMeshInfo> post_forward_mesh_info, int64_t shard_dim,
             const MixedPrecisionPolicy& mp_policy, OffloadPolicy offload_policy,
-            std::optional<dtensor::DTensorSpec> tp_spec);
+            std::optional<dtensor::DTensorSpec> tp_spec, c10::Device device = c10::Device(c10::kCPU));
   FSDPParam(const FSDPParam&) = delete;
   FSDPParam& operator=(const FSDPParam&) = delete;
 
@@ -106,6 +109,15 @@ class FSDPParam {
   // After the user replaced or changed the sharded parameter's data in place: re-pad and
   // re-point the sharded storage (reset_sharded_param).
   void ResetShardedParam();
+
+  // Deferred init: true while the shard of a parameter that was on the meta device at
+  // fully_shard holds no values yet (the root's lazy init refuses to run then).
+  bool needs_init() const { return needs_init_; }
+  // Copies `shard` (this rank's rows: sharded_size(), any dtype and device) into the sharded
+  // parameter, points the parameter back at it and clears needs_init(). Requires kSharded.
+  void InitShard(const at::Tensor& shard);
+  // The shard was filled some other way (a state dict load copied into it).
+  void MarkInitialized() { needs_init_ = false; }
 
   // The sharded parameter as a DTensor (Shard(dim) on the FSDP mesh; (Replicate, Shard) for
   // HSDP; (StridedShard, tp placements...) for FSDP + TP).
@@ -171,6 +183,7 @@ class FSDPParam {
   at::Tensor unsharded_view_;     // orig_size view of all_gather_output_
 
   ShardedState sharded_state_ = ShardedState::kSharded;
+  bool needs_init_ = false;
   at::Tensor stashed_sharded_grad_;        // param.grad while unsharded data is registered
   at::Tensor stashed_unsharded_grad_;      // param.grad while sharded data is registered
   at::Tensor unsharded_accumulated_grad_;  // reduce-dtype accumulation without reduction

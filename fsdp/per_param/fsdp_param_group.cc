@@ -16,13 +16,14 @@ namespace {}  // namespace
 FSDPParamGroup::FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos,
                                FSDPMeshInfo mesh_info, std::optional<FSDPMeshInfo> post_forward_mesh_info,
                                const std::vector<int64_t>& shard_dims, MixedPrecisionPolicy mp_policy,
-                               OffloadPolicy offload_policy, std::vector<std::optional<dtensor::DTensorSpec>> tp_specs)
+                               OffloadPolicy offload_policy, std::vector<std::optional<dtensor::DTensorSpec>> tp_specs,
+                               c10::Device device)
     : mesh_info_(std::move(mesh_info)),
       post_forward_mesh_info_(std::move(post_forward_mesh_info)),
       mp_policy_(std::move(mp_policy)) {
   for (size_t i = 0; i < params.size(); ++i) {
     fsdp_params_.push_back(std::make_unique<FSDPParam>(params[i], module_infos[i], mesh_info_, post_forward_mesh_info_,
-                                                       shard_dims[i], mp_policy_, offload_policy, tp_specs[i]));
+                                                       shard_dims[i], mp_policy_, offload_policy, tp_specs[i], device));
   }
 }
 

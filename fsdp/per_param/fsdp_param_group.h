@@ -53,7 +53,7 @@ class FSDPParamGroup {
   FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos, FSDPMeshInfo mesh_info,
                  std::optional<FSDPMeshInfo> post_forward_mesh_info, const std::vector<int64_t>& shard_dims,
                  MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy,
-                 std::vector<std::optional<dtensor::DTensorSpec>> tp_specs);
+                 std::vector<std::optional<dtensor::DTensorSpec>> tp_specs, c10::Device device = c10::Device(c10::kCPU));
 
   // Idempotent; re-reads parameter dtypes and pads parameters changed since construction.
   void LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx);

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "fsdp/common/autograd_hooks.h"
+#include "fsdp/common/meta.h"
 
 namespace fsdp::per_param {
 namespace {
@@ -30,8 +31,31 @@ FSDPState::FSDPState(torch::nn::Module* module, MixedPrecisionPolicy mp_policy, 
       state_ctx_(std::make_shared<FSDPStateContext>()),
       comm_ctx_(std::make_shared<FSDPCommContext>()) {}
 
+// Deferred init (meta_init.h): the root's lazy init runs only once every shard holds values
+// and nothing is left on the meta device; it throws (and can be retried) otherwise.
+static void CheckMaterialized(torch::nn::Module& root) {
+  absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> unfilled;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    FSDPState* state = GetState(*m);
+    if (state == nullptr || state->param_group() == nullptr) continue;
+    for (const auto& p : state->param_group()->fsdp_params()) {
+      if (p->needs_init()) unfilled.emplace(p->param().unsafeGetTensorImpl(), p.get());
+    }
+  }
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    TORCH_CHECK(!unfilled.contains(item.value().unsafeGetTensorImpl()), "FSDP: parameter '", item.key(),
+                "' was on the meta device at fully_shard and its shard holds no values yet: fill it first "
+                "(fsdp::per_param::InitMetaParameters, LoadFullStateDict, LoadShardedStateDict or fsdp::dcp::Load)");
+  }
+  if (auto name = ::fsdp::FindMetaTensor(root)) {
+    TORCH_CHECK(false, "FSDP: '", *name, "' is still on the meta device: materialize it first "
+                "(fsdp::per_param::InitMetaParameters or a state dict load)");
+  }
+}
+
 void FSDPState::LazyInit() {
   if (is_root_.has_value()) return;
+  CheckMaterialized(*module_);
   is_root_ = true;
   state_ctx_->all_states.clear();
   for (const auto& item : module_->named_modules("", /*include_self=*/true)) {
@@ -79,6 +103,9 @@ void FSDPState::RootPreForward() {
 }
 
 std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
+  // Before the poisoning guard: nothing has changed yet, so the user may fill the shards and
+  // run again.
+  if (!is_root_.has_value()) CheckMaterialized(*module_);
   return Guard("pre-forward", [&] { return PreForwardImpl(std::move(args)); });
 }
 

@@ -116,8 +116,10 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
                     "', which a fully_shard'ed submodule already manages. Tied parameters must belong to "
                     "one FSDP group: fully_shard their lowest common ancestor instead of the submodule.");
       }
-      TORCH_CHECK(p.device() == options.device, "Expects the parameter to already be moved to device ", options.device,
-                  " but got ", p.device(), " (", m->name(), ".", item.key(), ")");
+      // A meta parameter gets its shard allocated on options.device (deferred init).
+      TORCH_CHECK(p.device() == options.device || p.is_meta(), "Expects the parameter to already be moved to device ",
+                  options.device, " but got ", p.device(), " (", m->name(), ".", item.key(),
+                  "; the meta device is accepted too)");
       index_of.emplace(p.unsafeGetTensorImpl(), params.size());
       params.push_back(p);
       infos.push_back(ParamModuleInfo{m, item.key(), {}});
@@ -135,7 +137,7 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
   state->comm_ctx().stream_options = options.stream_options;
   if (!params.empty()) {
     auto group = std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward, shard_dims, options.mp_policy,
-                                                  options.offload_policy, tp_specs);
+                                                  options.offload_policy, tp_specs, options.device);
     for (const auto& p : group->fsdp_params()) {
       const auto* provider = dynamic_cast<const AllGatherExtensionProvider*>(p->module_info().module);
       if (provider == nullptr) continue;

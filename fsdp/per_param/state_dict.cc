@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "fsdp/common/meta.h"
 #include "fsdp/per_param/fsdp_state.h"
 
 namespace fsdp::per_param {
@@ -80,11 +81,22 @@ void CopyIntoShard(FSDPParam& p, const at::Tensor& full) {
   const at::Tensor shard = LocalShardOf(p, full);
   if (shard.numel() > 0) p.param().data().copy_(shard);
   p.ResetShardedParam();  // PyTorch's load_state_dict post-hook
+  p.MarkInitialized();    // deferred init (meta_init.h)
 }
 
-void CopyIntoPlain(const Entry& e, const at::Tensor& value) {
+// A tensor built on the meta device is allocated on FSDP's device first.
+void CopyIntoPlain(const Entry& e, const at::Tensor& value, c10::Device device) {
   at::NoGradGuard no_grad;
+  ::fsdp::MaterializeEmpty(e.tensor, device);
   e.tensor.data().copy_(value);
+}
+
+// FSDP's compute device (the CPU without FSDP parameters).
+c10::Device ComputeDevice(const std::vector<Entry>& entries) {
+  for (const Entry& e : entries) {
+    if (e.fsdp_param) return e.fsdp_param->device();
+  }
+  return c10::Device(c10::kCPU);
 }
 
 // What load_state_dict reports, in PyTorch's wording; empty when nothing is wrong.
@@ -227,7 +239,7 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
 
   for (const Entry& e : entries) {
     if (!e.fsdp_param) {
-      CopyIntoPlain(e, state_dict.tensors[e.fqn]);
+      CopyIntoPlain(e, state_dict.tensors[e.fqn], ComputeDevice(entries));
       continue;
     }
     const dtensor::DTensor& d = state_dict.dtensors[e.fqn];
@@ -243,6 +255,7 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
     at::NoGradGuard no_grad;
     e.fsdp_param->param().data().copy_(local);
     e.fsdp_param->ResetShardedParam();
+    e.fsdp_param->MarkInitialized();
   }
 }
 
@@ -297,7 +310,7 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
       world->broadcast(full, 0)->wait();
     }
     if (!e.fsdp_param) {
-      CopyIntoPlain(e, full);
+      CopyIntoPlain(e, full, ComputeDevice(entries));
       continue;
     }
     CopyIntoShard(*e.fsdp_param, full);

@@ -1,0 +1,176 @@
+// A model 8x larger than what one rank may allocate: each rank's CPU allocations are capped
+// at 1/8 of the model's parameter bytes (testing::ScopedAllocationCounter::set_limit, so an
+// allocation past it throws as an out-of-memory would). The model is built on the meta device
+// block by block, fully_shard'ed over 32 threaded ranks, initialized one module at a time
+// (InitMetaParameters), trained one SGD step, saved as a DCP checkpoint, and reloaded into a
+// model built the same way at another world size (16), whose shards must equal the
+// single-rank reference after the same step.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dcp/dcp.h"
+#include "fsdp/common/meta.h"
+#include "fsdp/common/test_models.h"
+#include "fsdp/per_param/fsdp_param.h"
+#include "fsdp/per_param/fully_shard.h"
+#include "fsdp/per_param/meta_init.h"
+#include "fsdp/per_param/state_dict.h"
+#include "testing/allocation_counter.h"
+#include "testing/expect_error.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::dcp {
+namespace {
+
+using fsdp::testing::Backend;
+using fsdp::testing::ScopedAllocationCounter;
+
+constexpr int64_t kDim = 256;
+constexpr int64_t kBlocks = 128;
+constexpr uint64_t kSeed = 3;
+constexpr double kLr = 0.01;
+constexpr int64_t kParamBytes = kBlocks * (kDim * kDim + kDim) * 4;
+constexpr int64_t kRankLimit = kParamBytes / 8;
+constexpr int kSaveWorld = 32;
+// Rank 0 is DCP's coordinator: while it writes `.metadata` it holds every rank's fragment of
+// it (about 380 B per stored chunk as gathered; 2 tensors x kBlocks x kSaveWorld chunks here),
+// as PyTorch's coordinator holds every rank's SavePlan. That grows with the number of chunks,
+// not with the model's bytes: with this test's tiny 4 KB shards it is ~10% of the model.
+constexpr int64_t kCoordinatorBytes = 2 * kBlocks * kSaveWorld * 400;
+
+struct ResidualImpl : torch::nn::Module {
+  ResidualImpl() : fc(register_module("fc", torch::nn::Linear(kDim, kDim))) {}
+  at::Tensor forward(const at::Tensor& x) { return x + at::tanh(fc(x)); }
+  torch::nn::Linear fc;
+};
+using Residual = fsdp::Hooked<ResidualImpl>;
+
+struct StackImpl : torch::nn::Module {
+  // Each block is moved to the meta device as soon as it is built (meta = true), so building
+  // never holds more than one block.
+  explicit StackImpl(bool meta) {
+    for (int64_t i = 0; i < kBlocks; ++i) {
+      blocks.push_back(register_module(absl::StrCat("b", i), meta ? MakeOnMeta<Residual>() : Residual()));
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& b : blocks) x = b(x);
+    return x;
+  }
+  std::vector<Residual> blocks;
+};
+using Stack = fsdp::Hooked<StackImpl>;
+
+Stack ShardedMetaStack(const comm::ProcessGroupPtr& pg) {
+  Stack model(/*meta=*/true);
+  auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
+  for (auto& b : model->blocks) per_param::fully_shard(b.ptr(), {.mesh = mesh});
+  per_param::fully_shard(model.ptr(), {.mesh = mesh});
+  return model;
+}
+
+// Rank r's input row of the global batch of `world` rows.
+at::Tensor InputRow(int rank, int world) { return test_models::Batch(0, world, kDim, 7).narrow(0, rank, 1); }
+
+// The largest difference between this rank's shards and the reference's rows of them (no
+// rank gathers a whole tensor).
+double MaxShardDifference(torch::nn::Module& model, const torch::nn::Module& reference) {
+  const auto want = reference.named_parameters();
+  double diff = 0;
+  for (const per_param::NamedParameter& p : per_param::NamedParameters(model)) {
+    TORCH_CHECK(p.fsdp_param != nullptr, p.fqn, " is not sharded");
+    const at::Tensor expected = per_param::LocalShardOf(*p.fsdp_param, want[p.fqn]);
+    TORCH_CHECK(p.param.sizes() == expected.sizes(), p.fqn, ": ", p.param.sizes(), " vs ", expected.sizes());
+    if (p.param.numel() > 0) diff = std::max(diff, (p.param - expected).abs().max().item<double>());
+  }
+  return diff;
+}
+
+// GPT-like small weights: 128 residual layers stay well conditioned.
+std::function<void(torch::nn::Module&)> Init() { return test_models::SeededModuleInit(kSeed, 0.02); }
+
+std::string CheckpointDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp ? tmp : "/tmp", "/large_model_dcp_", getpid());
+}
+
+TEST(LargeModel, TheAllocationLimitThrowsLikeAnOutOfMemory) {
+  ScopedAllocationCounter counter;
+  counter.set_limit(1000);
+  at::Tensor small = at::empty({100}, at::kFloat);
+  EXPECT_ERROR_CONTAINS(at::empty({1000}, at::kFloat), "would exceed this thread's limit of 1000 bytes");
+  EXPECT_LE(counter.peak(), 1000);
+}
+
+TEST(LargeModel, TheModelDoesNotFitARankWithoutTheMetaDevice) {
+  ScopedAllocationCounter counter;
+  counter.set_limit(kRankLimit);
+  EXPECT_ERROR_CONTAINS(Stack(/*meta=*/false), "would exceed this thread's limit");
+  EXPECT_LE(counter.peak(), kRankLimit);
+}
+
+TEST(LargeModel, EightTimesARanksMemoryBuildsTrainsSavesAndReloadsAtAnotherWorldSize) {
+  // Not 16: a load stages every shard before applying any (all ranks read, then all apply),
+  // so it holds the shards twice: 2 x 1/16 of the model is the whole limit.
+  constexpr int kLoadWorld = 24;
+  // The single-rank reference (unlimited): the same init, one SGD step on the whole batch.
+  Stack reference(/*meta=*/false);
+  test_models::InitEveryModule(*reference, Init());
+  {
+    torch::optim::SGD opt(reference->parameters(), torch::optim::SGDOptions(kLr));
+    reference(test_models::Batch(0, kSaveWorld, kDim, 7)).mean().backward();
+    opt.step();
+  }
+  const std::string dir = CheckpointDir();
+  std::vector<int64_t> peaks(kSaveWorld, 0);
+  std::vector<double> step_diff(kSaveWorld, 0);
+
+  fsdp::testing::RunOnRanks(Backend::kThreaded, kSaveWorld, [&](const comm::ProcessGroupPtr& pg) {
+    ScopedAllocationCounter counter;
+    counter.set_limit(pg->rank() == 0 ? kRankLimit + kCoordinatorBytes : kRankLimit);
+    Stack model = ShardedMetaStack(pg);
+    per_param::InitMetaParameters(*model, Init());
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
+    model(InputRow(pg->rank(), kSaveWorld)).mean().backward();
+    opt.step();
+    opt.zero_grad();
+    step_diff[pg->rank()] = MaxShardDifference(*model, *reference);
+    Save(*model, &opt, dir);
+    peaks[pg->rank()] = counter.peak();
+  });
+  for (int r = 0; r < kSaveWorld; ++r) EXPECT_LT(step_diff[r], 1e-6) << "after the step, rank " << r;
+  std::cout << "parameters " << kParamBytes << " B, per-rank limit " << kRankLimit << " B (rank 0: +"
+            << kCoordinatorBytes << "), peak at W=" << kSaveWorld << " (build, init, step, save): rank 0 " << peaks[0]
+            << " B, others " << *std::max_element(peaks.begin() + 1, peaks.end()) << " B\n";
+
+  std::vector<double> load_diff(kLoadWorld, 0);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, kLoadWorld, [&](const comm::ProcessGroupPtr& pg) {
+    ScopedAllocationCounter counter;
+    counter.set_limit(kRankLimit);
+    Stack model = ShardedMetaStack(pg);
+    Load(*model, nullptr, dir);
+    load_diff[pg->rank()] = MaxShardDifference(*model, *reference);
+    // It runs (forward only: a step's gradients would not fit at this world size).
+    at::NoGradGuard no_grad;
+    EXPECT_EQ(model(InputRow(pg->rank(), kLoadWorld)).sizes().vec(), (std::vector<int64_t>{1, kDim}));
+    peaks[pg->rank()] = counter.peak();
+  });
+  for (int r = 0; r < kLoadWorld; ++r) EXPECT_LT(load_diff[r], 1e-6) << "after the load, rank " << r;
+  std::cout << "peak at W=" << kLoadWorld << " (build, load, forward): "
+            << *std::max_element(peaks.begin(), peaks.begin() + kLoadWorld) << " B\n";
+}
+
+}  // namespace
+}  // namespace fsdp::dcp

@@ -1,0 +1,11 @@
+// dcp: inspect and convert PyTorch distributed-checkpoint directories (dcp_cli_lib.h).
+//   bazel run //tools:dcp -- ls /path/to/checkpoint
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/dcp_cli_lib.h"
+
+int main(int argc, char** argv) {
+  return dcp_cli::Run(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
+}
