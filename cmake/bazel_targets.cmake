@@ -265,7 +265,7 @@ fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium SMOKE
        @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//fsdp/flat_param:fsdp_test_cases TESTONLY ALWAYSLINK
-  SRCS fsdp_behavior_test.cc fsdp_parity_test.cc
+  SRCS fsdp_behavior_test.cc fsdp_parity_test.cc meta_init_test.cc
   DEPS :flat_param :fsdp_test_models //comm //fsdp/common //mesh //testing:expect_error
        //testing:multi_rank @libtorch @system//:absl @system//:gtest)
 

@@ -69,6 +69,15 @@ struct FSDPOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // Wraps the submodules the policy selects first, with these options (see wrap_fsdp).
   AutoWrapPolicy auto_wrap_policy;
+  // Deferred init (PyTorch's param_init_fn): when the modules this FSDP module manages hold
+  // parameters or buffers on the meta device (fsdp/common/meta.h), each of those modules, in
+  // breadth-first order from the wrapped module (not descending into wrapped descendants, as
+  // PyTorch's _get_modules_to_materialize), gets its own meta tensors allocated on the device
+  // (uninitialized) and is passed to param_init_fn, which must fill them; then they are
+  // flattened and sharded. With auto_wrap_policy, each unit is materialized when it is
+  // wrapped (children first), so one unit is whole at a time. Required when meta tensors are
+  // present (LibTorch modules share no reset_parameters(), which PyTorch falls back to).
+  std::function<void(torch::nn::Module&)> param_init_fn;
   // The root's streams (unshard / post-backward / all-reduce; the root's options serve the
   // tree). The environment variable FSDP_CPU_STREAMS overrides them, for debugging
   // (device::ApplyStreamEnvOverride).

@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "fsdp/common/meta.h"
 
 namespace fsdp::flat_param {
 namespace {
@@ -87,6 +88,33 @@ int64_t RecursiveWrap(const std::shared_ptr<torch::nn::Module>& module, const FS
   return total_wrapped_numel;
 }
 
+// PyTorch's _materialize_with_param_init_fn (torch/distributed/fsdp/_init_utils.py): the
+// modules `module` manages, breadth first, each with its own meta tensors allocated on
+// `device`, then passed to param_init_fn.
+void MaterializeMetaModules(torch::nn::Module& module, const FSDPOptions& options, c10::Device device) {
+  std::vector<torch::nn::Module*> order{&module};
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (const auto& child : order[i]->children()) {
+      if (GetState(*child) == nullptr) order.push_back(child.get());
+    }
+  }
+  bool meta = false;
+  for (torch::nn::Module* m : order) {
+    for (const auto& t : m->parameters(/*recurse=*/false)) meta |= t.defined() && t.is_meta();
+    for (const auto& t : m->buffers(/*recurse=*/false)) meta |= t.defined() && t.is_meta();
+  }
+  if (!meta) return;
+  TORCH_CHECK(options.param_init_fn != nullptr, "wrap_fsdp: ", module.name(),
+              " has parameters or buffers on the meta device; pass options.param_init_fn to initialize them (PyTorch "
+              "falls back to reset_parameters(), which LibTorch modules do not share)");
+  for (torch::nn::Module* m : order) {
+    for (const auto& t : m->parameters(/*recurse=*/false)) ::fsdp::MaterializeEmpty(t, device);
+    for (const auto& t : m->buffers(/*recurse=*/false)) ::fsdp::MaterializeEmpty(t, device);
+    at::NoGradGuard no_grad;
+    options.param_init_fn(*m);
+  }
+}
+
 }  // namespace
 
 const char* ToString(BackwardPrefetch p) {
@@ -121,6 +149,9 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
     RecursiveWrap(module, options, /*only_wrap_children=*/true);
     options.auto_wrap_policy = nullptr;
   }
+
+  MaterializeMetaModules(*module, options,
+                         options.cpu_offload.offload_params ? c10::Device(c10::kCPU) : options.device);
 
   // Parameters wrapped descendants manage: registering one of them here too (weights tied
   // across FSDP modules) would let this module read it while the other has it sharded.
