@@ -164,16 +164,16 @@ fsdp_cc_test(//comm:nccl_test SIZE small
 fsdp_cc_library(//dcp
   SRCS collectives.cc collectives.h load.cc plan.cc plan.h save.cc state_items.cc state_items.h
   HDRS dcp.h
-  DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/per_param
-       //fsdp/per_param:runtime //mesh //optim_state:core //optim_state:fsdp2 @libtorch
-       @system//:absl)
+  DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/flat_param
+       //fsdp/flat_param:runtime //fsdp/per_param //fsdp/per_param:runtime //mesh //optim_state:core
+       //optim_state:fsdp2 @libtorch @system//:absl)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
-  SRCS dcp_test.cc
-  DEPS :dcp //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel
-       //fsdp/per_param //fsdp/per_param:runtime //fsdp/per_param:test_models //mesh
-       //optim_state:core //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
+  SRCS dcp_test.cc fsdp1_test.cc
+  DEPS :dcp //fsdp/common:test_models //fsdp/flat_param //checkpoint //checkpoint:dcp //comm
+       //dtensor //dtensor:tensor_parallel //fsdp/per_param //fsdp/per_param:runtime
+       //fsdp/per_param:test_models //mesh //optim_state:core //optim_state:fsdp2
+       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:large_model_test SIZE medium
   SRCS large_model_test.cc

@@ -64,13 +64,18 @@ const DcpEntry& TensorEntry(const std::string& dir, const DcpMetadata& md, const
 
 // The local tensor laid out like `fsdp`'s shard (or whole when null) of entry `key`, read
 // from the overlapping chunks only, in the stored dtype.
-at::Tensor ReadLocal(const std::string& dir, const DcpMetadata& md, const DcpEntry& e, const per_param::FSDPParam* fsdp,
-                     const std::vector<int64_t>& local_sizes) {
+at::Tensor ReadBoxes(const std::string& dir, const DcpMetadata& md, const DcpEntry& e,
+                     const std::vector<int64_t>& local_sizes, const std::vector<internal::Box>& boxes) {
   at::Tensor local = at::empty(local_sizes, at::TensorOptions().dtype(e.properties.dtype));
-  for (const internal::Box& box : internal::LocalBoxes(fsdp, local_sizes)) {
+  for (const internal::Box& box : boxes) {
     checkpoint::ReadInto(dir, md, e.fqn, box.global_offsets, internal::BoxOf(local, box));
   }
   return local;
+}
+
+at::Tensor ReadLocal(const std::string& dir, const DcpMetadata& md, const DcpEntry& e, const per_param::FSDPParam* fsdp,
+                     const std::vector<int64_t>& local_sizes) {
+  return ReadBoxes(dir, md, e, local_sizes, internal::LocalBoxes(fsdp, local_sizes));
 }
 
 c10::IValue ReadValue(const std::string& dir, const DcpMetadata& md, const std::string& key) {
@@ -90,8 +95,9 @@ struct Pending {
   optim_state::OptimStateDict optim;
 };
 
-void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParameter>& params, const std::string& dir,
-               const DcpMetadata& md, const LoadOptions& options, Pending& out) {
+void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParameter>& params,
+               const std::map<std::string, internal::FlatPiece>& flat, const std::string& dir, const DcpMetadata& md,
+               const LoadOptions& options, Pending& out) {
   absl::flat_hash_map<const c10::TensorImpl*, per_param::FSDPParam*> by_impl;
   for (const auto& p : params) {
     if (p.fsdp_param) by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
@@ -122,6 +128,14 @@ void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParam
   for (const Target& t : targets) {
     const std::string key = internal::ModelKey(t.fqn);
     if (md.Find(key) == nullptr) continue;  // allow_partial_load
+    if (auto piece = flat.find(t.fqn); piece != flat.end()) {  // FSDP1: this rank's flat range only
+      const internal::FlatPiece& f = piece->second;
+      const DcpEntry& e = TensorEntry(dir, md, key, f.shape, absl::StrCat("the model's '", t.fqn, "'"));
+      if (!f.local.defined()) continue;
+      const int64_t n = f.local.numel();
+      out.model.push_back({f.local, nullptr, ReadBoxes(dir, md, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n))});
+      continue;
+    }
     const std::vector<int64_t> global = t.fsdp ? t.fsdp->sharding_spec().shape : t.tensor.sizes().vec();
     const DcpEntry& e = TensorEntry(dir, md, key, global, absl::StrCat("the model's '", t.fqn, "'"));
     const std::vector<int64_t> local = t.fsdp ? t.fsdp->sharded_size() : t.tensor.sizes().vec();
@@ -224,6 +238,10 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
           const LoadOptions& options) {
   const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
   comm::ProcessGroupPtr world;
+  const std::map<std::string, internal::FlatPiece> flat = internal::CollectFlatPieces(model, &world, kLoad);
+  TORCH_CHECK(flat.empty() || optimizer == nullptr, kLoad,
+              ": optimizer state of FSDP1 (wrap_fsdp) models is not supported yet; load the model alone "
+              "(optimizer = nullptr)");
   c10::Device device(c10::kCPU);  // FSDP's: where tensors built on the meta device go
   for (const auto& p : params) {
     if (p.fsdp_param != nullptr) {
@@ -241,7 +259,7 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, kLoad, ": '", dir, "' holds no complete checkpoint: ", e.what_without_backtrace());
     }
-    ReadModel(model, params, dir, md, options, pending);
+    ReadModel(model, params, flat, dir, md, options, pending);
     if (optimizer != nullptr) ReadOptimizer(*optimizer, params, dir, md, options, pending);
   });
   internal::AgreeOrThrow(world, error, kLoad);

@@ -91,7 +91,68 @@ std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int
   return out;
 }
 
+namespace {
+
+// Appends the boxes of elements [lo, hi) of the sub-tensor at `prefix` (the indices of dims
+// before `dim`), in row-major order.
+void AppendFlatBoxes(const std::vector<int64_t>& global, size_t dim, std::vector<int64_t>& prefix, int64_t lo,
+                     int64_t hi, int64_t& local_offset, std::vector<Box>& out) {
+  if (lo >= hi) return;
+  int64_t inner = 1;
+  for (size_t k = dim + 1; k < global.size(); ++k) inner *= global[k];
+  const auto emit = [&](int64_t first, int64_t count) {  // rows [first, first + count) of `dim`, whole below
+    Box box;
+    box.global_offsets = prefix;
+    box.global_offsets.push_back(first);
+    box.sizes = std::vector<int64_t>(prefix.size(), 1);
+    box.sizes.push_back(count);
+    for (size_t k = dim + 1; k < global.size(); ++k) {
+      box.global_offsets.push_back(0);
+      box.sizes.push_back(global[k]);
+    }
+    box.flat_local_offset = local_offset;
+    local_offset += box.numel();
+    out.push_back(std::move(box));
+  };
+  const auto descend = [&](int64_t row, int64_t from, int64_t to) {  // part of one row
+    prefix.push_back(row);
+    AppendFlatBoxes(global, dim + 1, prefix, from, to, local_offset, out);
+    prefix.pop_back();
+  };
+  int64_t first_row = lo / inner;
+  const int64_t end_row = hi / inner;  // rows before it are whole up to hi
+  if (lo % inner != 0) {
+    if (first_row == end_row) return descend(first_row, lo % inner, hi % inner);
+    descend(first_row, lo % inner, inner);
+    ++first_row;
+  }
+  if (end_row > first_row) emit(first_row, end_row - first_row);
+  if (hi % inner != 0) descend(end_row, 0, hi % inner);
+}
+
+}  // namespace
+
+std::vector<Box> FlatRangeBoxes(const std::vector<int64_t>& global, int64_t flat_start, int64_t numel) {
+  int64_t total = 1;
+  for (int64_t s : global) total *= s;
+  TORCH_CHECK(flat_start >= 0 && numel >= 0 && flat_start + numel <= total, "FlatRangeBoxes: elements [", flat_start,
+              ", ", flat_start + numel, ") outside a tensor of size ", Shape(global));
+  std::vector<Box> out;
+  if (numel == 0) return out;
+  if (global.empty()) {  // 0-d: one element
+    Box box;
+    box.flat_local_offset = 0;
+    out.push_back(std::move(box));
+    return out;
+  }
+  std::vector<int64_t> prefix;
+  int64_t local_offset = 0;
+  AppendFlatBoxes(global, 0, prefix, flat_start, flat_start + numel, local_offset, out);
+  return out;
+}
+
 at::Tensor BoxOf(const at::Tensor& local, const Box& box) {
+  if (box.flat_local_offset >= 0) return local.narrow(0, box.flat_local_offset, box.numel()).view(box.sizes);
   at::Tensor t = local;
   for (size_t d = 0; d < box.sizes.size(); ++d)
     t = t.narrow(static_cast<int64_t>(d), box.local_offsets[d], box.sizes[d]);

@@ -9,6 +9,7 @@
 //    dtensor::LocalSegments of the TP spec; no TP: the whole tensor). This is FSDPParam's
 //    actual layout, also where the StridedShard spec would not describe it (uneven TP). Empty
 //    boxes are left out. Precondition: `p` is resharded (outside forward/backward).
+//  * FlatRangeBoxes: the boxes of a flat range (FSDP1), below.
 //  * DedupSavePlans: torch/distributed/checkpoint/_dedup_save_plans.py dedup_save_plans
 //    (PyTorch 2.15, save_to_lowest_rank=False), the default planner's step: every item key
 //    that several plans hold is kept by exactly one of them, the one with the least storage
@@ -36,11 +37,20 @@ struct Box {
   std::vector<int64_t> global_offsets;
   std::vector<int64_t> local_offsets;
   std::vector<int64_t> sizes;
+  // >= 0: the local tensor is 1-D (an FSDP1 flat-shard piece) and the box's elements are
+  // local[flat_local_offset, + numel()) in row-major order; local_offsets is unused.
+  int64_t flat_local_offset = -1;
   int64_t numel() const;
 };
 
 // `p` null: one box, the whole tensor of `local_sizes`.
 std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int64_t>& local_sizes);
+
+// The boxes that make up the elements [flat_start, flat_start + numel) of the row-major
+// flattening of a tensor of `global` size (an FSDP1 flat-shard piece of a parameter): per
+// dimension at most a partial leading run, full rows and a partial trailing run, so at most
+// 2 * dims - 1 boxes, in flat order, with flat_local_offset counting from flat_start.
+std::vector<Box> FlatRangeBoxes(const std::vector<int64_t>& global, int64_t flat_start, int64_t numel);
 
 // The part of `local` a box covers (a view).
 at::Tensor BoxOf(const at::Tensor& local, const Box& box);

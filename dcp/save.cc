@@ -84,9 +84,17 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
     for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
       const internal::TensorSource& s = plan.sources.tensors[i];
       plan.paths[s.key] = s.object_path;
-      std::vector<Box> boxes = options.kind == StateDictKind::kSharded
-                                   ? internal::LocalBoxes(s.fsdp, s.local.sizes().vec())
-                                   : std::vector<Box>{WholeBox(s.global_size)};
+      TORCH_CHECK(s.flat_start < 0 || options.kind == StateDictKind::kSharded, caller,
+                  ": full state dicts (kFull, kFullRank0) of FSDP1 (wrap_fsdp) models are not supported; save "
+                  "kSharded (any world size and FSDP2 load it) or use flat_param::GetFullStateDict");
+      std::vector<Box> boxes;
+      if (options.kind != StateDictKind::kSharded) {
+        boxes = {WholeBox(s.global_size)};
+      } else if (s.flat_start >= 0) {
+        boxes = internal::FlatRangeBoxes(s.global_size, s.flat_start, s.local.numel());
+      } else {
+        boxes = internal::LocalBoxes(s.fsdp, s.local.sizes().vec());
+      }
       for (Box& box : boxes) {
         mine.push_back({internal::ChunkKey(s.key, box.global_offsets),
                         box.numel() * static_cast<int64_t>(c10::elementSize(s.local.scalar_type())), false});

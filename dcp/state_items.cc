@@ -8,6 +8,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/flat_param/fsdp_state.h"
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
+#include "fsdp/flat_param/state_dict.h"
 #include "fsdp/per_param/fsdp_param.h"
 #include "fsdp/per_param/state_dict.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -42,8 +45,31 @@ optim_state::OptionMap PythonOnlyOptions(const std::string& optimizer) {
   return {};
 }
 
+std::map<std::string, FlatPiece> CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world,
+                                                   const char* caller) {
+  std::map<std::string, FlatPiece> out;
+  flat_param::FSDPState* state = flat_param::GetState(model);
+  if (state == nullptr) return out;
+  TORCH_CHECK(state->inter_node_group() == nullptr, caller,
+              ": FSDP1 hybrid sharding strategies are not supported (no one process group spans the replicas); "
+              "use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, or FSDP2's HSDP");
+  const flat_param::FullyShardedDataParallel root(state);
+  for (flat_param::LocalFlatPiece& p : flat_param::LocalFlatPieces(root)) {
+    out[p.fqn] = FlatPiece{std::move(p.shape), p.flat_start, p.local.defined() ? p.local.detach() : at::Tensor()};
+  }
+  // Tied parameters: the flat parameter lists the first name; the others share its piece.
+  absl::flat_hash_map<const c10::TensorImpl*, std::string> first_name;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    auto [it, inserted] = first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    if (!inserted && out.count(it->second) && !out.count(item.key())) out[item.key()] = out[it->second];
+  }
+  *world = state->process_group();
+  return out;
+}
+
 SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) {
   SaveSources out;
+  const std::map<std::string, FlatPiece> flat = CollectFlatPieces(model, &out.world, "dcp");
   const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
   absl::flat_hash_map<const c10::TensorImpl*, const per_param::FSDPParam*> by_impl;
   absl::flat_hash_map<std::string, const per_param::FSDPParam*> by_fqn;
@@ -63,6 +89,13 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
   // state_dict()).
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().defined()) continue;
+    if (auto piece = flat.find(item.key()); piece != flat.end()) {  // FSDP1: this rank's piece, if any
+      if (!piece->second.local.defined()) continue;
+      TensorSource s{ModelKey(item.key()), {std::string("model"), item.key()}, nullptr, piece->second.local,
+                     piece->second.shape, piece->second.flat_start};
+      out.tensors.push_back(std::move(s));
+      continue;
+    }
     auto it = by_impl.find(item.value().unsafeGetTensorImpl());
     const per_param::FSDPParam* fsdp = it == by_impl.end() ? nullptr : it->second;
     add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, fsdp,
@@ -73,6 +106,8 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
       add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, nullptr, item.value());
   }
   if (optimizer == nullptr) return out;
+  TORCH_CHECK(flat.empty(), "dcp: optimizer state of FSDP1 (wrap_fsdp) models is not supported yet; save the model "
+              "alone (optimizer = nullptr) or use FSDP2");
 
   const optim_state::OptimStateDict sd = optim_state::GetShardedOptimStateDict(model, *optimizer);
   for (const auto& [fqn, state] : sd.state) {

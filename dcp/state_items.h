@@ -26,7 +26,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/dcp_metadata.h"
@@ -63,6 +65,9 @@ struct TensorSource {
   const per_param::FSDPParam* fsdp = nullptr;
   at::Tensor local;
   std::vector<int64_t> global_size;
+  // >= 0: an FSDP1 piece: `local` is 1-D and holds the elements [flat_start, + numel) of the
+  // row-major flattening of the global tensor (internal::FlatRangeBoxes).
+  int64_t flat_start = -1;
 };
 
 // One non-tensor value, written as the torch.save bytes of `value`.
@@ -78,6 +83,20 @@ struct SaveSources {
   // The world group of the model's meshes; null when FSDP manages no parameter.
   comm::ProcessGroupPtr world;
 };
+
+// An FSDP1 (wrap_fsdp) parameter as this rank holds it: its elements [flat_start, +
+// local.numel()) in row-major order (flat_param::LocalFlatPieces); `local` undefined: none.
+struct FlatPiece {
+  std::vector<int64_t> shape;
+  int64_t flat_start = 0;
+  at::Tensor local;
+};
+
+// The pieces of every FSDP1 parameter by name (tied parameters under each name) when
+// `model` is the root of a wrap_fsdp tree; empty otherwise. Sets *world to the FSDP1 shard
+// group (hybrid strategies are refused: no one group spans their replicas).
+std::map<std::string, FlatPiece> CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world,
+                                                   const char* caller);
 
 // `optimizer` may be null (model only).
 SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);

@@ -66,6 +66,24 @@ FullStateDict GetFullStateDict(const FullyShardedDataParallel& root, bool rank0_
   return out;
 }
 
+std::vector<LocalFlatPiece> LocalFlatPieces(const FullyShardedDataParallel& root) {
+  torch::nn::Module& module = root.module();
+  std::vector<LocalFlatPiece> out;
+  for (FlatParamHandle* h : IdleHandles(root, "LocalFlatPieces")) {
+    const FlatParameter& fp = h->flat_param();
+    const std::string prefix = HandlePrefix(module, *h);
+    for (const ShardParamInfo& info : fp.shard_param_infos) {
+      LocalFlatPiece piece{prefix + fp.fqns[info.index], fp.shapes[info.index], 0, at::Tensor(), ShardGroup(*h)};
+      if (info.in_shard && info.numel_in_shard > 0) {
+        piece.flat_start = info.intra_param_start_idx;
+        piece.local = fp.local_shard.narrow(0, info.offset_in_shard, info.numel_in_shard);
+      }
+      out.push_back(std::move(piece));
+    }
+  }
+  return out;
+}
+
 void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict& state_dict) {
   torch::nn::Module& module = root.module();
   const std::vector<FlatParamHandle*> handles = IdleHandles(root, "LoadFullStateDict");

@@ -8,6 +8,7 @@
 #include <torch/ordered_dict.h>
 
 #include <string>
+#include <vector>
 
 #include "checkpoint/tensor_dict_file.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
@@ -25,6 +26,22 @@ FullStateDict GetFullStateDict(const FullyShardedDataParallel& root, bool rank0_
 // Takes this rank's chunk of every flat parameter from the full tensors (local). Missing,
 // unexpected and misshapen keys are errors naming them.
 void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict& state_dict);
+
+// This rank's pieces of the original parameters, for sharded checkpoints (dcp/dcp.h): for
+// each original parameter of every flat parameter (under its primary name), the elements
+// [flat_start, flat_start + local.numel()) of its row-major flattening that this rank's
+// flat shard holds, as a 1-D view into the local shard (writing into it changes the model);
+// `local` is undefined when the shard holds none of it. `group`: the handle's shard group
+// (null when unsharded). Local (lazy init, no collective); call on every rank outside
+// forward/backward.
+struct LocalFlatPiece {
+  std::string fqn;
+  std::vector<int64_t> shape;
+  int64_t flat_start = 0;
+  at::Tensor local;
+  comm::ProcessGroupPtr group;
+};
+std::vector<LocalFlatPiece> LocalFlatPieces(const FullyShardedDataParallel& root);
 
 // A full state dict as a file (torch.save-compatible str -> Tensor dict, written atomically)
 // and back: checkpoint::SaveTensorDict / LoadTensorDict with these names in errors. Loading
