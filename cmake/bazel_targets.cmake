@@ -162,11 +162,12 @@ fsdp_cc_test(//comm:nccl_test SIZE small
 
 # ================================================================ //dcp
 fsdp_cc_library(//dcp
-  SRCS collectives.cc collectives.h load.cc plan.cc plan.h save.cc state_items.cc state_items.h
+  SRCS collectives.cc collectives.h flat_optim.cc load.cc plan.cc plan.h save.cc state_items.cc
+       state_items.h
   HDRS dcp.h
   DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/flat_param
        //fsdp/flat_param:runtime //fsdp/per_param //fsdp/per_param:runtime //mesh //optim_state:core
-       //optim_state:fsdp2 @libtorch @system//:absl)
+       //optim_state:fsdp1 //optim_state:fsdp2 @libtorch @system//:absl)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS dcp_test.cc fsdp1_test.cc

@@ -1,9 +1,11 @@
 // DCP checkpoints of FSDP1 (wrap_fsdp) models: each rank writes the boxes of its flat-shard
-// pieces of the original parameters (internal::FlatRangeBoxes) and reads back only those, so
-// a checkpoint moves between FSDP1 and FSDP2 and between world sizes. Checked bitwise against
-// the saving model's full state dict; and the box decomposition against direct indexing.
+// pieces of the original parameters (internal::FlatRangeBoxes), and of its flat optimizer
+// state, and reads back only those, so a checkpoint moves between FSDP1 and FSDP2 and
+// between world sizes. Checked bitwise against the saving model's full state dict, by
+// continued AdamW training against one rank, and the box decomposition by direct indexing.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -123,7 +125,49 @@ TEST(DcpFsdp1, ReshardsBetweenFsdp1AndFsdp2AndWorldSizes) {
   });
 }
 
-TEST(DcpFsdp1, OptimizerStateAndFullKindsAreRefusedClearly) {
+// Model + AdamW: 3 steps under one FSDP at one world size, save, load under the other FSDP
+// at another world size, 3 more steps: equal (float tolerance) to 6 uninterrupted steps on
+// one rank.
+TEST(DcpFsdp1, TrainingContinuesAcrossFsdp1AndFsdp2WithAdamW) {
+  Net reference(NetOptions{.tie = true});
+  test_models::InitDeterministic(*reference, 31);
+  torch::optim::AdamW ref_opt(test_models::UniqueParameters(*reference), torch::optim::AdamWOptions(1e-2));
+  test_models::TrainSteps(reference, ref_opt, 0, 6, 1, 0);
+  const auto want = reference->named_parameters();
+  const auto check = [&](const checkpoint::TensorDict& got, const std::string& what) {
+    for (const auto& item : want) {
+      ASSERT_NE(got.find(item.key()), nullptr) << what << ": " << item.key();
+      EXPECT_TRUE(at::allclose(got[item.key()], item.value(), 1e-5, 1e-6)) << what << ": " << item.key();
+    }
+  };
+  // FSDP1 (use_orig_params false): the optimizer holds the flat parameters.
+  const auto adamw = [](Net& m) {
+    flat_param::FSDPState* fsdp1 = flat_param::GetState(*m);
+    return torch::optim::AdamW(fsdp1 ? flat_param::FullyShardedDataParallel(fsdp1).parameters()
+                                     : test_models::UniqueParameters(*m),
+                               torch::optim::AdamWOptions(1e-2));
+  };
+  for (bool fsdp1_first : {true, false}) {
+    const std::string dir = Dir(fsdp1_first ? "adamw_1to2" : "adamw_2to1");
+    const int first_world = fsdp1_first ? 3 : 4, second_world = 2;
+    fsdp::testing::RunOnRanks(Backend::kThreaded, first_world, [&](const comm::ProcessGroupPtr& pg) {
+      Net model = fsdp1_first ? Fsdp1Net(pg, 31) : Fsdp2Net(pg, 31);
+      auto opt = adamw(model);
+      test_models::TrainSteps(model, opt, 0, 3, first_world, pg->rank());
+      Save(*model, &opt, dir);
+    });
+    fsdp::testing::RunOnRanks(Backend::kThreaded, second_world, [&](const comm::ProcessGroupPtr& pg) {
+      Net model = fsdp1_first ? Fsdp2Net(pg, 7) : Fsdp1Net(pg, 7);
+      auto opt = adamw(model);
+      Load(*model, &opt, dir);
+      test_models::TrainSteps(model, opt, 3, 3, second_world, pg->rank());
+      const auto full = fsdp1_first ? per_param::GetFullStateDict(*model) : Fsdp1Full(model);
+      if (pg->rank() == 0) check(full, fsdp1_first ? "FSDP1 W=3 -> FSDP2 W=2" : "FSDP2 W=4 -> FSDP1 W=2");
+    });
+  }
+}
+
+TEST(DcpFsdp1, FullKindsAreRefusedClearly) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     Net model = Fsdp1Net(pg, 5);
     EXPECT_ERROR_CONTAINS(Save(*model, nullptr, Dir("full"), {.kind = StateDictKind::kFull}),

@@ -26,8 +26,11 @@
 #include "dcp/plan.h"
 #include "dcp/state_items.h"
 #include "fsdp/common/meta.h"
+#include "fsdp/flat_param/fsdp_state.h"
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fsdp_param.h"
 #include "fsdp/per_param/state_dict.h"
+#include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optimizer_adapter.h"
 
@@ -96,7 +99,7 @@ struct Pending {
 };
 
 void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParameter>& params,
-               const std::map<std::string, internal::FlatPiece>& flat, const std::string& dir, const DcpMetadata& md,
+               const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md,
                const LoadOptions& options, Pending& out) {
   absl::flat_hash_map<const c10::TensorImpl*, per_param::FSDPParam*> by_impl;
   for (const auto& p : params) {
@@ -128,7 +131,7 @@ void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParam
   for (const Target& t : targets) {
     const std::string key = internal::ModelKey(t.fqn);
     if (md.Find(key) == nullptr) continue;  // allow_partial_load
-    if (auto piece = flat.find(t.fqn); piece != flat.end()) {  // FSDP1: this rank's flat range only
+    if (auto piece = flat.by_fqn.find(t.fqn); piece != flat.by_fqn.end()) {  // FSDP1: this rank's flat range
       const internal::FlatPiece& f = piece->second;
       const DcpEntry& e = TensorEntry(dir, md, key, f.shape, absl::StrCat("the model's '", t.fqn, "'"));
       if (!f.local.defined()) continue;
@@ -154,7 +157,8 @@ bool ParseGroupKey(const std::string& key, size_t* group, std::string* option) {
 }
 
 void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<per_param::NamedParameter>& params,
-                   const std::string& dir, const DcpMetadata& md, const LoadOptions& options, Pending& out) {
+                   const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md,
+                   const LoadOptions& options, Pending& out) {
   // Param groups: every "optim.param_groups.<i>.<option>" entry (PyTorch writes each option
   // of each group, "params" the FQN list).
   std::map<size_t, optim_state::ParamGroupState> groups;
@@ -210,6 +214,11 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
       TORCH_CHECK(v.isInt() || v.isDouble(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' is a ", v.tagKind(),
                   "; optimizer state values are tensors, ints or floats");
       value = v.isInt() ? optim_state::StateValue(v.toInt()) : optim_state::StateValue(v.toDouble());
+    } else if (auto piece = flat.by_fqn.find(fqn); piece != flat.by_fqn.end() && !e.size.empty()) {
+      const internal::FlatPiece& f = piece->second;  // FSDP1: this rank's flat range of it
+      TensorEntry(dir, md, e.fqn, f.shape, absl::StrCat("parameter '", fqn, "'"));
+      const int64_t n = f.local.defined() ? f.local.numel() : 0;
+      value = ReadBoxes(dir, md, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n));
     } else if (!e.size.empty()) {
       const at::Tensor& param = param_of.at(fqn);
       const std::vector<int64_t> global = fsdp ? fsdp->sharding_spec().shape : param.sizes().vec();
@@ -238,10 +247,7 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
           const LoadOptions& options) {
   const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
   comm::ProcessGroupPtr world;
-  const std::map<std::string, internal::FlatPiece> flat = internal::CollectFlatPieces(model, &world, kLoad);
-  TORCH_CHECK(flat.empty() || optimizer == nullptr, kLoad,
-              ": optimizer state of FSDP1 (wrap_fsdp) models is not supported yet; load the model alone "
-              "(optimizer = nullptr)");
+  const internal::FlatModel flat = internal::CollectFlatPieces(model, &world, kLoad);
   c10::Device device(c10::kCPU);  // FSDP's: where tensors built on the meta device go
   for (const auto& p : params) {
     if (p.fsdp_param != nullptr) {
@@ -260,11 +266,16 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
       TORCH_CHECK(false, kLoad, ": '", dir, "' holds no complete checkpoint: ", e.what_without_backtrace());
     }
     ReadModel(model, params, flat, dir, md, options, pending);
-    if (optimizer != nullptr) ReadOptimizer(*optimizer, params, dir, md, options, pending);
+    if (optimizer != nullptr) ReadOptimizer(*optimizer, params, flat, dir, md, options, pending);
   });
   internal::AgreeOrThrow(world, error, kLoad);
   error = internal::ErrorOf([&] {
-    if (pending.has_optimizer_state) optim_state::LoadShardedOptimStateDict(model, *optimizer, pending.optim);
+    if (pending.has_optimizer_state && flat.empty()) {
+      optim_state::LoadShardedOptimStateDict(model, *optimizer, pending.optim);
+    } else if (pending.has_optimizer_state) {
+      optim_state::LoadShardedOptimStateDict(flat_param::FullyShardedDataParallel(flat_param::GetState(model)),
+                                             *optimizer, internal::PiecesToFlatOptim(pending.optim, flat, kLoad));
+    }
     at::NoGradGuard no_grad;
     for (ModelUpdate& u : pending.model) {
       if (u.fsdp != nullptr) {

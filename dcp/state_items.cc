@@ -13,6 +13,7 @@
 #include "fsdp/flat_param/state_dict.h"
 #include "fsdp/per_param/fsdp_param.h"
 #include "fsdp/per_param/state_dict.h"
+#include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 
 namespace fsdp::dcp::internal {
@@ -45,9 +46,8 @@ optim_state::OptionMap PythonOnlyOptions(const std::string& optimizer) {
   return {};
 }
 
-std::map<std::string, FlatPiece> CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world,
-                                                   const char* caller) {
-  std::map<std::string, FlatPiece> out;
+FlatModel CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world, const char* caller) {
+  FlatModel out;
   flat_param::FSDPState* state = flat_param::GetState(model);
   if (state == nullptr) return out;
   TORCH_CHECK(state->inter_node_group() == nullptr, caller,
@@ -55,13 +55,17 @@ std::map<std::string, FlatPiece> CollectFlatPieces(torch::nn::Module& model, com
               "use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, or FSDP2's HSDP");
   const flat_param::FullyShardedDataParallel root(state);
   for (flat_param::LocalFlatPiece& p : flat_param::LocalFlatPieces(root)) {
-    out[p.fqn] = FlatPiece{std::move(p.shape), p.flat_start, p.local.defined() ? p.local.detach() : at::Tensor()};
+    out.fqns_of_flat_param[p.flat_param_key].push_back(p.fqn);
+    out.by_fqn[p.fqn] = FlatPiece{std::move(p.shape), p.flat_start, p.local.defined() ? p.local.detach() : at::Tensor(),
+                                  p.offset_in_shard,  p.flat_param_key, p.shard_numel};
   }
   // Tied parameters: the flat parameter lists the first name; the others share its piece.
   absl::flat_hash_map<const c10::TensorImpl*, std::string> first_name;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     auto [it, inserted] = first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
-    if (!inserted && out.count(it->second) && !out.count(item.key())) out[item.key()] = out[it->second];
+    if (!inserted && out.by_fqn.count(it->second) && !out.by_fqn.count(item.key())) {
+      out.by_fqn[item.key()] = out.by_fqn[it->second];
+    }
   }
   *world = state->process_group();
   return out;
@@ -69,7 +73,7 @@ std::map<std::string, FlatPiece> CollectFlatPieces(torch::nn::Module& model, com
 
 SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) {
   SaveSources out;
-  const std::map<std::string, FlatPiece> flat = CollectFlatPieces(model, &out.world, "dcp");
+  const FlatModel flat = CollectFlatPieces(model, &out.world, "dcp");
   const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
   absl::flat_hash_map<const c10::TensorImpl*, const per_param::FSDPParam*> by_impl;
   absl::flat_hash_map<std::string, const per_param::FSDPParam*> by_fqn;
@@ -89,7 +93,7 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
   // state_dict()).
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().defined()) continue;
-    if (auto piece = flat.find(item.key()); piece != flat.end()) {  // FSDP1: this rank's piece, if any
+    if (auto piece = flat.by_fqn.find(item.key()); piece != flat.by_fqn.end()) {  // FSDP1: this rank's piece
       if (!piece->second.local.defined()) continue;
       TensorSource s{ModelKey(item.key()), {std::string("model"), item.key()}, nullptr, piece->second.local,
                      piece->second.shape, piece->second.flat_start};
@@ -106,10 +110,12 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
       add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, nullptr, item.value());
   }
   if (optimizer == nullptr) return out;
-  TORCH_CHECK(flat.empty(), "dcp: optimizer state of FSDP1 (wrap_fsdp) models is not supported yet; save the model "
-              "alone (optimizer = nullptr) or use FSDP2");
 
-  const optim_state::OptimStateDict sd = optim_state::GetShardedOptimStateDict(model, *optimizer);
+  const optim_state::OptimStateDict sd =
+      flat.empty() ? optim_state::GetShardedOptimStateDict(model, *optimizer)
+                   : FlatOptimToPieces(optim_state::GetShardedOptimStateDict(
+                                           flat_param::FullyShardedDataParallel(flat_param::GetState(model)), *optimizer),
+                                       flat);
   for (const auto& [fqn, state] : sd.state) {
     auto it = by_fqn.find(fqn);
     TORCH_CHECK(it != by_fqn.end(), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
@@ -118,6 +124,12 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
       const std::string key = OptimStateKey(fqn, name);
       std::vector<DcpPathElement> path = {std::string("optim"), std::string("state"), fqn, name};
       if (const at::Tensor* t = std::get_if<at::Tensor>(&value)) {
+        if (auto piece = flat.by_fqn.find(fqn); piece != flat.by_fqn.end() && t->dim() > 0) {  // FSDP1
+          if (t->numel() == 0) continue;  // this rank holds none of it
+          out.tensors.push_back({key, std::move(path), nullptr, t->detach(), piece->second.shape,
+                                 piece->second.flat_start});
+          continue;
+        }
         const bool sharded = fsdp != nullptr && t->dim() > 0;
         if (sharded) {
           TORCH_CHECK(t->sizes().vec() == fsdp->sharded_size(), "dcp: optimizer state '", name, "' of '", fqn,

@@ -90,13 +90,30 @@ struct FlatPiece {
   std::vector<int64_t> shape;
   int64_t flat_start = 0;
   at::Tensor local;
+  int64_t offset_in_shard = 0;  // of the piece in its flat parameter's local shard
+  std::string flat_param_key;   // the flat parameter's key in the optimizer's local state
+  int64_t shard_numel = 0;      // of that local shard
 };
 
-// The pieces of every FSDP1 parameter by name (tied parameters under each name) when
-// `model` is the root of a wrap_fsdp tree; empty otherwise. Sets *world to the FSDP1 shard
-// group (hybrid strategies are refused: no one group spans their replicas).
-std::map<std::string, FlatPiece> CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world,
-                                                   const char* caller);
+// The FSDP1 parameters of a wrap_fsdp tree: pieces by parameter name (tied parameters
+// under each name), and each flat parameter's original parameters (primary names) in order.
+struct FlatModel {
+  std::map<std::string, FlatPiece> by_fqn;
+  std::map<std::string, std::vector<std::string>> fqns_of_flat_param;
+  bool empty() const { return by_fqn.empty(); }
+};
+
+// Empty unless `model` is the root of a wrap_fsdp tree; sets *world to the FSDP1 shard
+// group then (hybrid strategies are refused: no one group spans their replicas).
+FlatModel CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world, const char* caller);
+
+// FSDP1 optimizer state between the optimizer's local form (flat-parameter keys, this rank's
+// flat shard: optim_state::GetShardedOptimStateDict) and DCP's (original parameter names;
+// positive-dim tensors as this rank's 1-D piece of each, empty where it holds none; scalars
+// repeated for each original parameter; param groups listing original names). Local.
+optim_state::OptimStateDict FlatOptimToPieces(const optim_state::OptimStateDict& local, const FlatModel& flat);
+optim_state::OptimStateDict PiecesToFlatOptim(const optim_state::OptimStateDict& pieces, const FlatModel& flat,
+                                              const char* caller);
 
 // `optimizer` may be null (model only).
 SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);

@@ -74,8 +74,11 @@ std::vector<LocalFlatPiece> LocalFlatPieces(const FullyShardedDataParallel& root
     const std::string prefix = HandlePrefix(module, *h);
     for (const ShardParamInfo& info : fp.shard_param_infos) {
       LocalFlatPiece piece{prefix + fp.fqns[info.index], fp.shapes[info.index], 0, at::Tensor(), ShardGroup(*h)};
+      piece.flat_param_key = prefix + "_flat_param";
+      piece.shard_numel = fp.local_shard.numel();
       if (info.in_shard && info.numel_in_shard > 0) {
         piece.flat_start = info.intra_param_start_idx;
+        piece.offset_in_shard = info.offset_in_shard;
         piece.local = fp.local_shard.narrow(0, info.offset_in_shard, info.numel_in_shard);
       }
       out.push_back(std::move(piece));

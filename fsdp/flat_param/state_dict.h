@@ -40,6 +40,11 @@ struct LocalFlatPiece {
   int64_t flat_start = 0;
   at::Tensor local;
   comm::ProcessGroupPtr group;
+  // Where the piece sits in the local shard, and the flat parameter's name in the optimizer
+  // state (optim_state/fsdp1_optim_state.h: "<module prefix>_flat_param") and shard numel.
+  int64_t offset_in_shard = 0;
+  std::string flat_param_key;
+  int64_t shard_numel = 0;
 };
 std::vector<LocalFlatPiece> LocalFlatPieces(const FullyShardedDataParallel& root);
 
