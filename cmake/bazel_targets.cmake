@@ -60,6 +60,11 @@ fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
   DEPS :pair_flags //comm //comm:gloo //fsdp/per_param //mesh //optim_state @libtorch @system//:absl
        @system//:benchmark)
 
+fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
+  SRCS dcp_bench.cc
+  DEPS :linear_stack :pair_flags //comm //dcp //fsdp/common //fsdp/per_param //mesh
+       //testing:peer_python @libtorch @system//:absl @system//:benchmark)
+
 # ================================================================ //bench/peer
 fsdp_cc_library(//bench/peer:peer_parity TESTONLY
   SRCS peer_parity.cc
@@ -230,7 +235,8 @@ fsdp_cc_binary(//examples:collectives_demo
 
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
-  DEPS //comm //comm:gloo //fsdp/per_param //mesh @libtorch @system//:absl)
+  DEPS //comm //comm:gloo //dcp //fsdp/per_param //mesh @libtorch @system//:absl
+       @system//:absl_flags)
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common

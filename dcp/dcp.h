@@ -94,7 +94,8 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
 // The handle of an AsyncSave. wait() blocks until this rank's files are written and the
 // checkpoint is complete (rank 0 wrote `.metadata`), or throws the save's error (every rank
 // throws when any rank's write failed). Later waits return or throw the same. Local: no
-// collective on the model's group. The destructor waits, dropping an error. Movable.
+// collective on the model's group. The destructor waits; a failure nobody waited for is
+// reported on stderr (TORCH_WARN) since a destructor cannot throw. Movable.
 class AsyncSaveHandle {
  public:
   AsyncSaveHandle();

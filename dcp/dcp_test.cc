@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/dcp_storage.h"
 #include "checkpoint/file_io.h"
@@ -563,6 +564,17 @@ TEST(DcpErrors, AFailedWriteFailsEveryRankAndLeavesNoMetadata) {
     struct stat st {};
     EXPECT_NE(::stat((dir + "/.metadata").c_str(), &st), 0) << "an incomplete checkpoint has metadata";
   }
+  // A failed AsyncSave whose handle is dropped without wait() says so on stderr.
+  const std::string dir = NewDir("unwritable_unwaited");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/__1_0.distcp").c_str(), 0755), 0);
+  ::testing::internal::CaptureStderr();
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    AsyncSave(*t.module, t.opt.get(), dir);  // the handle dies here, unwaited
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(err, "dcp::AsyncSave failed and its handle was destroyed without wait()")) << err;
 }
 
 // ----------------------------------------------------------------- Gloo processes

@@ -271,6 +271,7 @@ struct AsyncSaveHandle::State {
   std::atomic<bool> finished{false};
   std::string error;  // written by the thread before `finished`
   std::mutex join_mu;
+  bool waited = false;  // under join_mu: wait() reported the outcome
 };
 
 AsyncSaveHandle::AsyncSaveHandle() = default;
@@ -290,6 +291,11 @@ AsyncSaveHandle::~AsyncSaveHandle() {
   if (!state_) return;
   std::lock_guard<std::mutex> lock(state_->join_mu);
   if (state_->thread.joinable()) state_->thread.join();
+  // A destructor must not throw, but a failed checkpoint must not pass unnoticed either (the
+  // directory has no `.metadata`): say so on stderr when nobody waited for the outcome.
+  if (!state_->waited && !state_->error.empty()) {
+    TORCH_WARN("dcp::AsyncSave failed and its handle was destroyed without wait(): ", state_->error);
+  }
 }
 
 void AsyncSaveHandle::wait() {
@@ -297,6 +303,7 @@ void AsyncSaveHandle::wait() {
   {
     std::lock_guard<std::mutex> lock(state_->join_mu);
     if (state_->thread.joinable()) state_->thread.join();
+    state_->waited = true;
   }
   TORCH_CHECK(state_->error.empty(), state_->error);
 }

@@ -1,10 +1,20 @@
-// FSDP2 showcase: a tiny decoder-only language model trained with fully_shard on 4 processes.
-//   ./x run -n 4 bazel-bin/examples/fsdp2_demo        (`./x demo` builds and runs it)
+// FSDP2 showcase: a tiny decoder-only language model trained with fully_shard on 4 processes,
+// checkpointed, and resumed on 2.
+//   ./x run -n 4 bazel-bin/examples/fsdp2_demo --checkpoint_dir=build/demo
+//   ./x run -n 2 bazel-bin/examples/fsdp2_demo --checkpoint_dir=build/demo --resume
+// (`./x demo` builds and runs both.)
 // Every block, then the root, is fully_shard'ed over a Gloo world group; each rank trains on
-// its quarter of the global batch with AdamW. Rank 0 prints per step the global loss, the
-// step time, this rank's bytes of parameters + gradients + optimizer state, and the bytes
-// FSDP moved. At the end every rank trains the same model on the whole batch without FSDP
-// and checks that the loss curve and the final parameters agree: PASS, or FAIL and exit 1.
+// its slice of the global batch with AdamW. Rank 0 prints per step the global loss, the step
+// time, this rank's bytes of parameters + gradients + optimizer state, and the bytes FSDP
+// moved. After kSteps every rank trains the same model on the whole batch without FSDP and
+// checks that the loss curve and the final parameters agree. With --checkpoint_dir the run
+// then saves a distributed checkpoint (DCP: every rank writes its own shards of the weights
+// and AdamW state) to DIR/dcp and the full model (gathered to rank 0, one file) to DIR/full.pt.
+// --resume starts a fresh, differently initialized model at this run's world size, loads
+// DIR/dcp into it (dcp::Load reshards, e.g. 4 -> 2 ranks), checks the loaded weights are
+// DIR/full.pt bitwise, trains kResumeSteps more steps, and compares with a single-rank run
+// that trained kSteps + kResumeSteps steps without a break. Each run ends with PASS, or FAIL
+// and exit 1.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -18,17 +28,25 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <map>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
+#include "dcp/dcp.h"
 #include "fsdp/per_param/fsdp_state.h"  // runtime introspection for the printout (CollectStates)
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
 #include "mesh/device_mesh.h"
+
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "after training, save a DCP checkpoint to DIR/dcp and the full model to DIR/full.pt (empty: none)");
+ABSL_FLAG(bool, resume, false,
+          "instead of training from scratch: load DIR/dcp at this world size and train kResumeSteps more steps");
 
 namespace {
 
@@ -36,12 +54,13 @@ using fsdp::per_param::FullySharded;
 
 constexpr int64_t kVocab = 64, kDim = 32, kBlocks = 3, kSeq = 16;
 constexpr int64_t kGlobalBatch = 32;  // sequences per step, split evenly over the ranks
-constexpr int kSteps = 30;
+constexpr int kSteps = 30;            // from scratch, then the checkpoint
+constexpr int kResumeSteps = 10;      // after loading it
 // FSDP averages the ranks' slice-mean gradients where the reference takes one whole-batch mean: equal up
-// to float rounding. Losses agree to ~1e-7. AdamW divides each gradient element by its own
-// running RMS, so an element whose gradient is nearly zero (e.g. a GELU unit that rarely fires)
-// turns that rounding into visible step differences: ~1e-5 after 30 steps here (in double,
-// ~1e-14). A sharding or reduction bug shows up as 1e-2 or more.
+// to float rounding (a resumed run adds nothing to it: the checkpoint holds the exact bits). Losses
+// agree to ~1e-7. AdamW divides each gradient element by its own running RMS, so an element whose gradient is nearly
+// zero (e.g. a GELU unit that rarely fires) turns that rounding into visible step differences: ~1e-5 after 30 steps
+// here (in double, ~1e-14). A sharding or reduction bug shows up as 1e-2 or more.
 constexpr double kLossTol = 1e-4, kParamTol = 1e-4;  // relative to max(1, |reference|)
 
 // Pre-norm transformer block: causal single-head self-attention, then an MLP, each residual.
@@ -101,10 +120,14 @@ struct DecoderImpl : torch::nn::Module {
 using Decoder = FullySharded<DecoderImpl>;
 
 // Same values on every rank and in the reference: one generator per parameter, never the
-// global RNG (whose state depends on what ran before).
-void InitDeterministic(torch::nn::Module& model) {
+// global RNG (whose state depends on what ran before). Parameter k's generator is seeded with
+// first_seed + k.
+constexpr uint64_t kInitSeed = 1;
+// The resumed model starts elsewhere, so only the checkpoint can make it match.
+constexpr uint64_t kResumeInitSeed = 1000;
+void InitDeterministic(torch::nn::Module& model, uint64_t first_seed) {
   at::NoGradGuard no_grad;
-  uint64_t seed = 1;
+  uint64_t seed = first_seed;
   for (auto& item : model.named_parameters()) {
     at::Tensor& p = item.value();
     if (p.dim() == 1) {
@@ -158,103 +181,174 @@ double Ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
 }
 
-}  // namespace
+torch::optim::AdamWOptions OptimizerOptions() { return torch::optim::AdamWOptions(1e-2).weight_decay(0.01); }
 
-int main() {
-  at::set_num_threads(1);  // the ranks share the machine's cores
-  // Wrap the world group BEFORE building the mesh, so every FSDP collective goes through the
-  // trace (a 1-D mesh over the whole world reuses the group it is given).
-  auto world = fsdp::comm::CreateGlooProcessGroupFromEnv();
-  auto trace = std::make_shared<fsdp::comm::CommTrace>(world);
-  const int W = world->size(), me = world->rank();
-  const bool log = me == 0;
-  if (kGlobalBatch % W != 0) {
-    if (log) std::printf("global batch %ld is not divisible by %d ranks\n", kGlobalBatch, W);
-    return 2;
-  }
-  auto mesh = fsdp::mesh::DeviceMesh::Create(trace, {W});
+// The world group and the traced wrapper FSDP's mesh is built on.
+struct World {
+  fsdp::comm::ProcessGroupPtr group;  // untraced: the demo's own collectives (global loss, verdict)
+  std::shared_ptr<fsdp::comm::CommTrace> trace;
+  fsdp::mesh::DeviceMeshPtr mesh;
+  int size = 0, rank = 0;
+  bool log() const { return rank == 0; }
+};
 
-  // Full model on every rank (same values), then shard it: blocks first, the root last, so
-  // the root's group gets what no block claims (embedding = tied head, pos, final LayerNorm).
+// Full model on every rank (same values), then shard it: blocks first, the root last, so the
+// root's group gets what no block claims (embedding = tied head, pos, final LayerNorm).
+Decoder BuildSharded(const World& w, uint64_t init_seed) {
   Decoder model;
-  InitDeterministic(*model);
-  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = mesh});
-  fsdp::per_param::fully_shard(model.ptr(), {.mesh = mesh});
-  // Built after fully_shard: the optimizer sees (and keeps state only for) the shards.
-  const auto options = torch::optim::AdamWOptions(1e-2).weight_decay(0.01);
-  torch::optim::AdamW opt(model->parameters(), options);
+  InitDeterministic(*model, init_seed);
+  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = w.mesh});
+  fsdp::per_param::fully_shard(model.ptr(), {.mesh = w.mesh});
+  return model;
+}
 
-  const int64_t local = kGlobalBatch / W;
-  if (log) {
-    std::printf(
-        "FSDP2 demo: %ld-block decoder (vocab %ld, d %ld, tied head), %d ranks, global batch %ld x %ld tokens, AdamW\n",
-        kBlocks, kVocab, kDim, W, kGlobalBatch, kSeq);
+// What an FSDP2 run measured, for the summary.
+struct ShardedRun {
+  std::vector<double> losses, step_ms;  // element i: step first + i
+  Bytes sharded;                        // this rank's, at the last step
+  int64_t ag = 0, rs = 0;               // bytes all-gathered / reduce-scattered in the last step
+};
+
+// Steps [first, first + steps), each rank on its slice of the global batch; rank 0 prints a
+// row per step.
+ShardedRun TrainSharded(const World& w, Decoder& model, torch::optim::AdamW& opt, int first, int steps) {
+  if (w.log()) {
     std::printf("%4s %8s %7s %18s %15s %19s\n", "step", "loss", "ms", "P+G+O KiB/rank", "all-gather KiB",
                 "reduce-scatter KiB");
   }
-  std::vector<double> losses, step_ms;
-  Bytes sharded;
-  int64_t ag = 0, rs = 0;
-  for (int step = 0; step < kSteps; ++step) {
-    const at::Tensor seqs = Sequences(step, kGlobalBatch).narrow(0, me * local, local);  // my slice
-    trace->clear();
+  const int64_t local = kGlobalBatch / w.size;
+  ShardedRun run;
+  for (int step = first; step < first + steps; ++step) {
+    const at::Tensor seqs = Sequences(step, kGlobalBatch).narrow(0, w.rank * local, local);  // my slice
+    w.trace->clear();
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor loss = Loss(model, seqs);
     loss.backward();  // blocks re-gather their weights; gradients are reduce-scattered (averaged)
     opt.step();
-    step_ms.push_back(Ms(t0));                       // step 0 includes FSDP's lazy initialization
-    sharded = CountBytes(model->parameters(), opt);  // before zero_grad: gradients still there
+    run.step_ms.push_back(Ms(t0));                       // the first step includes FSDP's lazy initialization
+    run.sharded = CountBytes(model->parameters(), opt);  // before zero_grad: gradients still there
     opt.zero_grad();
     // Sizes of the full buffers: all-gather outputs and reduce-scatter inputs.
-    ag = trace->total_output_bytes("all_gather_into_tensor");
-    rs = trace->total_input_bytes("reduce_scatter_tensor");
+    run.ag = w.trace->total_output_bytes("all_gather_into_tensor");
+    run.rs = w.trace->total_input_bytes("reduce_scatter_tensor");
     // The global loss is the mean over ranks (equal slices); reduced outside the trace.
     at::Tensor global = loss.detach().clone();
-    world->all_reduce(global, fsdp::comm::ReduceOp::Avg())->wait();
-    losses.push_back(global.item<double>());
-    if (log)
-      std::printf("%4d %8.4f %7.1f %18.1f %15.1f %19.1f\n", step, losses.back(), step_ms.back(), Kib(sharded.total()),
-                  Kib(ag), Kib(rs));
+    w.group->all_reduce(global, fsdp::comm::ReduceOp::Avg())->wait();
+    run.losses.push_back(global.item<double>());
+    if (w.log()) {
+      std::printf("%4d %8.4f %7.1f %18.1f %15.1f %19.1f\n", step, run.losses.back(), run.step_ms.back(),
+                  Kib(run.sharded.total()), Kib(run.ag), Kib(run.rs));
+    }
   }
+  return run;
+}
 
-  // Gather every trained parameter (collective: all ranks, same order) keyed by its name.
-  std::map<std::string, at::Tensor> trained;
-  for (const auto& item : fsdp::per_param::GetFullStateDict(*model)) trained[item.key()] = item.value();
-
-  // The same training on one rank without FSDP: same init, the whole global batch per step.
-  Decoder ref;
-  InitDeterministic(*ref);
-  torch::optim::AdamW ref_opt(ref->parameters(), options);
-  double loss_diff = 0, param_diff = 0;
-  Bytes full;
-  for (int step = 0; step < kSteps; ++step) {
-    at::Tensor loss = Loss(ref, Sequences(step, kGlobalBatch));
+// The same training on one rank without FSDP: same init, the whole global batch per step.
+struct Reference {
+  Decoder model;
+  std::vector<double> losses;
+  Bytes bytes;  // at the last step
+};
+Reference TrainReference(int steps) {
+  Reference ref;
+  InitDeterministic(*ref.model, kInitSeed);
+  torch::optim::AdamW opt(ref.model->parameters(), OptimizerOptions());
+  for (int step = 0; step < steps; ++step) {
+    at::Tensor loss = Loss(ref.model, Sequences(step, kGlobalBatch));
     loss.backward();
-    ref_opt.step();
-    full = CountBytes(ref->parameters(), ref_opt);
-    ref_opt.zero_grad();
-    const double expected = loss.item<double>();
-    loss_diff = std::max(loss_diff, std::abs(losses[step] - expected) / std::max(1.0, std::abs(expected)));
+    opt.step();
+    ref.bytes = CountBytes(ref.model->parameters(), opt);
+    opt.zero_grad();
+    ref.losses.push_back(loss.item<double>());
   }
-  bool ok = loss_diff <= kLossTol && trained.size() == ref->named_parameters().size();
-  for (const auto& item : ref->named_parameters()) {
-    auto it = trained.find(item.key());
-    if (it == trained.end()) {
+  return ref;
+}
+
+// How far an FSDP run (its losses from step `first` on, its gathered parameters) is from the
+// reference.
+struct Agreement {
+  double loss = 0, param = 0;
+  bool ok = true;
+};
+Agreement Compare(const ShardedRun& run, int first, const Reference& ref, const fsdp::per_param::FullStateDict& trained,
+                  bool log) {
+  Agreement a;
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    const double expected = ref.losses[first + i];
+    a.loss = std::max(a.loss, std::abs(run.losses[i] - expected) / std::max(1.0, std::abs(expected)));
+  }
+  a.ok = a.loss <= kLossTol && trained.size() == ref.model->named_parameters().size();
+  for (const auto& item : ref.model->named_parameters()) {
+    const at::Tensor* got = trained.find(item.key());
+    if (got == nullptr) {
       if (log) std::printf("missing from FSDP: %s\n", item.key().c_str());
-      ok = false;
+      a.ok = false;
       continue;
     }
     const double scale = std::max(1.0, item.value().abs().max().item<double>());
-    param_diff = std::max(param_diff, (it->second - item.value()).abs().max().item<double>() / scale);
+    a.param = std::max(a.param, (*got - item.value()).abs().max().item<double>() / scale);
   }
-  ok = ok && param_diff <= kParamTol;
-  // Every rank checked its own copy; one FAIL fails all.
-  at::Tensor failed = at::tensor({ok ? 0.0f : 1.0f});
-  world->all_reduce(failed, fsdp::comm::ReduceOp::Max())->wait();
-  ok = failed.item<float>() == 0.0f;
+  a.ok = a.ok && a.param <= kParamTol;
+  return a;
+}
 
-  if (log) {
-    std::printf("\nloss: %.4f -> %.4f over %d steps\n", losses.front(), losses.back(), kSteps);
+// Every rank checked its own copy; one FAIL fails all.
+bool AllRanksOk(const World& w, bool ok) {
+  at::Tensor failed = at::tensor({ok ? 0.0f : 1.0f});
+  w.group->all_reduce(failed, fsdp::comm::ReduceOp::Max())->wait();
+  return failed.item<float>() == 0.0f;
+}
+
+// A DCP checkpoint directory: one __<rank>_0.distcp per writing rank, plus .metadata.
+struct CheckpointFiles {
+  int shard_files = 0;
+  int64_t bytes = 0;
+};
+CheckpointFiles ListCheckpoint(const std::string& dir) {
+  CheckpointFiles files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    files.shard_files += entry.path().extension() == ".distcp";
+    files.bytes += static_cast<int64_t>(entry.file_size());
+  }
+  return files;
+}
+
+// DIR/dcp: every rank writes only its own shards of the parameters and AdamW state (no rank
+// gathers the model); rank 0 writes .metadata last. DIR/full.pt: the whole model gathered to
+// rank 0 alone, on the CPU, as one torch pickle file (Python: torch.load(path, weights_only=False)).
+void SaveCheckpoint(const World& w, Decoder& model, const torch::optim::AdamW& opt, const std::string& dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fsdp::dcp::Save(*model, &opt, dir + "/dcp");
+  const double save_ms = Ms(t0);
+  const auto full = fsdp::per_param::GetFullStateDict(*model, {.rank0_only = true, .cpu_offload = true});
+  if (!w.log()) return;
+  fsdp::per_param::SaveFullStateDict(full, dir + "/full.pt");
+  const CheckpointFiles files = ListCheckpoint(dir + "/dcp");
+  std::printf(
+      "saved after %d steps: %s/dcp (%d shard files + .metadata, %.1f KiB, %.1f ms), %s/full.pt (%zu tensors)\n",
+      kSteps, dir.c_str(), files.shard_files, Kib(files.bytes), save_ms, dir.c_str(), full.size());
+}
+
+// kSteps from scratch, checked against the single-rank reference, then the checkpoint.
+int TrainFromScratch(const World& w, const std::string& checkpoint_dir) {
+  Decoder model = BuildSharded(w, kInitSeed);
+  // Built after fully_shard: the optimizer sees (and keeps state only for) the shards.
+  torch::optim::AdamW opt(model->parameters(), OptimizerOptions());
+  if (w.log()) {
+    std::printf(
+        "FSDP2 demo: %ld-block decoder (vocab %ld, d %ld, tied head), %d ranks, global batch %ld x %ld tokens, AdamW\n",
+        kBlocks, kVocab, kDim, w.size, kGlobalBatch, kSeq);
+  }
+  ShardedRun run = TrainSharded(w, model, opt, 0, kSteps);
+  // Gather every trained parameter (collective: all ranks, same order) keyed by its name.
+  const auto trained = fsdp::per_param::GetFullStateDict(*model);
+  const Reference ref = TrainReference(kSteps);
+  const Agreement agree = Compare(run, 0, ref, trained, w.log());
+  const bool ok = AllRanksOk(w, agree.ok);
+
+  if (w.log()) {
+    std::printf("\nloss: %.4f -> %.4f over %d steps\n", run.losses.front(), run.losses.back(), kSteps);
     // What each fully_shard call manages (names are known after the first forward's lazy
     // init): the tied head adds no tensor, the root's embed.weight serves both uses.
     for (auto* state : fsdp::per_param::CollectStates(*model)) {
@@ -265,11 +359,13 @@ int main() {
                   group->module_fqn().empty() ? "root" : group->module_fqn().c_str(), group->fsdp_params().size(),
                   state->is_root().value_or(false) ? (":" + names).c_str() : "");
     }
-    std::sort(step_ms.begin() + 1, step_ms.end());
+    std::sort(run.step_ms.begin() + 1, run.step_ms.end());
     std::printf(
         "median step %.1f ms; per step all-gather %.1f KiB (root once, kept through backward; each block\n"
         "  twice: forward, then again for backward), reduce-scatter %.1f KiB (every gradient once)\n",
-        step_ms[kSteps / 2], Kib(ag), Kib(rs));
+        run.step_ms[kSteps / 2], Kib(run.ag), Kib(run.rs));
+    const Bytes& sharded = run.sharded;
+    const Bytes& full = ref.bytes;
     std::printf(
         "KiB per rank, params + grads + AdamW state: FSDP %.1f + %.1f + %.1f = %.1f, single rank %.1f + %.1f + %.1f = "
         "%.1f (%.2fx)\n",
@@ -277,8 +373,85 @@ int main() {
         Kib(full.grads), Kib(full.optim), Kib(full.total()), double(full.total()) / double(sharded.total()));
     std::printf(
         "vs single-rank reference: max loss diff %.1e (tol %.0e), max param diff %.1e (tol %.0e), %zu tensors\n",
-        loss_diff, kLossTol, param_diff, kParamTol, trained.size());
+        agree.loss, kLossTol, agree.param, kParamTol, trained.size());
     std::printf("%s\n", ok ? "PASS" : "FAIL");
   }
+  if (!ok) return 1;
+  if (!checkpoint_dir.empty()) SaveCheckpoint(w, model, opt, checkpoint_dir);
+  return 0;
+}
+
+// A fresh model at this world size, loaded from the checkpoint, kResumeSteps more steps,
+// checked against the single-rank reference run for kSteps + kResumeSteps without a break.
+int Resume(const World& w, const std::string& dir) {
+  Decoder model = BuildSharded(w, kResumeInitSeed);
+  torch::optim::AdamW opt(model->parameters(), OptimizerOptions());  // no state yet: Load brings it
+  const auto t0 = std::chrono::steady_clock::now();
+  // Each rank reads only the stored chunks that overlap its new shards, whatever the saving
+  // world size was.
+  fsdp::dcp::Load(*model, &opt, dir + "/dcp");
+  const double load_ms = Ms(t0);
+  // Resharding only moves bytes: the loaded weights must be full.pt's bit for bit.
+  const auto loaded = fsdp::per_param::GetFullStateDict(*model, {.rank0_only = true, .cpu_offload = true});
+  bool same = true;
+  if (w.log()) {
+    const auto saved = fsdp::per_param::LoadFullStateDictFile(dir + "/full.pt");
+    same = saved.size() == loaded.size();
+    for (const auto& item : saved) {
+      const at::Tensor* got = loaded.find(item.key());
+      same = same && got != nullptr && at::equal(*got, item.value());
+    }
+    std::printf("FSDP2 demo, resumed: %s/dcp (%d shard files) loaded into %d ranks in %.1f ms; weights %s %s/full.pt\n",
+                dir.c_str(), ListCheckpoint(dir + "/dcp").shard_files, w.size, load_ms,
+                same ? "bitwise equal to" : "DIFFER from", dir.c_str());
+  }
+  const ShardedRun run = TrainSharded(w, model, opt, kSteps, kResumeSteps);
+  const auto trained = fsdp::per_param::GetFullStateDict(*model);
+  const Reference ref = TrainReference(kSteps + kResumeSteps);
+  const Agreement agree = Compare(run, kSteps, ref, trained, w.log());
+  const bool ok = AllRanksOk(w, same && agree.ok);
+  if (w.log()) {
+    std::printf("\nloss: %.4f -> %.4f over steps %d-%d\n", run.losses.front(), run.losses.back(), kSteps,
+                kSteps + kResumeSteps - 1);
+    std::printf(
+        "vs uninterrupted single-rank run of %d steps: max loss diff %.1e (tol %.0e), max param diff %.1e (tol %.0e)\n",
+        kSteps + kResumeSteps, agree.loss, kLossTol, agree.param, kParamTol);
+    std::printf("%s: checkpoint saved after %d steps, resumed on %d ranks for %d more steps, %s\n",
+                ok ? "PASS" : "FAIL", kSteps, w.size, kResumeSteps,
+                ok     ? "matches the uninterrupted run"
+                : same ? "does NOT match the uninterrupted run"
+                       : "but the loaded weights differ from full.pt");
+  }
   return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  at::set_num_threads(1);  // the ranks share the machine's cores
+  World w;
+  w.group = fsdp::comm::CreateGlooProcessGroupFromEnv();
+  w.size = w.group->size();
+  w.rank = w.group->rank();
+  if (kGlobalBatch % w.size != 0) {
+    if (w.log()) std::printf("global batch %ld is not divisible by %d ranks\n", kGlobalBatch, w.size);
+    return 2;
+  }
+  // Wrap the world group BEFORE building the mesh, so every FSDP collective goes through the
+  // trace (a 1-D mesh over the whole world reuses the group it is given).
+  w.trace = std::make_shared<fsdp::comm::CommTrace>(w.group);
+  w.mesh = fsdp::mesh::DeviceMesh::Create(w.trace, {w.size});
+  const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  try {
+    if (!absl::GetFlag(FLAGS_resume)) return TrainFromScratch(w, dir);
+    if (dir.empty()) {
+      if (w.log()) std::printf("--resume needs --checkpoint_dir (the directory the first run saved to)\n");
+      return 2;
+    }
+    return Resume(w, dir);
+  } catch (const c10::Error& e) {  // e.g. no checkpoint in dir: the message names the file
+    std::fprintf(stderr, "rank %d: %s\n", w.rank, e.what_without_backtrace());
+    return 1;
+  }
 }

@@ -1,0 +1,430 @@
+// bench/dcp: distributed-checkpoint save and load throughput per rank (dcp::Save / dcp::Load),
+// vs plain file IO of the same bytes, and (with the peer venv) vs PyTorch's dcp.save / load.
+//
+// The model: kLayers fully_shard'ed Linear(kDim, kDim) under a fully_shard'ed root, with AdamW
+// after one step, so a checkpoint holds parameters + exp_avg + exp_avg_sq: ~3 x 4 B x kLayers x
+// kDim^2 = 288 MiB, in kWorld = 2 shards. The ranks are threads of this process on a Threaded
+// process group: every benchmark runs on kWorld Google Benchmark threads, thread r playing
+// rank r (Google Benchmark lines the threads up before the timed loop; the reported time is
+// the threads' mean).
+//
+// Save/ours/<bytes>: dcp::Save(model, &optim, dir): the state items, the torch.save encoding,
+//   each rank's __<r>_0.distcp written, fsync'ed and renamed, the metadata gathered to rank 0,
+//   which writes and fsyncs .metadata; Save returns once the checkpoint is complete.
+// Save/raw/<bytes>: each rank writes one buffer as large as its DCP files (rank 0: its .distcp
+//   + .metadata) with write(), fsync()s and closes it; then the ranks meet at a barrier (as
+//   Save's completion makes them).
+// Load/{ours,raw}: dcp::Load of that checkpoint into the same model and optimizer, vs each rank
+//   pread()ing its raw file whole into one buffer, then a barrier. Both read the page cache (the
+//   files were just written): the format's and the loader's cost, not the disk's.
+// LoadCold/{ours,raw}: the same after dropping every file of both from the page cache
+//   (posix_fadvise DONTNEED, untimed) before each iteration, so the reads reach the disk.
+//
+// <bytes> is the checkpoint's total size; throughput per rank is <bytes> / kWorld / time. Names
+// pair as tools/bench_ratio.py expects (ratio = ours / raw time); the summary at the end prints
+// the throughput ratio raw / ours time (goal >= 0.8) and, when the peer venv's Python is there
+// (FSDP_PEER_PYTHON, else the ./x cache's peer venv), PyTorch's own FSDP2 + dcp.save /
+// dcp.load of the same model on kWorld Gloo processes.
+//
+//   bazel run --config=opt //bench:dcp_bench [-- --pair_repetitions=3 --peer=0 --benchmark_out=FILE.json]
+//   python3 tools/bench_ratio.py FILE.json
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/linear_stack.h"
+#include "bench/pair_flags.h"
+#include "comm/threaded_process_group.h"
+#include "dcp/dcp.h"
+#include "fsdp/common/hooked_module.h"
+#include "fsdp/per_param/fully_shard.h"
+#include "mesh/device_mesh.h"
+#include "testing/peer_python.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kWorld = 2;
+constexpr int64_t kLayers = 24, kDim = 1024;
+constexpr int kIterations = 3;  // per benchmark run; each moves ~288 MiB
+// The peer venv ./x setup makes, in its cache directory (third_party/torch_version.txt's version).
+constexpr const char* kPeerVenv = "peer-venv-torch-2.15.0";
+
+using ShardedLinear = fsdp::Hooked<torch::nn::LinearImpl>;
+using Net = fsdp::HookedImpl<fsdp::bench::LinearStackImpl<ShardedLinear>>;
+
+// One rank: its model and optimizer, and the plain-IO side's file and buffer.
+struct Rank {
+  fsdp::comm::ProcessGroupPtr group;
+  std::shared_ptr<Net> net;
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::string raw_file;
+  std::vector<char> raw;  // as many bytes as this rank's DCP files
+};
+
+struct World {
+  std::string dir;   // everything this run writes: removed at the end
+  std::string ckpt;  // dir/dcp
+  int64_t checkpoint_bytes = 0;
+  std::vector<Rank> ranks;
+  std::unique_ptr<std::barrier<>> barrier;  // the plain-IO side's stand-in for Save's completion
+};
+
+World& TheWorld() {
+  static World world;
+  return world;
+}
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "dcp_bench: %s\n", message.c_str());
+  std::abort();  // a rank thread cannot leave its peers waiting in a collective or the barrier
+}
+
+void CheckErrno(bool ok, const char* what, const std::string& path) {
+  if (!ok) Die(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+}
+
+// The plain-IO save: one write() loop of the buffer, fsync, close (dcp_storage's writer does
+// the same per file, plus a rename).
+void RawWrite(const Rank& r) {
+  const int fd = ::open(r.raw_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  CheckErrno(fd >= 0, "open", r.raw_file);
+  for (size_t done = 0; done < r.raw.size();) {
+    const ssize_t n = ::write(fd, r.raw.data() + done, r.raw.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    CheckErrno(n > 0, "write", r.raw_file);
+    done += static_cast<size_t>(n);
+  }
+  CheckErrno(::fsync(fd) == 0, "fsync", r.raw_file);
+  CheckErrno(::close(fd) == 0, "close", r.raw_file);
+}
+
+// The plain-IO load: the whole file into the buffer with pread (as dcp_storage's reader).
+void RawRead(Rank& r) {
+  const int fd = ::open(r.raw_file.c_str(), O_RDONLY | O_CLOEXEC);
+  CheckErrno(fd >= 0, "open", r.raw_file);
+  for (size_t done = 0; done < r.raw.size();) {
+    const ssize_t n = ::pread(fd, r.raw.data() + done, r.raw.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    CheckErrno(n > 0, "pread", r.raw_file);
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+// Every file under `dir` out of the page cache (they are fsync'ed: clean pages, dropped).
+void DropFromPageCache(const std::string& dir) {
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    CheckErrno(fd >= 0, "open", entry.path());
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// Runs `body` for every rank on its own thread (setup: collectives need all ranks at once).
+void OnRanks(const std::function<void(Rank&)>& body) {
+  std::vector<std::thread> threads;
+  for (Rank& r : TheWorld().ranks) {
+    threads.emplace_back([&body, &r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        Die(absl::StrCat("rank ", r.group->rank(), ": ", e.what()));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// The sharded model with AdamW state, one checkpoint of it, and the plain-IO side's buffers
+// sized from that checkpoint's files.
+void SetUp() {
+  World& w = TheWorld();
+  const char* tmp = std::getenv("TMPDIR");
+  w.dir = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/fsdp_dcp_bench_", ::getpid());
+  w.ckpt = w.dir + "/dcp";
+  fs::create_directories(w.dir + "/raw");
+  w.barrier = std::make_unique<std::barrier<>>(kWorld);
+  w.ranks.resize(kWorld);
+  auto groups = fsdp::comm::CreateThreadedProcessGroups(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    w.ranks[r].group = groups[r];
+    w.ranks[r].raw_file = absl::StrCat(w.dir, "/raw/rank", r, ".bin");
+  }
+  OnRanks([&w](Rank& r) {
+    const fsdp::per_param::FullyShardOptions options{.mesh = fsdp::mesh::DeviceMesh::Create(r.group, {kWorld})};
+    r.net = std::make_shared<Net>(kLayers, kDim);
+    for (auto& layer : r.net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);
+    fsdp::per_param::fully_shard(r.net, options);
+    r.opt = std::make_unique<torch::optim::AdamW>(r.net->parameters(), torch::optim::AdamWOptions(1e-3));
+    // One step, so that AdamW has its moments (a fresh optimizer has no state to save).
+    r.net->forward(at::randn({8, kDim})).sum().backward();
+    r.opt->step();
+    r.opt->zero_grad();
+    fsdp::dcp::Save(*r.net, r.opt.get(), w.ckpt);
+  });
+  for (const auto& entry : fs::directory_iterator(w.ckpt)) w.checkpoint_bytes += fs::file_size(entry.path());
+  for (int r = 0; r < kWorld; ++r) {
+    Rank& rank = w.ranks[r];
+    size_t bytes = fs::file_size(absl::StrCat(w.ckpt, "/__", r, "_0.distcp"));
+    if (r == 0) bytes += fs::file_size(w.ckpt + "/.metadata");
+    rank.raw.assign(bytes, static_cast<char>(r + 1));  // touched: no page faults inside the timing
+    RawWrite(rank);                                    // for the Load/raw benchmarks
+  }
+}
+
+enum class Op { kSave, kLoad, kLoadCold };
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kSave: return "Save";
+    case Op::kLoad: return "Load";
+    case Op::kLoadCold: return "LoadCold";
+  }
+  return "?";
+}
+
+void BM_Checkpoint(benchmark::State& state, Op op, bool ours) {
+  World& w = TheWorld();
+  Rank& r = w.ranks[state.thread_index()];
+  auto body = [&] {
+    if (ours) {
+      if (op == Op::kSave) {
+        fsdp::dcp::Save(*r.net, r.opt.get(), w.ckpt);
+      } else {
+        fsdp::dcp::Load(*r.net, r.opt.get(), w.ckpt);
+      }
+      return;
+    }
+    if (op == Op::kSave) {
+      RawWrite(r);
+    } else {
+      RawRead(r);
+    }
+    w.barrier->arrive_and_wait();
+  };
+  auto guarded = [&] {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      Die(absl::StrCat(OpName(op), " on rank ", r.group->rank(), ": ", e.what()));
+    }
+  };
+  // One untimed call first, on both sides: the first save or load after another benchmark
+  // pays the allocator's growth (glibc's heap and mmap threshold adapt to the chunk sizes).
+  guarded();
+  for (auto _ : state) {
+    if (op == Op::kLoadCold) {
+      state.PauseTiming();
+      if (state.thread_index() == 0) DropFromPageCache(w.dir);
+      w.barrier->arrive_and_wait();  // no rank reads before the drop
+      state.ResumeTiming();
+    }
+    guarded();
+  }
+  // Every thread counts its rank's share. Google Benchmark sums counters and real times over
+  // the threads, so the rate is the bytes per second of one rank.
+  state.counters["rank_bytes/s"] =
+      benchmark::Counter(static_cast<double>(w.checkpoint_bytes) / kWorld * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+
+void RegisterAll(int pair_repetitions) {
+  // Ours and raw alternate, repeated as pairs, so machine noise hits both alike.
+  for (int rep = 0; rep < pair_repetitions; ++rep) {
+    for (Op op : {Op::kSave, Op::kLoad, Op::kLoadCold}) {
+      for (bool ours : {true, false}) {
+        benchmark::RegisterBenchmark(absl::StrCat(OpName(op), ours ? "/ours" : "/raw").c_str(), BM_Checkpoint, op, ours)
+            ->Arg(TheWorld().checkpoint_bytes)
+            ->Threads(kWorld)
+            ->Iterations(kIterations)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+  }
+}
+
+// PyTorch 2.15's side, run by the peer Python: the same model (kLayers Linear(kDim, kDim),
+// fully_shard on each and the root, AdamW after one step) on kWorld Gloo processes; a save is
+// dcp.save of get_model_state_dict + get_optimizer_state_dict (FileSystemWriter: fsync'ed
+// files), a load dcp.load into them + set_*_state_dict, as dcp::Save / dcp::Load do. Prints
+// "PEER <median save s> <median load s>".
+constexpr const char* kPeerScript = R"py(
+import os, statistics, sys, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn as nn
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+def rank_main(rank, world, layers, dim, iters, root):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(root, "store"), world),
+                            rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    model = nn.Sequential(*[nn.Linear(dim, dim) for _ in range(layers)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, dim)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    ckpt = os.path.join(root, "dcp")
+    state = lambda: {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+
+    def load():
+        sd = state()
+        dcp.load(sd, checkpoint_id=ckpt)
+        set_model_state_dict(model, sd["model"])
+        set_optimizer_state_dict(model, opt, sd["optim"])
+
+    def median_s(fn):
+        times = []
+        for _ in range(iters):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    save_s = median_s(lambda: dcp.save(state(), checkpoint_id=ckpt))
+    load_s = median_s(load)
+    if rank == 0:
+        print(f"PEER {save_s} {load_s}", flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    world, layers, dim, iters = map(int, sys.argv[1:5])
+    mp.spawn(rank_main, args=(world, layers, dim, iters, sys.argv[5]), nprocs=world)
+)py";
+
+struct PeerTimes {
+  double save_ms = 0, load_ms = 0;
+};
+
+// PyTorch's times, or nullopt with the reason printed.
+std::optional<PeerTimes> RunPeer(int iterations) {
+  if (std::getenv("FSDP_PEER_PYTHON") == nullptr) {  // ./x's cache directory, as ./x computes it
+    auto env = [](const char* name) -> std::string {
+      const char* value = std::getenv(name);
+      return value != nullptr ? value : "";
+    };
+    std::string cache = env("FSDP_CACHE_DIR");
+    if (cache.empty())
+      cache = (env("XDG_CACHE_HOME").empty() ? env("HOME") + "/.cache" : env("XDG_CACHE_HOME")) + "/libtorch-fsdp";
+    ::setenv("FSDP_PEER_PYTHON", absl::StrCat(cache, "/", kPeerVenv, "/bin/python").c_str(), 0);
+  }
+  std::string why_not;
+  const std::string python = fsdp::testing::PeerPython(&why_not);
+  if (python.empty()) {
+    std::printf("PyTorch dcp.save / dcp.load: skipped (%s)\n", why_not.c_str());
+    return std::nullopt;
+  }
+  const std::string root = TheWorld().dir + "/peer";
+  fs::create_directories(root);
+  std::ofstream(root + "/dcp_peer.py") << kPeerScript;
+  const std::string command = absl::StrCat("'", python, "' '", root, "/dcp_peer.py' ", kWorld, " ", kLayers, " ", kDim,
+                                           " ", iterations, " '", root, "'");
+  std::string output;
+  const int status = fsdp::testing::RunCommand(command, &output);
+  PeerTimes t;
+  const size_t at = output.find("PEER ");
+  if (status != 0 || at == std::string::npos ||
+      std::sscanf(output.c_str() + at, "PEER %lf %lf", &t.save_ms, &t.load_ms) != 2) {
+    std::printf("PyTorch dcp.save / dcp.load: FAILED (status %d): %s\n", status, output.c_str());
+    return std::nullopt;
+  }
+  t.save_ms *= 1e3;
+  t.load_ms *= 1e3;
+  return t;
+}
+
+// The usual console output; also keeps every run's time (ms) for the summary.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  SummaryReporter() : ConsoleReporter(OO_None) {}
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (!run.error_occurred) times_[run.run_name.function_name].push_back(run.GetAdjustedRealTime());
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+  void PrintSummary(const std::optional<PeerTimes>& peer) {
+    const double rank_mib = TheWorld().checkpoint_bytes / double(kWorld) / (1 << 20);
+    std::printf("\ndcp_bench: %d ranks (threads), checkpoint %.1f MiB (%.1f MiB per rank), medians:\n", kWorld,
+                rank_mib * kWorld, rank_mib);
+    std::printf("%-10s %10s %10s %16s %16s %22s\n", "op", "ours ms", "raw ms", "ours MiB/s/rank", "raw MiB/s/rank",
+                "throughput ours/raw");
+    for (Op op : {Op::kSave, Op::kLoad, Op::kLoadCold}) {
+      const double ours = Median(absl::StrCat(OpName(op), "/ours")), raw = Median(absl::StrCat(OpName(op), "/raw"));
+      if (std::isnan(ours) || std::isnan(raw)) continue;  // filtered out
+      std::printf("%-10s %10.1f %10.1f %16.0f %16.0f %17.3f%s\n", OpName(op), ours, raw, rank_mib / ours * 1e3,
+                  rank_mib / raw * 1e3, raw / ours, raw / ours >= 0.8 ? "" : " (< 0.8)");
+    }
+    if (!peer) return;
+    const double save = Median("Save/ours"), load = Median("Load/ours");  // NaN when filtered out
+    std::printf(
+        "PyTorch 2.15 dcp.save %.1f ms (%.0f MiB/s/rank), dcp.load %.1f ms (%.0f MiB/s/rank); "
+        "throughput ours/PyTorch: save %.2f, load %.2f\n",
+        peer->save_ms, rank_mib / peer->save_ms * 1e3, peer->load_ms, rank_mib / peer->load_ms * 1e3,
+        peer->save_ms / save, peer->load_ms / load);
+  }
+
+ private:
+  double Median(const std::string& name) {
+    std::vector<double> v = times_[name];
+    if (v.empty()) return std::nan("");
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
+  std::map<std::string, std::vector<double>> times_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args(argv, argv + argc);
+  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+  const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;  // --peer=0: no PyTorch run
+  // One intra-op thread per rank: the kWorld rank threads share this 2-core machine.
+  at::set_num_threads(1);
+  int args_count = static_cast<int>(args.size());
+  benchmark::Initialize(&args_count, args.data());
+  SetUp();
+  RegisterAll(pair_repetitions);
+  SummaryReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  reporter.PrintSummary(peer ? RunPeer(kIterations * pair_repetitions) : std::nullopt);
+  TheWorld().ranks.clear();
+  fs::remove_all(TheWorld().dir);
+  benchmark::Shutdown();
+  return 0;
+}
