@@ -16,6 +16,7 @@
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
 #include "fsdp/per_param/test_models.h"
+#include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -158,6 +159,28 @@ TEST(MetaInit, BroadcastFromRank0FillsEveryRanksShards) {
     ExpectBitwiseEqual(GetFullStateDict(*model), want, "from rank 0");
     torch::optim::SGD opt(UniqueParameters(*model), torch::optim::SGDOptions(0.1));
     TrainSteps(model, opt, 0, 1, 3, pg->rank());
+  });
+}
+
+// From rank 0, the other ranks receive only their rows: none of them ever allocates the
+// whole weight (a 1-D mesh: rank 0 scatters instead of broadcasting).
+TEST(MetaInit, RankZeroSendsEachRankOnlyItsRows) {
+  using Wide = fsdp::Hooked<torch::nn::LinearImpl>;
+  constexpr int64_t kWeightBytes = 64 * 64 * 4;
+  Wide reference(64, 64);
+  const FullStateDict want = StateOf(*reference);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+    Wide model(64, 64);
+    ToMeta(*model);
+    fully_shard(model.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {4})});
+    int64_t peak = 0;
+    {
+      fsdp::testing::ScopedAllocationCounter counter;
+      LoadFullStateDict(*model, pg->rank() == 0 ? want : FullStateDict(), {.rank0_only = true});
+      peak = counter.peak();
+    }
+    if (pg->rank() != 0) EXPECT_LT(peak, kWeightBytes / 2) << "rank " << pg->rank();
+    ExpectBitwiseEqual(GetFullStateDict(*model), want, "scattered from rank 0");
   });
 }
 

@@ -91,6 +91,38 @@ void CopyIntoPlain(const Entry& e, const at::Tensor& value, c10::Device device) 
   e.tensor.data().copy_(value);
 }
 
+// rank0_only loads of a plain FSDP parameter (1-D mesh over the whole world, dim-0 shards,
+// no TP): rank 0 sends each rank only its rows (one all-to-all in which only rank 0 sends),
+// instead of broadcasting the whole tensor to every rank.
+bool ScatterableFromRank0(const FSDPParam& p, const comm::ProcessGroup& world) {
+  const auto& mesh = p.sharding_spec().mesh;
+  // Decided alike on every rank (nothing rank-specific), so all take the same path.
+  bool identity = mesh->ndim() == 1 && mesh->size() == world.size();
+  for (size_t r = 0; identity && r < mesh->ranks().size(); ++r) identity = mesh->ranks()[r] == static_cast<int>(r);
+  return identity && !p.tp_spec() && !p.has_all_gather_extension() && p.shard_dim() == 0 &&
+         p.sharding_spec().placements.size() == 1 && p.sharding_spec().placements[0].is_shard(0);
+}
+
+void ScatterShardFromRank0(FSDPParam& p, const at::Tensor& full) {
+  const comm::ProcessGroupPtr& group = p.sharding_spec().mesh->group(0);
+  const int64_t w = group->size();
+  const std::vector<int64_t>& orig = p.orig_size();
+  const int64_t inner = orig.empty() ? 1 : Numel(orig) / std::max<int64_t>(orig[0], 1);
+  std::vector<int64_t> input_splits(w, 0), output_splits(w, 0);
+  if (group->rank() == 0) {
+    for (int64_t r = 0; r < w; ++r) input_splits[r] = MakeDimShardLayout(orig, 0, w, r).sharded_size[0] * inner;
+  }
+  output_splits[0] = Numel(p.sharded_size());
+  const at::Tensor input =
+      group->rank() == 0 ? full.contiguous().view(-1) : at::empty({0}, at::TensorOptions(p.orig_dtype()));
+  at::Tensor shard = at::empty(p.sharded_size(), at::TensorOptions(p.orig_dtype()));
+  group->all_to_all_single(shard.view(-1), input, output_splits, input_splits)->wait();
+  at::NoGradGuard no_grad;
+  if (shard.numel() > 0) p.param().data().copy_(shard);
+  p.ResetShardedParam();
+  p.MarkInitialized();
+}
+
 // FSDP's compute device (the CPU without FSDP parameters).
 c10::Device ComputeDevice(const std::vector<Entry>& entries) {
   for (const Entry& e : entries) {
@@ -305,6 +337,10 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
     const c10::ScalarType dtype = e.fsdp_param ? e.fsdp_param->orig_dtype() : e.tensor.scalar_type();
     at::Tensor full;
     if (source) full = state_dict[e.fqn];
+    if (broadcast && e.fsdp_param && ScatterableFromRank0(*e.fsdp_param, *world)) {
+      ScatterShardFromRank0(*e.fsdp_param, source ? full.to(dtype) : at::Tensor());
+      continue;
+    }
     if (broadcast) {
       full = source ? full.to(dtype).contiguous() : at::empty(e.global_shape(), at::TensorOptions(dtype));
       world->broadcast(full, 0)->wait();
