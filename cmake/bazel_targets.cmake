@@ -188,10 +188,17 @@ fsdp_cc_test(//dcp:large_model_test SIZE medium
        @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:interop_test SIZE medium
-  SRCS interop_test.cc
+  SRCS interop_common.h interop_test.cc
   DATA testdata/fsdp2_interop.py
   DEPS :dcp //comm //fsdp/common //fsdp/per_param //mesh //optim_state:fsdp2 //testing:multi_rank
        //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
+
+fsdp_cc_test(//dcp:fsdp1_interop_test SIZE medium
+  SRCS fsdp1_interop_test.cc interop_common.h
+  DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py
+  DEPS :dcp //checkpoint //comm //fsdp/common //fsdp/flat_param //fsdp/per_param //mesh
+       //optim_state:core //optim_state:fsdp1 //testing:multi_rank //testing:peer_python @libtorch
+       @system//:absl @system//:gtest_main)
 
 # ================================================================ //device
 fsdp_cc_library(//device
