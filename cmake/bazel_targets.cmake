@@ -9,10 +9,10 @@
 #     tools/fuzz.sh's)
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:watchdog_test //dcp:dcp_test //device:stream_test
-#     //dtensor:dtensor_test //fsdp/common:common_test //fsdp/flat_param:flat_param_test
-#     //fsdp/per_param:per_param_test //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test
-#     //optim_state:optim_state_test //testing:multi_rank_test //tests:bad_input_catalogue_test
-#     //tools:fsdp_plan_test
+#     //dtensor:dtensor_test //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
+#     //fsdp/flat_param:flat_param_test //fsdp/per_param:per_param_test
+#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optim_state_test
+#     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_plan_test
 #   //bench/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 
 # ================================================================ //bench
@@ -244,6 +244,22 @@ fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
   DEPS //comm //comm:gloo //dcp //fsdp/per_param //mesh @libtorch @system//:absl
        @system//:absl_flags)
+
+# ================================================================ //fsdp/activation_checkpoint
+fsdp_cc_library(//fsdp/activation_checkpoint
+  SRCS checkpoint.cc checkpoint_wrapper.cc
+  HDRS checkpoint.h checkpoint_wrapper.h
+  DEPS //fsdp/common @libtorch)
+
+fsdp_cc_test(//fsdp/activation_checkpoint:checkpoint_test SIZE small SMOKE
+  SRCS checkpoint_test.cc
+  DEPS :activation_checkpoint //fsdp/common //fsdp/common:test_models //testing:allocation_counter
+       //testing:expect_error @libtorch @system//:gtest_main)
+
+fsdp_cc_test(//fsdp/activation_checkpoint:fsdp2_checkpoint_test SIZE medium
+  SRCS fsdp2_checkpoint_test.cc
+  DEPS :activation_checkpoint //comm //fsdp/common //fsdp/common:test_models //fsdp/per_param //mesh
+       //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common
