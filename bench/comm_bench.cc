@@ -46,6 +46,7 @@ void InitGroups() {
   g.world = env.world_size;
   const std::string base = absl::StrCat("/tmp/fsdp_comm_bench_", env.master_port);
   fsdp::comm::GlooOptions options;
+  options.hostname = "127.0.0.1";  // both sides on the same explicit transport
   g.ours = fsdp::comm::CreateGlooProcessGroupWithFileStore(base + "_ours", env.rank, env.world_size, options);
   auto store = c10::make_intrusive<c10d::FileStore>(base + "_direct", env.world_size);
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <thread>
@@ -338,6 +339,29 @@ TEST(Subgroups, ThreadedSubgroupsReduceIndependently) {
     const float expected = pg->rank() < 2 ? 0 + 1 : 2 + 3;
     EXPECT_TRUE(at::equal(t, at::full({3}, expected)));
   });
+}
+
+// The transport address, as PyTorch's ProcessGroupGloo picks it: GLOO_SOCKET_IFNAME's
+// interfaces when set (multi-host runs name e.g. eth0; here loopback, "lo"), else this host's
+// name. An interface without an address is an error naming it.
+TEST(GlooTransport, PicksTheInterfaceFromGlooSocketIfnameOrTheHostName) {
+  const auto sum_of_ranks = [](const ProcessGroupPtr& pg) {
+    at::Tensor t = at::full({4}, pg->rank() + 1.0, at::kFloat);
+    pg->all_reduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({4}, 3.0, at::kFloat)));
+  };
+  ASSERT_EQ(::setenv("GLOO_SOCKET_IFNAME", "lo", 1), 0);
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kGlooThreads, 2, sum_of_ranks);
+  ASSERT_EQ(::unsetenv("GLOO_SOCKET_IFNAME"), 0);
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kGlooThreads, 2, sum_of_ranks);
+  ASSERT_EQ(::setenv("GLOO_SOCKET_IFNAME", "no_such_interface0", 1), 0);
+  const auto outcomes = fsdp::testing::RunOnRanksCollect(fsdp::testing::Backend::kGlooThreads, 2,
+                                                         [](const ProcessGroupPtr&) {});
+  ASSERT_EQ(::unsetenv("GLOO_SOCKET_IFNAME"), 0);
+  for (const auto& o : outcomes) {
+    EXPECT_FALSE(o.ok);
+    EXPECT_TRUE(absl::StrContains(o.message, "no_such_interface0")) << o.message;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <c10/util/Exception.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -25,6 +27,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "comm/internal/tcp_store.h"
 
 namespace fsdp::comm {
@@ -88,6 +92,71 @@ std::string LivenessAddress(const std::string& hostname) {
   const std::string address = absl::StrCat(port, "@", ip);
   listeners.by_hostname[hostname] = {fd, address};
   return address;
+}
+
+// Where the transport binds (PyTorch's rule, GlooOptions::hostname) and the host the
+// liveness listener binds to (the same address, so peers that reach one reach the other).
+struct TransportChoice {
+  std::vector<std::string> interfaces;  // GLOO_SOCKET_IFNAME's, when hostname is empty
+  std::string liveness_host;
+};
+
+// The first IPv4 (else IPv6) address of network interface `iface`.
+std::string InterfaceAddress(const std::string& iface) {
+  ifaddrs* list = nullptr;
+  TORCH_CHECK(getifaddrs(&list) == 0, "Gloo: getifaddrs failed: ", std::strerror(errno));
+  std::string v4, v6;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || iface != a->ifa_name) continue;
+    char ip[INET6_ADDRSTRLEN] = {};
+    if (a->ifa_addr->sa_family == AF_INET && v4.empty()) {
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, ip, sizeof(ip));
+      v4 = ip;
+    } else if (a->ifa_addr->sa_family == AF_INET6 && v6.empty()) {
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, ip, sizeof(ip));
+      v6 = ip;
+    }
+  }
+  freeifaddrs(list);
+  TORCH_CHECK(!v4.empty() || !v6.empty(), "Gloo: GLOO_SOCKET_IFNAME names interface '", iface,
+              "', which has no IP address on this host (see `ip addr`)");
+  return v4.empty() ? v6 : v4;
+}
+
+TransportChoice ChooseTransport(const std::string& hostname) {
+  TransportChoice out;
+  if (!hostname.empty()) {
+    out.liveness_host = hostname;
+    return out;
+  }
+  if (const char* env = std::getenv("GLOO_SOCKET_IFNAME"); env != nullptr && *env != '\0') {
+    for (absl::string_view name : absl::StrSplit(env, ',', absl::SkipWhitespace())) {
+      out.interfaces.emplace_back(absl::StripAsciiWhitespace(name));
+    }
+    TORCH_CHECK(!out.interfaces.empty(), "Gloo: GLOO_SOCKET_IFNAME='", env, "' names no interface");
+    out.liveness_host = InterfaceAddress(out.interfaces.front());
+    return out;
+  }
+  // createDefaultDevice's rule: this host's name when it resolves to an address we can bind,
+  // else loopback.
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* info = nullptr;
+    if (getaddrinfo(name, nullptr, &hints, &info) == 0 && info != nullptr) {
+      const int fd = socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      const bool usable = fd >= 0 && bind(fd, info->ai_addr, info->ai_addrlen) == 0;
+      if (fd >= 0) close(fd);
+      freeaddrinfo(info);
+      if (usable) {
+        out.liveness_host = name;
+        return out;
+      }
+    }
+  }
+  out.liveness_host = "127.0.0.1";
+  return out;
 }
 
 // Closes the peers' probe connections queued on this process's listeners (so the backlog
@@ -248,9 +317,18 @@ class GlooProcessGroup final : public ProcessGroup {
   GlooProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GlooOptions& options)
       : ProcessGroup(rank, size, options.timeout), store_(store), options_(options) {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+    const TransportChoice transport = ChooseTransport(options.hostname);
+    if (!transport.interfaces.empty()) {
+      for (const std::string& iface : transport.interfaces) {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(iface));
+      }
+    } else if (options.hostname.empty()) {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    } else {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+    }
     gloo_options->threads = options.threads;
-    const std::string address = LivenessAddress(options.hostname);
+    const std::string address = LivenessAddress(transport.liveness_host);
     store->set(absl::StrCat(kLivenessKey, rank), std::vector<uint8_t>(address.begin(), address.end()));
     backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
     // Gloo's rendezvous completed, so every rank has published its address already.
@@ -359,7 +437,6 @@ class GlooProcessGroup final : public ProcessGroup {
 
 void CheckOptions(const GlooOptions& options) {
   TORCH_CHECK(options.threads >= 1, "GlooOptions.threads must be >= 1, got ", options.threads);
-  TORCH_CHECK(!options.hostname.empty(), "GlooOptions.hostname must not be empty");
 }
 
 }  // namespace

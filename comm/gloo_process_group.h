@@ -12,8 +12,14 @@ namespace fsdp::comm {
 struct GlooOptions {
   // Collective deadline (gloo's own timeout) and default Work::wait timeout.
   Timeout timeout = kDefaultTimeout;
-  // Address this rank's gloo transport binds to.
-  std::string hostname = "127.0.0.1";
+  // Address this rank's gloo transport binds to. Empty (the default): as PyTorch's
+  // ProcessGroupGloo (torch/csrc/distributed/c10d/init.cpp): the interfaces named in the
+  // environment variable GLOO_SOCKET_IFNAME (comma-separated: one transport device each),
+  // else the address this host's name resolves to (c10d's createDefaultDevice, which falls
+  // back to loopback when the name resolves to nothing usable). Across hosts, set
+  // GLOO_SOCKET_IFNAME (e.g. eth0) or a name that resolves to a routable address; a
+  // literal "127.0.0.1" here only reaches ranks on this machine.
+  std::string hostname;
   // c10d's gloo worker threads per group.
   int threads = 2;
 };
