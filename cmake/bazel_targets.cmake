@@ -317,8 +317,9 @@ fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small
 
 # ================================================================ //fsdp/per_param
 fsdp_cc_library(//fsdp/per_param
-  SRCS clip_grad_norm.cc fully_shard.cc meta_init.cc state_dict.cc
-  HDRS checkpoint_reader.h checkpoint_zip.h clip_grad_norm.h fully_shard.h meta_init.h state_dict.h
+  SRCS auto_wrap.cc clip_grad_norm.cc fully_shard.cc meta_init.cc state_dict.cc
+  HDRS auto_wrap.h checkpoint_reader.h checkpoint_zip.h clip_grad_norm.h fully_shard.h meta_init.h
+       state_dict.h
   DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:tensor_parallel //fsdp/common //mesh
        @libtorch @system//:absl)
 
@@ -333,8 +334,8 @@ fsdp_cc_library(//fsdp/per_param:runtime
        @system//:absl)
 
 fsdp_cc_library(//fsdp/per_param:per_param_test_cases TESTONLY ALWAYSLINK
-  SRCS behavior_test.cc clip_grad_norm_test.cc fault_test.cc meta_init_test.cc parity_test.cc
-       state_dict_test.cc
+  SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc meta_init_test.cc
+       parity_test.cc state_dict_test.cc
   DEPS :per_param :test_models //comm //comm:faulty //device //dtensor //dtensor:tensor_parallel
        //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest)

@@ -314,6 +314,14 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
       return group->all_reduce(job->output, op);
     });
   }
+  if (options.all_reduce_hook) {
+    // PyTorch runs the hook on the all-reduce stream after the reduce-scatter stream (with
+    // HSDP the all-reduce stream already follows it and holds the all-reduce).
+    device::Stream& ar = *streams.all_reduce;
+    if (post != &ar) ar.WaitEvent(events.reduce_scatter);
+    post = &ar;
+    ar.Launch([job, hook = options.all_reduce_hook] { hook(job->output); });
+  }
   // View out, on the host: each parameter's sharded gradient aliases the reduced buffer
   // now; the post-reduce task fills it.
   job->result = job->output.scalar_type() == options.orig_dtype

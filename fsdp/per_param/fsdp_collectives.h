@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -109,6 +110,10 @@ struct ReduceOptions {
   std::optional<double> gradient_divide_factor;
   bool force_sum_reduction_for_comms = false;
   bool all_reduce_grads = true;
+  // Runs on the reduced output in place, on the all-reduce stream: after the replicate
+  // all-reduce (HSDP / DDP) or after the reduce-scatter (FSDP), before the post-division
+  // (PyTorch 2.15's all_reduce_hook in foreach_reduce). Not with all_reduce_grads false.
+  std::function<void(const at::Tensor&)> all_reduce_hook;
 };
 
 struct ReduceEvents {

@@ -182,6 +182,7 @@ void FSDPParamGroup::PostBackward() {
   options.gradient_divide_factor = gradient_divide_factor;
   options.force_sum_reduction_for_comms = force_sum_reduction_for_comms;
   options.all_reduce_grads = all_reduce_grads;
+  options.all_reduce_hook = all_reduce_hook;
   ReduceEvents events = ForeachReduce(with_grad, std::move(grads), options, &partial_reduce_output_, s);
   if (comm_ctx_) comm_ctx_->reduce_scatter_event = std::move(events.reduce_scatter);
   post_reduce_event_ = std::move(events.post_reduce);

@@ -84,6 +84,8 @@ class FSDPParamGroup {
   bool unshard_async_op = false;
   std::optional<double> gradient_divide_factor;
   bool force_sum_reduction_for_comms = false;
+  // FSDPModule::set_all_reduce_hook (PyTorch's _all_reduce_hook); empty: none.
+  std::function<void(const at::Tensor&)> all_reduce_hook;
 
   const std::vector<std::unique_ptr<FSDPParam>>& fsdp_params() const { return fsdp_params_; }
   std::vector<FSDPParam*> fsdp_param_ptrs() const;

@@ -94,11 +94,24 @@ void FSDPState::RootPreForward() {
   LazyInit();
   if (state_ctx_->iter_forward_root != nullptr) return;
   state_ctx_->iter_forward_root = this;
-  // The copy-ins read what the optimizer step wrote on the compute stream.
+  // The copy-ins read what the optimizer step wrote: on the compute stream, or where the
+  // user's post-optimizer event says (set_post_optim_event; used once, as PyTorch's
+  // _root_pre_forward).
+  device::EventPtr post_optim = std::move(state_ctx_->post_optim_event);
+  state_ctx_->post_optim_event = nullptr;
   if (device::StreamPool* pool = comm_ctx_->stream_pool()) {
     const CommStreams& s = comm_ctx_->streams();
-    s.all_gather_copy_in->WaitStream(pool->current());
-    s.all_gather->WaitStream(pool->current());
+    if (post_optim) {
+      s.all_gather_copy_in->WaitEvent(post_optim);
+      s.all_gather->WaitEvent(post_optim);
+    } else {
+      s.all_gather_copy_in->WaitStream(pool->current());
+      s.all_gather->WaitStream(pool->current());
+    }
+  } else if (post_optim) {
+    // No streams yet (first forward): nothing was issued on a side stream, so the host
+    // waits for the event itself before the first all-gather copy-in.
+    post_optim->Synchronize(comm_ctx_->stream_options.timeout);
   }
 }
 

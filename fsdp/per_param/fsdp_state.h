@@ -23,6 +23,9 @@ struct FSDPStateContext {
   FSDPState* iter_forward_root = nullptr;
   bool post_backward_final_callback_queued = false;
   bool is_last_backward = true;
+  // FSDPModule::set_post_optim_event: the next root pre-forward waits the all-gather
+  // streams on it instead of on the compute stream, then clears it (_fsdp_state.py).
+  device::EventPtr post_optim_event;
 };
 
 // Attached to its module as a forward hook (fsdp/common/hooked_module.h); the module's hook

@@ -155,6 +155,14 @@ FSDPModule::FSDPModule(FSDPState* state) : state_(state) {}
 
 FSDPState* FSDPModule::state() const { return state_.Get("FSDPModule"); }
 
+::fsdp::ForwardHook& FSDPModule::forward_hook() const { return *state(); }
+
+std::optional<FSDPModule> AsFSDPModule(torch::nn::Module& module) {
+  FSDPState* s = GetState(module);
+  if (s == nullptr) return std::nullopt;
+  return FSDPModule(s);
+}
+
 FSDPState* FSDPHooks::fsdp_state() const { return FindForwardHook<FSDPState>().get(); }
 
 FSDPParamGroup* FSDPModule::param_group() const { return state()->param_group(); }
@@ -237,6 +245,16 @@ void FSDPModule::set_gradient_divide_factor(double factor) {
 
 void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
   if (FSDPParamGroup* g = param_group()) g->force_sum_reduction_for_comms = enable;
+}
+
+void FSDPModule::set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) {
+  // One group per fully_shard call here, so PyTorch's "multiple param groups" error cannot
+  // arise. A module without parameters has no reduction to hook.
+  if (FSDPParamGroup* g = param_group()) g->all_reduce_hook = std::move(hook);
+}
+
+void FSDPModule::set_post_optim_event(device::EventPtr event) {
+  state()->state_ctx().post_optim_event = std::move(event);
 }
 
 void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {

@@ -63,6 +63,27 @@ class FSDPModule {
   // FSDPModule.set_force_sum_reduction_for_comms.
   void set_force_sum_reduction_for_comms(bool enable);
   void set_unshard_in_backward(bool unshard_in_backward);
+  // PyTorch 2.15's FSDPModule.set_all_reduce_hook: `hook` gets this group's reduced gradient
+  // buffer (the flat reduce-dtype output, padded shards of every parameter in group order)
+  // and may change it in place: with HSDP / replicate after the native replicate all-reduce,
+  // with FSDP after the reduce-scatter (e.g. a custom all-reduce over another group). It runs
+  // on the all-reduce stream, before the post-division and the gradient accumulation; not
+  // during HSDP partial accumulation (set_requires_all_reduce(false)). An empty hook removes
+  // it. PyTorch's `stream` argument has no counterpart: the hook always runs on FSDP's
+  // all-reduce stream. Not recursive (this module's group only, as PyTorch). A collective
+  // inside the hook is issued from that stream outside FSDP's collective sequencer: give it
+  // a group FSDP does not use from another stream (e.g. the replicate group with 1-D FSDP
+  // over the shard group), or ranks may order it differently.
+  void set_all_reduce_hook(std::function<void(const at::Tensor& reduce_output)> hook);
+  // PyTorch 2.15's FSDPModule.set_post_optim_event: the root's next forward makes the
+  // all-gather streams wait for `event` (recorded after the optimizer step, e.g. on the
+  // stream the step ran on) instead of for the whole compute stream, then drops it: set a
+  // new one each iteration. On the CPU build with inline streams a wait is a host wait; any
+  // device::Event works (device/stream.h). Null clears a pending event.
+  void set_post_optim_event(device::EventPtr event);
+
+  // This module's FSDP pre/post-forward hook pair (what run_fsdp_forward_method runs).
+  ::fsdp::ForwardHook& forward_hook() const;
 
   // Runtime internals (fsdp_state.h), for tests and tools.
   FSDPState* state() const;
@@ -84,6 +105,39 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
 // Forward arguments and outputs are searched for tensors with fsdp::ForwardTensors
 // (fsdp/common/forward_tensors.h; specialize it there for other types).
 using ::fsdp::ForwardTensors;
+
+// The handle of a module fully_shard'ed earlier (PyTorch's isinstance(m, FSDPModule)), or
+// nullopt.
+std::optional<FSDPModule> AsFSDPModule(torch::nn::Module& module);
+
+// PyTorch 2.15's register_fsdp_forward_method (_fully_shard.py), without monkey-patching:
+// runs `body` (a method other than forward, e.g. generate / encode) between the module's FSDP
+// pre-forward and post-forward, exactly as forward runs: all-gather (and the root's lazy
+// init), input casts, post-backward registration before; reshard per reshard_after_forward,
+// output cast and pre-backward hooks after. `body` is called with copies of `args` whose
+// tensors went through the pre-forward; R is its result type (tensors, per ForwardTensors).
+// Only FSDP's hooks run, not the module's other forward hooks (as PyTorch's patch calls
+// fsdp_state._pre_forward / _post_forward only). `body` must not call this module's own
+// hooked forward (that would run the hooks twice); it may call submodules normally.
+//
+//   at::Tensor y = run_fsdp_forward_method<at::Tensor>(
+//       *model, [&](const at::Tensor& x) { return model->encode(x); }, x);
+template <class R, class Body, class... Args>
+R run_fsdp_forward_method(const FSDPModule& module, Body&& body, Args&&... args) {
+  ::fsdp::ForwardHook& hook = module.forward_hook();
+  return ::fsdp::RunForwardAround<R>([&hook](std::vector<at::Tensor> a) { return hook.PreForward(std::move(a)); },
+                                     [&hook](const std::vector<at::Tensor*>& outs) { hook.PostForward(outs); },
+                                     std::forward<Body>(body), std::forward<Args>(args)...);
+}
+// The same for a module that may not be fully_shard'ed: without FSDP it just calls `body`
+// (PyTorch's register_fsdp_forward_method is a no-op on a module that is not an FSDPModule,
+// so one code path serves both).
+template <class R, class Body, class... Args>
+R run_fsdp_forward_method(torch::nn::Module& module, Body&& body, Args&&... args) {
+  std::optional<FSDPModule> handle = AsFSDPModule(module);
+  if (!handle) return std::forward<Body>(body)(args...);
+  return run_fsdp_forward_method<R>(*handle, std::forward<Body>(body), std::forward<Args>(args)...);
+}
 
 // Deprecated (kept so existing code compiles): derive from fsdp::HookedModule, or build the
 // module as fsdp::Hooked<Impl>. fsdp_state() is the attached FSDP2 state, if any.
