@@ -9,7 +9,8 @@
 #     tools/fuzz.sh's)
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:watchdog_test //dcp:dcp_test //device:stream_test
-#     //dtensor:dtensor_test //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
+#     //dtensor:dtensor_test //examples/llama:llama_parity_test
+#     //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
 #     //fsdp/flat_param:flat_param_test //fsdp/per_param:per_param_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optim_state_test
 #     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_plan_test
@@ -244,6 +245,18 @@ fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
   DEPS //comm //comm:gloo //dcp //fsdp/per_param //mesh @libtorch @system//:absl
        @system//:absl_flags)
+
+# ================================================================ //examples/llama
+fsdp_cc_library(//examples/llama
+  SRCS llama.cc
+  HDRS llama.h
+  DEPS //fsdp/common @libtorch)
+
+fsdp_cc_test(//examples/llama:llama_parity_test SIZE medium SMOKE
+  SRCS llama_parity_test.cc
+  DATA testdata/hf_llama_reference.py
+  DEPS :llama //checkpoint //comm //fsdp/per_param //mesh //testing:multi_rank //testing:peer_python
+       @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/activation_checkpoint
 fsdp_cc_library(//fsdp/activation_checkpoint

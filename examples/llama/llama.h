@@ -1,0 +1,133 @@
+// A Llama-style decoder-only language model in LibTorch that computes what Hugging Face
+// transformers' LlamaForCausalLM computes (transformers 5.24.0,
+// transformers/models/llama/modeling_llama.py; the loss: transformers/loss/loss_utils.py,
+// ForCausalLMLoss), checked by llama_parity_test.cc against the Python model itself.
+//
+// Parameter names are HF's state_dict keys, one to one and spelled identically, so an HF
+// state_dict (torch.save'd, read with checkpoint::LoadTensorDict) loads by name:
+//   model.embed_tokens.weight                          [vocab, hidden]
+//   model.layers.<i>.self_attn.{q,k,v,o}_proj.weight   q: [heads*head_dim, hidden],
+//                                                      k, v: [kv_heads*head_dim, hidden],
+//                                                      o: [hidden, heads*head_dim]
+//   model.layers.<i>.mlp.{gate,up,down}_proj.weight    gate, up: [intermediate, hidden],
+//                                                      down: [hidden, intermediate]
+//   model.layers.<i>.{input,post_attention}_layernorm.weight   [hidden]
+//   model.norm.weight                                  [hidden]
+//   lm_head.weight                                     [vocab, hidden] (untied)
+// registered in HF's order (named_parameters() order is the same), no biases
+// (attention_bias = mlp_bias = False). HF's rotary inv_freq is a non-persistent buffer, not in
+// its state_dict; here it is recomputed in each forward and registered nowhere.
+//
+// Each decoder layer and the whole model are fsdp::Hooked, so fsdp::per_param::fully_shard
+// can wrap each layer and then the root (the usual FSDP2 plan). The inner `model` (HF's
+// LlamaModel) is a plain module: the root's FSDP group holds its embedding and norm.
+#ifndef FSDP_EXAMPLES_LLAMA_LLAMA_H_
+#define FSDP_EXAMPLES_LLAMA_LLAMA_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "fsdp/common/hooked_module.h"
+
+namespace fsdp::examples::llama {
+
+// LlamaConfig's fields that shape the model (head_dim = hidden / heads, as HF's default).
+struct LlamaConfig {
+  int64_t vocab_size = 64;
+  int64_t hidden_size = 32;
+  int64_t intermediate_size = 64;
+  int64_t num_hidden_layers = 2;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 2;  // grouped-query attention: heads share kv heads in groups
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+};
+
+// LlamaRMSNorm: y = weight * (x * rsqrt(mean(x^2) + eps)), normalized in float32, with eps
+// inside the square root.
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t hidden_size, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// LlamaAttention with the eager attention path (eager_attention_forward): rotary embeddings on
+// q and k, kv heads repeated to the query heads (repeat_kv), scores scaled by head_dim^-0.5,
+// causal mask, softmax in float32.
+struct AttentionImpl : torch::nn::Module {
+  explicit AttentionImpl(const LlamaConfig& config);
+  // x [batch, seq, hidden]; cos, sin [1, seq, head_dim] -> [batch, seq, hidden].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  LlamaConfig config;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+};
+TORCH_MODULE(Attention);
+
+// LlamaMLP (SwiGLU): down(silu(gate(x)) * up(x)).
+struct MLPImpl : torch::nn::Module {
+  explicit MLPImpl(const LlamaConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+// LlamaDecoderLayer: pre-norm attention and MLP, each added to its residual.
+struct DecoderLayerImpl : torch::nn::Module {
+  explicit DecoderLayerImpl(const LlamaConfig& config);
+  // All arguments are tensors so FSDP's forward hooks see them (hooked_module.h).
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin);
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+using DecoderLayer = Hooked<DecoderLayerImpl>;
+
+// LlamaModel: embedding, the layers, final norm. Not hooked: fully_shard wraps the layers and
+// the root (LlamaForCausalLM), as PyTorch's FSDP2 recipes for HF models do.
+struct LlamaModelImpl : torch::nn::Module {
+  explicit LlamaModelImpl(const LlamaConfig& config);
+  // tokens [batch, seq] (int64) -> last hidden state [batch, seq, hidden].
+  at::Tensor forward(const at::Tensor& tokens);
+  LlamaConfig config;
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};     // DecoderLayer each; children named "0", "1", ...
+  std::vector<DecoderLayer> decoder_layers;  // the same modules, typed (for forward and fully_shard)
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaModel);
+
+// LlamaForCausalLM: LlamaModel and an untied lm_head.
+struct LlamaForCausalLMImpl : torch::nn::Module {
+  explicit LlamaForCausalLMImpl(const LlamaConfig& config);
+  // tokens [batch, seq] -> logits [batch, seq, vocab].
+  at::Tensor forward(const at::Tensor& tokens);
+  LlamaConfig config;
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+};
+using LlamaForCausalLM = Hooked<LlamaForCausalLMImpl>;
+
+// HF's loss with labels = tokens (ForCausalLMLoss): labels padded with -100 on the right and
+// shifted left by one, so position t predicts token t+1 and each row's last position is
+// ignored; then the mean cross-entropy over the remaining batch * (seq - 1) positions, on
+// float32 logits.
+at::Tensor CausalLMLoss(const at::Tensor& logits, const at::Tensor& labels);
+
+// Initializes like HF's _init_weights (LlamaPreTrainedModel): normal(0, initializer_range)
+// for linear and embedding weights, ones for RMSNorm weights; one CPU generator seeded `seed`.
+void InitWeights(LlamaForCausalLMImpl& model, uint64_t seed, double initializer_range = 0.02);
+
+}  // namespace fsdp::examples::llama
+
+#endif  // FSDP_EXAMPLES_LLAMA_LLAMA_H_
