@@ -179,7 +179,9 @@ TEST(MetaInit, RankZeroSendsEachRankOnlyItsRows) {
       LoadFullStateDict(*model, pg->rank() == 0 ? want : FullStateDict(), {.rank0_only = true});
       peak = counter.peak();
     }
-    if (pg->rank() != 0) EXPECT_LT(peak, kWeightBytes / 2) << "rank " << pg->rank();
+    if (pg->rank() != 0) {
+      EXPECT_LT(peak, kWeightBytes / 2) << "rank " << pg->rank();
+    }
     ExpectBitwiseEqual(GetFullStateDict(*model), want, "scattered from rank 0");
   });
 }
