@@ -134,6 +134,7 @@ TEST(LargeModel, EightTimesARanksMemoryBuildsTrainsSavesAndReloadsAtAnotherWorld
     opt.step();
   }
   const std::string dir = CheckpointDir();
+  ScopedAllocationCounter::Install();  // before the rank threads allocate
   std::vector<int64_t> peaks(kSaveWorld, 0);
   std::vector<double> step_diff(kSaveWorld, 0);
 

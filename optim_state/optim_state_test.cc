@@ -294,6 +294,7 @@ TEST(Fsdp1OptimState, WorkedExampleShardsAndConsolidatesLikeTheUnshardedOptimize
 // rank0_only: the other ranks get an empty dict and never hold the full state: measured as
 // the peak CPU bytes each rank allocates during the call (a big parameter dominates).
 TEST(Fsdp2OptimState, RankZeroOnlyKeepsOtherRanksBelowOneFullState) {
+  fsdp::testing::ScopedAllocationCounter::Install();  // before the rank threads allocate
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {3});
     Net model(NetOptions{.hidden = 3000});  // block fc1/fc2: 2 x 15000 floats each

@@ -56,12 +56,9 @@ void InstallOnce() {
   });
 }
 
-// Installed while the program loads, before any thread exists: replacing c10's CPU allocator
-// while other threads allocate through it is a data race (TSan saw one when the first counter
-// was created on one rank thread while another rank allocated).
-[[maybe_unused]] const bool kInstalledAtLoad = (InstallOnce(), true);
-
 }  // namespace
+
+void ScopedAllocationCounter::Install() { InstallOnce(); }
 
 ScopedAllocationCounter::ScopedAllocationCounter() : counts_(std::make_shared<Counts>()) {
   InstallOnce();

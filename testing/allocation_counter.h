@@ -14,6 +14,12 @@ namespace fsdp::testing {
 class ScopedAllocationCounter {
  public:
   ScopedAllocationCounter();  // active on this thread until destroyed (not nestable)
+
+  // Installs the counting allocator (the first counter does it too). Call it on the main
+  // thread before starting threads that allocate when counters will be created on those
+  // threads: replacing c10's CPU allocator while other threads allocate is a data race (TSan
+  // reported it). Not at load time: c10 may register its own CPU allocator only later.
+  static void Install();
   ~ScopedAllocationCounter();
   ScopedAllocationCounter(const ScopedAllocationCounter&) = delete;
   ScopedAllocationCounter& operator=(const ScopedAllocationCounter&) = delete;

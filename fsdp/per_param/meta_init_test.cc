@@ -169,6 +169,7 @@ TEST(MetaInit, RankZeroSendsEachRankOnlyItsRows) {
   constexpr int64_t kWeightBytes = 64 * 64 * 4;
   Wide reference(64, 64);
   const FullStateDict want = StateOf(*reference);
+  fsdp::testing::ScopedAllocationCounter::Install();  // before the rank threads allocate
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
     Wide model(64, 64);
     ToMeta(*model);
