@@ -219,7 +219,9 @@ TEST(FullyShardWorldSizeOne, IssuesNoCollectivesAndEqualsPlainTraining) {
       for (size_t i = before; i < records.size(); ++i) {
         EXPECT_TRUE(hsdp && records[i].op == "all_reduce") << records[i].op << "\n" << trace->ToTable();
       }
-      if (!hsdp) EXPECT_EQ(records.size(), before) << trace->ToTable();
+      if (!hsdp) {
+        EXPECT_EQ(records.size(), before) << trace->ToTable();
+      }
       for (size_t i = 0; i < plain->parameters().size(); ++i) {
         EXPECT_TRUE(at::equal(model->parameters()[i].grad(), plain->parameters()[i].grad())) << i;
       }

@@ -153,6 +153,27 @@ TEST(ClipGradNorm, FsdpUnevenShardsMatchSingleRank) {
   }
 }
 
+// Why this exists: LibTorch's own clip_grad_norm_ on the sharded parameters measures each
+// rank's shards only, a different (smaller) norm on every rank, so every rank would clip by
+// its own wrong factor; ours equals the single-rank norm.
+TEST(ClipGradNorm, LibTorchsOwnClipOnShardsIsWrong) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    Net ref, model;
+    InitDeterministic(*ref);
+    InitDeterministic(*model);
+    for (auto& b : model->layers) fully_shard(b.ptr(), {.mesh = mesh});
+    fully_shard(model.ptr(), {.mesh = mesh});
+    Backward(ref);
+    Backward(model);
+    const double want = torch::nn::utils::clip_grad_norm_(UniqueParameters(*ref), kNoClip, 2.0);
+    const double local = torch::nn::utils::clip_grad_norm_(UniqueParameters(*model), kNoClip, 2.0);
+    EXPECT_LT(local, want * 0.99) << "rank " << pg->rank() << ": LibTorch's norm of the shards";
+    const double ours = clip_grad_norm_(*model, kNoClip, 2.0).item<double>();
+    EXPECT_NEAR(ours, want, kTol * want) << "rank " << pg->rank();
+  });
+}
+
 // HSDP: (Replicate, Shard) gradients reduce over the shard dim only.
 TEST(ClipGradNorm, HsdpReducesOverTheShardDimOnly) {
   for (double p : {1.0, 2.0, kInf}) {
