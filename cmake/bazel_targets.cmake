@@ -176,7 +176,7 @@ fsdp_cc_library(//dcp
        //optim_state:fsdp1 //optim_state:fsdp2 @libtorch @system//:absl)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
-  SRCS dcp_test.cc fsdp1_test.cc
+  SRCS dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
   DEPS :dcp //fsdp/common:test_models //fsdp/flat_param //checkpoint //checkpoint:dcp //comm
        //dtensor //dtensor:tensor_parallel //fsdp/per_param //fsdp/per_param:runtime
        //fsdp/per_param:test_models //mesh //optim_state:core //optim_state:fsdp2

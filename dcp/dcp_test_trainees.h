@@ -1,0 +1,264 @@
+// The training runs the //dcp tests share: a Net (or its TP variant) on a 1-D, HSDP, FSDP + TP
+// or SPMD mesh with AdamW, its single-rank reference, and bitwise state comparisons.
+// Test-only; included by each source of //dcp:dcp_test (internal linkage: one copy per
+// test source).
+#ifndef FSDP_DCP_DCP_TEST_TRAINEES_H_
+#define FSDP_DCP_DCP_TEST_TRAINEES_H_
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/dcp_storage.h"
+#include "checkpoint/file_io.h"
+#include "dcp/dcp.h"
+#include "dcp/plan.h"
+#include "dtensor/tensor_parallel.h"
+#include "fsdp/per_param/state_dict.h"
+#include "fsdp/per_param/test_models.h"
+#include "optim_state/fsdp2_optim_state.h"
+#include "testing/expect_error.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::dcp {
+namespace {
+
+using fsdp::testing::Backend;
+using per_param::FullyShardOptions;
+using per_param::testing::Batch;
+using per_param::testing::InitDeterministic;
+using per_param::testing::Net;
+using per_param::testing::NetOptions;
+
+inline std::string NewDir(const std::string& name) {
+  static int counter = 0;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp ? tmp : "/tmp", "/", name, "_", getpid(), "_", counter++);
+}
+
+// ----------------------------------------------------------------------- TP models
+// As fsdp/per_param/parity_test.cc: blocks with a colwise fc1 and a rowwise fc2 on "tp";
+// `spmd` set: their specs live on the whole (dp, tp) mesh (the dp_mesh_dims path).
+struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
+  SpmdLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr spmd, dtensor::TensorParallelStyle style)
+      : TensorParallelLinearImpl(linear, (*spmd)["tp"], style), spmd_(std::move(spmd)) {}
+  std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
+    auto specs = TensorParallelLinearImpl::named_parameter_specs();
+    for (auto& [name, spec] : specs) {
+      spec = dtensor::DTensorSpec::Make(spmd_, {dtensor::Placement::Replicate(), spec.placements[0]}, spec.shape,
+                                        spec.dtype);
+    }
+    return specs;
+  }
+  mesh::DeviceMeshPtr spmd_;
+};
+
+dtensor::TensorParallelLinear Parallel(const torch::nn::Linear& l, const mesh::DeviceMeshPtr& tp,
+                                       const mesh::DeviceMeshPtr& spmd, dtensor::TensorParallelStyle style) {
+  if (!spmd) return ParallelizeLinear(l, tp, style);
+  std::shared_ptr<dtensor::TensorParallelLinearImpl> impl = std::make_shared<SpmdLinearImpl>(l, spmd, style);
+  return dtensor::TensorParallelLinear(impl);
+}
+
+struct TPBlockImpl : torch::nn::Module {
+  TPBlockImpl(const per_param::testing::BlockImpl& plain, const mesh::DeviceMeshPtr& tp,
+              const mesh::DeviceMeshPtr& spmd)
+      : fc1(register_module("fc1", Parallel(plain.fc1, tp, spmd, dtensor::TensorParallelStyle::kColwise))),
+        fc2(register_module("fc2", Parallel(plain.fc2, tp, spmd, dtensor::TensorParallelStyle::kRowwise))) {}
+  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
+  dtensor::TensorParallelLinear fc1, fc2;
+};
+using TPBlock = per_param::FullySharded<TPBlockImpl>;
+
+inline torch::nn::Linear CloneLinear(const torch::nn::Linear& l) {
+  return torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(l->clone()));
+}
+
+// NetImpl's parameter names and forward, with TP blocks.
+struct TPNetImpl : torch::nn::Module {
+  TPNetImpl(const per_param::testing::NetImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd)
+      : in(register_module("in", CloneLinear(plain.in))), head(register_module("head", CloneLinear(plain.head))) {
+    for (size_t i = 0; i < plain.layers.size(); ++i) {
+      layers.push_back(register_module(absl::StrCat("block", i), TPBlock(*plain.layers[i], tp, spmd)));
+    }
+    extra = register_parameter("extra", plain.extra.detach().clone());
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = in(x);
+    for (auto& b : layers) h = b(h);
+    return head(h) + extra.sum();
+  }
+  torch::nn::Linear in, head;
+  std::vector<TPBlock> layers;
+  at::Tensor extra;
+};
+using TPNet = per_param::FullySharded<TPNetImpl>;
+
+// ------------------------------------------------------------------- the training runs
+enum class Layout { k1D, kHsdp, kTp, kSpmd };
+struct Mesh {
+  Layout layout = Layout::k1D;
+  int world = 1;
+  std::string Name() const {
+    switch (layout) {
+      case Layout::k1D: return absl::StrCat("W", world);
+      case Layout::kHsdp: return "HSDP2x2";
+      case Layout::kTp: return "TP2x2";
+      case Layout::kSpmd: return "SPMD-TP2x2";
+    }
+    return "?";
+  }
+};
+inline Mesh W(int world) { return {Layout::k1D, world}; }
+constexpr Mesh kHsdp{Layout::kHsdp, 4}, kTp{Layout::kTp, 4}, kSpmd{Layout::kSpmd, 4};
+
+constexpr double kLr = 1e-2;
+constexpr int kSteps = 3;            // before and after the checkpoint
+const NetOptions kNet{.hidden = 8};  // even TP shards (README: uneven FSDP + TP)
+
+struct Trainee {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::unique_ptr<torch::optim::AdamW> opt;
+  comm::ProcessGroupPtr world;
+  int data_world = 1, data_rank = 0;
+};
+
+// A Net (weights from `seed`, plus a buffer "scale") laid out on `m`, with AdamW.
+inline Trainee Build(const Mesh& m, const comm::ProcessGroupPtr& pg, uint64_t seed, NetOptions net = kNet) {
+  Trainee t;
+  t.world = pg;
+  Net plain(net);
+  InitDeterministic(*plain, seed);
+  const at::Tensor scale = at::arange(4, at::kFloat) + static_cast<double>(seed);
+  if (m.layout == Layout::k1D || m.layout == Layout::kHsdp) {
+    plain->register_buffer("scale", scale);
+    auto mesh = m.layout == Layout::k1D ? mesh::DeviceMesh::Create(pg, {m.world})
+                                        : mesh::DeviceMesh::Create(pg, {2, 2}, {"replicate", "shard"});
+    for (auto& b : plain->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
+    per_param::fully_shard(plain.ptr(), {.mesh = mesh});
+    t.module = plain.ptr();
+    t.forward = [plain](const at::Tensor& x) mutable { return plain(x); };
+    t.data_world = m.world;
+    t.data_rank = pg->rank();
+  } else {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
+    const bool spmd = m.layout == Layout::kSpmd;
+    TPNet model(*plain, (*mesh)["tp"], spmd ? mesh : nullptr);
+    model->register_buffer("scale", scale);
+    FullyShardOptions block{.mesh = (*mesh)["dp"]};
+    if (spmd) block = FullyShardOptions{.mesh = mesh, .dp_mesh_dims = per_param::DataParallelMeshDims{"dp"}};
+    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), block);
+    per_param::fully_shard(model.ptr(), {.mesh = (*mesh)["dp"]});
+    t.module = model.ptr();
+    t.forward = [model](const at::Tensor& x) mutable { return model(x); };
+    t.data_world = 2;
+    t.data_rank = static_cast<int>(mesh->coordinate()[0]);
+  }
+  t.opt = std::make_unique<torch::optim::AdamW>(t.module->parameters(), torch::optim::AdamWOptions(kLr));
+  return t;
+}
+
+// Steps [first, first + steps): each data-parallel rank its rows of the 12-row batch. Returns
+// the global losses (mean over the world of the local ones = the full batch's loss).
+inline std::vector<double> Train(Trainee& t, int first, int steps) {
+  std::vector<double> losses;
+  const int64_t rows = 12 / t.data_world;
+  for (int step = first; step < first + steps; ++step) {
+    const at::Tensor x = Batch(step, 12, 3, 1).narrow(0, t.data_rank * rows, rows);
+    const at::Tensor y = Batch(step, 12, 1, 2).narrow(0, t.data_rank * rows, rows);
+    const at::Tensor loss = torch::nn::functional::mse_loss(t.forward(x), y);
+    loss.backward();
+    t.opt->step();
+    t.opt->zero_grad();
+    at::Tensor sum = loss.detach().clone().reshape({1});
+    t.world->all_reduce(sum)->wait();
+    losses.push_back(sum.item<double>() / t.world->size());
+  }
+  return losses;
+}
+
+// The uninterrupted single-rank run: 2 * kSteps steps of the plain Net from seed 11.
+struct Reference {
+  std::vector<double> losses;
+  torch::OrderedDict<std::string, at::Tensor> params;
+};
+inline Reference RunReference() {
+  Net ref(kNet);
+  InitDeterministic(*ref, 11);
+  torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(kLr));
+  Reference r;
+  for (int step = 0; step < 2 * kSteps; ++step) {
+    const at::Tensor loss = torch::nn::functional::mse_loss(ref(Batch(step, 12, 3, 1)), Batch(step, 12, 1, 2));
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    r.losses.push_back(loss.item<double>());
+  }
+  for (const auto& p : ref->named_parameters()) r.params.insert(p.key(), p.value().detach().clone());
+  return r;
+}
+
+// FSDP on W ranks vs one rank: the reductions add in another order, so agreement is to f32
+// rounding over a few AdamW steps (as fsdp/per_param/parity_test.cc), not bitwise.
+constexpr double kTol = 1e-6;
+
+inline void ExpectClose(double got, double want, const std::string& what) {
+  EXPECT_LE(std::abs(got - want), kTol * std::max(1.0, std::abs(want))) << what << ": " << got << " vs " << want;
+}
+
+// The model's full state (parameters, buffer, optimizer state), collective.
+struct FullState {
+  per_param::FullStateDict model;
+  optim_state::OptimStateDict optim;
+};
+inline FullState GetFull(Trainee& t) {
+  return {per_param::GetFullStateDict(*t.module), optim_state::GetFullOptimStateDict(*t.module, *t.opt)};
+}
+
+inline void ExpectSameState(const FullState& got, const FullState& want, const std::string& what) {
+  ASSERT_EQ(got.model.size(), want.model.size()) << what;
+  for (const auto& item : want.model) {
+    const at::Tensor* g = got.model.find(item.key());
+    ASSERT_NE(g, nullptr) << what << " " << item.key();
+    EXPECT_TRUE(at::equal(*g, item.value())) << what << " " << item.key();
+  }
+  ASSERT_EQ(got.optim.state.size(), want.optim.state.size()) << what;
+  for (const auto& [fqn, state] : want.optim.state) {
+    ASSERT_EQ(got.optim.state.count(fqn), 1u) << what << " " << fqn;
+    const auto& g = got.optim.state.at(fqn);
+    ASSERT_EQ(g.size(), state.size()) << what << " " << fqn;
+    for (const auto& [name, value] : state) {
+      const auto& v = g.at(name);
+      if (const at::Tensor* t = std::get_if<at::Tensor>(&value)) {
+        EXPECT_TRUE(at::equal(std::get<at::Tensor>(v), *t)) << what << " " << fqn << "." << name;
+      } else if (const int64_t* i = std::get_if<int64_t>(&value)) {
+        ASSERT_TRUE(std::holds_alternative<int64_t>(v)) << what << " " << fqn << "." << name;
+        EXPECT_EQ(std::get<int64_t>(v), *i) << what << " " << fqn << "." << name;
+      }
+    }
+  }
+  ASSERT_EQ(got.optim.param_groups.size(), 1u);
+  EXPECT_EQ(got.optim.param_groups[0].options.at("lr").toDouble(), kLr);
+}
+
+
+}  // namespace
+}  // namespace fsdp::dcp
+
+#endif  // FSDP_DCP_DCP_TEST_TRAINEES_H_
