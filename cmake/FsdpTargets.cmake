@@ -310,7 +310,17 @@ function(fsdp_cc_test label)
   # Bazel gives every test a private TEST_TMPDIR; tests write checkpoints there.
   set(tmp "${CMAKE_BINARY_DIR}/testtmp/${target}")
   file(MAKE_DIRECTORY "${tmp}")
-  add_test(NAME "${label}" COMMAND ${target} ${ARG_ARGS})
+  # "$(rootpath :bin)" args arrive as FSDP_TARGET_FILE:<label> (tools/gen_cmake_targets.py).
+  set(args "")
+  foreach(_a IN LISTS ARG_ARGS)
+    if(_a MATCHES "^FSDP_TARGET_FILE:(.*)$")
+      fsdp_target_name("${CMAKE_MATCH_1}" _t)
+      list(APPEND args "$<TARGET_FILE:${_t}>")
+    else()
+      list(APPEND args "${_a}")
+    endif()
+  endforeach()
+  add_test(NAME "${label}" COMMAND ${target} ${args})
   # ENV mirrors the target's `env`; FSDP_TEST_ENV is for every test (Bazel's --test_env).
   # GoogleTest's XML per test (named as the label, //pkg:name -> pkg_name.xml), from which
   # tools/test_summary.py --ctest counts test cases as it does for Bazel's test.xml.

@@ -9,7 +9,7 @@
 #     tools/fuzz.sh's)
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:watchdog_test //dcp:dcp_test //device:stream_test
-#     //dtensor:dtensor_test //examples/llama:llama_parity_test
+#     //dtensor:dtensor_test //examples:restart_test //examples/llama:llama_parity_test
 #     //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
 #     //fsdp/flat_param:flat_param_test //fsdp/per_param:per_param_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optim_state_test
@@ -116,6 +116,11 @@ fsdp_cc_library(//comm
        torchrun_env.h work.h
   DEPS @libtorch @system//:absl)
 
+fsdp_cc_library(//comm:main_guard
+  SRCS main_guard.cc
+  HDRS main_guard.h
+  DEPS @libtorch @system//:absl)
+
 fsdp_cc_library(//comm:faulty TESTONLY
   SRCS faulty_process_group.cc
   HDRS faulty_process_group.h
@@ -133,16 +138,16 @@ fsdp_cc_test(//comm:watchdog_test SIZE small SMOKE
 fsdp_cc_library(//comm:tcp_store
   SRCS internal/tcp_store.cc
   HDRS internal/tcp_store.h
-  DEPS :comm @libtorch)
+  DEPS :comm :main_guard @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:gloo
-  SRCS gloo_process_group.cc
+  SRCS gloo_process_group.cc internal/gloo_liveness.cc internal/gloo_liveness.h
   HDRS gloo_process_group.h
-  DEPS :comm :tcp_store @libtorch @system//:absl)
+  DEPS :comm :main_guard :tcp_store @libtorch @system//:absl)
 
 fsdp_cc_test(//comm:comm_test SIZE medium
   SRCS comm_test.cc
-  DEPS :comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
+  DEPS :comm :main_guard //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
 fsdp_cc_test(//comm:fault_test SIZE medium
@@ -168,15 +173,15 @@ fsdp_cc_test(//comm:nccl_test SIZE small
 
 # ================================================================ //dcp
 fsdp_cc_library(//dcp
-  SRCS collectives.cc collectives.h flat_optim.cc load.cc plan.cc plan.h save.cc state_items.cc
-       state_items.h
-  HDRS dcp.h
+  SRCS checkpoint_dirs.cc collectives.cc collectives.h flat_optim.cc load.cc plan.cc plan.h save.cc
+       state_items.cc state_items.h
+  HDRS checkpoint_dirs.h dcp.h
   DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/flat_param
        //fsdp/flat_param:runtime //fsdp/per_param //fsdp/per_param:runtime //mesh //optim_state:core
        //optim_state:fsdp1 //optim_state:fsdp2 @libtorch @system//:absl)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
-  SRCS dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
+  SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
   DEPS :dcp //fsdp/common:test_models //fsdp/flat_param //checkpoint //checkpoint:dcp //comm
        //dtensor //dtensor:tensor_parallel //fsdp/per_param //fsdp/per_param:runtime
        //fsdp/per_param:test_models //mesh //optim_state:core //optim_state:fsdp2
@@ -243,8 +248,19 @@ fsdp_cc_binary(//examples:collectives_demo
 
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
-  DEPS //comm //comm:gloo //dcp //fsdp/per_param //mesh @libtorch @system//:absl
-       @system//:absl_flags)
+  DEPS :training_checkpoints //comm //comm:gloo //comm:main_guard //dcp //fsdp/per_param //mesh
+       @libtorch @system//:absl @system//:absl_flags)
+
+fsdp_cc_library(//examples:training_checkpoints
+  SRCS training_checkpoints.cc
+  HDRS training_checkpoints.h
+  DEPS //comm //dcp @libtorch @system//:absl)
+
+fsdp_cc_test(//examples:restart_test SIZE medium SMOKE
+  SRCS restart_test.cc
+  ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
+  DEPS //fsdp/per_param //testing:multi_rank //testing:peer_python @libtorch @system//:absl
+       @system//:gtest)
 
 # ================================================================ //examples/llama
 fsdp_cc_library(//examples/llama

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
 #include "comm/fake_process_group.h"
+#include "comm/main_guard.h"
 #include "comm/process_group.h"
 #include "comm/threaded_process_group.h"
 #include "comm/torchrun_env.h"
@@ -237,6 +238,22 @@ TEST(TorchrunEnv, ParsesValidEnvironment) {
   EXPECT_EQ(env.local_rank, 0);
   EXPECT_EQ(env.master_addr, "10.0.0.1");
   EXPECT_EQ(env.master_port, 29500);
+  EXPECT_FALSE(env.use_agent_store);
+  EXPECT_EQ(env.restart_count, 0);
+}
+
+// torchrun's elastic agent serves the store (every rank a client) and counts restarts.
+TEST(TorchrunEnv, ReadsTheElasticAgentsVariables) {
+  auto vars = GoodEnv();
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  vars["TORCHELASTIC_RESTART_COUNT"] = "2";
+  TorchrunEnv env = ReadTorchrunEnv(Env(vars));
+  EXPECT_TRUE(env.use_agent_store);
+  EXPECT_EQ(env.restart_count, 2);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // Python compares with str(True) exactly
+  EXPECT_FALSE(ReadTorchrunEnv(Env(vars)).use_agent_store);
+  vars["TORCHELASTIC_RESTART_COUNT"] = "x";
+  EXPECT_ERROR_CONTAINS(ReadTorchrunEnv(Env(vars)), "TORCHELASTIC_RESTART_COUNT must be an integer, got 'x'");
 }
 
 TEST(TorchrunEnv, InvalidValuesAreNamed) {
@@ -260,6 +277,37 @@ TEST(TorchrunEnv, InvalidValuesAreNamed) {
       vars.erase(name);
     EXPECT_ERROR_CONTAINS(ReadTorchrunEnv(Env(vars)), message);
   }
+}
+
+// ------------------------------------------------------------------ RunMain
+
+TEST(RunMain, ReturnsWhatTheBodyReturns) { EXPECT_EQ(RunMain([] { return 7; }), 7); }
+
+TEST(RunMain, ErrorLineIsOneLineWithoutTheBacktrace) {
+  std::exception_ptr error;
+  try {
+    TORCH_CHECK_WITH(DistBackendError, false, "all_reduce(SUM) Float[4] failed\nsecond line");
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const std::string line = ErrorLine("3", error);
+  EXPECT_EQ(line, "[rank 3] error: all_reduce(SUM) Float[4] failed | second line");
+  EXPECT_EQ(ErrorLine("?", std::make_exception_ptr(std::runtime_error("plain"))), "[rank ?] error: plain");
+}
+
+// A failure ends the process with one line and exit status 1: no abort, no core, no stack.
+TEST(RunMainDeathTest, AnErrorEndsTheProcessWithOneLineAndStatusOne) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  setenv("RANK", "2", 1);
+  EXPECT_EXIT(RunMain([]() -> int { TORCH_CHECK(false, "cannot open 'x'"); }), ::testing::ExitedWithCode(1),
+              "^\\[rank 2\\] error: cannot open 'x'\n$");
+  // An exception escaping another thread (std::terminate) is reported the same way.
+  EXPECT_EXIT(RunMain([] {
+                std::thread([] { throw std::runtime_error("from a worker thread"); }).join();
+                return 0;
+              }),
+              ::testing::ExitedWithCode(1), "^\\[rank 2\\] error: from a worker thread\n$");
+  unsetenv("RANK");
 }
 
 // ------------------------------------------------------------------ the runner

@@ -113,26 +113,31 @@ TEST(FaultyProcessGroup, CountsPerOpAndOverAllOps) {
 }
 
 // Kills rank `victim` of 3 Gloo processes after one all_reduce; the others' next all_reduce
-// must fail within the collective timeout with an error naming the victim's rank.
-void ExpectPeersOfAKilledRankNameIt(int victim) {
+// must fail within the collective timeout with an error naming the victim's rank, and only
+// it. `late_rank` (-1: none) calls its all_reduce only 1.5 s later, when the third rank,
+// which exits right after its own error (as a program under comm::RunMain does), is gone
+// too: it must tell that rank, which recorded its failure in the store first, from the lost
+// one. The others stay alive 1.5 s after their error.
+void ExpectPeersOfAKilledRankNameIt(int victim, int late_rank = -1) {
   fsdp::testing::RunOptions options;
   options.collective_timeout = std::chrono::milliseconds(3000);
   options.deadline = std::chrono::milliseconds(60000);
   const auto outcomes = fsdp::testing::RunOnRanksCollect(
       Backend::kGlooProcesses, 3,
-      [victim](const ProcessGroupPtr& pg) {
+      [victim, late_rank](const ProcessGroupPtr& pg) {
         at::Tensor t = at::ones({1024});
         pg->all_reduce(t)->wait();           // everyone alive
         if (pg->rank() == victim) _exit(3);  // dies mid-step, no goodbye
+        const bool exits_at_once = late_rank >= 0 && pg->rank() != late_rank;
+        if (pg->rank() == late_rank) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         const auto start = Clock::now();
         try {
           pg->all_reduce(t)->wait();
         } catch (const c10::Error& e) {
           const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-          // Stay alive while the other survivor probes: only the victim may be named.
-          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          if (!exits_at_once) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
           // The parent reads the time from the message (a child's EXPECT would be lost).
-          TORCH_CHECK(false, "failed after ", ms, " ms: ", e.what_without_backtrace());
+          TORCH_CHECK(false, "noticed after ", ms, " ms: ", e.what_without_backtrace());
         }
         TORCH_CHECK(false, "all_reduce succeeded without rank ", victim);
       },
@@ -143,14 +148,19 @@ void ExpectPeersOfAKilledRankNameIt(int victim) {
     EXPECT_FALSE(outcomes[r].ok) << "rank " << r;
     if (r == victim) continue;  // exited with 3 mid-test
     EXPECT_TRUE(absl::StrContains(message, "all_reduce(SUM) Float[1024] on gloo rank")) << message;
-    // Gloo names the lost peer by address; the liveness probe adds its rank.
-    EXPECT_TRUE(
-        absl::StrContains(message, absl::StrCat("lost rank(s) [", victim, "] of this group: their processes are gone")))
+    // Gloo names the lost peer by address; the liveness probe adds its rank, and no other.
+    EXPECT_TRUE(absl::StrContains(message, absl::StrCat("connection lost: rank(s) [", victim, "] of this group gone")))
         << message;
+    EXPECT_FALSE(absl::StrContains(message, "timed out")) << message;
+    if (r == late_rank) {
+      const int other = 3 - victim - late_rank;
+      EXPECT_TRUE(absl::StrContains(message, absl::StrCat("rank(s) [", other, "] stopped after their own error (")))
+          << message;
+    }
     int64_t ms = -1;
-    const size_t at = message.find("failed after ");
+    const size_t at = message.find("noticed after ");
     ASSERT_NE(at, std::string::npos) << message;
-    ASSERT_TRUE(absl::SimpleAtoi(message.substr(at + 13, message.find(' ', at + 13) - at - 13), &ms)) << message;
+    ASSERT_TRUE(absl::SimpleAtoi(message.substr(at + 14, message.find(' ', at + 14) - at - 14), &ms)) << message;
     EXPECT_LT(ms, options.collective_timeout.count()) << "rank " << r << " noticed the death too late: " << message;
   }
 }
@@ -159,6 +169,12 @@ TEST(RankDeath, PeersOfAKilledRankProcessFailWithinTheTimeoutNamingItsRank) { Ex
 
 // Rank 0 also serves the TCPStore: the peers' addresses were read when the group was created.
 TEST(RankDeath, PeersOfAKilledRankZeroProcessNameItToo) { ExpectPeersOfAKilledRankNameIt(0); }
+
+// A survivor that exited after its own error is not named as lost. (Rank 0 is the late one:
+// it serves the store that holds the record; under torchrun the elastic agent serves it.)
+TEST(RankDeath, ASurvivorThatExitedAfterItsOwnErrorIsNotNamedAsLost) {
+  ExpectPeersOfAKilledRankNameIt(/*victim=*/2, /*late_rank=*/0);
+}
 
 }  // namespace
 }  // namespace fsdp::comm

@@ -29,70 +29,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "comm/internal/gloo_liveness.h"
 #include "comm/internal/tcp_store.h"
+#include "comm/main_guard.h"
 
 namespace fsdp::comm {
 namespace {
 
-// ------------------------------------------------------------------ rank liveness
-//
-// Gloo names a lost peer by its transport address. To name it by rank, every process listens
-// on one TCP port per hostname (never served: the kernel completes the handshake), and
-// each group publishes it in its store under its rank at creation. When a collective fails or
-// times out, the ranks whose port refuses connections are gone (a dead process's sockets are
-// closed by the kernel); a live but stuck rank still accepts, so it is not named.
-
-constexpr const char* kLivenessKey = "fsdp_liveness_rank_";
-
-struct LivenessListeners {
-  std::mutex mu;
-  std::map<std::string, std::pair<int, std::string>> by_hostname;  // -> (fd, "port@ip")
-};
-LivenessListeners& Listeners() {
-  static auto* listeners = new LivenessListeners;  // never destroyed: ranks may outlive main
-  return *listeners;
-}
-
-// "port@ip" of this process's liveness listener for `hostname` (created once, never closed).
-std::string LivenessAddress(const std::string& hostname) {
-  LivenessListeners& listeners = Listeners();
-  std::lock_guard<std::mutex> lock(listeners.mu);
-  if (auto it = listeners.by_hostname.find(hostname); it != listeners.by_hostname.end()) return it->second.second;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* info = nullptr;
-  const int rc = getaddrinfo(hostname.c_str(), nullptr, &hints, &info);
-  TORCH_CHECK(rc == 0 && info != nullptr, "Gloo liveness listener: cannot resolve hostname '", hostname,
-              "': ", gai_strerror(rc));
-  sockaddr_storage addr{};
-  std::memcpy(&addr, info->ai_addr, info->ai_addrlen);
-  const socklen_t addr_len = info->ai_addrlen;
-  freeaddrinfo(info);
-  // CLOEXEC: processes this one spawns must not keep the port open after it died.
-  const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  TORCH_CHECK(fd >= 0, "Gloo liveness listener: socket() failed: ", std::strerror(errno));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 || listen(fd, SOMAXCONN) != 0) {
-    const int err = errno;
-    close(fd);
-    TORCH_CHECK(false, "Gloo liveness listener: bind/listen on hostname '", hostname, "' failed: ", std::strerror(err));
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  char ip[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (addr.ss_family == AF_INET6) {
-    const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-    inet_ntop(AF_INET6, &a6->sin6_addr, ip, sizeof(ip));
-    port = ntohs(a6->sin6_port);
-  } else {
-    const auto* a4 = reinterpret_cast<const sockaddr_in*>(&addr);
-    inet_ntop(AF_INET, &a4->sin_addr, ip, sizeof(ip));
-    port = ntohs(a4->sin_port);
-  }
-  const std::string address = absl::StrCat(port, "@", ip);
-  listeners.by_hostname[hostname] = {fd, address};
-  return address;
-}
+using internal::PeerLiveness;
 
 // Where the transport binds (PyTorch's rule, GlooOptions::hostname) and the host the
 // liveness listener binds to (the same address, so peers that reach one reach the other).
@@ -159,119 +103,29 @@ TransportChoice ChooseTransport(const std::string& hostname) {
   return out;
 }
 
-// Closes the peers' probe connections queued on this process's listeners (so the backlog
-// does not fill up; a full one would only make probes of this process inconclusive).
-void DrainLivenessListeners() {
-  LivenessListeners& listeners = Listeners();
-  std::lock_guard<std::mutex> lock(listeners.mu);
-  for (const auto& [hostname, listener] : listeners.by_hostname) {
-    for (int c; (c = accept4(listener.first, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) close(c);
-  }
-}
-
-// Starts a non-blocking connect to "port@ip"; -1 if it cannot even start.
-int StartProbe(const std::string& address, bool* refused) {
-  *refused = false;
-  const size_t at = address.find('@');
-  int port = 0;
-  if (at == std::string::npos || !absl::SimpleAtoi(address.substr(0, at), &port)) return -1;
-  const std::string ip = address.substr(at + 1);
-  sockaddr_storage addr{};
-  socklen_t len = 0;
-  if (ip.find(':') != std::string::npos) {
-    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
-    a6->sin6_family = AF_INET6;
-    a6->sin6_port = htons(port);
-    if (inet_pton(AF_INET6, ip.c_str(), &a6->sin6_addr) != 1) return -1;
-    len = sizeof(sockaddr_in6);
-  } else {
-    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
-    a4->sin_family = AF_INET;
-    a4->sin_port = htons(port);
-    if (inet_pton(AF_INET, ip.c_str(), &a4->sin_addr) != 1) return -1;
-    len = sizeof(sockaddr_in);
-  }
-  const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 || errno == EINPROGRESS) return fd;
-  *refused = errno == ECONNREFUSED || errno == ECONNRESET;
-  close(fd);
-  return -1;
-}
-
-// The ranks (of `addresses`, indexed by rank; those of this process skipped) whose liveness
-// port refuses or resets connections within `budget`.
-std::vector<int> LostRanks(const std::vector<std::string>& addresses, int self, Timeout budget) {
-  DrainLivenessListeners();
-  std::vector<int> lost;
-  std::vector<pollfd> fds;
-  std::vector<int> fd_rank;
-  for (int r = 0; r < static_cast<int>(addresses.size()); ++r) {
-    if (addresses[r] == addresses[self]) continue;  // this process (ranks as threads): alive
-    bool refused = false;
-    const int fd = StartProbe(addresses[r], &refused);
-    if (refused) lost.push_back(r);
-    if (fd < 0) continue;
-    fds.push_back({fd, POLLOUT, 0});
-    fd_rank.push_back(r);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + budget;
-  size_t pending = fds.size();
-  while (pending > 0) {
-    const auto left = std::chrono::duration_cast<Timeout>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || poll(fds.data(), fds.size(), static_cast<int>(left.count())) <= 0) break;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      int err = 0;
-      socklen_t len = sizeof(err);
-      getsockopt(fds[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      // Reset: the listener closed with our connection queued (the process was exiting).
-      if (err == ECONNREFUSED || err == ECONNRESET) lost.push_back(fd_rank[i]);
-      close(fds[i].fd);
-      fds[i].fd = -1;  // poll ignores negative descriptors
-      --pending;
-    }
-  }
-  for (const pollfd& p : fds) {
-    if (p.fd >= 0) close(p.fd);  // no answer in time: inconclusive
-  }
-  std::sort(lost.begin(), lost.end());
-  return lost;
-}
-
-// Every rank's liveness address in one group, to name lost peers in errors.
-class PeerLiveness {
- public:
-  PeerLiveness(std::vector<std::string> addresses, int self, Timeout timeout)
-      : addresses_(std::move(addresses)), self_(self), budget_(std::min(timeout, Timeout(1000))) {}
-
-  // "lost rank(s) [2] (...)", or "" when every peer's process is alive (or unknown). After a
-  // transport error (`retries` > 0) the peer that closed the connection may still be
-  // exiting: probe again a few times, 50 ms apart.
-  std::string Describe(int retries = 0) const {
-    std::vector<int> lost = LostRanks(addresses_, self_, budget_);
-    for (int i = 0; i < retries && lost.empty(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      lost = LostRanks(addresses_, self_, budget_);
-    }
-    if (lost.empty()) return "";
-    return absl::StrCat("lost rank(s) [", absl::StrJoin(lost, ", "),
-                        "] of this group: their processes are gone (their liveness ports refuse connections)");
-  }
-
- private:
-  std::vector<std::string> addresses_;
-  int self_;
-  Timeout budget_;
-};
-
 // ------------------------------------------------------------------ work
+
+// An error's message without LibTorch's C++ backtrace, and without gloo's source location
+// ("[.../pair.cc:561] ") and generic advice (" This is typically caused by ...").
+std::string MessageOf(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find("] ");
+    if (close != std::string::npos && text.rfind(".cc:", close) != std::string::npos) text = text.substr(close + 2);
+  }
+  if (const size_t advice = text.find(" This is typically caused"); advice != std::string::npos) text.resize(advice);
+  return std::string(absl::StripAsciiWhitespace(text));
+}
 
 class GlooWork final : public Work {
  public:
   GlooWork(std::string description, Timeout timeout, c10::intrusive_ptr<c10d::Work> work,
            std::shared_ptr<const PeerLiveness> liveness)
-      : Work(std::move(description), timeout), work_(std::move(work)), liveness_(std::move(liveness)) {}
+      : Work(std::move(description), timeout),
+        work_(std::move(work)),
+        liveness_(std::move(liveness)),
+        start_(std::chrono::steady_clock::now()) {}
 
   bool is_completed() override { return work_->isCompleted(); }
   std::exception_ptr exception() override {
@@ -281,15 +135,26 @@ class GlooWork final : public Work {
 
  protected:
   bool WaitFor(Timeout timeout) override {
+    const auto wait_start = std::chrono::steady_clock::now();
     try {
       work_->wait(timeout);
     } catch (const std::exception& e) {
-      if (!work_->isCompleted()) return false;
-      // Re-raise gloo's failure with the collective's description in front and the lost
-      // peers' ranks (gloo names them by address) behind.
+      const auto now = std::chrono::steady_clock::now();
+      // A timeout only when the wait lasted its whole timeout: c10d's Gloo work can throw a
+      // peer's lost connection while it still reads as not completed.
+      if (!work_->isCompleted() && now - wait_start >= timeout) return false;
+      // Gloo's own failure (a peer's connection closed or reset): say when, record it for the
+      // peers' messages, and name the peers that are gone by rank (gloo names them by address).
+      const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(now - start_);
+      const std::string cause = MessageOf(e);
+      liveness_->RecordFailure(absl::StrCat(description(), " failed: ", cause));
       const std::string lost = liveness_->Describe(/*retries=*/2);
       try {
-        TORCH_CHECK_WITH(DistBackendError, false, description(), " failed: ", e.what(), lost.empty() ? "" : "; ", lost);
+        if (lost.empty()) {
+          TORCH_CHECK_WITH(DistBackendError, false, description(), " failed after ", elapsed.count(), " ms: ", cause);
+        }
+        TORCH_CHECK_WITH(DistBackendError, false, description(), " failed after ", elapsed.count(),
+                         " ms: connection lost: ", lost, " (gloo: ", cause, ")");
       } catch (...) {
         error_ = std::current_exception();
       }
@@ -301,6 +166,7 @@ class GlooWork final : public Work {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   std::shared_ptr<const PeerLiveness> liveness_;
+  std::chrono::steady_clock::time_point start_;
   std::exception_ptr error_;
 };
 
@@ -314,8 +180,14 @@ c10d::ReduceOp ToC10d(ReduceOp op) {
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
-  GlooProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GlooOptions& options)
-      : ProcessGroup(rank, size, options.timeout), store_(store), options_(options) {
+  // `root_store`: the job's un-prefixed store (the failure registry of every group); null:
+  // `store` is the root.
+  GlooProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GlooOptions& options,
+                   c10::intrusive_ptr<c10d::Store> root_store = nullptr)
+      : ProcessGroup(rank, size, options.timeout),
+        store_(store),
+        root_store_(root_store ? root_store : store),
+        options_(options) {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
     const TransportChoice transport = ChooseTransport(options.hostname);
     if (!transport.interfaces.empty()) {
@@ -328,16 +200,20 @@ class GlooProcessGroup final : public ProcessGroup {
       gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
     }
     gloo_options->threads = options.threads;
-    const std::string address = LivenessAddress(transport.liveness_host);
-    store->set(absl::StrCat(kLivenessKey, rank), std::vector<uint8_t>(address.begin(), address.end()));
+    const std::string address = internal::LivenessAddress(transport.liveness_host);
+    store->set(internal::LivenessKey(rank), std::vector<uint8_t>(address.begin(), address.end()));
     backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
     // Gloo's rendezvous completed, so every rank has published its address already.
     std::vector<std::string> addresses(size);
     for (int r = 0; r < size; ++r) {
-      const std::vector<uint8_t> bytes = store->get(absl::StrCat(kLivenessKey, r));
+      const std::vector<uint8_t> bytes = store->get(internal::LivenessKey(r));
       addresses[r].assign(bytes.begin(), bytes.end());
     }
-    liveness_ = std::make_shared<const PeerLiveness>(std::move(addresses), rank, options.timeout);
+    liveness_ = std::make_shared<const PeerLiveness>(std::move(addresses), rank, options.timeout, root_store_);
+    // Whatever ends this process under comm::RunMain, its peers learn it stopped on its own.
+    AddErrorExitHook([weak = std::weak_ptr<const PeerLiveness>(liveness_)](const std::string& line) {
+      if (auto liveness = weak.lock()) liveness->RecordFailure(line);
+    });
   }
 
   std::string backend_name() const override { return "gloo"; }
@@ -407,7 +283,7 @@ class GlooProcessGroup final : public ProcessGroup {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
           absl::StrCat("fsdp_subgroup_", index, "_", absl::StrJoin(ranks, "_")), store_);
       return std::make_shared<GlooProcessGroup>(prefixed, static_cast<int>(i), static_cast<int>(ranks.size()),
-                                                options_);
+                                                options_, root_store_);
     }
     return nullptr;
   }
@@ -429,6 +305,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> root_store_;
   GlooOptions options_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> backend_;
   std::shared_ptr<const PeerLiveness> liveness_;

@@ -25,8 +25,11 @@ struct GlooOptions {
 };
 
 // Errors of a collective that failed or timed out because peers' processes died name them:
-// "...; lost rank(s) [R] of this group: their processes are gone (...)" (gloo itself names
-// only the peer's address). For that each process listens on one extra TCP port per
+// "<collective> failed after <T> ms: connection lost: rank(s) [R] of this group gone (...)
+// (gloo: <gloo's message>)" (gloo itself names only the peer's address); a real timeout says
+// "timed out after <timeout> ms". A rank whose process ended after its own error (it records
+// that in the job's store first) is named apart: "rank(s) [R] stopped after their own error
+// (<its message>)". For that each process listens on one extra TCP port per
 // hostname (connections are only drained, never served), which every group publishes in its
 // store at creation; on an error the peers' ports are probed (on loopback in microseconds,
 // at most 1 s per probe, 3 probes 50 ms apart after a transport error): a refused or reset

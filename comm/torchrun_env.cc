@@ -46,6 +46,10 @@ TorchrunEnv ReadTorchrunEnv(const std::function<std::optional<std::string>(const
   env.local_rank = local ? ParseInt("LOCAL_RANK", *local, 0, env.world_size - 1) : env.rank;
   env.master_addr = Required(getenv, "MASTER_ADDR");
   env.master_port = ParseInt("MASTER_PORT", Required(getenv, "MASTER_PORT"), 1, 65535);
+  env.use_agent_store = getenv("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True");
+  if (std::optional<std::string> restarts = getenv("TORCHELASTIC_RESTART_COUNT")) {
+    env.restart_count = ParseInt("TORCHELASTIC_RESTART_COUNT", *restarts, 0, 1 << 30);
+  }
   return env;
 }
 

@@ -46,8 +46,13 @@
 #ifndef FSDP_DCP_DCP_H_
 #define FSDP_DCP_DCP_H_
 
+#include <ATen/core/Tensor.h>
+
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/process_group.h"
 
@@ -72,14 +77,33 @@ enum class StateDictKind {
   kFullRank0,
 };
 
+// Tensors checkpointed beside the model and optimizer: a training loop's own state (step
+// counter, data sampler position, RNG state), as Python's dcp.save({"model": ..., "optim":
+// ..., "train": {"step": t}}) writes it. A key "a.b" is the nested dict {"a": {"b": t}} in
+// Python (each "." one level). Every rank passes the same keys, shapes and dtypes and, for a
+// meaningful checkpoint, the same values: each is written once (by DCP's dedup, like a
+// buffer). Keys must be non-empty, unique, and not start with "model." or "optim.".
+using ExtraState = std::vector<std::pair<std::string, at::Tensor>>;
+
 struct SaveOptions {
   StateDictKind kind = StateDictKind::kSharded;
+  ExtraState extra_state;
+  // Called on this rank's writing thread (AsyncSave's background thread, Save's caller)
+  // right after this rank's data file is complete on disk and before the ranks agree and
+  // rank 0 writes `.metadata`: e.g. to upload the file. A throw fails the save on every
+  // rank, which then leaves no `.metadata`. Null: none.
+  std::function<void(const std::string& data_file)> on_rank_file_written;
 };
 
 struct LoadOptions {
   // DefaultLoadPlanner(allow_partial_load=True): model and optimizer keys missing from the
   // checkpoint keep their current values instead of being an error.
   bool allow_partial_load = false;
+  // Filled in place (as Python's dcp.load fills the state dict it is given): each key must
+  // be in the checkpoint with the tensor's shape (its dtype is cast); same rules as
+  // SaveOptions::extra_state. Not subject to allow_partial_load. Written only when every
+  // rank read every part, like the model.
+  ExtraState extra_state;
 };
 
 // `optimizer` may be null (the model alone). The optimizer's state is saved as it is now (a

@@ -94,6 +94,7 @@ struct ModelUpdate {
 
 struct Pending {
   std::vector<ModelUpdate> model;
+  std::vector<ModelUpdate> extra;  // LoadOptions::extra_state
   bool has_optimizer_state = false;
   optim_state::OptimStateDict optim;
 };
@@ -266,6 +267,11 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
       TORCH_CHECK(false, kLoad, ": '", dir, "' holds no complete checkpoint: ", e.what_without_backtrace());
     }
     ReadModel(model, params, flat, dir, md, options, pending);
+    internal::CheckExtraState(options.extra_state, kLoad);
+    for (const auto& [key, tensor] : options.extra_state) {
+      const DcpEntry& e = TensorEntry(dir, md, key, tensor.sizes().vec(), absl::StrCat("extra_state '", key, "'"));
+      pending.extra.push_back({tensor, nullptr, ReadLocal(dir, md, e, nullptr, tensor.sizes().vec())});
+    }
     if (optimizer != nullptr) ReadOptimizer(*optimizer, params, flat, dir, md, options, pending);
   });
   internal::AgreeOrThrow(world, error, kLoad);
@@ -277,6 +283,7 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
                                              *optimizer, internal::PiecesToFlatOptim(pending.optim, flat, kLoad));
     }
     at::NoGradGuard no_grad;
+    for (ModelUpdate& u : pending.extra) u.target.copy_(u.value);
     for (ModelUpdate& u : pending.model) {
       if (u.fsdp != nullptr) {
         u.fsdp->param().data().copy_(u.value);

@@ -58,6 +58,11 @@ std::string MetadataPath(const std::string& dir) {
   return !dir.empty() && dir.back() == '/' ? dir + ".metadata" : dir + "/.metadata";
 }
 
+std::string DataFilePath(const std::string& dir, int rank) {
+  const std::string name = checkpoint::DcpDataFileName(rank);
+  return !dir.empty() && dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
+}
+
 Box WholeBox(const std::vector<int64_t>& size) {
   return Box{std::vector<int64_t>(size.size(), 0), std::vector<int64_t>(size.size(), 0), size};
 }
@@ -80,6 +85,7 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
       TORCH_CHECK(::unlink(md.c_str()) == 0 || errno == ENOENT, caller, ": cannot remove the old '", md, "' (",
                   std::strerror(errno), ")");
     }
+    internal::AddExtraState(options.extra_state, plan.sources, caller);
     if (options.kind == StateDictKind::kFullRank0 && plan.rank != 0) return;
     for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
       const internal::TensorSource& s = plan.sources.tensors[i];
@@ -255,6 +261,7 @@ void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, co
     if (items.empty()) return;
     fragment = checkpoint::WriteRankData(dir, plan.rank, items.tensors, items.bytes);
     SetObjectPaths(plan, fragment);
+    if (options.on_rank_file_written) options.on_rank_file_written(DataFilePath(dir, plan.rank));
   });
   const auto all = internal::GatherOrThrow(world, error, FragmentPayload(fragment), 0, "dcp::Save");
   std::string md_error;
@@ -335,7 +342,7 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   auto paths = std::make_shared<RankPlan>(std::move(plan));
   paths->sources = {};  // the thread needs only the object paths; the model's tensors stay here
   state->thread = std::thread([state, items, paths, predicted = std::move(predicted), fragments = std::move(fragments),
-                               dir, rank, group = background_group] {
+                               dir, rank, group = background_group, on_written = options.on_rank_file_written] {
     std::string err = internal::ErrorOf([&] {
       if (items->empty()) return;
       DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
@@ -344,6 +351,7 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
                   checkpoint::DcpDataFileName(rank), "' in '", dir,
                   "' with another layout than the one it announced to rank 0 (an archive length that depends on the "
                   "values?); the checkpoint stays incomplete");
+      if (on_written) on_written(DataFilePath(dir, rank));
     });
     items->tensors.clear();  // the snapshot is on disk: free it before waiting for the others
     const std::string outcome = internal::ErrorOf([&] {

@@ -6,8 +6,11 @@
 #include <torch/optim/optimizer.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "fsdp/flat_param/fsdp_state.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/flat_param/state_dict.h"
@@ -24,6 +27,34 @@ std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v
 }  // namespace
 
 std::string ModelKey(const std::string& fqn) { return kModelPrefix + fqn; }
+
+void CheckExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, const char* caller) {
+  absl::flat_hash_set<std::string> seen;
+  for (const auto& [key, tensor] : extra) {
+    TORCH_CHECK(!key.empty() && !absl::StartsWith(key, ".") && !absl::EndsWith(key, ".") &&
+                    !absl::StrContains(key, ".."),
+                caller, ": extra_state key '", key, "' is not a dotted name (empty, or an empty part)");
+    TORCH_CHECK(!absl::StartsWith(key, "model.") && !absl::StartsWith(key, "optim.") && key != "model" &&
+                    key != "optim",
+                caller, ": extra_state key '", key, "' would collide with the model's or optimizer's entries (\"model.\", \"optim.\")");
+    TORCH_CHECK(seen.insert(key).second, caller, ": extra_state key '", key, "' appears twice");
+    TORCH_CHECK(tensor.defined(), caller, ": extra_state '", key, "' is an undefined tensor");
+  }
+}
+
+std::vector<DcpPathElement> ExtraStatePath(const std::string& key) {
+  std::vector<DcpPathElement> path;
+  for (absl::string_view part : absl::StrSplit(key, '.')) path.emplace_back(std::string(part));
+  return path;
+}
+
+void AddExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, SaveSources& out, const char* caller) {
+  CheckExtraState(extra, caller);
+  for (const auto& [key, tensor] : extra) {
+    TensorSource s{key, ExtraStatePath(key), nullptr, tensor.detach(), tensor.sizes().vec()};
+    out.tensors.push_back(std::move(s));
+  }
+}
 std::string OptimStateKey(const std::string& fqn, const std::string& name) {
   return absl::StrCat(kOptimStatePrefix, fqn, ".", name);
 }

@@ -115,6 +115,14 @@ optim_state::OptimStateDict FlatOptimToPieces(const optim_state::OptimStateDict&
 optim_state::OptimStateDict PiecesToFlatOptim(const optim_state::OptimStateDict& pieces, const FlatModel& flat,
                                               const char* caller);
 
+// Checks SaveOptions/LoadOptions::extra_state (dcp.h: keys non-empty, unique, outside
+// "model." and "optim.", tensors defined); throws c10::Error naming `caller` and the key.
+void CheckExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, const char* caller);
+// The object path Python's flatten_state_dict gives key "a.b": {"a", "b"}.
+std::vector<DcpPathElement> ExtraStatePath(const std::string& key);
+// Appends each extra tensor as a whole-tensor source (written once, like a buffer).
+void AddExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, SaveSources& out, const char* caller);
+
 // `optimizer` may be null (model only).
 SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);
 

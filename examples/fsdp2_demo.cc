@@ -15,6 +15,11 @@
 // DIR/full.pt bitwise, trains kResumeSteps more steps, and compares with a single-rank run
 // that trained kSteps + kResumeSteps steps without a break. Each run ends with PASS, or FAIL
 // and exit 1.
+// --checkpoint_every=K also saves an async sharded checkpoint to DIR/steps/step_<N> every K
+// steps and, on start, resumes from the latest complete one there: run it under
+// `torchrun --max-restarts 1` and a lost rank costs at most K steps; the relaunched job ends
+// with the same bits as an uninterrupted one (FSDP_FAULT injects the loss: see
+// examples/training_checkpoints.h). Any error ends every rank with one line and exit 1.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -37,7 +42,9 @@
 #include "absl/strings/match.h"
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
+#include "comm/main_guard.h"
 #include "dcp/dcp.h"
+#include "examples/training_checkpoints.h"
 #include "fsdp/per_param/fsdp_state.h"  // runtime introspection for the printout (CollectStates)
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
@@ -45,6 +52,9 @@
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "after training, save a DCP checkpoint to DIR/dcp and the full model to DIR/full.pt (empty: none)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "save an async sharded checkpoint to DIR/steps/step_<N> every K steps, and resume from the latest complete "
+          "one there on start (0: none)");
 ABSL_FLAG(bool, resume, false,
           "instead of training from scratch: load DIR/dcp at this world size and train kResumeSteps more steps");
 
@@ -210,8 +220,9 @@ struct ShardedRun {
 };
 
 // Steps [first, first + steps), each rank on its slice of the global batch; rank 0 prints a
-// row per step.
-ShardedRun TrainSharded(const World& w, Decoder& model, torch::optim::AdamW& opt, int first, int steps) {
+// row per step. `checkpoints` (may be null) injects its fault and saves after each step.
+ShardedRun TrainSharded(const World& w, Decoder& model, torch::optim::AdamW& opt, int first, int steps,
+                        fsdp::examples::PeriodicCheckpointer* checkpoints = nullptr) {
   if (w.log()) {
     std::printf("%4s %8s %7s %18s %15s %19s\n", "step", "loss", "ms", "P+G+O KiB/rank", "all-gather KiB",
                 "reduce-scatter KiB");
@@ -219,6 +230,7 @@ ShardedRun TrainSharded(const World& w, Decoder& model, torch::optim::AdamW& opt
   const int64_t local = kGlobalBatch / w.size;
   ShardedRun run;
   for (int step = first; step < first + steps; ++step) {
+    if (checkpoints != nullptr) checkpoints->fault().MaybeKillAt(w.rank, step);
     const at::Tensor seqs = Sequences(step, kGlobalBatch).narrow(0, w.rank * local, local);  // my slice
     w.trace->clear();
     const auto t0 = std::chrono::steady_clock::now();
@@ -235,6 +247,7 @@ ShardedRun TrainSharded(const World& w, Decoder& model, torch::optim::AdamW& opt
     at::Tensor global = loss.detach().clone();
     w.group->all_reduce(global, fsdp::comm::ReduceOp::Avg())->wait();
     run.losses.push_back(global.item<double>());
+    if (checkpoints != nullptr) checkpoints->AfterStep(step, first + steps, *model, opt);
     if (w.log()) {
       std::printf("%4d %8.4f %7.1f %18.1f %15.1f %19.1f\n", step, run.losses.back(), run.step_ms.back(),
                   Kib(run.sharded.total()), Kib(run.ag), Kib(run.rs));
@@ -330,25 +343,32 @@ void SaveCheckpoint(const World& w, Decoder& model, const torch::optim::AdamW& o
       kSteps, dir.c_str(), files.shard_files, Kib(files.bytes), save_ms, dir.c_str(), full.size());
 }
 
-// kSteps from scratch, checked against the single-rank reference, then the checkpoint.
-int TrainFromScratch(const World& w, const std::string& checkpoint_dir) {
+// kSteps from scratch (or from the latest periodic checkpoint), checked against the
+// single-rank reference, then the checkpoint.
+int TrainFromScratch(const World& w, const std::string& checkpoint_dir, int64_t checkpoint_every) {
   Decoder model = BuildSharded(w, kInitSeed);
   // Built after fully_shard: the optimizer sees (and keeps state only for) the shards.
   torch::optim::AdamW opt(model->parameters(), OptimizerOptions());
+  fsdp::examples::PeriodicCheckpointer checkpoints(checkpoint_dir + "/steps", checkpoint_every, w.group,
+                                                   fsdp::examples::ReadInjectedFault(), w.log());
+  const int first = static_cast<int>(checkpoints.Resume(*model, &opt));
   if (w.log()) {
     std::printf(
         "FSDP2 demo: %ld-block decoder (vocab %ld, d %ld, tied head), %d ranks, global batch %ld x %ld tokens, AdamW\n",
         kBlocks, kVocab, kDim, w.size, kGlobalBatch, kSeq);
   }
-  ShardedRun run = TrainSharded(w, model, opt, 0, kSteps);
+  ShardedRun run = TrainSharded(w, model, opt, first, kSteps - first, &checkpoints);
+  checkpoints.Finish();
   // Gather every trained parameter (collective: all ranks, same order) keyed by its name.
   const auto trained = fsdp::per_param::GetFullStateDict(*model);
   const Reference ref = TrainReference(kSteps);
-  const Agreement agree = Compare(run, 0, ref, trained, w.log());
+  const Agreement agree = Compare(run, first, ref, trained, w.log());
   const bool ok = AllRanksOk(w, agree.ok);
 
   if (w.log()) {
-    std::printf("\nloss: %.4f -> %.4f over %d steps\n", run.losses.front(), run.losses.back(), kSteps);
+    std::printf("\nloss: %.4f -> %.4f over steps %d-%d (final loss %a; %ld periodic checkpoints)\n",
+                run.losses.front(), run.losses.back(), first, kSteps - 1, run.losses.back(),
+                static_cast<long>(checkpoints.saves()));
     // What each fully_shard call manages (names are known after the first forward's lazy
     // init): the tied head adds no tensor, the root's embed.weight serves both uses.
     for (auto* state : fsdp::per_param::CollectStates(*model)) {
@@ -360,10 +380,11 @@ int TrainFromScratch(const World& w, const std::string& checkpoint_dir) {
                   state->is_root().value_or(false) ? (":" + names).c_str() : "");
     }
     std::sort(run.step_ms.begin() + 1, run.step_ms.end());
+    const size_t median = run.step_ms.size() / 2;
     std::printf(
         "median step %.1f ms; per step all-gather %.1f KiB (root once, kept through backward; each block\n"
         "  twice: forward, then again for backward), reduce-scatter %.1f KiB (every gradient once)\n",
-        run.step_ms[kSteps / 2], Kib(run.ag), Kib(run.rs));
+        run.step_ms[median], Kib(run.ag), Kib(run.rs));
     const Bytes& sharded = run.sharded;
     const Bytes& full = ref.bytes;
     std::printf(
@@ -430,28 +451,34 @@ int Resume(const World& w, const std::string& dir) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   at::set_num_threads(1);  // the ranks share the machine's cores
-  World w;
-  w.group = fsdp::comm::CreateGlooProcessGroupFromEnv();
-  w.size = w.group->size();
-  w.rank = w.group->rank();
-  if (kGlobalBatch % w.size != 0) {
-    if (w.log()) std::printf("global batch %ld is not divisible by %d ranks\n", kGlobalBatch, w.size);
-    return 2;
-  }
-  // Wrap the world group BEFORE building the mesh, so every FSDP collective goes through the
-  // trace (a 1-D mesh over the whole world reuses the group it is given).
-  w.trace = std::make_shared<fsdp::comm::CommTrace>(w.group);
-  w.mesh = fsdp::mesh::DeviceMesh::Create(w.trace, {w.size});
-  const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  try {
-    if (!absl::GetFlag(FLAGS_resume)) return TrainFromScratch(w, dir);
+  // Every error (a lost rank, a bad checkpoint directory: the message names it) ends this
+  // rank with one line on stderr and exit status 1.
+  return fsdp::comm::RunMain([] {
+    World w;
+    w.group = fsdp::comm::CreateGlooProcessGroupFromEnv();
+    w.size = w.group->size();
+    w.rank = w.group->rank();
+    if (kGlobalBatch % w.size != 0) {
+      if (w.log()) std::printf("global batch %ld is not divisible by %d ranks\n", kGlobalBatch, w.size);
+      return 2;
+    }
+    // Wrap the world group BEFORE building the mesh, so every FSDP collective goes through the
+    // trace (a 1-D mesh over the whole world reuses the group it is given).
+    w.trace = std::make_shared<fsdp::comm::CommTrace>(w.group);
+    w.mesh = fsdp::mesh::DeviceMesh::Create(w.trace, {w.size});
+    const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
+    if ((every != 0 && dir.empty()) || every < 0 || (every != 0 && absl::GetFlag(FLAGS_resume))) {
+      if (w.log()) {
+        std::printf("--checkpoint_every must be >= 0, and > 0 only with --checkpoint_dir and without --resume\n");
+      }
+      return 2;
+    }
+    if (!absl::GetFlag(FLAGS_resume)) return TrainFromScratch(w, dir, every);
     if (dir.empty()) {
       if (w.log()) std::printf("--resume needs --checkpoint_dir (the directory the first run saved to)\n");
       return 2;
     }
     return Resume(w, dir);
-  } catch (const c10::Error& e) {  // e.g. no checkpoint in dir: the message names the file
-    std::fprintf(stderr, "rank %d: %s\n", w.rank, e.what_without_backtrace());
-    return 1;
-  }
+  });
 }

@@ -200,7 +200,23 @@ def smoke_set(targets):
     return [chosen[p] for p in packages if p in chosen]
 
 
-def target_call(label, kind, pkg, kw, smoke):
+def rootpath_arg(label, pkg, arg, targets):
+    """An arg as CMake passes it: "$(rootpath :bin)" of a binary of this package becomes
+    FSDP_TARGET_FILE://pkg:bin (cmake/FsdpTargets.cmake turns that into $<TARGET_FILE:...>);
+    other make variables are refused. (A target in `data` is a build dependency, not a file.)"""
+    m = re.fullmatch(r"\$\(rootpath (:[\w.-]+|//[\w/.-]*:[\w.-]+)\)", arg)
+    if m:
+        dep = m.group(1)
+        dep = f"//{pkg}{dep}" if dep.startswith(":") else dep
+        if dep not in targets:
+            die(f"{label}: args: {arg} names no target of this repository")
+        return f"FSDP_TARGET_FILE:{dep}"
+    if "$(" in arg:
+        die(f"{label}: args: make variables / $(location) other than $(rootpath :target) are not supported")
+    return arg
+
+
+def target_call(label, kind, pkg, kw, smoke, targets):
     head = [short_label(label)]
     if kw.get("testonly") and kind != "cc_test":
         head.append("TESTONLY")
@@ -230,10 +246,9 @@ def target_call(label, kind, pkg, kw, smoke):
         env = kw.get("env") or {}
         if not isinstance(env, dict):
             die(f"{label}: env: only a plain dict is supported")
-        args = plain_list(label, "args", kw.get("args"))
-        if any("$(" in a for a in args):
-            die(f"{label}: args: make variables / $(location) are not supported")
-        fields += [("DATA", data_files(label, pkg, kw.get("data"))),
+        args = [rootpath_arg(label, pkg, a, targets) for a in plain_list(label, "args", kw.get("args"))]
+        data = [d for d in data_files(label, pkg, kw.get("data")) if f"//{pkg}:{d}" not in targets]
+        fields += [("DATA", data),
                    ("ENV", [f"{k}={v}" for k, v in env.items()]),
                    ("ARGS", args)]
     fields += [("LINKOPTS", plain_list(label, "linkopts", kw.get("linkopts"))),
@@ -275,7 +290,7 @@ def generate(root):
             out.append(emit_call("fsdp_bazel_excluded", [label],
                                  [("KIND", [kind]), ("REASON", [EXCLUDED[label].replace(";", ",")])]))
         else:
-            out.append(target_call(label, kind, pkg, kw, smoke))
+            out.append(target_call(label, kind, pkg, kw, smoke, targets))
         out.append("")
     while out[-1] == "":
         out.pop()

@@ -1,0 +1,130 @@
+#include "examples/training_checkpoints.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "comm/reduce_op.h"
+#include "dcp/checkpoint_dirs.h"
+
+namespace fsdp::examples {
+namespace {
+
+constexpr char kStepKey[] = "train.step";
+
+std::optional<std::string> ProcessEnv(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  return value == nullptr ? std::nullopt : std::optional<std::string>(value);
+}
+
+[[noreturn]] void KillSelf(int rank, const char* when, int64_t step) {
+  std::fprintf(stderr, "[rank %d] fault injection (FSDP_FAULT): SIGKILL %s %ld\n", rank, when,
+               static_cast<long>(step));
+  std::fflush(nullptr);
+  std::raise(SIGKILL);
+  std::_Exit(137);  // not reached
+}
+
+int64_t AllReduceInt(const comm::ProcessGroupPtr& group, int64_t value, comm::ReduceOp op) {
+  at::Tensor t = at::tensor({value}, at::kLong);
+  if (group != nullptr && group->size() > 1) group->all_reduce(t, op)->wait();
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+InjectedFault ReadInjectedFault(const std::function<std::optional<std::string>(const std::string&)>& getenv_in) {
+  const auto getenv = getenv_in ? getenv_in : ProcessEnv;
+  InjectedFault fault;
+  const std::optional<std::string> spec = getenv("FSDP_FAULT");
+  if (!spec || spec->empty()) return fault;
+  const std::vector<std::string> parts = absl::StrSplit(*spec, ':');
+  const bool kinds_ok = parts.size() == 3 && (parts[0] == "kill_at_step" || parts[0] == "kill_in_save");
+  TORCH_CHECK(kinds_ok && absl::SimpleAtoi(parts[1], &fault.rank) && absl::SimpleAtoi(parts[2], &fault.step) &&
+                  fault.rank >= 0 && fault.step >= 0,
+              "FSDP_FAULT must be kill_at_step:<rank>:<step> or kill_in_save:<rank>:<step> (non-negative integers), "
+              "got '", *spec, "'");
+  if (std::optional<std::string> restarts = getenv("TORCHELASTIC_RESTART_COUNT")) {
+    if (!restarts->empty() && *restarts != "0") return InjectedFault{};  // the relaunch runs clean
+  }
+  fault.kind = parts[0] == "kill_at_step" ? InjectedFault::Kind::kKillAtStep : InjectedFault::Kind::kKillInSave;
+  return fault;
+}
+
+void InjectedFault::MaybeKillAt(int this_rank, int64_t step_now) const {
+  if (kind == Kind::kKillAtStep && this_rank == rank && step_now == step) KillSelf(rank, "as step", step);
+}
+
+void InjectedFault::MaybeKillInSave(int this_rank, int64_t save_step) const {
+  if (kind == Kind::kKillInSave && this_rank == rank && save_step == step) {
+    KillSelf(rank, "after writing its data file of the checkpoint of step", step);
+  }
+}
+
+PeriodicCheckpointer::PeriodicCheckpointer(std::string root, int64_t every, comm::ProcessGroupPtr world,
+                                           InjectedFault fault, bool log)
+    : root_(std::move(root)), every_(every), world_(std::move(world)), fault_(fault), log_(log) {
+  TORCH_CHECK(every_ >= 0, "PeriodicCheckpointer: every must be >= 0, got ", every_);
+  TORCH_CHECK(every_ == 0 || !root_.empty(), "PeriodicCheckpointer: periodic checkpoints need a root directory");
+  if (every_ > 0 && world_ != nullptr && world_->size() > 1) {
+    // The background writers agree over their own group (dcp::AsyncSave), created once.
+    std::vector<int> ranks(world_->size());
+    for (int r = 0; r < world_->size(); ++r) ranks[r] = r;
+    background_ = world_->new_subgroup(ranks);
+  }
+}
+
+PeriodicCheckpointer::~PeriodicCheckpointer() = default;  // the handle's destructor waits
+
+int64_t PeriodicCheckpointer::Resume(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
+  if (every_ == 0) return 0;
+  const dcp::CheckpointScan scan = dcp::ScanCheckpoints(root_);
+  const int64_t lo = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Min());
+  const int64_t hi = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Max());
+  TORCH_CHECK(lo == hi, "PeriodicCheckpointer: the ranks disagree on the latest complete checkpoint under '", root_,
+              "' (steps ", lo, " to ", hi, "): is it a directory every rank shares?");
+  if (log_) {
+    for (const dcp::IncompleteCheckpoint& bad : scan.incomplete) {
+      std::printf("skipping incomplete checkpoint %s: %s\n", bad.dir.c_str(), bad.reason.c_str());
+    }
+  }
+  if (scan.latest_step < 0) return 0;
+  at::Tensor step = at::tensor({int64_t{-1}}, at::kLong);
+  dcp::LoadOptions options;
+  options.extra_state = {{kStepKey, step}};
+  dcp::Load(model, optimizer, scan.latest_dir, options);
+  const int64_t first = step.item<int64_t>();
+  TORCH_CHECK(first == scan.latest_step, "PeriodicCheckpointer: '", scan.latest_dir, "' holds ", kStepKey, " = ", first,
+              ", not the step its name says");
+  if (log_) std::printf("resumed from %s: training continues at step %ld\n", scan.latest_dir.c_str(), long(first));
+  return first;
+}
+
+void PeriodicCheckpointer::AfterStep(int64_t step, int64_t total, torch::nn::Module& model,
+                                     const torch::optim::Optimizer& optimizer) {
+  const int64_t next = step + 1;
+  if (every_ == 0 || next % every_ != 0 || next >= total) return;
+  Finish();
+  dcp::SaveOptions options;
+  options.extra_state = {{kStepKey, at::tensor({next}, at::kLong)}};
+  const int rank = world_ ? world_->rank() : 0;
+  const InjectedFault fault = fault_;
+  options.on_rank_file_written = [fault, rank, next](const std::string&) { fault.MaybeKillInSave(rank, next); };
+  pending_ = dcp::AsyncSave(model, &optimizer, dcp::StepCheckpointDir(root_, next), options, background_);
+  has_pending_ = true;
+  ++saves_;
+}
+
+void PeriodicCheckpointer::Finish() {
+  if (!has_pending_) return;
+  has_pending_ = false;
+  pending_.wait();
+}
+
+}  // namespace fsdp::examples
