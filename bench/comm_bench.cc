@@ -21,6 +21,7 @@
 #include "bench/pair_flags.h"
 #include "comm/gloo_process_group.h"
 #include "comm/torchrun_env.h"
+#include "comm/main_guard.h"
 
 namespace {
 
@@ -110,21 +111,24 @@ void RegisterAll(int pair_repetitions) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  InitGroups();
-  // Only rank 0 reports; the others run the same sequence silently.
-  std::vector<char*> args(argv, argv + argc);
-  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-  fsdp::bench::QuietUnlessRankZero(args, G().rank);
-  int args_count = static_cast<int>(args.size());
-  benchmark::Initialize(&args_count, args.data());
-  RegisterAll(pair_repetitions);
-  benchmark::RunSpecifiedBenchmarks();
-  G().ours->barrier()->wait();
-  if (G().rank == 0) {
-    const std::string base = absl::StrCat("/tmp/fsdp_comm_bench_", fsdp::comm::ReadTorchrunEnv().master_port);
-    std::remove((base + "_ours").c_str());
-    std::remove((base + "_direct").c_str());
-  }
-  benchmark::Shutdown();
-  return 0;
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    InitGroups();
+    // Only rank 0 reports; the others run the same sequence silently.
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    fsdp::bench::QuietUnlessRankZero(args, G().rank);
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    RegisterAll(pair_repetitions);
+    benchmark::RunSpecifiedBenchmarks();
+    G().ours->barrier()->wait();
+    if (G().rank == 0) {
+      const std::string base = absl::StrCat("/tmp/fsdp_comm_bench_", fsdp::comm::ReadTorchrunEnv().master_port);
+      std::remove((base + "_ours").c_str());
+      std::remove((base + "_direct").c_str());
+    }
+    benchmark::Shutdown();
+    return 0;
+  });
 }

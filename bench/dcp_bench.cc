@@ -62,6 +62,7 @@
 #include "fsdp/per_param/fully_shard.h"
 #include "mesh/device_mesh.h"
 #include "testing/peer_python.h"
+#include "comm/main_guard.h"
 
 namespace {
 
@@ -411,20 +412,23 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args(argv, argv + argc);
-  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-  const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;  // --peer=0: no PyTorch run
-  // One intra-op thread per rank: the kWorld rank threads share this 2-core machine.
-  at::set_num_threads(1);
-  int args_count = static_cast<int>(args.size());
-  benchmark::Initialize(&args_count, args.data());
-  SetUp();
-  RegisterAll(pair_repetitions);
-  SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  reporter.PrintSummary(peer ? RunPeer(kIterations * pair_repetitions) : std::nullopt);
-  TheWorld().ranks.clear();
-  fs::remove_all(TheWorld().dir);
-  benchmark::Shutdown();
-  return 0;
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;  // --peer=0: no PyTorch run
+    // One intra-op thread per rank: the kWorld rank threads share this 2-core machine.
+    at::set_num_threads(1);
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    SetUp();
+    RegisterAll(pair_repetitions);
+    SummaryReporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    reporter.PrintSummary(peer ? RunPeer(kIterations * pair_repetitions) : std::nullopt);
+    TheWorld().ranks.clear();
+    fs::remove_all(TheWorld().dir);
+    benchmark::Shutdown();
+    return 0;
+  });
 }

@@ -35,6 +35,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute.h"
 #include "mesh/device_mesh.h"
+#include "comm/main_guard.h"
 
 namespace {
 
@@ -244,20 +245,23 @@ void RegisterAll(int pair_repetitions) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args(argv, argv + argc);
-  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-  const std::string store = absl::StrCat("/tmp/fsdp_dtensor_bench_", getpid());
-  std::remove(store.c_str());
-  std::thread rank1(MirrorLoop, store);
-  Rank0() = MakeRank(store, 0);
-  int args_count = static_cast<int>(args.size());
-  benchmark::Initialize(&args_count, args.data());
-  RegisterAll(pair_repetitions);
-  benchmark::RunSpecifiedBenchmarks();
-  Mail().Post({Op::kAllGatherRaw, 0, 0, true});
-  rank1.join();
-  Rank0() = Rank();
-  std::remove(store.c_str());
-  benchmark::Shutdown();
-  return 0;
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    const std::string store = absl::StrCat("/tmp/fsdp_dtensor_bench_", getpid());
+    std::remove(store.c_str());
+    std::thread rank1(MirrorLoop, store);
+    Rank0() = MakeRank(store, 0);
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    RegisterAll(pair_repetitions);
+    benchmark::RunSpecifiedBenchmarks();
+    Mail().Post({Op::kAllGatherRaw, 0, 0, true});
+    rank1.join();
+    Rank0() = Rank();
+    std::remove(store.c_str());
+    benchmark::Shutdown();
+    return 0;
+  });
 }

@@ -42,6 +42,7 @@
 #include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
+#include "comm/main_guard.h"
 
 ABSL_FLAG(std::string, model, "overhead",
           "overhead (64 x Linear(64,64)+LayerNorm, batch 8/rank) or compute (4 x Linear(1024,1024), batch 64/rank)");
@@ -226,13 +227,16 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  at::set_num_threads(1);  // W processes share the machine's cores
-  const ModelSpec spec = Spec(absl::GetFlag(FLAGS_model));
-  const int steps = absl::GetFlag(FLAGS_steps);
-  switch (absl::GetFlag(FLAGS_fsdp)) {
-    case 1:
-    case 2: return Run(spec, steps, absl::GetFlag(FLAGS_fsdp));
-    default: std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", absl::GetFlag(FLAGS_fsdp)); return 2;
-  }
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    absl::ParseCommandLine(argc, argv);
+    at::set_num_threads(1);  // W processes share the machine's cores
+    const ModelSpec spec = Spec(absl::GetFlag(FLAGS_model));
+    const int steps = absl::GetFlag(FLAGS_steps);
+    switch (absl::GetFlag(FLAGS_fsdp)) {
+      case 1:
+      case 2: return Run(spec, steps, absl::GetFlag(FLAGS_fsdp));
+      default: std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", absl::GetFlag(FLAGS_fsdp)); return 2;
+    }
+  });
 }

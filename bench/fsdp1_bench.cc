@@ -41,6 +41,7 @@
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "mesh/device_mesh.h"
+#include "comm/main_guard.h"
 
 namespace {
 
@@ -199,15 +200,18 @@ void RegisterAll(int pair_repetitions, int iterations) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args(argv, argv + argc);
-  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-  const int callgrind_iterations = fsdp::bench::TakeIntFlag(args, "--callgrind_iterations=", 0);
-  // One intra-op thread, as bench/fsdp2 (repeatable numbers on a shared 2-core machine).
-  at::set_num_threads(1);
-  int args_count = static_cast<int>(args.size());
-  benchmark::Initialize(&args_count, args.data());
-  RegisterAll(pair_repetitions, callgrind_iterations);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    const int callgrind_iterations = fsdp::bench::TakeIntFlag(args, "--callgrind_iterations=", 0);
+    // One intra-op thread, as bench/fsdp2 (repeatable numbers on a shared 2-core machine).
+    at::set_num_threads(1);
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    RegisterAll(pair_repetitions, callgrind_iterations);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  });
 }

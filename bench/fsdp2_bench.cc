@@ -48,6 +48,7 @@
 #include "fsdp/per_param/fsdp_state.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "mesh/device_mesh.h"
+#include "comm/main_guard.h"
 
 namespace {
 
@@ -296,19 +297,22 @@ void RegisterAll(int pair_repetitions, int iterations) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args(argv, argv + argc);
-  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-  const int callgrind_iterations = fsdp::bench::TakeIntFlag(args, "--callgrind_iterations=", 0);
-  // One intra-op thread: on this 2-core machine, shared with compiles, a parallel copy_ waits
-  // for a descheduled worker (milliseconds, both sides alike); one core gives repeatable
-  // numbers, and both sides copy with the same thread count.
-  at::set_num_threads(1);
-  int args_count = static_cast<int>(args.size());
-  benchmark::Initialize(&args_count, args.data());
-  RegisterAll(pair_repetitions, callgrind_iterations);
-  StepReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  reporter.PrintSummary();
-  benchmark::Shutdown();
-  return 0;
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    const int callgrind_iterations = fsdp::bench::TakeIntFlag(args, "--callgrind_iterations=", 0);
+    // One intra-op thread: on this 2-core machine, shared with compiles, a parallel copy_ waits
+    // for a descheduled worker (milliseconds, both sides alike); one core gives repeatable
+    // numbers, and both sides copy with the same thread count.
+    at::set_num_threads(1);
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    RegisterAll(pair_repetitions, callgrind_iterations);
+    StepReporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    reporter.PrintSummary();
+    benchmark::Shutdown();
+    return 0;
+  });
 }

@@ -21,6 +21,7 @@
 #include "fsdp/per_param/fsdp_param.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "optim_state/fsdp2_optim_state.h"
+#include "comm/main_guard.h"
 
 namespace {
 
@@ -113,27 +114,30 @@ void BM_Load(benchmark::State& state, bool ours) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  at::set_num_threads(1);
-  Init(/*blocks=*/8, /*width=*/512);
-  std::vector<char*> args(argv, argv + argc);
-  const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-  fsdp::bench::QuietUnlessRankZero(args, S().world->rank());
-  int args_count = static_cast<int>(args.size());
-  benchmark::Initialize(&args_count, args.data());
-  for (int rep = 0; rep < pair_repetitions; ++rep) {
-    for (bool ours : {true, false}) {
-      const char* side = ours ? "ours" : "raw";
-      benchmark::RegisterBenchmark(absl::StrCat("Consolidate/", side, "/", S().full_bytes).c_str(), BM_Consolidate,
-                                   ours)
-          ->Iterations(10)
-          ->UseRealTime();
-      benchmark::RegisterBenchmark(absl::StrCat("Load/", side, "/", S().full_bytes).c_str(), BM_Load, ours)
-          ->Iterations(10)
-          ->UseRealTime();
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    at::set_num_threads(1);
+    Init(/*blocks=*/8, /*width=*/512);
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    fsdp::bench::QuietUnlessRankZero(args, S().world->rank());
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    for (int rep = 0; rep < pair_repetitions; ++rep) {
+      for (bool ours : {true, false}) {
+        const char* side = ours ? "ours" : "raw";
+        benchmark::RegisterBenchmark(absl::StrCat("Consolidate/", side, "/", S().full_bytes).c_str(), BM_Consolidate,
+                                     ours)
+            ->Iterations(10)
+            ->UseRealTime();
+        benchmark::RegisterBenchmark(absl::StrCat("Load/", side, "/", S().full_bytes).c_str(), BM_Load, ours)
+            ->Iterations(10)
+            ->UseRealTime();
+      }
     }
-  }
-  benchmark::RunSpecifiedBenchmarks();
-  S().world->barrier()->wait();
-  benchmark::Shutdown();
-  return 0;
+    benchmark::RunSpecifiedBenchmarks();
+    S().world->barrier()->wait();
+    benchmark::Shutdown();
+    return 0;
+  });
 }

@@ -5,7 +5,11 @@
 #include <vector>
 
 #include "tools/dcp_cli_lib.h"
+#include "comm/main_guard.h"
 
 int main(int argc, char** argv) {
-  return dcp_cli::Run(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    return dcp_cli::Run(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
+  });
 }

@@ -13,6 +13,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "tools/fsdp_plan_lib.h"
+#include "comm/main_guard.h"
 
 ABSL_FLAG(std::string, shapes, "",
           "Comma-separated parameter shapes, dims joined by 'x', in module order: "
@@ -83,27 +84,30 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  if (std::string unknown = FirstUnknownFlag(argc, argv); !unknown.empty()) {
-    return Fail("unknown flag '" + unknown + "'");
-  }
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    return Fail(std::string("unexpected argument '") + rest[1] + "' (flags take the form --name=value)");
-  }
-  fsdp_plan::RawFlags raw;
-  raw.shapes = absl::GetFlag(FLAGS_shapes);
-  raw.world = absl::GetFlag(FLAGS_world);
-  raw.mesh = absl::GetFlag(FLAGS_mesh);
-  raw.dtype = absl::GetFlag(FLAGS_dtype);
-  raw.param_dtype = absl::GetFlag(FLAGS_param_dtype);
-  raw.reduce_dtype = absl::GetFlag(FLAGS_reduce_dtype);
-  raw.style = absl::GetFlag(FLAGS_style);
-  raw.align = absl::GetFlag(FLAGS_align);
-  fsdp_plan::PlanOptions options;
-  if (std::string err = fsdp_plan::ParseOptions(raw, &options); !err.empty()) return Fail(err);
-  const fsdp_plan::Plan plan = fsdp_plan::MakePlan(options);
-  const std::string out = absl::GetFlag(FLAGS_json) ? fsdp_plan::FormatJson(plan) : fsdp_plan::FormatText(plan);
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return 0;
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    absl::SetProgramUsageMessage(kUsage);
+    if (std::string unknown = FirstUnknownFlag(argc, argv); !unknown.empty()) {
+      return Fail("unknown flag '" + unknown + "'");
+    }
+    std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+    if (rest.size() > 1) {
+      return Fail(std::string("unexpected argument '") + rest[1] + "' (flags take the form --name=value)");
+    }
+    fsdp_plan::RawFlags raw;
+    raw.shapes = absl::GetFlag(FLAGS_shapes);
+    raw.world = absl::GetFlag(FLAGS_world);
+    raw.mesh = absl::GetFlag(FLAGS_mesh);
+    raw.dtype = absl::GetFlag(FLAGS_dtype);
+    raw.param_dtype = absl::GetFlag(FLAGS_param_dtype);
+    raw.reduce_dtype = absl::GetFlag(FLAGS_reduce_dtype);
+    raw.style = absl::GetFlag(FLAGS_style);
+    raw.align = absl::GetFlag(FLAGS_align);
+    fsdp_plan::PlanOptions options;
+    if (std::string err = fsdp_plan::ParseOptions(raw, &options); !err.empty()) return Fail(err);
+    const fsdp_plan::Plan plan = fsdp_plan::MakePlan(options);
+    const std::string out = absl::GetFlag(FLAGS_json) ? fsdp_plan::FormatJson(plan) : fsdp_plan::FormatText(plan);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  });
 }
