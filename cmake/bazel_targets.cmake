@@ -30,21 +30,22 @@ fsdp_cc_library(//bench:linear_stack OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH
   SRCS comm_bench.cc
-  DEPS :pair_flags //comm //comm:gloo @libtorch @system//:absl @system//:benchmark)
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH
   SRCS dtensor_bench.cc
-  DEPS :pair_flags //comm //comm:gloo //dtensor //mesh @libtorch @system//:absl @system//:benchmark)
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //mesh @libtorch @system//:absl
+       @system//:benchmark)
 
 fsdp_cc_binary(//bench:fsdp2_bench OPTION FSDP_BUILD_BENCH
   SRCS fsdp2_bench.cc
-  DEPS :callgrind_loop :linear_stack :pair_flags //comm //fsdp/per_param //mesh @libtorch
-       @system//:absl @system//:benchmark)
+  DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/per_param //mesh
+       @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:fsdp1_bench OPTION FSDP_BUILD_BENCH
   SRCS fsdp1_bench.cc
-  DEPS :callgrind_loop :linear_stack :pair_flags //comm //fsdp/flat_param //fsdp/per_param //mesh
-       @libtorch @system//:absl @system//:benchmark)
+  DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/flat_param
+       //fsdp/per_param //mesh @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH
   SRCS peak_memory.cc
@@ -53,18 +54,18 @@ fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_binary(//bench:e2e_bench OPTION FSDP_BUILD_BENCH
   SRCS e2e_bench.cc
-  DEPS :peak_memory //comm //comm:gloo //fsdp/flat_param //fsdp/per_param //mesh @libtorch
-       @system//:absl @system//:absl_flags)
+  DEPS :peak_memory //comm //comm:gloo //comm:main_guard //fsdp/flat_param //fsdp/per_param //mesh
+       @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
   SRCS optim_state_bench.cc
-  DEPS :pair_flags //comm //comm:gloo //fsdp/per_param //mesh //optim_state @libtorch @system//:absl
-       @system//:benchmark)
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //fsdp/per_param //mesh //optim_state
+       @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS dcp_bench.cc
-  DEPS :linear_stack :pair_flags //comm //dcp //fsdp/common //fsdp/per_param //mesh
-       //testing:peer_python @libtorch @system//:absl @system//:benchmark)
+  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp //fsdp/common //fsdp/per_param
+       //mesh //testing:peer_python @libtorch @system//:absl @system//:benchmark)
 
 # ================================================================ //bench/peer
 fsdp_cc_library(//bench/peer:peer_parity TESTONLY
@@ -244,7 +245,7 @@ fsdp_cc_test(//dtensor:tensor_parallel_test SIZE medium
 # ================================================================ //examples
 fsdp_cc_binary(//examples:collectives_demo
   SRCS collectives_demo.cc
-  DEPS //comm //comm:gloo @libtorch @system//:absl @system//:absl_flags)
+  DEPS //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
@@ -529,7 +530,7 @@ fsdp_cc_library(//tools:fsdp_plan_lib
 
 fsdp_cc_binary(//tools:fsdp_plan
   SRCS fsdp_plan.cc
-  DEPS :fsdp_plan_lib @system//:absl @system//:absl_flags)
+  DEPS :fsdp_plan_lib //comm:main_guard @system//:absl @system//:absl_flags)
 
 fsdp_cc_test(//tools:fsdp_plan_test SIZE small SMOKE
   SRCS fsdp_plan_test.cc
@@ -542,7 +543,7 @@ fsdp_cc_library(//tools:dcp_cli_lib
 
 fsdp_cc_binary(//tools:dcp
   SRCS dcp_cli.cc
-  DEPS :dcp_cli_lib)
+  DEPS :dcp_cli_lib //comm:main_guard)
 
 fsdp_cc_test(//tools:dcp_cli_test SIZE medium
   SRCS dcp_cli_test.cc
