@@ -5,6 +5,8 @@
 //    equals what C++ wrote with SaveFullStateDict; the .metadata keys equal Python's own;
 //  * Python's FSDP2 trains 5 steps at W=2 and dcp.saves, then 5 more; we load at W=3, train
 //    the same 5 steps on the same data and match Python's losses and parameters.
+//  * both ways, a training loop's step rides along as extra state ("train.step" here,
+//    {"train": {"step": t}} in Python).
 // The model (InteropNet) and data are sin / cos formulas, the same on both sides.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -79,7 +81,9 @@ TEST(DcpInterop, SavedByOurFsdp2AtFourLoadsIntoPytorchFsdp2AtTwo) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(pg, kLr);
     Train(t.model, *t.opt, pg, 0, 3);
-    Save(*t.model, t.opt.get(), dir);
+    SaveOptions options;
+    options.extra_state = {{"train.step", at::tensor({int64_t{3}}).reshape({})}};  // Python: {"train": {"step": t}}
+    Save(*t.model, t.opt.get(), dir, options);
     // The reference: every full value under its flattened DCP key, as a torch.save file.
     const per_param::FullStateDict model = per_param::GetFullStateDict(*t.model);
     const optim_state::OptimStateDict optim = optim_state::GetFullOptimStateDict(*t.model, *t.opt);
@@ -107,7 +111,11 @@ TEST(DcpInterop, SavedByPytorchFsdp2AtTwoContinuesHereAtThree) {
       at::NoGradGuard no_grad;
       for (auto& p : t.model->parameters()) p.zero_();
     }
-    Load(*t.model, t.opt.get(), dir);
+    LoadOptions options;
+    at::Tensor step = at::tensor({int64_t{-1}}).reshape({});
+    options.extra_state = {{"train.step", step}};
+    Load(*t.model, t.opt.get(), dir, options);
+    EXPECT_EQ(step.item<int64_t>(), 5);
     const std::vector<double> losses = Train(t.model, *t.opt, pg, 5, 5);
     // f32 rounding of another row split and AdamW's formulas (lerp vs mul + add) over 5 steps.
     ExpectMatchesPython(losses, per_param::GetFullStateDict(*t.model), expected, 6, /*tol=*/1e-5);

@@ -7,7 +7,7 @@ The model is the C++ test's InteropNet, with the same FQNs: fc0 = Linear(4, 8),
 fc1 = Linear(8, 8), fc2 = Linear(8, 2), a buffer `scale`; fully_shard on fc0, fc1, then the
 root. Weights and data come from sin / cos formulas (no RNG), the same on both sides.
 
-  fsdp2_interop.py load DIR REF   dcp.load the checkpoint C++ saved (model + AdamW at W=4)
+  fsdp2_interop.py load DIR REF   dcp.load the checkpoint C++ saved (model + AdamW + train.step at W=4)
                                   through get/set_model_state_dict and
                                   get/set_optimizer_state_dict; the full tensors must equal
                                   REF (C++'s torch.save-format dict under the flattened DCP
@@ -96,8 +96,12 @@ def fail(msg):
 
 def run_load(rank, directory, ref_path):
     model, opt = build(lr=0.5)  # the checkpoint's lr must replace this
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    # A training loop's own state rides along as a nested dict (C++: SaveOptions::extra_state).
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
+             "train": {"step": torch.tensor(-1, dtype=torch.int64)}}
     dcp.load(state, checkpoint_id=directory)
+    if state["train"]["step"].item() != 3:
+        fail(f"rank {rank}: train.step loaded as {state['train']['step']!r}, C++ saved 3")
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, opt, state["optim"])
     ref = torch.load(ref_path, weights_only=False)
@@ -126,8 +130,8 @@ def run_load(rank, directory, ref_path):
         py_dir = os.path.join(tmp, "py") if rank == 0 else None
         obj = [py_dir]
         dist.broadcast_object_list(obj, src=0)
-        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
-                 checkpoint_id=obj[0])
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
+                  "train": {"step": torch.tensor(3, dtype=torch.int64)}}, checkpoint_id=obj[0])
         if rank == 0:
             mine = FileSystemReader(directory).read_metadata().state_dict_metadata
             theirs = FileSystemReader(obj[0]).read_metadata().state_dict_metadata
@@ -143,8 +147,8 @@ def run_load(rank, directory, ref_path):
 def run_train(rank, directory, out):
     model, opt = build(lr=LR)
     train(model, opt, 0, 5, rank)
-    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
-             checkpoint_id=directory)
+    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
+              "train": {"step": torch.tensor(5, dtype=torch.int64)}}, checkpoint_id=directory)
     losses = train(model, opt, 5, 5, rank)
     params = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     if rank == 0:
