@@ -309,8 +309,8 @@ fsdp_cc_test(//fsdp/common:common_test SIZE small SMOKE
 
 # ================================================================ //fsdp/flat_param
 fsdp_cc_library(//fsdp/flat_param
-  SRCS clip_grad_norm.cc fully_sharded_data_parallel.cc state_dict.cc
-  HDRS fully_sharded_data_parallel.h state_dict.h
+  SRCS clip_grad_norm.cc fully_sharded_data_parallel.cc state_dict.cc summon_full_params.cc
+  HDRS fully_sharded_data_parallel.h state_dict.h summon_full_params.h
   DEPS :runtime //checkpoint //comm //device //fsdp/common //mesh @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/flat_param:runtime
@@ -325,7 +325,7 @@ fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium SMOKE
        @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//fsdp/flat_param:fsdp_test_cases TESTONLY ALWAYSLINK
-  SRCS fsdp_behavior_test.cc fsdp_parity_test.cc meta_init_test.cc
+  SRCS fsdp_behavior_test.cc fsdp_parity_test.cc meta_init_test.cc summon_full_params_test.cc
   DEPS :flat_param :fsdp_test_models //comm //fsdp/common //mesh //testing:expect_error
        //testing:multi_rank @libtorch @system//:absl @system//:gtest)
 

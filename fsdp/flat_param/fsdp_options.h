@@ -78,6 +78,15 @@ struct FSDPOptions {
   // wrapped (children first), so one unit is whole at a time. Required when meta tensors are
   // present (LibTorch modules share no reset_parameters(), which PyTorch falls back to).
   std::function<void(torch::nn::Module&)> param_init_fn;
+  // PyTorch's sync_module_states (torch/distributed/fsdp/_init_utils.py,
+  // _sync_module_params_and_buffers): at wrap time, after deferred init and before
+  // flattening, rank 0 of the process group broadcasts the parameters this FSDP module manages
+  // and the buffers of its tree not yet synced by a wrapped descendant, so ranks that
+  // initialized differently start identical. Hybrid strategies broadcast over the inter-node
+  // group first, then the intra-node group (PyTorch's order). Collective: every rank wraps the
+  // same modules in the same order. Unlike PyTorch, CPU tensors are allowed (the CPU backends
+  // here broadcast them; PyTorch's NCCL needs GPU tensors and raises for CPU ones).
+  bool sync_module_states = false;
   // The root's streams (unshard / post-backward / all-reduce; the root's options serve the
   // tree). The environment variable FSDP_CPU_STREAMS overrides them, for debugging
   // (device::ApplyStreamEnvOverride).

@@ -48,6 +48,7 @@
 namespace fsdp::flat_param {
 
 class FSDPState;
+class SummonFullParams;
 
 // PyTorch's TrainingState (of an FSDP instance; handles have HandleTrainingState).
 enum class FSDPTrainingState { IDLE, FORWARD_BACKWARD, SUMMON_FULL_PARAMS };
@@ -99,6 +100,10 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   bool use_full_prec_in_eval() const { return use_full_prec_in_eval_; }
   // For messages: the module's name relative to the root (after lazy init), else its type.
   std::string name() const;
+
+  // summon_full_params.h: sets the training states, unshards / reshards like the runtime and
+  // poisons the tree on failure (Guard).
+  friend class SummonFullParams;
 
   // false inside no_sync(): post-backward keeps unsharded gradients, no communication.
   bool sync_gradients = true;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -115,6 +116,64 @@ void MaterializeMetaModules(torch::nn::Module& module, const FSDPOptions& option
   }
 }
 
+// The buffers of `module`'s tree that sync_module_states has not broadcast yet: PyTorch marks
+// each synced buffer (FSDP_SYNCED) so a nested wrap does not sync it again; here the subtree
+// of a wrapped descendant that had sync_module_states on is skipped instead (the same set).
+void CollectUnsyncedBuffers(torch::nn::Module& module, bool is_root, std::vector<at::Tensor>& out) {
+  if (!is_root) {
+    if (FSDPState* s = GetState(module); s != nullptr && s->options().sync_module_states) return;
+  }
+  for (const at::Tensor& b : module.buffers(/*recurse=*/false)) {
+    if (b.defined()) out.push_back(b);
+  }
+  for (const auto& child : module.children()) CollectUnsyncedBuffers(*child, false, out);
+}
+
+// _sync_params_and_buffers (torch/distributed/utils.py): rank 0 of `group` broadcasts
+// `tensors` (PyTorch's _broadcast_coalesced): one flat broadcast per (device, dtype).
+void BroadcastCoalesced(const comm::ProcessGroupPtr& group, const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty() || group->size() == 1) return;
+  at::NoGradGuard no_grad;
+  std::vector<std::vector<at::Tensor>> buckets;
+  for (const at::Tensor& t : tensors) {
+    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const std::vector<at::Tensor>& b) {
+      return b.front().device() == t.device() && b.front().scalar_type() == t.scalar_type();
+    });
+    if (it == buckets.end()) {
+      buckets.push_back({t});
+    } else {
+      it->push_back(t);
+    }
+  }
+  for (const std::vector<at::Tensor>& bucket : buckets) {
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& t : bucket) flat_parts.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    group->broadcast(flat, /*root=*/0)->wait();
+    int64_t offset = 0;
+    for (const at::Tensor& t : bucket) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+// _sync_module_params_and_buffers, from _init_param_handle_from_module
+// (torch/distributed/fsdp/_init_utils.py): `params` are the parameters this FSDP module
+// manages; buffers as CollectUnsyncedBuffers. Hybrid: inter-node first, so each node's local
+// rank 0 holds global rank 0's values before the intra-node broadcast.
+void SyncModuleStates(torch::nn::Module& module, const std::vector<at::Tensor>& params, const Groups& groups) {
+  std::vector<at::Tensor> states;
+  CollectUnsyncedBuffers(module, /*is_root=*/true, states);
+  for (const at::Tensor& p : params) states.push_back(p);
+  for (const at::Tensor& t : states) {
+    TORCH_CHECK(!t.is_meta(), "wrap_fsdp: sync_module_states found a parameter or buffer on the meta device in ",
+                module.name(), "; materialize it first (options.param_init_fn)");
+  }
+  if (groups.inter_node_group) BroadcastCoalesced(groups.inter_node_group, states);
+  BroadcastCoalesced(groups.process_group, states);
+}
+
 }  // namespace
 
 const char* ToString(BackwardPrefetch p) {
@@ -187,6 +246,7 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
       params.push_back(p);
     }
   }
+  if (options.sync_module_states) SyncModuleStates(*module, params, groups);
   std::unique_ptr<FlatParamHandle> handle;
   if (!params.empty()) {
     FlatParamHandleOptions ho;

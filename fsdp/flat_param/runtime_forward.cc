@@ -147,6 +147,12 @@ const FlatParamStreams& FSDPState::streams() const {
 // Forward
 
 std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
+  // summon_full_params' rule (torch/distributed/fsdp/fully_sharded_data_parallel.py: forward
+  // and backward cannot be started inside it); checked before Guard: it poisons nothing.
+  TORCH_CHECK(training_state_ != FSDPTrainingState::SUMMON_FULL_PARAMS &&
+                  !(handle_ && handle_->training_state() == HandleTrainingState::SUMMON_FULL_PARAMS),
+              "FSDP forward of '", name(), "' inside SummonFullParams: forward and backward cannot be started while ",
+              "the full parameters are summoned; leave the scope first");
   std::vector<at::Tensor> out;
   Guard("pre-forward", [&] { out = PreForwardImpl(std::move(args)); });
   return out;
