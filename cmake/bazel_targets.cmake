@@ -267,13 +267,18 @@ fsdp_cc_test(//examples:restart_test SIZE medium SMOKE
 fsdp_cc_library(//examples/llama
   SRCS llama.cc
   HDRS llama.h
-  DEPS //fsdp/common @libtorch)
+  DEPS //fsdp/activation_checkpoint //fsdp/common @libtorch)
+
+fsdp_cc_library(//examples/llama:llama_training
+  SRCS llama_training.cc
+  HDRS llama_training.h
+  DEPS :llama //checkpoint //comm //fsdp/activation_checkpoint //fsdp/per_param //mesh @libtorch)
 
 fsdp_cc_test(//examples/llama:llama_parity_test SIZE medium SMOKE
   SRCS llama_parity_test.cc
-  DATA testdata/hf_llama_reference.py
-  DEPS :llama //checkpoint //comm //fsdp/per_param //mesh //testing:multi_rank //testing:peer_python
-       @libtorch @system//:absl @system//:gtest_main)
+  DATA testdata/hf_llama_fsdp2.py testdata/hf_llama_reference.py
+  DEPS :llama :llama_training //checkpoint //comm //fsdp/per_param //mesh //testing:multi_rank
+       //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/activation_checkpoint
 fsdp_cc_library(//fsdp/activation_checkpoint

@@ -121,6 +121,7 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) {
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     decoder_layers.emplace_back(c);
+    decoder_layers.back()->set_checkpointing_enabled(false);  // opt-in: apply_activation_checkpointing
     layers->push_back(decoder_layers.back());
   }
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/activation_checkpoint/checkpoint_wrapper.h"
 #include "fsdp/common/hooked_module.h"
 
 namespace fsdp::examples::llama {
@@ -91,7 +92,10 @@ struct DecoderLayerImpl : torch::nn::Module {
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 };
-using DecoderLayer = Hooked<DecoderLayerImpl>;
+// Checkpointable (fsdp/activation_checkpoint/checkpoint_wrapper.h), off until enabled with
+// apply_activation_checkpointing: then each layer keeps only its inputs in forward and
+// recomputes itself in backward (inside FSDP2's hooks, so no extra all-gather).
+using DecoderLayer = activation_checkpoint::Checkpointed<DecoderLayerImpl>;
 
 // LlamaModel: embedding, the layers, final norm. Not hooked: fully_shard wraps the layers and
 // the root (LlamaForCausalLM), as PyTorch's FSDP2 recipes for HF models do.

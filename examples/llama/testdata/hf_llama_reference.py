@@ -26,14 +26,15 @@ STEPS, BATCH, SEQ = 5, 4, 12
 LR, WEIGHT_DECAY, MAX_NORM = 1e-2, 0.1, 1.0
 
 
-def tokens_for(step):
+def tokens_for(step, batch=BATCH):
     # Deterministic ids from a formula (no RNG), saved so the C++ side uses the same.
-    b = torch.arange(BATCH).view(-1, 1)
+    b = torch.arange(batch).view(-1, 1)
     t = torch.arange(SEQ).view(1, -1)
     return (step * 7 + b * 13 + t * 5 + (b * t) % 3) % VOCAB
 
 
-def main(out_dir):
+def build_model():
+    """The tiny random LlamaForCausalLM both references train (seeded: the same on every rank)."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
@@ -50,7 +51,11 @@ def main(out_dir):
             if name.endswith("layernorm.weight") or name == "model.norm.weight":
                 p.add_(0.1 * torch.randn_like(p))
     model.train()  # dropout is 0.0 anyway
+    return model
 
+
+def main(out_dir):
+    model = build_model()
     os.makedirs(out_dir, exist_ok=True)
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
                os.path.join(out_dir, "init.pt"))

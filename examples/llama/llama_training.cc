@@ -1,0 +1,73 @@
+#include "examples/llama/llama_training.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "fsdp/activation_checkpoint/checkpoint_wrapper.h"
+#include "fsdp/per_param/clip_grad_norm.h"
+#include "fsdp/per_param/fully_shard.h"
+
+namespace fsdp::examples::llama {
+
+LlamaConfig HfReferenceConfig() {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.rope_theta = 500000.0;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& init) {
+  at::NoGradGuard no_grad;
+  const auto params = model.named_parameters();
+  TORCH_CHECK(params.size() == init.size(), "LoadHfWeights: the model has ", params.size(),
+              " parameters, the HF state_dict ", init.size(), " entries");
+  for (const auto& item : params) {
+    const at::Tensor* hf = init.find(item.key());
+    TORCH_CHECK(hf != nullptr, "LoadHfWeights: the HF state_dict has no '", item.key(), "'");
+    TORCH_CHECK(hf->sizes() == item.value().sizes(), "LoadHfWeights: '", item.key(), "' is ", hf->sizes(),
+                " in the HF state_dict, ", item.value().sizes(), " in the model");
+    item.value().copy_(*hf);
+  }
+}
+
+ShardedLlama BuildShardedLlama(const checkpoint::TensorDict& init, const mesh::DeviceMeshPtr& mesh,
+                               bool activation_checkpointing) {
+  ShardedLlama s;
+  s.model = LlamaForCausalLM(HfReferenceConfig());
+  LoadHfWeights(*s.model, init);  // every rank the full weights; fully_shard keeps its shard
+  activation_checkpoint::apply_activation_checkpointing(*s.model, nullptr, activation_checkpointing);
+  for (auto& layer : s.model->model->decoder_layers) per_param::fully_shard(layer.ptr(), {.mesh = mesh});
+  per_param::fully_shard(s.model.ptr(), {.mesh = mesh});
+  s.opt = std::make_unique<torch::optim::AdamW>(s.model->parameters(),
+                                                torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
+  s.world = mesh->world();
+  return s;
+}
+
+StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens) {
+  const int world = s.world->size();
+  TORCH_CHECK(global_tokens.dim() == 2 && global_tokens.size(0) % world == 0, "TrainStep: a batch of ",
+              global_tokens.sizes(), " does not split into ", world, " equal slices");
+  const int64_t rows = global_tokens.size(0) / world;
+  // Equal slices hold equally many (unignored) label positions, so the mean of the ranks'
+  // mean losses, and FSDP's averaged gradients, are the global batch's.
+  const at::Tensor ids = global_tokens.narrow(0, s.world->rank() * rows, rows);
+  const at::Tensor loss = CausalLMLoss(s.model(ids), ids);
+  loss.backward();
+  StepResult result;
+  result.grad_norm = per_param::clip_grad_norm_(*s.model, kMaxNorm).item<double>();
+  s.opt->step();
+  s.opt->zero_grad();
+  at::Tensor total = loss.detach().clone().reshape({1});
+  s.world->all_reduce(total)->wait();
+  result.loss = total.item<double>() / world;
+  return result;
+}
+
+}  // namespace fsdp::examples::llama

@@ -1,0 +1,51 @@
+// The training the Llama parity test and the Llama demo share, mirroring Hugging Face's side
+// (testdata/hf_llama_reference.py, testdata/hf_llama_fsdp2.py): the tiny config, AdamW with
+// weight decay, clip_grad_norm_ at 1.0, FSDP2 per decoder layer and then the root, each rank
+// on its rows of a global batch.
+#ifndef FSDP_EXAMPLES_LLAMA_LLAMA_TRAINING_H_
+#define FSDP_EXAMPLES_LLAMA_LLAMA_TRAINING_H_
+
+#include <torch/optim/adamw.h>
+
+#include <memory>
+
+#include "checkpoint/tensor_dict_file.h"
+#include "comm/process_group.h"
+#include "examples/llama/llama.h"
+#include "mesh/device_mesh.h"
+
+namespace fsdp::examples::llama {
+
+// hf_llama_reference.py's config and constants.
+LlamaConfig HfReferenceConfig();
+inline constexpr double kLr = 1e-2, kWeightDecay = 0.1, kMaxNorm = 1.0;
+inline constexpr int64_t kGlobalBatch = 8;  // hf_llama_fsdp2.py's GLOBAL_BATCH
+
+// Copies an HF state_dict into `model` by name (llama.h's 1:1 mapping). Throws c10::Error
+// naming the key when the key sets or a shape differ.
+void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& init);
+
+struct ShardedLlama {
+  LlamaForCausalLM model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> opt;  // built after fully_shard: it holds the shards
+  comm::ProcessGroupPtr world;               // the mesh's world group
+};
+
+// HfReferenceConfig's model with `init`'s weights, fully_shard'ed per decoder layer and then
+// the root on `mesh` (1-D), decoder layers checkpointed when `activation_checkpointing`.
+ShardedLlama BuildShardedLlama(const checkpoint::TensorDict& init, const mesh::DeviceMeshPtr& mesh,
+                               bool activation_checkpointing);
+
+struct StepResult {
+  double loss = 0;       // the global batch's: mean over the ranks of their equal slices' losses
+  double grad_norm = 0;  // total, before clipping (per_param::clip_grad_norm_)
+};
+
+// One step on this rank's rows of `global_tokens` [batch, seq] (batch divisible by the world
+// size): forward, CausalLMLoss, backward, clip_grad_norm_(kMaxNorm), AdamW step, zero_grad.
+// Collective over `s.world`.
+StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens);
+
+}  // namespace fsdp::examples::llama
+
+#endif  // FSDP_EXAMPLES_LLAMA_LLAMA_TRAINING_H_
