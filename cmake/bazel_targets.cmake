@@ -330,7 +330,8 @@ fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium SMOKE
        @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//fsdp/flat_param:fsdp_test_cases TESTONLY ALWAYSLINK
-  SRCS fsdp_behavior_test.cc fsdp_parity_test.cc meta_init_test.cc summon_full_params_test.cc
+  SRCS fsdp_behavior_test.cc fsdp_parity_test.cc ignored_states_test.cc meta_init_test.cc
+       summon_full_params_test.cc
   DEPS :flat_param :fsdp_test_models //comm //fsdp/common //mesh //testing:expect_error
        //testing:multi_rank @libtorch @system//:absl @system//:gtest)
 
@@ -459,10 +460,10 @@ fsdp_cc_library(//optim_state
   DEPS :core :fsdp1 :fsdp2)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium SMOKE
-  SRCS optim_state_test.cc
-  DEPS :optim_state //fsdp/flat_param //fsdp/flat_param:fsdp_test_models //fsdp/per_param
-       //fsdp/per_param:test_models //mesh //testing:allocation_counter //testing:expect_error
-       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+  SRCS fsdp1_orig_params_optim_test.cc optim_state_test.cc
+  DEPS :optim_state //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
+       //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:allocation_counter
+       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:fault_test SIZE medium
   SRCS fault_test.cc

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -128,12 +129,17 @@ namespace {
 // FQNs ("[block0.fc1.weight, block0.fc1.bias, ...]", a key no FQN can take), so every error
 // about it names the original parameters as PyTorch's do (its _OptimStateKey holds the
 // unflat_param_names: torch/distributed/fsdp/_optim_utils.py, v2.15.0), and what each key
-// stands for in FQNs.
+// stands for in FQNs. Handles with use_orig_params put their original parameters in the
+// optimizer instead, under their FQNs; those of sharded strategies hold this rank's 1-D part
+// (PyTorch's sharded views), listed in orig_handles.
 struct FlatModelParams {
-  NamedParams named;
-  std::vector<flat_param::FlatParamHandle*> handles;  // handles[i] <-> key named[i].first
+  NamedParams named;  // flat parameters first (named[i] <-> handles[i]), then the others
+  std::vector<flat_param::FlatParamHandle*> handles;
   std::vector<std::string> prefixes;
   std::map<std::string, std::vector<std::string>> fqns_of;  // key -> original FQNs
+  std::vector<flat_param::FlatParamHandle*> orig_handles;   // use_orig_params, sharded
+  std::vector<std::string> orig_prefixes;
+  std::set<std::string> orig_fqns;  // the original FQNs of orig_handles
   const std::string& key(size_t i) const { return named[i].first; }
 };
 
@@ -141,13 +147,14 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
   torch::nn::Module& module = root.module();
   FlatModelParams out;
   std::set<const c10::TensorImpl*> managed;
+  std::vector<flat_param::FlatParamHandle*> orig_handles;
   for (flat_param::FSDPState* s : flat_param::CollectStates(module)) {
     flat_param::FlatParamHandle* h = s->handle();
     if (h == nullptr) continue;
-    TORCH_CHECK(h->flat_param().params.empty(), caller,
-                ": FSDP1 optimizer state needs use_orig_params false "
-                "(the optimizer on the flat parameters); with use_orig_params use an optimizer state per original "
-                "parameter instead");
+    if (h->use_orig_params()) {
+      orig_handles.push_back(h);
+      continue;
+    }
     out.handles.push_back(h);
     out.prefixes.push_back(flat_param::HandlePrefix(module, *h));
     std::vector<std::string> fqns;
@@ -157,6 +164,21 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
     out.fqns_of[key] = std::move(fqns);
     managed.insert(h->flat_param().param.unsafeGetTensorImpl());
   }
+  // use_orig_params: the optimizer holds the original tensors (tied ones once, under the
+  // flat parameter's name for them, its first registration).
+  for (flat_param::FlatParamHandle* h : orig_handles) {
+    const std::string prefix = flat_param::HandlePrefix(module, *h);
+    const flat_param::FlatParameter& fp = h->flat_param();
+    for (int64_t i = 0; i < fp.num_params; ++i) {
+      out.named.emplace_back(prefix + fp.fqns[i], h->orig_params()[i]);
+      managed.insert(h->orig_params()[i].unsafeGetTensorImpl());
+      if (h->uses_sharded_strategy()) out.orig_fqns.insert(prefix + fp.fqns[i]);
+    }
+    if (h->uses_sharded_strategy()) {  // NO_SHARD: full originals, state as is
+      out.orig_handles.push_back(h);
+      out.orig_prefixes.push_back(prefix);
+    }
+  }
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!managed.insert(item.value().unsafeGetTensorImpl()).second) continue;
     TORCH_CHECK(!out.fqns_of.contains(item.key()), caller, ": parameter '", item.key(),
@@ -164,6 +186,122 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
     out.named.emplace_back(item.key(), item.value());
   }
   return out;
+}
+
+// Every rank's `meta` (small: schemas and scalars) over `group`, in rank order: serialized
+// (checkpoint/optim_state_file.h), sizes all-gathered, then the zero-padded bytes. PyTorch
+// all-gathers Python objects here (all_gather_object in _allgather_orig_param_states).
+std::vector<OptimStateDict> AllGatherDicts(const OptimStateDict& meta, const comm::ProcessGroupPtr& group) {
+  const std::vector<char> bytes = SerializeOptimStateDict(meta);
+  const int64_t world = group->size();
+  at::Tensor sizes = at::empty({world}, at::kLong);
+  group->all_gather_into_tensor(sizes, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong))->wait();
+  const int64_t max_size = sizes.max().item<int64_t>();
+  at::Tensor mine = at::zeros({max_size}, at::kByte);
+  std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
+  at::Tensor all = at::empty({world * max_size}, at::kByte);
+  group->all_gather_into_tensor(all, mine)->wait();
+  std::vector<OptimStateDict> out;
+  for (int64_t r = 0; r < world; ++r) {
+    const auto* data = static_cast<const char*>(all.data_ptr()) + r * max_size;
+    out.push_back(DeserializeOptimStateDict(std::vector<char>(data, data + sizes[r].item<int64_t>()),
+                                            absl::StrCat("rank ", r, "'s optimizer state schema")));
+  }
+  return out;
+}
+
+// use_orig_params (sharded strategy): the optimizer holds, per original parameter this rank's
+// shard touches, state for its 1-D part (none for the others). PyTorch's
+// _allgather_orig_param_states (torch/distributed/fsdp/_optim_utils.py, v2.15.0): every rank
+// learns which parameter has which state (names, dtypes, scalar values), then each
+// positive-dim state is laid out like the flat parameter's shard (zeros where this rank holds
+// none of it), all-gathered and cut into the original parameters. Collective over the
+// handle's shard group; every rank returns the full state of every parameter with state.
+std::map<std::string, StateMap> GatherOrigParamState(const flat_param::FlatParamHandle& h,
+                                                     const std::map<std::string, StateMap>& local,
+                                                     const std::string& prefix) {
+  const flat_param::FlatParameter& fp = h.flat_param();
+  OptimStateDict meta;  // positive-dim tensors as 1-element tensors of their dtype
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    const std::string fqn = prefix + fp.fqns[i];
+    auto it = local.find(fqn);
+    if (it == local.end()) continue;
+    const flat_param::ShardParamInfo& info = fp.shard_param_infos[i];
+    for (const auto& [name, value] : it->second) {
+      if (Classify(value) != StateKind::kPositiveDimTensor) {
+        meta.state[fqn][name] = value;
+        continue;
+      }
+      const at::Tensor& t = std::get<at::Tensor>(value);
+      TORCH_CHECK(info.in_shard && t.numel() == info.numel_in_shard, "GetFullOptimStateDict: optimizer state '", name,
+                  "' of '", fqn, "' has ", t.numel(), " elements but this rank's shard holds ",
+                  info.in_shard ? info.numel_in_shard : 0, " of the parameter (use_orig_params)");
+      meta.state[fqn][name] = at::zeros({1}, t.options().device(c10::kCPU));
+    }
+  }
+  const std::vector<OptimStateDict> metas = AllGatherDicts(meta, h.process_group());
+  std::map<std::string, StateMap> out;          // scalars from the lowest rank holding them
+  std::map<std::string, c10::ScalarType> dtype;  // positive-dim state name -> dtype
+  for (const OptimStateDict& m : metas) {
+    for (const auto& [fqn, values] : m.state) {
+      for (const auto& [name, value] : values) {
+        if (Classify(value) == StateKind::kPositiveDimTensor) {
+          const c10::ScalarType d = std::get<at::Tensor>(value).scalar_type();
+          auto [it, inserted] = dtype.emplace(name, d);
+          TORCH_CHECK(inserted || it->second == d,
+                      "All unflattened parameters comprising a single flattened parameter must have "
+                      "positive-dimension tensor state with the same dtype for state ",
+                      name, " and unflattened parameter names ", Names(fp.fqns));
+          out[fqn].emplace(name, at::Tensor());  // filled below
+        } else {
+          out[fqn].emplace(name, value);
+        }
+      }
+    }
+  }
+  for (const auto& [name, d] : dtype) {  // the same names in the same order on every rank
+    at::Tensor shard = at::zeros({fp.local_shard.numel()}, at::TensorOptions(d));
+    for (int64_t i = 0; i < fp.num_params; ++i) {
+      auto it = local.find(prefix + fp.fqns[i]);
+      if (it == local.end() || !it->second.count(name)) continue;
+      const flat_param::ShardParamInfo& info = fp.shard_param_infos[i];
+      shard.narrow(0, info.offset_in_shard, info.numel_in_shard)
+          .copy_(std::get<at::Tensor>(it->second.at(name)).reshape(-1));
+    }
+    for (auto& [fqn, t] : flat_param::UnflattenShard(h, shard, h.process_group(), prefix)) {
+      auto it = out.find(fqn);
+      if (it != out.end() && it->second.count(name)) it->second[name] = std::move(t);
+    }
+  }
+  return out;
+}
+
+// The inverse for this rank: each original parameter's part of its full state (PyTorch's
+// _shard_orig_param_state: positive-dim state flattened and cut to the shard's range, other
+// state as is; parameters outside the shard get none). Local.
+void ShardOrigParamState(const flat_param::FlatParamHandle& h, const std::map<std::string, StateMap>& full,
+                         const std::string& prefix, std::map<std::string, StateMap>& out) {
+  const flat_param::FlatParameter& fp = h.flat_param();
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    const std::string fqn = prefix + fp.fqns[i];
+    auto it = full.find(fqn);
+    const flat_param::ShardParamInfo& info = fp.shard_param_infos[i];
+    if (it == full.end() || !info.in_shard) continue;
+    StateMap& mine = out[fqn];
+    for (const auto& [name, value] : it->second) {
+      if (Classify(value) != StateKind::kPositiveDimTensor) {
+        mine[name] = value;
+        continue;
+      }
+      const at::Tensor& t = std::get<at::Tensor>(value);
+      TORCH_CHECK(t.sizes().vec() == fp.shapes[i],
+                  "Tensor optimizer state does not have same shape as its parameter: [", absl::StrJoin(t.sizes(), ", "),
+                  "] [", absl::StrJoin(fp.shapes[i], ", "), "] (", fqn, ")");
+      mine[name] = t.reshape(-1)
+                       .narrow(0, info.intra_param_start_idx, info.intra_param_end_idx - info.intra_param_start_idx + 1)
+                       .clone();
+    }
+  }
 }
 
 std::vector<std::string> ExpandFqns(const FlatModelParams& m, const std::vector<std::string>& keys) {
@@ -202,12 +340,16 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
                                      const torch::optim::Optimizer& optimizer, bool rank0_only) {
   const FlatModelParams m = ModelParams(root, "GetFullOptimStateDict");
   const OptimStateDict local = GetOptimStateDict(optimizer, m.named);
-  std::vector<std::string> keys;
-  for (const auto& [key, t] : m.named) keys.push_back(key);
-  CheckStateAgreement(m.handles.empty() ? nullptr : m.handles.front()->process_group(), keys, local,
-                      "GetFullOptimStateDict");
+  std::vector<std::string> keys;  // state every rank holds alike (not the originals' parts)
+  for (const auto& [key, t] : m.named) {
+    if (!m.orig_fqns.count(key)) keys.push_back(key);
+  }
+  comm::ProcessGroupPtr group = m.handles.empty() ? nullptr : m.handles.front()->process_group();
+  if (!group && !m.orig_handles.empty()) group = m.orig_handles.front()->process_group();
+  CheckStateAgreement(group, keys, local, "GetFullOptimStateDict");
   bool keep = true;
   for (const auto* h : m.handles) keep = keep && (!rank0_only || h->process_group()->rank() == 0);
+  for (const auto* h : m.orig_handles) keep = keep && (!rank0_only || h->process_group()->rank() == 0);
   OptimStateDict out;
   out.optimizer = local.optimizer;
   for (size_t i = 0; i < m.handles.size(); ++i) {
@@ -218,9 +360,14 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
         UnflattenOptimState(h, it->second, h.uses_sharded_strategy() ? h.process_group() : nullptr, m.prefixes[i]);
     if (keep) out.state.merge(unflat);
   }
+  for (size_t i = 0; i < m.orig_handles.size(); ++i) {
+    auto full = GatherOrigParamState(*m.orig_handles[i], local.state, m.orig_prefixes[i]);
+    if (keep) out.state.merge(full);
+  }
   if (!keep) return OptimStateDict{};
   for (const auto& [key, values] : local.state) {
-    if (!m.fqns_of.count(key)) out.state[key] = values;  // parameters no handle manages
+    // Parameters no handle manages, and NO_SHARD originals (full on every rank).
+    if (!m.fqns_of.count(key) && !m.orig_fqns.count(key)) out.state[key] = values;
   }
   for (const auto& g : local.param_groups) out.param_groups.push_back({ExpandFqns(m, g.params), g.options});
   return out;
@@ -251,6 +398,10 @@ void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, to
     if (!flat.empty()) local.state[m.key(i)] = std::move(flat);
     for (const auto& fqn : m.fqns_of.at(m.key(i))) flattened.insert(fqn);
   }
+  for (size_t i = 0; i < m.orig_handles.size(); ++i) {
+    ShardOrigParamState(*m.orig_handles[i], full.state, m.orig_prefixes[i], local.state);
+  }
+  flattened.insert(m.orig_fqns.begin(), m.orig_fqns.end());
   for (const auto& [fqn, values] : full.state) {
     if (!flattened.count(fqn)) local.state[fqn] = values;  // unmanaged, or unknown (reported by Set)
   }

@@ -1,6 +1,6 @@
-// Optimizer state of FSDP1 flat parameters (optimizers built on the flat parameters, i.e.
-// use_orig_params false) in the FQN-keyed format, as PyTorch's torch/distributed/fsdp/_optim_utils.py does it:
-// a flat parameter's state is unflattened into its original parameters (gathered, padding
+// Optimizer state of FSDP1 models in the FQN-keyed format (optimizers built on the flat
+// parameters, or with use_orig_params on the original parameters' sharded views), as
+// PyTorch's torch/distributed/fsdp/_optim_utils.py does it: a flat parameter's state is unflattened into its original parameters (gathered, padding
 // stripped, split by numels, reshaped), and a full FQN-keyed state is flattened back into
 // this rank's flat shard (zero fill for parameters without state; scalar state must agree).
 #ifndef FSDP_OPTIM_STATE_FSDP1_OPTIM_STATE_H_
@@ -37,8 +37,13 @@ std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamH
 StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std::map<std::string, StateMap>& full,
                            int64_t rank, int64_t world_size, const std::string& prefix = "");
 
-// Model level: the optimizer was built on `root.parameters()` with use_orig_params false
-// (it holds the flat parameters, and any parameters no handle manages). The full state is
+// Model level: the optimizer was built on `root.parameters()`: the flat parameters of handles
+// with use_orig_params false, the original parameters of those with use_orig_params true
+// (with a sharded strategy each holds this rank's 1-D part, and the optimizer state only for
+// the parts in this rank's shard), and any parameters no handle manages. With
+// use_orig_params, Get gathers each original parameter's parts from every rank of the shard
+// group and Load keeps this rank's part (PyTorch's _allgather_orig_param_states and
+// _shard_orig_param_state, torch/distributed/fsdp/_optim_utils.py). The full state is
 // FQN-keyed exactly like FSDP2's (GetFullOptimStateDict in fsdp2_optim_state.h), so either
 // loads into the other at any world size. Get is collective over every handle's shard group
 // (rank0_only: the other ranks return an empty dict); Load is local.
@@ -50,7 +55,8 @@ void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, to
 // The sharded (local) state: what the optimizer holds on this rank, each flat parameter's
 // state under its FQN in the wrapped model (`<module prefix>_flat_param`, its name in
 // PyTorch's FSDP1 without the wrapper prefix) with this rank's flat shard as tensors, other
-// parameters under their FQNs. As torch/distributed/fsdp's LOCAL_STATE_DICT (v2.15.0): it loads
+// parameters (use_orig_params: the originals, with their part in this rank's shard) under
+// their FQNs. As torch/distributed/fsdp's LOCAL_STATE_DICT (v2.15.0): it loads
 // back only into the same wrapping at the same world size; a full state dict reshards. Local.
 OptimStateDict GetShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root,
                                         const torch::optim::Optimizer& optimizer);

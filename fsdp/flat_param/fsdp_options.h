@@ -7,7 +7,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <variant>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "device/stream.h"
@@ -32,11 +35,17 @@ struct CPUOffload {
   bool offload_params = false;
 };
 
-// PyTorch's FSDP1 MixedPrecision (buffer_dtype is not supported: FSDP1 modules here keep
-// their buffers as they are).
+// PyTorch's FSDP1 MixedPrecision (torch/distributed/fsdp/api.py).
 struct MixedPrecision {
   std::optional<c10::ScalarType> param_dtype;   // unsharded parameters / forward compute
   std::optional<c10::ScalarType> reduce_dtype;  // gradient reduction (unset: param_dtype)
+  // Floating buffers of the module's tree (not ignored, not owned by a wrapped descendant
+  // with its own setting) are cast to it in place at the root's lazy init, and back to their
+  // original dtype for eval forwards that force full precision (use_full_prec_in_eval)
+  // (torch/distributed/fsdp/_runtime_utils.py: _lazy_init, _root_pre_forward,
+  // _get_buffers_and_dtypes_for_computation). Full state dicts hold them in their dtype at
+  // wrap time (_get_orig_buffer_dtypes in the state-dict hooks); the module keeps the cast ones.
+  std::optional<c10::ScalarType> buffer_dtype;
   bool keep_low_precision_grads = false;
   bool cast_forward_inputs = false;      // every FSDP module casts its floating inputs
   bool cast_root_forward_inputs = true;  // the root casts its floating inputs
@@ -46,6 +55,9 @@ struct MixedPrecision {
 // into `module`'s children, and with recurse = false whether to wrap `module` itself, given
 // the number of its parameters' elements not yet wrapped by a descendant.
 using AutoWrapPolicy = std::function<bool(torch::nn::Module& module, bool recurse, int64_t nonwrapped_numel)>;
+
+// One entry of FSDPOptions::ignored_states: a parameter or a module.
+using IgnoredState = std::variant<at::Tensor, std::shared_ptr<torch::nn::Module>>;
 
 struct FSDPOptions {
   // FULL_SHARD / SHARD_GRAD_OP / NO_SHARD: the data-parallel group. Hybrid strategies: the
@@ -69,6 +81,16 @@ struct FSDPOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // Wraps the submodules the policy selects first, with these options (see wrap_fsdp).
   AutoWrapPolicy auto_wrap_policy;
+  // PyTorch's ignored_modules / ignored_states (torch/distributed/fsdp/_init_utils.py,
+  // _init_ignored_module_states): the parameters of these modules' subtrees (or the given
+  // parameters) are not flattened or sharded: they stay full, plain tensors on every rank,
+  // their gradients are not reduced, buffer_dtype does not cast the modules' buffers,
+  // auto-wrap neither wraps nor counts them (auto-wrapped children ignore the same
+  // parameters), and state dicts hold them as they are. A wrapped descendant's ignored
+  // states are ignored here too. Set at most one of the two; ignored_states holds either
+  // only parameters or only modules; a module already wrapped with FSDP cannot be ignored.
+  std::optional<std::vector<std::shared_ptr<torch::nn::Module>>> ignored_modules;
+  std::optional<std::vector<IgnoredState>> ignored_states;
   // Deferred init (PyTorch's param_init_fn): when the modules this FSDP module manages hold
   // parameters or buffers on the meta device (fsdp/common/meta.h), each of those modules, in
   // breadth-first order from the wrapped module (not descending into wrapped descendants, as

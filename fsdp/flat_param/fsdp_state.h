@@ -35,7 +35,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/common/fsdp_state_base.h"
@@ -105,6 +107,20 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   // poisons the tree on failure (Guard).
   friend class SummonFullParams;
 
+  // Set by wrap_fsdp (PyTorch's _ignored_modules / _ignored_params, and the ignored
+  // modules' buffers in place of _ignored_buffer_names): this state's and its wrapped
+  // descendants' (fsdp_options.h, ignored_modules).
+  struct IgnoredStates {
+    std::set<const torch::nn::Module*> modules;
+    std::vector<at::Tensor> params;
+    std::set<const c10::TensorImpl*> param_impls;
+    std::set<const c10::TensorImpl*> buffers;
+  };
+  IgnoredStates ignored;
+  // The buffers of the module's tree and their dtypes at wrap time (PyTorch's
+  // _buffer_name_to_orig_dtype, _init_buffer_state).
+  std::vector<std::pair<at::Tensor, c10::ScalarType>> orig_buffer_dtypes;
+
   // false inside no_sync(): post-backward keeps unsharded gradients, no communication.
   bool sync_gradients = true;
   CommHook comm_hook;
@@ -120,6 +136,10 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   void ShareStateAndInitHandleAttrs();
   std::vector<at::Tensor> RootPreForward(std::vector<at::Tensor> args);
   std::vector<at::Tensor> RootCastForwardInput(std::vector<at::Tensor> args) const;
+  // buffer_dtype (fsdp_options.h): the root casts the tree's buffers for computation /
+  // back to their original dtypes.
+  void CastBuffersForComputation();
+  void CastBuffersForRootPreForward();
   void PreForwardUnshard();
   void PostForwardReshard();
   void RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs);
@@ -154,6 +174,7 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   FSDPTrainingState training_state_ = FSDPTrainingState::IDLE;
   std::shared_ptr<FSDPRuntimeContext> ctx_;
   bool post_backward_callback_queued_ = false;  // root only
+  bool needs_buffer_dtype_restore_check_ = false;  // root only: buffers were cast to full precision
   bool use_full_prec_in_eval_ = false;
   std::string fqn_;  // relative to the root; set at lazy init ("<root>" for the root)
   // Post-backward Functions registered in forward and not yet run in backward.

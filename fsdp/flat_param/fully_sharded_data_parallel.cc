@@ -61,42 +61,126 @@ void CollectManagedModules(torch::nn::Module& module, bool is_root, std::vector<
   for (const auto& child : module.children()) CollectManagedModules(*child, false, out);
 }
 
-int64_t UniqueNumel(const torch::nn::Module& module) {
+using Ignored = FSDPState::IgnoredStates;
+
+// The parameter elements of `module`'s tree, each tensor once, ignored ones not counted.
+int64_t UniqueNumel(const torch::nn::Module& module, const Ignored& ignored) {
   absl::flat_hash_set<const c10::TensorImpl*> seen;
   int64_t n = 0;
   for (const at::Tensor& p : module.parameters()) {
-    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+    if (p.defined() && !ignored.param_impls.contains(p.unsafeGetTensorImpl()) &&
+        seen.insert(p.unsafeGetTensorImpl()).second) {
+      n += p.numel();
+    }
   }
   return n;
 }
 
-// PyTorch's _recursive_wrap; returns the numel wrapped in `module`'s tree.
+// PyTorch's _recursive_wrap (torch/distributed/fsdp/wrap.py): ignored modules are neither
+// visited nor wrapped, ignored parameters not counted; returns the numel wrapped in
+// `module`'s tree. The children get the ignored parameters as ignored_states (the
+// root_kwargs of FullyShardedDataParallel.__init__).
 int64_t RecursiveWrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options,
-                      bool only_wrap_children) {
-  const int64_t nonwrapped_numel = UniqueNumel(*module);
+                      const Ignored& ignored, bool only_wrap_children) {
+  const int64_t nonwrapped_numel = UniqueNumel(*module, ignored);
   if (!options.auto_wrap_policy(*module, /*recurse=*/true, nonwrapped_numel)) return 0;
   int64_t total_wrapped_numel = 0;
-  for (const auto& child : module->children()) total_wrapped_numel += RecursiveWrap(child, options, false);
+  for (const auto& child : module->children()) {
+    if (ignored.modules.contains(child.get())) continue;
+    total_wrapped_numel += RecursiveWrap(child, options, ignored, false);
+  }
   const int64_t remainder = nonwrapped_numel - total_wrapped_numel;
   // C++: only modules that can run the hooks can be wrapped.
   if (!only_wrap_children && ::fsdp::AsHooked(*module) != nullptr &&
       options.auto_wrap_policy(*module, /*recurse=*/false, remainder)) {
     FSDPOptions child_options = options;
     child_options.auto_wrap_policy = nullptr;
+    child_options.ignored_modules.reset();
+    child_options.ignored_states.reset();
+    if (!ignored.params.empty()) {
+      child_options.ignored_states.emplace(ignored.params.begin(), ignored.params.end());
+    }
     wrap_fsdp(module, std::move(child_options));
     return nonwrapped_numel;
   }
   return total_wrapped_numel;
 }
 
+// _init_ignored_module_states with _check_ignored_states, _get_ignored_modules,
+// _get_ignored_params and _get_ignored_buffer_names (torch/distributed/fsdp/_init_utils.py).
+// Parameters that wrapped descendants manage are never ignored here (PyTorch excludes
+// FSDP-flattened parameters).
+Ignored ResolveIgnored(torch::nn::Module& module, const FSDPOptions& o) {
+  TORCH_CHECK(!(o.ignored_modules && o.ignored_states),
+              "wrap_fsdp: Cannot pass both ignored_modules and ignored_states at the same time. Please just pass "
+              "ignored_states.");
+  std::vector<std::shared_ptr<torch::nn::Module>> roots;
+  std::vector<at::Tensor> params;
+  if (o.ignored_states) {
+    for (const IgnoredState& s : *o.ignored_states) {
+      if (const auto* t = std::get_if<at::Tensor>(&s)) {
+        TORCH_CHECK(t->defined(), "wrap_fsdp: ignored_states holds an undefined tensor");
+        params.push_back(*t);
+      } else {
+        roots.push_back(std::get<std::shared_ptr<torch::nn::Module>>(s));
+      }
+    }
+    TORCH_CHECK(params.empty() || roots.empty(),
+                "wrap_fsdp: ignored_states expects all nn.Parameter or all nn.Module list elements but got both "
+                "parameters and modules");
+  } else if (o.ignored_modules) {
+    roots = *o.ignored_modules;
+  }
+  for (const auto& m : roots) {
+    TORCH_CHECK(m != nullptr, "wrap_fsdp: `ignored_modules` should be an iterable of `torch.nn.Module`s but got a "
+                              "null module");
+    TORCH_CHECK(GetState(*m) == nullptr, "wrap_fsdp: `ignored_modules` should not include FSDP modules");
+  }
+  Ignored out;
+  for (const auto& root : roots) {
+    for (const auto& m : root->modules(/*include_self=*/true)) {
+      if (GetState(*m) == nullptr) out.modules.insert(m.get());
+    }
+  }
+  if (out.modules.contains(&module)) {
+    TORCH_WARN("Trying to ignore the top-level module passed into the FSDP constructor itself will result in all ",
+               "parameters being ignored and is not well-supported: ", module.name());
+  }
+  absl::flat_hash_set<const c10::TensorImpl*> managed_below;
+  std::vector<at::Tensor> nested_params;
+  for (FSDPState* s : CollectStates(module)) {
+    out.modules.insert(s->ignored.modules.begin(), s->ignored.modules.end());
+    out.buffers.insert(s->ignored.buffers.begin(), s->ignored.buffers.end());
+    nested_params.insert(nested_params.end(), s->ignored.params.begin(), s->ignored.params.end());
+    if (s->handle() == nullptr) continue;
+    for (const at::Tensor& p : s->handle()->orig_params()) managed_below.insert(p.unsafeGetTensorImpl());
+  }
+  auto add_param = [&](const at::Tensor& p) {
+    if (p.defined() && !managed_below.contains(p.unsafeGetTensorImpl()) &&
+        out.param_impls.insert(p.unsafeGetTensorImpl()).second) {
+      out.params.push_back(p);
+    }
+  };
+  for (const auto& root : roots) {
+    for (const at::Tensor& p : root->parameters(/*recurse=*/true)) add_param(p);
+    for (const at::Tensor& b : root->buffers(/*recurse=*/true)) {
+      if (b.defined()) out.buffers.insert(b.unsafeGetTensorImpl());
+    }
+  }
+  for (const at::Tensor& p : params) add_param(p);
+  for (const at::Tensor& p : nested_params) add_param(p);
+  return out;
+}
+
 // PyTorch's _materialize_with_param_init_fn (torch/distributed/fsdp/_init_utils.py): the
 // modules `module` manages, breadth first, each with its own meta tensors allocated on
 // `device`, then passed to param_init_fn.
-void MaterializeMetaModules(torch::nn::Module& module, const FSDPOptions& options, c10::Device device) {
+void MaterializeMetaModules(torch::nn::Module& module, const FSDPOptions& options, c10::Device device,
+                            const Ignored& ignored) {
   std::vector<torch::nn::Module*> order{&module};
   for (size_t i = 0; i < order.size(); ++i) {
     for (const auto& child : order[i]->children()) {
-      if (GetState(*child) == nullptr) order.push_back(child.get());
+      if (GetState(*child) == nullptr && !ignored.modules.contains(child.get())) order.push_back(child.get());
     }
   }
   bool meta = false;
@@ -200,17 +284,18 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
     // World size 1: the strategies are equivalent; PyTorch switches to NO_SHARD (and warns).
     options.sharding_strategy = ShardingStrategy::NO_SHARD;
   }
+  Ignored ignored = ResolveIgnored(*module, options);
   if (options.auto_wrap_policy) {
     for (const auto& item : module->named_modules("", /*include_self=*/false)) {
       TORCH_CHECK(GetState(*item.value()) == nullptr, "wrap_fsdp: FSDP auto wrapping requires modules to not ",
                   "already have FSDP applied but found ", item.key(), " in ", module->name());
     }
-    RecursiveWrap(module, options, /*only_wrap_children=*/true);
+    RecursiveWrap(module, options, ignored, /*only_wrap_children=*/true);
     options.auto_wrap_policy = nullptr;
   }
 
   MaterializeMetaModules(*module, options,
-                         options.cpu_offload.offload_params ? c10::Device(c10::kCPU) : options.device);
+                         options.cpu_offload.offload_params ? c10::Device(c10::kCPU) : options.device, ignored);
 
   // Parameters wrapped descendants manage: registering one of them here too (weights tied
   // across FSDP modules) would let this module read it while the other has it sharded.
@@ -235,6 +320,7 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
     for (const auto& item : m->named_parameters(/*recurse=*/false)) {
       const at::Tensor& p = item.value();
       if (!p.defined() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      if (ignored.param_impls.contains(p.unsafeGetTensorImpl())) continue;  // stays a plain parameter
       if (auto below = managed_below.find(p.unsafeGetTensorImpl()); below != managed_below.end()) {
         TORCH_CHECK(false, "wrap_fsdp: parameter '", fqn(m, item.key()), "' is the same tensor as a parameter of '",
                     module_fqn[below->second->module()], "', which is already wrapped with FSDP. Tied parameters ",
@@ -265,8 +351,15 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
     handle = std::make_unique<FlatParamHandle>(params, *module, std::move(ho));
     handle->Shard();
   }
+  // _init_buffer_state: the dtypes buffer_dtype's casts restore (full state dicts, eval).
+  std::vector<std::pair<at::Tensor, c10::ScalarType>> orig_buffer_dtypes;
+  for (const at::Tensor& b : module->buffers(/*recurse=*/true)) {
+    if (b.defined()) orig_buffer_dtypes.emplace_back(b, b.scalar_type());
+  }
   auto state = std::make_shared<FSDPState>(module.get(), std::move(options), std::move(groups.process_group),
                                            std::move(groups.inter_node_group), std::move(handle));
+  state->ignored = std::move(ignored);
+  state->orig_buffer_dtypes = std::move(orig_buffer_dtypes);
   hooks->AddForwardHook(state, ::fsdp::HookPosition::kOutermost);
   return FullyShardedDataParallel(state.get());
 }

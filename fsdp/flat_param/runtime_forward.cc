@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/common/autograd_hooks.h"
 #include "fsdp/flat_param/fsdp_state.h"
@@ -78,6 +79,7 @@ void FSDPState::LazyInit() {
     if (FSDPState* s = GetState(*item.value())) s->fqn_ = item.key().empty() ? "<root>" : item.key();
   }
   CheckFlatParamsOnExpectedDevice();
+  CastBuffersForComputation();
   std::vector<FlatParamHandle*> handles;
   for (FSDPState* s : ctx_->all_states) {
     if (s->handle_) handles.push_back(s->handle_.get());
@@ -143,6 +145,57 @@ const FlatParamStreams& FSDPState::streams() const {
   return ctx_->streams->streams();
 }
 
+namespace {
+
+// _cast_buffers_to_dtype_and_device: in place (the module keeps the tensor); non-floating
+// buffers and those without a dtype only move to the device.
+void CastBuffer(const at::Tensor& buffer, std::optional<c10::ScalarType> dtype, c10::Device device) {
+  at::NoGradGuard no_grad;
+  if (!at::isFloatingType(buffer.scalar_type()) || !dtype) {
+    if (buffer.device() != device) buffer.set_data(buffer.to(device));
+  } else if (buffer.device() != device || buffer.scalar_type() != *dtype) {
+    buffer.set_data(buffer.to(device, *dtype));
+  }
+}
+
+}  // namespace
+
+// _get_buffers_and_dtypes_for_computation + _cast_buffers_to_dtype_and_device
+// (torch/distributed/fsdp/_runtime_utils.py): the states bottom-up, so a buffer takes its
+// owning (innermost) FSDP module's buffer_dtype; ignored buffers are left alone.
+void FSDPState::CastBuffersForComputation() {
+  TORCH_INTERNAL_ASSERT(is_root_.value_or(false), "Expects the root to cast buffers");
+  absl::flat_hash_set<const c10::TensorImpl*> visited;
+  for (auto it = ctx_->all_states.rbegin(); it != ctx_->all_states.rend(); ++it) {
+    FSDPState* s = *it;
+    const auto& mp = s->options_.mixed_precision;
+    for (const at::Tensor& b : s->module_->buffers(/*recurse=*/true)) {
+      if (!b.defined() || !visited.insert(b.unsafeGetTensorImpl()).second) continue;
+      if (s->ignored.buffers.contains(b.unsafeGetTensorImpl())) continue;
+      CastBuffer(b, mp ? mp->buffer_dtype : std::nullopt, options_.device);
+    }
+  }
+}
+
+// _root_pre_forward: forward passes that force full precision (eval with
+// use_full_prec_in_eval) get the buffers in their original dtypes; the next one that does
+// not casts them back.
+void FSDPState::CastBuffersForRootPreForward() {
+  bool full_prec = false;
+  if (handle_) {
+    full_prec = handle_->force_full_precision();
+  } else {
+    for (FSDPState* s : ctx_->all_states) full_prec = full_prec || (s->handle_ && s->handle_->force_full_precision());
+  }
+  if (full_prec) {
+    for (const auto& [buffer, dtype] : orig_buffer_dtypes) CastBuffer(buffer, dtype, options_.device);
+    needs_buffer_dtype_restore_check_ = true;
+  } else if (needs_buffer_dtype_restore_check_) {
+    CastBuffersForComputation();
+    needs_buffer_dtype_restore_check_ = false;
+  }
+}
+
 // ----------------------------------------------------------------------------------------
 // Forward
 
@@ -187,6 +240,7 @@ std::vector<at::Tensor> FSDPState::RootPreForward(std::vector<at::Tensor> args) 
   LazyInit();
   TORCH_INTERNAL_ASSERT(is_root_.has_value(), "Expects a root FSDP to have been set");
   if (!*is_root_) return args;  // the wrapper path: non-roots do not cast here
+  CastBuffersForRootPreForward();
   // _wait_for_computation_stream: the all-gathers (and low precision casts) read the shards
   // the optimizer step wrote on the compute stream.
   streams().unshard->WaitStream(*streams().current);

@@ -62,7 +62,22 @@ FullStateDict GetFullStateDict(const FullyShardedDataParallel& root, bool rank0_
     if (it == by_name.end()) it = by_name.find(first_name[item.value().unsafeGetTensorImpl()]);
     out.insert(item.key(), it != by_name.end() ? it->second : item.value().detach().clone());
   }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) out.insert(item.key(), item.value().detach().clone());
+  // buffer_dtype: the buffers in the dtypes they had at wrap time (the state-dict hooks'
+  // _get_orig_buffer_dtypes, torch/distributed/fsdp/_state_dict_utils.py), for every FSDP
+  // module with buffer_dtype set, except its ignored buffers; the module keeps its cast ones.
+  absl::flat_hash_map<const c10::TensorImpl*, c10::ScalarType> orig_dtype;
+  for (FSDPState* s : CollectStates(module)) {
+    const auto& mp = s->options().mixed_precision;
+    if (!mp || !mp->buffer_dtype) continue;
+    for (const auto& [buffer, dtype] : s->orig_buffer_dtypes) {
+      if (!s->ignored.buffers.contains(buffer.unsafeGetTensorImpl())) orig_dtype[buffer.unsafeGetTensorImpl()] = dtype;
+    }
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    at::Tensor b = item.value().detach().clone();
+    if (auto it = orig_dtype.find(item.value().unsafeGetTensorImpl()); it != orig_dtype.end()) b = b.to(it->second);
+    out.insert(item.key(), b);
+  }
   return out;
 }
 
@@ -117,6 +132,20 @@ void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict
     TORCH_CHECK(shard.numel() == local.numel(), "LoadFullStateDict: flat shard of ", shard.numel(),
                 " elements for a local shard of ", local.numel());
     local.view(-1).copy_(shard);  // sharded original-parameter views alias it
+  }
+  // Parameters no handle manages (ignored_modules / ignored_states): loaded as they are, as
+  // module.load_state_dict does for them in PyTorch.
+  absl::flat_hash_map<const c10::TensorImpl*, bool> managed;
+  for (FlatParamHandle* h : handles) {
+    for (const at::Tensor& p : h->orig_params()) managed[p.unsafeGetTensorImpl()] = true;
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (managed.contains(item.value().unsafeGetTensorImpl())) continue;
+    const at::Tensor& src = state_dict[item.key()];
+    TORCH_CHECK(src.sizes() == item.value().sizes(), "LoadFullStateDict: size mismatch for ", item.key(),
+                ": copying a param with shape [", absl::StrJoin(src.sizes(), ", "), "], the shape in current model is [",
+                absl::StrJoin(item.value().sizes(), ", "), "].");
+    item.value().copy_(src);
   }
   for (const auto& item : module.named_buffers(/*recurse=*/true)) item.value().copy_(state_dict[item.key()]);
 }
