@@ -280,6 +280,12 @@ fsdp_cc_test(//examples/llama:llama_parity_test SIZE medium SMOKE
   DEPS :llama :llama_training //checkpoint //comm //fsdp/per_param //mesh //testing:multi_rank
        //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
+fsdp_cc_binary(//examples/llama:llama_demo
+  SRCS llama_demo.cc
+  DEPS :llama_training //checkpoint //comm //comm:gloo //comm:main_guard
+       //examples:training_checkpoints //fsdp/per_param //mesh @libtorch @system//:absl
+       @system//:absl_flags)
+
 # ================================================================ //fsdp/activation_checkpoint
 fsdp_cc_library(//fsdp/activation_checkpoint
   SRCS checkpoint.cc checkpoint_wrapper.cc
