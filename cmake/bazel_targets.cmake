@@ -299,8 +299,8 @@ fsdp_cc_test(//fsdp/activation_checkpoint:checkpoint_test SIZE small SMOKE
 
 fsdp_cc_test(//fsdp/activation_checkpoint:fsdp2_checkpoint_test SIZE medium
   SRCS fsdp2_checkpoint_test.cc
-  DEPS :activation_checkpoint //comm //fsdp/common //fsdp/common:test_models //fsdp/per_param //mesh
-       //testing:multi_rank @libtorch @system//:gtest_main)
+  DEPS :activation_checkpoint //comm //fsdp/common //fsdp/common:test_models //fsdp/flat_param
+       //fsdp/per_param //mesh //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common

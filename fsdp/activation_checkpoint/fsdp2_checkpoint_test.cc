@@ -1,6 +1,7 @@
-// Activation checkpointing with FSDP2 (fully_shard) on 2 threaded ranks: AdamW training equals
-// the single-rank reference without checkpointing and without FSDP, and the all-gathers are
-// counted against the same FSDP2 run without checkpointing.
+// Activation checkpointing with FSDP2 (fully_shard), and with FSDP1 (wrap_fsdp) at the end, on
+// 2 and 3 threaded ranks: AdamW training equals the single-rank reference without checkpointing
+// and without FSDP, and the all-gathers are counted against the same FSDP run without
+// checkpointing.
 //   kInner: fully_shard(Checkpointed<Block>): FSDP's hooks outside the checkpoint (PyTorch's
 //           checkpoint_wrapper then fully_shard): the recomputation runs on the parameters
 //           the pre-backward all-gathered, no extra collective.
@@ -11,14 +12,19 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/optim/adamw.h>
 
+#include <optional>
+#include <set>
 #include <string>
 
 #include "comm/comm_trace.h"
 #include "fsdp/activation_checkpoint/checkpoint.h"
 #include "fsdp/activation_checkpoint/checkpoint_wrapper.h"
 #include "fsdp/common/test_models.h"
+#include "fsdp/flat_param/fully_sharded_data_parallel.h"
+#include "fsdp/flat_param/state_dict.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
 #include "mesh/device_mesh.h"
@@ -72,32 +78,68 @@ void SetCheckpointing(CkNet& net, bool enabled) {
   }
 }
 
+// The CheckpointFunction nodes of `loss`'s autograd graph: proof the checkpoint ran.
+int CheckpointNodes(const at::Tensor& loss) {
+  std::vector<torch::autograd::Node*> todo{loss.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  int found = 0;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    found += node->name().find("CheckpointFunction") != std::string::npos;
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return found;
+}
+
 constexpr int64_t kBatch = 12;
 constexpr int kSteps = 3;
 
-// Trains `kSteps` AdamW steps with FSDP2 (and checkpointing if `checkpointing`), checks the
-// parameters against the reference, returns the all-gathers of the run.
-int Train(Mode mode, bool checkpointing, bool reshard, const comm::ProcessGroupPtr& pg) {
+// Which FSDP wraps the blocks (unless kUnit) and then the root.
+enum class Fsdp { kFsdp2, kFsdp1FullShard, kFsdp1ShardGradOp };
+
+// Trains `kSteps` AdamW steps with `fsdp` (and checkpointing if `checkpointing`), checks the
+// parameters against the reference, returns the all-gathers of the run. `reshard`: FSDP2's
+// reshard_after_forward (FSDP1: its strategy says).
+int Train(Mode mode, bool checkpointing, bool reshard, const comm::ProcessGroupPtr& pg, Fsdp fsdp = Fsdp::kFsdp2) {
   const int w = pg->size(), me = pg->rank();
   auto trace = std::make_shared<comm::CommTrace>(pg);
-  auto mesh = mesh::DeviceMesh::Create(trace, {w});
   CkNet ref(mode), model(mode);
   InitDeterministic(*ref);
   InitDeterministic(*model);
   SetCheckpointing(ref, false);
   SetCheckpointing(model, checkpointing);
-  per_param::FullyShardOptions opts{.mesh = mesh, .reshard_after_forward = reshard};
-  if (mode != Mode::kUnit) {
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), opts);
+  std::optional<flat_param::FullyShardedDataParallel> fsdp1_root;
+  if (fsdp == Fsdp::kFsdp2) {
+    per_param::FullyShardOptions opts{.mesh = mesh::DeviceMesh::Create(trace, {w}), .reshard_after_forward = reshard};
+    if (mode != Mode::kUnit) {
+      for (auto& b : model->layers) per_param::fully_shard(b.ptr(), opts);
+    }
+    per_param::fully_shard(model.ptr(), opts);
+  } else {
+    flat_param::FSDPOptions opts{.process_group = trace,
+                                 .sharding_strategy = fsdp == Fsdp::kFsdp1FullShard
+                                                          ? flat_param::ShardingStrategy::FULL_SHARD
+                                                          : flat_param::ShardingStrategy::SHARD_GRAD_OP};
+    if (mode != Mode::kUnit) {
+      for (auto& b : model->layers) flat_param::wrap_fsdp(b.ptr(), opts);
+    }
+    fsdp1_root = flat_param::wrap_fsdp(model.ptr(), opts);
   }
-  per_param::fully_shard(model.ptr(), opts);
   torch::optim::AdamW ref_opt(UniqueParameters(*ref), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
+  // FSDP1 (use_orig_params false): the optimizer steps the flat parameters.
+  torch::optim::AdamW opt(fsdp1_root ? fsdp1_root->parameters() : UniqueParameters(*model),
+                          torch::optim::AdamWOptions(1e-2));
   const int64_t local = kBatch / w;
   for (int step = 0; step < kSteps; ++step) {
     const at::Tensor x = Batch(step, kBatch, 3, 1), y = Batch(step, kBatch, 1, 2);
     torch::nn::functional::mse_loss(ref(x), y).backward();
-    torch::nn::functional::mse_loss(model(x.narrow(0, me * local, local)), y.narrow(0, me * local, local)).backward();
+    const at::Tensor loss =
+        torch::nn::functional::mse_loss(model(x.narrow(0, me * local, local)), y.narrow(0, me * local, local));
+    const int expected_nodes = !checkpointing ? 0 : mode == Mode::kOuter ? 1 : static_cast<int>(model->layers.size());
+    EXPECT_EQ(CheckpointNodes(loss), expected_nodes) << "checkpointing " << checkpointing;
+    loss.backward();
     ref_opt.step();
     ref_opt.zero_grad();
     opt.step();
@@ -105,7 +147,7 @@ int Train(Mode mode, bool checkpointing, bool reshard, const comm::ProcessGroupP
   }
   int all_gathers = 0;
   for (const auto& r : trace->records()) all_gathers += r.op == "all_gather_into_tensor";
-  const auto full = per_param::GetFullStateDict(*model);
+  const auto full = fsdp1_root ? flat_param::GetFullStateDict(*fsdp1_root) : per_param::GetFullStateDict(*model);
   auto ref_params = ref->named_parameters();
   EXPECT_EQ(full.size(), ref_params.size());
   for (const auto& item : full) {
@@ -148,6 +190,23 @@ INSTANTIATE_TEST_SUITE_P(Modes, Fsdp2CheckpointTest,
                                            Case{"unit", Mode::kUnit, true}, Case{"outer_reshard", Mode::kOuter, true},
                                            Case{"outer_no_reshard", Mode::kOuter, false}),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// FSDP1 (wrap_fsdp) around Checkpointed blocks: the same parity, and the recomputation runs
+// inside FSDP1's hooks on the parameters its pre-backward unsharded, so no extra all-gather.
+TEST(Fsdp1Checkpoint, TrainingEqualsSingleRankWithoutCheckpointing) {
+  for (const int world : {2, 3}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, world, [](const comm::ProcessGroupPtr& pg) {
+      for (const Fsdp fsdp : {Fsdp::kFsdp1FullShard, Fsdp::kFsdp1ShardGradOp}) {
+        for (const Mode mode : {Mode::kInner, Mode::kUnit}) {
+          const int plain = Train(mode, false, true, pg, fsdp);
+          const int ckpt = Train(mode, true, true, pg, fsdp);
+          EXPECT_EQ(ckpt, plain) << "world " << pg->size() << " fsdp " << static_cast<int>(fsdp) << " mode "
+                                 << static_cast<int>(mode);
+        }
+      }
+    });
+  }
+}
 
 }  // namespace
 }  // namespace fsdp::activation_checkpoint
