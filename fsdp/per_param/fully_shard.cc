@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "dtensor/tensor_parallel.h"
 #include "fsdp/per_param/fsdp_state.h"
 
@@ -30,28 +31,72 @@ std::optional<FSDPMeshInfo> PostForwardMeshInfo(const std::variant<bool, int64_t
   return FSDPMeshInfo::Hsdp(mesh);
 }
 
-// Modules fully_shard manages: the subtree of `root`, not descending into modules that
-// already have an FSDP state (_get_managed_modules).
-void CollectManagedModules(torch::nn::Module& module, bool is_root, std::vector<torch::nn::Module*>& out) {
+// Modules fully_shard manages: the subtrees of the roots, not descending into modules that
+// already have an FSDP state, each module once (_get_managed_modules).
+void CollectManagedModules(torch::nn::Module& module, bool is_root, std::vector<torch::nn::Module*>& out,
+                           absl::flat_hash_set<const torch::nn::Module*>& visited) {
   if (!is_root && GetState(module) != nullptr) return;
+  if (!visited.insert(&module).second) return;
   out.push_back(&module);
-  for (const auto& child : module.children()) CollectManagedModules(*child, false, out);
+  for (const auto& child : module.children()) CollectManagedModules(*child, false, out, visited);
 }
 
-}  // namespace
+// `what`: how messages name modules[i] ("modules[1]" for a list, the type name otherwise).
+std::string Describe(const std::string& what, const torch::nn::Module& m) {
+  return what.empty() ? m.name() : absl::StrCat(what, " (", m.name(), ")");
+}
 
-FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullyShardOptions options) {
-  TORCH_CHECK(module != nullptr, "fully_shard: module is null");
-  ::fsdp::HookedModule* hooks = ::fsdp::AsHooked(*module);
-  TORCH_CHECK(hooks != nullptr, "fully_shard: ", module->name(),
-              " cannot run forward hooks; construct it as fsdp::Hooked<", module->name(),
-              "> (fsdp/common/hooked_module.h), or derive it from fsdp::HookedModule");
-  if (auto existing = hooks->FindForwardHook<::fsdp::FSDPStateBase>()) {
-    TORCH_CHECK(std::string(existing->api_name()) != "fully_shard", "fully_shard: ", module->name(),
-                " is already fully_shard'ed");
-    TORCH_CHECK(false, "fully_shard: ", module->name(), " is already managed by FSDP1 (", existing->api_name(),
-                "); a module takes one FSDP");
+// The modules that get the hooks: those of `modules` that are no descendant of another one
+// (torch/distributed/utils.py _get_root_modules, which fully_shard's @contract applies), in
+// order. The others are managed through their listed ancestor, as in PyTorch. `names[i]` is
+// how messages call the i-th root.
+std::vector<torch::nn::Module*> RootModules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                                            bool is_list, std::vector<std::string>& names) {
+  TORCH_CHECK(!modules.empty(),
+              "fully_shard: modules must not be empty (got an empty list); pass the modules whose parameters form "
+              "one FSDP group");
+  absl::flat_hash_map<const torch::nn::Module*, size_t> first_index;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const std::string what = is_list ? absl::StrCat("modules[", i, "]") : "module";
+    TORCH_CHECK(modules[i] != nullptr, "fully_shard: ", what, " is null");
+    auto [it, inserted] = first_index.emplace(modules[i].get(), i);
+    // PyTorch: the second insertion of the state fails ("fully_shard has already been
+    // applied to the following module").
+    TORCH_CHECK(inserted, "fully_shard: ", Describe(what, *modules[i]), " is the same module as modules[", it->second,
+                "]; list each module once");
   }
+  absl::flat_hash_set<const torch::nn::Module*> below;  // strict descendants of listed modules
+  for (const auto& m : modules) {
+    for (const auto& d : m->modules(/*include_self=*/false)) below.insert(d.get());
+  }
+  std::vector<torch::nn::Module*> roots;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (below.contains(modules[i].get())) continue;
+    roots.push_back(modules[i].get());
+    names.push_back(is_list ? absl::StrCat("modules[", i, "]") : "");
+  }
+  for (size_t i = 0; i < roots.size(); ++i) {
+    torch::nn::Module& module = *roots[i];
+    ::fsdp::HookedModule* hooks = ::fsdp::AsHooked(module);
+    TORCH_CHECK(hooks != nullptr, "fully_shard: ", Describe(names[i], module),
+                " cannot run forward hooks; construct it as fsdp::Hooked<", module.name(),
+                "> (fsdp/common/hooked_module.h), or derive it from fsdp::HookedModule");
+    if (auto existing = hooks->FindForwardHook<::fsdp::FSDPStateBase>()) {
+      TORCH_CHECK(std::string(existing->api_name()) != "fully_shard", "fully_shard: ", Describe(names[i], module),
+                  " is already fully_shard'ed");
+      TORCH_CHECK(false, "fully_shard: ", Describe(names[i], module), " is already managed by FSDP1 (",
+                  existing->api_name(), "); a module takes one FSDP");
+    }
+  }
+  return roots;
+}
+
+// fully_shard on one module or on a list (one state, one parameter group, over the managed
+// modules of every root): _fully_shard.py's fully_shard with _get_modules_and_states.
+FSDPState* FullyShardImpl(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, bool is_list,
+                          FullyShardOptions options) {
+  std::vector<std::string> root_names;
+  const std::vector<torch::nn::Module*> roots = RootModules(modules, is_list, root_names);
   TORCH_CHECK(options.mesh != nullptr, "fully_shard: options.mesh is null");
   const auto& mesh = options.mesh;
   TORCH_CHECK(options.dp_mesh_dims || mesh->ndim() == 1 || mesh->ndim() == 2,
@@ -80,14 +125,17 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
   // (weights tied across groups) would let this group read it while the other has it
   // sharded.
   absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> managed_below;
-  for (FSDPState* s : CollectStates(*module)) {
-    if (s->param_group() == nullptr) continue;
-    for (const auto& p : s->param_group()->fsdp_params()) {
-      managed_below.emplace(p->param().unsafeGetTensorImpl(), p.get());
+  for (torch::nn::Module* root : roots) {
+    for (FSDPState* s : CollectStates(*root)) {
+      if (s->param_group() == nullptr) continue;
+      for (const auto& p : s->param_group()->fsdp_params()) {
+        managed_below.emplace(p->param().unsafeGetTensorImpl(), p.get());
+      }
     }
   }
   std::vector<torch::nn::Module*> managed;
-  CollectManagedModules(*module, true, managed);
+  absl::flat_hash_set<const torch::nn::Module*> visited;
+  for (torch::nn::Module* root : roots) CollectManagedModules(*root, true, managed, visited);
   std::vector<at::Tensor> params;
   std::vector<ParamModuleInfo> infos;
   std::vector<int64_t> shard_dims;
@@ -107,8 +155,11 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
       if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // ignored
       if (auto below = managed_below.find(p.unsafeGetTensorImpl()); below != managed_below.end()) {
         absl::flat_hash_map<const torch::nn::Module*, std::string> fqn;
-        for (const auto& named : module->named_modules("", /*include_self=*/true)) {
-          fqn.emplace(named.value().get(), named.key().empty() ? "" : named.key() + ".");
+        for (size_t r = 0; r < roots.size(); ++r) {  // names under the list's roots
+          const std::string prefix = root_names[r].empty() ? "" : root_names[r] + ".";
+          for (const auto& named : roots[r]->named_modules("", /*include_self=*/true)) {
+            fqn.emplace(named.value().get(), prefix + (named.key().empty() ? "" : named.key() + "."));
+          }
         }
         const ParamModuleInfo& owner = below->second->module_info();
         TORCH_CHECK(false, "fully_shard: parameter '", fqn[m], item.key(), "' is the same tensor as '",
@@ -133,7 +184,7 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
       tp_specs.push_back(spec);
     }
   }
-  auto state = std::make_shared<FSDPState>(module.get(), options.mp_policy, auto_reshard);
+  auto state = std::make_shared<FSDPState>(roots, options.mp_policy, auto_reshard);
   state->comm_ctx().stream_options = options.stream_options;
   if (!params.empty()) {
     auto group = std::make_unique<FSDPParamGroup>(params, infos, mesh_info, post_forward, shard_dims, options.mp_policy,
@@ -147,8 +198,36 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullySh
     }
     state->set_param_group(std::move(group));
   }
-  hooks->AddForwardHook(state, ::fsdp::HookPosition::kOutermost);
-  return FSDPModule(state.get());
+  if (roots.size() == 1) {
+    // One module (or a list with one root): the state itself is the hook, as before
+    // (PyTorch registers plain hooks when len(modules) == 1).
+    ::fsdp::AsHooked(*roots[0])->AddForwardHook(state, ::fsdp::HookPosition::kOutermost);
+  } else {
+    // Outermost, as the single case: FSDP's pre-forward first, its post-forward last.
+    for (torch::nn::Module* root : roots) {
+      ::fsdp::AsHooked(*root)->AddForwardHook(std::make_shared<FSDPGroupMemberHook>(state, root),
+                                              ::fsdp::HookPosition::kOutermost);
+    }
+  }
+  return state.get();
+}
+
+}  // namespace
+
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullyShardOptions options) {
+  TORCH_CHECK(module != nullptr, "fully_shard: module is null");
+  return FSDPModule(FullyShardImpl({module}, /*is_list=*/false, std::move(options)));
+}
+
+std::vector<FSDPModule> fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                                    FullyShardOptions options) {
+  FSDPState* state = FullyShardImpl(modules, /*is_list=*/true, std::move(options));
+  return std::vector<FSDPModule>(modules.size(), FSDPModule(state));
+}
+
+std::vector<FSDPModule> fully_shard(std::initializer_list<std::shared_ptr<torch::nn::Module>> modules,
+                                    FullyShardOptions options) {
+  return fully_shard(std::vector<std::shared_ptr<torch::nn::Module>>(modules), std::move(options));
 }
 
 FSDPModule::FSDPModule(FSDPState* state) : state_(state) {}
@@ -163,13 +242,26 @@ std::optional<FSDPModule> AsFSDPModule(torch::nn::Module& module) {
   return FSDPModule(s);
 }
 
-FSDPState* FSDPHooks::fsdp_state() const { return FindForwardHook<FSDPState>().get(); }
+FSDPState* FSDPHooks::fsdp_state() const {
+  if (auto state = FindForwardHook<FSDPState>()) return state.get();
+  if (auto member = FindForwardHook<FSDPGroupMemberHook>()) return member->state();
+  return nullptr;
+}
 
 FSDPParamGroup* FSDPModule::param_group() const { return state()->param_group(); }
 
 std::vector<FSDPState*> FSDPModule::States(bool recurse) const {
   FSDPState* s = state();
-  return recurse ? CollectStates(*s->module()) : std::vector<FSDPState*>{s};
+  if (!recurse) return {s};
+  // A list group's handle stands for all its modules: their subtrees, each state once.
+  std::vector<FSDPState*> out;
+  absl::flat_hash_set<FSDPState*> seen;
+  for (torch::nn::Module* m : s->modules()) {
+    for (FSDPState* t : CollectStates(*m)) {
+      if (seen.insert(t).second) out.push_back(t);
+    }
+  }
+  return out;
 }
 
 void FSDPModule::unshard(bool async_op) {

@@ -5,6 +5,7 @@
 //   for (auto& block : model->blocks) fully_shard(block.ptr(), {.mesh = mesh});
 //   fsdp::per_param::FSDPModule root = fully_shard(model, {.mesh = mesh});
 //   torch::optim::AdamW opt(model->parameters(), ...);   // sees the sharded parameters
+//   fully_shard({attn->q.ptr(), attn->k.ptr()}, {.mesh = mesh});   // one group for both
 //
 // Parameters keep their tensor identity: between steps each holds its shard (a view into
 // storage FSDP owns); inside forward/backward its data is swapped to the unsharded view.
@@ -15,6 +16,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +103,25 @@ class FSDPModule {
 // prepended pre-hook and appended post-hook).
 // Call bottom-up (blocks, then the root), once per module, before building the optimizer.
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, FullyShardOptions options);
+
+// PyTorch 2.15's fully_shard(list[nn.Module]): ONE FSDP group over the parameters of all of
+// `modules` (one all-gather and one reduce-scatter for them together), e.g. an attention's
+// q/k/v projections, or fully_shard({norm, head}) for chunked loss. The state is shared: each
+// listed module gets FSDP's hooks. The first of them to run forward in a pass unshards (and
+// registers the post-backward on its inputs); the group reshards after the last of them
+// finished forward. A module of the list may not run at all (or run again later, per chunk):
+// the iteration's forward root completes the group in its post-forward. Returns one handle
+// per listed module (all the same group, as PyTorch returns the list). Listed modules nested
+// in another listed module are managed through it and get no hooks (PyTorch's
+// _get_root_modules). Errors: an empty list, a null or repeated entry, a listed module that
+// cannot run hooks or is already fully_shard'ed. A group of several modules cannot be the
+// root: fully_shard their common parent too ("FSDP requires a single root module").
+std::vector<FSDPModule> fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                                    FullyShardOptions options);
+// fully_shard({a.ptr(), b.ptr()}, options): a braced list is the list form (without this
+// overload, {m.ptr()} would be ambiguous with the single-module form).
+std::vector<FSDPModule> fully_shard(std::initializer_list<std::shared_ptr<torch::nn::Module>> modules,
+                                    FullyShardOptions options);
 
 // Forward arguments and outputs are searched for tensors with fsdp::ForwardTensors
 // (fsdp/common/forward_tensors.h; specialize it there for other types).
