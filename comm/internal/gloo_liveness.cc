@@ -164,7 +164,8 @@ std::vector<int> LostRanks(const std::vector<std::string>& addresses, int self, 
   return lost;
 }
 
-// Raises c10's log level to errors while alive (c10d's C10D_WARNING reads it).
+// Raises c10's log level to errors while alive (c10d's C10D_WARNING reads it). Only under
+// RegistryMutex: the level is process-wide.
 class QuietC10dWarnings {
  public:
   QuietC10dWarnings() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = std::max(saved_, 2); }
@@ -173,6 +174,31 @@ class QuietC10dWarnings {
  private:
   int saved_;
 };
+
+// Every use of a failure registry in this process, one at a time: after a lost peer several
+// collectives fail at once on different threads (FSDP's streams), and each records and asks.
+std::mutex& RegistryMutex() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+
+// The failure record of the process at liveness address `address`, "" when none (or the
+// store is gone).
+std::string FailureRecord(const c10::intrusive_ptr<c10d::Store>& registry, const std::string& address) {
+  if (registry == nullptr) return "";
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  // The store's host may be gone too: then c10d's TCPStore client logs each failed call with
+  // a C++ stack before it throws. We only ask, so hide that.
+  QuietC10dWarnings quiet;
+  try {
+    const std::string key = kFailedKey + address;
+    if (!registry->check({key})) return "";
+    const std::vector<uint8_t> bytes = registry->get(key);
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception&) {  // no store: it cannot have told us
+    return "";
+  }
+}
 
 }  // namespace
 
@@ -186,6 +212,7 @@ PeerLiveness::PeerLiveness(std::vector<std::string> addresses, int self, Timeout
 void PeerLiveness::RecordFailure(const std::string& message) const {
   if (registry_ == nullptr) return;
   const std::string text = message.substr(0, kMaxRecordedMessage);
+  std::lock_guard<std::mutex> lock(RegistryMutex());
   QuietC10dWarnings quiet;
   try {
     // First writer wins: the process's first failure, not the echoes on its other groups.
@@ -202,19 +229,12 @@ std::string PeerLiveness::Describe(int retries) const {
   }
   std::vector<int> lost, stopped;
   std::string first_error;
-  // The store's host may be gone too: then c10d's TCPStore client logs each failed call
-  // with a C++ stack before it throws. We only ask, so hide that (a warning another thread
-  // logs meanwhile is hidden too).
-  QuietC10dWarnings quiet;
   for (int r : ended) {
-    std::string error;
-    try {
-      const std::string key = kFailedKey + addresses_[r];
-      if (registry_ != nullptr && registry_->check({key})) {
-        const std::vector<uint8_t> bytes = registry_->get(key);
-        error.assign(bytes.begin(), bytes.end());
-      }
-    } catch (const std::exception&) {  // no store: it cannot have told us
+    std::string error = FailureRecord(registry_, addresses_[r]);
+    // A lost rank never records; give a record in flight a moment before calling it lost.
+    for (int i = 0; i < 3 && error.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      error = FailureRecord(registry_, addresses_[r]);
     }
     (error.empty() ? lost : stopped).push_back(r);
     if (!error.empty() && first_error.empty()) first_error = error;
