@@ -64,8 +64,8 @@ constexpr StorageType kStorageTypes[] = {{"FloatStorage", at::kFloat},
 
 class Unpickler {
  public:
-  Unpickler(std::string_view pickle, const internal::CheckpointZip& zip, const std::string& what)
-      : in_(pickle), zip_(zip), what_(what) {}
+  Unpickler(std::string_view pickle, const internal::CheckpointZip& zip, const std::string& what, bool alias)
+      : in_(pickle), zip_(zip), what_(what), alias_(alias) {}
 
   c10::IValue Run() {
     TORCH_CHECK(Byte() == 0x80, where(), "does not start with a pickle PROTO opcode");
@@ -322,8 +322,13 @@ class Unpickler {
         }
       }
     }
-    at::Tensor t = at::empty({numel}, at::TensorOptions(dtype));  // numel * item bytes: checked above
-    if (numel > 0) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    at::Tensor t;
+    if (alias_ && numel > 0) {  // ReadCheckpointAliasing: the caller keeps `data` alive
+      t = at::from_blob(const_cast<char*>(bytes.data()), {numel}, at::TensorOptions(dtype));
+    } else {
+      t = at::empty({numel}, at::TensorOptions(dtype));  // numel * item bytes: checked above
+      if (numel > 0) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    }
     storages_.emplace(key, t);
     Value v = Of(t);
     v.kind = Value::Kind::kStorage;
@@ -541,6 +546,7 @@ class Unpickler {
   std::string_view in_;
   const internal::CheckpointZip& zip_;
   const std::string& what_;
+  const bool alias_;  // storages alias their records (ReadCheckpointAliasing)
   size_t pos_ = 0, op_pos_ = 0;
   std::vector<Value> stack_;
   std::vector<size_t> marks_;
@@ -551,7 +557,8 @@ class Unpickler {
 
 }  // namespace
 
-c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& source) {
+namespace {
+c10::IValue Read(const char* data, size_t size, const std::string& source, bool alias) {
   const std::string what = source + " is not a valid checkpoint: ";
   const internal::CheckpointZip zip(data, size, what);
   const std::string byteorder = zip.archive() + "/byteorder";
@@ -562,7 +569,16 @@ c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& sou
   }
   const std::string pickle = zip.archive() + "/data.pkl";
   TORCH_CHECK(zip.Has(pickle), what, "it has no record '", pickle, "'");
-  return Unpickler(zip.Read(pickle), zip, what).Run();
+  return Unpickler(zip.Read(pickle), zip, what, alias).Run();
+}
+}  // namespace
+
+c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& source) {
+  return Read(data, size, source, /*alias=*/false);
+}
+
+c10::IValue ReadCheckpointAliasing(const char* data, size_t size, const std::string& source) {
+  return Read(data, size, source, /*alias=*/true);
 }
 
 }  // namespace fsdp::checkpoint

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/checkpoint_zip.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/optim_state_file.h"
 #include "checkpoint/tensor_dict_file.h"
@@ -47,6 +48,26 @@ void ExpectSameTensor(const at::Tensor& a, const at::Tensor& b, const std::strin
   EXPECT_EQ(a.scalar_type(), b.scalar_type()) << what;
   EXPECT_EQ(a.sizes(), b.sizes()) << what;
   EXPECT_TRUE(at::equal(a, b)) << what;
+}
+
+// The CRC-32 every record read is checked with: the PCLMULQDQ folding path (where the CPU has
+// it) against the table one and the standard check value, at every length around the 16- and
+// 64-byte boundaries and every alignment.
+TEST(Checkpoint, Crc32MatchesTheTableAndTheCheckValue) {
+  EXPECT_EQ(internal::Crc32("123456789", 9), 0xCBF43926u);  // CRC-32/ISO-HDLC's check value
+  EXPECT_EQ(internal::Crc32Portable("123456789", 9), 0xCBF43926u);
+  std::vector<char> bytes(1 << 20);
+  uint32_t x = 12345;
+  for (char& b : bytes) b = static_cast<char>((x = x * 1103515245u + 12345u) >> 24);
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t n = 0; n <= 300; ++n) {
+      ASSERT_EQ(internal::Crc32(bytes.data() + offset, n), internal::Crc32Portable(bytes.data() + offset, n))
+          << "offset " << offset << " length " << n;
+    }
+  }
+  for (size_t n : {size_t{4096}, size_t{65535}, size_t{65536 + 13}, bytes.size() - 8}) {
+    EXPECT_EQ(internal::Crc32(bytes.data() + 3, n), internal::Crc32Portable(bytes.data() + 3, n)) << n;
+  }
 }
 
 TEST(Checkpoint, WriterAndReaderRoundTripNestedValues) {

@@ -1,5 +1,9 @@
 #include "checkpoint/checkpoint_zip.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -24,9 +28,9 @@ uint64_t U64(const char* p) {
   return v;
 }
 
-// CRC-32 (zip's polynomial), slicing by 8 bytes: a few GB/s, so checking every record of a
-// large checkpoint costs little next to reading it.
-uint32_t Crc32(const char* data, size_t size) {
+// CRC-32 (zip's polynomial, bit-reflected), slicing by 8 bytes: ~2 GB/s. `reg` is the
+// register (the CRC before its final inversion).
+uint32_t Crc32Table(const uint8_t* p, size_t size, uint32_t reg) {
   static const auto tables = [] {
     std::array<std::array<uint32_t, 256>, 8> t{};
     for (uint32_t i = 0; i < 256; ++i) {
@@ -39,18 +43,91 @@ uint32_t Crc32(const char* data, size_t size) {
     }
     return t;
   }();
-  uint32_t crc = 0xFFFFFFFFu;
-  const auto* p = reinterpret_cast<const uint8_t*>(data);
+  uint32_t crc = reg;
   for (; size >= 8; size -= 8, p += 8) {
     const uint32_t lo = U32(reinterpret_cast<const char*>(p)) ^ crc, hi = U32(reinterpret_cast<const char*>(p + 4));
     crc = tables[7][lo & 0xFF] ^ tables[6][(lo >> 8) & 0xFF] ^ tables[5][(lo >> 16) & 0xFF] ^ tables[4][lo >> 24] ^
           tables[3][hi & 0xFF] ^ tables[2][(hi >> 8) & 0xFF] ^ tables[1][(hi >> 16) & 0xFF] ^ tables[0][hi >> 24];
   }
   for (; size > 0; --size, ++p) crc = tables[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
+  return crc;
 }
 
+#if defined(__x86_64__)
+// The same register update with carry-less multiplication (PCLMULQDQ): ~11 GB/s, so checking
+// a loaded checkpoint's records costs about a memcpy instead of 5x one (bench/dcp_bench).
+// Intel's folding method ("Fast CRC Computation for Generic Polynomials Using PCLMULQDQ
+// Instruction", Gopal et al., 2009): four 128-bit lanes are folded forward 512 bits at a time
+// (x^k mod P constants k1, k2), then into one lane (k3, k4) and 128 bits at a time, then
+// 128 -> 64 -> 32 bits (k5) and a Barrett reduction (P' and mu). The constants are the
+// bit-reflected ones for P = 0x104C11DB7. `size` >= 64 and a multiple of 16.
+// (Helpers, not lambdas: GCC does not pass the target attribute on to a lambda.)
+__attribute__((target("pclmul,sse4.1"))) inline __m128i Load128(const uint8_t* q) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+}
+// lane * x^a ^ lane * x^b (its high and low 64 bits folded by k's two halves) ^ next.
+__attribute__((target("pclmul,sse4.1"))) inline __m128i Fold128(__m128i lane, __m128i k, __m128i next) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(lane, k, 0x11), _mm_clmulepi64_si128(lane, k, 0x00)), next);
+}
+
+__attribute__((target("pclmul,sse4.1"))) uint32_t Crc32Fold(const uint8_t* p, size_t size, uint32_t reg) {
+  alignas(16) static const uint64_t k1k2[] = {0x0154442bd4, 0x01c6e41596};
+  alignas(16) static const uint64_t k3k4[] = {0x01751997d0, 0x00ccaa009e};
+  alignas(16) static const uint64_t k5[] = {0x0163cd6124, 0};
+  alignas(16) static const uint64_t barrett[] = {0x01db710641, 0x01f7011641};  // P', mu
+  __m128i x1 = _mm_xor_si128(Load128(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
+  __m128i x2 = Load128(p + 16), x3 = Load128(p + 32), x4 = Load128(p + 48);
+  p += 64;
+  size -= 64;
+  __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(k1k2));
+  for (; size >= 64; size -= 64, p += 64) {
+    x1 = Fold128(x1, k, Load128(p));
+    x2 = Fold128(x2, k, Load128(p + 16));
+    x3 = Fold128(x3, k, Load128(p + 32));
+    x4 = Fold128(x4, k, Load128(p + 48));
+  }
+  k = _mm_load_si128(reinterpret_cast<const __m128i*>(k3k4));
+  x1 = Fold128(x1, k, x2);
+  x1 = Fold128(x1, k, x3);
+  x1 = Fold128(x1, k, x4);
+  for (; size >= 16; size -= 16, p += 16) x1 = Fold128(x1, k, Load128(p));
+  // 128 -> 64 bits.
+  const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+  x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(x1, k, 0x10));
+  k = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(k5));
+  x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, low32), k, 0x00), _mm_srli_si128(x1, 4));
+  // Barrett reduction to 32 bits.
+  k = _mm_load_si128(reinterpret_cast<const __m128i*>(barrett));
+  __m128i t = _mm_clmulepi64_si128(_mm_and_si128(x1, low32), k, 0x10);
+  t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), k, 0x00);
+  return static_cast<uint32_t>(_mm_extract_epi32(_mm_xor_si128(x1, t), 1));
+}
+
+bool HasCrc32Fold() {
+  static const bool has = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  return has;
+}
+#endif
+
 }  // namespace
+
+uint32_t Crc32(const char* data, size_t size) {
+  const auto* p = reinterpret_cast<const uint8_t*>(data);
+  uint32_t reg = 0xFFFFFFFFu;
+#if defined(__x86_64__)
+  if (size >= 64 && HasCrc32Fold()) {
+    const size_t folded = size & ~size_t{15};
+    reg = Crc32Fold(p, folded, reg);
+    p += folded;
+    size -= folded;
+  }
+#endif
+  return Crc32Table(p, size, reg) ^ 0xFFFFFFFFu;
+}
+
+uint32_t Crc32Portable(const char* data, size_t size) {
+  return Crc32Table(reinterpret_cast<const uint8_t*>(data), size, 0xFFFFFFFFu) ^ 0xFFFFFFFFu;
+}
 
 CheckpointZip::CheckpointZip(const char* data, size_t size, const std::string& what)
     : data_(data), size_(size), what_(what) {

@@ -13,6 +13,11 @@
 
 namespace fsdp::checkpoint::internal {
 
+// Zip's CRC-32 of data[0, size): with PCLMULQDQ where the CPU has it, else by table.
+uint32_t Crc32(const char* data, size_t size);
+// By table only (the reference the fast one is tested against).
+uint32_t Crc32Portable(const char* data, size_t size);
+
 class CheckpointZip {
  public:
   // Parses the directory of `data[0, size)`; errors are c10::Errors starting with `what`

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <utility>
 
@@ -179,15 +180,19 @@ class RangeReader {
     TORCH_CHECK(s.offset <= file_size && s.length <= file_size - s.offset, caller_, ": ", item, " is stored at bytes [",
                 s.offset, ", ", s.offset + s.length, ") of '", path, "', which has only ", file_size,
                 " bytes (truncated?)");
-    buffer_.resize(std::max(buffer_.size(), static_cast<size_t>(s.length)));
+    if (static_cast<size_t>(s.length) > capacity_) {
+      // Default-initialized (not zero-filled like a vector's resize): pread overwrites it.
+      buffer_.reset(new char[s.length]);
+      capacity_ = static_cast<size_t>(s.length);
+    }
     for (int64_t done = 0; done < s.length;) {
-      const ssize_t n = ::pread(it->second.fd.get(), buffer_.data() + done, s.length - done, s.offset + done);
+      const ssize_t n = ::pread(it->second.fd.get(), buffer_.get() + done, s.length - done, s.offset + done);
       if (n < 0 && errno == EINTR) continue;
       TORCH_CHECK(n > 0, caller_, ": reading bytes [", s.offset, ", ", s.offset + s.length, ") of '", path,
                   "' failed after ", done, " bytes (", n == 0 ? "end of file: truncated?" : Reason(errno), ")");
       done += n;
     }
-    return std::string_view(buffer_.data(), s.length);
+    return std::string_view(buffer_.get(), s.length);
   }
   std::string Path(const DcpStorageInfo& s) const { return Join(dir_, s.relative_path); }
 
@@ -195,7 +200,8 @@ class RangeReader {
   std::string dir_;
   const char* caller_;
   std::map<std::string, OpenFile> files_;
-  std::vector<char> buffer_;  // the one read buffer, as large as the largest range read
+  std::unique_ptr<char[]> buffer_;  // the one read buffer, as large as the largest range read
+  size_t capacity_ = 0;
 };
 
 const DcpEntry& FindEntry(const std::string& dir, const DcpMetadata& md, const std::string& fqn, const char* caller) {
@@ -356,7 +362,8 @@ void ReadInto(const std::string& dir, const DcpMetadata& md, const std::string& 
     if (volume == 0) continue;  // no overlap: this chunk's bytes are not read
     const std::string item = absl::StrCat("the chunk of '", fqn, "' at offsets ", Shape(c.offsets));
     const std::string_view bytes = reader.Read(c.storage, item);
-    const c10::IValue value = ReadCheckpoint(bytes.data(), bytes.size(),
+    // Aliasing: `bytes` (the reader's buffer) lives until the copy into `out` below.
+    const c10::IValue value = ReadCheckpointAliasing(bytes.data(), bytes.size(),
                                              absl::StrCat("'", reader.Path(c.storage), "' bytes [", c.storage.offset,
                                                           ", ", c.storage.offset + c.storage.length, ") (", item, ")"));
     TORCH_CHECK(value.isTensor() && value.toTensor().scalar_type() == e.properties.dtype &&
