@@ -60,6 +60,8 @@ class FSDPModule {
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   void set_is_last_backward(bool is_last_backward);
   void set_gradient_divide_factor(double factor);
+  // PyTorch 2.15 keeps this older name as an alias of set_gradient_divide_factor.
+  void set_reduce_scatter_divide_factor(double factor) { set_gradient_divide_factor(factor); }
   // Only SUM reductions in the collectives (the division becomes a separate pre/post
   // scaling), e.g. for zero-copy NCCL; this module's group only, as PyTorch 2.15's
   // FSDPModule.set_force_sum_reduction_for_comms.

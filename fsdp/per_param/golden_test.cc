@@ -14,6 +14,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -473,7 +474,13 @@ void CheckStep(const ReduceCase& c, Mismatches& m) {
         options.mp_policy.param_dtype = c.param_dtype;
         options.mp_policy.reduce_dtype = c.reduce_dtype;
         FSDPModule handle = fully_shard(model.ptr(), options);
-        if (c.factor) handle.set_gradient_divide_factor(*c.factor);
+        // Half the cases through the older name (an alias in PyTorch 2.15 too).
+        static std::atomic<int> calls{0};
+        if (c.factor && calls++ % 2 == 0) {
+          handle.set_gradient_divide_factor(*c.factor);
+        } else if (c.factor) {
+          handle.set_reduce_scatter_divide_factor(*c.factor);
+        }
         if (!SetForceSum(handle, c.force_sum)) {
           if (pg->rank() == 0) m.Add("no FSDPModule::set_force_sum_reduction_for_comms", c.Label());
           return;
