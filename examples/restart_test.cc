@@ -3,7 +3,8 @@
 //    stack dump), naming the lost rank and the collective;
 //  * under `torchrun --max-restarts 1` the relaunched job resumes from the latest complete
 //    periodic checkpoint and ends bitwise equal to an uninterrupted run, also when the rank
-//    died while writing a checkpoint (that one is reported and skipped).
+//    died while writing a checkpoint (that one is reported and skipped);
+//  * two torchrun launchers (`--nnodes 2`, as on two hosts, here on loopback) run one job.
 // The rank is killed by the demo's FSDP_FAULT hook (examples/training_checkpoints.h).
 // Usage (Bazel passes it): restart_test <path of fsdp2_demo>
 #include <ATen/ATen.h>
@@ -172,6 +173,33 @@ TEST(TorchrunRestart, ResumesFromTheLatestCompleteCheckpointWithTheSameBits) {
   EXPECT_TRUE(absl::StrContains(in_save.log, "resumed from " + in_save.dir + "/steps/step_15")) << in_save.log;
   EXPECT_EQ(in_save.final_loss, clean.final_loss);
   ExpectSameModel(in_save.dir, clean.dir);
+}
+
+// Two launcher processes (`--nnodes 2 --nproc-per-node 2`), as two hosts would run them: node
+// 0's elastic agent serves the store, every rank is its client, and the 4-rank demo trains to
+// parity with one rank (its PASS line).
+TEST(TorchrunTwoLaunchers, TheDemoTrainsToParityAcrossTwoNodes) {
+  std::string why_not;
+  const std::string python = fsdp::testing::PeerPython(&why_not);
+  if (python.empty()) GTEST_SKIP() << "needs torchrun from the peer venv: " << why_not;
+  const std::string dir = NewDir("two_nodes");
+  const int port = fsdp::testing::FreePort();
+  const auto launcher = [&](int node) {
+    return absl::StrCat("timeout 300 ", python, " -m torch.distributed.run --nnodes 2 --node-rank ", node,
+                        " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port ", port, " --no-python ", g_demo,
+                        " > ", dir, "/node", node, ".log 2>&1");
+  };
+  std::string output;
+  const int status = fsdp::testing::RunCommand(
+      absl::StrCat("( ", launcher(0), "; echo $? > ", dir, "/node0.rc ) & ", launcher(1), "; echo $? > ", dir,
+                   "/node1.rc; wait"),
+      &output);
+  ASSERT_EQ(status, 0) << output;
+  const std::string node0 = ReadFile(dir + "/node0.log"), node1 = ReadFile(dir + "/node1.log");
+  EXPECT_EQ(ReadFile(dir + "/node0.rc"), "0\n") << node0;
+  EXPECT_EQ(ReadFile(dir + "/node1.rc"), "0\n") << node1;
+  EXPECT_TRUE(absl::StrContains(node0, "FSDP2 demo: 3-block decoder (vocab 64, d 32, tied head), 4 ranks")) << node0;
+  EXPECT_TRUE(absl::StrContains(node0, "\nPASS\n")) << node0;
 }
 
 }  // namespace
