@@ -141,10 +141,15 @@ fsdp_cc_library(//comm:tcp_store
   HDRS internal/tcp_store.h
   DEPS :comm :main_guard @libtorch @system//:absl)
 
+fsdp_cc_library(//comm:c10d
+  SRCS c10d_process_group.cc internal/gloo_liveness.cc
+  HDRS c10d_process_group.h internal/c10d_adapter.h internal/gloo_liveness.h
+  DEPS :comm @libtorch @system//:absl)
+
 fsdp_cc_library(//comm:gloo
-  SRCS gloo_process_group.cc internal/gloo_liveness.cc internal/gloo_liveness.h
+  SRCS gloo_process_group.cc
   HDRS gloo_process_group.h
-  DEPS :comm :main_guard :tcp_store @libtorch @system//:absl)
+  DEPS :c10d :comm :main_guard :tcp_store @libtorch @system//:absl)
 
 fsdp_cc_test(//comm:comm_test SIZE medium
   SRCS comm_test.cc
@@ -496,7 +501,7 @@ fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
 fsdp_cc_library(//testing:multi_rank TESTONLY
   SRCS multi_rank.cc
   HDRS multi_rank.h
-  DEPS //comm //comm:gloo //comm:nccl @libtorch @system//:absl @system//:gtest
+  DEPS //comm //comm:c10d //comm:gloo //comm:nccl @libtorch @system//:absl @system//:gtest
   CUDA_DEPS @cuda//:cuda_nccl)
 
 fsdp_cc_library(//testing:golden_file TESTONLY

@@ -330,7 +330,8 @@ std::string ParamName(const ::testing::TestParamInfo<Conformance::ParamType>& in
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
                          ::testing::Combine(::testing::Values(Backend::kThreaded, Backend::kGlooThreads,
-                                                              Backend::kGlooProcesses),
+                                                              Backend::kGlooProcesses, Backend::kC10dGlooThreads,
+                                                              Backend::kC10dGlooProcesses),
                                             ::testing::Values(1, 2, 3, 4)),
                          ParamName);
 

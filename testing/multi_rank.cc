@@ -1,6 +1,9 @@
 #include "testing/multi_rank.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -25,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "comm/c10d_process_group.h"
 #include "comm/gloo_process_group.h"
 #include "comm/nccl_process_group.h"
 #include "comm/threaded_process_group.h"
@@ -82,6 +86,16 @@ std::string TempDir() {
 
 // ------------------------------------------------------------------ threads
 
+// What a user who already holds a c10d backend does: build ProcessGroupGloo by hand (on
+// loopback) and wrap it.
+comm::ProcessGroupPtr HandBuiltC10dGloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                        comm::Timeout timeout) {
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+  return comm::WrapC10dBackend(gloo, {.timeout = timeout, .store = store});
+}
+
 std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const RankBody& body,
                                       const RunOptions& options) {
   std::vector<comm::ProcessGroupPtr> threaded;
@@ -106,6 +120,10 @@ std::vector<RankOutcome> RunAsThreads(Backend backend, int world_size, const Ran
       try {
         if (backend == Backend::kThreaded) {
           group = threaded[r];
+        } else if (backend == Backend::kC10dGlooThreads) {
+          auto store = c10::make_intrusive<c10d::FileStore>(store_path, world_size);
+          store->setTimeout(options.collective_timeout);
+          group = HandBuiltC10dGloo(store, r, world_size, options.collective_timeout);
         } else {
           comm::GlooOptions gloo;
           gloo.timeout = options.collective_timeout;
@@ -180,6 +198,16 @@ comm::ProcessGroupPtr CreateChildGroup(Backend backend, const RunOptions& option
     nccl.timeout = options.collective_timeout;
     nccl.device_index = RankDevice(backend, env.local_rank).index();
     return comm::CreateNcclProcessGroupWithTcpStore(env, nccl);
+  }
+  if (backend == Backend::kC10dGlooProcesses) {
+    const comm::TorchrunEnv env = comm::ReadTorchrunEnv();
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(env.master_port);
+    store_options.isServer = env.rank == 0;
+    store_options.numWorkers = env.world_size;
+    store_options.timeout = options.collective_timeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    return HandBuiltC10dGloo(store, env.rank, env.world_size, options.collective_timeout);
   }
   comm::GlooOptions gloo;
   gloo.timeout = options.collective_timeout;
@@ -307,7 +335,8 @@ std::vector<RankOutcome> RunAsProcesses(Backend backend, int world_size, int cal
 }
 
 bool IsProcessBackend(Backend backend) {
-  return backend == Backend::kGlooProcesses || backend == Backend::kNcclProcesses;
+  return backend == Backend::kGlooProcesses || backend == Backend::kNcclProcesses ||
+         backend == Backend::kC10dGlooProcesses;
 }
 
 #ifdef FSDP_WITH_CUDA
@@ -372,6 +401,8 @@ std::string BackendName(Backend backend) {
     case Backend::kGlooThreads: return "gloo_threads";
     case Backend::kGlooProcesses: return "gloo_processes";
     case Backend::kNcclProcesses: return "nccl_processes";
+    case Backend::kC10dGlooThreads: return "c10d_gloo_threads";
+    case Backend::kC10dGlooProcesses: return "c10d_gloo_processes";
   }
   return "unknown";
 }

@@ -18,9 +18,13 @@ namespace fsdp::testing {
 // kNcclProcesses: one process per rank, rank r on GPU cuda:r (comm/nccl_process_group.h);
 // needs a --config=cuda (FSDP_WITH_CUDA) build, W visible GPUs and LibTorch's CUDA backend
 // (see BackendUnavailableReason). Its tensors must live on RankDevice().
-enum class Backend { kThreaded, kGlooThreads, kGlooProcesses, kNcclProcesses };
+// kC10dGlooThreads / kC10dGlooProcesses: a c10d::ProcessGroupGloo built by hand (as a user
+// holding a c10d backend would) and wrapped with comm::WrapC10dBackend (comm/c10d_process_group.h);
+// ranks as threads over a FileStore, or as processes over a TCPStore.
+enum class Backend { kThreaded, kGlooThreads, kGlooProcesses, kNcclProcesses, kC10dGlooThreads, kC10dGlooProcesses };
 
-// "threaded", "gloo_threads", "gloo_processes", "nccl_processes" (usable in test names).
+// "threaded", "gloo_threads", "gloo_processes", "nccl_processes", "c10d_gloo_threads",
+// "c10d_gloo_processes" (usable in test names).
 std::string BackendName(Backend backend);
 
 // The device rank `rank`'s tensors live on: cuda:<rank> for kNcclProcesses (the rank's

@@ -210,6 +210,11 @@ std::vector<ParityCase> Cases() {
   add(Config{.name = "replicate_grad_accumulation", .micro_batches = 2, .replicate = true}, 2);
   cases.push_back({Backend::kGlooThreads, 4, Config{.name = "hsdp", .hsdp = true}});
   cases.push_back({Backend::kGlooProcesses, 3, Config{"default"}});
+  // A c10d::ProcessGroupGloo built by hand and wrapped (comm::WrapC10dBackend): what a user
+  // who already holds a c10d backend passes in; HSDP splits it through the backend's split().
+  cases.push_back({Backend::kC10dGlooThreads, 3, Config{"default"}});
+  cases.push_back({Backend::kC10dGlooThreads, 4, Config{.name = "hsdp", .hsdp = true}});
+  cases.push_back({Backend::kC10dGlooProcesses, 2, Config{"default"}});
   cases.push_back(
       {Backend::kGlooProcesses, 4, Config{.name = "hsdp_reshard_false", .reshard_after_forward = false, .hsdp = true}});
   // CUDA + NCCL, rank r on cuda:r (skipped where that cannot run; see the file comment).

@@ -1,0 +1,245 @@
+// The c10d::Backend adapter (c10d_process_group.h, internal/c10d_adapter.h).
+#include "comm/c10d_process_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "comm/internal/c10d_adapter.h"
+
+namespace fsdp::comm {
+namespace internal {
+namespace {
+
+}  // namespace
+
+std::string BackendMessage(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find("] ");
+    if (close != std::string::npos && text.rfind(".cc:", close) != std::string::npos) text = text.substr(close + 2);
+  }
+  if (const size_t advice = text.find(" This is typically caused"); advice != std::string::npos) text.resize(advice);
+  return std::string(absl::StripAsciiWhitespace(text));
+}
+
+namespace {
+
+class C10dWork final : public Work {
+ public:
+  C10dWork(std::string description, Timeout timeout, c10::intrusive_ptr<c10d::Work> work,
+           std::shared_ptr<const PeerLiveness> liveness, std::string backend_name)
+      : Work(std::move(description), timeout),
+        work_(std::move(work)),
+        liveness_(std::move(liveness)),
+        backend_name_(std::move(backend_name)),
+        start_(std::chrono::steady_clock::now()) {}
+
+  bool is_completed() override { return work_->isCompleted(); }
+  std::exception_ptr exception() override {
+    if (error_) return error_;
+    return work_->isCompleted() ? work_->exception() : nullptr;
+  }
+
+ protected:
+  bool WaitFor(Timeout timeout) override {
+    const auto wait_start = std::chrono::steady_clock::now();
+    try {
+      work_->wait(timeout);
+    } catch (const std::exception& e) {
+      const auto now = std::chrono::steady_clock::now();
+      // A timeout only when the wait lasted its whole timeout: c10d's Gloo work can throw a
+      // peer's lost connection while it still reads as not completed.
+      if (!work_->isCompleted() && now - wait_start >= timeout) return false;
+      // The backend's own failure (e.g. a peer's connection closed or reset): say when, and
+      // with liveness (Gloo) record it for the peers' messages and name the peers that are
+      // gone by rank (gloo names them by address).
+      const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(now - start_);
+      const std::string cause = BackendMessage(e);
+      std::string lost;
+      if (liveness_ != nullptr) {
+        liveness_->RecordFailure(absl::StrCat(description(), " failed: ", cause));
+        lost = liveness_->Describe(/*retries=*/2);
+      }
+      try {
+        if (lost.empty()) {
+          TORCH_CHECK_WITH(DistBackendError, false, description(), " failed after ", elapsed.count(), " ms: ", cause);
+        }
+        TORCH_CHECK_WITH(DistBackendError, false, description(), " failed after ", elapsed.count(),
+                         " ms: connection lost: ", lost, " (", backend_name_, ": ", cause, ")");
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    }
+    return true;
+  }
+  std::string TimeoutDetail() override { return liveness_ != nullptr ? liveness_->Describe() : ""; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::shared_ptr<const PeerLiveness> liveness_;
+  std::string backend_name_;
+  std::chrono::steady_clock::time_point start_;
+  std::exception_ptr error_;
+};
+
+c10d::ReduceOp ToC10d(ReduceOp op) {
+  switch (op.kind()) {
+    case ReduceOpKind::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOpKind::kMin: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM are built from SUM
+  }
+}
+
+c10d::ReduceOp ToC10d(ReduceOp op, bool native_avg) {
+  switch (op.kind()) {
+    case ReduceOpKind::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOpKind::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOpKind::kAvg: return native_avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    default: return c10d::ReduceOp::SUM;  // PREMUL_SUM is built from SUM (and Gloo's AVG)
+  }
+}
+
+class C10dProcessGroup final : public ProcessGroup {
+ public:
+  C10dProcessGroup(c10::intrusive_ptr<c10d::Backend> backend, C10dAdapterOptions options)
+      : ProcessGroup(backend->getRank(), backend->getSize(), options.timeout),
+        backend_(std::move(backend)),
+        options_(std::move(options)),
+        // ProcessGroupGloo refuses AVG ("Cannot use ReduceOp.AVG with Gloo").
+        native_avg_(backend_->getBackendName() != "gloo") {}
+
+  std::string backend_name() const override { return backend_->getBackendName(); }
+
+ protected:
+  WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override {
+    const std::string what = Describe("all_gather_into_tensor", input);
+    if (input.numel() == 0) return MakeCompletedWork(what);
+    at::Tensor out = output.view({-1});
+    at::Tensor in = input.view({-1});
+    return Wrap(what, backend_->all_gather_single(out, in));
+  }
+
+  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    const std::string what = Describe(absl::StrCat("reduce_scatter_tensor(", op.ToString(), ")"), input);
+    if (output.numel() == 0) return MakeCompletedWork(what);
+    at::Tensor out = output.view({-1});
+    // PREMUL_SUM must not modify the caller's input: scale a copy.
+    at::Tensor in = op.kind() == ReduceOpKind::kPremulSum ? input.view({-1}).mul(op.factor()) : input.view({-1});
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = ToC10d(op, native_avg_);
+    // c10d's work keeps `in` (the scaled copy) alive until the collective finished.
+    WorkPtr work = Wrap(what, backend_->reduce_scatter_single(out, in, opts));
+    AddAverageStep(*work, output, op);
+    return work;
+  }
+
+  WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override {
+    const std::string what = Describe(absl::StrCat("all_reduce(", op.ToString(), ")"), tensor);
+    if (tensor.numel() == 0) return MakeCompletedWork(what);
+    if (op.kind() == ReduceOpKind::kPremulSum) tensor.mul_(op.factor());
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = ToC10d(op, native_avg_);
+    WorkPtr work = Wrap(what, backend_->allreduce(tensors, opts));
+    AddAverageStep(*work, tensor, op);
+    return work;
+  }
+
+  WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override {
+    const std::string what = Describe(absl::StrCat("broadcast(root=", root, ")"), tensor);
+    if (tensor.numel() == 0) return MakeCompletedWork(what);
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return Wrap(what, backend_->broadcast(tensors, opts));
+  }
+
+  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                     const std::vector<int64_t>& input_split_sizes) override {
+    const std::string what = Describe(absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","),
+                                                   "], out [", absl::StrJoin(output_split_sizes, ","), "])"),
+                                      input);
+    at::Tensor out = output;
+    at::Tensor in = input;
+    std::vector<int64_t> out_splits = output_split_sizes;
+    std::vector<int64_t> in_splits = input_split_sizes;
+    return Wrap(what, backend_->all_to_all_single(out, in, out_splits, in_splits));
+  }
+
+  WorkPtr DoBarrier() override { return Wrap(absl::StrCat("barrier on ", WhoAmI()), backend_->barrier()); }
+
+  std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
+    const uint64_t serial = next_split_++;
+    int index = -1;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] == rank()) index = static_cast<int>(i);
+    }
+    if (options_.new_subgroup) return index < 0 ? nullptr : options_.new_subgroup(ranks, index, serial);
+    TORCH_CHECK(options_.split_store != nullptr, "new_subgroup on ", WhoAmI(),
+                ": the wrapped c10d backend needs a store to split (C10dOptions::store)");
+    // c10d's ProcessGroup::splitGroup: every rank calls split(), with the group's ranks;
+    // the child's rendezvous keys go under a prefix of their own.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("fsdp_split_", serial, "_", absl::StrJoin(ranks, "_")), options_.split_store);
+    c10::intrusive_ptr<c10d::Backend> child =
+        backend_->split(prefixed, ranks, backend_->getBackendOptions());
+    if (index < 0 || child == nullptr) return nullptr;
+    C10dAdapterOptions child_options;
+    child_options.timeout = options_.timeout;
+    child_options.split_store = options_.split_store;
+    return std::make_shared<C10dProcessGroup>(child, std::move(child_options));
+  }
+
+ private:
+  std::string Describe(const std::string& op_text, const at::Tensor& t) const {
+    return absl::StrCat(op_text, " ", DescribeTensor(t), " on ", WhoAmI());
+  }
+
+  WorkPtr Wrap(const std::string& what, c10::intrusive_ptr<c10d::Work> work) {
+    return std::make_shared<C10dWork>(what, timeout(), std::move(work), options_.liveness, backend_->getBackendName());
+  }
+
+  // Gloo has no AVG: reduce with SUM, divide once the data arrived.
+  void AddAverageStep(Work& work, const at::Tensor& result, ReduceOp op) {
+    if (op.kind() != ReduceOpKind::kAvg || native_avg_) return;
+    const double world = size();
+    work.AddCompletionStep([result, world] { result.div_(world); });
+  }
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  C10dAdapterOptions options_;
+  bool native_avg_;
+  uint64_t next_split_ = 0;
+};
+
+}  // namespace
+
+ProcessGroupPtr MakeC10dProcessGroup(c10::intrusive_ptr<c10d::Backend> backend, C10dAdapterOptions options) {
+  TORCH_CHECK(backend != nullptr, "WrapC10dBackend: backend is null");
+  TORCH_CHECK(options.timeout.count() > 0, "WrapC10dBackend: timeout must be positive, got ", options.timeout.count(),
+              " ms");
+  return std::make_shared<C10dProcessGroup>(std::move(backend), std::move(options));
+}
+
+}  // namespace internal
+
+ProcessGroupPtr WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, C10dOptions options) {
+  internal::C10dAdapterOptions adapter;
+  adapter.timeout = options.timeout;
+  adapter.split_store = std::move(options.store);
+  return internal::MakeC10dProcessGroup(std::move(backend), std::move(adapter));
+}
+
+}  // namespace fsdp::comm
