@@ -399,7 +399,7 @@ fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
   DEPS //fsdp/common:test_models :per_param @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium
-  SRCS golden_test.cc
+  SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
   DATA testdata/*.txt
   DEPS :per_param :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
