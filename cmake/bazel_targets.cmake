@@ -396,7 +396,8 @@ fsdp_cc_test(//fsdp/per_param:per_param_async_streams_test SIZE medium
 
 fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
   HDRS test_models.h
-  DEPS //fsdp/common:test_models :per_param @libtorch @system//:absl)
+  DEPS //dtensor //dtensor:tensor_parallel //fsdp/common:test_models //mesh :per_param @libtorch
+       @system//:absl)
 
 fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h

@@ -53,25 +53,13 @@ inline std::string NewDir(const std::string& name) {
 
 // ----------------------------------------------------------------------- TP models
 // As fsdp/per_param/parity_test.cc: blocks with a colwise fc1 and a rowwise fc2 on "tp";
-// `spmd` set: their specs live on the whole (dp, tp) mesh (the dp_mesh_dims path).
-struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
-  SpmdLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr spmd, dtensor::TensorParallelStyle style)
-      : TensorParallelLinearImpl(linear, (*spmd)["tp"], style), spmd_(std::move(spmd)) {}
-  std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
-    auto specs = TensorParallelLinearImpl::named_parameter_specs();
-    for (auto& [name, spec] : specs) {
-      spec = dtensor::DTensorSpec::Make(spmd_, {dtensor::Placement::Replicate(), spec.placements[0]}, spec.shape,
-                                        spec.dtype);
-    }
-    return specs;
-  }
-  mesh::DeviceMeshPtr spmd_;
-};
-
+// `spmd` set: their specs live on the whole (dp, tp) mesh (the dp_mesh_dims path,
+// per_param::testing::SpmdLinearImpl).
 dtensor::TensorParallelLinear Parallel(const torch::nn::Linear& l, const mesh::DeviceMeshPtr& tp,
                                        const mesh::DeviceMeshPtr& spmd, dtensor::TensorParallelStyle style) {
   if (!spmd) return ParallelizeLinear(l, tp, style);
-  std::shared_ptr<dtensor::TensorParallelLinearImpl> impl = std::make_shared<SpmdLinearImpl>(l, spmd, style);
+  std::shared_ptr<dtensor::TensorParallelLinearImpl> impl =
+      std::make_shared<per_param::testing::SpmdLinearImpl>(l, spmd, style);
   return dtensor::TensorParallelLinear(impl);
 }
 

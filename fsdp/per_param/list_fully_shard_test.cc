@@ -222,24 +222,11 @@ TEST(ListFullyShard, HandlesSharedStateAndNestedListedModules) {
 
 // A Hooked holder of an SPMD tensor-parallel Linear: its parameters are DTensors on `spmd`
 // (Replicate on dp), what fully_shard with dp_mesh_dims expects.
-struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
-  SpmdLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr spmd)
-      : TensorParallelLinearImpl(linear, (*spmd)["tp"], dtensor::TensorParallelStyle::kColwise),
-        spmd_(std::move(spmd)) {}
-  std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
-    auto specs = TensorParallelLinearImpl::named_parameter_specs();
-    for (auto& [name, spec] : specs) {
-      spec = dtensor::DTensorSpec::Make(spmd_, {dtensor::Placement::Replicate(), spec.placements[0]}, spec.shape,
-                                        spec.dtype);
-    }
-    return specs;
-  }
-  mesh::DeviceMeshPtr spmd_;
-};
 struct SpmdHolderImpl : torch::nn::Module {
   explicit SpmdHolderImpl(const mesh::DeviceMeshPtr& spmd)
       : l(register_module("l", dtensor::TensorParallelLinear(std::shared_ptr<dtensor::TensorParallelLinearImpl>(
-                                   std::make_shared<SpmdLinearImpl>(torch::nn::Linear(4, 4), spmd))))) {}
+                                   std::make_shared<testing::SpmdLinearImpl>(torch::nn::Linear(4, 4), spmd,
+                                                                             dtensor::TensorParallelStyle::kColwise))))) {}
   at::Tensor forward(const at::Tensor& x) { return l(x); }
   dtensor::TensorParallelLinear l;
 };

@@ -260,23 +260,6 @@ TEST(Soak, RandomConfigurationsKeepParityAndDoNotLeak) {
   }
 }
 
-// A tensor-parallel Linear whose parameter specs live on the whole (dp, tp) mesh with
-// `dp_placement` (Replicate) on dp: the parameters fully_shard's dp_mesh_dims expects.
-struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
-  SpmdLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr spmd, dtensor::TensorParallelStyle style,
-                 dtensor::Placement dp_placement)
-      : TensorParallelLinearImpl(linear, (*spmd)["tp"], style), spmd_(std::move(spmd)), dp_(dp_placement) {}
-  std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
-    auto specs = TensorParallelLinearImpl::named_parameter_specs();
-    for (auto& [name, spec] : specs) {
-      spec = dtensor::DTensorSpec::Make(spmd_, {dp_, spec.placements[0]}, spec.shape, spec.dtype);
-    }
-    return specs;
-  }
-  mesh::DeviceMeshPtr spmd_;
-  dtensor::Placement dp_;
-};
-
 // FSDP over "dp" of a (dp=2, tp=2) mesh around tensor-parallel blocks (colwise fc1, rowwise
 // fc2): FSDP shards each TP shard again, and the sharded parameter's spec is
 // (StridedShard(0, sf=2), Shard(0)) on the (dp, tp) mesh. `spmd` set: the blocks' specs are
@@ -294,7 +277,7 @@ struct TPBlockImpl : torch::nn::Module {
                                                 dtensor::Placement dp_placement) {
     if (!spmd) return ParallelizeLinear(l, tp, style);
     std::shared_ptr<dtensor::TensorParallelLinearImpl> impl =
-        std::make_shared<SpmdLinearImpl>(l, spmd, style, dp_placement);
+        std::make_shared<testing::SpmdLinearImpl>(l, spmd, style, dp_placement);
     return dtensor::TensorParallelLinear(impl);
   }
   dtensor::TensorParallelLinear fc1, fc2;
