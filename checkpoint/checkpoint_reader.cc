@@ -62,10 +62,18 @@ constexpr StorageType kStorageTypes[] = {{"FloatStorage", at::kFloat},
                                          {"ComplexFloatStorage", at::kComplexFloat},
                                          {"ComplexDoubleStorage", at::kComplexDouble}};
 
+// What a storage's tensor is: a copy of its record, a view of the record's bytes in the
+// caller's buffer (ReadCheckpointAliasing), or a meta tensor whose record is only located
+// (LocateCheckpointTensor).
+enum class StorageMode { kCopy, kAlias, kLocate };
+
 class Unpickler {
  public:
-  Unpickler(std::string_view pickle, const internal::CheckpointZip& zip, const std::string& what, bool alias)
-      : in_(pickle), zip_(zip), what_(what), alias_(alias) {}
+  Unpickler(std::string_view pickle, const internal::CheckpointZip& zip, const std::string& what, StorageMode mode)
+      : in_(pickle), zip_(zip), what_(what), mode_(mode) {}
+
+  // kLocate: the record of each storage read, by the storage's (meta) TensorImpl.
+  const absl::flat_hash_map<const c10::StorageImpl*, std::string>& located() const { return located_; }
 
   c10::IValue Run() {
     TORCH_CHECK(Byte() == 0x80, where(), "does not start with a pickle PROTO opcode");
@@ -308,8 +316,14 @@ class Unpickler {
       return v;
     }
     std::string_view bytes;
-    if (numel > 0) {  // as LibTorch: no record is needed for an empty storage
-      const std::string record = absl::StrCat(zip_.archive(), "/data/", key);
+    const std::string record = absl::StrCat(zip_.archive(), "/data/", key);
+    if (numel > 0 && mode_ == StorageMode::kLocate) {  // checked here, read by the caller
+      TORCH_CHECK(zip_.Has(record), where(), "storage '", key, "' has no record '", record, "'");
+      const uint64_t size = zip_.Find(record).size;
+      TORCH_CHECK(size == static_cast<uint64_t>(numel * item), where(), "storage '", key, "' is declared as ", numel,
+                  " ", c10::toString(dtype), " elements (", numel * item, " bytes) but its record '", record,
+                  "' holds ", size, " bytes");
+    } else if (numel > 0) {  // as LibTorch: no record is needed for an empty storage
       TORCH_CHECK(zip_.Has(record), where(), "storage '", key, "' has no record '", record, "'");
       bytes = zip_.Read(record);
       TORCH_CHECK(static_cast<uint64_t>(bytes.size()) == static_cast<uint64_t>(numel * item), where(), "storage '", key,
@@ -323,7 +337,10 @@ class Unpickler {
       }
     }
     at::Tensor t;
-    if (alias_ && numel > 0) {  // ReadCheckpointAliasing: the caller keeps `data` alive
+    if (mode_ == StorageMode::kLocate) {
+      t = at::empty({numel}, at::TensorOptions(dtype).device(at::kMeta));
+      if (numel > 0) located_.emplace(t.storage().unsafeGetStorageImpl(), record);
+    } else if (mode_ == StorageMode::kAlias && numel > 0) {  // ReadCheckpointAliasing: the caller keeps `data` alive
       t = at::from_blob(const_cast<char*>(bytes.data()), {numel}, at::TensorOptions(dtype));
     } else {
       t = at::empty({numel}, at::TensorOptions(dtype));  // numel * item bytes: checked above
@@ -546,21 +563,21 @@ class Unpickler {
   std::string_view in_;
   const internal::CheckpointZip& zip_;
   const std::string& what_;
-  const bool alias_;  // storages alias their records (ReadCheckpointAliasing)
+  const StorageMode mode_;
   size_t pos_ = 0, op_pos_ = 0;
   std::vector<Value> stack_;
   std::vector<size_t> marks_;
   absl::flat_hash_map<uint64_t, Value> memo_;
   absl::flat_hash_map<const void*, Container> containers_;
   absl::flat_hash_map<std::string, at::Tensor> storages_;
+  absl::flat_hash_map<const c10::StorageImpl*, std::string> located_;
 };
 
 }  // namespace
 
 namespace {
-c10::IValue Read(const char* data, size_t size, const std::string& source, bool alias) {
-  const std::string what = source + " is not a valid checkpoint: ";
-  const internal::CheckpointZip zip(data, size, what);
+// The archive's pickle, its byte order checked.
+std::string_view Pickle(const internal::CheckpointZip& zip, const std::string& what) {
   const std::string byteorder = zip.archive() + "/byteorder";
   if (zip.Has(byteorder)) {
     const std::string_view order = zip.Read(byteorder);
@@ -569,16 +586,35 @@ c10::IValue Read(const char* data, size_t size, const std::string& source, bool 
   }
   const std::string pickle = zip.archive() + "/data.pkl";
   TORCH_CHECK(zip.Has(pickle), what, "it has no record '", pickle, "'");
-  return Unpickler(zip.Read(pickle), zip, what, alias).Run();
+  return zip.Read(pickle);
+}
+
+c10::IValue Read(const char* data, size_t size, const std::string& source, StorageMode mode) {
+  const std::string what = source + " is not a valid checkpoint: ";
+  const internal::CheckpointZip zip(data, size, what);
+  return Unpickler(Pickle(zip, what), zip, what, mode).Run();
 }
 }  // namespace
 
 c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& source) {
-  return Read(data, size, source, /*alias=*/false);
+  return Read(data, size, source, StorageMode::kCopy);
 }
 
 c10::IValue ReadCheckpointAliasing(const char* data, size_t size, const std::string& source) {
-  return Read(data, size, source, /*alias=*/true);
+  return Read(data, size, source, StorageMode::kAlias);
+}
+
+LocatedTensor LocateCheckpointTensor(uint64_t size, const internal::CheckpointZip::Fetch& fetch,
+                                     const std::string& source) {
+  LocatedTensor out{.what = std::make_shared<const std::string>(source + " is not a valid checkpoint: ")};
+  out.zip = std::make_shared<internal::CheckpointZip>(size, fetch, *out.what);
+  Unpickler unpickler(Pickle(*out.zip, *out.what), *out.zip, *out.what, StorageMode::kLocate);
+  const c10::IValue value = unpickler.Run();
+  TORCH_CHECK(value.isTensor(), *out.what, "it holds a ", value.tagKind(), ", not a tensor");
+  out.meta = value.toTensor();
+  auto it = unpickler.located().find(out.meta.storage().unsafeGetStorageImpl());
+  if (it != unpickler.located().end()) out.record = it->second;
+  return out;
 }
 
 }  // namespace fsdp::checkpoint

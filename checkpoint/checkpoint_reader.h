@@ -26,7 +26,11 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
+
+#include "checkpoint/checkpoint_zip.h"
 
 namespace fsdp::checkpoint {
 
@@ -39,6 +43,22 @@ c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& sou
 // that copy the values out at once (dcp_storage.h's ReadInto): one memory pass less, and no
 // fresh allocation to fault in. Checks as ReadCheckpoint (CRC included).
 c10::IValue ReadCheckpointAliasing(const char* data, size_t size, const std::string& source);
+
+// A checkpoint holding one tensor (a DCP chunk: filesystem.py torch.save's each item), located
+// but not read: `meta` has its dtype, sizes, strides and storage offset (the meta device), and
+// `record` names the storage's record in `zip` (empty for an empty storage): its bytes are at
+// zip->Find(record).offset, with zip->Find(record).crc, for the caller to read and check
+// (CheckpointZip::CrcMismatch reports a mismatch; a bool storage's bytes must be 0 or 1).
+// Only the archive's directory, its local headers and its pickle are fetched, every check of
+// ReadCheckpoint made on them; errors read "<source> is not a valid checkpoint: ...".
+struct LocatedTensor {
+  std::shared_ptr<const std::string> what;  // "<source> is not a valid checkpoint: " (`zip` refers to it)
+  std::shared_ptr<internal::CheckpointZip> zip;
+  at::Tensor meta;
+  std::string record;
+};
+LocatedTensor LocateCheckpointTensor(uint64_t size, const internal::CheckpointZip::Fetch& fetch,
+                                     const std::string& source);
 
 }  // namespace fsdp::checkpoint
 

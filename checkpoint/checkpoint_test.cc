@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/checkpoint_zip.h"
+#include "checkpoint/crc32.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/optim_state_file.h"
 #include "checkpoint/tensor_dict_file.h"
@@ -50,23 +51,49 @@ void ExpectSameTensor(const at::Tensor& a, const at::Tensor& b, const std::strin
   EXPECT_TRUE(at::equal(a, b)) << what;
 }
 
-// The CRC-32 every record read is checked with: the PCLMULQDQ folding path (where the CPU has
-// it) against the table one and the standard check value, at every length around the 16- and
-// 64-byte boundaries and every alignment.
+// The CRC-32 every record read is checked with: the folding paths (PCLMULQDQ, and VPCLMULQDQ
+// on 512-bit registers from 256 bytes, where the CPU has them) against the table one and the
+// standard check value, at every length through the 16-, 64-, 256- and 2048-bit-fold
+// boundaries and every alignment, whole and in pieces (Crc32Update's zlib semantics).
 TEST(Checkpoint, Crc32MatchesTheTableAndTheCheckValue) {
   EXPECT_EQ(internal::Crc32("123456789", 9), 0xCBF43926u);  // CRC-32/ISO-HDLC's check value
   EXPECT_EQ(internal::Crc32Portable("123456789", 9), 0xCBF43926u);
-  std::vector<char> bytes(1 << 20);
+  EXPECT_EQ(internal::Crc32Update(internal::Crc32("1234", 4), "56789", 5), 0xCBF43926u);
+  EXPECT_EQ(internal::Crc32(nullptr, 0), 0u);
+  std::vector<char> bytes((1 << 20) + 64);
   uint32_t x = 12345;
   for (char& b : bytes) b = static_cast<char>((x = x * 1103515245u + 12345u) >> 24);
+  constexpr size_t kMax = 2100;
   for (size_t offset = 0; offset < 8; ++offset) {
-    for (size_t n = 0; n <= 300; ++n) {
-      ASSERT_EQ(internal::Crc32(bytes.data() + offset, n), internal::Crc32Portable(bytes.data() + offset, n))
-          << "offset " << offset << " length " << n;
+    const char* p = bytes.data() + offset;
+    uint32_t by_byte = 0;  // p[0, n) a byte at a time
+    for (size_t n = 0; n <= kMax; ++n) {
+      const uint32_t want = internal::Crc32Portable(p, n);
+      ASSERT_EQ(by_byte, want) << "offset " << offset << " length " << n << " a byte at a time";
+      if (n < kMax) by_byte = internal::Crc32Update(by_byte, p + n, 1);
+      ASSERT_EQ(internal::Crc32(p, n), want) << "offset " << offset << " length " << n;
+      ASSERT_EQ(internal::Crc32Update(0, p, n), want) << "offset " << offset << " length " << n;
+      for (size_t split : {size_t{1}, size_t{7}, size_t{16}, size_t{63}, size_t{64}, size_t{100}, size_t{255},
+                           size_t{256}, size_t{257}, size_t{1029}, n / 2, n - n / 3}) {
+        if (split > n) continue;
+        ASSERT_EQ(internal::Crc32Update(internal::Crc32(p, split), p + split, n - split), want)
+            << "offset " << offset << " length " << n << " split at " << split;
+      }
+      if (n >= 20) {  // three pieces, the middle one short
+        const size_t a = n / 3, b = a + 1 + n % 7;
+        ASSERT_EQ(internal::Crc32Update(internal::Crc32Update(internal::Crc32(p, a), p + a, b - a), p + b, n - b), want)
+            << "offset " << offset << " length " << n << " split at " << a << " and " << b;
+      }
     }
   }
-  for (size_t n : {size_t{4096}, size_t{65535}, size_t{65536 + 13}, bytes.size() - 8}) {
-    EXPECT_EQ(internal::Crc32(bytes.data() + 3, n), internal::Crc32Portable(bytes.data() + 3, n)) << n;
+  for (size_t n : {size_t{4096}, size_t{65535}, size_t{65536 + 13}, size_t{(1 << 20) + 13}, bytes.size() - 8}) {
+    const char* p = bytes.data() + 3;
+    const uint32_t want = internal::Crc32Portable(p, n);
+    EXPECT_EQ(internal::Crc32(p, n), want) << n;
+    for (size_t split : {size_t{13}, size_t{4093}, n / 2 + 5, n - 250}) {
+      EXPECT_EQ(internal::Crc32Update(internal::Crc32(p, split), p + split, n - split), want)
+          << n << " split at " << split;
+    }
   }
 }
 

@@ -27,11 +27,15 @@
 //    covered exactly (same size and dtype on every rank, no overlap, chunk volumes summing to
 //    the tensor's), and writes `dir/.metadata` atomically.
 //  * ReadMetadata(dir) parses `dir/.metadata` (every ParseDcpMetadata check).
-//  * ReadInto(dir, metadata, fqn, dest_offsets, dest) fills `dest`, the box of the global
-//    tensor at `dest_offsets` with dest's sizes (any box: the saved sharding does not matter),
-//    from the stored chunks that overlap it: each such chunk's byte range is read with pread
-//    into one buffer reused across chunks (never a whole file), parsed with ReadCheckpoint and
-//    its overlap with the box copied. Files whose chunks do not overlap are not opened.
+//  * ReadInto(dir, metadata, fqn, dest_offsets, dest) fills `dest`, the box of the
+//    global tensor at `dest_offsets` with dest's sizes (any box: the saved sharding does not
+//    matter), from the stored chunks that overlap it. Of such a chunk only the archive's
+//    directory and pickle are parsed (ReadCheckpoint's checks); its tensor's bytes are read
+//    once, in blocks of DcpReader::kBlockBytes, each CRC-32-checked as it arrives, the part
+//    the box needs straight into `dest` where it can (dcp_read.cc says when). Memory beyond
+//    `dest`: one block (or one dim-0 row of the chunk, when larger). Files whose chunks do not
+//    overlap are not opened. On an error, dest's content is unspecified.
+//    DcpReader does the same for many tensors, keeping its files open and its block.
 //  * ReadBytes(dir, metadata, fqn) returns a bytes entry's raw bytes (a torch.save archive when
 //    Python wrote them: ReadCheckpoint reads it).
 //  Errors are c10::Errors that start with the function's name and name the file and the
@@ -44,6 +48,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -91,6 +97,37 @@ std::vector<char> SerializeDcpFragment(const DcpFragment& fragment);
 DcpFragment ParseDcpFragment(const std::vector<char>& bytes, const std::string& source);
 
 DcpMetadata ReadMetadata(const std::string& dir);
+
+// Reads tensors and bytes entries of the checkpoint in `dir` that `metadata` describes (which
+// must outlive it), keeping the data files it opened and its scratch block between calls.
+// Errors start with `caller` (a string literal). Not thread-safe.
+class DcpReader {
+ public:
+  // The most bytes read per pread: small enough that the CRC-32 of a block runs while it is
+  // still in the core's cache, large enough that syscalls cost nothing.
+  static constexpr int64_t kBlockBytes = int64_t{1} << 19;
+
+  DcpReader(std::string dir, const DcpMetadata& metadata, const char* caller = "ReadInto");
+  ~DcpReader();
+  DcpReader(const DcpReader&) = delete;
+  DcpReader& operator=(const DcpReader&) = delete;
+
+  void ReadInto(const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest);
+  std::vector<char> ReadBytes(const std::string& fqn);
+
+ private:
+  struct OpenFile;
+  const DcpEntry& Entry(const std::string& fqn) const;
+  OpenFile& File(const DcpStorageInfo& storage, const std::string& item);
+  char* Scratch(size_t size);
+  void ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo, const at::Tensor& dst);
+
+  std::string dir_;
+  const DcpMetadata& md_;
+  const char* caller_;
+  std::map<std::string, std::unique_ptr<OpenFile>> files_;
+  at::Tensor scratch_;  // bytes; grows to the largest block asked for
+};
 
 void ReadInto(const std::string& dir, const DcpMetadata& metadata, const std::string& fqn,
               const std::vector<int64_t>& dest_offsets, const at::Tensor& dest);

@@ -18,26 +18,10 @@ namespace {
 
 std::string Reason(int error) { return std::strerror(error); }
 
-// Closes the descriptor on every path out of a function.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int Release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
 }  // namespace
 
 std::vector<char> ReadFile(const std::string& path, std::string_view caller) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   TORCH_CHECK(fd.get() >= 0, caller, ": cannot open '", path, "' for reading (", Reason(errno), ")");
   struct stat st {};
   TORCH_CHECK(::fstat(fd.get(), &st) == 0, caller, ": cannot stat '", path, "' (", Reason(errno), ")");
@@ -55,33 +39,66 @@ std::vector<char> ReadFile(const std::string& path, std::string_view caller) {
   return bytes;
 }
 
-void WriteFileAtomically(const std::string& path, const std::vector<char>& bytes, std::string_view caller) {
-  TORCH_CHECK(!path.empty(), caller, ": the path is empty");
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+AtomicFile::AtomicFile(std::string path, std::string_view caller) : path_(std::move(path)), caller_(caller) {
+  TORCH_CHECK(!path_.empty(), caller_, ": the path is empty");
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  TORCH_CHECK(fd.get() >= 0, caller, ": cannot create '", tmp, "' to write '", path, "' (", Reason(errno), ")");
-  const auto fail = [&](const char* what, int error) {
-    ::close(fd.Release());
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": writing '", path, "' failed: ", what, " (", Reason(error), ")");
-  };
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+  tmp_ = absl::StrCat(path_, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  fd_ = ScopedFd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  TORCH_CHECK(fd_.get() >= 0, caller_, ": cannot create '", tmp_, "' to write '", path_, "' (", Reason(errno), ")");
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_.get() >= 0) {  // not committed: an error left it behind
+    ::close(fd_.Release());
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::Write(const char* data, size_t size) {
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd_.get(), data + done, size - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("write", errno);
+    if (n < 0) Fail("write", errno);
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd.get()) != 0) fail("fsync", errno);
-  if (::close(fd.Release()) != 0) {
+  size_ += static_cast<int64_t>(size);
+}
+
+void AtomicFile::Commit() {
+  if (::fsync(fd_.get()) != 0) Fail("fsync", errno);
+  if (::close(fd_.Release()) != 0) {
     const int error = errno;
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": writing '", path, "' failed: close (", Reason(error), ")");
+    ::unlink(tmp_.c_str());
+    TORCH_CHECK(false, caller_, ": writing '", path_, "' failed: close (", Reason(error), ")");
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int error = errno;
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": cannot rename '", tmp, "' to '", path, "' (", Reason(error), ")");
+    ::unlink(tmp_.c_str());
+    TORCH_CHECK(false, caller_, ": cannot rename '", tmp_, "' to '", path_, "' (", Reason(error), ")");
+  }
+}
+
+void AtomicFile::Fail(const char* what, int error) {
+  TORCH_CHECK(false, caller_, ": writing '", path_, "' failed: ", what, " (", Reason(error), ")");
+}
+
+void WriteFileAtomically(const std::string& path, const std::vector<char>& bytes, std::string_view caller) {
+  AtomicFile file(path, caller);
+  file.Write(bytes);
+  file.Commit();
+}
+
+void PreadFully(int fd, uint64_t offset, size_t size, char* out, const std::string& path, std::string_view caller) {
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    TORCH_CHECK(n > 0, caller, ": reading bytes [", offset, ", ", offset + size, ") of '", path, "' failed after ",
+                done, " bytes (", n == 0 ? "end of file: truncated?" : Reason(errno), ")");
+    done += static_cast<size_t>(n);
   }
 }
 

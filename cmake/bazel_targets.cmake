@@ -88,9 +88,9 @@ fsdp_cc_test(//bench/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
 
 # ================================================================ //checkpoint
 fsdp_cc_library(//checkpoint
-  SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc file_io.cc optim_state_file.cc
-       tensor_dict_file.cc
-  HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h optim_state_file.h
+  SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc crc32.cc file_io.cc
+       optim_state_file.cc tensor_dict_file.cc
+  HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h crc32.h file_io.h optim_state_file.h
        tensor_dict_file.h
   DEPS @libtorch @system//:absl)
 
@@ -99,9 +99,14 @@ fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE
   DEPS :checkpoint //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//checkpoint:dcp
-  SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_pickle.cc dcp_storage.cc
+  SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_pickle.cc dcp_read.cc dcp_storage.cc
   HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h
   DEPS :checkpoint @libtorch @system//:absl)
+
+fsdp_cc_test(//checkpoint:dcp_read_test SIZE small
+  SRCS dcp_read_test.cc
+  DEPS :checkpoint :dcp //testing:allocation_counter //testing:expect_error @libtorch @system//:absl
+       @system//:gtest_main)
 
 fsdp_cc_test(//checkpoint:dcp_test SIZE medium
   SRCS dcp_test.cc

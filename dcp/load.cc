@@ -65,24 +65,45 @@ const DcpEntry& TensorEntry(const std::string& dir, const DcpMetadata& md, const
   return *e;
 }
 
-// The local tensor laid out like `fsdp`'s shard (or whole when null) of entry `key`, read
-// from the overlapping chunks only, in the stored dtype.
-at::Tensor ReadBoxes(const std::string& dir, const DcpMetadata& md, const DcpEntry& e,
-                     const std::vector<int64_t>& local_sizes, const std::vector<internal::Box>& boxes) {
-  at::Tensor local = at::empty(local_sizes, at::TensorOptions().dtype(e.properties.dtype));
-  for (const internal::Box& box : boxes) {
-    checkpoint::ReadInto(dir, md, e.fqn, box.global_offsets, internal::BoxOf(local, box));
+// A staging tensor for a local shard: for an FSDP2 parameter sharded on dim 0 laid out like
+// its padded shard (zero padding), so that FSDPParam::ResetShardedParam adopts its storage
+// instead of copying it (CommitShard).
+at::Tensor Staging(const per_param::FSDPParam* fsdp, const std::vector<int64_t>& local_sizes, at::ScalarType dtype) {
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype);
+  const at::Tensor& shard = fsdp != nullptr ? fsdp->sharded_param_data() : at::Tensor();
+  if (!shard.defined() || fsdp->shard_dim() != 0 || shard.scalar_type() != dtype || !shard.is_cpu()) {
+    return at::empty(local_sizes, options);
   }
+  const int64_t padded = shard.numel();
+  int64_t numel = 1;
+  for (int64_t s : local_sizes) numel *= s;
+  at::Tensor flat = at::empty({padded}, options);
+  if (padded > numel) flat.narrow(0, numel, padded - numel).zero_();
+  return flat.narrow(0, 0, numel).view(local_sizes);
+}
+
+at::Tensor ReadBoxes(checkpoint::DcpReader& reader, const DcpEntry& e, at::Tensor local,
+                     const std::vector<internal::Box>& boxes) {
+  for (const internal::Box& box : boxes) reader.ReadInto(e.fqn, box.global_offsets, internal::BoxOf(local, box));
   return local;
 }
 
-at::Tensor ReadLocal(const std::string& dir, const DcpMetadata& md, const DcpEntry& e, const per_param::FSDPParam* fsdp,
-                     const std::vector<int64_t>& local_sizes) {
-  return ReadBoxes(dir, md, e, local_sizes, internal::LocalBoxes(fsdp, local_sizes));
+at::Tensor ReadBoxes(checkpoint::DcpReader& reader, const DcpEntry& e, const std::vector<int64_t>& local_sizes,
+                     const std::vector<internal::Box>& boxes) {
+  return ReadBoxes(reader, e, at::empty(local_sizes, at::TensorOptions().dtype(e.properties.dtype)), boxes);
 }
 
-c10::IValue ReadValue(const std::string& dir, const DcpMetadata& md, const std::string& key) {
-  const std::vector<char> bytes = checkpoint::ReadBytes(dir, md, key);
+// The local tensor laid out like `fsdp`'s shard (or whole when null) of entry `key`, read
+// from the overlapping chunks only, in the stored dtype. `param_staging`: the parameter's own
+// value (Staging), not state shaped like it.
+at::Tensor ReadLocal(checkpoint::DcpReader& reader, const DcpEntry& e, const per_param::FSDPParam* fsdp,
+                     const std::vector<int64_t>& local_sizes, bool param_staging = true) {
+  return ReadBoxes(reader, e, Staging(param_staging ? fsdp : nullptr, local_sizes, e.properties.dtype),
+                   internal::LocalBoxes(fsdp, local_sizes));
+}
+
+c10::IValue ReadValue(checkpoint::DcpReader& reader, const std::string& dir, const std::string& key) {
+  const std::vector<char> bytes = reader.ReadBytes(key);
   return checkpoint::ReadCheckpoint(bytes.data(), bytes.size(), absl::StrCat("entry '", key, "' of '", dir, "'"));
 }
 
@@ -101,7 +122,7 @@ struct Pending {
 
 void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParameter>& params,
                const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md,
-               const LoadOptions& options, Pending& out) {
+               checkpoint::DcpReader& reader, const LoadOptions& options, Pending& out) {
   absl::flat_hash_map<const c10::TensorImpl*, per_param::FSDPParam*> by_impl;
   for (const auto& p : params) {
     if (p.fsdp_param) by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
@@ -131,19 +152,20 @@ void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParam
               " (a checkpoint of another model?)");
   for (const Target& t : targets) {
     const std::string key = internal::ModelKey(t.fqn);
-    if (md.Find(key) == nullptr) continue;  // allow_partial_load
+    if (md.Find(key) == nullptr) continue;                                   // allow_partial_load
     if (auto piece = flat.by_fqn.find(t.fqn); piece != flat.by_fqn.end()) {  // FSDP1: this rank's flat range
       const internal::FlatPiece& f = piece->second;
       const DcpEntry& e = TensorEntry(dir, md, key, f.shape, absl::StrCat("the model's '", t.fqn, "'"));
       if (!f.local.defined()) continue;
       const int64_t n = f.local.numel();
-      out.model.push_back({f.local, nullptr, ReadBoxes(dir, md, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n))});
+      out.model.push_back(
+          {f.local, nullptr, ReadBoxes(reader, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n))});
       continue;
     }
     const std::vector<int64_t> global = t.fsdp ? t.fsdp->sharding_spec().shape : t.tensor.sizes().vec();
     const DcpEntry& e = TensorEntry(dir, md, key, global, absl::StrCat("the model's '", t.fqn, "'"));
     const std::vector<int64_t> local = t.fsdp ? t.fsdp->sharded_size() : t.tensor.sizes().vec();
-    out.model.push_back({t.tensor, t.fsdp, ReadLocal(dir, md, e, t.fsdp, local)});
+    out.model.push_back({t.tensor, t.fsdp, ReadLocal(reader, e, t.fsdp, local)});
   }
 }
 
@@ -159,7 +181,7 @@ bool ParseGroupKey(const std::string& key, size_t* group, std::string* option) {
 
 void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<per_param::NamedParameter>& params,
                    const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md,
-                   const LoadOptions& options, Pending& out) {
+                   checkpoint::DcpReader& reader, const LoadOptions& options, Pending& out) {
   // Param groups: every "optim.param_groups.<i>.<option>" entry (PyTorch writes each option
   // of each group, "params" the FQN list).
   std::map<size_t, optim_state::ParamGroupState> groups;
@@ -167,7 +189,7 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
     size_t g;
     std::string option;
     if (!ParseGroupKey(e.fqn, &g, &option)) continue;
-    const c10::IValue value = ReadValue(dir, md, e.fqn);
+    const c10::IValue value = ReadValue(reader, dir, e.fqn);
     if (option != "params") {
       groups[g].options[option] = value;
       continue;
@@ -211,7 +233,7 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
     per_param::FSDPParam* fsdp = it->second;
     optim_state::StateValue value;
     if (e.is_bytes) {
-      const c10::IValue v = ReadValue(dir, md, e.fqn);
+      const c10::IValue v = ReadValue(reader, dir, e.fqn);
       TORCH_CHECK(v.isInt() || v.isDouble(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' is a ", v.tagKind(),
                   "; optimizer state values are tensors, ints or floats");
       value = v.isInt() ? optim_state::StateValue(v.toInt()) : optim_state::StateValue(v.toDouble());
@@ -219,14 +241,14 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
       const internal::FlatPiece& f = piece->second;  // FSDP1: this rank's flat range of it
       TensorEntry(dir, md, e.fqn, f.shape, absl::StrCat("parameter '", fqn, "'"));
       const int64_t n = f.local.defined() ? f.local.numel() : 0;
-      value = ReadBoxes(dir, md, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n));
+      value = ReadBoxes(reader, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n));
     } else if (!e.size.empty()) {
       const at::Tensor& param = param_of.at(fqn);
       const std::vector<int64_t> global = fsdp ? fsdp->sharding_spec().shape : param.sizes().vec();
       TensorEntry(dir, md, e.fqn, global, absl::StrCat("parameter '", fqn, "'"));
-      value = ReadLocal(dir, md, e, fsdp, fsdp ? fsdp->sharded_size() : param.sizes().vec());
+      value = ReadLocal(reader, e, fsdp, fsdp ? fsdp->sharded_size() : param.sizes().vec(), /*param_staging=*/false);
     } else {
-      at::Tensor scalar = ReadLocal(dir, md, e, nullptr, {});
+      at::Tensor scalar = ReadLocal(reader, e, nullptr, {});
       if (name == "step") {  // PyTorch's 0-d float tensor; LibTorch's optimizers count in an int
         const double step = scalar.item<double>();
         TORCH_CHECK(step >= 0 && std::floor(step) == step, kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' is ",
@@ -266,18 +288,20 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, kLoad, ": '", dir, "' holds no complete checkpoint: ", e.what_without_backtrace());
     }
-    ReadModel(model, params, flat, dir, md, options, pending);
+    checkpoint::DcpReader reader(dir, md);
+    ReadModel(model, params, flat, dir, md, reader, options, pending);
     internal::CheckExtraState(options.extra_state, kLoad);
     for (const auto& [key, tensor] : options.extra_state) {
       const DcpEntry& e = TensorEntry(dir, md, key, tensor.sizes().vec(), absl::StrCat("extra_state '", key, "'"));
-      pending.extra.push_back({tensor, nullptr, ReadLocal(dir, md, e, nullptr, tensor.sizes().vec())});
+      pending.extra.push_back({tensor, nullptr, ReadLocal(reader, e, nullptr, tensor.sizes().vec())});
     }
-    if (optimizer != nullptr) ReadOptimizer(*optimizer, params, flat, dir, md, options, pending);
+    if (optimizer != nullptr) ReadOptimizer(*optimizer, params, flat, dir, md, reader, options, pending);
   });
   internal::AgreeOrThrow(world, error, kLoad);
   error = internal::ErrorOf([&] {
     if (pending.has_optimizer_state && flat.empty()) {
-      optim_state::LoadShardedOptimStateDict(model, *optimizer, pending.optim);
+      // The staged state tensors become the optimizer's (no copy): Pending is ours alone.
+      optim_state::LoadShardedOptimStateDict(model, *optimizer, pending.optim, optim_state::StateTensors::kAdopt);
     } else if (pending.has_optimizer_state) {
       optim_state::LoadShardedOptimStateDict(flat_param::FullyShardedDataParallel(flat_param::GetState(model)),
                                              *optimizer, internal::PiecesToFlatOptim(pending.optim, flat, kLoad));
@@ -286,9 +310,14 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
     for (ModelUpdate& u : pending.extra) u.target.copy_(u.value);
     for (ModelUpdate& u : pending.model) {
       if (u.fsdp != nullptr) {
-        u.fsdp->param().data().copy_(u.value);
+        const at::Tensor& param = u.fsdp->param();
+        if (u.value.device() == param.device() && u.value.dtype() == param.dtype() && !param.is_meta()) {
+          param.set_data(u.value);  // ResetShardedParam adopts a Staging tensor's storage
+        } else {
+          u.fsdp->param().data().copy_(u.value);
+        }
         u.fsdp->ResetShardedParam();  // PyTorch's load_state_dict post-hook
-        u.fsdp->MarkInitialized();       // deferred init (fsdp/per_param/meta_init.h)
+        u.fsdp->MarkInitialized();    // deferred init (fsdp/per_param/meta_init.h)
       } else {
         ::fsdp::MaterializeEmpty(u.target, device);
         u.target.data().copy_(u.value);

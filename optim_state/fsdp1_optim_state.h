@@ -1,7 +1,7 @@
 // Optimizer state of FSDP1 models in the FQN-keyed format (optimizers built on the flat
 // parameters, or with use_orig_params on the original parameters' sharded views), as
-// PyTorch's torch/distributed/fsdp/_optim_utils.py does it: a flat parameter's state is unflattened into its original parameters (gathered, padding
-// stripped, split by numels, reshaped), and a full FQN-keyed state is flattened back into
+// PyTorch's torch/distributed/fsdp/_optim_utils.py does it: a flat parameter's state is unflattened into its original
+// parameters (gathered, padding stripped, split by numels, reshaped), and a full FQN-keyed state is flattened back into
 // this rank's flat shard (zero fill for parameters without state; scalar state must agree).
 #ifndef FSDP_OPTIM_STATE_FSDP1_OPTIM_STATE_H_
 #define FSDP_OPTIM_STATE_FSDP1_OPTIM_STATE_H_

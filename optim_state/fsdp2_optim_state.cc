@@ -53,8 +53,8 @@ OptimStateDict GetShardedOptimStateDict(torch::nn::Module& root, const torch::op
 }
 
 void LoadShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
-                               const OptimStateDict& sharded) {
-  SetOptimStateDict(optimizer, NamedOptimizerParams(root), sharded);
+                               const OptimStateDict& sharded, StateTensors tensors) {
+  SetOptimStateDict(optimizer, NamedOptimizerParams(root), sharded, tensors);
 }
 
 void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer, const OptimStateDict& full) {

@@ -35,8 +35,9 @@ void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& op
 // parameter has the same shard shape (same mesh; a full state dict changes the world size).
 // Local, no communication. Get's tensors alias the optimizer's state.
 OptimStateDict GetShardedOptimStateDict(torch::nn::Module& root, const torch::optim::Optimizer& optimizer);
+// `tensors`: as SetOptimStateDict's.
 void LoadShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
-                               const OptimStateDict& sharded);
+                               const OptimStateDict& sharded, StateTensors tensors = StateTensors::kCopy);
 
 }  // namespace fsdp::optim_state
 

@@ -115,7 +115,8 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
   return out;
 }
 
-void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict) {
+void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict,
+                       StateTensors tensors) {
   const std::shared_ptr<const OptimizerAdapter> adapter = OptimizerAdapterFor(optimizer);
   TORCH_CHECK(state_dict.optimizer == adapter->name(), "the optimizer state is for ", state_dict.optimizer,
               " but the optimizer is ", adapter->name());
@@ -143,7 +144,8 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
   std::vector<std::pair<void*, std::unique_ptr<OptimizerParamState>>> states;
   for (const auto& [fqn, state] : state_dict.state) {
     const at::Tensor& p = params.at(fqn);
-    states.emplace_back(p.unsafeGetTensorImpl(), adapter->MakeState(ParamStateReader(state, fqn, p)));
+    states.emplace_back(p.unsafeGetTensorImpl(),
+                        adapter->MakeState(ParamStateReader(state, fqn, p, tensors == StateTensors::kAdopt)));
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     adapter->WriteOptions(OptionReader(*options[g]), groups[g].options());

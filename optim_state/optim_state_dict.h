@@ -48,7 +48,15 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
 // optimizer does not have (or lacks), param groups split differently, a state tensor whose
 // shape differs from its parameter, a missing or mistyped option, a negative step. On an
 // error the optimizer is unchanged.
-void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict);
+//
+// `tensors`: kCopy gives the optimizer copies of the dict's tensors (the dict stays the
+// caller's); kAdopt makes a tensor already of its parameter's device and dtype the optimizer's
+// state itself, as PyTorch's Optimizer.load_state_dict does (its value.to(...) returns such a
+// tensor unchanged): for a caller whose dict is its own staging (dcp::Load), one copy of the
+// optimizer state less.
+enum class StateTensors { kCopy, kAdopt };
+void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict,
+                       StateTensors tensors = StateTensors::kCopy);
 
 // For each of the optimizer's param groups (`optimizer_groups`, FQN lists), the index of the
 // loaded group holding the same set of FQNs (in any order): param groups are matched by

@@ -97,7 +97,9 @@ at::Tensor ParamStateReader::Tensor(const std::string& name) const {
   const at::Tensor& t = Typed<at::Tensor>(Find(state_, fqn_, name), fqn_, name, "a tensor");
   TORCH_CHECK(t.sizes() == param_.sizes(), "optimizer state '", name, "' of '", fqn_, "' has shape ", Shape(t.sizes()),
               " but the parameter has shape ", Shape(param_.sizes()));
-  return t.to(param_.options()).clone();
+  at::Tensor on_param = t.to(param_.options());  // `t` itself when it is already there
+  if (!on_param.is_same(t)) return on_param;     // a fresh tensor: no second copy
+  return adopt_ ? on_param : on_param.clone();
 }
 
 at::Tensor ParamStateReader::OptionalTensor(const std::string& name) const {

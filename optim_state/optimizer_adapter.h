@@ -58,11 +58,14 @@ namespace fsdp::optim_state {
 // 'exp_avg' of 'w' has shape [2] but the parameter has shape [3]", "... has the wrong type".
 class ParamStateReader {
  public:
-  ParamStateReader(const StateMap& state, const std::string& fqn, const at::Tensor& param)
-      : state_(state), fqn_(fqn), param_(param) {}
+  // `adopt`: Tensor() returns a state tensor already of the parameter's device and dtype
+  // itself instead of a clone (SetOptimStateDict's StateTensors::kAdopt).
+  ParamStateReader(const StateMap& state, const std::string& fqn, const at::Tensor& param, bool adopt = false)
+      : state_(state), fqn_(fqn), param_(param), adopt_(adopt) {}
 
   bool Has(const std::string& name) const { return state_.count(name) > 0; }
-  // A tensor of the parameter's shape, cloned onto the parameter's device and dtype.
+  // A tensor of the parameter's shape, cloned onto the parameter's device and dtype (or, when
+  // adopting, the state's tensor itself if it is already there).
   at::Tensor Tensor(const std::string& name) const;
   // Tensor(name) if present, else an undefined tensor (optional state such as amsgrad's).
   at::Tensor OptionalTensor(const std::string& name) const;
@@ -79,6 +82,7 @@ class ParamStateReader {
   const StateMap& state_;
   const std::string& fqn_;
   const at::Tensor& param_;
+  const bool adopt_;
 };
 
 // Typed reads of a loaded param group's options, for OptimizerAdapter::WriteOptions (ints

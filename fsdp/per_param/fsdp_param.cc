@@ -382,8 +382,24 @@ void FSDPParam::ResetShardedParam() {
               ")::reset_sharded_param: expects size ", Shape(layout_.sharded_size), " but got ",
               Shape(current.sizes()));
   at::NoGradGuard no_grad;
-  at::Tensor padded = at::zeros(layout_.padded_sharded_size, current.options());
   const int64_t rows = layout_.sharded_size[layout_.shard_dim];
+  const int64_t padded_numel = sharded_param_data_.numel();
+  // As reset_sharded_param (torch/distributed/fsdp/_fully_shard/_fsdp_param.py): a new local
+  // tensor whose storage is laid out like the padded shard becomes the sharded storage (no
+  // copy; dcp::Load stages its reads so); its padding is zeroed, as PyTorch's new_zeros pad.
+  if (layout_.shard_dim == 0 && current.is_contiguous() && current.storage_offset() == 0 &&
+      current.device() == sharded_param_data_.device() && current.dtype() == sharded_param_data_.dtype() &&
+      current.is_pinned() == sharded_param_data_.is_pinned() &&
+      current.storage().nbytes() == static_cast<size_t>(padded_numel) * current.element_size()) {
+    sharded_param_data_ = at::empty({0}, current.options()).set_(current.storage(), 0, {padded_numel});
+    if (padded_numel > current.numel()) {
+      sharded_param_data_.narrow(0, current.numel(), padded_numel - current.numel()).zero_();
+    }
+    sharded_local_ = sharded_param_data_.view(layout_.padded_sharded_size).narrow(0, 0, rows);
+    SetParamData(sharded_local_);
+    return;
+  }
+  at::Tensor padded = at::zeros(layout_.padded_sharded_size, current.options());
   if (rows > 0) padded.narrow(layout_.shard_dim, 0, rows).copy_(current);
   sharded_param_data_ = padded.view(-1);
   sharded_local_ = padded.narrow(layout_.shard_dim, 0, rows);
