@@ -606,14 +606,20 @@ c10::IValue ReadCheckpointAliasing(const char* data, size_t size, const std::str
 
 LocatedTensor LocateCheckpointTensor(uint64_t size, const internal::CheckpointZip::Fetch& fetch,
                                      const std::string& source) {
-  LocatedTensor out{.what = std::make_shared<const std::string>(source + " is not a valid checkpoint: ")};
-  out.zip = std::make_shared<internal::CheckpointZip>(size, fetch, *out.what);
-  Unpickler unpickler(Pickle(*out.zip, *out.what), *out.zip, *out.what, StorageMode::kLocate);
+  LocatedTensor out{.what = source + " is not a valid checkpoint: "};
+  const internal::CheckpointZip zip(size, fetch, out.what);
+  Unpickler unpickler(Pickle(zip, out.what), zip, out.what, StorageMode::kLocate);
   const c10::IValue value = unpickler.Run();
-  TORCH_CHECK(value.isTensor(), *out.what, "it holds a ", value.tagKind(), ", not a tensor");
+  TORCH_CHECK(value.isTensor(), out.what, "it holds a ", value.tagKind(), ", not a tensor");
   out.meta = value.toTensor();
   auto it = unpickler.located().find(out.meta.storage().unsafeGetStorageImpl());
-  if (it != unpickler.located().end()) out.record = it->second;
+  if (it != unpickler.located().end()) {
+    const internal::CheckpointZip::Record& r = zip.Find(it->second);
+    out.record = it->second;
+    out.record_offset = r.offset;
+    out.record_size = r.size;
+    out.crc = r.crc;
+  }
   return out;
 }
 

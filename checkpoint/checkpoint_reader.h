@@ -27,7 +27,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 
 #include "checkpoint/checkpoint_zip.h"
@@ -45,17 +44,19 @@ c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& sou
 c10::IValue ReadCheckpointAliasing(const char* data, size_t size, const std::string& source);
 
 // A checkpoint holding one tensor (a DCP chunk: filesystem.py torch.save's each item), located
-// but not read: `meta` has its dtype, sizes, strides and storage offset (the meta device), and
-// `record` names the storage's record in `zip` (empty for an empty storage): its bytes are at
-// zip->Find(record).offset, with zip->Find(record).crc, for the caller to read and check
-// (CheckpointZip::CrcMismatch reports a mismatch; a bool storage's bytes must be 0 or 1).
-// Only the archive's directory, its local headers and its pickle are fetched, every check of
-// ReadCheckpoint made on them; errors read "<source> is not a valid checkpoint: ...".
+// but not read: `meta` has its dtype, sizes, strides and storage offset (the meta device);
+// its storage's bytes are [record_offset, record_offset + record_size) of the archive, with
+// CRC-32 `crc` (0: none stored), for the caller to read and check (a bool storage's bytes must
+// be 0 or 1). `record` is the storage's record name, empty for an empty storage. Only the
+// archive's directory, its local headers and its pickle are fetched, every check of
+// ReadCheckpoint made on them; errors read "<source> is not a valid checkpoint: ...", and
+// `what` is that prefix, for the caller's own errors about the record.
 struct LocatedTensor {
-  std::shared_ptr<const std::string> what;  // "<source> is not a valid checkpoint: " (`zip` refers to it)
-  std::shared_ptr<internal::CheckpointZip> zip;
+  std::string what;
   at::Tensor meta;
   std::string record;
+  uint64_t record_offset = 0, record_size = 0;
+  uint32_t crc = 0;
 };
 LocatedTensor LocateCheckpointTensor(uint64_t size, const internal::CheckpointZip::Fetch& fetch,
                                      const std::string& source);

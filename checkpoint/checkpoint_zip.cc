@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace fsdp::checkpoint::internal {
@@ -37,9 +38,20 @@ CheckpointZip::CheckpointZip(uint64_t size, Fetch fetch, const std::string& what
 
 const char* CheckpointZip::At(uint64_t offset, uint64_t n) const {
   if (data_ != nullptr) return data_ + offset;
-  std::string& bytes = fetched_.emplace_back(n, '\0');
+  for (const auto& [from, bytes] : fetched_) {  // a range fetched before holds it (the tail: the directory)
+    if (offset >= from && n <= bytes.size() && offset - from <= bytes.size() - n) return bytes.data() + (offset - from);
+  }
+  // The archive's first 4 KiB come with any range in them: the local headers and the pickle
+  // of a one-tensor archive are there, so a chunk is parsed in two reads (head and tail).
+  const uint64_t head = std::min<uint64_t>(size_, 4096), at = offset;
+  if (offset + n <= head) {
+    offset = 0;
+    n = head;
+  }
+  auto& [from, bytes] = fetched_.emplace_back(offset, std::string());
+  bytes.resize(n);
   if (n > 0) fetch_(offset, n, bytes.data());
-  return bytes.data();
+  return bytes.data() + (at - from);
 }
 
 const CheckpointZip::Record& CheckpointZip::Find(const std::string& name) const {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "checkpoint/crc32.h"
@@ -44,10 +45,10 @@ class CheckpointZip {
   // The record's bytes (a view into `data`, or, fetched, into a buffer this object owns),
   // CRC-32 checked unless the writer stored no CRC.
   std::string_view Read(const std::string& name) const;
-  // The error for a record whose bytes have CRC-32 `crc` instead of the listed one.
-  [[noreturn]] void CrcMismatch(const std::string& name, uint32_t crc) const;
 
  private:
+  // The error for a record whose bytes have CRC-32 `crc` instead of the listed one.
+  [[noreturn]] void CrcMismatch(const std::string& name, uint32_t crc) const;
   void Parse();
   const char* ParseEntry(const char* p, const char* end, uint64_t index);
   // Bytes [offset, offset + n) of the archive (inside it: the caller checked).
@@ -56,7 +57,7 @@ class CheckpointZip {
   const char* data_ = nullptr;  // the archive in memory, or null: read through fetch_
   uint64_t size_;
   Fetch fetch_;
-  mutable std::deque<std::string> fetched_;  // the ranges fetched, alive as long as this
+  mutable std::deque<std::pair<uint64_t, std::string>> fetched_;  // (offset, bytes), alive as long as this
   const std::string& what_;
   uint64_t data_end_ = 0;
   std::string archive_;

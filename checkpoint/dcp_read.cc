@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -112,7 +113,9 @@ std::vector<char> DcpReader::ReadBytes(const std::string& fqn) {
   return bytes;
 }
 
-void DcpReader::ReadInto(const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest) {
+void DcpReader::ForEachOverlap(
+    const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest,
+    const std::function<void(const DcpEntry&, const DcpChunk&, const std::vector<int64_t>&, const at::Tensor&)>& fn) {
   const DcpEntry& e = Entry(fqn);
   TORCH_CHECK(!e.is_bytes, caller_, ": '", fqn, "' in '", dir_,
               "' is a bytes entry, not a tensor (ReadBytes reads it)");
@@ -142,34 +145,62 @@ void DcpReader::ReadInto(const std::string& fqn, const std::vector<int64_t>& des
     for (size_t d = 0; d < dims; ++d) dst = dst.narrow(d, lo[d] - dest_offsets[d], len[d]);
     std::vector<int64_t> src_lo(dims);
     for (size_t d = 0; d < dims; ++d) src_lo[d] = lo[d] - c.offsets[d];
-    ReadChunk(e, c, src_lo, dst);
+    fn(e, c, src_lo, dst);
     covered += volume;
   }
   TORCH_CHECK(covered == dest.numel(), caller_, ": the chunks of '", fqn, "' in '", dir_, "' cover ", covered,
               " of the ", dest.numel(), " elements of ", box);
 }
 
-void DcpReader::ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo,
-                          const at::Tensor& dst) {
+void DcpReader::Prepare(const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest) {
+  // Opening each file and checking the ranges is cheap; parsing each chunk's archive here
+  // would read every chunk's head and tail in a pass of its own (a seek per chunk on a cold
+  // disk), so that waits for ReadInto.
+  ForEachOverlap(fqn, dest_offsets, dest,
+                 [this](const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>&, const at::Tensor&) {
+                   File(c.storage, absl::StrCat("the chunk of '", e.fqn, "' at offsets ", Shape(c.offsets)));
+                 });
+}
+
+void DcpReader::ReadInto(const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest) {
+  ForEachOverlap(fqn, dest_offsets, dest,
+                 [this](const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo,
+                        const at::Tensor& dst) { ReadChunk(e, c, src_lo, dst); });
+}
+
+const DcpReader::Located& DcpReader::Locate(const DcpEntry& e, const DcpChunk& c) {
+  const auto key = std::make_pair(c.storage.relative_path, c.storage.offset);
+  if (auto it = located_.find(key); it != located_.end()) return it->second;
   const std::string item = absl::StrCat("the chunk of '", e.fqn, "' at offsets ", Shape(c.offsets));
   OpenFile& f = File(c.storage, item);
   const std::string path = Join(dir_, c.storage.relative_path);
-  const int fd = f.fd.get();
   const int64_t base = c.storage.offset;
+  Located out{.fd = f.fd.get(), .path = path, .base = base};
   const std::string source =
       absl::StrCat("'", path, "' bytes [", base, ", ", base + c.storage.length, ") (", item, ")");
-  const LocatedTensor located = LocateCheckpointTensor(
+  out.tensor = LocateCheckpointTensor(
       static_cast<uint64_t>(c.storage.length),
-      [&](uint64_t offset, size_t size, char* into) { PreadFully(fd, base + offset, size, into, path, caller_); },
+      [&](uint64_t offset, size_t size, char* into) { PreadFully(out.fd, base + offset, size, into, path, caller_); },
       source);
-  const at::Tensor& stored = located.meta;
+  const at::Tensor& stored = out.tensor.meta;
   TORCH_CHECK(stored.scalar_type() == e.properties.dtype && stored.sizes() == c10::IntArrayRef(c.sizes), caller_, ": '",
               path, "' holds at bytes [", base, ", ", base + c.storage.length, ") a ",
               c10::toString(stored.scalar_type()), " tensor of size ", Shape(stored.sizes()), ", not ", item, " (",
               c10::toString(e.properties.dtype), " of size ", Shape(c.sizes), ")");
-  if (located.record.empty()) return;  // an empty storage: nothing to read (and no overlap)
-  const internal::CheckpointZip::Record& record = located.zip->Find(located.record);
-  const int64_t record_size = static_cast<int64_t>(record.size);
+  return located_.emplace(key, std::move(out)).first->second;
+}
+
+void DcpReader::ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo,
+                          const at::Tensor& dst) {
+  const Located& located = Locate(e, c);
+  const LocatedTensor& t = located.tensor;
+  if (t.record.empty()) return;  // an empty storage: nothing to read (and no overlap)
+  const at::Tensor& stored = t.meta;
+  const int fd = located.fd;
+  const std::string& path = located.path;
+  const int64_t base = located.base;
+  const int64_t record_offset = static_cast<int64_t>(t.record_offset);
+  const int64_t record_size = static_cast<int64_t>(t.record_size);
   const int64_t item_size = static_cast<int64_t>(stored.element_size());
   const bool is_bool = stored.scalar_type() == at::kBool;
   uint32_t crc = 0;
@@ -178,18 +209,18 @@ void DcpReader::ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vecto
     crc = internal::Crc32Update(crc, data, static_cast<size_t>(n));
     if (!is_bool) return;
     for (int64_t i = 0; i < n; ++i) {
-      TORCH_CHECK(static_cast<uint8_t>(data[i]) <= 1, *located.what, "bool storage record '", located.record,
-                  "' holds byte ", static_cast<int>(static_cast<uint8_t>(data[i])));
+      TORCH_CHECK(static_cast<uint8_t>(data[i]) <= 1, t.what, "bool storage record '", t.record, "' holds byte ",
+                  static_cast<int>(static_cast<uint8_t>(data[i])));
     }
   };
   const auto read = [&](int64_t from, int64_t n, char* into) {
-    PreadFully(fd, base + static_cast<int64_t>(record.offset) + from, static_cast<size_t>(n), into, path, caller_);
+    PreadFully(fd, base + record_offset + from, static_cast<size_t>(n), into, path, caller_);
     check(into, n);
   };
   // Reads record bytes [from, to) through the scratch block, for the CRC only (not at all when
   // the writer stored no CRC).
   const auto skip = [&](int64_t from, int64_t to) {
-    if (record.crc == 0) return;
+    if (t.crc == 0) return;
     for (int64_t at = from; at < to; at += kBlockBytes) {
       const int64_t n = std::min<int64_t>(kBlockBytes, to - at);
       read(at, n, Scratch(static_cast<size_t>(n)));
@@ -229,7 +260,8 @@ void DcpReader::ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vecto
     }
     skip(last * row, record_size);
   }
-  if (record.crc != 0 && crc != record.crc) located.zip->CrcMismatch(located.record, crc);
+  TORCH_CHECK(t.crc == 0 || crc == t.crc, t.what, "record '", t.record, "' (", t.record_size, " bytes at offset ",
+              t.record_offset, ") has CRC-32 ", crc, " but the archive lists ", t.crc, " (corrupted)");
 }
 
 void ReadInto(const std::string& dir, const DcpMetadata& metadata, const std::string& fqn,

@@ -48,11 +48,14 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/dcp_metadata.h"
 
 namespace fsdp::checkpoint {
@@ -113,10 +116,25 @@ class DcpReader {
   DcpReader& operator=(const DcpReader&) = delete;
 
   void ReadInto(const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest);
+  // The checks of ReadInto that need only the metadata and the file system: the box, and
+  // each overlapping chunk's file (it opens) and byte range (inside the file). A ReadInto
+  // after it fails only on a read error or a damaged data file (an archive that is not the
+  // chunk the metadata says, corrupted bytes).
+  void Prepare(const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest);
   std::vector<char> ReadBytes(const std::string& fqn);
 
  private:
   struct OpenFile;
+  struct Located {  // a stored chunk, located
+    int fd = -1;
+    std::string path;
+    int64_t base = 0;  // the chunk's offset in its file
+    LocatedTensor tensor;
+  };
+  void ForEachOverlap(
+      const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest,
+      const std::function<void(const DcpEntry&, const DcpChunk&, const std::vector<int64_t>&, const at::Tensor&)>& fn);
+  const Located& Locate(const DcpEntry& e, const DcpChunk& c);
   const DcpEntry& Entry(const std::string& fqn) const;
   OpenFile& File(const DcpStorageInfo& storage, const std::string& item);
   char* Scratch(size_t size);
@@ -126,7 +144,8 @@ class DcpReader {
   const DcpMetadata& md_;
   const char* caller_;
   std::map<std::string, std::unique_ptr<OpenFile>> files_;
-  at::Tensor scratch_;  // bytes; grows to the largest block asked for
+  std::map<std::pair<std::string, int64_t>, Located> located_;  // by (file, offset)
+  at::Tensor scratch_;                                          // bytes; grows to the largest block asked for
 };
 
 void ReadInto(const std::string& dir, const DcpMetadata& metadata, const std::string& fqn,

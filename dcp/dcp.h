@@ -32,8 +32,13 @@
 //    overlap them (checkpoint::ReadInto): any world size and mesh, whatever the saving
 //    sharding was; no rank builds a full tensor it does not own (it may read a stored chunk
 //    larger than its part when the saver stored one). Values are cast to the model's dtypes.
-//    Nothing in the model or optimizer changes unless every rank read and checked its part;
-//    then all ranks apply it. Optimizer state keys for parameters the model lacks and
+//    Nothing in the model or optimizer changes unless every rank checked its part: the
+//    metadata, every key, shape and dtype, every needed chunk's file and byte range, the
+//    non-tensor values and the optimizer state's structure (checkpoint::DcpReader::Prepare).
+//    Then the tensors are read in place (LoadOptions::all_or_nothing: into staging first),
+//    each chunk's archive checked and every byte CRC-checked; a read error or a damaged data
+//    file found then fails every rank, and in place the error says the model is partly
+//    loaded. Optimizer state keys for parameters the model lacks and
 //    other extra checkpoint keys are ignored (as DCP's load planner).
 //  * Optimizer: any optimizer with an adapter (optim_state/optimizer_adapter.h). LibTorch's
 //    int `step` is saved as PyTorch's 0-d float32 tensor and read back as an int; the
@@ -104,6 +109,15 @@ struct LoadOptions {
   // SaveOptions::extra_state. Not subject to allow_partial_load. Written only when every
   // rank read every part, like the model.
   ExtraState extra_state;
+  // Read every tensor into fresh memory first and change the model and optimizer only once
+  // every rank read and checked all of it (a damaged data file or a read error then changes
+  // nothing), at the price of a second copy of the local state in memory while
+  // loading. By default (false) Load reads tensors straight into the live parameters,
+  // buffers, extra_state and optimizer state, as Python's dcp.load fills the state dict it is
+  // given: peak memory is the model plus one read block. Either way everything that needs no
+  // tensor bytes is checked on every rank before anything changes. FSDP1 models always load
+  // all or nothing.
+  bool all_or_nothing = false;
 };
 
 // `optimizer` may be null (the model alone). The optimizer's state is saved as it is now (a

@@ -56,6 +56,54 @@ TEST(DcpErrors, BadCheckpointsAreClearErrorsAndChangeNothing) {
   });
 }
 
+// A tensor record whose bytes were corrupted (its CRC-32 no longer matches) passes every
+// check that needs no tensor bytes, so it is found while reading: every rank fails. Read in
+// place, the error says the model is partly loaded; all or nothing, nothing changed.
+TEST(DcpErrors, ACorruptedTensorRecordFailsEveryRank) {
+  const std::string dir = NewDir("corrupted_record");
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    Train(t, 0, 1);
+    Save(*t.module, t.opt.get(), dir);
+  });
+  // Flip a byte inside the stored bytes of rank 1's chunk of a weight's AdamW moment.
+  const checkpoint::DcpMetadata md = checkpoint::ReadMetadata(dir);
+  const checkpoint::DcpEntry* e = md.Find("optim.state.block1.fc2.weight.exp_avg");
+  ASSERT_NE(e, nullptr);
+  const checkpoint::DcpChunk& c = e->chunks.back();
+  ASSERT_EQ(c.storage.relative_path, "__1_0.distcp");
+  const std::string file = dir + "/__1_0.distcp";
+  std::vector<char> bytes = checkpoint::ReadFile(file, "test");
+  const checkpoint::LocatedTensor located = checkpoint::LocateCheckpointTensor(
+      c.storage.length,
+      [&](uint64_t offset, size_t size, char* out) {
+        std::copy_n(bytes.begin() + c.storage.offset + offset, size, out);
+      },
+      "chunk");
+  ASSERT_GT(located.record_size, 4u);
+  bytes[c.storage.offset + located.record_offset + 2] ^= 0x40;
+  checkpoint::WriteFileAtomically(file, bytes, "test");
+  for (bool all_or_nothing : {false, true}) {
+    SCOPED_TRACE(all_or_nothing ? "all or nothing" : "in place");
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+      Trainee t = Build(W(2), pg, 99);
+      Train(t, 0, 1);
+      const FullState before = GetFull(t);
+      const std::string want = pg->rank() == 1 ? "has CRC-32 " : "dcp::Load: rank 1 failed: ";
+      try {
+        Load(*t.module, t.opt.get(), dir, {.all_or_nothing = all_or_nothing});
+        ADD_FAILURE() << "a corrupted record loaded";
+      } catch (const c10::Error& err) {
+        const std::string what = err.what_without_backtrace();
+        EXPECT_TRUE(absl::StrContains(what, want)) << what;
+        EXPECT_TRUE(absl::StrContains(what, "(corrupted)")) << what;
+        EXPECT_EQ(absl::StrContains(what, "partly loaded"), !all_or_nothing) << what;
+      }
+      if (all_or_nothing) ExpectSameState(GetFull(t), before, "after the failed load");
+    });
+  }
+}
+
 // A rank that cannot write its file (its name is taken by a directory) fails the save on
 // every rank, synchronously or from wait(), and no `.metadata` appears.
 TEST(DcpErrors, AFailedWriteFailsEveryRankAndLeavesNoMetadata) {

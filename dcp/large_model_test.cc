@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/dcp_storage.h"
 #include "dcp/dcp.h"
 #include "fsdp/common/meta.h"
 #include "fsdp/common/test_models.h"
@@ -122,9 +123,9 @@ TEST(LargeModel, TheModelDoesNotFitARankWithoutTheMetaDevice) {
 }
 
 TEST(LargeModel, EightTimesARanksMemoryBuildsTrainsSavesAndReloadsAtAnotherWorldSize) {
-  // Not 16: a load stages every shard before applying any (all ranks read, then all apply),
-  // so it holds the shards twice: 2 x 1/16 of the model is the whole limit.
-  constexpr int kLoadWorld = 24;
+  // 16: a load reads in place (the shards + one read block), so 1/16 of the model fits the
+  // 1/8 limit (an all-or-nothing load, staging every shard, would hold 2/16: the limit).
+  constexpr int kLoadWorld = 16;
   // The single-rank reference (unlimited): the same init, one SGD step on the whole batch.
   Stack reference(/*meta=*/false);
   test_models::InitEveryModule(*reference, Init());
@@ -169,8 +170,40 @@ TEST(LargeModel, EightTimesARanksMemoryBuildsTrainsSavesAndReloadsAtAnotherWorld
     peaks[pg->rank()] = counter.peak();
   });
   for (int r = 0; r < kLoadWorld; ++r) EXPECT_LT(load_diff[r], 1e-6) << "after the load, rank " << r;
-  std::cout << "peak at W=" << kLoadWorld << " (build, load, forward): "
-            << *std::max_element(peaks.begin(), peaks.begin() + kLoadWorld) << " B\n";
+  std::cout << "peak at W=" << kLoadWorld
+            << " (build, load, forward): " << *std::max_element(peaks.begin(), peaks.begin() + kLoadWorld) << " B\n";
+}
+
+// A load reads straight into the shards and the optimizer's state: beyond them it holds one
+// read block. LoadOptions::all_or_nothing stages the whole local state first.
+TEST(LargeModel, ALoadInPlaceHoldsOneReadBlockBeyondTheState) {
+  constexpr int kWorld = 4;
+  constexpr int64_t kLocalState = 2 * kParamBytes / kWorld;  // parameters + SGD momentum
+  const std::string dir = CheckpointDir() + "_in_place";
+  ScopedAllocationCounter::Install();
+  for (bool all_or_nothing : {false, true}) {
+    std::vector<int64_t> peaks(kWorld, 0);
+    fsdp::testing::RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
+      Stack model = ShardedMetaStack(pg);
+      per_param::InitMetaParameters(*model, Init());
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr).momentum(0.9));
+      model(InputRow(pg->rank(), kWorld)).mean().backward();
+      opt.step();
+      opt.zero_grad();
+      if (!all_or_nothing) Save(*model, &opt, dir);
+      ScopedAllocationCounter counter;
+      Load(*model, &opt, dir, {.all_or_nothing = all_or_nothing});
+      peaks[pg->rank()] = counter.peak();
+    });
+    const int64_t peak = *std::max_element(peaks.begin(), peaks.end());
+    std::cout << (all_or_nothing ? "all or nothing" : "in place") << ": load peak " << peak << " B, local state "
+              << kLocalState << " B\n";
+    if (all_or_nothing) {
+      EXPECT_GE(peak, kLocalState);
+    } else {
+      EXPECT_LE(peak, checkpoint::DcpReader::kBlockBytes + 64 * 1024);
+    }
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -82,25 +83,61 @@ at::Tensor Staging(const per_param::FSDPParam* fsdp, const std::vector<int64_t>&
   return flat.narrow(0, 0, numel).view(local_sizes);
 }
 
-at::Tensor ReadBoxes(checkpoint::DcpReader& reader, const DcpEntry& e, at::Tensor local,
-                     const std::vector<internal::Box>& boxes) {
-  for (const internal::Box& box : boxes) reader.ReadInto(e.fqn, box.global_offsets, internal::BoxOf(local, box));
-  return local;
-}
+// The tensors a load fills: each box of each entry is prepared (its chunks located and
+// checked) when added, and read by ReadAll, straight into its destination: the live tensor
+// when the load reads in place, else a staging tensor.
+class ReadPlan {
+ public:
+  ReadPlan(checkpoint::DcpReader& reader, bool in_place) : reader_(reader), in_place_(in_place) {}
 
-at::Tensor ReadBoxes(checkpoint::DcpReader& reader, const DcpEntry& e, const std::vector<int64_t>& local_sizes,
-                     const std::vector<internal::Box>& boxes) {
-  return ReadBoxes(reader, e, at::empty(local_sizes, at::TensorOptions().dtype(e.properties.dtype)), boxes);
-}
+  // The destination of entry `e`'s local part of `local_sizes`: `live` when reading in place
+  // is possible (the live tensor is a CPU tensor of the stored dtype and those sizes),
+  // else `staging()`.
+  template <class StagingFn>
+  at::Tensor Destination(const DcpEntry& e, const at::Tensor& live, const std::vector<int64_t>& local_sizes,
+                         StagingFn&& staging) const {
+    if (in_place_ && live.defined() && !live.is_meta() && live.is_cpu() && live.scalar_type() == e.properties.dtype &&
+        live.sizes() == c10::IntArrayRef(local_sizes)) {
+      return live;
+    }
+    return staging();
+  }
+  at::Tensor Destination(const DcpEntry& e, const at::Tensor& live, const std::vector<int64_t>& local_sizes) const {
+    return Destination(e, live, local_sizes,
+                       [&] { return at::empty(local_sizes, at::TensorOptions().dtype(e.properties.dtype)); });
+  }
 
-// The local tensor laid out like `fsdp`'s shard (or whole when null) of entry `key`, read
-// from the overlapping chunks only, in the stored dtype. `param_staging`: the parameter's own
-// value (Staging), not state shaped like it.
-at::Tensor ReadLocal(checkpoint::DcpReader& reader, const DcpEntry& e, const per_param::FSDPParam* fsdp,
-                     const std::vector<int64_t>& local_sizes, bool param_staging = true) {
-  return ReadBoxes(reader, e, Staging(param_staging ? fsdp : nullptr, local_sizes, e.properties.dtype),
-                   internal::LocalBoxes(fsdp, local_sizes));
-}
+  // Plans the reads of `boxes` of `e` into `dest` and returns it.
+  at::Tensor Add(const DcpEntry& e, at::Tensor dest, std::vector<internal::Box> boxes) {
+    for (const internal::Box& box : boxes) reader_.Prepare(e.fqn, box.global_offsets, internal::BoxOf(dest, box));
+    reads_.push_back({&e, dest, std::move(boxes)});
+    return dest;
+  }
+  // `fsdp`'s local part (the whole tensor when null) of `e`, of `local_sizes`.
+  at::Tensor AddLocal(const DcpEntry& e, at::Tensor dest, const per_param::FSDPParam* fsdp,
+                      const std::vector<int64_t>& local_sizes) {
+    return Add(e, std::move(dest), internal::LocalBoxes(fsdp, local_sizes));
+  }
+
+  void ReadAll() {
+    for (const Read& r : reads_) {
+      for (const internal::Box& box : r.boxes) {
+        reader_.ReadInto(r.entry->fqn, box.global_offsets, internal::BoxOf(r.dest, box));
+      }
+    }
+    reads_.clear();
+  }
+
+ private:
+  struct Read {
+    const DcpEntry* entry;
+    at::Tensor dest;
+    std::vector<internal::Box> boxes;
+  };
+  checkpoint::DcpReader& reader_;
+  const bool in_place_;
+  std::vector<Read> reads_;
+};
 
 c10::IValue ReadValue(checkpoint::DcpReader& reader, const std::string& dir, const std::string& key) {
   const std::vector<char> bytes = reader.ReadBytes(key);
@@ -110,7 +147,7 @@ c10::IValue ReadValue(checkpoint::DcpReader& reader, const std::string& dir, con
 struct ModelUpdate {
   at::Tensor target;  // the live parameter or buffer
   per_param::FSDPParam* fsdp = nullptr;
-  at::Tensor value;  // its local part, read
+  at::Tensor value;  // where its local part is read: `target` itself (in place) or staging
 };
 
 struct Pending {
@@ -121,8 +158,8 @@ struct Pending {
 };
 
 void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParameter>& params,
-               const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md,
-               checkpoint::DcpReader& reader, const LoadOptions& options, Pending& out) {
+               const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md, ReadPlan& plan,
+               const LoadOptions& options, Pending& out) {
   absl::flat_hash_map<const c10::TensorImpl*, per_param::FSDPParam*> by_impl;
   for (const auto& p : params) {
     if (p.fsdp_param) by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
@@ -159,13 +196,16 @@ void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParam
       if (!f.local.defined()) continue;
       const int64_t n = f.local.numel();
       out.model.push_back(
-          {f.local, nullptr, ReadBoxes(reader, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n))});
+          {f.local, nullptr,
+           plan.Add(e, plan.Destination(e, f.local, {n}), internal::FlatRangeBoxes(f.shape, f.flat_start, n))});
       continue;
     }
     const std::vector<int64_t> global = t.fsdp ? t.fsdp->sharding_spec().shape : t.tensor.sizes().vec();
     const DcpEntry& e = TensorEntry(dir, md, key, global, absl::StrCat("the model's '", t.fqn, "'"));
     const std::vector<int64_t> local = t.fsdp ? t.fsdp->sharded_size() : t.tensor.sizes().vec();
-    out.model.push_back({t.tensor, t.fsdp, ReadLocal(reader, e, t.fsdp, local)});
+    const at::Tensor dest =
+        plan.Destination(e, t.tensor, local, [&] { return Staging(t.fsdp, local, e.properties.dtype); });
+    out.model.push_back({t.tensor, t.fsdp, plan.AddLocal(e, dest, t.fsdp, local)});
   }
 }
 
@@ -179,9 +219,20 @@ bool ParseGroupKey(const std::string& key, size_t* group, std::string* option) {
   return !option->empty();
 }
 
+// The optimizer's current tensor `name` of parameter `fqn` (undefined when it has none).
+at::Tensor LiveState(const optim_state::OptimStateDict& live, const std::string& fqn, const std::string& name) {
+  auto p = live.state.find(fqn);
+  if (p == live.state.end()) return at::Tensor();
+  auto v = p->second.find(name);
+  if (v == p->second.end()) return at::Tensor();
+  const at::Tensor* t = std::get_if<at::Tensor>(&v->second);
+  return t != nullptr ? *t : at::Tensor();
+}
+
 void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<per_param::NamedParameter>& params,
                    const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md,
-                   checkpoint::DcpReader& reader, const LoadOptions& options, Pending& out) {
+                   checkpoint::DcpReader& reader, ReadPlan& plan, const optim_state::OptimStateDict& live,
+                   const LoadOptions& options, Pending& out) {
   // Param groups: every "optim.param_groups.<i>.<option>" entry (PyTorch writes each option
   // of each group, "params" the FQN list).
   std::map<size_t, optim_state::ParamGroupState> groups;
@@ -241,14 +292,16 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
       const internal::FlatPiece& f = piece->second;  // FSDP1: this rank's flat range of it
       TensorEntry(dir, md, e.fqn, f.shape, absl::StrCat("parameter '", fqn, "'"));
       const int64_t n = f.local.defined() ? f.local.numel() : 0;
-      value = ReadBoxes(reader, e, {n}, internal::FlatRangeBoxes(f.shape, f.flat_start, n));
+      value = plan.Add(e, plan.Destination(e, at::Tensor(), {n}), internal::FlatRangeBoxes(f.shape, f.flat_start, n));
     } else if (!e.size.empty()) {
       const at::Tensor& param = param_of.at(fqn);
       const std::vector<int64_t> global = fsdp ? fsdp->sharding_spec().shape : param.sizes().vec();
       TensorEntry(dir, md, e.fqn, global, absl::StrCat("parameter '", fqn, "'"));
-      value = ReadLocal(reader, e, fsdp, fsdp ? fsdp->sharded_size() : param.sizes().vec(), /*param_staging=*/false);
-    } else {
-      at::Tensor scalar = ReadLocal(reader, e, nullptr, {});
+      const std::vector<int64_t> local = fsdp ? fsdp->sharded_size() : param.sizes().vec();
+      value = plan.AddLocal(e, plan.Destination(e, LiveState(live, fqn, name), local), fsdp, local);
+    } else {  // a 0-d value (`step`): read now, into fresh memory (no live tensor changes)
+      at::Tensor scalar = at::empty({}, at::TensorOptions().dtype(e.properties.dtype));
+      reader.ReadInto(e.fqn, {}, scalar);
       if (name == "step") {  // PyTorch's 0-d float tensor; LibTorch's optimizers count in an int
         const double step = scalar.item<double>();
         TORCH_CHECK(step >= 0 && std::floor(step) == step, kLoad, ": '", e.fqn, "' in the checkpoint '", dir, "' is ",
@@ -279,46 +332,77 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
       break;
     }
   }
-  // Read and check everything first; change nothing unless every rank could.
+  // Check everything that needs no tensor bytes first (the metadata, every key and shape,
+  // every chunk's file, range, header and dtype, non-tensor values, the optimizer state's
+  // structure), and change nothing unless every rank could. Then read: in place (as Python's
+  // dcp.load) into the live tensors, or, all_or_nothing (and always for FSDP1), into staging
+  // tensors applied only once every rank read everything.
+  const bool in_place = !options.all_or_nothing && flat.empty();
   Pending pending;
+  DcpMetadata md;
+  std::unique_ptr<checkpoint::DcpReader> reader;
+  std::unique_ptr<ReadPlan> plan;
   std::string error = internal::ErrorOf([&] {
-    DcpMetadata md;
     try {
       md = checkpoint::ReadMetadata(dir);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, kLoad, ": '", dir, "' holds no complete checkpoint: ", e.what_without_backtrace());
     }
-    checkpoint::DcpReader reader(dir, md);
-    ReadModel(model, params, flat, dir, md, reader, options, pending);
+    reader = std::make_unique<checkpoint::DcpReader>(dir, md);
+    plan = std::make_unique<ReadPlan>(*reader, in_place);
+    ReadModel(model, params, flat, dir, md, *plan, options, pending);
     internal::CheckExtraState(options.extra_state, kLoad);
     for (const auto& [key, tensor] : options.extra_state) {
       const DcpEntry& e = TensorEntry(dir, md, key, tensor.sizes().vec(), absl::StrCat("extra_state '", key, "'"));
-      pending.extra.push_back({tensor, nullptr, ReadLocal(reader, e, nullptr, tensor.sizes().vec())});
+      const std::vector<int64_t> sizes = tensor.sizes().vec();
+      pending.extra.push_back(
+          {tensor, nullptr, plan->AddLocal(e, plan->Destination(e, tensor, sizes), nullptr, sizes)});
     }
-    if (optimizer != nullptr) ReadOptimizer(*optimizer, params, flat, dir, md, reader, options, pending);
+    if (optimizer != nullptr) {
+      const optim_state::OptimStateDict live =
+          in_place ? optim_state::GetShardedOptimStateDict(model, *optimizer) : optim_state::OptimStateDict();
+      ReadOptimizer(*optimizer, params, flat, dir, md, *reader, *plan, live, options, pending);
+      if (in_place && pending.has_optimizer_state) {
+        optim_state::CheckShardedOptimStateDict(model, *optimizer, pending.optim);
+      }
+    }
+    if (!in_place) plan->ReadAll();
   });
   internal::AgreeOrThrow(world, error, kLoad);
+  if (in_place) {
+    error = internal::ErrorOf([&] { plan->ReadAll(); });
+    if (!error.empty()) {
+      absl::StrAppend(&error, " [", kLoad,
+                      " was reading in place: the model and optimizer are now partly loaded; load a checkpoint "
+                      "again before training (LoadOptions::all_or_nothing reads into fresh memory first)]");
+    }
+    internal::AgreeOrThrow(world, error, kLoad);
+  }
   error = internal::ErrorOf([&] {
     if (pending.has_optimizer_state && flat.empty()) {
-      // The staged state tensors become the optimizer's (no copy): Pending is ours alone.
+      // The read tensors become the optimizer's (no copy): the live ones, or our staging.
       optim_state::LoadShardedOptimStateDict(model, *optimizer, pending.optim, optim_state::StateTensors::kAdopt);
     } else if (pending.has_optimizer_state) {
       optim_state::LoadShardedOptimStateDict(flat_param::FullyShardedDataParallel(flat_param::GetState(model)),
                                              *optimizer, internal::PiecesToFlatOptim(pending.optim, flat, kLoad));
     }
     at::NoGradGuard no_grad;
-    for (ModelUpdate& u : pending.extra) u.target.copy_(u.value);
+    for (ModelUpdate& u : pending.extra) {
+      if (!u.value.is_same(u.target)) u.target.copy_(u.value);
+    }
     for (ModelUpdate& u : pending.model) {
       if (u.fsdp != nullptr) {
         const at::Tensor& param = u.fsdp->param();
-        if (u.value.device() == param.device() && u.value.dtype() == param.dtype() && !param.is_meta()) {
+        if (u.value.is_same(param)) {
+          // read in place
+        } else if (u.value.device() == param.device() && u.value.dtype() == param.dtype() && !param.is_meta()) {
           param.set_data(u.value);  // ResetShardedParam adopts a Staging tensor's storage
         } else {
-          u.fsdp->param().data().copy_(u.value);
+          param.data().copy_(u.value);
         }
         u.fsdp->ResetShardedParam();  // PyTorch's load_state_dict post-hook
         u.fsdp->MarkInitialized();    // deferred init (fsdp/per_param/meta_init.h)
-      } else {
+      } else if (!u.value.is_same(u.target)) {
         ::fsdp::MaterializeEmpty(u.target, device);
         u.target.data().copy_(u.value);
       }

@@ -240,7 +240,7 @@ std::map<std::string, StateMap> GatherOrigParamState(const flat_param::FlatParam
     }
   }
   const std::vector<OptimStateDict> metas = AllGatherDicts(meta, h.process_group());
-  std::map<std::string, StateMap> out;          // scalars from the lowest rank holding them
+  std::map<std::string, StateMap> out;           // scalars from the lowest rank holding them
   std::map<std::string, c10::ScalarType> dtype;  // positive-dim state name -> dtype
   for (const OptimStateDict& m : metas) {
     for (const auto& [fqn, values] : m.state) {

@@ -80,8 +80,8 @@ void ExpectStateNear(const OptimStateDict& got, torch::optim::AdamW& ref_opt, Ne
 void ExpectParamsNear(per_param::FullStateDict& result, Net& ref, const std::string& label) {
   for (const auto& item : ref->named_parameters()) {
     const double scale = std::max(1.0, item.value().abs().max().item<double>());
-    EXPECT_LE((result[item.key()] - item.value()).abs().max().item<double>(), 1e-6 * scale) << item.key() << " "
-                                                                                            << label;
+    EXPECT_LE((result[item.key()] - item.value()).abs().max().item<double>(), 1e-6 * scale)
+        << item.key() << " " << label;
   }
 }
 

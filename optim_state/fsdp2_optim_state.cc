@@ -57,6 +57,11 @@ void LoadShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer&
   SetOptimStateDict(optimizer, NamedOptimizerParams(root), sharded, tensors);
 }
 
+void CheckShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                const OptimStateDict& sharded) {
+  CheckOptimStateDict(optimizer, NamedOptimizerParams(root), sharded);
+}
+
 void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer, const OptimStateDict& full) {
   const std::vector<NamedParameter> params = per_param::NamedParameters(root);
   absl::flat_hash_map<std::string, per_param::FSDPParam*> fsdp_params;

@@ -38,6 +38,9 @@ OptimStateDict GetShardedOptimStateDict(torch::nn::Module& root, const torch::op
 // `tensors`: as SetOptimStateDict's.
 void LoadShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
                                const OptimStateDict& sharded, StateTensors tensors = StateTensors::kCopy);
+// LoadShardedOptimStateDict's checks only (CheckOptimStateDict).
+void CheckShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                const OptimStateDict& sharded);
 
 }  // namespace fsdp::optim_state
 

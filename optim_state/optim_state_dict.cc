@@ -115,11 +115,20 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
   return out;
 }
 
-void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict,
-                       StateTensors tensors) {
-  const std::shared_ptr<const OptimizerAdapter> adapter = OptimizerAdapterFor(optimizer);
-  TORCH_CHECK(state_dict.optimizer == adapter->name(), "the optimizer state is for ", state_dict.optimizer,
-              " but the optimizer is ", adapter->name());
+namespace {
+
+// What SetOptimStateDict installs, built and checked without changing the optimizer.
+struct PreparedState {
+  std::shared_ptr<const OptimizerAdapter> adapter;
+  std::vector<const OptionMap*> options;  // per optimizer group: the loaded group's options
+  std::vector<std::pair<void*, std::unique_ptr<OptimizerParamState>>> states;
+};
+
+PreparedState PrepareOptimState(torch::optim::Optimizer& optimizer, const NamedParams& named,
+                                const OptimStateDict& state_dict, StateTensors tensors) {
+  PreparedState out{OptimizerAdapterFor(optimizer)};
+  TORCH_CHECK(state_dict.optimizer == out.adapter->name(), "the optimizer state is for ", state_dict.optimizer,
+              " but the optimizer is ", out.adapter->name());
   const auto names = NamesByTensor(named);
   auto& groups = optimizer.param_groups();
   absl::flat_hash_map<std::string, at::Tensor> params;
@@ -129,29 +138,41 @@ void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& na
     for (size_t i = 0; i < group_fqns[g].size(); ++i) params.emplace(group_fqns[g][i], groups[g].params()[i]);
   }
   // The options of the loaded group holding each optimizer group's FQNs.
-  std::vector<const OptionMap*> options;
   for (size_t i : MatchParamGroups(group_fqns, state_dict.param_groups, "SetOptimStateDict")) {
-    options.push_back(&state_dict.param_groups[i].options);
+    out.options.push_back(&state_dict.param_groups[i].options);
   }
   for (const auto& [fqn, state] : state_dict.state) {
     TORCH_CHECK(params.contains(fqn), "the optimizer state has state for '", fqn,
                 "', which is not a parameter of the optimizer");
   }
-  // Everything is read and checked before the optimizer changes: a bad state leaves it as it was.
   for (size_t g = 0; g < groups.size(); ++g) {  // on a copy: only the checks count here
-    adapter->WriteOptions(OptionReader(*options[g]), *groups[g].options().clone());
+    out.adapter->WriteOptions(OptionReader(*out.options[g]), *groups[g].options().clone());
   }
-  std::vector<std::pair<void*, std::unique_ptr<OptimizerParamState>>> states;
   for (const auto& [fqn, state] : state_dict.state) {
     const at::Tensor& p = params.at(fqn);
-    states.emplace_back(p.unsafeGetTensorImpl(),
-                        adapter->MakeState(ParamStateReader(state, fqn, p, tensors == StateTensors::kAdopt)));
+    out.states.emplace_back(p.unsafeGetTensorImpl(),
+                            out.adapter->MakeState(ParamStateReader(state, fqn, p, tensors == StateTensors::kAdopt)));
   }
+  return out;
+}
+
+}  // namespace
+
+void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict,
+                       StateTensors tensors) {
+  // Everything is read and checked before the optimizer changes: a bad state leaves it as it was.
+  PreparedState prepared = PrepareOptimState(optimizer, named, state_dict, tensors);
+  auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
-    adapter->WriteOptions(OptionReader(*options[g]), groups[g].options());
+    prepared.adapter->WriteOptions(OptionReader(*prepared.options[g]), groups[g].options());
   }
   optimizer.state().clear();
-  for (auto& [key, state] : states) optimizer.state()[key] = std::move(state);
+  for (auto& [key, state] : prepared.states) optimizer.state()[key] = std::move(state);
+}
+
+void CheckOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named,
+                         const OptimStateDict& state_dict) {
+  PrepareOptimState(optimizer, named, state_dict, StateTensors::kAdopt);  // adopting: no copies
 }
 
 void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<std::string>& fqns,

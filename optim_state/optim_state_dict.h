@@ -57,6 +57,10 @@ OptimStateDict GetOptimStateDict(const torch::optim::Optimizer& optimizer, const
 enum class StateTensors { kCopy, kAdopt };
 void SetOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named, const OptimStateDict& state_dict,
                        StateTensors tensors = StateTensors::kCopy);
+// Every check of SetOptimStateDict, without changing the optimizer (the same errors): for a
+// caller that must know the state will install before it fills the state's tensors.
+void CheckOptimStateDict(torch::optim::Optimizer& optimizer, const NamedParams& named,
+                         const OptimStateDict& state_dict);
 
 // For each of the optimizer's param groups (`optimizer_groups`, FQN lists), the index of the
 // loaded group holding the same set of FQNs (in any order): param groups are matched by
