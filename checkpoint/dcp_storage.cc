@@ -20,6 +20,7 @@
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/file_io.h"
+#include "checkpoint/tensor_archive.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -61,9 +62,9 @@ std::string NewUuid() {
   return out;
 }
 
-// The bytes of one stored chunk: torch.save of the local tensor on the CPU, without the
-// storage beyond it (filesystem.py _SerialCpuLoader clones such tensors).
-std::vector<char> ChunkBytes(const DcpTensorItem& item, const std::string& name) {
+// The tensor one stored chunk holds: the local tensor on the CPU, without the storage beyond
+// it (filesystem.py _SerialCpuLoader clones such tensors).
+at::Tensor ChunkTensor(const DcpTensorItem& item, const std::string& name) {
   TORCH_CHECK(item.local.defined(), "WriteRankData: ", name, " has no tensor");
   TORCH_CHECK(item.local.scalar_type() == item.dtype, "WriteRankData: ", name, " is declared ",
               c10::toString(item.dtype), " but its tensor is ", c10::toString(item.local.scalar_type()));
@@ -81,7 +82,7 @@ std::vector<char> ChunkBytes(const DcpTensorItem& item, const std::string& name)
   if (static_cast<int64_t>(t.storage().nbytes()) != static_cast<int64_t>(t.nbytes()) || t.storage_offset() != 0) {
     t = t.clone();
   }
-  return WriteCheckpoint(c10::IValue(t));
+  return t;
 }
 
 }  // namespace
@@ -117,7 +118,7 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
   }
   for (const DcpTensorItem& item : tensors) {
     const std::string name = absl::StrCat("the chunk of '", item.fqn, "' at offsets ", Shape(item.offsets));
-    const std::vector<char> data = ChunkBytes(item, name);
+    const at::Tensor chunk = ChunkTensor(item, name);
     auto [e, added] = entry(item.fqn);
     TORCH_CHECK(!e->is_bytes, "WriteRankData: '", item.fqn, "' is written as bytes and as a tensor");
     if (added) {
@@ -132,9 +133,9 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
     TORCH_CHECK(e->size == item.global_size && e->properties.dtype == item.dtype, "WriteRankData: ", name,
                 " is declared ", c10::toString(item.dtype), " of size ", Shape(item.global_size),
                 ", an earlier chunk of it ", c10::toString(e->properties.dtype), " of size ", Shape(e->size));
-    e->chunks.push_back(
-        {item.offsets, item.local.sizes().vec(), {file, out.size(), static_cast<int64_t>(data.size())}});
-    out.Write(data);
+    const int64_t start = out.size();
+    if (!WriteTensorArchive(out, chunk)) out.Write(WriteCheckpoint(c10::IValue(chunk)));  // streamed, or built
+    e->chunks.push_back({item.offsets, item.local.sizes().vec(), {file, start, out.size() - start}});
   }
   ValidateDcpMetadata(DcpMetadata{fragment.entries}, absl::StrCat("WriteRankData: rank ", rank, ": "));
   out.Commit();

@@ -100,7 +100,8 @@ fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE
 
 fsdp_cc_library(//checkpoint:dcp
   SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_pickle.cc dcp_read.cc dcp_storage.cc
-  HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h
+       tensor_archive.cc
+  HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h tensor_archive.h
   DEPS :checkpoint @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:dcp_read_test SIZE small
