@@ -168,16 +168,25 @@ void DcpReader::ReadInto(const std::string& fqn, const std::vector<int64_t>& des
                         const at::Tensor& dst) { ReadChunk(e, c, src_lo, dst); });
 }
 
+std::string DcpReader::ItemName(const DcpEntry& e, const DcpChunk& c) {
+  return absl::StrCat("the chunk of '", e.fqn, "' at offsets ", Shape(c.offsets));
+}
+
+std::string DcpReader::SourceOf(const DcpEntry& e, const DcpChunk& c) const {
+  const int64_t base = c.storage.offset;
+  return absl::StrCat("'", Join(dir_, c.storage.relative_path), "' bytes [", base, ", ", base + c.storage.length, ") (",
+                      ItemName(e, c), ")");
+}
+
 const DcpReader::Located& DcpReader::Locate(const DcpEntry& e, const DcpChunk& c) {
   const auto key = std::make_pair(c.storage.relative_path, c.storage.offset);
   if (auto it = located_.find(key); it != located_.end()) return it->second;
-  const std::string item = absl::StrCat("the chunk of '", e.fqn, "' at offsets ", Shape(c.offsets));
+  const std::string item = ItemName(e, c);
   OpenFile& f = File(c.storage, item);
   const std::string path = Join(dir_, c.storage.relative_path);
   const int64_t base = c.storage.offset;
   Located out{.fd = f.fd.get(), .path = path, .base = base};
-  const std::string source =
-      absl::StrCat("'", path, "' bytes [", base, ", ", base + c.storage.length, ") (", item, ")");
+  const std::string source = SourceOf(e, c);
   out.tensor = LocateCheckpointTensor(
       static_cast<uint64_t>(c.storage.length),
       [&](uint64_t offset, size_t size, char* into) { PreadFully(out.fd, base + offset, size, into, path, caller_); },
@@ -190,37 +199,28 @@ const DcpReader::Located& DcpReader::Locate(const DcpEntry& e, const DcpChunk& c
   return located_.emplace(key, std::move(out)).first->second;
 }
 
-void DcpReader::ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo,
-                          const at::Tensor& dst) {
-  const Located& located = Locate(e, c);
-  const LocatedTensor& t = located.tensor;
-  if (t.record.empty()) return;  // an empty storage: nothing to read (and no overlap)
-  const at::Tensor& stored = t.meta;
-  const int fd = located.fd;
-  const std::string& path = located.path;
-  const int64_t base = located.base;
-  const int64_t record_offset = static_cast<int64_t>(t.record_offset);
-  const int64_t record_size = static_cast<int64_t>(t.record_size);
+uint32_t DcpReader::ReadRecord(const Record& r, const std::vector<int64_t>& src_lo, const at::Tensor& dst) {
+  const at::Tensor& stored = r.stored;
   const int64_t item_size = static_cast<int64_t>(stored.element_size());
   const bool is_bool = stored.scalar_type() == at::kBool;
   uint32_t crc = 0;
-  // Every byte of the record passes here once, in order.
+  // Every byte of the record read passes here once, in order.
   const auto check = [&](const char* data, int64_t n) {
     crc = internal::Crc32Update(crc, data, static_cast<size_t>(n));
     if (!is_bool) return;
     for (int64_t i = 0; i < n; ++i) {
-      TORCH_CHECK(static_cast<uint8_t>(data[i]) <= 1, t.what, "bool storage record '", t.record, "' holds byte ",
+      TORCH_CHECK(static_cast<uint8_t>(data[i]) <= 1, r.what, "bool storage record '", r.name, "' holds byte ",
                   static_cast<int>(static_cast<uint8_t>(data[i])));
     }
   };
   const auto read = [&](int64_t from, int64_t n, char* into) {
-    PreadFully(fd, base + record_offset + from, static_cast<size_t>(n), into, path, caller_);
+    PreadFully(r.fd, r.offset + from, static_cast<size_t>(n), into, r.path, caller_);
     check(into, n);
   };
   // Reads record bytes [from, to) through the scratch block, for the CRC only (not at all when
-  // the writer stored no CRC).
+  // there is no CRC to check).
   const auto skip = [&](int64_t from, int64_t to) {
-    if (t.crc == 0) return;
+    if (!r.whole) return;
     for (int64_t at = from; at < to; at += kBlockBytes) {
       const int64_t n = std::min<int64_t>(kBlockBytes, to - at);
       read(at, n, Scratch(static_cast<size_t>(n)));
@@ -229,39 +229,108 @@ void DcpReader::ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vecto
   at::Tensor src = stored;  // the overlap, as a view of the (meta) stored tensor
   for (int64_t d = 0; d < stored.dim(); ++d) src = src.narrow(d, src_lo[d], dst.size(d));
   int64_t begin = 0, end = 0;
-  if (!stored.is_contiguous() || stored.storage_offset() != 0 || stored.numel() * item_size != record_size) {
+  if (!stored.is_contiguous() || stored.storage_offset() != 0 || stored.numel() * item_size != r.size) {
     // Stored as a view of a larger storage or with other strides (not what DCP writes: it
     // clones such tensors): the whole record at once.
-    char* all = Scratch(static_cast<size_t>(record_size));
-    read(0, record_size, all);
-    const at::Tensor storage = at::from_blob(all, {record_size / item_size}, stored.options().device(at::kCPU));
+    char* all = Scratch(static_cast<size_t>(r.size));
+    read(0, r.size, all);
+    const at::Tensor storage = at::from_blob(all, {r.size / item_size}, stored.options().device(at::kCPU));
     dst.copy_(storage.as_strided(src.sizes(), src.strides(), src.storage_offset()));
   } else if (ContiguousRange(src, &begin, &end) && dst.is_contiguous() && dst.is_cpu()) {
     skip(0, begin);  // straight into the destination, a block at a time
     char* into = static_cast<char*>(dst.data_ptr());
-    for (int64_t at = begin; at < end; at += kBlockBytes)
+    for (int64_t at = begin; at < end; at += kBlockBytes) {
       read(at, std::min<int64_t>(kBlockBytes, end - at), into + (at - begin));
-    skip(end, record_size);
+    }
+    skip(end, r.size);
   } else {
     // Whole dim-0 rows of the chunk through the scratch block, their overlap copied out.
-    const int64_t row = stored.size(0) > 0 ? record_size / stored.size(0) : record_size;
+    const int64_t row = stored.size(0) > 0 ? r.size / stored.size(0) : r.size;
     const int64_t rows_per_block = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(row, 1));
     const int64_t first = src_lo[0], last = src_lo[0] + dst.size(0);
     skip(0, first * row);
     std::vector<int64_t> block_sizes = stored.sizes().vec();
-    for (int64_t r = first; r < last; r += rows_per_block) {
-      const int64_t n = std::min(rows_per_block, last - r);
+    for (int64_t at_row = first; at_row < last; at_row += rows_per_block) {
+      const int64_t n = std::min(rows_per_block, last - at_row);
       char* block = Scratch(static_cast<size_t>(n * row));
-      read(r * row, n * row, block);
+      read(at_row * row, n * row, block);
       block_sizes[0] = n;
       at::Tensor from = at::from_blob(block, block_sizes, stored.options().device(at::kCPU));
       for (int64_t d = 1; d < stored.dim(); ++d) from = from.narrow(d, src_lo[d], dst.size(d));
-      dst.narrow(0, r - first, n).copy_(from);
+      dst.narrow(0, at_row - first, n).copy_(from);
     }
-    skip(last * row, record_size);
+    skip(last * row, r.size);
   }
+  return crc;
+}
+
+bool DcpReader::ReadChunkInOrder(const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo,
+                                 const at::Tensor& dst) {
+  const std::string item = ItemName(e, c);
+  OpenFile& f = File(c.storage, item);
+  const std::string path = Join(dir_, c.storage.relative_path);
+  // The first record's local header: what torch.save's archive starts with, the storage's
+  // data (LibTorch's writer and Python's put data/0 first).
+  char head[30 + 512];
+  const size_t head_size = static_cast<size_t>(std::min<int64_t>(c.storage.length, sizeof(head)));
+  PreadFully(f.fd.get(), c.storage.offset, head_size, head, path, caller_);
+  uint32_t signature;
+  uint16_t name_size, extra_size;
+  if (head_size < 30) return false;
+  std::memcpy(&signature, head, 4);
+  std::memcpy(&name_size, head + 26, 2);
+  std::memcpy(&extra_size, head + 28, 2);
+  if (signature != 0x04034b50 || 30u + name_size > head_size) return false;
+  const std::string name(head + 30, name_size);
+  int64_t numel = 1;
+  for (int64_t s : c.sizes) numel *= s;
+  const int64_t data = 30 + name_size + extra_size,
+                size = numel * static_cast<int64_t>(c10::elementSize(e.properties.dtype));
+  if (name.find("/data/") == std::string::npos || size == 0 || data > c.storage.length ||
+      size > c.storage.length - data) {
+    return false;
+  }
+  // Guess: a contiguous tensor of the chunk's sizes over the whole record (what DCP writes).
+  const Record guess{f.fd.get(),
+                     path,
+                     c.storage.offset + data,
+                     size,
+                     /*whole=*/true,
+                     at::empty(c.sizes, at::TensorOptions().dtype(e.properties.dtype).device(at::kMeta)),
+                     SourceOf(e, c) + " is not a valid checkpoint: ",
+                     name};
+  const uint32_t crc = ReadRecord(guess, src_lo, dst);
+  const LocatedTensor& t = Locate(e, c).tensor;  // the directory and the pickle, checked
+  if (t.record != name || static_cast<int64_t>(t.record_offset) != data ||
+      static_cast<int64_t>(t.record_size) != size || !t.meta.is_contiguous() || t.meta.storage_offset() != 0) {
+    return false;  // another layout: read again as located
+  }
+  CheckCrc(t, crc);
+  return true;
+}
+
+void DcpReader::CheckCrc(const LocatedTensor& t, uint32_t crc) const {
   TORCH_CHECK(t.crc == 0 || crc == t.crc, t.what, "record '", t.record, "' (", t.record_size, " bytes at offset ",
               t.record_offset, ") has CRC-32 ", crc, " but the archive lists ", t.crc, " (corrupted)");
+}
+
+void DcpReader::ReadChunk(const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo,
+                          const at::Tensor& dst) {
+  // Not located yet: read the chunk front to back (its data, then its directory and pickle,
+  // which torch.save puts after the data), so a cold disk streams it; checked after.
+  if (!located_.contains({c.storage.relative_path, c.storage.offset}) && ReadChunkInOrder(e, c, src_lo, dst)) return;
+  const Located& located = Locate(e, c);
+  const LocatedTensor& t = located.tensor;
+  if (t.record.empty()) return;  // an empty storage: nothing to read (and no overlap)
+  const Record r{located.fd,
+                 located.path,
+                 located.base + static_cast<int64_t>(t.record_offset),
+                 static_cast<int64_t>(t.record_size),
+                 /*whole=*/t.crc != 0,
+                 t.meta,
+                 t.what,
+                 t.record};
+  CheckCrc(t, ReadRecord(r, src_lo, dst));
 }
 
 void ReadInto(const std::string& dir, const DcpMetadata& metadata, const std::string& fqn,

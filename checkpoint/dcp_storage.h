@@ -135,6 +135,25 @@ class DcpReader {
       const std::string& fqn, const std::vector<int64_t>& dest_offsets, const at::Tensor& dest,
       const std::function<void(const DcpEntry&, const DcpChunk&, const std::vector<int64_t>&, const at::Tensor&)>& fn);
   const Located& Locate(const DcpEntry& e, const DcpChunk& c);
+  // A stored tensor's record: `size` bytes at `offset` of file `fd`, holding `stored` (meta).
+  struct Record {
+    int fd;
+    std::string path;
+    int64_t offset, size;
+    bool whole;  // read all of it (for its CRC-32), not just the part the box needs
+    at::Tensor stored;
+    std::string what, name;  // for errors: "<source> is not a valid checkpoint: ", the record
+  };
+  // Reads the part of `r` at src_lo into `dst`; returns the CRC-32 of the bytes read.
+  uint32_t ReadRecord(const Record& r, const std::vector<int64_t>& src_lo, const at::Tensor& dst);
+  // Reads a chunk not located yet in file order, guessing DCP's layout from its first local
+  // header, then locates it and checks the guess and the CRC-32; false: the guess was wrong
+  // (`dst` must be read again as located).
+  bool ReadChunkInOrder(const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>& src_lo,
+                        const at::Tensor& dst);
+  void CheckCrc(const LocatedTensor& t, uint32_t crc) const;
+  static std::string ItemName(const DcpEntry& e, const DcpChunk& c);
+  std::string SourceOf(const DcpEntry& e, const DcpChunk& c) const;
   const DcpEntry& Entry(const std::string& fqn) const;
   OpenFile& File(const DcpStorageInfo& storage, const std::string& item);
   char* Scratch(size_t size);
