@@ -15,25 +15,6 @@
 namespace fsdp::checkpoint {
 namespace {
 
-// The storage class torch.save names for a dtype (torch/storage.py's legacy names), or null.
-const char* StorageName(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "FloatStorage";
-    case at::kDouble: return "DoubleStorage";
-    case at::kHalf: return "HalfStorage";
-    case at::kBFloat16: return "BFloat16Storage";
-    case at::kLong: return "LongStorage";
-    case at::kInt: return "IntStorage";
-    case at::kShort: return "ShortStorage";
-    case at::kChar: return "CharStorage";
-    case at::kByte: return "ByteStorage";
-    case at::kBool: return "BoolStorage";
-    case at::kComplexFloat: return "ComplexFloatStorage";
-    case at::kComplexDouble: return "ComplexDoubleStorage";
-    default: return nullptr;
-  }
-}
-
 void Put16(std::string& s, uint16_t v) { s.append(reinterpret_cast<const char*>(&v), 2); }
 void Put32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
 void Put64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
@@ -171,8 +152,26 @@ std::string SerializationId(const std::vector<Entry>& records) {
 
 }  // namespace
 
+const char* TorchStorageName(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "FloatStorage";
+    case at::kDouble: return "DoubleStorage";
+    case at::kHalf: return "HalfStorage";
+    case at::kBFloat16: return "BFloat16Storage";
+    case at::kLong: return "LongStorage";
+    case at::kInt: return "IntStorage";
+    case at::kShort: return "ShortStorage";
+    case at::kChar: return "CharStorage";
+    case at::kByte: return "ByteStorage";
+    case at::kBool: return "BoolStorage";
+    case at::kComplexFloat: return "ComplexFloatStorage";
+    case at::kComplexDouble: return "ComplexDoubleStorage";
+    default: return nullptr;
+  }
+}
+
 bool WriteTensorArchive(AtomicFile& out, const at::Tensor& t) {
-  const char* storage = t.defined() ? StorageName(t.scalar_type()) : nullptr;
+  const char* storage = t.defined() ? TorchStorageName(t.scalar_type()) : nullptr;
   if (storage == nullptr || !t.device().is_cpu() || !t.is_contiguous() || t.storage_offset() != 0 ||
       t.storage().nbytes() != t.nbytes() || t.nbytes() >= 0xFFFFFFFFull) {
     return false;

@@ -23,6 +23,11 @@ namespace fsdp::checkpoint {
 // AtomicFile's.
 bool WriteTensorArchive(AtomicFile& out, const at::Tensor& t);
 
+// The storage class torch.save names for a dtype ("FloatStorage": torch/storage.py's legacy
+// <Type>Storage, which torch.load's weights_only unpickler allows), or null for a dtype it has
+// none for here (the dtypes checkpoint_reader.h reads).
+const char* TorchStorageName(at::ScalarType dtype);
+
 }  // namespace fsdp::checkpoint
 
 #endif  // FSDP_CHECKPOINT_TENSOR_ARCHIVE_H_

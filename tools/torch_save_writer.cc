@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/tensor_archive.h"
 
 namespace dcp_cli {
 namespace {
@@ -25,26 +26,6 @@ constexpr uint8_t kProto = 0x80, kStop = '.', kNone = 'N', kNewTrue = 0x88, kNew
 // Containers nest at most this deep (checkpoint_reader.h reads no deeper).
 constexpr int kMaxDepth = 64;
 
-// The storage class torch.save names for a dtype (torch/storage.py's legacy <Type>Storage,
-// which torch.load's weights_only unpickler allows); the dtypes checkpoint_reader.h reads.
-const char* StorageName(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "FloatStorage";
-    case at::kDouble: return "DoubleStorage";
-    case at::kHalf: return "HalfStorage";
-    case at::kBFloat16: return "BFloat16Storage";
-    case at::kLong: return "LongStorage";
-    case at::kInt: return "IntStorage";
-    case at::kShort: return "ShortStorage";
-    case at::kChar: return "CharStorage";
-    case at::kByte: return "ByteStorage";
-    case at::kBool: return "BoolStorage";
-    case at::kComplexFloat: return "ComplexFloatStorage";
-    case at::kComplexDouble: return "ComplexDoubleStorage";
-    default: return nullptr;
-  }
-}
-
 }  // namespace
 
 TorchSaveWriter::TorchSaveWriter(std::function<size_t(const void*, size_t)> sink) : zip_(std::move(sink)) {
@@ -54,7 +35,7 @@ TorchSaveWriter::TorchSaveWriter(std::function<size_t(const void*, size_t)> sink
 
 std::string TorchSaveWriter::WriteStorage(const at::Tensor& t) {
   TORCH_CHECK(t.device().is_cpu(), "TorchSaveWriter: a tensor is on ", t.device(), ", not the CPU");
-  TORCH_CHECK(StorageName(t.scalar_type()) != nullptr, "TorchSaveWriter: cannot write a ",
+  TORCH_CHECK(fsdp::checkpoint::TorchStorageName(t.scalar_type()) != nullptr, "TorchSaveWriter: cannot write a ",
               c10::toString(t.scalar_type()), " tensor");
   const at::Tensor data = t.detach().contiguous();
   std::string key = std::to_string(next_key_++);
@@ -132,7 +113,7 @@ void TorchSaveWriter::PickleTensor(const at::Tensor& t) {
   Op(kMark);
   Op(kMark);
   Str("storage");
-  Global("torch", StorageName(t.scalar_type()));
+  Global("torch", fsdp::checkpoint::TorchStorageName(t.scalar_type()));
   Str(key);
   Str("cpu");
   Int(t.numel());
