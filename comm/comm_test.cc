@@ -35,6 +35,14 @@ TEST(FakeProcessGroup, AllGatherCopiesInputIntoEveryChunk) {
   EXPECT_TRUE(work->is_completed());
   work->wait();
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(at::equal(out[r], in)) << "chunk " << r;
+  // Built on request only (no string per collective otherwise), then the same every time.
+  EXPECT_EQ(work->description(), "all_gather_into_tensor Float (12 elements) on fake rank 2/4");
+  EXPECT_EQ(work->description(), "all_gather_into_tensor Float (12 elements) on fake rank 2/4");
+  // In place: this rank's input is its slot of the output.
+  at::Tensor slot = out.view({-1}).narrow(0, 6, 3);
+  slot.copy_(at::arange(3, 6, at::kFloat));
+  pg->all_gather_into_tensor(out, slot)->wait();
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(at::equal(out[r], at::arange(3, 6, at::kFloat))) << "chunk " << r;
 }
 
 TEST(FakeProcessGroup, ReduceScatterTakesThisRanksChunkForAnyOp) {
@@ -281,7 +289,9 @@ TEST(TorchrunEnv, InvalidValuesAreNamed) {
 
 // ------------------------------------------------------------------ RunMain
 
-TEST(RunMain, ReturnsWhatTheBodyReturns) { EXPECT_EQ(RunMain([] { return 7; }), 7); }
+TEST(RunMain, ReturnsWhatTheBodyReturns) {
+  EXPECT_EQ(RunMain([] { return 7; }), 7);
+}
 
 TEST(RunMain, ErrorLineIsOneLineWithoutTheBacktrace) {
   std::exception_ptr error;
@@ -403,8 +413,8 @@ TEST(GlooTransport, PicksTheInterfaceFromGlooSocketIfnameOrTheHostName) {
   ASSERT_EQ(::unsetenv("GLOO_SOCKET_IFNAME"), 0);
   fsdp::testing::RunOnRanks(fsdp::testing::Backend::kGlooThreads, 2, sum_of_ranks);
   ASSERT_EQ(::setenv("GLOO_SOCKET_IFNAME", "no_such_interface0", 1), 0);
-  const auto outcomes = fsdp::testing::RunOnRanksCollect(fsdp::testing::Backend::kGlooThreads, 2,
-                                                         [](const ProcessGroupPtr&) {});
+  const auto outcomes =
+      fsdp::testing::RunOnRanksCollect(fsdp::testing::Backend::kGlooThreads, 2, [](const ProcessGroupPtr&) {});
   ASSERT_EQ(::unsetenv("GLOO_SOCKET_IFNAME"), 0);
   for (const auto& o : outcomes) {
     EXPECT_FALSE(o.ok);

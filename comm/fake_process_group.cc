@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace fsdp::comm {
@@ -13,15 +15,31 @@ class FakeProcessGroup final : public ProcessGroup {
   std::string backend_name() const override { return "fake"; }
 
  protected:
+  // What its semantics need: every rank's slot holds this rank's input (a memcpy each on the
+  // CPU: the public method checked both tensors are contiguous and sized), and the
+  // reduce-scatter keeps this rank's chunk.
   WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override {
     const int64_t n = input.numel();
-    auto flat_out = output.view({-1});
-    for (int r = 0; r < size(); ++r) flat_out.narrow(0, r * n, n).copy_(input.reshape({-1}));
+    if (output.is_cpu() && input.is_cpu()) {
+      const size_t bytes = input.nbytes();
+      auto* out = static_cast<char*>(output.data_ptr());
+      for (int r = 0; r < size(); ++r) {
+        if (out + r * bytes != input.data_ptr()) std::memcpy(out + r * bytes, input.data_ptr(), bytes);
+      }
+    } else {
+      auto flat_out = output.view({-1});
+      for (int r = 0; r < size(); ++r) flat_out.narrow(0, r * n, n).copy_(input.reshape({-1}));
+    }
     return Done("all_gather_into_tensor", output);
   }
   WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp) override {
     const int64_t n = output.numel();
-    output.view({-1}).copy_(input.reshape({-1}).narrow(0, rank() * n, n));
+    if (output.is_cpu() && input.is_cpu()) {
+      std::memcpy(output.data_ptr(), static_cast<const char*>(input.data_ptr()) + rank() * output.nbytes(),
+                  output.nbytes());
+    } else {
+      output.view({-1}).copy_(input.reshape({-1}).narrow(0, rank() * n, n));
+    }
     return Done("reduce_scatter_tensor", input);
   }
   WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp) override { return Done("all_reduce", tensor); }
@@ -41,8 +59,11 @@ class FakeProcessGroup final : public ProcessGroup {
   }
 
  private:
+  // The description is built only if asked for (an error or a trace).
   WorkPtr Done(const char* op, const at::Tensor& t) {
-    return MakeCompletedWork(absl::StrCat(op, " ", DescribeTensor(t), " on ", WhoAmI()));
+    return MakeCompletedWork([op, dtype = t.scalar_type(), numel = t.numel(), r = rank(), w = size()] {
+      return absl::StrCat(op, " ", c10::toString(dtype), " (", numel, " elements) on fake rank ", r, "/", w);
+    });
   }
 };
 

@@ -34,7 +34,7 @@ void Work::wait(Timeout timeout) {
   if (waited_) return;
   if (!WaitFor(timeout)) {
     std::string detail = TimeoutDetail();
-    TORCH_CHECK_WITH(DistBackendError, false, description_, " timed out after ", timeout.count(), " ms",
+    TORCH_CHECK_WITH(DistBackendError, false, description(), " timed out after ", timeout.count(), " ms",
                      detail.empty() ? "" : ": ", detail);
   }
   if (std::exception_ptr error = exception()) std::rethrow_exception(error);
@@ -60,6 +60,7 @@ namespace {
 class CompletedWork final : public Work {
  public:
   explicit CompletedWork(std::string description) : Work(std::move(description), Timeout(0)) {}
+  explicit CompletedWork(DescriptionFn describe) : Work(std::move(describe), Timeout(0)) {}
   bool is_completed() override { return true; }
   std::exception_ptr exception() override { return nullptr; }
 
@@ -69,6 +70,17 @@ class CompletedWork final : public Work {
 }  // namespace
 
 WorkPtr MakeCompletedWork(std::string description) { return std::make_shared<CompletedWork>(std::move(description)); }
+WorkPtr MakeCompletedWork(std::function<std::string()> describe) {
+  return std::make_shared<CompletedWork>(std::move(describe));
+}
+
+const std::string& Work::description() const {
+  if (describe_) {
+    description_ = describe_();
+    describe_ = nullptr;
+  }
+  return description_;
+}
 
 // ------------------------------------------------------------------ validation
 

@@ -38,8 +38,10 @@ class Work {
   // The error of a failed collective; null while running or after success.
   virtual std::exception_ptr exception() = 0;
 
-  // "all_reduce(SUM) Float[6] #3 on threaded rank 1/4": used in every error message.
-  const std::string& description() const { return description_; }
+  // "all_reduce(SUM) Float[6] #3 on threaded rank 1/4": used in every error message. A
+  // backend may give it lazily (a DescriptionFn): built on the first call, so a collective
+  // that never fails or is never traced builds no string.
+  const std::string& description() const;
 
   // Runs `fn` on the waiting thread right after a successful wait, before wait() returns
   // (used for post-processing such as AVG's division on backends without AVG).
@@ -48,6 +50,9 @@ class Work {
  protected:
   Work(std::string description, Timeout default_timeout)
       : description_(std::move(description)), default_timeout_(default_timeout) {}
+  using DescriptionFn = std::function<std::string()>;
+  Work(DescriptionFn describe, Timeout default_timeout)
+      : describe_(std::move(describe)), default_timeout_(default_timeout) {}
 
   // Waits up to `timeout`; returns false if the collective is still running then.
   virtual bool WaitFor(Timeout timeout) = 0;
@@ -55,7 +60,8 @@ class Work {
   virtual std::string TimeoutDetail() { return ""; }
 
  private:
-  std::string description_;
+  mutable std::string description_;
+  mutable std::function<std::string()> describe_;  // until description() ran
   Timeout default_timeout_;
   std::function<void()> completion_step_;
   bool completion_step_done_ = false;
@@ -64,8 +70,10 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
-// A Work that is already finished (zero-element collectives, world size 1).
+// A Work that is already finished (zero-element collectives, world size 1, the Fake group);
+// its description given, or built only when asked for.
 WorkPtr MakeCompletedWork(std::string description);
+WorkPtr MakeCompletedWork(std::function<std::string()> describe);
 
 }  // namespace fsdp::comm
 
