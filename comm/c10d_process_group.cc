@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,9 +20,7 @@
 
 namespace fsdp::comm {
 namespace internal {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 std::string BackendMessage(const std::exception& e) {
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
@@ -38,7 +37,7 @@ namespace {
 
 class C10dWork final : public Work {
  public:
-  C10dWork(std::string description, Timeout timeout, c10::intrusive_ptr<c10d::Work> work,
+  C10dWork(DescriptionFn description, Timeout timeout, c10::intrusive_ptr<c10d::Work> work,
            std::shared_ptr<const PeerLiveness> liveness, std::string backend_name)
       : Work(std::move(description), timeout),
         work_(std::move(work)),
@@ -118,13 +117,14 @@ class C10dProcessGroup final : public ProcessGroup {
         backend_(std::move(backend)),
         options_(std::move(options)),
         // ProcessGroupGloo refuses AVG ("Cannot use ReduceOp.AVG with Gloo").
-        native_avg_(backend_->getBackendName() != "gloo") {}
+        native_avg_(backend_->getBackendName() != "gloo"),
+        who_(std::make_shared<const std::string>(backend_->getBackendName())) {}
 
   std::string backend_name() const override { return backend_->getBackendName(); }
 
  protected:
   WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override {
-    const std::string what = Describe("all_gather_into_tensor", input);
+    DescriptionFn what = Describe("all_gather_into_tensor", input);
     if (input.numel() == 0) return MakeCompletedWork(what);
     at::Tensor out = output.view({-1});
     at::Tensor in = input.view({-1});
@@ -132,7 +132,7 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
-    const std::string what = Describe(absl::StrCat("reduce_scatter_tensor(", op.ToString(), ")"), input);
+    DescriptionFn what = Describe("reduce_scatter_tensor", input, op);
     if (output.numel() == 0) return MakeCompletedWork(what);
     at::Tensor out = output.view({-1});
     // PREMUL_SUM must not modify the caller's input: scale a copy.
@@ -146,7 +146,7 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override {
-    const std::string what = Describe(absl::StrCat("all_reduce(", op.ToString(), ")"), tensor);
+    DescriptionFn what = Describe("all_reduce", tensor, op);
     if (tensor.numel() == 0) return MakeCompletedWork(what);
     if (op.kind() == ReduceOpKind::kPremulSum) tensor.mul_(op.factor());
     std::vector<at::Tensor> tensors{tensor};
@@ -158,7 +158,7 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override {
-    const std::string what = Describe(absl::StrCat("broadcast(root=", root, ")"), tensor);
+    DescriptionFn what = Describe("broadcast", tensor, std::nullopt, root);
     if (tensor.numel() == 0) return MakeCompletedWork(what);
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions opts;
@@ -168,9 +168,9 @@ class C10dProcessGroup final : public ProcessGroup {
 
   WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override {
-    const std::string what = Describe(absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","),
-                                                   "], out [", absl::StrJoin(output_split_sizes, ","), "])"),
-                                      input);
+    DescriptionFn what = [text = absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","),
+                                              "], out [", absl::StrJoin(output_split_sizes, ","), "]) ",
+                                              DescribeTensor(input), " on ", WhoAmI())] { return text; };
     at::Tensor out = output;
     at::Tensor in = input;
     std::vector<int64_t> out_splits = output_split_sizes;
@@ -178,7 +178,9 @@ class C10dProcessGroup final : public ProcessGroup {
     return Wrap(what, backend_->all_to_all_single(out, in, out_splits, in_splits));
   }
 
-  WorkPtr DoBarrier() override { return Wrap(absl::StrCat("barrier on ", WhoAmI()), backend_->barrier()); }
+  WorkPtr DoBarrier() override {
+    return Wrap([text = absl::StrCat("barrier on ", WhoAmI())] { return text; }, backend_->barrier());
+  }
 
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
     const uint64_t serial = next_split_++;
@@ -193,8 +195,7 @@ class C10dProcessGroup final : public ProcessGroup {
     // the child's rendezvous keys go under a prefix of their own.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         absl::StrCat("fsdp_split_", serial, "_", absl::StrJoin(ranks, "_")), options_.split_store);
-    c10::intrusive_ptr<c10d::Backend> child =
-        backend_->split(prefixed, ranks, backend_->getBackendOptions());
+    c10::intrusive_ptr<c10d::Backend> child = backend_->split(prefixed, ranks, backend_->getBackendOptions());
     if (index < 0 || child == nullptr) return nullptr;
     C10dAdapterOptions child_options;
     child_options.timeout = options_.timeout;
@@ -203,12 +204,25 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
  private:
-  std::string Describe(const std::string& op_text, const at::Tensor& t) const {
-    return absl::StrCat(op_text, " ", DescribeTensor(t), " on ", WhoAmI());
+  using DescriptionFn = Work::DescriptionFn;
+
+  // "all_reduce(SUM) Float[6] on gloo rank 1/4", built only when an error (or a trace) asks:
+  // a collective that succeeds builds no string.
+  DescriptionFn Describe(const char* op, const at::Tensor& t, std::optional<ReduceOp> reduce = std::nullopt,
+                         int root = -1) const {
+    return [op, reduce, root, dtype = t.scalar_type(), sizes = c10::DimVector(t.sizes()), device = t.device(),
+            who = who_, r = rank(), w = size()] {
+      std::string text = op;
+      if (reduce) absl::StrAppend(&text, "(", reduce->ToString(), ")");
+      if (root >= 0) absl::StrAppend(&text, "(root=", root, ")");
+      absl::StrAppend(&text, " ", c10::toString(dtype), "[", absl::StrJoin(sizes, ", "), "]",
+                      device.is_cpu() ? "" : absl::StrCat("@", device.str()), " on ", *who, " rank ", r, "/", w);
+      return text;
+    };
   }
 
-  WorkPtr Wrap(const std::string& what, c10::intrusive_ptr<c10d::Work> work) {
-    return std::make_shared<C10dWork>(what, timeout(), std::move(work), options_.liveness, backend_->getBackendName());
+  WorkPtr Wrap(DescriptionFn what, c10::intrusive_ptr<c10d::Work> work) {
+    return std::make_shared<C10dWork>(std::move(what), timeout(), std::move(work), options_.liveness, *who_);
   }
 
   // Gloo has no AVG: reduce with SUM, divide once the data arrived.
@@ -221,6 +235,7 @@ class C10dProcessGroup final : public ProcessGroup {
   c10::intrusive_ptr<c10d::Backend> backend_;
   C10dAdapterOptions options_;
   bool native_avg_;
+  std::shared_ptr<const std::string> who_;  // the backend's name, shared with lazy descriptions
   uint64_t next_split_ = 0;
 };
 

@@ -22,6 +22,8 @@ inline constexpr Timeout kDefaultTimeout{300000};
 // returned. Not thread-safe: one rank's thread owns its Work objects.
 class Work {
  public:
+  // Builds a description on demand (see description()).
+  using DescriptionFn = std::function<std::string()>;
   virtual ~Work() = default;
 
   // True once the collective finished, successfully or with an error. Never blocks.
@@ -50,7 +52,6 @@ class Work {
  protected:
   Work(std::string description, Timeout default_timeout)
       : description_(std::move(description)), default_timeout_(default_timeout) {}
-  using DescriptionFn = std::function<std::string()>;
   Work(DescriptionFn describe, Timeout default_timeout)
       : describe_(std::move(describe)), default_timeout_(default_timeout) {}
 
