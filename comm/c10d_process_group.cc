@@ -93,14 +93,6 @@ class C10dWork final : public Work {
   std::exception_ptr error_;
 };
 
-c10d::ReduceOp ToC10d(ReduceOp op) {
-  switch (op.kind()) {
-    case ReduceOpKind::kMax: return c10d::ReduceOp::MAX;
-    case ReduceOpKind::kMin: return c10d::ReduceOp::MIN;
-    default: return c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM are built from SUM
-  }
-}
-
 c10d::ReduceOp ToC10d(ReduceOp op, bool native_avg) {
   switch (op.kind()) {
     case ReduceOpKind::kMax: return c10d::ReduceOp::MAX;
