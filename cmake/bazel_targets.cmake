@@ -89,9 +89,9 @@ fsdp_cc_test(//bench/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
 # ================================================================ //checkpoint
 fsdp_cc_library(//checkpoint
   SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc crc32.cc file_io.cc
-       optim_state_file.cc tensor_dict_file.cc
+       optim_state_file.cc tensor_dict_file.cc torch_unpickler.cc
   HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h crc32.h file_io.h optim_state_file.h
-       tensor_dict_file.h
+       tensor_dict_file.h torch_unpickler.h
   DEPS @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE
