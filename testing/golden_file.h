@@ -9,12 +9,15 @@
 
 #include <cstdint>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace fsdp::testing {
@@ -62,6 +65,35 @@ inline std::vector<double> GoldenNums(const std::string& s) {
   for (absl::string_view v : absl::StrSplit(s, ',')) out.push_back(GoldenNum(std::string(v)));
   return out;
 }
+
+// A golden comparison's mismatches by category, with the first five examples of each, for
+// one failure message listing them all. Thread-safe (threaded ranks report from their
+// threads).
+class Mismatches {
+ public:
+  void Add(const std::string& category, const std::string& example) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (++counts_[category] <= 5) examples_[category].push_back(example);
+  }
+  int total() const {
+    int n = 0;
+    for (const auto& [category, count] : counts_) n += count;
+    return n;
+  }
+  std::string Report() const {
+    std::string out;
+    for (const auto& [category, count] : counts_) {
+      absl::StrAppend(&out, count, " x ", category, "\n");
+      for (const auto& e : examples_.at(category)) absl::StrAppend(&out, "    ", e, "\n");
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, int> counts_;
+  std::map<std::string, std::vector<std::string>> examples_;
+};
 
 }  // namespace fsdp::testing
 

@@ -121,30 +121,7 @@ std::vector<Fsdp1Case> ReadCases() {
   return cases;
 }
 
-// Mismatches by category with the first few examples.
-class Mismatches {
- public:
-  void Add(const std::string& category, const std::string& example) {
-    if (++counts_[category] <= 5) examples_[category].push_back(example);
-  }
-  int total() const {
-    int n = 0;
-    for (const auto& [category, count] : counts_) n += count;
-    return n;
-  }
-  std::string Report() const {
-    std::string out;
-    for (const auto& [category, count] : counts_) {
-      absl::StrAppend(&out, count, " x ", category, "\n");
-      for (const auto& e : examples_.at(category)) absl::StrAppend(&out, "    ", e, "\n");
-    }
-    return out;
-  }
-
- private:
-  std::map<std::string, int> counts_;
-  std::map<std::string, std::vector<std::string>> examples_;
-};
+using fsdp::testing::Mismatches;  // testing/golden_file.h
 
 // The generator's module tree: each FQN's modules created on first use, in list order, and
 // parameter k = 1000 (k + 1) + arange(numel), made in float64 and cast (as the generator).

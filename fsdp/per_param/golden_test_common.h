@@ -106,32 +106,7 @@ inline std::string DtypeName(c10::ScalarType t) {
 
 // ------------------------------------------------------------------ mismatch report
 
-// Mismatches by category, thread-safe (ranks report from their threads).
-class Mismatches {
- public:
-  void Add(const std::string& category, const std::string& example) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (++counts_[category] <= 5) examples_[category].push_back(example);
-  }
-  int total() const {
-    int n = 0;
-    for (const auto& [category, count] : counts_) n += count;
-    return n;
-  }
-  std::string Report() const {
-    std::string out;
-    for (const auto& [category, count] : counts_) {
-      absl::StrAppend(&out, count, " x ", category, "\n");
-      for (const auto& e : examples_.at(category)) absl::StrAppend(&out, "    ", e, "\n");
-    }
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<std::string, int> counts_;
-  std::map<std::string, std::vector<std::string>> examples_;
-};
+using fsdp::testing::Mismatches;  // testing/golden_file.h
 
 inline void ExpectNone(const Mismatches& m, int records) {
   EXPECT_EQ(m.total(), 0) << m.total() << " mismatches in " << records << " golden records:\n" << m.Report();
