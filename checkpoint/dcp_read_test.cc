@@ -21,15 +21,12 @@
 #include "checkpoint/tensor_archive.h"
 #include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
+#include "testing/test_dir.h"
 
 namespace fsdp::checkpoint {
 namespace {
 
-std::string NewDir(const std::string& name) {
-  static int counter = 0;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name, "_", getpid(), "_", counter++);
-}
+std::string NewDir(const std::string& name) { return fsdp::testing::NewTestPath(name); }
 
 // Writes `full` as the given chunks (offsets, sizes), one "rank" file each, and returns the
 // metadata. `stored` turns each chunk into the tensor actually saved (its strides may differ).

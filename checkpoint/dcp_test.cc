@@ -23,15 +23,12 @@
 #include "checkpoint/file_io.h"
 #include "testing/expect_error.h"
 #include "testing/peer_python.h"
+#include "testing/test_dir.h"
 
 namespace fsdp::checkpoint {
 namespace {
 
-std::string NewDir(const std::string& name) {
-  static int counter = 0;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name, "_", getpid(), "_", counter++);
-}
+std::string NewDir(const std::string& name) { return fsdp::testing::NewTestPath(name); }
 
 void WriteBytes(const std::string& path, const std::vector<char>& bytes) {
   FILE* f = std::fopen(path.c_str(), "wb");

@@ -106,14 +106,14 @@ fsdp_cc_library(//checkpoint:dcp
 
 fsdp_cc_test(//checkpoint:dcp_read_test SIZE small
   SRCS dcp_read_test.cc
-  DEPS :checkpoint :dcp //testing:allocation_counter //testing:expect_error @libtorch @system//:absl
-       @system//:gtest_main)
+  DEPS //testing:test_dir :checkpoint :dcp //testing:allocation_counter //testing:expect_error
+       @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//checkpoint:dcp_test SIZE medium
   SRCS dcp_test.cc
   DATA testdata/dcp_interop.py
-  DEPS :checkpoint :dcp //testing:expect_error //testing:peer_python @libtorch @system//:absl
-       @system//:gtest_main)
+  DEPS //testing:test_dir :checkpoint :dcp //testing:expect_error //testing:peer_python @libtorch
+       @system//:absl @system//:gtest_main)
 
 # ================================================================ //comm
 fsdp_cc_library(//comm
@@ -194,10 +194,11 @@ fsdp_cc_library(//dcp
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
-  DEPS :dcp //fsdp/common:test_models //fsdp/flat_param //checkpoint //checkpoint:dcp //comm
-       //dtensor //dtensor:tensor_parallel //fsdp/per_param //fsdp/per_param:runtime
-       //fsdp/per_param:test_models //mesh //optim_state:core //optim_state:fsdp2
-       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+  DEPS //testing:test_dir :dcp //fsdp/common:test_models //fsdp/flat_param //checkpoint
+       //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/per_param
+       //fsdp/per_param:runtime //fsdp/per_param:test_models //mesh //optim_state:core
+       //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch @system//:absl
+       @system//:gtest_main)
 
 fsdp_cc_test(//dcp:large_model_test SIZE medium
   SRCS large_model_test.cc
@@ -271,8 +272,8 @@ fsdp_cc_library(//examples:training_checkpoints
 fsdp_cc_test(//examples:restart_test SIZE medium SMOKE
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
-  DEPS //fsdp/per_param //testing:multi_rank //testing:peer_python @libtorch @system//:absl
-       @system//:gtest)
+  DEPS //testing:test_dir //fsdp/per_param //testing:multi_rank //testing:peer_python @libtorch
+       @system//:absl @system//:gtest)
 
 # ================================================================ //examples/llama
 fsdp_cc_library(//examples/llama
@@ -513,6 +514,10 @@ fsdp_cc_library(//testing:multi_rank TESTONLY
 
 fsdp_cc_library(//testing:golden_file TESTONLY
   HDRS golden_file.h
+  DEPS @system//:absl)
+
+fsdp_cc_library(//testing:test_dir TESTONLY
+  HDRS test_dir.h
   DEPS @system//:absl)
 
 fsdp_cc_library(//testing:peer_python TESTONLY

@@ -34,6 +34,7 @@
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
+#include "testing/test_dir.h"
 
 namespace fsdp::dcp {
 namespace {
@@ -45,11 +46,7 @@ using per_param::testing::InitDeterministic;
 using per_param::testing::Net;
 using per_param::testing::NetOptions;
 
-inline std::string NewDir(const std::string& name) {
-  static int counter = 0;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name, "_", getpid(), "_", counter++);
-}
+inline std::string NewDir(const std::string& name) { return fsdp::testing::NewTestPath(name); }
 
 // ----------------------------------------------------------------------- TP models
 // As fsdp/per_param/parity_test.cc: blocks with a colwise fc1 and a rowwise fc2 on "tp";
@@ -244,7 +241,6 @@ inline void ExpectSameState(const FullState& got, const FullState& want, const s
   ASSERT_EQ(got.optim.param_groups.size(), 1u);
   EXPECT_EQ(got.optim.param_groups[0].options.at("lr").toDouble(), kLr);
 }
-
 
 }  // namespace
 }  // namespace fsdp::dcp

@@ -27,15 +27,14 @@
 #include "fsdp/per_param/state_dict.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
+#include "testing/test_dir.h"
 
 namespace {
 
 std::string g_demo;  // argv[1]
 
 std::string NewDir(const std::string& name) {
-  static int counter = 0;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name, "_", getpid(), "_", counter++);
+  const std::string dir = fsdp::testing::NewTestPath(name);
   std::filesystem::create_directories(dir);
   return dir;
 }
@@ -99,7 +98,7 @@ TEST(KilledRank, EverySurvivorPrintsOneLineAndExitsNonZeroWithinTwoSeconds) {
   for (int r : {0, 1, 3}) {
     const RankExit& e = exits[r];
     EXPECT_TRUE(WIFEXITED(e.status) && WEXITSTATUS(e.status) == 1) << "rank " << r << " status " << e.status << ":\n"
-                                                                    << e.err;
+                                                                   << e.err;
     const double seconds = std::chrono::duration<double>(e.when - exits[2].when).count();
     EXPECT_LT(seconds, 2.0) << "rank " << r << " took " << seconds << " s after the kill";
     std::vector<std::string> lines = absl::StrSplit(e.err, '\n', absl::SkipEmpty());
@@ -121,14 +120,15 @@ struct TorchrunResult {
 TorchrunResult Torchrun(const std::string& python, const std::string& name, const std::string& fault) {
   TorchrunResult result;
   result.dir = NewDir(name);
-  const std::string command = absl::StrCat(
-      "FSDP_FAULT=", fault, " ", python, " -m torch.distributed.run --nproc-per-node 4 --max-restarts 1 ",
-      "--monitor-interval 0.1 --master-port ", fsdp::testing::FreePort(), " --no-python ", g_demo,
-      " --checkpoint_dir=", result.dir, " --checkpoint_every=5");
+  const std::string command =
+      absl::StrCat("FSDP_FAULT=", fault, " ", python, " -m torch.distributed.run --nproc-per-node 4 --max-restarts 1 ",
+                   "--monitor-interval 0.1 --master-port ", fsdp::testing::FreePort(), " --no-python ", g_demo,
+                   " --checkpoint_dir=", result.dir, " --checkpoint_every=5");
   result.status = fsdp::testing::RunCommand(command, &result.log);
   for (absl::string_view line : absl::StrSplit(result.log, '\n')) {
     const size_t at = line.find("(final loss ");
-    if (at != absl::string_view::npos) result.final_loss = std::string(line.substr(at + 12, line.find(';', at) - at - 12));
+    if (at != absl::string_view::npos)
+      result.final_loss = std::string(line.substr(at + 12, line.find(';', at) - at - 12));
   }
   return result;
 }
@@ -190,10 +190,9 @@ TEST(TorchrunTwoLaunchers, TheDemoTrainsToParityAcrossTwoNodes) {
                         " > ", dir, "/node", node, ".log 2>&1");
   };
   std::string output;
-  const int status = fsdp::testing::RunCommand(
-      absl::StrCat("( ", launcher(0), "; echo $? > ", dir, "/node0.rc ) & ", launcher(1), "; echo $? > ", dir,
-                   "/node1.rc; wait"),
-      &output);
+  const int status = fsdp::testing::RunCommand(absl::StrCat("( ", launcher(0), "; echo $? > ", dir, "/node0.rc ) & ",
+                                                            launcher(1), "; echo $? > ", dir, "/node1.rc; wait"),
+                                               &output);
   ASSERT_EQ(status, 0) << output;
   const std::string node0 = ReadFile(dir + "/node0.log"), node1 = ReadFile(dir + "/node1.log");
   EXPECT_EQ(ReadFile(dir + "/node0.rc"), "0\n") << node0;
