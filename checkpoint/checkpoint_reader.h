@@ -39,8 +39,9 @@ c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& sou
 
 // The same, but the tensors' storages alias their records inside `data` instead of copying
 // them: valid only while `data` is, and written through only at the caller's risk. For readers
-// that copy the values out at once (dcp_storage.h's ReadInto): one memory pass less, and no
-// fresh allocation to fault in. Checks as ReadCheckpoint (CRC included).
+// that copy the values out at once: one memory pass less, and no fresh allocation to fault in
+// (dcp_storage.h's ReadInto used it until it located records instead: LocateCheckpointTensor).
+// Checks as ReadCheckpoint (CRC included).
 c10::IValue ReadCheckpointAliasing(const char* data, size_t size, const std::string& source);
 
 // A checkpoint holding one tensor (a DCP chunk: filesystem.py torch.save's each item), located

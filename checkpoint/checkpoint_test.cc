@@ -259,5 +259,22 @@ TEST(Checkpoint, FileIoWritesAtomicallyAndNamesThePathInErrors) {
   std::remove(file.c_str());
 }
 
+// ReadCheckpointAliasing: the same values and checks as ReadCheckpoint, its storages inside
+// the caller's bytes.
+TEST(Checkpoint, AliasingReadSharesTheCallersBytes) {
+  const at::Tensor t = at::randn({5, 7});
+  std::vector<char> bytes = WriteCheckpoint(c10::IValue(t));
+  const at::Tensor copied = ReadCheckpoint(bytes.data(), bytes.size(), "bytes").toTensor();
+  const at::Tensor aliased = ReadCheckpointAliasing(bytes.data(), bytes.size(), "bytes").toTensor();
+  EXPECT_TRUE(at::equal(aliased, t));
+  EXPECT_TRUE(at::equal(copied, t));
+  const char* p = static_cast<const char*>(aliased.data_ptr());
+  EXPECT_TRUE(p >= bytes.data() && p + aliased.nbytes() <= bytes.data() + bytes.size());
+  EXPECT_FALSE(static_cast<const char*>(copied.data_ptr()) >= bytes.data() &&
+               static_cast<const char*>(copied.data_ptr()) < bytes.data() + bytes.size());
+  bytes[p - bytes.data()] ^= 0x01;  // the CRC is checked as ReadCheckpoint's
+  EXPECT_ERROR_CONTAINS(ReadCheckpointAliasing(bytes.data(), bytes.size(), "bytes"), "(corrupted)");
+}
+
 }  // namespace
 }  // namespace fsdp::checkpoint

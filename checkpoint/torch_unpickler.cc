@@ -334,8 +334,8 @@ class Unpickler {
     if (mode_ == internal::StorageMode::kLocate) {
       t = at::empty({numel}, at::TensorOptions(dtype).device(at::kMeta));
       if (numel > 0) located_.emplace(t.storage().unsafeGetStorageImpl(), record);
-    } else if (mode_ == internal::StorageMode::kAlias &&
-               numel > 0) {  // ReadCheckpointAliasing: the caller keeps `data` alive
+    } else if (mode_ == internal::StorageMode::kAlias && numel > 0) {
+      // ReadCheckpointAliasing: the caller keeps `data` alive.
       t = at::from_blob(const_cast<char*>(bytes.data()), {numel}, at::TensorOptions(dtype));
     } else {
       t = at::empty({numel}, at::TensorOptions(dtype));  // numel * item bytes: checked above
