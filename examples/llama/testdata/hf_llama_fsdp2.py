@@ -66,6 +66,7 @@ def worker(rank, world, steps, out_dir, store):
         torch.save(out, os.path.join(out_dir, "reference.pt"))
         print("losses", losses)
         print("grad_norms", norms)
+    dist.barrier()  # both ranks done before either tears its group down (as dcp/testdata/*_interop.py)
     dist.destroy_process_group()
 
 
