@@ -10,14 +10,9 @@
 
 #include "absl/strings/str_join.h"
 #include "fsdp/common/grad_divide.h"
+#include "fsdp/common/storage.h"
 
 namespace fsdp::per_param {
-namespace {
-
-at::Tensor AsBytes(const at::Tensor& t) { return t.contiguous().view(-1).view(at::kByte); }
-
-}  // namespace
-
 AllGatherBufferPool::Buffer AllGatherBufferPool::Take(int64_t bytes, const at::TensorOptions& options) {
   auto best = free_.end();
   for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -60,14 +55,20 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   at::NoGradGuard no_grad;
   AllGatherResult result;
   result.world_size = group ? group->size() : 1;  // no group: DDP, nothing to gather
+  // Byte offsets from sizes alone, no per-parameter views: each input is packed whole, by
+  // its bytes, so parameters of different dtypes share the collective.
   std::vector<at::Tensor> inputs;
+  inputs.reserve(params.size());
+  result.input_bytes.reserve(params.size());
   int64_t total = 0;
   for (FSDPParam* p : params) {
-    inputs.push_back(AsBytes(p->AllGatherInput()));
-    result.input_bytes.push_back(inputs.back().numel());
-    total += inputs.back().numel();
+    at::Tensor input = p->AllGatherInput();
+    if (!input.is_contiguous()) input = input.contiguous();
+    result.input_bytes.push_back(static_cast<int64_t>(input.nbytes()));
+    total += result.input_bytes.back();
+    inputs.push_back(std::move(input));
   }
-  const auto options = inputs.front().options();  // bytes on the compute device
+  const auto options = inputs.front().options().dtype(at::kByte);  // on the compute device
   const int64_t bytes = result.world_size * total;
   result.pool = pool;
   AllGatherBufferPool::Buffer buffer =
@@ -75,19 +76,22 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   // A reused buffer may still be read by the previous copy-out.
   if (buffer.ready) copy_in_stream.WaitEvent(buffer.ready);
   result.buffer = buffer.bytes;
-  result.output = result.buffer.narrow(0, 0, bytes);
-  at::Tensor slot = result.output.narrow(0, (group ? group->rank() : 0) * total, total);
+  result.output = result.buffer.numel() == bytes ? result.buffer : AliasStorage(result.buffer, 0, {bytes});
+  at::Tensor slot = AliasStorage(result.output, (group ? group->rank() : 0) * total, {total});
   // Copy-in (the all-gather input is a view into the output). On the CPU, one memcpy per
   // parameter: ATen's cat_out costs ~1 us of dispatch per input (bench/fsdp2 at 1 MiB).
   copy_in_stream.Launch([slot, inputs = std::move(inputs)]() mutable {
     if (slot.is_cpu()) {
       auto* dst = static_cast<uint8_t*>(slot.data_ptr());
       for (const at::Tensor& in : inputs) {
-        std::memcpy(dst, in.data_ptr(), static_cast<size_t>(in.numel()));
-        dst += in.numel();
+        if (in.nbytes() == 0) continue;
+        std::memcpy(dst, in.data_ptr(), in.nbytes());
+        dst += in.nbytes();
       }
     } else {
-      at::cat_out(slot, inputs, 0);
+      std::vector<at::Tensor> bytes;
+      for (const at::Tensor& in : inputs) bytes.push_back(in.view(-1).view(at::kByte));
+      at::cat_out(slot, bytes, 0);
     }
   });
   if (result.world_size > 1) {  // one rank gathers nothing (PyTorch skips it too)
@@ -110,26 +114,38 @@ void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPPara
   at::NoGradGuard no_grad;
   current.WaitEvent(result.event);
   const int64_t world = result.world_size;
+  const bool cpu = result.output.is_cpu();
+  // Per parameter, where its [world, input bytes] rows go: its all-gather output, or for a
+  // dim > 0 shard a staging buffer chunk-concatenated below. On the CPU only the addresses
+  // (W x P memcpys); elsewhere byte views for one split_with_sizes_copy_out.
+  std::vector<uint8_t*> destinations;
   std::vector<at::Tensor> outs;
   std::vector<std::pair<FSDPParam*, at::Tensor>> chunk_cats;
-  for (FSDPParam* p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    FSDPParam* p = params[i];
     const at::Tensor& output = p->InitAllGatherOutput(world);
     p->AllocAllGatherOutput();
-    at::Tensor bytes = output.view(at::kByte).view({world, -1});
+    at::Tensor rows;
     if (p->shard_dim() != 0 && p->sharded_state() == ShardedState::kSharded) {
-      bytes = at::empty_like(bytes);  // chunk-cat below into the unsharded layout
-      chunk_cats.emplace_back(p, bytes);
+      rows = at::empty({world, result.input_bytes[i]}, output.options().dtype(at::kByte));
+      chunk_cats.emplace_back(p, rows);
+    } else if (!cpu) {
+      rows = output.view(at::kByte).view({world, -1});
     }
-    outs.push_back(bytes);
+    if (cpu) {
+      destinations.push_back(static_cast<uint8_t*>(rows.defined() ? rows.data_ptr() : output.data_ptr()));
+    } else {
+      outs.push_back(std::move(rows));
+    }
   }
-  if (result.output.is_cpu()) {  // W x P memcpys (see copy-in)
+  if (cpu) {
     const int64_t total = result.output.numel() / world;
     const auto* src = static_cast<const uint8_t*>(result.output.data_ptr());
     for (int64_t r = 0; r < world; ++r) {
       int64_t offset = r * total;
-      for (size_t i = 0; i < outs.size(); ++i) {
+      for (size_t i = 0; i < destinations.size(); ++i) {
         const int64_t n = result.input_bytes[i];
-        std::memcpy(static_cast<uint8_t*>(outs[i].data_ptr()) + r * n, src + offset, static_cast<size_t>(n));
+        if (n > 0) std::memcpy(destinations[i] + r * n, src + offset, static_cast<size_t>(n));
         offset += n;
       }
     }
@@ -188,7 +204,7 @@ struct ReduceJob {
   c10::ScalarType reduce_dtype = at::kFloat;
   std::optional<GradientDivideFactors> factors;  // set before any task runs
   std::optional<double> local_scale;             // one rank: the PremulSum factor, applied here
-  at::Tensor input;                              // [world, out_numel], reduce dtype
+  at::Tensor input;                              // [world * out_numel] (rows of out_numel), reduce dtype
   at::Tensor output;                             // [out_numel], reduce dtype
   at::Tensor result;                             // [out_numel], orig dtype: what the gradients alias
   // Per parameter: the gradient tensor the reduced shard becomes, and the existing
@@ -197,7 +213,26 @@ struct ReduceJob {
   std::vector<std::pair<at::Tensor, at::Tensor>> offloads;  // (device shard, its CPU copy)
 };
 
-// Row r of the [world, n] input holds every gradient's r-th dim-0 chunk, padded.
+// Copies a contiguous dim-0-sharded gradient of the reduce dtype on the CPU into its
+// columns [offset, offset + n) of every row of the [world, row] input: row r gets the
+// gradient's elements [r * n, (r + 1) * n), zeros past its end (the padding). W memcpys,
+// no views.
+void CopyInRowsOnCpu(const at::Tensor& grad, at::Tensor& input, int64_t world, int64_t offset, int64_t n) {
+  const auto item = static_cast<int64_t>(input.element_size());
+  const int64_t row_bytes = input.numel() / world * item;
+  const int64_t chunk = n * item;
+  const int64_t grad_bytes = static_cast<int64_t>(grad.nbytes());
+  const auto* src = static_cast<const uint8_t*>(grad.data_ptr());
+  auto* dst = static_cast<uint8_t*>(input.data_ptr()) + offset * item;
+  for (int64_t r = 0; r < world; ++r, dst += row_bytes) {
+    const int64_t begin = r * chunk;
+    const int64_t have = std::clamp<int64_t>(grad_bytes - begin, 0, chunk);
+    if (have > 0) std::memcpy(dst, src + begin, static_cast<size_t>(have));
+    if (have < chunk) std::memset(dst + have, 0, static_cast<size_t>(chunk - have));
+  }
+}
+
+// Row r of the [world, n] input (held flat) holds every gradient's r-th dim-0 chunk, padded.
 void ReduceScatterCopyIn(ReduceJob& job) {
   const int64_t world = job.world;
   int64_t offset = 0;
@@ -205,6 +240,12 @@ void ReduceScatterCopyIn(ReduceJob& job) {
     const int64_t n = job.padded_numels[i] / world;
     if (n == 0) continue;
     at::Tensor g = job.grads[i];
+    if (g.is_cpu() && job.input.is_cpu() && job.params[i]->shard_dim() == 0 && g.scalar_type() == job.reduce_dtype &&
+        g.is_contiguous()) {
+      CopyInRowsOnCpu(g, job.input, world, offset, n);
+      offset += n;
+      continue;
+    }
     if (job.params[i]->shard_dim() != 0) {  // even by construction: move the sharded dim to 0
       g = at::cat(g.chunk(world, job.params[i]->shard_dim()), 0);
     }
@@ -214,7 +255,7 @@ void ReduceScatterCopyIn(ReduceJob& job) {
       pad[0] = job.padded_rows[i] - g.size(0);
       g = at::cat({g, at::zeros(pad, g.options())}, 0);
     }
-    job.input.narrow(1, offset, n).copy_(g.reshape({world, n}));
+    job.input.view({world, -1}).narrow(1, offset, n).copy_(g.reshape({world, n}));
     offset += n;
   }
   job.grads.clear();  // the copy holds the data now
@@ -241,9 +282,10 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
                            const ReduceOptions& options, at::Tensor* partial_reduce_output,
                            const CommStreams& streams) {
   at::NoGradGuard no_grad;
-  std::set<c10::ScalarType> dtypes;
-  for (const auto& g : grads) dtypes.insert(g.scalar_type());
-  if (dtypes.size() != 1) {
+  TORCH_CHECK(!grads.empty(), "FSDP reduce-scatter got no gradients");
+  if (std::any_of(grads.begin(), grads.end(), [&](const at::Tensor& g) { return g.scalar_type() != grads[0].scalar_type(); })) {
+    std::set<c10::ScalarType> dtypes;
+    for (const auto& g : grads) dtypes.insert(g.scalar_type());
     std::vector<std::string> names;
     for (auto d : dtypes) names.push_back(c10::toString(d));
     TORCH_CHECK(false, "FSDP reduce-scatter expects uniform gradient dtype but got {", absl::StrJoin(names, ", "), "}");
@@ -276,8 +318,8 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
   const int64_t out_numel = total / world;
   const at::TensorOptions reduce_options = grads.front().options().dtype(job->reduce_dtype);
   job->grads = std::move(grads);
-  job->input = at::empty({world, out_numel}, reduce_options);
-  job->output = scatter ? at::empty({out_numel}, reduce_options) : job->input.view(-1);
+  job->input = at::empty({world * out_numel}, reduce_options);
+  job->output = scatter ? at::empty({out_numel}, reduce_options) : job->input;
   if (!scatter && job->factors->reduce_scatter_op.kind() == comm::ReduceOpKind::kPremulSum) {
     job->local_scale = job->factors->reduce_scatter_op.factor();  // what the collective would apply
   }
@@ -287,7 +329,7 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
   rs.Launch([job] { ReduceScatterCopyIn(*job); });
   if (scatter) {
     rs.LaunchCollective(*streams.sequencer, [job, group = options.reduce_scatter_group] {
-      return group->reduce_scatter_tensor(job->output, job->input.view(-1), job->factors->reduce_scatter_op);
+      return group->reduce_scatter_tensor(job->output, job->input, job->factors->reduce_scatter_op);
     });
   }
   ReduceEvents events;
@@ -332,9 +374,7 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
     FSDPParam* p = params[i];
     // Aliases the reduced buffer without being an autograd view: optimizers detach_()
     // gradients in zero_grad, which views refuse.
-    at::Tensor grad = at::empty({0}, job->result.options());
-    grad.set_(job->result.storage(), job->result.storage_offset() + offset, p->sharded_size(),
-              dtensor::ContiguousStride(p->sharded_size()));
+    at::Tensor grad = AliasStorage(job->result, job->result.storage_offset() + offset, p->sharded_size());
     if (p->offload_to_cpu() && !grad.is_cpu()) {
       at::Tensor cpu_grad =
           at::empty(p->sharded_size(), grad.options().device(at::kCPU).pinned_memory(p->pin_memory()));

@@ -1,0 +1,65 @@
+// The in-place storage helpers: FreeStorage / AllocStorage keep the StorageImpl, and
+// AliasStorage makes what `at::empty({0}).set_(storage, offset, sizes)` makes.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "fsdp/common/storage.h"
+#include "testing/expect_error.h"
+
+namespace fsdp {
+namespace {
+
+TEST(AliasStorage, IsWhatSetMakesWithoutBeingAView) {
+  const at::Tensor base = at::arange(24, at::kFloat).requires_grad_(false);
+  const at::Tensor alias = AliasStorage(base, 6, {3, 4});
+  at::Tensor reference = at::empty({0}, base.options());
+  reference.set_(base.storage(), 6, {3, 4}, {4, 1});
+  EXPECT_TRUE(at::equal(alias, reference));
+  EXPECT_EQ(alias.sizes(), reference.sizes());
+  EXPECT_EQ(alias.strides(), reference.strides());
+  EXPECT_EQ(alias.storage_offset(), 6);
+  EXPECT_EQ(alias.key_set(), reference.key_set());
+  EXPECT_TRUE(alias.is_alias_of(base));
+  EXPECT_FALSE(alias.is_view());
+  EXPECT_FALSE(alias.requires_grad());
+  // Writes go through to the base; the version counter is the alias's own.
+  const int64_t base_version = base._version();
+  alias.fill_(-1);
+  EXPECT_EQ(base[6].item<float>(), -1);
+  EXPECT_EQ(base[17].item<float>(), -1);
+  EXPECT_EQ(base[18].item<float>(), 18);
+  EXPECT_EQ(base._version(), base_version);
+  // What optimizers do to gradients: detach_ and zero_ (a view of a leaf refuses detach_).
+  at::Tensor grad = AliasStorage(base, 0, {2});
+  grad.detach_();
+  grad.zero_();
+  EXPECT_EQ(base[0].item<float>(), 0);
+  // Other dtypes, empty and 0-d sizes.
+  const at::Tensor bytes = at::zeros({8}, at::kByte);
+  EXPECT_EQ(AliasStorage(bytes, 8, {0}).numel(), 0);
+  EXPECT_EQ(AliasStorage(bytes, 3, {}).dim(), 0);
+  EXPECT_EQ(AliasStorage(bytes, 3, {}).scalar_type(), at::kByte);
+}
+
+TEST(AliasStorage, RangesOutsideTheStorageAreErrors) {
+  const at::Tensor base = at::zeros({10}, at::kDouble);
+  EXPECT_ERROR_CONTAINS(AliasStorage(base, 4, {7}), "7 elements at offset 4 do not fit a storage of 80 bytes");
+  EXPECT_ERROR_CONTAINS(AliasStorage(base, -1, {1}), "at offset -1");
+  EXPECT_ERROR_CONTAINS(AliasStorage(base, 0, {2, -1}), "negative size");
+  EXPECT_ERROR_CONTAINS(AliasStorage(at::Tensor(), 0, {1}), "base has no storage");
+}
+
+TEST(FreeStorage, KeepsTheStorageImplAndAllocRestoresTheSize) {
+  const at::Tensor t = at::ones({4, 4});
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  const at::Tensor alias = AliasStorage(t, 4, {4});
+  FreeStorage(t);
+  EXPECT_EQ(StorageNbytes(t), 0);
+  AllocStorage(t);
+  EXPECT_EQ(StorageNbytes(t), 64);
+  EXPECT_EQ(t.storage().unsafeGetStorageImpl(), impl);
+  EXPECT_EQ(alias.storage().unsafeGetStorageImpl(), impl);
+}
+
+}  // namespace
+}  // namespace fsdp
