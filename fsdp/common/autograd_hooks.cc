@@ -1,35 +1,41 @@
 #include "fsdp/common/autograd_hooks.h"
 
 #include <ATen/core/grad_mode.h>
-#include <ATen/core/ivalue.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 
+#include <memory>
+#include <string>
 #include <utility>
 
 namespace fsdp {
 namespace {
 
-// Carries the callback through the autograd context (saved_data holds IValues).
-struct CallbackRef : torch::CustomClassHolder {
-  explicit CallbackRef(std::function<void()> f) : fn(std::move(f)) {}
-  std::function<void()> fn;
-};
+// Identity on its inputs; runs the callback when autograd reaches it, i.e. once every
+// output's gradient is computed, then passes the gradients on. A purpose-built Node where
+// PyTorch uses an autograd.Function (RegisterPostBackwardFunction in
+// torch/distributed/fsdp/_fully_shard/_fsdp_state.py): the C++ Function machinery
+// (saved_data map, output wrapping through view_as, CppNode's argument checks) cost ~3x this
+// node per module per step (bench/fsdp2, callgrind).
+class PostBackwardNode final : public torch::autograd::Node {
+ public:
+  explicit PostBackwardNode(std::function<void()> callback) : callback_(std::move(callback)) {}
 
-// Identity on its tensor inputs; its backward runs once all of them have gradients.
-struct PostBackwardFunction : torch::autograd::Function<PostBackwardFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                c10::intrusive_ptr<CallbackRef> callback, at::TensorList inputs) {
-    ctx->saved_data["callback"] = c10::IValue::make_capsule(std::move(callback));
-    return inputs.vec();
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    // As autograd.Function's default materialize_grads: an output that got no gradient
+    // passes zeros on (PyTorch's FSDP2 sees the same).
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) grads[i] = input_metadata(i).zeros_like();
+    }
+    callback_();
+    return std::move(grads);
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto ref = c10::static_intrusive_pointer_cast<CallbackRef>(ctx->saved_data["callback"].toCapsule());
-    ref->fn();
-    grads.insert(grads.begin(), at::Tensor());  // no gradient for the callback argument
-    return grads;
-  }
+
+  std::string name() const override { return "fsdp::PostBackwardNode"; }
+
+ private:
+  std::function<void()> callback_;
 };
 
 }  // namespace
@@ -37,20 +43,26 @@ struct PostBackwardFunction : torch::autograd::Function<PostBackwardFunction> {
 std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tensor>& inputs,
                                                      std::function<void()> callback) {
   if (!at::GradMode::is_enabled()) return inputs;
-  std::vector<size_t> indices;
-  std::vector<at::Tensor> needing;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].defined() && inputs[i].requires_grad()) {
-      indices.push_back(i);
-      needing.push_back(inputs[i]);
-    }
-  }
-  if (needing.empty()) return inputs;
-  // at::TensorList (not std::vector) so Function::apply treats them as autograd inputs.
-  auto wrapped =
-      PostBackwardFunction::apply(c10::make_intrusive<CallbackRef>(std::move(callback)), at::TensorList(needing));
   std::vector<at::Tensor> out = inputs;
-  for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = wrapped[k];
+  std::vector<size_t> indices;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && inputs[i].requires_grad()) indices.push_back(i);
+  }
+  if (indices.empty()) return out;
+  std::vector<at::Tensor> needing;
+  needing.reserve(indices.size());
+  for (size_t i : indices) needing.push_back(inputs[i]);
+  const c10::intrusive_ptr<torch::autograd::Node> node = c10::make_intrusive<PostBackwardNode>(std::move(callback));
+  node->set_next_edges(torch::autograd::collect_next_edges(needing));
+  for (size_t i : indices) {
+    // The output: the input's data under a new autograd identity (what detach() makes,
+    // sharing the version counter so that an in-place change of either is seen by the
+    // other's saved-tensor checks), whose gradient flows into the node.
+    c10::TensorImpl* impl = inputs[i].unsafeGetTensorImpl();
+    at::Tensor alias(impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change()));
+    torch::autograd::set_history(alias, node);
+    out[i] = std::move(alias);
+  }
   return out;
 }
 

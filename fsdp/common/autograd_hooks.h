@@ -9,9 +9,11 @@
 
 namespace fsdp {
 
-// Routes the tensors of `inputs` that require grad through one identity autograd Function
+// Routes the tensors of `inputs` that require grad through one identity autograd node
 // whose backward calls `callback` once all of their gradients are computed (the module
-// consuming them has finished its backward). Returns `inputs` with those tensors replaced;
+// consuming them has finished its backward); an output that got no gradient passes zeros
+// on, as autograd.Function does. Each replacement shares its input's data and version
+// counter and is not an autograd view (in-place changes to it are allowed). Returns `inputs` with those tensors replaced;
 // unchanged (no callback) when grad mode is off or none requires grad.
 std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tensor>& inputs,
                                                      std::function<void()> callback);

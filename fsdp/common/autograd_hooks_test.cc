@@ -1,0 +1,71 @@
+// RegisterPostBackwardCallback: the callback runs once, after every routed tensor's
+// gradient is computed; gradients pass through unchanged, as zeros where an output got
+// none (autograd.Function's materialize_grads); the outputs alias their inputs' data and
+// version counters and take in-place changes with correct gradients.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/autograd.h>
+
+#include <vector>
+
+#include "fsdp/common/autograd_hooks.h"
+
+namespace fsdp {
+namespace {
+
+TEST(RegisterPostBackwardCallback, RunsOnceAfterEveryGradientAndPassesThem) {
+  const at::Tensor a = at::randn({3}).requires_grad_();
+  const at::Tensor b = at::randn({3}).requires_grad_();
+  const at::Tensor c = at::randn({3});  // no grad: passed as is
+  int calls = 0;
+  std::vector<bool> had_grads;
+  const std::vector<at::Tensor> out = RegisterPostBackwardCallback({a, b, c}, [&] { ++calls; });
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_TRUE(out[2].is_same(c));
+  EXPECT_FALSE(out[0].is_same(a));
+  EXPECT_EQ(out[0].data_ptr(), a.data_ptr());
+  EXPECT_EQ(out[0].grad_fn()->name(), "fsdp::PostBackwardNode");
+  EXPECT_TRUE(out[0].grad_fn() == out[1].grad_fn());
+  // The reference without the node: the same expression on the plain tensors.
+  const at::Tensor loss = (out[0] * out[1] * 2).sum() + (out[1] * out[1]).sum();
+  loss.backward();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(at::allclose(a.grad(), b.detach() * 2));
+  EXPECT_TRUE(at::allclose(b.grad(), a.detach() * 2 + b.detach() * 2));
+}
+
+TEST(RegisterPostBackwardCallback, AnUnusedOutputPassesZeros) {
+  const at::Tensor a = at::randn({2, 2}).requires_grad_();
+  const at::Tensor b = at::randn({4}).requires_grad_();
+  int calls = 0;
+  const std::vector<at::Tensor> out = RegisterPostBackwardCallback({a, b}, [&] { ++calls; });
+  out[0].sum().backward();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(at::equal(a.grad(), at::ones({2, 2})));
+  ASSERT_TRUE(b.grad().defined());  // as a Python autograd.Function would give
+  EXPECT_TRUE(at::equal(b.grad(), at::zeros({4})));
+}
+
+TEST(RegisterPostBackwardCallback, InPlaceChangesOfTheOutputKeepGradientsAndVersions) {
+  const at::Tensor a = at::randn({3}).requires_grad_();
+  const at::Tensor x = a * 1;  // a non-leaf input, as module inputs are
+  int calls = 0;
+  std::vector<at::Tensor> out = RegisterPostBackwardCallback({x}, [&] { ++calls; });
+  const int64_t version = x._version();
+  out[0].mul_(3);
+  EXPECT_EQ(x._version(), version + 1);  // shared version counter
+  (out[0] * out[0]).sum().backward();
+  EXPECT_EQ(calls, 1);
+  // d/da sum((3a)^2) = 18 a
+  EXPECT_TRUE(at::allclose(a.grad(), a.detach() * 18));
+}
+
+TEST(RegisterPostBackwardCallback, NothingToRouteWithoutGradMode) {
+  const at::Tensor a = at::randn({3}).requires_grad_();
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor> out = RegisterPostBackwardCallback({a}, [] {});
+  EXPECT_TRUE(out[0].is_same(a));
+}
+
+}  // namespace
+}  // namespace fsdp
