@@ -71,8 +71,6 @@ namespace fs = std::filesystem;
 constexpr int kWorld = 2;
 constexpr int64_t kLayers = 24, kDim = 1024;
 constexpr int kIterations = 3;  // per benchmark run; each moves ~288 MiB
-// The peer venv ./x setup makes, in its cache directory (third_party/torch_version.txt's version).
-constexpr const char* kPeerVenv = "peer-venv-torch-2.15.0";
 
 using ShardedLinear = fsdp::Hooked<torch::nn::LinearImpl>;
 using Net = fsdp::HookedImpl<fsdp::bench::LinearStackImpl<ShardedLinear>>;
@@ -332,18 +330,8 @@ struct PeerTimes {
 
 // PyTorch's times, or nullopt with the reason printed.
 std::optional<PeerTimes> RunPeer(int iterations) {
-  if (std::getenv("FSDP_PEER_PYTHON") == nullptr) {  // ./x's cache directory, as ./x computes it
-    auto env = [](const char* name) -> std::string {
-      const char* value = std::getenv(name);
-      return value != nullptr ? value : "";
-    };
-    std::string cache = env("FSDP_CACHE_DIR");
-    if (cache.empty())
-      cache = (env("XDG_CACHE_HOME").empty() ? env("HOME") + "/.cache" : env("XDG_CACHE_HOME")) + "/libtorch-fsdp";
-    ::setenv("FSDP_PEER_PYTHON", absl::StrCat(cache, "/", kPeerVenv, "/bin/python").c_str(), 0);
-  }
   std::string why_not;
-  const std::string python = fsdp::testing::PeerPython(&why_not);
+  const std::string python = fsdp::testing::PeerPythonOrCacheDefault(&why_not);
   if (python.empty()) {
     std::printf("PyTorch dcp.save / dcp.load: skipped (%s)\n", why_not.c_str());
     return std::nullopt;

@@ -14,18 +14,26 @@
 //    the bytes copied (copy-in: this rank's shards; copy-out: the gathered buffer). Two
 //    unpaired diagnostics split the difference (see Side::kDiag).
 //
+// 3. PyTorch's twin (bench/peer/fsdp2_step_peer.py, run with the peer venv's Python when it is
+//    there; --peer=0 skips it): the same Step model under PyTorch 2.15's fully_shard on its
+//    fake process group, raw and FSDP, in the same run; the summary prints both slopes per
+//    fully_shard'ed Linear and PyTorch / ours (issue goal: >= 100).
+//
 // Names follow tools/bench_ratio.py's "<Op>/ours/<arg>" vs "<Op>/<ref>/<arg>" pairing: the
 // ratio is ours / ref time, so bandwidth as a fraction of memcpy is 1 / ratio. Everything
 // runs on one intra-op thread (see main). --callgrind_iterations=N runs each benchmark N
 // iterations, once (tools/callgrind_bench.sh counts the timed loops' instructions).
 //
 //   bazel build --config=opt //bench:fsdp2_bench
-//   bazel-bin/bench/fsdp2_bench [--pair_repetitions=3] --benchmark_out=bench/out/fsdp2.json
+//   bazel-bin/bench/fsdp2_bench [--pair_repetitions=3] [--peer=0] --benchmark_out=bench/out/fsdp2.json
+//   (from the repository root, or bazel run: the peer script is bench/peer/fsdp2_step_peer.py)
 //   python3 tools/bench_ratio.py bench/out/fsdp2.json
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,6 +56,7 @@
 #include "fsdp/per_param/fsdp_state.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "mesh/device_mesh.h"
+#include "testing/peer_python.h"
 #include "comm/main_guard.h"
 
 namespace {
@@ -113,8 +122,9 @@ class StepReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(runs);
   }
 
-  // Median ours - raw per block count, and the slope over block counts per parameter.
-  void PrintSummary() {
+  // Median ours - raw per block count, and the slope over block counts per parameter; then
+  // PyTorch's slope (us per fully_shard'ed Linear) and the ratio, when it ran.
+  void PrintSummary(std::optional<double> peer_slope) {
     std::map<int64_t, double> overhead;
     for (auto& [key, times] : times_) {
       if (!key.second || !times_.count({key.first, false})) continue;
@@ -124,11 +134,15 @@ class StepReporter : public benchmark::ConsoleReporter {
                   static_cast<long long>(key.first), static_cast<long long>(2 * key.first), ours, raw,
                   (ours - raw) / static_cast<double>(2 * key.first));
     }
-    if (overhead.size() >= 2) {  // the slope drops per-step fixed costs (root, autograd engine)
-      const auto lo = *overhead.begin(), hi = *overhead.rbegin();
-      const double per_block = (hi.second - lo.second) / static_cast<double>(hi.first - lo.first);
-      std::printf("fsdp2 step overhead slope: %.2f us per parameter per step (%.2f us per fully_shard'ed Linear)\n",
-                  per_block / 2, per_block);
+    if (overhead.size() < 2) return;
+    // The slope drops per-step fixed costs (root, autograd engine).
+    const auto lo = *overhead.begin(), hi = *overhead.rbegin();
+    const double per_block = (hi.second - lo.second) / static_cast<double>(hi.first - lo.first);
+    std::printf("fsdp2 step overhead slope: %.2f us per parameter per step (%.2f us per fully_shard'ed Linear)\n",
+                per_block / 2, per_block);
+    if (peer_slope) {
+      std::printf("PyTorch 2.15 FSDP2 (fake group) slope: %.1f us per fully_shard'ed Linear; PyTorch / ours = %.1f\n",
+                  *peer_slope, *peer_slope / per_block);
     }
   }
 
@@ -261,6 +275,41 @@ void BM_CopyOut(benchmark::State& state, Side side) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+// ---- 3. PyTorch's twin ----
+
+// PyTorch's overhead slope (us per fully_shard'ed Linear, between 16 and 64 blocks), or
+// nullopt with the reason printed.
+std::optional<double> RunPeer(int repetitions) {
+  std::string why_not;
+  const std::string python = fsdp::testing::PeerPythonOrCacheDefault(&why_not);
+  const char* script = "bench/peer/fsdp2_step_peer.py";  // from the repository or runfiles root
+  if (python.empty() || ::access(script, R_OK) != 0) {
+    std::printf("PyTorch FSDP2 twin: skipped (%s)\n",
+                python.empty() ? why_not.c_str() : "bench/peer/fsdp2_step_peer.py is not under the working directory");
+    return std::nullopt;
+  }
+  std::string output;
+  const int status = fsdp::testing::RunCommand(
+      absl::StrCat("'", python, "' ", script, " 16,64 ", std::max(3, repetitions)), &output);
+  std::map<std::pair<std::string, int>, double> seconds;
+  for (size_t at = output.find("PEER "); at != std::string::npos; at = output.find("PEER ", at + 1)) {
+    char side[8] = {};
+    int blocks = 0;
+    double s = 0;
+    if (std::sscanf(output.c_str() + at, "PEER %7s %d %lf", side, &blocks, &s) == 3) seconds[{side, blocks}] = s;
+  }
+  if (status != 0 || seconds.size() != 4) {
+    std::printf("PyTorch FSDP2 twin: FAILED (status %d): %s\n", status, output.c_str());
+    return std::nullopt;
+  }
+  auto overhead = [&](int blocks) { return seconds[{"fsdp", blocks}] - seconds[{"raw", blocks}]; };
+  for (int blocks : {16, 64}) {
+    std::printf("PyTorch 2.15 FSDP2 step, %3d blocks: fsdp %8.1f us, raw %8.1f us\n", blocks,
+                seconds[{"fsdp", blocks}] * 1e6, seconds[{"raw", blocks}] * 1e6);
+  }
+  return (overhead(64) - overhead(16)) / 48 * 1e6;
+}
+
 // iterations > 0: each benchmark runs exactly that many iterations (for instruction counts).
 void RegisterAll(int pair_repetitions, int iterations) {
   auto fixed = [iterations](benchmark::internal::Benchmark* b) {
@@ -302,6 +351,7 @@ int main(int argc, char** argv) {
     std::vector<char*> args(argv, argv + argc);
     const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
     const int callgrind_iterations = fsdp::bench::TakeIntFlag(args, "--callgrind_iterations=", 0);
+    const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0 && callgrind_iterations == 0;
     // One intra-op thread: on this 2-core machine, shared with compiles, a parallel copy_ waits
     // for a descheduled worker (milliseconds, both sides alike); one core gives repeatable
     // numbers, and both sides copy with the same thread count.
@@ -311,7 +361,7 @@ int main(int argc, char** argv) {
     RegisterAll(pair_repetitions, callgrind_iterations);
     StepReporter reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);
-    reporter.PrintSummary();
+    reporter.PrintSummary(peer ? RunPeer(pair_repetitions) : std::nullopt);
     benchmark::Shutdown();
     return 0;
   });

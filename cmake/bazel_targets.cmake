@@ -37,10 +37,10 @@ fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //mesh @libtorch @system//:absl
        @system//:benchmark)
 
-fsdp_cc_binary(//bench:fsdp2_bench OPTION FSDP_BUILD_BENCH
+fsdp_cc_binary(//bench:fsdp2_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS fsdp2_bench.cc
   DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/per_param //mesh
-       @libtorch @system//:absl @system//:benchmark)
+       //testing:peer_python @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:fsdp1_bench OPTION FSDP_BUILD_BENCH
   SRCS fsdp1_bench.cc

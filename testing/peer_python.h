@@ -26,6 +26,26 @@ inline std::string PeerPython(std::string* why_not) {
   return python;
 }
 
+// For benchmarks run outside Bazel's test environment (./x bench, bazel run): the peer
+// venv ./x setup makes in its cache directory (FSDP_CACHE_DIR, else $XDG_CACHE_HOME or
+// ~/.cache, then libtorch-fsdp/), unless FSDP_PEER_PYTHON is set; then PeerPython.
+// The venv's directory name follows third_party/torch_version.txt's version.
+inline constexpr const char* kCachePeerVenv = "peer-venv-torch-2.15.0";
+inline std::string PeerPythonOrCacheDefault(std::string* why_not) {
+  if (std::getenv("FSDP_PEER_PYTHON") == nullptr) {
+    auto env = [](const char* name) -> std::string {
+      const char* value = std::getenv(name);
+      return value != nullptr ? value : "";
+    };
+    std::string cache = env("FSDP_CACHE_DIR");
+    if (cache.empty()) {
+      cache = (env("XDG_CACHE_HOME").empty() ? env("HOME") + "/.cache" : env("XDG_CACHE_HOME")) + "/libtorch-fsdp";
+    }
+    ::setenv("FSDP_PEER_PYTHON", (cache + "/" + kCachePeerVenv + "/bin/python").c_str(), 0);
+  }
+  return PeerPython(why_not);
+}
+
 // Runs `command` through the shell; returns its wait status (as pclose) and appends its
 // output (stdout and stderr) to `output`.
 inline int RunCommand(const std::string& command, std::string* output) {
