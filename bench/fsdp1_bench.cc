@@ -12,7 +12,8 @@
 //    (wrap_fsdp per layer, then the root; FULL_SHARD, BACKWARD_PRE prefetch, the optimizer
 //    gets the flat parameters) vs FSDP2 (fully_shard per layer, then the root), both at
 //    rank 0 of a Fake group of 4 (the Fake "collectives" are a few copy_ calls). The ratio is
-//    FSDP1 / FSDP2 time.
+//    FSDP1 / FSDP2 time. Plain/raw/<blocks>: the same model without FSDP (unpaired, for
+//    tools/callgrind_budget.py's FSDP1 instructions per module beyond plain LibTorch).
 //
 // Names follow tools/bench_ratio.py's "<Op>/ours/<arg>" vs "<Op>/<ref>/<arg>" pairing; the
 // ratio is ours / ref time. Everything runs on one intra-op thread (see main).
@@ -30,6 +31,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,8 +148,15 @@ void RunSteps(benchmark::State& state, Net& net, const std::vector<at::Tensor>& 
   state.counters["params"] = static_cast<double>(2 * state.range(0));
 }
 
-void BM_Step(benchmark::State& state, bool fsdp1) {
+enum class StepSide { kFsdp1, kFsdp2, kPlain };
+
+void BM_Step(benchmark::State& state, StepSide side) {
   const int64_t blocks = state.range(0);
+  if (side == StepSide::kPlain) {
+    NetImpl<torch::nn::Linear> net(blocks, kDim);
+    return RunSteps(state, net, net.parameters(), absl::StrCat("Plain/raw/", blocks));
+  }
+  const bool fsdp1 = side == StepSide::kFsdp1;
   const std::string label = absl::StrCat(fsdp1 ? "Step/ours/" : "Step/fsdp2/", blocks);
   if (fsdp1) {
     auto net = std::make_shared<Fsdp1Net>(blocks, kDim);
@@ -187,11 +196,9 @@ void RegisterAll(int pair_repetitions, int iterations) {
       }
     }
     for (int64_t blocks : {8, 32}) {
-      for (bool fsdp1 : {true, false}) {
-        fixed(benchmark::RegisterBenchmark(fsdp1 ? "Step/ours" : "Step/fsdp2", BM_Step, fsdp1)
-                  ->Arg(blocks)
-                  ->Unit(benchmark::kMicrosecond)
-                  ->UseRealTime());
+      for (auto [name, side] : {std::pair{"Step/ours", StepSide::kFsdp1}, std::pair{"Step/fsdp2", StepSide::kFsdp2},
+                                std::pair{"Plain/raw", StepSide::kPlain}}) {
+        fixed(benchmark::RegisterBenchmark(name, BM_Step, side)->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime());
       }
     }
   }

@@ -12,7 +12,12 @@ namespace fsdp::device {
 
 Event::Event(std::string stream_name, bool completed) : stream_name_(std::move(stream_name)), done_(completed) {}
 
-std::shared_ptr<Event> Event::Completed() { return std::make_shared<Event>("host", /*completed=*/true); }
+std::shared_ptr<Event> Event::Completed() {
+  // One shared instance: inline streams record one per launch, and nothing changes a
+  // completed event (streams only add pending work to events they made themselves).
+  static const std::shared_ptr<Event> completed = std::make_shared<Event>("host", /*completed=*/true);
+  return completed;
+}
 
 bool Event::Query() {
   std::vector<comm::WorkPtr> pending;

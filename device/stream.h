@@ -38,7 +38,8 @@ using Timeout = comm::Timeout;
 // Completion of the work a stream had enqueued when the event was recorded. Thread-safe.
 class Event {
  public:
-  // An event that is already complete (a recording on the host's inline stream).
+  // An event that is already complete (a recording on the host's inline stream): one shared
+  // instance, which callers must not Complete() or AddPendingWork() to.
   static std::shared_ptr<Event> Completed();
 
   // True once the recorded work finished (successfully or not). Never blocks.

@@ -16,6 +16,10 @@
 # 0.5M for the vector loop ATen's copy_ uses); GLIBC_TUNABLES below keeps memcpy on its
 # vector loop so that both sides count the same kind of instructions.
 #
+# Last, tools/callgrind_budget.py turns the Step dumps into FSDP2's and FSDP1's instructions
+# per wrapped Linear (and per parameter) beyond plain LibTorch and checks them against
+# bench/callgrind_budget.json: more than 10% above it fails (exit status 1).
+#
 #   tools/callgrind_bench.sh [--iterations N]     (default 5; about 2 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,10 +48,14 @@ run() {
   echo "  $((SECONDS - t0)) s"
 }
 run fsdp2_bench '^(Step/(ours|raw)/(16|64)/|Copy(In|Out)/(ours|memcpy)/(1048576|16777216)/)'
-run fsdp1_bench '^(Step/(ours|fsdp2)/(8|32)/|Unflatten/(ours|narrow)/(16|256)/)'
+run fsdp1_bench '^(Step/(ours|fsdp2)/(8|32)/|Plain/raw/(8|32)/|Unflatten/(ours|narrow)/(16|256)/)'
 
 for name in fsdp2_bench fsdp1_bench; do
   echo
   echo "$name: instructions per iteration (Ir), ours vs reference (Step: blocks; CopyIn/CopyOut: bytes; Unflatten: parameters)"
   python3 tools/bench_ratio.py --callgrind "$out/$name"
 done
+
+echo
+echo "FSDP bookkeeping per step beyond plain LibTorch, against bench/callgrind_budget.json (flags > 10% growth)"
+python3 tools/callgrind_budget.py "$out"

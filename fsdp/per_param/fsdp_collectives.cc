@@ -306,6 +306,10 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
                                           options.force_sum_reduction_for_comms);
 
   // The plan from shapes alone (the data may still be in flight on the compute stream).
+  job->padded_rows.reserve(grads.size());
+  job->padded_numels.reserve(grads.size());
+  job->new_grads.reserve(grads.size());
+  job->accumulate_into.reserve(grads.size());
   int64_t total = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     const at::Tensor& g = grads[i];

@@ -24,13 +24,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<at::Tensor> params, std::vector<Param
   for (size_t i = 0; i < params.size(); ++i) {
     fsdp_params_.push_back(std::make_unique<FSDPParam>(params[i], module_infos[i], mesh_info_, post_forward_mesh_info_,
                                                        shard_dims[i], mp_policy_, offload_policy, tp_specs[i], device));
+    fsdp_param_ptrs_.push_back(fsdp_params_.back().get());
   }
-}
-
-std::vector<FSDPParam*> FSDPParamGroup::fsdp_param_ptrs() const {
-  std::vector<FSDPParam*> out;
-  for (const auto& p : fsdp_params_) out.push_back(p.get());
-  return out;
 }
 
 void FSDPParamGroup::InitMixedPrecisionDtypes() {

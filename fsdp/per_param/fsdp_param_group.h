@@ -88,7 +88,7 @@ class FSDPParamGroup {
   std::function<void(const at::Tensor&)> all_reduce_hook;
 
   const std::vector<std::unique_ptr<FSDPParam>>& fsdp_params() const { return fsdp_params_; }
-  std::vector<FSDPParam*> fsdp_param_ptrs() const;
+  const std::vector<FSDPParam*>& fsdp_param_ptrs() const { return fsdp_param_ptrs_; }
   const FSDPMeshInfo& mesh_info() const { return mesh_info_; }
   const std::optional<FSDPMeshInfo>& post_forward_mesh_info() const { return post_forward_mesh_info_; }
   // The root does not reshard after forward when reshard_after_forward was left unset.
@@ -119,6 +119,7 @@ class FSDPParamGroup {
   const comm::ProcessGroupPtr& all_gather_group() const;
 
   std::vector<std::unique_ptr<FSDPParam>> fsdp_params_;
+  std::vector<FSDPParam*> fsdp_param_ptrs_;  // the same, for the collectives (built once)
   FSDPMeshInfo mesh_info_;
   std::optional<FSDPMeshInfo> post_forward_mesh_info_;
   MixedPrecisionPolicy mp_policy_;
