@@ -327,7 +327,7 @@ fsdp_cc_library(//fsdp/common:test_models TESTONLY
   DEPS :common @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/common:common_test SIZE small SMOKE
-  SRCS autograd_hooks_test.cc hooked_module_test.cc storage_test.cc
+  SRCS autograd_hooks_test.cc grad_divide_test.cc hooked_module_test.cc storage_test.cc
   DEPS :common //testing:expect_error @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/flat_param

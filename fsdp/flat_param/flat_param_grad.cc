@@ -55,7 +55,7 @@ bool FlatParamHandle::FlattenOrigGrads() {
   } else {
     CheckUnsharded(flat_grad);
   }
-  std::vector<at::Tensor> views = GetUnflatViews(flat_grad);
+  std::vector<at::Tensor> views = UnflatAliases(flat_grad);
   for (int64_t i = 0; i < fp.num_params; ++i) {
     at::Tensor& t = orig_tensors_[i];
     const at::Tensor g = t.grad();
@@ -124,7 +124,7 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
     if (comm_hook) {
       launch_hook(padded, new_sharded_grad);
     } else {
-      if (predivide > 1) stream.Launch([padded, predivide] { padded.div_(predivide); });
+      if (predivide > 1) stream.Launch([padded, predivide] { DivideInPlace(padded, predivide); });
       stream.LaunchCollective(*s.sequencer, [group, new_sharded_grad, padded] {
         return group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum());
       });
@@ -136,7 +136,7 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
           return inter_node_group->all_reduce(new_sharded_grad, comm::ReduceOp::Sum());
         });
       }
-      if (postdivide > 1) last->Launch([new_sharded_grad, postdivide] { new_sharded_grad.div_(postdivide); });
+      if (postdivide > 1) last->Launch([new_sharded_grad, postdivide] { DivideInPlace(new_sharded_grad, postdivide); });
     }
     // _accumulate_sharded_grad, after _cast_grad_to_param_dtype (the sharded parameter's dtype).
     if (new_sharded_grad.scalar_type() != orig_param_dtype_) {
@@ -158,9 +158,9 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
     if (comm_hook) {
       launch_hook(grad, at::Tensor());
     } else {
-      if (predivide > 1) stream.Launch([grad, predivide] { grad.div_(predivide); });
+      if (predivide > 1) stream.Launch([grad, predivide] { DivideInPlace(grad, predivide); });
       stream.LaunchCollective(*s.sequencer, [group, grad] { return group->all_reduce(grad, comm::ReduceOp::Sum()); });
-      if (postdivide > 1) stream.Launch([grad, postdivide] { grad.div_(postdivide); });
+      if (postdivide > 1) stream.Launch([grad, postdivide] { DivideInPlace(grad, postdivide); });
     }
     // NO_SHARD keeps low precision gradients by omitting the cast.
     if (!options_.keep_low_precision_grads && grad.scalar_type() != orig_param_dtype_) {

@@ -157,7 +157,10 @@ at::Tensor FlatParamHandle::AllGatherFlatParam(const at::Tensor& padded_unsharde
 
 void FlatParamHandle::UseUnshardedFlatParam(const at::Tensor& padded_unsharded_flat_param) {
   const int64_t numel = flat_param_.unpadded_unsharded_size[0];
-  flat_param_.param.set_data(padded_unsharded_flat_param.narrow(0, 0, numel));
+  flat_param_.param.set_data(padded_unsharded_flat_param.stride(0) == 1
+                                 ? AliasStorage(padded_unsharded_flat_param,
+                                                padded_unsharded_flat_param.storage_offset(), {numel})
+                                 : padded_unsharded_flat_param.narrow(0, 0, numel));
   if (options_.use_orig_params && skipped_use_sharded_views() && training_state_ == HandleTrainingState::BACKWARD_PRE) {
     // Complement of the skipped post-forward sharded views: the views are still unsharded.
     return;
@@ -249,39 +252,56 @@ std::vector<at::Tensor> FlatParamHandle::GetUnflatViews(const at::Tensor& tensor
 }
 
 std::vector<at::Tensor> FlatParamHandle::GetUnflatViewsUnaligned(const at::Tensor& tensor) const {
-  const FlatParameter& fp = flat_param_;
-  const at::Tensor t = tensor.defined() ? tensor : fp.param.data();
-  int64_t total = 0;
-  for (int64_t n : fp.numels) total += n;
-  TORCH_CHECK(t.dim() == 1 && t.numel() == total, "GetUnflatViewsUnaligned: expects a 1-D tensor of ", total,
-              " elements (the unsharded flat parameter) but got shape ", Shape(t.sizes()));
-  std::vector<at::Tensor> views;
-  int64_t offset = 0;
-  for (int64_t i = 0; i < fp.num_params; ++i) {
-    views.push_back(t.narrow(0, offset, fp.numels[i]).view(fp.shapes[i]));
-    offset += fp.numels[i];
-  }
-  return views;
+  return UnflatTensors(tensor, /*aligned=*/false, /*aliases=*/false);
 }
 
 std::vector<at::Tensor> FlatParamHandle::GetUnflatViewsAligned(const at::Tensor& tensor) const {
+  return UnflatTensors(tensor, /*aligned=*/true, /*aliases=*/false);
+}
+
+std::vector<at::Tensor> FlatParamHandle::UnflatAliases(const at::Tensor& tensor) const {
+  return UnflatTensors(tensor, /*aligned=*/aligned_numel_ > 0, /*aliases=*/true);
+}
+
+std::vector<at::Tensor> FlatParamHandle::UnflatTensors(const at::Tensor& tensor, bool aligned, bool aliases) const {
   const FlatParameter& fp = flat_param_;
   const at::Tensor t = tensor.defined() ? tensor : fp.param.data();
-  const int64_t total = FlatTotalNumel(fp.segments);
-  TORCH_CHECK(t.dim() == 1 && t.numel() == total, "GetUnflatViewsAligned: expects a 1-D tensor of ", total,
-              " elements (the unsharded flat parameter with alignment padding) but got shape ", Shape(t.sizes()));
-  std::vector<at::Tensor> views;
-  for (const FlatSegment& seg : fp.segments) {
-    if (seg.is_padding()) continue;
-    views.push_back(t.narrow(0, seg.start, seg.numel).view(fp.shapes[seg.param_index]));
+  int64_t total = 0;
+  if (aligned) {
+    total = FlatTotalNumel(fp.segments);
+  } else {
+    for (int64_t n : fp.numels) total += n;
   }
-  return views;
+  TORCH_CHECK(t.dim() == 1 && t.numel() == total, aligned ? "GetUnflatViewsAligned" : "GetUnflatViewsUnaligned",
+              ": expects a 1-D tensor of ", total,
+              aligned ? " elements (the unsharded flat parameter with alignment padding) but got shape "
+                      : " elements (the unsharded flat parameter) but got shape ",
+              Shape(t.sizes()));
+  std::vector<at::Tensor> out;
+  out.reserve(fp.num_params);
+  const bool alias = aliases && t.stride(0) == 1;
+  auto add = [&](int64_t start, int64_t numel, const std::vector<int64_t>& shape) {
+    out.push_back(alias ? AliasStorage(t, t.storage_offset() + start, shape) : t.narrow(0, start, numel).view(shape));
+  };
+  if (aligned) {
+    for (const FlatSegment& seg : fp.segments) {
+      if (!seg.is_padding()) add(seg.start, seg.numel, fp.shapes[seg.param_index]);
+    }
+  } else {
+    int64_t offset = 0;
+    for (int64_t i = 0; i < fp.num_params; ++i) {
+      add(offset, fp.numels[i], fp.shapes[i]);
+      offset += fp.numels[i];
+    }
+  }
+  return out;
 }
 
 void FlatParamHandle::UseUnshardedViews() {
   at::NoGradGuard no_grad;
   CheckUnsharded(flat_param_.param);
-  std::vector<at::Tensor> views = GetUnflatViews();
+  // Aliases, not autograd views: set_data takes only their storage and geometry.
+  std::vector<at::Tensor> views = UnflatAliases();
   for (size_t i = 0; i < views.size(); ++i) orig_tensors_[i].set_data(views[i]);
   // Shared registrations are the same tensors in C++: nothing more to swap.
 }

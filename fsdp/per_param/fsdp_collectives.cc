@@ -259,12 +259,12 @@ void ReduceScatterCopyIn(ReduceJob& job) {
     offset += n;
   }
   job.grads.clear();  // the copy holds the data now
-  if (job.factors->pre) job.input.div_(*job.factors->pre);
+  if (job.factors->pre) DivideInPlace(job.input, *job.factors->pre);
 }
 
 void PostReduce(ReduceJob& job) {
   if (job.local_scale) job.output.mul_(*job.local_scale);
-  if (job.factors->post) job.output.div_(*job.factors->post);
+  if (job.factors->post) DivideInPlace(job.output, *job.factors->post);
   if (!job.result.is_same(job.output)) job.result.copy_(job.output);
   // From pinned memory the copy is asynchronous: the host reads it after PyTorch's
   // grad_offload_event (FSDPParamGroup::WaitForPostBackward synchronizes the event).

@@ -1,0 +1,41 @@
+// The gradient divide helpers: PyTorch's predivide factors, and DivideInPlace giving
+// Tensor::div_'s result bit for bit.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <utility>
+
+#include "fsdp/common/grad_divide.h"
+
+namespace fsdp {
+namespace {
+
+TEST(GradientPredivideFactor, MatchesPyTorchsDoubling) {
+  // PyTorch 2.15's DefaultState._get_gradient_predivide_factor
+  // (torch/distributed/algorithms/_comm_hooks/default_hooks.py), printed by the peer venv.
+  const std::pair<double, double> cases[] = {{1, 1}, {2, 2}, {3, 2}, {4, 2}, {6, 4}, {8, 4}, {16, 4}, {32, 8}};
+  for (auto [size, pre] : cases) EXPECT_EQ(GradientPredivideFactor(size), pre) << size;
+}
+
+TEST(DivideInPlace, IsDivBitForBit) {
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    for (double divisor : {2.0, 3.0, 7.0, 0.1, 1e-30}) {
+      const at::Tensor data = (at::randn({1000}, at::kDouble) * 1e3).to(dtype);
+      at::Tensor ours = data.clone();
+      const at::Tensor reference = data.clone().div_(divisor);
+      const int64_t version = ours._version();
+      DivideInPlace(ours, divisor);
+      EXPECT_TRUE(at::equal(ours.view(-1), reference.view(-1))) << dtype << " / " << divisor;
+      EXPECT_GT(ours._version(), version);
+    }
+  }
+  // Non-contiguous tensors go through div_.
+  const at::Tensor base = at::randn({8, 8});
+  at::Tensor column = base.clone().select(1, 3);
+  const at::Tensor reference = column.clone().div_(3.0);
+  DivideInPlace(column, 3.0);
+  EXPECT_TRUE(at::equal(column, reference));
+}
+
+}  // namespace
+}  // namespace fsdp
