@@ -1,9 +1,13 @@
 #include "fsdp/common/storage.h"
 
+#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
+
+#include <utility>
 
 namespace fsdp {
 
@@ -24,6 +28,15 @@ void AllocStorage(const at::Tensor& t) {
 
 int64_t StorageNbytes(const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); }
 
+namespace {
+
+// The dispatch keys at::empty gives a strided tensor of this dtype on this device.
+c10::DispatchKeySet EmptyKeys(c10::Device device, c10::ScalarType dtype) {
+  return c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, device));
+}
+
+}  // namespace
+
 at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::IntArrayRef sizes) {
   TORCH_CHECK(base.defined() && base.has_storage(), "AliasStorage: base has no storage");
   int64_t numel = 1;
@@ -36,13 +49,28 @@ at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::Int
                   (numel == 0 || (storage_offset + numel) * itemsize <= static_cast<int64_t>(base.storage().nbytes())),
               "AliasStorage: ", numel, " elements at offset ", storage_offset, " do not fit a storage of ",
               base.storage().nbytes(), " bytes");
-  // The dispatch keys at::empty gives a tensor of this dtype, layout and device.
-  const c10::DispatchKeySet keys(c10::computeDispatchKey(base.scalar_type(), base.layout(), base.device()));
-  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), keys, base.dtype());
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), EmptyKeys(base.device(), base.scalar_type()), base.dtype());
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   impl->set_storage_offset(storage_offset);
   impl->set_sizes_contiguous(sizes);
   return alias;
+}
+
+at::Tensor BytesOf(c10::Storage storage) {
+  const auto nbytes = static_cast<int64_t>(storage.nbytes());
+  const c10::Device device = storage.device();
+  at::Tensor bytes = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), EmptyKeys(device, at::kByte),
+                                                              caffe2::TypeMeta::Make<uint8_t>());
+  bytes.unsafeGetTensorImpl()->set_sizes_contiguous({nbytes});
+  return bytes;
+}
+
+at::Tensor EmptyLike0(const at::Tensor& like) {
+  if (!like.is_cpu() || like.layout() != c10::kStrided) return at::empty({0}, like.options());
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator(), /*resizable=*/true);
+  at::Tensor empty = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), EmptyKeys(like.device(), like.scalar_type()), like.dtype());
+  empty.unsafeGetTensorImpl()->set_sizes_contiguous({0});
+  return empty;
 }
 
 }  // namespace fsdp

@@ -26,6 +26,14 @@ int64_t StorageNbytes(const at::Tensor& t);
 // (checked).
 at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::IntArrayRef sizes);
 
+// A 1-D uint8 tensor over all of `storage`'s bytes (no dispatcher): a handle that keeps the
+// storage alive, e.g. on a stream until its work passed.
+at::Tensor BytesOf(c10::Storage storage);
+
+// `at::empty({0}, like.options())`: a fresh 0-element tensor with its own 0-byte storage,
+// without the dispatcher on the CPU (what a resharded FSDP1 original parameter becomes).
+at::Tensor EmptyLike0(const at::Tensor& like);
+
 }  // namespace fsdp
 
 #endif  // FSDP_FSDP_COMMON_STORAGE_H_

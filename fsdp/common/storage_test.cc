@@ -61,5 +61,33 @@ TEST(FreeStorage, KeepsTheStorageImplAndAllocRestoresTheSize) {
   EXPECT_EQ(alias.storage().unsafeGetStorageImpl(), impl);
 }
 
+TEST(BytesOf, HoldsTheStorageAsBytes) {
+  at::Tensor t = at::arange(6, at::kInt);
+  const at::Tensor bytes = BytesOf(t.storage());
+  EXPECT_EQ(bytes.scalar_type(), at::kByte);
+  EXPECT_EQ(bytes.numel(), 24);
+  EXPECT_EQ(bytes.data_ptr(), t.data_ptr());
+  EXPECT_EQ(bytes.key_set(), at::empty({0}, at::kByte).key_set());
+  const void* data = t.data_ptr();
+  t = at::Tensor();  // the bytes keep the memory
+  EXPECT_EQ(bytes.data_ptr(), data);
+}
+
+TEST(EmptyLike0, IsWhatEmptyMakes) {
+  for (auto dtype : {at::kFloat, at::kHalf, at::kLong}) {
+    const at::Tensor like = at::ones({3}, dtype);
+    const at::Tensor ours = EmptyLike0(like);
+    const at::Tensor reference = at::empty({0}, like.options());
+    EXPECT_EQ(ours.sizes(), reference.sizes());
+    EXPECT_EQ(ours.scalar_type(), dtype);
+    EXPECT_EQ(ours.key_set(), reference.key_set());
+    EXPECT_EQ(StorageNbytes(ours), 0);
+    EXPECT_FALSE(ours.is_alias_of(like));
+    EXPECT_FALSE(ours.is_alias_of(EmptyLike0(like)));  // each its own storage
+    ours.resize_({4});  // resizable, as at::empty's
+    EXPECT_EQ(StorageNbytes(ours), 4 * static_cast<int64_t>(like.element_size()));
+  }
+}
+
 }  // namespace
 }  // namespace fsdp

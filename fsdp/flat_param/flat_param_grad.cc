@@ -4,6 +4,8 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/work.h"
@@ -50,7 +52,8 @@ bool FlatParamHandle::FlattenOrigGrads() {
   }
   if (!first.defined()) return false;
   at::Tensor flat_grad = fp.param.grad();
-  if (!flat_grad.defined()) {
+  const bool fresh = !flat_grad.defined();
+  if (fresh) {
     flat_grad = at::zeros(fp.unpadded_unsharded_size, first.options());
   } else {
     CheckUnsharded(flat_grad);
@@ -63,7 +66,15 @@ bool FlatParamHandle::FlattenOrigGrads() {
     if (!SameStorage(g, flat_grad)) {  // an unsharded gradient view is already in place
       TORCH_CHECK(g.sizes() == views[i].sizes(), "FlattenOrigGrads: gradient of ", fp.fqns[i], " has shape ",
                   Shape(g.sizes()), " but the unsharded parameter has shape ", Shape(views[i].sizes()));
-      views[i].add_(g);
+      // Into a fresh (zeroed) flat gradient, a copy: what autograd's cat of the views'
+      // gradients gives PyTorch's flat_param.grad (it keeps -0.0, which 0 + g would not).
+      if (fresh && g.is_cpu() && g.is_contiguous() && views[i].is_contiguous() && g.dtype() == flat_grad.dtype()) {
+        if (g.nbytes() > 0) std::memcpy(views[i].data_ptr(), g.data_ptr(), g.nbytes());
+      } else if (fresh) {
+        views[i].copy_(g);
+      } else {
+        views[i].add_(g);
+      }
     }
     t.mutable_grad() = at::Tensor();
     if (options_.use_orig_params && t.requires_grad()) fp.is_grad_none_mask[i] = false;

@@ -207,7 +207,7 @@ void FlatParamHandle::FreeUnshardedFlatParam() {
 void FlatParamHandle::ReleaseOrigParamsViewing(const at::Tensor& storage_owner) {
   at::NoGradGuard no_grad;
   for (at::Tensor& t : orig_tensors_) {
-    if (SameStorage(t, storage_owner)) t.set_data(at::empty({0}, t.options()));
+    if (SameStorage(t, storage_owner)) t.set_data(EmptyLike0(t));
   }
 }
 

@@ -5,6 +5,9 @@
 #include <c10/util/Exception.h>
 
 #include <string>
+#include <utility>
+
+#include "fsdp/common/storage.h"
 
 namespace fsdp::flat_param {
 
@@ -44,8 +47,7 @@ void FreeStorageAfterStreams(const at::Tensor& t, std::initializer_list<device::
   c10::Storage owner(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                            std::move(memory), /*allocator=*/nullptr,
                                                            /*resizable=*/false));
-  at::Tensor holder = at::empty({0}, t.options().dtype(at::kByte));
-  holder.set_(owner);
+  const at::Tensor holder = BytesOf(std::move(owner));
   for (device::Stream* stream : streams) {
     if (stream != nullptr) stream->KeepAlive(holder);
   }
