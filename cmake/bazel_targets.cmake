@@ -234,12 +234,12 @@ fsdp_cc_test(//device:stream_test SIZE small SMOKE
 
 # ================================================================ //dtensor
 fsdp_cc_library(//dtensor
-  SRCS dtensor.cc dtensor_spec.cc placement.cc redistribute.cc
-  HDRS dtensor.h dtensor_spec.h placement.h redistribute.h
+  SRCS dtensor.cc dtensor_spec.cc large_output_cache.cc placement.cc redistribute.cc
+  HDRS dtensor.h dtensor_spec.h large_output_cache.h placement.h redistribute.h
   DEPS //comm //mesh @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:dtensor_test SIZE medium SMOKE
-  SRCS golden_test.cc layout_test.cc redistribute_test.cc
+  SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
   DATA testdata/*.txt
   DEPS :dtensor //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)

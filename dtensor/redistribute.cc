@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dtensor/large_output_cache.h"
 
 namespace fsdp::dtensor {
 namespace {
@@ -184,7 +185,7 @@ at::Tensor AllGatherShards(const at::Tensor& local, const Placement& shard, cons
   rows = rows.contiguous();
   std::vector<int64_t> out_shape = rows.sizes().vec();
   out_shape[0] = world * max_rows;
-  at::Tensor gathered = at::empty(out_shape, rows.options());
+  at::Tensor gathered = EmptyOutput(out_shape, rows.options());
   group->all_gather_into_tensor(gathered, rows)->wait();
   if (!EvenPlainShard(shard, n, world)) {  // drop padding, put pieces in global order
     std::vector<at::Tensor> ordered(world * shard.split_factor());
@@ -226,7 +227,7 @@ at::Tensor ReduceScatterShards(const at::Tensor& local, const Placement& shard, 
   }
   std::vector<int64_t> out_shape = rows.sizes().vec();
   out_shape[0] = max_rows;
-  at::Tensor out = at::empty(out_shape, rows.options());
+  at::Tensor out = EmptyOutput(out_shape, rows.options());
   group->reduce_scatter_tensor(out, input, op)->wait();
   const int64_t mine = RowsOf(ShardPieceChunks(shard, n, world, group->rank()));
   return out.narrow(0, 0, mine).movedim(0, d).contiguous();
