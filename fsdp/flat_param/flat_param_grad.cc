@@ -53,8 +53,12 @@ bool FlatParamHandle::FlattenOrigGrads() {
   if (!first.defined()) return false;
   at::Tensor flat_grad = fp.param.grad();
   const bool fresh = !flat_grad.defined();
+  // A fresh flat gradient on the CPU without alignment padding is written slice by slice
+  // (each gradient copied, zeros where a parameter has none) instead of zeroed first.
+  const bool fill = fresh && first.is_cpu() && aligned_numel_ == 0;
   if (fresh) {
-    flat_grad = at::zeros(fp.unpadded_unsharded_size, first.options());
+    flat_grad = fill ? at::empty(fp.unpadded_unsharded_size, first.options())
+                     : at::zeros(fp.unpadded_unsharded_size, first.options());
   } else {
     CheckUnsharded(flat_grad);
   }
@@ -62,12 +66,15 @@ bool FlatParamHandle::FlattenOrigGrads() {
   for (int64_t i = 0; i < fp.num_params; ++i) {
     at::Tensor& t = orig_tensors_[i];
     const at::Tensor g = t.grad();
-    if (!g.defined()) continue;
+    if (!g.defined()) {
+      if (fill && views[i].nbytes() > 0) std::memset(views[i].data_ptr(), 0, views[i].nbytes());
+      continue;
+    }
     if (!SameStorage(g, flat_grad)) {  // an unsharded gradient view is already in place
       TORCH_CHECK(g.sizes() == views[i].sizes(), "FlattenOrigGrads: gradient of ", fp.fqns[i], " has shape ",
                   Shape(g.sizes()), " but the unsharded parameter has shape ", Shape(views[i].sizes()));
-      // Into a fresh (zeroed) flat gradient, a copy: what autograd's cat of the views'
-      // gradients gives PyTorch's flat_param.grad (it keeps -0.0, which 0 + g would not).
+      // Into a fresh flat gradient, a copy: what autograd's cat of the views' gradients
+      // gives PyTorch's flat_param.grad (it keeps -0.0, which 0 + g would not).
       if (fresh && g.is_cpu() && g.is_contiguous() && views[i].is_contiguous() && g.dtype() == flat_grad.dtype()) {
         if (g.nbytes() > 0) std::memcpy(views[i].data_ptr(), g.data_ptr(), g.nbytes());
       } else if (fresh) {
