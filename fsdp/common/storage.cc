@@ -1,5 +1,6 @@
 #include "fsdp/common/storage.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
@@ -63,6 +64,14 @@ at::Tensor BytesOf(c10::Storage storage) {
                                                               caffe2::TypeMeta::Make<uint8_t>());
   bytes.unsafeGetTensorImpl()->set_sizes_contiguous({nbytes});
   return bytes;
+}
+
+at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (options.device().is_cpu() && options.layout() == c10::kStrided && !options.pinned_memory() &&
+      !options.requires_grad()) {
+    return at::detail::empty_cpu(sizes, options);
+  }
+  return at::empty(sizes, options);
 }
 
 at::Tensor EmptyLike0(const at::Tensor& like) {

@@ -30,6 +30,10 @@ at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::Int
 // storage alive, e.g. on a stream until its work passed.
 at::Tensor BytesOf(c10::Storage storage);
 
+// at::empty(sizes, options), without the dispatcher for plain (unpinned, strided) CPU
+// tensors (~2k instructions less per call): for the per-step reduce-scatter buffers.
+at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options);
+
 // `at::empty({0}, like.options())`: a fresh 0-element tensor with its own 0-byte storage,
 // without the dispatcher on the CPU (what a resharded FSDP1 original parameter becomes).
 at::Tensor EmptyLike0(const at::Tensor& like);

@@ -73,6 +73,19 @@ TEST(BytesOf, HoldsTheStorageAsBytes) {
   EXPECT_EQ(bytes.data_ptr(), data);
 }
 
+TEST(EmptyBuffer, IsWhatEmptyMakes) {
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    const auto options = at::TensorOptions().dtype(dtype);
+    const at::Tensor ours = EmptyBuffer({3, 5}, options);
+    const at::Tensor reference = at::empty({3, 5}, options);
+    EXPECT_EQ(ours.sizes(), reference.sizes());
+    EXPECT_EQ(ours.strides(), reference.strides());
+    EXPECT_EQ(ours.scalar_type(), dtype);
+    EXPECT_EQ(ours.key_set(), reference.key_set());
+    EXPECT_FALSE(ours.requires_grad());
+  }
+}
+
 TEST(EmptyLike0, IsWhatEmptyMakes) {
   for (auto dtype : {at::kFloat, at::kHalf, at::kLong}) {
     const at::Tensor like = at::ones({3}, dtype);

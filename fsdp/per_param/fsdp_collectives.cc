@@ -322,8 +322,8 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
   const int64_t out_numel = total / world;
   const at::TensorOptions reduce_options = grads.front().options().dtype(job->reduce_dtype);
   job->grads = std::move(grads);
-  job->input = at::empty({world * out_numel}, reduce_options);
-  job->output = scatter ? at::empty({out_numel}, reduce_options) : job->input;
+  job->input = EmptyBuffer({world * out_numel}, reduce_options);
+  job->output = scatter ? EmptyBuffer({out_numel}, reduce_options) : job->input;
   if (!scatter && job->factors->reduce_scatter_op.kind() == comm::ReduceOpKind::kPremulSum) {
     job->local_scale = job->factors->reduce_scatter_op.factor();  // what the collective would apply
   }
