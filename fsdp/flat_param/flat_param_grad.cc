@@ -11,6 +11,7 @@
 #include "comm/work.h"
 #include "device/stream.h"
 #include "fsdp/common/grad_divide.h"
+#include "fsdp/common/storage.h"
 #include "fsdp/flat_param/flat_param.h"
 
 namespace fsdp::flat_param {
@@ -23,8 +24,10 @@ bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
 std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
 // The same memory as `view` without being an autograd view: optimizers (LibTorch's
-// zero_grad) detach_() gradients, which views refuse.
+// zero_grad) detach_() gradients, which views refuse. A contiguous one is AliasStorage's
+// (no dispatcher); other strides take set_.
 at::Tensor AliasWithoutView(const at::Tensor& view) {
+  if (view.is_contiguous()) return AliasStorage(view, view.storage_offset(), view.sizes());
   at::Tensor t = at::empty({0}, view.options());
   t.set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
   return t;
@@ -341,8 +344,11 @@ void FlatParamHandle::UseUnshardedGradViews() {
     return;
   }
   CheckUnsharded(grad);
-  std::vector<at::Tensor> views = GetUnflatViews(grad);
-  for (int64_t i = 0; i < fp.num_params; ++i) orig_tensors_[i].mutable_grad() = AliasWithoutView(views[i]);
+  // Aliases already where the flat gradient is contiguous; views (other strides) get one.
+  std::vector<at::Tensor> slices = UnflatAliases(grad);
+  for (int64_t i = 0; i < fp.num_params; ++i) {
+    orig_tensors_[i].mutable_grad() = slices[i].is_view() ? AliasWithoutView(slices[i]) : slices[i];
+  }
 }
 
 }  // namespace fsdp::flat_param

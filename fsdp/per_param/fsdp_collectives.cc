@@ -76,8 +76,11 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   // A reused buffer may still be read by the previous copy-out.
   if (buffer.ready) copy_in_stream.WaitEvent(buffer.ready);
   result.buffer = buffer.bytes;
-  result.output = result.buffer.numel() == bytes ? result.buffer : AliasStorage(result.buffer, 0, {bytes});
-  at::Tensor slot = AliasStorage(result.output, (group ? group->rank() : 0) * total, {total});
+  result.output = result.buffer.numel() == bytes
+                      ? result.buffer
+                      : AliasStorage(result.buffer, result.buffer.storage_offset(), {bytes});
+  at::Tensor slot =
+      AliasStorage(result.output, result.output.storage_offset() + (group ? group->rank() : 0) * total, {total});
   // Copy-in (the all-gather input is a view into the output). On the CPU, one memcpy per
   // parameter: ATen's cat_out costs ~1 us of dispatch per input (bench/fsdp2 at 1 MiB).
   copy_in_stream.Launch([slot, inputs = std::move(inputs)]() mutable {
