@@ -16,7 +16,10 @@
 //                        FSDP keeps, unsharded parameters, activations);
 //   alloc_end            of those, the bytes still live after the steps (zero_grad'ed);
 //   numel, group_numel   parameter elements in all / in the largest FSDP unit (for the
-//                        ZeRO-3 estimate tools/e2e_table.py prints).
+//                        ZeRO-3 estimate tools/e2e_table.py prints);
+//   predicted_peak       `fsdp_plan --memory`'s prediction of alloc_peak (tools/fsdp_memory.h)
+//                        from the block's shapes, the block count and what a block saves for
+//                        backward (ModelSpec::activation_bytes).
 // Prints one JSON line on rank 0; bench/peer/e2e_peer.py prints the same for PyTorch's FSDP,
 // and `./x bench --peer` puts them side by side.
 //
@@ -43,6 +46,8 @@
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
 #include "comm/main_guard.h"
+#include "tools/fsdp_memory.h"
+#include "tools/fsdp_plan_lib.h"
 
 ABSL_FLAG(std::string, model, "overhead",
           "overhead (64 x Linear(64,64)+LayerNorm, batch 8/rank) or compute (4 x Linear(1024,1024), batch 64/rank)");
@@ -85,7 +90,27 @@ struct ModelSpec {
   int64_t blocks, width, batch;
   bool norm;
   int64_t block_numel() const { return width * width + width + (norm ? 2 * width : 0); }
+  // What a block saves for backward, per rank: addmm its input, ReLU its output, LayerNorm
+  // its input and per-row mean and rstd (float32).
+  int64_t activation_bytes() const { return 4 * (2 * batch * width + (norm ? batch * width + 2 * batch : 0)); }
+  std::string shapes() const {
+    return absl::StrCat(width, "x", width, ",", width, norm ? absl::StrCat(",", width, ",", width) : "");
+  }
 };
+
+// fsdp_plan --memory's predicted allocation peak per rank for this model on `world` ranks.
+int64_t PredictedPeak(const ModelSpec& s, int world, int fsdp_version) {
+  fsdp_plan::RawFlags flags;
+  flags.shapes = s.shapes();
+  flags.world = std::to_string(world);
+  flags.style = fsdp_version == 1 ? "flat" : "per_param";
+  flags.align = false;  // wrap_fsdp's default use_orig_params = false
+  fsdp_plan::PlanOptions options;
+  const std::string error = fsdp_plan::ParseOptions(flags, &options);
+  TORCH_CHECK(error.empty(), "PredictedPeak: ", error);
+  const fsdp_plan::MemoryOptions memory{.units = s.blocks, .activation_bytes = s.activation_bytes()};
+  return fsdp_plan::EstimateMemory(fsdp_plan::MakePlan(options), memory).peak;
+}
 
 ModelSpec Spec(const std::string& name) {
   if (name == "overhead") return {64, 64, 8, true};
@@ -215,11 +240,11 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version) {
         "{\"impl\": \"ours\", \"fsdp\": %d, \"model\": \"%s\", \"world\": %d, \"params\": %zu, \"step_ms\": %.3f, "
         "\"compute_ms\": %.3f, \"comm_ms\": %.3f, \"overhead_ms\": %.3f, \"collectives\": %zu, \"bytes\": %lld, "
         "\"numel\": %lld, \"group_numel\": %lld, \"rss_base\": %.0f, \"rss_peak\": %.0f, "
-        "\"alloc_peak\": %.0f, \"alloc_end\": %.0f}\n",
+        "\"alloc_peak\": %.0f, \"alloc_end\": %.0f, \"predicted_peak\": %lld}\n",
         absl::GetFlag(FLAGS_fsdp), absl::GetFlag(FLAGS_model).c_str(), w, plain->parameters().size(), step_ms,
         compute_ms, comm_ms, step_ms - compute_ms - comm_ms, records.size(), static_cast<long long>(bytes),
         static_cast<long long>(spec.blocks * spec.block_numel()), static_cast<long long>(spec.block_numel()), rss_base,
-        rss_peak, alloc_peak, alloc_end);
+        rss_peak, alloc_peak, alloc_end, static_cast<long long>(PredictedPeak(spec, w, fsdp_version)));
   }
   return 0;
 }

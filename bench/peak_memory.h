@@ -4,8 +4,12 @@
 // AllocationWindow: while it lives, this thread's LibTorch CPU allocations are reported to it
 // by c10's CPU allocator (the hook PyTorch's profiler uses with profile_memory=True), each
 // with the allocator's running total of the bytes allocated since reporting started and not
-// yet freed. peak() is the largest total since Mark() (or construction), current() the total
-// now. The Python side reads the same counter from the profiler's allocation events.
+// yet freed. The total counts every thread's allocations and frees (c10's
+// caffe2_report_cpu_memory_usage flag, on while a window lives): without it, memory freed on
+// another thread (a Gloo worker dropping a finished collective's tensors) stayed in the total
+// for good, and the figures moved by megabytes from run to run. peak() is the largest total
+// since Mark() (or construction), current() the total now. The Python side reads the same
+// counter from the profiler's allocation events, with the same flag.
 //
 // RssBytes / RssPeakBytes: this process's resident set now (/proc/self/statm) and its
 // high-water mark (getrusage ru_maxrss).

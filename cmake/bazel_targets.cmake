@@ -13,7 +13,7 @@
 #     //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
 #     //fsdp/flat_param:flat_param_test //fsdp/per_param:per_param_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optim_state_test
-#     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_plan_test
+#     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_memory_test
 #   //bench/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 
 # ================================================================ //bench
@@ -55,7 +55,7 @@ fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH
 fsdp_cc_binary(//bench:e2e_bench OPTION FSDP_BUILD_BENCH
   SRCS e2e_bench.cc
   DEPS :peak_memory //comm //comm:gloo //comm:main_guard //fsdp/flat_param //fsdp/per_param //mesh
-       @libtorch @system//:absl @system//:absl_flags)
+       //tools:fsdp_plan_lib @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
   SRCS optim_state_bench.cc
@@ -553,15 +553,19 @@ fsdp_cc_test(//tests:one_model_type_test SIZE medium
 
 # ================================================================ //tools
 fsdp_cc_library(//tools:fsdp_plan_lib
-  SRCS fsdp_plan_format.cc fsdp_plan_lib.cc
-  HDRS fsdp_plan_lib.h
+  SRCS fsdp_memory.cc fsdp_plan_format.cc fsdp_plan_lib.cc
+  HDRS fsdp_memory.h fsdp_plan_lib.h
   DEPS //fsdp/common @system//:absl)
 
 fsdp_cc_binary(//tools:fsdp_plan
   SRCS fsdp_plan.cc
   DEPS :fsdp_plan_lib //comm:main_guard @system//:absl @system//:absl_flags)
 
-fsdp_cc_test(//tools:fsdp_plan_test SIZE small SMOKE
+fsdp_cc_test(//tools:fsdp_memory_test SIZE small SMOKE
+  SRCS fsdp_memory_test.cc
+  DEPS :fsdp_plan_lib @system//:gtest_main)
+
+fsdp_cc_test(//tools:fsdp_plan_test SIZE small
   SRCS fsdp_plan_test.cc
   DEPS :fsdp_plan_lib @system//:gtest_main)
 

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -45,22 +46,36 @@ class C10dWork final : public Work {
         backend_name_(std::move(backend_name)),
         start_(std::chrono::steady_clock::now()) {}
 
-  bool is_completed() override { return work_->isCompleted(); }
+  bool is_completed() override {
+    const c10::intrusive_ptr<c10d::Work> work = Held();
+    return !work || work->isCompleted();
+  }
   std::exception_ptr exception() override {
     if (error_) return error_;
-    return work_->isCompleted() ? work_->exception() : nullptr;
+    const c10::intrusive_ptr<c10d::Work> work = Held();
+    return work && work->isCompleted() ? work->exception() : nullptr;
   }
 
  protected:
+  // Gloo's work keeps its tensors, and a reduce-scatter's copy of the whole input, until it
+  // is destroyed (PyTorch drops it after wait()).
+  void ReleaseAfterWait() override {
+    c10::intrusive_ptr<c10d::Work> released;
+    std::lock_guard<std::mutex> lock(mu_);
+    released.swap(work_);
+  }
+
   bool WaitFor(Timeout timeout) override {
     const auto wait_start = std::chrono::steady_clock::now();
+    const c10::intrusive_ptr<c10d::Work> work = Held();
+    if (!work) return true;  // waited and released before
     try {
-      work_->wait(timeout);
+      work->wait(timeout);
     } catch (const std::exception& e) {
       const auto now = std::chrono::steady_clock::now();
       // A timeout only when the wait lasted its whole timeout: c10d's Gloo work can throw a
       // peer's lost connection while it still reads as not completed.
-      if (!work_->isCompleted() && now - wait_start >= timeout) return false;
+      if (!work->isCompleted() && now - wait_start >= timeout) return false;
       // The backend's own failure (e.g. a peer's connection closed or reset): say when, and
       // with liveness (Gloo) record it for the peers' messages and name the peers that are
       // gone by rank (gloo names them by address).
@@ -86,7 +101,14 @@ class C10dWork final : public Work {
   std::string TimeoutDetail() override { return liveness_ != nullptr ? liveness_->Describe() : ""; }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  // Another thread may query the work (Event::Query) while the waiting one releases it.
+  c10::intrusive_ptr<c10d::Work> Held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return work_;
+  }
+
+  std::mutex mu_;
+  c10::intrusive_ptr<c10d::Work> work_;  // null once released after a successful wait
   std::shared_ptr<const PeerLiveness> liveness_;
   std::string backend_name_;
   std::chrono::steady_clock::time_point start_;

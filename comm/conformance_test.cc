@@ -146,6 +146,42 @@ TEST_P(Conformance, ReduceScatterTensorEveryOp) {
   });
 }
 
+// Whether `t` becomes the only reference to its tensor within 10 s: a backend's worker
+// thread may drop its own reference to a finished collective just after wait() returned.
+bool BecomesUnique(const at::Tensor& t) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (t.use_count() > 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return t.use_count() == 1;
+}
+
+// A waited collective keeps none of its tensors (nor a copy of them) while its Work lives:
+// streams and events may list a finished Work for a while, and PyTorch drops its Work after
+// wait(). (Before, a Gloo reduce-scatter kept its copy of the whole input until then.)
+TEST_P(Conformance, AWaitedCollectiveHoldsNoTensors) {
+  SKIP_IF_UNAVAILABLE();
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    const int W = pg->size();
+    const c10::Device device = RankDevice(b, pg->rank());
+    at::Tensor full = RankTensor(pg->rank(), W * 4, at::kFloat, device);
+    at::Tensor shard = at::zeros({4}, full.options());
+    WorkPtr reduce_scatter = pg->reduce_scatter_tensor(shard, full, ReduceOp::Avg());
+    reduce_scatter->wait();
+    EXPECT_TRUE(BecomesUnique(full)) << "reduce_scatter input";
+    EXPECT_TRUE(BecomesUnique(shard)) << "reduce_scatter output";
+    WorkPtr all_gather = pg->all_gather_into_tensor(full, shard);
+    all_gather->wait();
+    EXPECT_TRUE(BecomesUnique(full)) << "all_gather output";
+    EXPECT_TRUE(BecomesUnique(shard)) << "all_gather input";
+    WorkPtr all_reduce = pg->all_reduce(full, ReduceOp::Sum());
+    all_reduce->wait();
+    EXPECT_TRUE(BecomesUnique(full)) << "all_reduce tensor";
+    EXPECT_TRUE(reduce_scatter->is_completed() && all_gather->is_completed() && all_reduce->is_completed());
+    EXPECT_EQ(all_reduce->exception(), nullptr);
+  });
+}
+
 TEST_P(Conformance, AllReduceEveryOp) {
   SKIP_IF_UNAVAILABLE();
   RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {

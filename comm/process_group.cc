@@ -41,8 +41,10 @@ void Work::wait(Timeout timeout) {
   if (completion_step_ && !completion_step_done_) {
     completion_step_done_ = true;
     completion_step_();
+    completion_step_ = nullptr;  // and what it captured (AVG's result tensor)
   }
   waited_ = true;
+  ReleaseAfterWait();
 }
 
 void Work::AddCompletionStep(std::function<void()> fn) {

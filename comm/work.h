@@ -59,6 +59,11 @@ class Work {
   virtual bool WaitFor(Timeout timeout) = 0;
   // Extra context for a timeout message (e.g. which ranks never joined).
   virtual std::string TimeoutDetail() { return ""; }
+  // After the first successful wait (and its completion step): the backend drops what it
+  // kept for the collective (ProcessGroupGloo's work holds its tensors, and a reduce-scatter's
+  // copy of the input), so no memory stays with a finished collective that a stream or an
+  // event still lists. is_completed() and exception() stay valid (true / null) after it.
+  virtual void ReleaseAfterWait() {}
 
  private:
   mutable std::string description_;

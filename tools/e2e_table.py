@@ -13,6 +13,8 @@ Memory (MiB, max over ranks; both sides measured alike, see bench/peak_memory.h)
                     live at once during 3 training steps, and what stays live after them;
   ZeRO-3            the estimate 4 * P / W floats (sharded parameters, gradients and AdamW's
                     two moments) + the largest FSDP unit's unsharded parameters; P = numel;
+  model             `fsdp_plan --memory`'s predicted peak (tools/fsdp_memory.h; bench/e2e
+                    prints it as predicted_peak), and each side's measured peak / it;
   RSS peak          the process's resident high-water mark after the timed steps (ru_maxrss);
   RSS growth        that peak minus the resident set before the model was built (PyTorch's
                     base includes the Python interpreter and `import torch`).
@@ -61,9 +63,10 @@ def print_time(rows):
 
 
 def print_memory(rows):
-    print(f"\n{'':<18}{'--- LibTorch CPU allocations (MiB) ---':^56}{'------ process RSS (MiB) ------':^48}")
-    print(f"{'model':<10}{'FSDP':>5}{'W':>3}{'ZeRO-3':>8}{'peak':>8}{'torch':>8}{'ratio':>7}{'/Z3':>6}"
-          f"{'end':>8}{'torch':>8}{'  ':>1}{'peak':>8}{'torch':>8}{'ratio':>7}{'growth':>8}{'torch':>8}{'ratio':>7}")
+    print(f"\n{'':<18}{'--- LibTorch CPU allocations (MiB) ---':^78}{'------ process RSS (MiB) ------':^48}")
+    print(f"{'model':<10}{'FSDP':>5}{'W':>3}{'ZeRO-3':>8}{'model':>8}{'peak':>8}{'torch':>8}{'ratio':>7}{'/Z3':>6}"
+          f"{'/model':>7}{'torch':>7}{'end':>8}{'torch':>8}{'  ':>1}{'peak':>8}{'torch':>8}{'ratio':>7}"
+          f"{'growth':>8}{'torch':>8}{'ratio':>7}")
     for (model, fsdp, world), r in sorted(rows.items()):
         ours, torch = r.get("ours"), r.get("pytorch")
         if not ours or not torch or "alloc_peak" not in ours or "alloc_peak" not in torch:
@@ -71,13 +74,16 @@ def print_memory(rows):
             continue
         z3 = zero3_bytes(ours)
         grow_o, grow_t = ours["rss_peak"] - ours["rss_base"], torch["rss_peak"] - torch["rss_base"]
-        print(f"{model:<10}{fsdp:>5}{world:>3}{z3 / MIB:>8.1f}{ours['alloc_peak'] / MIB:>8.1f}"
+        pred = ours.get("predicted_peak", 0)
+        print(f"{model:<10}{fsdp:>5}{world:>3}{z3 / MIB:>8.1f}{pred / MIB:>8.1f}{ours['alloc_peak'] / MIB:>8.1f}"
               f"{torch['alloc_peak'] / MIB:>8.1f}{ratio(ours['alloc_peak'], torch['alloc_peak']):>7}"
-              f"{ratio(ours['alloc_peak'], z3):>6}{ours['alloc_end'] / MIB:>8.1f}{torch['alloc_end'] / MIB:>8.1f} "
+              f"{ratio(ours['alloc_peak'], z3):>6}{ratio(ours['alloc_peak'], pred):>7}{ratio(torch['alloc_peak'], pred):>7}"
+              f"{ours['alloc_end'] / MIB:>8.1f}{torch['alloc_end'] / MIB:>8.1f} "
               f"{ours['rss_peak'] / MIB:>8.0f}{torch['rss_peak'] / MIB:>8.0f}{ratio(ours['rss_peak'], torch['rss_peak']):>7}"
               f"{grow_o / MIB:>8.0f}{grow_t / MIB:>8.0f}{ratio(grow_o, grow_t):>7}")
     print("ratio = ours / PyTorch; /Z3 = our allocation peak / the ZeRO-3 estimate (activations, "
-          "prefetched units and unsharded gradients come on top of it)")
+          "prefetched units and unsharded gradients come on top of it); /model, torch = our and "
+          "PyTorch's peak / the memory model's prediction")
 
 
 def main():

@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "tools/fsdp_memory.h"
 #include "tools/fsdp_plan_lib.h"
 #include "comm/main_guard.h"
 
@@ -32,6 +33,13 @@ ABSL_FLAG(bool, align, true,
           "flat only: use_orig_params layout (each parameter starts on a 16-byte boundary, "
           "total padded to a multiple of the shard count); --noalign: use_orig_params=False.");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of text.");
+ABSL_FLAG(bool, memory, false,
+          "Also predict the per-rank allocation peak of a training step (tools/fsdp_memory.h): "
+          "--shapes is one FSDP unit, repeated --units times.");
+ABSL_FLAG(std::string, units, "1", "--memory: number of identical FSDP units (blocks) of --shapes.");
+ABSL_FLAG(std::string, optimizer, "adamw", "--memory: adamw|adam|sgd|sgd_momentum|adagrad|rmsprop.");
+ABSL_FLAG(std::string, activation_bytes, "0", "--memory: bytes each unit saves for backward, per rank.");
+ABSL_FLAG(bool, reshard_after_forward, true, "--memory: FSDP frees unsharded parameters after forward.");
 
 namespace {
 
@@ -41,11 +49,14 @@ constexpr char kUsage[] =
     "  fsdp_plan --shapes 5x3,6,1024x1024 --world 4 [--mesh 2x2] [--dtype f32|bf16|f16|f64]\n"
     "            [--param_dtype bf16] [--reduce_dtype f32] [--style per_param|flat]\n"
     "            [--noalign] [--json]\n"
+    "            [--memory --units 64 --optimizer adamw --activation_bytes 6208\n"
+    "             --noreshard_after_forward]\n"
     "\n"
     "Per shard rank (replicas hold the same): each parameter's local and padded shard\n"
     "(per_param) or the flat shard range and the original parameters it covers (flat);\n"
     "bytes of sharded parameters, gradients, AdamW state and reduce-scatter output; the\n"
     "unsharded all-gather buffer; and the FULL_SHARD communication volume per step.\n"
+    "--memory adds the predicted per-rank allocation peak of a step and its parts.\n"
     "Bad flag values exit with status 2.";
 
 // Returns the name of the first argument that is not a defined flag ("" if none), so that an
@@ -105,8 +116,25 @@ int main(int argc, char** argv) {
     raw.align = absl::GetFlag(FLAGS_align);
     fsdp_plan::PlanOptions options;
     if (std::string err = fsdp_plan::ParseOptions(raw, &options); !err.empty()) return Fail(err);
+    fsdp_plan::RawMemoryFlags raw_memory;
+    raw_memory.units = absl::GetFlag(FLAGS_units);
+    raw_memory.optimizer = absl::GetFlag(FLAGS_optimizer);
+    raw_memory.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+    raw_memory.reshard_after_forward = absl::GetFlag(FLAGS_reshard_after_forward);
+    fsdp_plan::MemoryOptions memory_options;
+    if (std::string err = fsdp_plan::ParseMemoryOptions(raw_memory, &memory_options); !err.empty()) return Fail(err);
     const fsdp_plan::Plan plan = fsdp_plan::MakePlan(options);
-    const std::string out = absl::GetFlag(FLAGS_json) ? fsdp_plan::FormatJson(plan) : fsdp_plan::FormatText(plan);
+    const bool json = absl::GetFlag(FLAGS_json);
+    std::string out = json ? fsdp_plan::FormatJson(plan) : fsdp_plan::FormatText(plan);
+    if (absl::GetFlag(FLAGS_memory)) {
+      const fsdp_plan::MemoryEstimate memory = fsdp_plan::EstimateMemory(plan, memory_options);
+      if (json) {  // one object: its members, then the memory member
+        out.resize(out.rfind('}'));
+        out += ", " + fsdp_plan::FormatMemoryJson(memory) + "}\n";
+      } else {
+        out += fsdp_plan::FormatMemoryText(memory);
+      }
+    }
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;
   });

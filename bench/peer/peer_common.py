@@ -128,12 +128,22 @@ class AllocationWindow:
     While memory profiling is on, c10's CPU allocator reports every allocation and free with
     its running total of the bytes allocated since profiling started and not yet freed.
     `peak`: the largest total after mark() (or the start); `current`: the total at the end.
+    The total covers every thread (c10's caffe2_report_cpu_memory_usage flag, set here as
+    bench/peak_memory.cc sets it): the profiler alone counts only this thread's frees, so
+    memory freed on a backend's thread would count as live forever.
     """
 
     _SENTINEL = 987_653  # bytes of the marker allocation that mark() makes and frees
 
+    @staticmethod
+    def _set_all_threads(on):
+        import ctypes
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage").value = on
+
     def __enter__(self):
         from torch.profiler import ProfilerActivity, profile
+        self._set_all_threads(True)
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()
         return self
@@ -144,6 +154,7 @@ class AllocationWindow:
     def __exit__(self, *exc):
         from torch._C._profiler import _EventType
         self._prof.__exit__(*exc)
+        self._set_all_threads(False)
         events, stack = [], list(self._prof.profiler.kineto_results.experimental_event_tree())
         while stack:
             node = stack.pop()

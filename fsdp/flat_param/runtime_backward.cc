@@ -65,6 +65,15 @@ void FSDPState::PostBackwardHook() {
   TORCH_CHECK(hts == HandleTrainingState::BACKWARD_PRE || hts == HandleTrainingState::BACKWARD_POST,
               "Expects `BACKWARD_PRE` or `BACKWARD_POST` state but got ", ToString(hts));
   handle->set_training_state(HandleTrainingState::BACKWARD_POST);
+  // On the CPU the previous handle's reduction finishes first (it overlapped this handle's
+  // backward computation): PyTorch reduce-scatters synchronously there, so Gloo's copy of the
+  // previous gradient (ProcessGroupGloo clones a reduce-scatter's input) is gone before this
+  // gradient is flattened and the peak holds one reduction at a time. CUDA frees through the
+  // caching allocator's stream tracking instead.
+  if (fp.param.is_cpu()) {
+    streams().post_backward->Synchronize();
+    streams().all_reduce->Synchronize();
+  }
   // C++: what autograd accumulated into the original parameters becomes flat_param.grad
   // (PyTorch's FlatParameter AccumulateGrad), while the flat parameter is unsharded.
   if (fp.param.sizes().vec() == fp.unpadded_unsharded_size) handle->FlattenOrigGrads();

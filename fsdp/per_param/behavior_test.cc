@@ -396,7 +396,7 @@ TEST(AllGatherExtension, UnevenShardsNeedPaddedInputs) {
 }
 
 TEST(AllGatherBufferPool, ReusesTheSmallestFittingBufferAndKeepsAtMostTheLimit) {
-  AllGatherBufferPool pool(2);
+  AllGatherBufferPool pool(2, /*min_cpu_bytes=*/0);
   const auto options = at::TensorOptions().dtype(at::kByte);
   at::Tensor big = pool.Take(100, options).bytes, small = pool.Take(10, options).bytes,
              extra = pool.Take(50, options).bytes;
@@ -413,7 +413,7 @@ TEST(AllGatherBufferPool, ReusesTheSmallestFittingBufferAndKeepsAtMostTheLimit) 
 }
 
 TEST(AllGatherBufferPool, AReusedBufferCarriesTheEventOfItsLastReader) {
-  AllGatherBufferPool pool(2);
+  AllGatherBufferPool pool(2, /*min_cpu_bytes=*/0);
   const auto options = at::TensorOptions().dtype(at::kByte);
   auto copied_out = std::make_shared<device::Event>("compute");
   pool.Give(pool.Take(64, options).bytes, copied_out);
@@ -445,7 +445,22 @@ TEST(CommStreams, FollowFsdpCpuStreamsAndRunSideWorkOffTheHostInAsyncMode) {
   });
 }
 
-TEST(AllGatherBufferPool, StepsReuseThePackedBuffers) {
+// Below glibc's largest mmap threshold a CPU buffer goes back to the heap (which recycles
+// it) instead of staying allocated between steps; from it on, the pool keeps it.
+TEST(AllGatherBufferPool, KeepsCpuBuffersFromGlibcsLargestMmapThresholdOn) {
+  AllGatherBufferPool pool;
+  const auto options = at::TensorOptions().dtype(at::kByte);
+  constexpr int64_t kThreshold = int64_t{32} << 20;
+  pool.Give(pool.Take(kThreshold - 1, options).bytes);
+  EXPECT_EQ(pool.size(), 0u);
+  at::Tensor large = pool.Take(kThreshold, options).bytes;
+  const void* large_ptr = large.data_ptr();
+  pool.Give(std::move(large));
+  EXPECT_EQ(pool.size(), 1u);
+  EXPECT_EQ(pool.Take(kThreshold - 1, options).bytes.data_ptr(), large_ptr);
+}
+
+TEST(AllGatherBufferPool, StepsFreeSmallPackedBuffers) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2});
     Root model;
@@ -453,11 +468,23 @@ TEST(AllGatherBufferPool, StepsReuseThePackedBuffers) {
     fully_shard(model->second.ptr(), {.mesh = mesh});
     fully_shard(model.ptr(), {.mesh = mesh});
     RunStep(model);
+    EXPECT_EQ(GetState(*model)->comm_ctx().all_gather_buffers.size(), 0u);  // bytes, not MiB
+  });
+}
+
+// A group of 32 MiB unsharded (Linear(2048, 4096) over 2 ranks: 16 MiB per rank, 32 MiB
+// packed): its all-gather buffer stays for the next unshard.
+TEST(AllGatherBufferPool, StepsReuseLargePackedBuffers) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    fsdp::Hooked<torch::nn::LinearImpl> model(torch::nn::LinearOptions(2048, 4096).bias(false));
+    fully_shard(model.ptr(), {.mesh = mesh});
+    auto step = [&] { model(at::ones({1, 2048})).sum().backward(); };
+    step();
     AllGatherBufferPool& pool = GetState(*model)->comm_ctx().all_gather_buffers;
-    EXPECT_GE(pool.size(), 1u);
-    EXPECT_LE(pool.size(), 2u);
-    RunStep(model);  // same results as a first step would give: covered by the parity tests
-    EXPECT_LE(pool.size(), 2u);
+    EXPECT_EQ(pool.size(), 1u);
+    step();
+    EXPECT_EQ(pool.size(), 1u);
   });
 }
 

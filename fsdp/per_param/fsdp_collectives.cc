@@ -29,6 +29,7 @@ AllGatherBufferPool::Buffer AllGatherBufferPool::Take(int64_t bytes, const at::T
 
 void AllGatherBufferPool::Give(at::Tensor buffer, device::EventPtr ready) {
   if (!buffer.defined() || max_buffers_ == 0) return;
+  if (buffer.is_cpu() && static_cast<int64_t>(buffer.nbytes()) < min_cpu_bytes_) return;
   free_.push_back({std::move(buffer), std::move(ready)});
   if (free_.size() <= max_buffers_) return;
   free_.erase(std::min_element(free_.begin(), free_.end(),

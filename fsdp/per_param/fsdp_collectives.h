@@ -17,16 +17,20 @@ namespace fsdp::per_param {
 
 // Packed all-gather buffers kept across unshards. On the CPU, glibc maps allocations above
 // 32 MiB afresh every time, and writing a fresh mapping costs a zero-filling page fault per
-// 4 KiB: without reuse, copy-in ran at 0.1-0.2 of memcpy bandwidth (bench/fsdp2). Keeps at
-// most `max_buffers` (an unshard and a prefetched one), so between steps up to that many
-// buffers of the largest group's packed size stay allocated, as a GPU caching allocator
-// would keep them. Each kept buffer carries the event after which its last reader (the
-// copy-out) finished: a stream reusing it waits for that event first, which is what
-// record_stream does for the caching allocator. Not thread-safe: one per rank
-// (FSDPCommContext), used from the host thread.
+// 4 KiB: without reuse, copy-in ran at 0.1-0.2 of memcpy bandwidth (bench/fsdp2). Smaller
+// CPU buffers are not kept (`min_cpu_bytes`): glibc's heap recycles them (its mmap threshold
+// rises to the freed size), and keeping them would hold memory PyTorch frees after each
+// copy-out (bench/e2e's allocation peak). Keeps at most `max_buffers` (an unshard and a
+// prefetched one), so between steps up to that many buffers of the largest group's packed
+// size stay allocated, as a GPU caching allocator would keep them. Each kept buffer carries
+// the event after which its last reader (the copy-out) finished: a stream reusing it waits
+// for that event first, which is what record_stream does for the caching allocator. Not
+// thread-safe: one per rank (FSDPCommContext), used from the host thread.
 class AllGatherBufferPool {
  public:
-  explicit AllGatherBufferPool(size_t max_buffers = 2) : max_buffers_(max_buffers) {}
+  static constexpr int64_t kGlibcMmapThresholdMax = int64_t{32} << 20;  // DEFAULT_MMAP_THRESHOLD_MAX, 64-bit
+  explicit AllGatherBufferPool(size_t max_buffers = 2, int64_t min_cpu_bytes = kGlibcMmapThresholdMax)
+      : max_buffers_(max_buffers), min_cpu_bytes_(min_cpu_bytes) {}
   struct Buffer {
     at::Tensor bytes;
     device::EventPtr ready;  // null: usable at once
@@ -34,13 +38,14 @@ class AllGatherBufferPool {
   // A buffer of at least `bytes` uint8 elements on `device`: the smallest kept one that
   // fits, else a new one.
   Buffer Take(int64_t bytes, const at::TensorOptions& options);
-  // Returns a buffer from Take, free for reuse once `ready` completed; the smallest kept
-  // buffer is dropped when over the limit.
+  // Returns a buffer from Take, free for reuse once `ready` completed (a CPU buffer below
+  // `min_cpu_bytes` is freed instead); the smallest kept buffer is dropped when over the limit.
   void Give(at::Tensor buffer, device::EventPtr ready = nullptr);
   size_t size() const { return free_.size(); }
 
  private:
   size_t max_buffers_;
+  int64_t min_cpu_bytes_;
   std::vector<Buffer> free_;
 };
 

@@ -64,6 +64,13 @@ const CommStreams& FSDPCommContext::Streams(c10::Device device) {
   return streams_;
 }
 
+void FSDPCommContext::WaitForLastReduceScatter() {
+  if (!reduce_scatter_event) return;
+  device::EventPtr event = std::move(reduce_scatter_event);
+  reduce_scatter_event = nullptr;
+  streams_.current->WaitEvent(event);
+}
+
 const CommStreams& FSDPParamGroup::streams() {
   if (!comm_ctx_) return ThreadInlineStreams();  // no root context yet
   return comm_ctx_->Streams(fsdp_params_.front()->device());
@@ -164,10 +171,7 @@ void FSDPParamGroup::PostBackward() {
   if (reshard_after_backward) Reshard();
   if (with_grad.empty()) return;
   const CommStreams& s = streams();
-  if (comm_ctx_ && comm_ctx_->reduce_scatter_event) {
-    s.current->WaitEvent(comm_ctx_->reduce_scatter_event);
-    comm_ctx_->reduce_scatter_event = nullptr;
-  }
+  if (comm_ctx_) comm_ctx_->WaitForLastReduceScatter();
   WaitForPostBackward();  // an earlier backward's reduction of these gradients
   ReduceOptions options;
   if (mesh_info_.shards()) options.reduce_scatter_group = mesh_info_.shard_group();

@@ -40,6 +40,8 @@ struct FSDPCommContext {
   // Null before the first Streams call; then streams() holds the streams.
   device::StreamPool* stream_pool() const { return stream_pool_.get(); }
   const CommStreams& streams() const { return streams_; }
+  // The compute stream waits for the last reduce-scatter in flight (if any) and forgets it.
+  void WaitForLastReduceScatter();
 
  private:
   device::StreamPoolPtr stream_pool_;

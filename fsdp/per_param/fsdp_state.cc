@@ -305,10 +305,7 @@ void FSDPState::RootPostBackwardFinalCallback() {
   }
   if (ctx.is_last_backward) {
     comm_ctx_->post_forward_order.clear();
-    if (device::EventPtr event = std::move(comm_ctx_->reduce_scatter_event)) {
-      comm_ctx_->reduce_scatter_event = nullptr;
-      comm_ctx_->stream_pool()->current().WaitEvent(event);
-    }
+    comm_ctx_->WaitForLastReduceScatter();
   }
 }
 
