@@ -21,7 +21,7 @@ AllGatherBufferPool::Buffer AllGatherBufferPool::Take(int64_t bytes, const at::T
       best = it;
     }
   }
-  if (best == free_.end()) return {at::empty({bytes}, options.dtype(at::kByte)), nullptr};
+  if (best == free_.end()) return {EmptyBuffer({bytes}, options.dtype(at::kByte)), nullptr};
   Buffer buffer = std::move(*best);
   free_.erase(best);
   return buffer;
@@ -73,7 +73,7 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   const int64_t bytes = result.world_size * total;
   result.pool = pool;
   AllGatherBufferPool::Buffer buffer =
-      pool ? pool->Take(bytes, options) : AllGatherBufferPool::Buffer{at::empty({bytes}, options), nullptr};
+      pool ? pool->Take(bytes, options) : AllGatherBufferPool::Buffer{EmptyBuffer({bytes}, options), nullptr};
   // A reused buffer may still be read by the previous copy-out.
   if (buffer.ready) copy_in_stream.WaitEvent(buffer.ready);
   result.buffer = buffer.bytes;
