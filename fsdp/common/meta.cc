@@ -13,7 +13,14 @@ namespace fsdp {
 void ReplaceData(const at::Tensor& tensor, const at::Tensor& data) {
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
   if (impl->has_compatible_shallow_copy_type(data.key_set())) {
-    tensor.set_data(data);
+    if (data.dtype() == tensor.dtype() && data.device() == tensor.device()) {
+      // What set_data ends with (torch/csrc/autograd/variable.cpp, VariableHooks::set_data),
+      // without the dispatcher (~4.7k instructions per FSDP2 parameter and step, 4 calls):
+      // with dtype and device unchanged it keeps the gradient accumulator and its checks hold.
+      impl->shallow_copy_from(data.getIntrusivePtr());
+    } else {
+      tensor.set_data(data);
+    }
     return;
   }
   // set_data refuses a move between the meta device and a real one: its

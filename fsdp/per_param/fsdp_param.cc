@@ -158,11 +158,9 @@ void FSDPParam::AssertInStates(std::initializer_list<ShardedState> states, const
 
 void FSDPParam::SetParamData(const at::Tensor& data) {
   at::NoGradGuard no_grad;
-  if (param_.is_meta()) {
-    ::fsdp::ReplaceData(param_, data);  // deferred init: set_data refuses meta -> device
-  } else {
-    param_.set_data(data);
-  }
+  // set_data (also from and to the meta device for deferred init), without the dispatcher
+  // when dtype and device stay.
+  ::fsdp::ReplaceData(param_, data);
 }
 
 int64_t FSDPParam::AllGatherInputNumel() const {
