@@ -50,7 +50,8 @@ at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::Int
                   (numel == 0 || (storage_offset + numel) * itemsize <= static_cast<int64_t>(base.storage().nbytes())),
               "AliasStorage: ", numel, " elements at offset ", storage_offset, " do not fit a storage of ",
               base.storage().nbytes(), " bytes");
-  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), EmptyKeys(base.device(), base.scalar_type()), base.dtype());
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(base.storage()), EmptyKeys(base.device(), base.scalar_type()), base.dtype());
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   impl->set_storage_offset(storage_offset);
   impl->set_sizes_contiguous(sizes);
@@ -77,7 +78,8 @@ at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options)
 at::Tensor EmptyLike0(const at::Tensor& like) {
   if (!like.is_cpu() || like.layout() != c10::kStrided) return at::empty({0}, like.options());
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator(), /*resizable=*/true);
-  at::Tensor empty = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), EmptyKeys(like.device(), like.scalar_type()), like.dtype());
+  at::Tensor empty = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), EmptyKeys(like.device(), like.scalar_type()), like.dtype());
   empty.unsafeGetTensorImpl()->set_sizes_contiguous({0});
   return empty;
 }

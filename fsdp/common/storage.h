@@ -31,7 +31,7 @@ at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::Int
 at::Tensor BytesOf(c10::Storage storage);
 
 // at::empty(sizes, options), without the dispatcher for plain (unpinned, strided) CPU
-// tensors (~2k instructions less per call): for the per-step reduce-scatter buffers.
+// tensors (~2k instructions less per call): for the per-step collective buffers.
 at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options);
 
 // `at::empty({0}, like.options())`: a fresh 0-element tensor with its own 0-byte storage,

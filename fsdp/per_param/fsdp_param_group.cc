@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_join.h"
 #include "fsdp/common/autograd_hooks.h"
@@ -65,10 +66,7 @@ const CommStreams& FSDPCommContext::Streams(c10::Device device) {
 }
 
 void FSDPCommContext::WaitForLastReduceScatter() {
-  if (!reduce_scatter_event) return;
-  device::EventPtr event = std::move(reduce_scatter_event);
-  reduce_scatter_event = nullptr;
-  streams_.current->WaitEvent(event);
+  if (device::EventPtr event = std::exchange(reduce_scatter_event, nullptr)) streams_.current->WaitEvent(event);
 }
 
 const CommStreams& FSDPParamGroup::streams() {
