@@ -1,6 +1,6 @@
 """External repositories that libtorch_fsdp's BUILD files refer to, for any workspace.
 
-Our BUILD files name `@libtorch`, `@system`, `@cuda` and load `@rules_cc`. Bazel 4 resolves
+Our BUILD files name `@libtorch`, `@system`, `@cuda`, `@torch_cuda_deps` and load `@rules_cc`. Bazel 4 resolves
 those names in the *main* workspace's namespace, so a workspace that depends on this one
 must declare them too. It calls this macro from its WORKSPACE:
 
@@ -16,8 +16,11 @@ relative to *this* repository's root, not to the calling workspace's.
 Args of libtorch_fsdp_dependencies (every path absolute, or relative to libtorch_fsdp's root):
   torch_root: the torch package directory of the pinned wheel (has include/, lib/,
       share/cmake/Torch). Default: third_party/torch_root, the link `./x setup` makes.
-  cuda_root: CUDA toolkit with NCCL (only `--config=cuda` uses it). Default:
+  cuda_root: CUDA toolkit (only `--config=cuda` uses it). Default:
       third_party/cuda_root (made by `./x setup` when nvcc is present); may be missing.
+  torch_cuda_deps: the torch wheel's CUDA dependencies, the `nvidia` directory of an install
+      of torch with its dependencies (NCCL, CUDA runtime, cuDNN, ...; only `--config=cuda`
+      uses it). Default: third_party/torch_cuda_deps (made by `./x setup`); may be missing.
   system_root: where the Debian packages (gtest, benchmark, absl, gloo headers) live.
   offline_rule_shims: also declare rules_cc / rules_java / remote_coverage_tools as the
       offline stand-ins from third_party/bazel_shims (needed with Debian's bazel-bootstrap
@@ -71,9 +74,10 @@ def _maybe(name, **kwargs):
 def libtorch_fsdp_dependencies(
         torch_root = "third_party/torch_root",
         cuda_root = "third_party/cuda_root",
+        torch_cuda_deps = "third_party/torch_cuda_deps",
         system_root = "/usr",
         offline_rule_shims = True):
-    """Declares @libtorch, @system, @cuda (and the offline rule shims); see the file doc."""
+    """Declares @libtorch, @system, @cuda, @torch_cuda_deps (and the offline rule shims); see the file doc."""
     if offline_rule_shims:
         for shim in ("rules_cc", "rules_java", "remote_coverage_tools"):
             _maybe(
@@ -98,10 +102,19 @@ def libtorch_fsdp_dependencies(
         hint = "the prefix of the Debian packages",
     )
 
-    # CUDA toolkit + NCCL (only used under --config=cuda); an empty repository without it.
+    # CUDA toolkit (only used under --config=cuda); an empty repository without it.
     _maybe(
         name = "cuda",
         path = cuda_root,
         build_file = Label("//third_party:cuda.BUILD"),
+        required = False,
+    )
+
+    # The torch wheel's CUDA dependencies (NCCL headers and libraries libtorch_cuda.so was
+    # built with; only used under --config=cuda); an empty repository without them.
+    _maybe(
+        name = "torch_cuda_deps",
+        path = torch_cuda_deps,
+        build_file = Label("//third_party:torch_cuda_deps.BUILD"),
         required = False,
     )

@@ -5,7 +5,8 @@
 #   fsdp_absl, fsdp_absl_flags         @system//:absl, :absl_flags (Debian libabsl-dev)
 #   GTest::gtest, GTest::gtest_main    @system//:gtest, :gtest_main (Debian libgtest-dev)
 #   benchmark::benchmark               @system//:benchmark (FSDP_BUILD_BENCH only)
-#   fsdp_cuda_nccl    @cuda//:cuda_nccl  CUDA runtime + NCCL (FSDP_WITH_CUDA only)
+#   fsdp_cudart       @cuda//:cudart     the CUDA runtime (FSDP_WITH_CUDA only)
+#   fsdp_torch_cuda   @libtorch//:torch_cuda  libtorch_cuda.so + the wheel's NCCL (FSDP_WITH_CUDA only)
 
 # When this project is added with add_subdirectory(), the parent links our targets, whose
 # link interfaces name these imported targets: make them visible everywhere.
@@ -13,26 +14,28 @@ set(CMAKE_FIND_PACKAGE_TARGETS_GLOBAL ON)
 
 find_package(Threads REQUIRED)
 
-# ---------------------------------------------------------------- CUDA + NCCL (optional)
+# ---------------------------------------------------------------- CUDA (optional)
+# The CUDA runtime from the toolkit; NCCL from the torch wheel's own dependencies (NCCL_ROOT,
+# default third_party/torch_cuda_deps/nccl, the link `./x setup` makes): c10d's
+# ProcessGroupNCCL must be compiled against the NCCL version libtorch_cuda.so was built with.
 if(FSDP_WITH_CUDA)
   if(NOT CUDAToolkit_ROOT AND EXISTS "${FSDP_SOURCE_DIR}/third_party/cuda_root/bin/nvcc")
     set(CUDAToolkit_ROOT "${FSDP_SOURCE_DIR}/third_party/cuda_root")
   endif()
   find_package(CUDAToolkit REQUIRED)  # CMake's FindCUDAToolkit: CUDA::cudart
-  find_path(NCCL_INCLUDE_DIR nccl.h
-            HINTS ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-  find_library(NCCL_LIBRARY nccl
-               HINTS ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
-  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-    message(FATAL_ERROR "FSDP_WITH_CUDA=ON needs NCCL (nccl.h and libnccl): set NCCL_ROOT, "
-                        "or NCCL_INCLUDE_DIR and NCCL_LIBRARY "
-                        "(found: '${NCCL_INCLUDE_DIR}', '${NCCL_LIBRARY}')")
+  if(NOT FSDP_TORCH_CUDA_DEPS AND EXISTS "${FSDP_SOURCE_DIR}/third_party/torch_cuda_deps/nccl/include/nccl.h")
+    file(REAL_PATH "${FSDP_SOURCE_DIR}/third_party/torch_cuda_deps" FSDP_TORCH_CUDA_DEPS)
+  endif()
+  set(FSDP_TORCH_CUDA_DEPS "${FSDP_TORCH_CUDA_DEPS}" CACHE PATH
+      "The torch wheel's CUDA dependencies: the nvidia directory of an install of torch with its dependencies")
+  if(NOT EXISTS "${FSDP_TORCH_CUDA_DEPS}/nccl/include/nccl.h")
+    message(FATAL_ERROR "FSDP_WITH_CUDA=ON needs the torch wheel's NCCL: set FSDP_TORCH_CUDA_DEPS to the nvidia "
+                        "directory of an install of torch with its dependencies (found: '${FSDP_TORCH_CUDA_DEPS}')")
   endif()
   message(STATUS "FSDP_WITH_CUDA: CUDA ${CUDAToolkit_VERSION} (${CUDAToolkit_LIBRARY_DIR}), "
-                 "NCCL ${NCCL_LIBRARY}")
-  add_library(fsdp_cuda_nccl INTERFACE)
-  target_include_directories(fsdp_cuda_nccl SYSTEM INTERFACE "${NCCL_INCLUDE_DIR}")
-  target_link_libraries(fsdp_cuda_nccl INTERFACE "${NCCL_LIBRARY}" CUDA::cudart)
+                 "the wheel's CUDA dependencies ${FSDP_TORCH_CUDA_DEPS}")
+  add_library(fsdp_cudart INTERFACE)
+  target_link_libraries(fsdp_cudart INTERFACE CUDA::cudart)
   # As Bazel's --config=cuda (--copt=-DFSDP_WITH_CUDA=1): every translation unit.
   add_compile_definitions(FSDP_WITH_CUDA=1)
 endif()
@@ -82,6 +85,32 @@ add_library(libtorch_fsdp::libtorch ALIAS fsdp_libtorch)
 if(FSDP_WITH_CUDA)
   add_library(fsdp_c10_cuda INTERFACE)
   target_link_libraries(fsdp_c10_cuda INTERFACE c10_cuda fsdp_libtorch CUDA::cudart)
+  # @libtorch//:torch_cuda: libtorch_cuda.so with c10d's ProcessGroupNCCL, the wheel's nccl.h
+  # and the NCCL version the wheel pins (comm/nccl_process_group.cc static_asserts it).
+  # libtorch_cuda.so finds its CUDA libraries through a DT_RPATH relative to its own
+  # directory, which here has no nvidia/ beside it: executables get a DT_RPATH (not
+  # DT_RUNPATH, which would not serve libtorch_cuda.so's dependencies) to the wheel's dirs.
+  set(_fsdp_nccl_code "")
+  file(GLOB _fsdp_torch_meta "${TORCH_INSTALL_PREFIX}/../torch-*.dist-info/METADATA")
+  foreach(meta IN LISTS _fsdp_torch_meta)
+    file(STRINGS "${meta}" _fsdp_nccl_pin REGEX "^Requires-Dist: nvidia-nccl-cu[0-9]+==")
+    if(_fsdp_nccl_pin MATCHES "==([0-9]+)\\.([0-9]+)\\.([0-9]+)")
+      math(EXPR _fsdp_nccl_code "${CMAKE_MATCH_1} * 10000 + ${CMAKE_MATCH_2} * 100 + ${CMAKE_MATCH_3}")
+    endif()
+  endforeach()
+  add_library(fsdp_torch_cuda INTERFACE)
+  target_link_libraries(fsdp_torch_cuda INTERFACE "${TORCH_INSTALL_PREFIX}/lib/libtorch_cuda.so" fsdp_c10_cuda)
+  target_include_directories(fsdp_torch_cuda SYSTEM BEFORE INTERFACE "${FSDP_TORCH_CUDA_DEPS}/nccl/include")
+  target_compile_definitions(fsdp_torch_cuda INTERFACE USE_C10D_NCCL)
+  if(_fsdp_nccl_code)
+    target_compile_definitions(fsdp_torch_cuda INTERFACE FSDP_TORCH_NCCL_VERSION_CODE=${_fsdp_nccl_code})
+  endif()
+  set(_fsdp_cuda_rpath "${TORCH_INSTALL_PREFIX}/lib")
+  foreach(d nccl cu13 cudnn cusparselt nvshmem)
+    string(APPEND _fsdp_cuda_rpath ":${FSDP_TORCH_CUDA_DEPS}/${d}/lib")
+  endforeach()
+  target_link_options(fsdp_torch_cuda INTERFACE "LINKER:--disable-new-dtags" "LINKER:-rpath,${_fsdp_cuda_rpath}"
+                      "LINKER:-rpath-link,${_fsdp_cuda_rpath}")
 endif()
 
 # ---------------------------------------------------------------- Debian packages

@@ -8,7 +8,7 @@
 #     FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
 #     tools/fuzz.sh's)
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
-#   //checkpoint:checkpoint_test //comm:watchdog_test //dcp:dcp_test //device:stream_test
+#   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
 #     //dtensor:dtensor_test //examples:restart_test //examples/llama:llama_parity_test
 #     //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
 #     //fsdp/flat_param:flat_param_test //fsdp/per_param:per_param_test
@@ -133,15 +133,6 @@ fsdp_cc_library(//comm:faulty TESTONLY
   HDRS faulty_process_group.h
   DEPS :comm @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:watchdog
-  SRCS watchdog.cc
-  HDRS watchdog.h
-  DEPS :comm @libtorch @system//:absl)
-
-fsdp_cc_test(//comm:watchdog_test SIZE small SMOKE
-  SRCS watchdog_test.cc
-  DEPS :watchdog //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
-
 fsdp_cc_library(//comm:tcp_store
   SRCS internal/tcp_store.cc
   HDRS internal/tcp_store.h
@@ -157,9 +148,9 @@ fsdp_cc_library(//comm:gloo
   HDRS gloo_process_group.h
   DEPS :c10d :comm :main_guard :tcp_store @libtorch @system//:absl)
 
-fsdp_cc_test(//comm:comm_test SIZE medium
+fsdp_cc_test(//comm:comm_test SIZE medium SMOKE
   SRCS comm_test.cc
-  DEPS :comm :main_guard //testing:expect_error //testing:multi_rank @libtorch @system//:absl
+  DEPS :c10d :comm :main_guard //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
 fsdp_cc_test(//comm:fault_test SIZE medium
@@ -173,15 +164,16 @@ fsdp_cc_test(//comm:conformance_test SIZE large
        @system//:gtest_main)
 
 fsdp_cc_library(//comm:nccl
-  CUDA_SRCS internal/cuda_utils.h internal/nccl_comm.cc internal/nccl_comm.h nccl_process_group.cc
+  CUDA_SRCS nccl_process_group.cc
   NOCUDA_SRCS nccl_unavailable.cc
   HDRS nccl_process_group.h
-  DEPS :comm :tcp_store :watchdog @libtorch @system//:absl
-  CUDA_DEPS @cuda//:cuda_nccl)
+  DEPS :c10d :comm :tcp_store @libtorch
+  CUDA_DEPS @libtorch//:torch_cuda @cuda//:cudart)
 
 fsdp_cc_test(//comm:nccl_test SIZE small
   SRCS nccl_test.cc
-  DEPS :nccl //testing:multi_rank @libtorch @system//:gtest_main)
+  DEPS :nccl //testing:multi_rank @libtorch @system//:gtest_main
+  CUDA_DEPS @cuda//:cudart)
 
 # ================================================================ //dcp
 fsdp_cc_library(//dcp
@@ -226,7 +218,7 @@ fsdp_cc_library(//device
   NOCUDA_SRCS cuda_unavailable.cc
   HDRS stream.h
   DEPS //comm @libtorch
-  CUDA_DEPS @cuda//:cuda_nccl @libtorch//:c10_cuda)
+  CUDA_DEPS @cuda//:cudart @libtorch//:c10_cuda)
 
 fsdp_cc_test(//device:stream_test SIZE small SMOKE
   SRCS stream_test.cc
@@ -510,7 +502,7 @@ fsdp_cc_library(//testing:multi_rank TESTONLY
   SRCS multi_rank.cc
   HDRS multi_rank.h
   DEPS //comm //comm:c10d //comm:gloo //comm:nccl @libtorch @system//:absl @system//:gtest
-  CUDA_DEPS @cuda//:cuda_nccl)
+  CUDA_DEPS @cuda//:cudart)
 
 fsdp_cc_library(//testing:golden_file TESTONLY
   HDRS golden_file.h

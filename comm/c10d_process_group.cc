@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <chrono>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,11 +40,12 @@ namespace {
 class C10dWork final : public Work {
  public:
   C10dWork(DescriptionFn description, Timeout timeout, c10::intrusive_ptr<c10d::Work> work,
-           std::shared_ptr<const PeerLiveness> liveness, std::string backend_name)
+           std::shared_ptr<const PeerLiveness> liveness, std::string backend_name, bool release_after_wait)
       : Work(std::move(description), timeout),
         work_(std::move(work)),
         liveness_(std::move(liveness)),
         backend_name_(std::move(backend_name)),
+        release_after_wait_(release_after_wait),
         start_(std::chrono::steady_clock::now()) {}
 
   bool is_completed() override {
@@ -60,6 +62,7 @@ class C10dWork final : public Work {
   // Gloo's work keeps its tensors, and a reduce-scatter's copy of the whole input, until it
   // is destroyed (PyTorch drops it after wait()).
   void ReleaseAfterWait() override {
+    if (!release_after_wait_) return;
     c10::intrusive_ptr<c10d::Work> released;
     std::lock_guard<std::mutex> lock(mu_);
     released.swap(work_);
@@ -111,6 +114,7 @@ class C10dWork final : public Work {
   c10::intrusive_ptr<c10d::Work> work_;  // null once released after a successful wait
   std::shared_ptr<const PeerLiveness> liveness_;
   std::string backend_name_;
+  bool release_after_wait_;
   std::chrono::steady_clock::time_point start_;
   std::exception_ptr error_;
 };
@@ -138,14 +142,16 @@ class C10dProcessGroup final : public ProcessGroup {
 
  protected:
   WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override {
+    CheckDevice("all_gather_into_tensor", {{"output", output}, {"input", input}});
     DescriptionFn what = Describe("all_gather_into_tensor", input);
     if (input.numel() == 0) return MakeCompletedWork(what);
     at::Tensor out = output.view({-1});
     at::Tensor in = input.view({-1});
-    return Wrap(what, backend_->all_gather_single(out, in));
+    return Wrap(what, backend_->all_gather_single(out, in), input.device());
   }
 
   WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    CheckDevice("reduce_scatter_tensor", {{"output", output}, {"input", input}});
     DescriptionFn what = Describe("reduce_scatter_tensor", input, op);
     if (output.numel() == 0) return MakeCompletedWork(what);
     at::Tensor out = output.view({-1});
@@ -154,34 +160,37 @@ class C10dProcessGroup final : public ProcessGroup {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = ToC10d(op, native_avg_);
     // c10d's work keeps `in` (the scaled copy) alive until the collective finished.
-    WorkPtr work = Wrap(what, backend_->reduce_scatter_single(out, in, opts));
+    WorkPtr work = Wrap(what, backend_->reduce_scatter_single(out, in, opts), input.device());
     AddAverageStep(*work, output, op);
     return work;
   }
 
   WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override {
+    CheckDevice("all_reduce", {{"tensor", tensor}});
     DescriptionFn what = Describe("all_reduce", tensor, op);
     if (tensor.numel() == 0) return MakeCompletedWork(what);
     if (op.kind() == ReduceOpKind::kPremulSum) tensor.mul_(op.factor());
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = ToC10d(op, native_avg_);
-    WorkPtr work = Wrap(what, backend_->allreduce(tensors, opts));
+    WorkPtr work = Wrap(what, backend_->allreduce(tensors, opts), tensor.device());
     AddAverageStep(*work, tensor, op);
     return work;
   }
 
   WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override {
+    CheckDevice("broadcast", {{"tensor", tensor}});
     DescriptionFn what = Describe("broadcast", tensor, std::nullopt, root);
     if (tensor.numel() == 0) return MakeCompletedWork(what);
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    return Wrap(what, backend_->broadcast(tensors, opts));
+    return Wrap(what, backend_->broadcast(tensors, opts), tensor.device());
   }
 
   WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override {
+    CheckDevice("all_to_all_single", {{"output", output}, {"input", input}});
     DescriptionFn what = [text = absl::StrCat("all_to_all_single(in [", absl::StrJoin(input_split_sizes, ","),
                                               "], out [", absl::StrJoin(output_split_sizes, ","), "]) ",
                                               DescribeTensor(input), " on ", WhoAmI())] { return text; };
@@ -189,11 +198,12 @@ class C10dProcessGroup final : public ProcessGroup {
     at::Tensor in = input;
     std::vector<int64_t> out_splits = output_split_sizes;
     std::vector<int64_t> in_splits = input_split_sizes;
-    return Wrap(what, backend_->all_to_all_single(out, in, out_splits, in_splits));
+    return Wrap(what, backend_->all_to_all_single(out, in, out_splits, in_splits), input.device());
   }
 
   WorkPtr DoBarrier() override {
-    return Wrap([text = absl::StrCat("barrier on ", WhoAmI())] { return text; }, backend_->barrier());
+    return Wrap([text = absl::StrCat("barrier on ", WhoAmI())] { return text; }, backend_->barrier(),
+                c10::Device(options_.tensor_device_type.value_or(c10::DeviceType::CPU)));
   }
 
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
@@ -214,6 +224,7 @@ class C10dProcessGroup final : public ProcessGroup {
     C10dAdapterOptions child_options;
     child_options.timeout = options_.timeout;
     child_options.split_store = options_.split_store;
+    child_options.tensor_device_type = options_.tensor_device_type;
     return std::make_shared<C10dProcessGroup>(child, std::move(child_options));
   }
 
@@ -235,8 +246,22 @@ class C10dProcessGroup final : public ProcessGroup {
     };
   }
 
-  WorkPtr Wrap(DescriptionFn what, c10::intrusive_ptr<c10d::Work> work) {
-    return std::make_shared<C10dWork>(std::move(what), timeout(), std::move(work), options_.liveness, *who_);
+  // A tensor on another device type than the backend's (a CPU tensor given to NCCL).
+  void CheckDevice(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor&>> tensors) const {
+    if (!options_.tensor_device_type) return;
+    for (const auto& [name, t] : tensors) {
+      TORCH_CHECK(t.device().type() == *options_.tensor_device_type, op, ": ", name, " must be a ",
+                  c10::DeviceTypeName(*options_.tensor_device_type), " tensor (", *who_, "), got ",
+                  c10::toString(t.scalar_type()), t.sizes(), " on ", t.device().str());
+    }
+  }
+
+  // `device`: where the collective's tensors are. A CPU collective's work is dropped after its
+  // wait; a device one's is kept, so that is_completed() keeps saying whether it finished on
+  // the device (its wait only ordered the current stream after it).
+  WorkPtr Wrap(DescriptionFn what, c10::intrusive_ptr<c10d::Work> work, c10::Device device) {
+    return std::make_shared<C10dWork>(std::move(what), timeout(), std::move(work), options_.liveness, *who_,
+                                      /*release_after_wait=*/device.is_cpu());
   }
 
   // Gloo has no AVG: reduce with SUM, divide once the data arrived.

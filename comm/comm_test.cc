@@ -2,8 +2,11 @@
 // accounting, the torchrun environment contract and the multi-rank runner itself.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -13,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
 #include "comm/fake_process_group.h"
+#include "comm/internal/c10d_adapter.h"
 #include "comm/main_guard.h"
 #include "comm/process_group.h"
 #include "comm/threaded_process_group.h"
@@ -422,6 +426,36 @@ TEST(GlooTransport, PicksTheInterfaceFromGlooSocketIfnameOrTheHostName) {
     EXPECT_FALSE(o.ok);
     EXPECT_TRUE(absl::StrContains(o.message, "no_such_interface0")) << o.message;
   }
+}
+
+// The NCCL backend's device check lives in the c10d adapter (comm/nccl_process_group.cc sets
+// tensor_device_type = CUDA), so it is tested here on the CPU with a c10d Gloo backend that
+// is told to expect CUDA tensors: a CPU tensor is refused before the backend sees it, naming
+// the collective, the argument, the backend and the tensor.
+TEST(C10dAdapter, ABackendForCudaTensorsRefusesCpuTensorsNamingThem) {
+  const std::string store_path = ::testing::TempDir() + "/c10d_adapter_device_store";
+  std::remove(store_path.c_str());
+  auto store = c10::make_intrusive<c10d::FileStore>(store_path, 1);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(kDefaultTimeout);
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, gloo_options);
+  internal::C10dAdapterOptions options;
+  options.tensor_device_type = c10::DeviceType::CUDA;
+  ProcessGroupPtr pg = internal::MakeC10dProcessGroup(gloo, options);
+  const at::Tensor t = at::ones({4});
+  EXPECT_ERROR_CONTAINS(pg->all_reduce(t), "all_reduce: tensor must be a CUDA tensor (gloo), got Float[4] on cpu");
+  EXPECT_ERROR_CONTAINS(pg->broadcast(t, 0), "broadcast: tensor must be a CUDA tensor (gloo)");
+  EXPECT_ERROR_CONTAINS(pg->all_gather_into_tensor(at::empty({4}), t),
+                        "all_gather_into_tensor: output must be a CUDA tensor (gloo), got Float[4] on cpu");
+  EXPECT_ERROR_CONTAINS(pg->reduce_scatter_tensor(at::empty({4}), t),
+                        "reduce_scatter_tensor: output must be a CUDA tensor (gloo)");
+  EXPECT_ERROR_CONTAINS(pg->all_to_all_single(at::empty({4}), t),
+                        "all_to_all_single: output must be a CUDA tensor (gloo)");
+  // Without the option the same backend takes CPU tensors.
+  ProcessGroupPtr plain = internal::MakeC10dProcessGroup(gloo, {});
+  at::Tensor u = at::ones({4});
+  plain->all_reduce(u)->wait();
+  EXPECT_TRUE(at::equal(u, at::ones({4})));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -161,6 +162,10 @@ bool BecomesUnique(const at::Tensor& t) {
 // wait(). (Before, a Gloo reduce-scatter kept its copy of the whole input until then.)
 TEST_P(Conformance, AWaitedCollectiveHoldsNoTensors) {
   SKIP_IF_UNAVAILABLE();
+  if (backend() == Backend::kNcclProcesses) {
+    GTEST_SKIP() << "CPU backends only: a CUDA collective's c10d work keeps its tensors until it is destroyed, so "
+                    "that the device can still read them after the host's wait (ProcessGroupNCCL's contract)";
+  }
   RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
     const int W = pg->size();
     const c10::Device device = RankDevice(b, pg->rank());
@@ -334,6 +339,13 @@ TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
   // process to start and load LibTorch's CUDA backend; 1.5 s would make that flaky.
   options.collective_timeout = std::chrono::milliseconds(nccl ? 5000 : 1500);
   const auto stay_away = std::chrono::milliseconds(nccl ? 8000 : 2500);
+  // NCCL is c10d's ProcessGroupNCCL: Work::wait only orders the current stream unless
+  // TORCH_NCCL_BLOCKING_WAIT is set, and its watchdog would end the rank process on the
+  // timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING's default). The rank processes inherit these.
+  if (nccl) {
+    ASSERT_EQ(::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1), 0);
+    ASSERT_EQ(::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", 1), 0);
+  }
   RunOnRanks(
       backend(), world(),
       [b = backend(), nccl, stay_away](const ProcessGroupPtr& pg) {
@@ -358,6 +370,10 @@ TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
         EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
       },
       options);
+  if (nccl) {
+    ::unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+    ::unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  }
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Conformance::ParamType>& info) {

@@ -1,6 +1,10 @@
-// NCCL backend: ProcessGroup directly on the NCCL C API and the CUDA runtime (CUDA
-// tensors). Built only with --config=cuda; the default build links a stub whose factories
-// throw, so callers can depend on :nccl unconditionally and test NcclAvailable().
+// NCCL through PyTorch's own engine: c10d::ProcessGroupNCCL from libtorch_cuda (its watchdog,
+// flight recorder, timeouts and ncclCommSplit sub-groups) behind comm::ProcessGroup. Built
+// only with --config=cuda; the default build links a stub whose factories throw, so callers
+// can depend on :nccl unconditionally and test NcclAvailable().
+//
+// A c10d::ProcessGroupNCCL (or any c10d::Backend) the caller built already is wrapped with
+// comm::WrapC10dBackend (comm/c10d_process_group.h) instead.
 #ifndef FSDP_COMM_NCCL_PROCESS_GROUP_H_
 #define FSDP_COMM_NCCL_PROCESS_GROUP_H_
 
@@ -12,36 +16,36 @@
 namespace fsdp::comm {
 
 struct NcclOptions {
-  // Every collective's deadline (from its enqueue, enforced by the watchdog), the default
-  // Work::wait timeout and the TCPStore rendezvous timeout.
+  // ProcessGroupNCCL's collective timeout (its watchdog acts on it, as
+  // torch.distributed.init_process_group(timeout=...)), the default Work::wait timeout and the
+  // TCPStore rendezvous timeout.
   Timeout timeout = kDefaultTimeout;
   // The CUDA device this rank's communicator and tensors live on; -1: env.local_rank.
   int device_index = -1;
-  // A Watchdog thread (comm/watchdog.h, shared with the subgroups) polls every in-flight
-  // collective: on its timeout or an NCCL async error it aborts the communicator, fails
-  // every in-flight collective of it and logs one line, even when nobody waits. Off: only
-  // Work::wait notices (and aborts) a timed-out or failed collective.
+  // ProcessGroupNCCL always runs its watchdog; what it does on a timeout or an NCCL error is
+  // PyTorch's TORCH_NCCL_ASYNC_ERROR_HANDLING (read when the group is created). false is a
+  // c10::Error. Kept (with the poll interval, which must stay positive and is otherwise not
+  // used) so that code written for the earlier native NCCL backend keeps compiling.
   bool watchdog = true;
-  // How often the watchdog polls (positive).
   std::chrono::milliseconds watchdog_poll_interval{10};
 };
 
-// Contract beyond ProcessGroup's:
-// - Every tensor is a CUDA tensor on the group's device.
-// - Collectives run on the group's own CUDA stream, ordered after the work already queued
-//   on the device's legacy default stream (LibTorch's default stream). Inputs produced on
-//   another stream must be synchronized with it by the caller.
-// - Work::wait() blocks the host until the collective finished on the device, so results
-//   are then visible to every stream. The group keeps the tensors alive until then.
-// - Failures are sticky per communicator (as in PyTorch): a collective that timed out (in
-//   the watchdog or in Work::wait) or hit an NCCL async error aborts the communicator;
-//   its other in-flight collectives fail with a message naming the first failure, and so
-//   does every later collective (and new_subgroup) on the group. Subgroups have their own
-//   communicators: they fail independently.
-// - new_subgroup uses ncclCommSplit: collective over the parent, like every collective.
+// Contract beyond ProcessGroup's (ProcessGroupNCCL's, see torch/csrc/distributed/c10d/
+// ProcessGroupNCCL.hpp at the pinned version):
+// - Every tensor is a CUDA tensor (a CPU tensor is a c10::Error naming the collective and
+//   the tensor's device, before anything is enqueued).
+// - A collective is ordered after the work already queued on the *current* CUDA stream of
+//   its tensors' device (LibTorch's current stream), and runs on ProcessGroupNCCL's own
+//   stream; the caching allocator keeps its tensors alive until it finished.
+// - Work::wait() makes the current stream wait for the collective on the device; it does not
+//   block the host (set TORCH_NCCL_BLOCKING_WAIT=1 for host-blocking waits with timeouts).
+//   Read results on the host after synchronizing that stream (e.g. tensor.cpu()).
+// - Failures and timeouts are ProcessGroupNCCL's: its watchdog aborts the communicator and,
+//   by default, ends the process; new_subgroup splits the communicator (ncclCommSplit) after
+//   a rendezvous on the group's store, and is collective over the parent.
 
-// Ranks meet through a c10d::TCPStore served by rank 0 at env.master_addr:master_port;
-// rank 0 publishes the ncclUniqueId there.
+// Ranks meet through a c10d::TCPStore served by rank 0 at env.master_addr:master_port (a
+// client of torchrun's agent store under TORCHELASTIC_USE_AGENT_STORE).
 ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env, const NcclOptions& options = {});
 
 // ReadTorchrunEnv() + CreateNcclProcessGroupWithTcpStore.

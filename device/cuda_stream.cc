@@ -1,8 +1,11 @@
 // CUDA streams (--config=cuda): c10::cuda streams, so that LibTorch kernels launched under
-// Stream::Launch go to the stream, and cudaEvent_t events. The NCCL backend orders its
-// collectives after the legacy default stream and makes Work::wait() block the host
-// (comm/nccl_process_group.h), so LaunchCollective hands the stream's prior work to the
-// collective through the legacy stream, and later work waits for the collective's Work.
+// Stream::Launch go to the stream, and cudaEvent_t events. Ordering is on the device, never on
+// the host, with the contract of c10d's ProcessGroupNCCL (comm/nccl_process_group.h): a
+// collective issued while a stream is LibTorch's current stream starts after that stream's
+// earlier work, and Work::wait() makes the current stream wait for the collective. So
+// LaunchCollective issues under the launching stream, and that stream's next Launch,
+// RecordEvent or Synchronize first makes it wait for its pending collectives.
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -65,31 +68,30 @@ class CudaStream final : public Stream {
       : Stream(name, timeout), device_(device), fixed_(fixed) {}
 
   void Launch(std::function<void()> fn) override {
-    DrainCollectives();
     c10::cuda::CUDAStreamGuard guard(stream());
+    WaitForCollectives();
     fn();
   }
 
   void LaunchCollective(CollectiveSequencer& sequencer, std::function<comm::WorkPtr()> issue) override {
     const uint64_t ticket = sequencer.TakeTicket();
-    c10::cuda::CUDAGuard device_guard(device_);
-    auto ready = NewCudaEvent();
-    FSDP_DEVICE_CUDA_CHECK(cudaEventRecord(ready.get(), stream().stream()));
-    FSDP_DEVICE_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, ready.get(), 0));
+    // ProcessGroupNCCL orders the collective after the current stream's work: this one's.
+    c10::cuda::CUDAStreamGuard guard(stream());
     internal::PruneFinished(pending_);
     pending_.push_back(sequencer.IssueInTurn(ticket, issue, timeout()));
   }
 
   EventPtr RecordEvent() override {
-    c10::cuda::CUDAGuard device_guard(device_);
+    c10::cuda::CUDAStreamGuard guard(stream());
+    // The recorded cudaEvent then covers the collectives too: no host wait anywhere.
+    WaitForCollectives();
     auto native = NewCudaEvent();
     FSDP_DEVICE_CUDA_CHECK(cudaEventRecord(native.get(), stream().stream()));
-    internal::PruneFinished(pending_);
     auto event = std::make_shared<Event>(name(), /*completed=*/true);
-    for (const auto& w : pending_) event->AddPendingWork(w);
     event->native = native;
     auto as_work = std::make_shared<CudaEventWork>(name(), native);
     event->native_synchronize = [as_work](Timeout timeout) { as_work->wait(timeout); };
+    event->native_query = [as_work] { return as_work->is_completed(); };
     return event;
   }
 
@@ -99,22 +101,34 @@ class CudaStream final : public Stream {
       event->Synchronize(timeout());
       return;
     }
-    // Device side without blocking the host; the collectives it covers are host-waited
-    // (NCCL Work::wait), as the recording stream's next Launch would.
     c10::cuda::CUDAGuard device_guard(device_);
     FSDP_DEVICE_CUDA_CHECK(cudaStreamWaitEvent(stream().stream(), native.get(), 0));
-    event->SynchronizePendingWork(timeout());
   }
 
   void Synchronize() override {
-    DrainCollectives();
-    c10::cuda::CUDAGuard device_guard(device_);
+    c10::cuda::CUDAStreamGuard guard(stream());
+    WaitForCollectives();
     FSDP_DEVICE_CUDA_CHECK(cudaStreamSynchronize(stream().stream()));
+  }
+
+  // record_stream: the caching allocator does not hand the block out again before the work
+  // this stream has enqueued so far finished (the host may drop its reference at once).
+  void KeepAlive(at::Tensor tensor) override {
+    if (!tensor.defined() || !tensor.is_cuda() || !tensor.has_storage()) {
+      Stream::KeepAlive(std::move(tensor));
+      return;
+    }
+    c10::cuda::CUDAStreamGuard guard(stream());
+    WaitForCollectives();  // the collectives that read or write it are then this stream's work
+    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream());
   }
 
  private:
   c10::cuda::CUDAStream stream() const { return fixed_ ? *fixed_ : c10::cuda::getCurrentCUDAStream(device_); }
-  void DrainCollectives() {
+  // Under a guard that made this stream current: Work::wait of a c10d CUDA collective makes
+  // the current stream wait for it on the device (a backend without that contract blocks the
+  // host instead, which orders it too).
+  void WaitForCollectives() {
     std::vector<comm::WorkPtr> pending;
     pending.swap(pending_);
     for (const auto& w : pending) w->wait(timeout());

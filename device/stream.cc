@@ -29,7 +29,7 @@ bool Event::Query() {
   for (const auto& w : pending) {
     if (!w->is_completed()) return false;
   }
-  return true;
+  return !native_query || native_query();
 }
 
 void Event::Synchronize(Timeout timeout) {

@@ -8,7 +8,8 @@
 //   in order, so copy-ins, collectives and gradient reductions really run concurrently with
 //   the host's compute. A missing wait then reads stale data (an optional per-task delay
 //   makes that deterministic): ordering bugs show up in CPU tests.
-// - CUDA (--config=cuda): c10::cuda streams and cudaEvent_t.
+// - CUDA (--config=cuda): c10::cuda streams and cudaEvent_t; collectives ordered on the
+//   device (c10d ProcessGroupNCCL's contract), never by host waits.
 //
 // The host thread's own "compute stream" is StreamPool::current(). As on CUDA, work
 // launched on a stream is ordered only after earlier work on that stream and after events
@@ -59,8 +60,10 @@ class Event {
 
   // Device-side part (the CUDA implementation's cudaEvent_t), which a device stream waits
   // for without blocking the host, and how the host waits for it (Synchronize calls it).
+  // native_query: whether the device-side part finished (Query calls it; never blocks).
   std::shared_ptr<void> native;
   std::function<void(Timeout)> native_synchronize;
+  std::function<bool()> native_query;
 
  private:
   std::string stream_name_;
@@ -116,8 +119,9 @@ class Stream {
   // Blocks the host until everything enqueued finished; throws the stream's first error.
   virtual void Synchronize() = 0;
   // record_stream's role: keeps `tensor`'s storage alive until the work enqueued so far
-  // finished, so the host may drop its reference at once.
-  void KeepAlive(at::Tensor tensor);
+  // finished, so the host may drop its reference at once (CPU: a reference held by a task on
+  // the stream; CUDA: the caching allocator's recordStream).
+  virtual void KeepAlive(at::Tensor tensor);
 
  protected:
   Stream(std::string name, Timeout timeout) : name_(std::move(name)), timeout_(timeout) {}

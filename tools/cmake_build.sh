@@ -5,7 +5,7 @@
 # (-DFSDP_CMAKE_SMOKE=ON): the libraries, the binaries (the demos) and one test per package,
 # run with `ctest -L smoke` (the set: tools/gen_cmake_targets.py --smoke); `bazel test //...`
 # is the full suite. --full (or FSDP_CMAKE_FULL=1) builds and runs every test.
-# When nvcc and nccl.h are present, also configures a second build with -DFSDP_WITH_CUDA=ON
+# When nvcc and the wheel's NCCL (third_party/torch_cuda_deps) are present, also configures a second build with -DFSDP_WITH_CUDA=ON
 # and builds the NCCL backend + nccl_test (compile and link check; there is no GPU here).
 #
 #   tools/cmake_build.sh [--full] [--no-check]   (after ./x setup: needs third_party/torch_root)
@@ -102,13 +102,14 @@ t_test=$SECONDS
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 test_note="tests: $((SECONDS - t_test)) s"
 
-# FSDP_WITH_CUDA: the NCCL backend compiles and links against the CUDA runtime + NCCL.
-cuda_note="cuda build: skipped (nvcc or nccl.h not found)"
+# FSDP_WITH_CUDA: the NCCL backend (c10d's ProcessGroupNCCL) compiles and links against
+# libtorch_cuda.so, the CUDA runtime and the wheel's NCCL.
+cuda_note="cuda build: skipped (nvcc or third_party/torch_cuda_deps, the wheel's NCCL, not found)"
 NVCC="$(command -v nvcc 2>/dev/null || true)"
 [ -n "$NVCC" ] || { [ -x "$ROOT/third_party/cuda_root/bin/nvcc" ] && NVCC="$ROOT/third_party/cuda_root/bin/nvcc"; }
 if [ -n "$NVCC" ]; then
   CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
-  if [ -f "$CUDA_HOME_GUESS/include/nccl.h" ] || [ -f /usr/include/nccl.h ]; then
+  if [ -f "$ROOT/third_party/torch_cuda_deps/nccl/include/nccl.h" ]; then
     step "FSDP_WITH_CUDA=ON: configure $CUDA_BUILD, build comm_nccl + comm_nccl_test (compile + link only)"
     if run cmake -S "$ROOT" -B "$CUDA_BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=ON \
          -DFSDP_BUILD_TESTS=ON -DFSDP_CHECK_BAZEL_PARITY=$CHECK -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" &&

@@ -4,11 +4,13 @@
 #ifndef FSDP_COMM_INTERNAL_C10D_ADAPTER_H_
 #define FSDP_COMM_INTERNAL_C10D_ADAPTER_H_
 
+#include <c10/core/DeviceType.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,9 @@ struct C10dAdapterOptions {
   // split() on `split_store`, or an error without one.
   std::function<ProcessGroupPtr(const std::vector<int>& ranks, int index, uint64_t serial)> new_subgroup;
   c10::intrusive_ptr<c10d::Store> split_store;
+  // Every tensor must be on this device type (NCCL: CUDA): a c10::Error naming the collective,
+  // the argument and its device otherwise, before the backend sees it. Unset: no check.
+  std::optional<c10::DeviceType> tensor_device_type;
 };
 
 ProcessGroupPtr MakeC10dProcessGroup(c10::intrusive_ptr<c10d::Backend> backend, C10dAdapterOptions options);
