@@ -253,8 +253,8 @@ fsdp_cc_binary(//examples:collectives_demo
 
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
-  DEPS :training_checkpoints //comm //comm:gloo //comm:main_guard //dcp //fsdp/per_param //mesh
-       @libtorch @system//:absl @system//:absl_flags)
+  DEPS :training_checkpoints //comm //comm:gloo //comm:main_guard //comm:nccl //dcp //fsdp/per_param
+       //mesh @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_library(//examples:training_checkpoints
   SRCS training_checkpoints.cc

@@ -40,12 +40,12 @@ namespace {
 class C10dWork final : public Work {
  public:
   C10dWork(DescriptionFn description, Timeout timeout, c10::intrusive_ptr<c10d::Work> work,
-           std::shared_ptr<const PeerLiveness> liveness, std::string backend_name, bool release_after_wait)
+           std::shared_ptr<const PeerLiveness> liveness, std::string backend_name, bool on_device)
       : Work(std::move(description), timeout),
         work_(std::move(work)),
         liveness_(std::move(liveness)),
         backend_name_(std::move(backend_name)),
-        release_after_wait_(release_after_wait),
+        on_device_(on_device),
         start_(std::chrono::steady_clock::now()) {}
 
   bool is_completed() override {
@@ -62,7 +62,7 @@ class C10dWork final : public Work {
   // Gloo's work keeps its tensors, and a reduce-scatter's copy of the whole input, until it
   // is destroyed (PyTorch drops it after wait()).
   void ReleaseAfterWait() override {
-    if (!release_after_wait_) return;
+    if (on_device_) return;  // is_completed() must keep asking the device
     c10::intrusive_ptr<c10d::Work> released;
     std::lock_guard<std::mutex> lock(mu_);
     released.swap(work_);
@@ -73,7 +73,14 @@ class C10dWork final : public Work {
     const c10::intrusive_ptr<c10d::Work> work = Held();
     if (!work) return true;  // waited and released before
     try {
-      work->wait(timeout);
+      // A device collective's wait only makes the current stream wait for it (c10d's
+      // ProcessGroupNCCL blocks the host when given a timeout, so none is given); its
+      // deadline is the backend's (the watchdog, or TORCH_NCCL_BLOCKING_WAIT).
+      if (on_device_) {
+        work->wait();
+      } else {
+        work->wait(timeout);
+      }
     } catch (const std::exception& e) {
       const auto now = std::chrono::steady_clock::now();
       // A timeout only when the wait lasted its whole timeout: c10d's Gloo work can throw a
@@ -114,7 +121,7 @@ class C10dWork final : public Work {
   c10::intrusive_ptr<c10d::Work> work_;  // null once released after a successful wait
   std::shared_ptr<const PeerLiveness> liveness_;
   std::string backend_name_;
-  bool release_after_wait_;
+  bool on_device_;  // CUDA tensors: waited on the device, kept after the wait
   std::chrono::steady_clock::time_point start_;
   std::exception_ptr error_;
 };
@@ -261,7 +268,7 @@ class C10dProcessGroup final : public ProcessGroup {
   // the device (its wait only ordered the current stream after it).
   WorkPtr Wrap(DescriptionFn what, c10::intrusive_ptr<c10d::Work> work, c10::Device device) {
     return std::make_shared<C10dWork>(std::move(what), timeout(), std::move(work), options_.liveness, *who_,
-                                      /*release_after_wait=*/device.is_cpu());
+                                      /*on_device=*/!device.is_cpu());
   }
 
   // Gloo has no AVG: reduce with SUM, divide once the data arrived.

@@ -37,8 +37,9 @@ struct NcclOptions {
 // - A collective is ordered after the work already queued on the *current* CUDA stream of
 //   its tensors' device (LibTorch's current stream), and runs on ProcessGroupNCCL's own
 //   stream; the caching allocator keeps its tensors alive until it finished.
-// - Work::wait() makes the current stream wait for the collective on the device; it does not
-//   block the host (set TORCH_NCCL_BLOCKING_WAIT=1 for host-blocking waits with timeouts).
+// - Work::wait() and Work::wait(timeout) make the current stream wait for the collective on
+//   the device; they do not block the host, and the deadline is ProcessGroupNCCL's (its
+//   watchdog; set TORCH_NCCL_BLOCKING_WAIT=1 for host-blocking waits that throw on it).
 //   Read results on the host after synchronizing that stream (e.g. tensor.cpu()).
 // - Failures and timeouts are ProcessGroupNCCL's: its watchdog aborts the communicator and,
 //   by default, ends the process; new_subgroup splits the communicator (ncclCommSplit) after

@@ -20,6 +20,8 @@
 // `torchrun --max-restarts 1` and a lost rank costs at most K steps; the relaunched job ends
 // with the same bits as an uninterrupted one (FSDP_FAULT injects the loss: see
 // examples/training_checkpoints.h). Any error ends every rank with one line and exit 1.
+// --device=cuda trains on GPU cuda:LOCAL_RANK over NCCL (c10d's ProcessGroupNCCL; a
+// --config=cuda build), the single-rank reference on the same GPU.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -43,6 +45,8 @@
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
+#include "comm/nccl_process_group.h"
+#include "comm/torchrun_env.h"
 #include "dcp/dcp.h"
 #include "examples/training_checkpoints.h"
 #include "fsdp/per_param/fsdp_state.h"  // runtime introspection for the printout (CollectStates)
@@ -55,6 +59,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "save an async sharded checkpoint to DIR/steps/step_<N> every K steps, and resume from the latest complete "
           "one there on start (0: none)");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu (Gloo) or cuda (NCCL through c10d's ProcessGroupNCCL, rank on cuda:LOCAL_RANK; needs a "
+          "--config=cuda build)");
 ABSL_FLAG(bool, resume, false,
           "instead of training from scratch: load DIR/dcp at this world size and train kResumeSteps more steps");
 
@@ -198,6 +205,7 @@ struct World {
   fsdp::comm::ProcessGroupPtr group;  // untraced: the demo's own collectives (global loss, verdict)
   std::shared_ptr<fsdp::comm::CommTrace> trace;
   fsdp::mesh::DeviceMeshPtr mesh;
+  c10::Device device = c10::Device(c10::kCPU);  // model, batches and the reference
   int size = 0, rank = 0;
   bool log() const { return rank == 0; }
 };
@@ -207,8 +215,9 @@ struct World {
 Decoder BuildSharded(const World& w, uint64_t init_seed) {
   Decoder model;
   InitDeterministic(*model, init_seed);
-  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = w.mesh});
-  fsdp::per_param::fully_shard(model.ptr(), {.mesh = w.mesh});
+  model->to(w.device);
+  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = w.mesh, .device = w.device});
+  fsdp::per_param::fully_shard(model.ptr(), {.mesh = w.mesh, .device = w.device});
   return model;
 }
 
@@ -231,7 +240,7 @@ ShardedRun TrainSharded(const World& w, Decoder& model, torch::optim::AdamW& opt
   ShardedRun run;
   for (int step = first; step < first + steps; ++step) {
     if (checkpoints != nullptr) checkpoints->fault().MaybeKillAt(w.rank, step);
-    const at::Tensor seqs = Sequences(step, kGlobalBatch).narrow(0, w.rank * local, local);  // my slice
+    const at::Tensor seqs = Sequences(step, kGlobalBatch).narrow(0, w.rank * local, local).to(w.device);  // my slice
     w.trace->clear();
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor loss = Loss(model, seqs);
@@ -262,12 +271,13 @@ struct Reference {
   std::vector<double> losses;
   Bytes bytes;  // at the last step
 };
-Reference TrainReference(int steps) {
+Reference TrainReference(int steps, c10::Device device) {
   Reference ref;
   InitDeterministic(*ref.model, kInitSeed);
+  ref.model->to(device);
   torch::optim::AdamW opt(ref.model->parameters(), OptimizerOptions());
   for (int step = 0; step < steps; ++step) {
-    at::Tensor loss = Loss(ref.model, Sequences(step, kGlobalBatch));
+    at::Tensor loss = Loss(ref.model, Sequences(step, kGlobalBatch).to(device));
     loss.backward();
     opt.step();
     ref.bytes = CountBytes(ref.model->parameters(), opt);
@@ -298,8 +308,9 @@ Agreement Compare(const ShardedRun& run, int first, const Reference& ref, const 
       a.ok = false;
       continue;
     }
-    const double scale = std::max(1.0, item.value().abs().max().item<double>());
-    a.param = std::max(a.param, (*got - item.value()).abs().max().item<double>() / scale);
+    const at::Tensor expected = item.value().detach().to(at::kCPU);
+    const double scale = std::max(1.0, expected.abs().max().item<double>());
+    a.param = std::max(a.param, (got->to(at::kCPU) - expected).abs().max().item<double>() / scale);
   }
   a.ok = a.ok && a.param <= kParamTol;
   return a;
@@ -307,7 +318,7 @@ Agreement Compare(const ShardedRun& run, int first, const Reference& ref, const 
 
 // Every rank checked its own copy; one FAIL fails all.
 bool AllRanksOk(const World& w, bool ok) {
-  at::Tensor failed = at::tensor({ok ? 0.0f : 1.0f});
+  at::Tensor failed = at::tensor({ok ? 0.0f : 1.0f}).to(w.device);
   w.group->all_reduce(failed, fsdp::comm::ReduceOp::Max())->wait();
   return failed.item<float>() == 0.0f;
 }
@@ -361,14 +372,13 @@ int TrainFromScratch(const World& w, const std::string& checkpoint_dir, int64_t 
   checkpoints.Finish();
   // Gather every trained parameter (collective: all ranks, same order) keyed by its name.
   const auto trained = fsdp::per_param::GetFullStateDict(*model);
-  const Reference ref = TrainReference(kSteps);
+  const Reference ref = TrainReference(kSteps, w.device);
   const Agreement agree = Compare(run, first, ref, trained, w.log());
   const bool ok = AllRanksOk(w, agree.ok);
 
   if (w.log()) {
-    std::printf("\nloss: %.4f -> %.4f over steps %d-%d (final loss %a; %ld periodic checkpoints)\n",
-                run.losses.front(), run.losses.back(), first, kSteps - 1, run.losses.back(),
-                static_cast<long>(checkpoints.saves()));
+    std::printf("\nloss: %.4f -> %.4f over steps %d-%d (final loss %a; %ld periodic checkpoints)\n", run.losses.front(),
+                run.losses.back(), first, kSteps - 1, run.losses.back(), static_cast<long>(checkpoints.saves()));
     // What each fully_shard call manages (names are known after the first forward's lazy
     // init): the tied head adds no tensor, the root's embed.weight serves both uses.
     for (auto* state : fsdp::per_param::CollectStates(*model)) {
@@ -428,7 +438,7 @@ int Resume(const World& w, const std::string& dir) {
   }
   const ShardedRun run = TrainSharded(w, model, opt, kSteps, kResumeSteps);
   const auto trained = fsdp::per_param::GetFullStateDict(*model);
-  const Reference ref = TrainReference(kSteps + kResumeSteps);
+  const Reference ref = TrainReference(kSteps + kResumeSteps, w.device);
   const Agreement agree = Compare(run, kSteps, ref, trained, w.log());
   const bool ok = AllRanksOk(w, same && agree.ok);
   if (w.log()) {
@@ -455,7 +465,17 @@ int main(int argc, char** argv) {
   // rank with one line on stderr and exit status 1.
   return fsdp::comm::RunMain([] {
     World w;
-    w.group = fsdp::comm::CreateGlooProcessGroupFromEnv();
+    const std::string device = absl::GetFlag(FLAGS_device);
+    if (device == "cuda") {
+      // Rank r on cuda:LOCAL_RANK; CreateNcclProcessGroupFromEnv explains a build without CUDA.
+      w.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(fsdp::comm::ReadTorchrunEnv().local_rank));
+      w.group = fsdp::comm::CreateNcclProcessGroupFromEnv();
+    } else if (device == "cpu") {
+      w.group = fsdp::comm::CreateGlooProcessGroupFromEnv();
+    } else {
+      std::printf("--device must be cpu or cuda, got '%s'\n", device.c_str());
+      return 2;
+    }
     w.size = w.group->size();
     w.rank = w.group->rank();
     if (kGlobalBatch % w.size != 0) {

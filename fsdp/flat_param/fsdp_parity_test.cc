@@ -1,7 +1,9 @@
 // FSDP1 parity: N AdamW steps of a wrapped model on W ranks (each its slice of the batch)
 // equal N steps of the same model on one rank on the whole batch, for every sharding
 // strategy, use_orig_params, nested / root-only / auto wrapping, no_sync accumulation,
-// backward / forward prefetch, mixed precision and gradient clipping.
+// backward / forward prefetch, mixed precision and gradient clipping; the nccl_processes cases
+// train on GPU cuda:rank (model, inputs and reference) and skip, with the reason, where that
+// cannot run.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
@@ -23,6 +25,7 @@ namespace fsdp::flat_param {
 namespace {
 
 using fsdp::testing::Backend;
+using fsdp::testing::RankDevice;
 using testing::Batch;
 using testing::InitDeterministic;
 using testing::Net;
@@ -50,14 +53,24 @@ struct Config {
 constexpr int kSteps = 3;
 constexpr int64_t kBatch = 12;  // divisible by 1..4
 constexpr double kMaxNorm = 0.05;
+// f32 parity on CUDA: cuBLAS picks its kernels by shape (the reference's batch has W times a
+// rank's rows) and NCCL sums in its own order, so results agree to f32 rounding amplified by
+// the AdamW steps (~100 ulps at the parameters' scale), not bitwise as on the CPU; still far
+// below one step's update, so a wrong shard or a missing reduction fails.
+constexpr double kCudaF32Tolerance = 1e-5;
 
 std::string StrategyName(ShardingStrategy s) { return ToString(s); }
 
-void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
+// `device`: where the model, its inputs and the reference live (the rank's GPU for NCCL).
+void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Device device = c10::Device(c10::kCPU)) {
   const int w = world->size(), me = world->rank();
   Net ref(2, 7, cfg.block0_twice), model(2, 7, cfg.block0_twice);
   InitDeterministic(*ref);
   InitDeterministic(*model);
+  if (!device.is_cpu()) {
+    ref->to(device);
+    model->to(device);
+  }
   if (cfg.freeze_block0) {
     for (Net* m : {&ref, &model}) {
       for (at::Tensor& p : (*m)->layers[0]->parameters()) p.set_requires_grad(false);
@@ -70,6 +83,7 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
   opts.backward_prefetch = cfg.backward_prefetch;
   opts.forward_prefetch = cfg.forward_prefetch;
   opts.limit_all_gathers = cfg.limit_all_gathers;
+  opts.device = device;
   if (cfg.bf16) opts.mixed_precision = MixedPrecision{.param_dtype = at::kBFloat16};
   if (IsHybrid(ToHandleShardingStrategy(cfg.strategy))) {
     // 2 replicas x (w / 2) shards: shard groups are rows of consecutive ranks.
@@ -122,7 +136,8 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
   const int64_t local = kBatch / w;
   for (int step = 0; step < kSteps; ++step) {
     for (int mb = 0; mb < cfg.micro_batches; ++mb) {
-      const at::Tensor x = Batch(step * 10 + mb, kBatch, 3, 1), y = Batch(step * 10 + mb, kBatch, 1, 2);
+      const at::Tensor x = Batch(step * 10 + mb, kBatch, 3, 1).to(device);
+      const at::Tensor y = Batch(step * 10 + mb, kBatch, 1, 2).to(device);
       torch::nn::functional::mse_loss(ref(x), y).backward();
       const at::Tensor lx = x.narrow(0, me * local, local), ly = y.narrow(0, me * local, local);
       auto loss = [&] { return torch::nn::functional::mse_loss(model(lx).to(at::kFloat), ly); };
@@ -144,7 +159,7 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world) {
     opt.step();
     opt.zero_grad();
   }
-  testing::ExpectParamsMatch(root, *ref, cfg.bf16 ? 3e-2 : 1e-6, cfg.name);
+  testing::ExpectParamsMatch(root, *ref, cfg.bf16 ? 3e-2 : device.is_cuda() ? kCudaF32Tolerance : 1e-6, cfg.name);
 }
 
 struct ParityCase {
@@ -157,7 +172,10 @@ class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(ParityTest, TrainingEqualsSingleRank) {
   const ParityCase c = GetParam();
-  fsdp::testing::RunOnRanks(c.backend, c.world, [c](const comm::ProcessGroupPtr& pg) { RunParity(c.cfg, pg); });
+  FSDP_SKIP_IF_BACKEND_UNAVAILABLE(c.backend, c.world);
+  fsdp::testing::RunOnRanks(c.backend, c.world, [c](const comm::ProcessGroupPtr& pg) {
+    RunParity(c.cfg, pg, RankDevice(c.backend, pg->rank()));
+  });
 }
 
 std::vector<ParityCase> Cases() {
@@ -260,6 +278,15 @@ std::vector<ParityCase> Cases() {
                       .use_orig_params = orig,
                       .clip_norm_type = 2.0}});
   }
+  // CUDA + NCCL (c10d's ProcessGroupNCCL), rank r on cuda:r: skipped where that cannot run
+  // (default build, too few GPUs), with the reason.
+  cases.push_back({Backend::kNcclProcesses, 1, {.name = "FULL_SHARD"}});
+  cases.push_back({Backend::kNcclProcesses, 2, {.name = "FULL_SHARD"}});
+  cases.push_back({Backend::kNcclProcesses, 2, {.name = "FULL_SHARD_orig", .use_orig_params = true}});
+  cases.push_back({Backend::kNcclProcesses, 2, {.name = "SHARD_GRAD_OP", .strategy = ShardingStrategy::SHARD_GRAD_OP}});
+  cases.push_back({Backend::kNcclProcesses, 2, {.name = "no_sync2", .micro_batches = 2}});
+  cases.push_back({Backend::kNcclProcesses, 2, {.name = "bf16", .bf16 = true}});
+  cases.push_back({Backend::kNcclProcesses, 4, {.name = "HYBRID_SHARD", .strategy = ShardingStrategy::HYBRID_SHARD}});
   return cases;
 }
 

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The GPU checks of the engines issue, as one prepared script for a lent GPU machine (the
+# `device` tool: a bare machine with CUDA, CMake, ninja and a python3 holding some PyTorch,
+# no Bazel, no Debian packages of ours, no network, a 10-minute limit per command).
+#
+#   here (with network):  tools/gpu_check.sh --fetch-deps   # Debian .debs into .gpu-deps/
+#   on the GPU machine:    tools/gpu_check.sh               # carry: [".gpu-deps"]
+#
+# On the GPU machine it unpacks the carried .debs (abseil, GoogleTest, gloo headers) under
+# /opt/fsdp-deps, builds with CMake against that machine's PyTorch (-DFSDP_WITH_CUDA=ON, its
+# nvidia/ NCCL) the NCCL test, the comm conformance suite, both FSDP suites and the demo, and runs their
+# GPU cases: NcclTest.* (one-rank group, CUDA collectives, ProcessGroupNCCL's watchdog on a
+# stuck collective), Nccl/* (conformance, W up to the visible GPUs), *nccl_processes* (FSDP2
+# and FSDP1 parity on CUDA vs one rank) and the demo on CUDA under torchrun (one rank per GPU). Everything it prints goes to $OUT/gpu_check.log, the
+# GoogleTest XML to $OUT/, and the last line is 'N passed, N failed, N skipped'.
+#
+# Options: --jobs N (default: all cores), --build DIR (default build/gpu).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEPS_DIR="$ROOT/.gpu-deps"
+# Debian 12 names (what `./x setup` installs here); their headers and CMake configs are all
+# the CMake build needs besides CUDA and PyTorch.
+DEBS=(libabsl-dev libabsl20220623 libgtest-dev libgmock-dev libgloo-dev)
+
+if [ "${1:-}" = "--fetch-deps" ]; then
+  mkdir -p "$DEPS_DIR" && cd "$DEPS_DIR" || exit 1
+  apt-get download "${DEBS[@]}" || { echo "apt-get download failed (needs the Debian registry)"; exit 1; }
+  du -sh "$DEPS_DIR"
+  exit 0
+fi
+
+JOBS="$(nproc)"
+BUILD="$ROOT/build/gpu"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --jobs) JOBS="$2"; shift 2 ;;
+    --build) BUILD="$2"; shift 2 ;;
+    *) echo "unknown argument: $1"; exit 2 ;;
+  esac
+done
+OUT="${OUT:-$ROOT/build/gpu-out}"
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_check.log") 2>&1
+step() { printf '\n==> %s\n' "$*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed"
+date -u
+PY="${PYTHON:-python3}"
+TORCH_DIR="$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')" ||
+  { echo "no PyTorch in $PY"; exit 1; }
+NVIDIA_DIR="$("$PY" -c 'import os, nvidia; print(os.path.realpath(list(nvidia.__path__)[0]))' 2>/dev/null)"
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+echo "torch: $TORCH_DIR; nvidia: ${NVIDIA_DIR:-none}"
+NVCC="$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)"
+[ -n "$NVCC" ] || { echo "no nvcc"; exit 1; }
+[ -f "$NVIDIA_DIR/nccl/include/nccl.h" ] || { echo "no nvidia/nccl/include/nccl.h beside torch"; exit 1; }
+
+step "dependencies from .gpu-deps"
+PREFIX=/opt/fsdp-deps
+if ls "$DEPS_DIR"/*.deb >/dev/null 2>&1; then
+  mkdir -p "$PREFIX"
+  for f in "$DEPS_DIR"/*.deb; do dpkg -x "$f" "$PREFIX" || echo "dpkg -x $f failed"; done
+else
+  echo "no .gpu-deps/*.deb (run tools/gpu_check.sh --fetch-deps where the registry is reachable, carry .gpu-deps)"
+fi
+export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+step "configure and build (CMake, FSDP_WITH_CUDA=ON, $JOBS jobs)"
+ln -sfn "$TORCH_DIR" "$ROOT/third_party/torch_root"
+ln -sfn "$NVIDIA_DIR" "$ROOT/third_party/torch_cuda_deps"
+CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+ln -sfn "$CUDA_HOME_GUESS" "$ROOT/third_party/cuda_root"
+TARGETS=(comm_nccl_test comm_conformance_test fsdp_per_param_per_param_test fsdp_flat_param_fsdp_test
+         examples_fsdp2_demo)
+LAUNCHER=()
+! command -v ccache >/dev/null 2>&1 || LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+t0=$SECONDS
+if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=ON -DFSDP_BUILD_TESTS=ON \
+     -DFSDP_CHECK_BAZEL_PARITY=OFF -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" \
+     -DCMAKE_PREFIX_PATH="$PREFIX/usr;$PREFIX/usr/lib/x86_64-linux-gnu/cmake" \
+     -DCMAKE_CXX_FLAGS="-isystem $PREFIX/usr/include" ||
+   ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"; then
+  echo "build failed after $((SECONDS - t0)) s"
+  echo "0 passed, 1 failed, 0 skipped"
+  exit 1
+fi
+echo "built in $((SECONDS - t0)) s"
+
+step "GPU cases"
+rc=0
+run_case() {  # name binary filter
+  local name="$1" bin="$2" filter="$3" t=$SECONDS
+  echo "--- $name: $bin --gtest_filter=$filter"
+  "$BUILD/bin/$bin" --gtest_filter="$filter" --gtest_output="xml:$OUT/$name.xml" || rc=1
+  echo "--- $name: $((SECONDS - t)) s"
+}
+run_case nccl comm/nccl_test 'NcclTest.*'
+run_case conformance comm/conformance_test 'Nccl/*'
+run_case fsdp2_parity fsdp/per_param/per_param_test '*nccl_processes*'
+run_case fsdp1_parity fsdp/flat_param/fsdp_test 'Fsdp1/ParityTest.*nccl_processes*'
+GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
+echo "--- demo: torchrun --nproc-per-node $GPUS fsdp2_demo --device=cuda"
+t=$SECONDS
+if "$PY" -m torch.distributed.run --nproc-per-node "$GPUS" --no-python "$BUILD/bin/examples/fsdp2_demo" \
+     --device=cuda > "$OUT/demo.txt" 2>&1 && grep -q '^PASS' "$OUT/demo.txt"; then
+  demo='<testcase classname="Demo" name="fsdp2_demo_cuda"/>'
+else
+  demo='<testcase classname="Demo" name="fsdp2_demo_cuda"><failure message="no PASS"/></testcase>'
+  rc=1
+fi
+tail -5 "$OUT/demo.txt"
+printf '<testsuites><testsuite name="Demo">%s</testsuite></testsuites>\n' "$demo" > "$OUT/demo.xml"
+echo "--- demo: $((SECONDS - t)) s"
+
+step "summary"
+python3 - "$OUT" <<'PYEOF'
+import glob, sys, xml.etree.ElementTree as ET
+counts = {"passed": 0, "failed": 0, "skipped": 0}
+for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        name = f"{tc.get('classname')}.{tc.get('name')}"
+        if tc.find("failure") is not None or tc.find("error") is not None:
+            outcome = "failed"
+        elif tc.get("result") == "skipped" or tc.find("skipped") is not None:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        counts[outcome] += 1
+        if outcome != "passed":
+            print(outcome, name)
+print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+PYEOF
+exit $rc
