@@ -24,8 +24,14 @@
 // and `./x bench --peer` puts them side by side.
 //
 //   ./x run -n 2 "$(bazel info --config=opt bazel-bin)/bench/e2e_bench" --model=overhead --fsdp=1
+// --device=cuda (a --config=cuda build): rank r on cuda:LOCAL_RANK over NCCL (c10d's
+// ProcessGroupNCCL); step times end with a synchronization of the current stream; the
+// allocation fields are -1 (they count LibTorch's CPU allocator). --trace=PREFIX writes one
+// profiled step per rank as a Chrome trace, PREFIX.rank<R>.json (Kineto: CPU, and CUDA
+// kernels and collectives on a GPU), to see communication overlap compute.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/adamw.h>
@@ -33,6 +39,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,10 +49,12 @@
 #include "bench/peak_memory.h"
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
+#include "comm/main_guard.h"
+#include "comm/nccl_process_group.h"
+#include "comm/torchrun_env.h"
 #include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
-#include "comm/main_guard.h"
 #include "tools/fsdp_memory.h"
 #include "tools/fsdp_plan_lib.h"
 
@@ -53,6 +62,8 @@ ABSL_FLAG(std::string, model, "overhead",
           "overhead (64 x Linear(64,64)+LayerNorm, batch 8/rank) or compute (4 x Linear(1024,1024), batch 64/rank)");
 ABSL_FLAG(int, steps, 20, "timed steps (after 3 warm-up steps)");
 ABSL_FLAG(int, fsdp, 2, "2: FSDP2 (fully_shard), 1: FSDP1 (wrap_fsdp, FULL_SHARD, flat parameters to the optimizer)");
+ABSL_FLAG(std::string, device, "cpu", "cpu (Gloo) or cuda (NCCL, rank on cuda:LOCAL_RANK; a --config=cuda build)");
+ABSL_FLAG(std::string, trace, "", "PREFIX: write one profiled FSDP step per rank to PREFIX.rank<R>.json (empty: none)");
 
 namespace {
 
@@ -119,27 +130,34 @@ ModelSpec Spec(const std::string& name) {
   std::exit(2);
 }
 
-Net Build(const ModelSpec& s) {
+Net Build(const ModelSpec& s, c10::Device device) {
   Net m(s.blocks, s.width, s.norm);
   at::NoGradGuard no_grad;
   uint64_t seed = 1;
   for (auto& p : m->parameters())
     p.copy_(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed++)) * 0.05);
+  if (!device.is_cpu()) m->to(device);
   return m;
+}
+
+// Waits until the work queued on the current stream finished (a no-op on the CPU): a
+// one-element copy to the host is ordered after it.
+void Sync(c10::Device device) {
+  if (!device.is_cpu()) (void)at::zeros({1}, at::TensorOptions(device)).item<float>();
 }
 
 // FSDP `fsdp_version` (1 or 2) on each block, then the root, over `group`; returns what the
 // optimizer gets.
-std::vector<at::Tensor> Shard(Net& m, const ProcessGroupPtr& group, int fsdp_version) {
+std::vector<at::Tensor> Shard(Net& m, const ProcessGroupPtr& group, int fsdp_version, c10::Device device) {
   if (fsdp_version == 1) {
-    const fsdp::flat_param::FSDPOptions options{.process_group = group,
-                                                .sharding_strategy = fsdp::flat_param::ShardingStrategy::FULL_SHARD};
+    const fsdp::flat_param::FSDPOptions options{
+        .process_group = group, .sharding_strategy = fsdp::flat_param::ShardingStrategy::FULL_SHARD, .device = device};
     for (auto& b : m->layers) fsdp::flat_param::wrap_fsdp(b.ptr(), options);
     return fsdp::flat_param::wrap_fsdp(m.ptr(), options).parameters();
   }
   auto mesh = fsdp::mesh::DeviceMesh::Create(group, {group->size()});
-  for (auto& b : m->layers) fsdp::per_param::fully_shard(b.ptr(), {.mesh = mesh});
-  fsdp::per_param::fully_shard(m.ptr(), {.mesh = mesh});
+  for (auto& b : m->layers) fsdp::per_param::fully_shard(b.ptr(), {.mesh = mesh, .device = device});
+  fsdp::per_param::fully_shard(m.ptr(), {.mesh = mesh, .device = device});
   return m->parameters();
 }
 
@@ -161,8 +179,8 @@ double MedianMs(int steps, ProcessGroup* barrier_group, Fn&& fn) {
   return Median(ms);
 }
 
-double MaxOverRanks(ProcessGroup& pg, double v) {
-  at::Tensor t = at::full({1}, v, at::kDouble);
+double MaxOverRanks(ProcessGroup& pg, double v, c10::Device device) {
+  at::Tensor t = at::full({1}, v, at::TensorOptions(at::kDouble).device(device));
   pg.all_reduce(t, ReduceOp::Max())->wait();
   return t.item<double>();
 }
@@ -176,23 +194,41 @@ ReduceOp ParseReduceOp(const std::string& s) {
   return ReduceOp::Sum();
 }
 
-int Run(const ModelSpec& spec, int steps, int fsdp_version) {
-  auto world = fsdp::comm::CreateGlooProcessGroupFromEnv();
+// One profiled step per rank, as a Chrome trace at PREFIX.rank<R>.json.
+template <class Fn>
+void TraceStep(const std::string& prefix, int rank, c10::Device device, Fn&& step) {
+  namespace profiler = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  profiler::prepareProfiler(config, activities);
+  profiler::enableProfiler(config, activities);
+  step();
+  Sync(device);
+  profiler::disableProfiler()->save(absl::StrCat(prefix, ".rank", rank, ".json"));
+}
+
+int Run(const ModelSpec& spec, int steps, int fsdp_version, c10::Device device, const ProcessGroupPtr& world) {
   auto trace = std::make_shared<fsdp::comm::CommTrace>(world);
   const int w = world->size();
   const at::Tensor x =
-      at::randn({spec.batch, spec.width}, at::make_generator<at::CPUGeneratorImpl>(100 + world->rank()));
+      at::randn({spec.batch, spec.width}, at::make_generator<at::CPUGeneratorImpl>(100 + world->rank())).to(device);
   auto step = [&](auto& m, torch::optim::Optimizer& o) {
     m(x).square().mean().backward();
     o.step();
     o.zero_grad();
+    Sync(device);
   };
+  auto max_over_ranks = [&](double v) { return MaxOverRanks(*world, v, device); };
 
-  const double rss_base = MaxOverRanks(*world, fsdp::bench::RssBytes());
-  auto model = Build(spec);
-  torch::optim::AdamW opt(Shard(model, trace, fsdp_version), torch::optim::AdamWOptions(1e-3));
-  const double step_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] { step(model, opt); }));
-  const double rss_peak = MaxOverRanks(*world, fsdp::bench::RssPeakBytes());
+  const double rss_base = max_over_ranks(fsdp::bench::RssBytes());
+  auto model = Build(spec, device);
+  torch::optim::AdamW opt(Shard(model, trace, fsdp_version, device), torch::optim::AdamWOptions(1e-3));
+  const double step_ms = max_over_ranks(MedianMs(steps, world.get(), [&] { step(model, opt); }));
+  const double rss_peak = max_over_ranks(fsdp::bench::RssPeakBytes());
+  const std::string trace_prefix = absl::GetFlag(FLAGS_trace);
+  if (!trace_prefix.empty()) TraceStep(trace_prefix, world->rank(), device, [&] { step(model, opt); });
 
   // The collectives of one step, replayed raw.
   trace->clear();
@@ -201,11 +237,11 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version) {
   int64_t bytes = 0;
   std::vector<std::pair<at::Tensor, at::Tensor>> buffers;
   for (const auto& r : records) {
-    buffers.emplace_back(at::empty({r.output_numel}, at::TensorOptions(r.dtype)),
-                         at::zeros({r.input_numel}, at::TensorOptions(r.dtype)));
+    buffers.emplace_back(at::empty({r.output_numel}, at::TensorOptions(r.dtype).device(device)),
+                         at::zeros({r.input_numel}, at::TensorOptions(r.dtype).device(device)));
     bytes += std::max(r.input_bytes, r.output_bytes);
   }
-  const double comm_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] {
+  const double comm_ms = max_over_ranks(MedianMs(steps, world.get(), [&] {
     for (size_t i = 0; i < records.size(); ++i) {
       auto& [out, in] = buffers[i];
       const auto& r = records[i];
@@ -216,24 +252,25 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version) {
       else if (r.op == "all_reduce")
         world->all_reduce(in, ParseReduceOp(r.reduce_op))->wait();
     }
+    Sync(device);
   }));
 
-  // Memory: a second model, counted from before it is built.
-  double alloc_peak = 0, alloc_end = 0;
-  {
+  // Memory: a second model, counted from before it is built (CPU allocations only: -1 on a GPU).
+  double alloc_peak = -1, alloc_end = -1;
+  if (device.is_cpu()) {
     fsdp::bench::AllocationWindow window;
-    auto mem_model = Build(spec);
-    torch::optim::AdamW mem_opt(Shard(mem_model, world, fsdp_version), torch::optim::AdamWOptions(1e-3));
+    auto mem_model = Build(spec, device);
+    torch::optim::AdamW mem_opt(Shard(mem_model, world, fsdp_version, device), torch::optim::AdamWOptions(1e-3));
     window.Mark();  // the training peak, not the full model before sharding
     for (int i = 0; i < 3; ++i) step(mem_model, mem_opt);
-    alloc_peak = MaxOverRanks(*world, window.peak());
-    alloc_end = MaxOverRanks(*world, window.current());
+    alloc_peak = max_over_ranks(window.peak());
+    alloc_end = max_over_ranks(window.current());
   }
 
   // The same model without FSDP, this rank's batch, every rank at once (as in the step).
-  auto plain = Build(spec);
+  auto plain = Build(spec, device);
   torch::optim::AdamW plain_opt(plain->parameters(), torch::optim::AdamWOptions(1e-3));
-  const double compute_ms = MaxOverRanks(*world, MedianMs(steps, world.get(), [&] { step(plain, plain_opt); }));
+  const double compute_ms = max_over_ranks(MedianMs(steps, world.get(), [&] { step(plain, plain_opt); }));
 
   if (world->rank() == 0) {
     std::printf(
@@ -258,10 +295,21 @@ int main(int argc, char** argv) {
     at::set_num_threads(1);  // W processes share the machine's cores
     const ModelSpec spec = Spec(absl::GetFlag(FLAGS_model));
     const int steps = absl::GetFlag(FLAGS_steps);
-    switch (absl::GetFlag(FLAGS_fsdp)) {
-      case 1:
-      case 2: return Run(spec, steps, absl::GetFlag(FLAGS_fsdp));
-      default: std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", absl::GetFlag(FLAGS_fsdp)); return 2;
+    const int fsdp_version = absl::GetFlag(FLAGS_fsdp);
+    if (fsdp_version != 1 && fsdp_version != 2) {
+      std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", fsdp_version);
+      return 2;
     }
+    const std::string device = absl::GetFlag(FLAGS_device);
+    if (device == "cuda") {
+      const auto index = static_cast<c10::DeviceIndex>(fsdp::comm::ReadTorchrunEnv().local_rank);
+      return Run(spec, steps, fsdp_version, c10::Device(c10::kCUDA, index),
+                 fsdp::comm::CreateNcclProcessGroupFromEnv());
+    }
+    if (device != "cpu") {
+      std::fprintf(stderr, "--device must be cpu or cuda, got '%s'\n", device.c_str());
+      return 2;
+    }
+    return Run(spec, steps, fsdp_version, c10::Device(c10::kCPU), fsdp::comm::CreateGlooProcessGroupFromEnv());
   });
 }

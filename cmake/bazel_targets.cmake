@@ -54,8 +54,8 @@ fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_binary(//bench:e2e_bench OPTION FSDP_BUILD_BENCH
   SRCS e2e_bench.cc
-  DEPS :peak_memory //comm //comm:gloo //comm:main_guard //fsdp/flat_param //fsdp/per_param //mesh
-       //tools:fsdp_plan_lib @libtorch @system//:absl @system//:absl_flags)
+  DEPS :peak_memory //comm //comm:gloo //comm:main_guard //comm:nccl //fsdp/flat_param
+       //fsdp/per_param //mesh //tools:fsdp_plan_lib @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
   SRCS optim_state_bench.cc

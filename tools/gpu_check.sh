@@ -6,13 +6,20 @@
 #   here (with network):  tools/gpu_check.sh --fetch-deps   # Debian .debs into .gpu-deps/
 #   on the GPU machine:    tools/gpu_check.sh               # carry: [".gpu-deps"]
 #
-# On the GPU machine it unpacks the carried .debs (abseil, GoogleTest, gloo headers) under
-# /opt/fsdp-deps, builds with CMake against that machine's PyTorch (-DFSDP_WITH_CUDA=ON, its
-# nvidia/ NCCL) the NCCL test, the comm conformance suite, both FSDP suites and the demo, and runs their
-# GPU cases: NcclTest.* (one-rank group, CUDA collectives, ProcessGroupNCCL's watchdog on a
-# stuck collective), Nccl/* (conformance, W up to the visible GPUs), *nccl_processes* (FSDP2
-# and FSDP1 parity on CUDA vs one rank) and the demo on CUDA under torchrun (one rank per GPU). Everything it prints goes to $OUT/gpu_check.log, the
-# GoogleTest XML to $OUT/, and the last line is 'N passed, N failed, N skipped'.
+# On the GPU machine it unpacks the carried .debs (abseil, GoogleTest, Google Benchmark, gloo
+# headers) under /opt/fsdp-deps and builds with CMake against that machine's PyTorch
+# (-DFSDP_WITH_CUDA=ON, its nvidia/ NCCL). Then it runs:
+# - NcclTest.*: one-rank group, CUDA collectives, ProcessGroupNCCL's watchdog on a stuck
+#   collective;
+# - Nccl/*: the comm conformance suite, W up to the visible GPUs;
+# - *nccl_processes*: FSDP2 and FSDP1 parity on CUDA vs one rank;
+# - the demo on CUDA under torchrun, one rank per GPU;
+# - bench/e2e side by side with PyTorch's FSDP2 on the same GPUs: step times, and one profiled
+#   step of each as a Chrome trace (does the all-gather overlap compute?).
+# Output: everything printed goes to $OUT/gpu_check.log; the rest (GoogleTest XML, the demo's
+# and the benchmarks' output) to $OUT/results.tgz; the compute model's two traces to
+# $OUT/{ours,pytorch}.rank0.json (the tool brings back at most 8 files). The last line is
+# 'N passed, N failed, N skipped'.
 #
 # Options: --jobs N (default: all cores), --build DIR (default build/gpu).
 set -uo pipefail
@@ -21,7 +28,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEPS_DIR="$ROOT/.gpu-deps"
 # Debian 12 names (what `./x setup` installs here); their headers and CMake configs are all
 # the CMake build needs besides CUDA and PyTorch.
-DEBS=(libabsl-dev libabsl20220623 libgtest-dev libgmock-dev libgloo-dev)
+DEBS=(libabsl-dev libabsl20220623 libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev libbenchmark1debian)
 
 if [ "${1:-}" = "--fetch-deps" ]; then
   mkdir -p "$DEPS_DIR" && cd "$DEPS_DIR" || exit 1
@@ -40,7 +47,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 OUT="${OUT:-$ROOT/build/gpu-out}"
-mkdir -p "$OUT"
+RESULTS="$BUILD-results"
+mkdir -p "$OUT" && rm -rf "$RESULTS" && mkdir -p "$RESULTS"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -73,12 +81,12 @@ ln -sfn "$NVIDIA_DIR" "$ROOT/third_party/torch_cuda_deps"
 CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
 ln -sfn "$CUDA_HOME_GUESS" "$ROOT/third_party/cuda_root"
 TARGETS=(comm_nccl_test comm_conformance_test fsdp_per_param_per_param_test fsdp_flat_param_fsdp_test
-         examples_fsdp2_demo)
+         examples_fsdp2_demo bench_e2e_bench)
 LAUNCHER=()
 ! command -v ccache >/dev/null 2>&1 || LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 t0=$SECONDS
 if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=ON -DFSDP_BUILD_TESTS=ON \
-     -DFSDP_CHECK_BAZEL_PARITY=OFF -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" \
+     -DFSDP_BUILD_BENCH=ON -DFSDP_CHECK_BAZEL_PARITY=OFF -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" \
      -DCMAKE_PREFIX_PATH="$PREFIX/usr;$PREFIX/usr/lib/x86_64-linux-gnu/cmake" \
      -DCMAKE_CXX_FLAGS="-isystem $PREFIX/usr/include" ||
    ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"; then
@@ -93,7 +101,7 @@ rc=0
 run_case() {  # name binary filter
   local name="$1" bin="$2" filter="$3" t=$SECONDS
   echo "--- $name: $bin --gtest_filter=$filter"
-  "$BUILD/bin/$bin" --gtest_filter="$filter" --gtest_output="xml:$OUT/$name.xml" || rc=1
+  "$BUILD/bin/$bin" --gtest_filter="$filter" --gtest_output="xml:$RESULTS/$name.xml" || rc=1
   echo "--- $name: $((SECONDS - t)) s"
 }
 run_case nccl comm/nccl_test 'NcclTest.*'
@@ -104,18 +112,39 @@ GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
 echo "--- demo: torchrun --nproc-per-node $GPUS fsdp2_demo --device=cuda"
 t=$SECONDS
 if "$PY" -m torch.distributed.run --nproc-per-node "$GPUS" --no-python "$BUILD/bin/examples/fsdp2_demo" \
-     --device=cuda > "$OUT/demo.txt" 2>&1 && grep -q '^PASS' "$OUT/demo.txt"; then
+     --device=cuda > "$RESULTS/demo.txt" 2>&1 && grep -q '^PASS' "$RESULTS/demo.txt"; then
   demo='<testcase classname="Demo" name="fsdp2_demo_cuda"/>'
 else
   demo='<testcase classname="Demo" name="fsdp2_demo_cuda"><failure message="no PASS"/></testcase>'
   rc=1
 fi
-tail -5 "$OUT/demo.txt"
-printf '<testsuites><testsuite name="Demo">%s</testsuite></testsuites>\n' "$demo" > "$OUT/demo.xml"
+tail -5 "$RESULTS/demo.txt"
+printf '<testsuites><testsuite name="Demo">%s</testsuite></testsuites>\n' "$demo" > "$RESULTS/demo.xml"
 echo "--- demo: $((SECONDS - t)) s"
 
+step "bench/e2e on CUDA, ours vs PyTorch FSDP2 ($GPUS ranks; compute and overhead models)"
+for model in compute overhead; do
+  "$PY" -m torch.distributed.run --nproc-per-node "$GPUS" --no-python "$BUILD/bin/bench/e2e_bench" --device=cuda \
+    --model=$model --fsdp=2 --trace="$RESULTS/ours_$model" 2>&1 | grep '^{' | tee -a "$RESULTS/e2e.jsonl"
+  (cd "$ROOT/bench/peer" && "$PY" e2e_peer.py --world "$GPUS" --model $model --fsdp 2 --device cuda \
+    --trace "$RESULTS/pytorch_$model") 2>&1 | grep '^{' | tee -a "$RESULTS/e2e.jsonl"
+done
+"$PY" - "$RESULTS/e2e.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+for model in ("compute", "overhead"):
+    ours = [r for r in rows if r["impl"] == "ours" and r["model"] == model]
+    theirs = [r for r in rows if r["impl"] == "pytorch" and r["model"] == model]
+    if ours and theirs:
+        print(f"{model}: step_ms ours {ours[0]['step_ms']:.3f} pytorch {theirs[0]['step_ms']:.3f} "
+              f"ratio {ours[0]['step_ms'] / theirs[0]['step_ms']:.3f}")
+PYEOF
+cp "$RESULTS/ours_compute.rank0.json" "$OUT/ours.rank0.json" 2>/dev/null
+cp "$RESULTS/pytorch_compute.rank0.json" "$OUT/pytorch.rank0.json" 2>/dev/null
+
 step "summary"
-python3 - "$OUT" <<'PYEOF'
+tar -czf "$OUT/results.tgz" -C "$RESULTS" --exclude='*.rank*.json' . || echo "tar failed"
+python3 - "$RESULTS" <<'PYEOF'
 import glob, sys, xml.etree.ElementTree as ET
 counts = {"passed": 0, "failed": 0, "skipped": 0}
 for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):

@@ -8,6 +8,9 @@ raw communication are the same LibTorch kernels and Gloo collectives as on our s
 then the root. Memory as bench/e2e_bench.cc: rss_base / rss_peak (before the model / after
 the timed steps), alloc_peak / alloc_end (a second model under peer_common.AllocationWindow:
 LibTorch CPU allocations since before it was built, peak during 3 steps and live after them).
+--device cuda: rank r on cuda:r over NCCL, as bench/e2e_bench --device=cuda (each step ends
+with torch.cuda.synchronize(); alloc_peak / alloc_end are -1); --trace PREFIX writes one
+profiled step per rank to PREFIX.rank<R>.json (torch.profiler, CPU + CUDA).
 """
 import argparse
 import json
@@ -34,9 +37,9 @@ class Block(nn.Module):
         return x + self.fc(self.ln(x) if self.ln is not None else x).relu()
 
 
-def build(spec, fsdp):
+def build(spec, fsdp, device):
     blocks, width, _, norm = spec
-    model = nn.Sequential(*[Block(width, norm) for _ in range(blocks)])
+    model = nn.Sequential(*[Block(width, norm) for _ in range(blocks)]).to(device)
     if fsdp == 2:
         from torch.distributed.fsdp import fully_shard
         for b in model:
@@ -45,32 +48,44 @@ def build(spec, fsdp):
     else:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import ShardingStrategy
-        kwargs = dict(sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=torch.device("cpu"))
+        kwargs = dict(sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device)
         for i in range(blocks):
             model[i] = FSDP(model[i], **kwargs)
         model = FSDP(model, **kwargs)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def max_over_ranks(v):
-    t = torch.tensor([float(v)], dtype=torch.float64)
+def max_over_ranks_on(v, device):
+    t = torch.tensor([float(v)], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
-def run(rank, world, init_file, model_name, fsdp, steps, out):
-    peer_common.init_gloo(rank, world, init_file)
+def run(rank, world, init_file, model_name, fsdp, steps, out, device_type, trace):
+    cuda = device_type == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+        torch.set_num_threads(1)
+        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    else:
+        peer_common.init_gloo(rank, world, init_file)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     spec = SPECS[model_name]
     blocks, width, batch, norm = spec
-    x = torch.randn(batch, width)
+    x = torch.randn(batch, width).to(device)
 
     def step(model, opt):
         model(x).square().mean().backward()
         opt.step()
         opt.zero_grad()
+        if cuda:
+            torch.cuda.synchronize()
+
+    def max_over_ranks(v):
+        return max_over_ranks_on(v, device)
 
     rss_base = max_over_ranks(peer_common.rss_bytes())
-    model, opt = build(spec, fsdp)
+    model, opt = build(spec, fsdp, device)
     for _ in range(3):
         step(model, opt)
     times = []
@@ -81,13 +96,20 @@ def run(rank, world, init_file, model_name, fsdp, steps, out):
         times.append((time.perf_counter() - t0) * 1e3)
     step_ms = max_over_ranks(statistics.median(times))
     rss_peak = max_over_ranks(peer_common.rss_peak_bytes())
+    if trace:
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        with torch.profiler.profile(activities=activities) as prof:
+            step(model, opt)
+        prof.export_chrome_trace(f"{trace}.rank{rank}.json")
 
-    with peer_common.AllocationWindow() as window:
-        mem_model, mem_opt = build(spec, fsdp)
-        window.mark()
-        for _ in range(3):
-            step(mem_model, mem_opt)
-    alloc_peak, alloc_end = max_over_ranks(window.peak), max_over_ranks(window.current)
+    alloc_peak = alloc_end = -1
+    if not cuda:
+        with peer_common.AllocationWindow() as window:
+            mem_model, mem_opt = build(spec, fsdp, device)
+            window.mark()
+            for _ in range(3):
+                step(mem_model, mem_opt)
+        alloc_peak, alloc_end = max_over_ranks(window.peak), max_over_ranks(window.current)
 
     if rank == 0:
         block_numel = width * width + width + (2 * width if norm else 0)
@@ -106,9 +128,11 @@ def main():
     parser.add_argument("--model", choices=sorted(SPECS), required=True)
     parser.add_argument("--fsdp", type=int, choices=(1, 2), default=2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--trace", default="", help="PREFIX: one profiled step per rank to PREFIX.rank<R>.json")
     args = parser.parse_args()
     out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"e2e_peer_{os.getpid()}.json")
-    peer_common.spawn(run, args.world, args.model, args.fsdp, args.steps, out)
+    peer_common.spawn(run, args.world, args.model, args.fsdp, args.steps, out, args.device, args.trace)
     with open(out) as f:
         print(f.read())
     os.remove(out)
