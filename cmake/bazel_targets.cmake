@@ -186,8 +186,8 @@ fsdp_cc_library(//dcp
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
-  DEPS //testing:test_dir :dcp //fsdp/common:test_models //fsdp/flat_param //checkpoint
-       //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/per_param
+  DEPS //testing:test_dir :dcp //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:runtime
+       //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/per_param
        //fsdp/per_param:runtime //fsdp/per_param:test_models //mesh //optim_state:core
        //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
@@ -354,7 +354,7 @@ fsdp_cc_test(//fsdp/flat_param:fsdp_async_streams_test SIZE medium
 
 fsdp_cc_library(//fsdp/flat_param:fsdp_test_models TESTONLY
   HDRS fsdp_test_models.h
-  DEPS //fsdp/common:test_models :flat_param @libtorch @system//:absl)
+  DEPS //fsdp/common:test_models :flat_param :runtime @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small
   SRCS golden_test.cc

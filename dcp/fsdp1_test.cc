@@ -16,6 +16,7 @@
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
 #include "fsdp/common/test_models.h"
+#include "fsdp/flat_param/fsdp_state.h"  // GetState: the runtime behind the handle
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/flat_param/state_dict.h"
 #include "fsdp/per_param/fully_shard.h"

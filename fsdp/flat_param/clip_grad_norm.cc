@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_set.h"
+#include "fsdp/flat_param/fsdp_state.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 
 namespace fsdp::flat_param {

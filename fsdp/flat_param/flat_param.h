@@ -37,6 +37,7 @@
 #include "device/stream.h"
 #include "fsdp/common/flat_layout.h"
 #include "fsdp/flat_param/flat_param_streams.h"
+#include "fsdp/flat_param/fsdp_options.h"
 
 namespace torch::nn {
 class Module;
@@ -44,13 +45,9 @@ class Module;
 
 namespace fsdp::flat_param {
 
-// PyTorch's sharding strategies. PyTorch's `_HYBRID_SHARD_ZERO2` is spelled
-// HYBRID_SHARD_ZERO2 (a leading underscore + capital is reserved in C++); ToString gives
-// PyTorch's spelling.
-enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
+// ShardingStrategy (the user's choice) is in fsdp_options.h; the handle's own copy:
 enum class HandleShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
 HandleShardingStrategy ToHandleShardingStrategy(ShardingStrategy s);
-const char* ToString(ShardingStrategy s);
 const char* ToString(HandleShardingStrategy s);
 // RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES: FULL_SHARD, HYBRID_SHARD.
 bool ReshardsAfterForward(HandleShardingStrategy s);
@@ -139,15 +136,6 @@ struct FlatParamHandleOptions {
   bool use_full_prec_in_eval = false;  // or FSDP_USE_FULL_PREC_IN_EVAL=1
   bool skip_writeback_check = false;   // or FSDP_SKIP_WRITEBACK_CHECK=1
 };
-
-// A communication hook replaces the default gradient reduction (pre-divide, reduce-scatter
-// or all-reduce, post-divide; PyTorch's register_comm_hook): sharded strategies call
-// hook(group, padded_unsharded_grad, sharded_grad_out) and the hook must fill
-// sharded_grad_out (this rank's chunk); NO_SHARD calls hook(group, grad, undefined) and the
-// hook reduces `grad` in place. Gradients arrive in the reduce dtype; FSDP casts the result
-// to the parameter dtype afterwards. `group` is the handle's process group.
-using CommHook =
-    std::function<void(const comm::ProcessGroupPtr& group, const at::Tensor& grad, const at::Tensor& output)>;
 
 // PyTorch's per-handle runtime bookkeeping (attributes the FSDP runtime sets on the handle).
 struct HandleRuntimeState {

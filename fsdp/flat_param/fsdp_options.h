@@ -2,6 +2,7 @@
 #ifndef FSDP_FSDP_FLAT_PARAM_FSDP_OPTIONS_H_
 #define FSDP_FSDP_FLAT_PARAM_FSDP_OPTIONS_H_
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
@@ -14,7 +15,6 @@
 
 #include "comm/process_group.h"
 #include "device/stream.h"
-#include "fsdp/flat_param/flat_param.h"
 #include "mesh/device_mesh.h"
 
 namespace torch::nn {
@@ -22,6 +22,21 @@ class Module;
 }
 
 namespace fsdp::flat_param {
+
+// PyTorch's sharding strategies. PyTorch's `_HYBRID_SHARD_ZERO2` is spelled
+// HYBRID_SHARD_ZERO2 (a leading underscore + capital is reserved in C++); ToString gives
+// PyTorch's spelling.
+enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
+const char* ToString(ShardingStrategy s);
+
+// A communication hook replaces the default gradient reduction (pre-divide, reduce-scatter
+// or all-reduce, post-divide; PyTorch's register_comm_hook): sharded strategies call
+// hook(group, padded_unsharded_grad, sharded_grad_out) and the hook must fill
+// sharded_grad_out (this rank's chunk); NO_SHARD calls hook(group, grad, undefined) and the
+// hook reduces `grad` in place. Gradients arrive in the reduce dtype; FSDP casts the result
+// to the parameter dtype afterwards. `group` is the handle's process group.
+using CommHook =
+    std::function<void(const comm::ProcessGroupPtr& group, const at::Tensor& grad, const at::Tensor& output)>;
 
 // Which unsharded flat parameter to all-gather ahead in backward (PyTorch's BackwardPrefetch):
 // BACKWARD_PRE: the next module's (in reverse post-forward order) in this module's

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/common/test_models.h"
+#include "fsdp/flat_param/fsdp_state.h"  // the runtime: tests look at handles and flat parameters
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 
 namespace fsdp::flat_param::testing {

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "fsdp/common/meta.h"
+#include "fsdp/flat_param/fsdp_state.h"
 
 namespace fsdp::flat_param {
 namespace {
@@ -382,6 +383,8 @@ AutoWrapPolicy ModuleWrapPolicy(std::function<bool(const torch::nn::Module&)> pr
 
 // ----------------------------------------------------------------------------------------
 // FullyShardedDataParallel
+
+FullyShardedDataParallel::FullyShardedDataParallel(FSDPState* state) : state_(state) {}
 
 FSDPState* FullyShardedDataParallel::state() const { return state_.Get("FullyShardedDataParallel"); }
 

@@ -40,10 +40,13 @@
 #include "fsdp/common/fsdp_state_base.h"
 #include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/fsdp_options.h"
-#include "fsdp/flat_param/fsdp_state.h"
 
 namespace fsdp::flat_param {
 
+// The runtime's types (fsdp/flat_param/fsdp_state.h, flat_param.h: //fsdp/flat_param:runtime),
+// which this API hands out only by pointer.
+class FSDPState;
+class FlatParamHandle;
 class FullyShardedDataParallel;
 
 // Restores every FSDP state's gradient sync flag on destruction (FSDP.no_sync()).
@@ -67,7 +70,7 @@ class [[nodiscard]] NoSyncGuard {
 class FullyShardedDataParallel {
  public:
   FullyShardedDataParallel() = default;
-  explicit FullyShardedDataParallel(FSDPState* state) : state_(state) {}
+  explicit FullyShardedDataParallel(FSDPState* state);
 
   FSDPState* state() const;
   torch::nn::Module& module() const;
