@@ -144,21 +144,5 @@ cp "$RESULTS/pytorch_compute.rank0.json" "$OUT/pytorch.rank0.json" 2>/dev/null
 
 step "summary"
 tar -czf "$OUT/results.tgz" -C "$RESULTS" --exclude='*.rank*.json' . || echo "tar failed"
-python3 - "$RESULTS" <<'PYEOF'
-import glob, sys, xml.etree.ElementTree as ET
-counts = {"passed": 0, "failed": 0, "skipped": 0}
-for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
-    for tc in ET.parse(path).getroot().iter("testcase"):
-        name = f"{tc.get('classname')}.{tc.get('name')}"
-        if tc.find("failure") is not None or tc.find("error") is not None:
-            outcome = "failed"
-        elif tc.get("result") == "skipped" or tc.find("skipped") is not None:
-            outcome = "skipped"
-        else:
-            outcome = "passed"
-        counts[outcome] += 1
-        if outcome != "passed":
-            print(outcome, name)
-print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
-PYEOF
+python3 "$ROOT/tools/test_summary.py" --xml "$RESULTS" || rc=1
 exit $rc

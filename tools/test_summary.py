@@ -10,6 +10,9 @@ Usage:
                                                       BUILD_LOG counts as one failure (a
                                                       binary that did not link is a failure
                                                       even when no test runs it)
+  test_summary.py --xml XML_DIR                      the GoogleTest XML files in XML_DIR
+                                                      (tools/gpu_check.sh): every case, a
+                                                      file that does not parse is one failure
   test_summary.py --combine NAME=FILE ...             sums the last summary line of each
                                                       FILE (a part's output); a part with
                                                       no summary line counts as one failure
@@ -19,6 +22,7 @@ readable failing case (crash, timeout, build failure) counts as one failure; a p
 target without XML (a shell test) counts as one pass; skipped cases are reported as
 skipped, never as passed. Exit status 1 when anything failed or nothing was counted.
 """
+import glob
 import os
 import re
 import sys
@@ -126,6 +130,20 @@ def ctest(log_path, xml_dir, build_log=None):
     return tally.report("ctest")
 
 
+def xml_dir(path):
+    tally = Tally()
+    for xml in sorted(glob.glob(os.path.join(path, "*.xml"))):
+        try:
+            for case, outcome in cases(xml):
+                setattr(tally, outcome, getattr(tally, outcome) + 1)
+                if outcome == "failed":
+                    tally.failures.append(f"{os.path.basename(xml)}: {case}")
+        except ET.ParseError:
+            tally.failed += 1
+            tally.failures.append(f"{xml}: not GoogleTest XML")
+    return tally.report(f"the XML files in {path}")
+
+
 def combine(parts):
     total = [0, 0, 0]
     for part in parts:
@@ -156,6 +174,8 @@ def combine(parts):
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--combine":
         return combine(argv[1:])
+    if len(argv) == 2 and argv[0] == "--xml":
+        return xml_dir(argv[1])
     if len(argv) in (3, 4) and argv[0] == "--ctest":
         return ctest(*argv[1:])
     if len(argv) == 2 and not argv[0].startswith("--"):

@@ -86,15 +86,6 @@ int64_t FsdpOwnedBytes(torch::nn::Module& model) {
 }
 constexpr int64_t kBatch = 12;  // divisible by 1..4
 
-// f32 parity on CUDA. The reference runs on the same GPU, but not the same kernels: cuBLAS
-// picks its GEMM algorithm (and split-K reduction order) by shape, and the reference's
-// batch has W times the rows of a rank's, and NCCL sums the W partial gradients in its own
-// order. So the results agree to f32 rounding amplified by 4 AdamW steps, not bitwise as on
-// the CPU; 1e-5 x max(1, scale) is ~100 ulps at the parameters' scale and still ~1000x
-// below one step's update (lr 1e-2), so a wrong shard, a missing reduction or a stale
-// all-gather still fails. TF32 is off by default in LibTorch (matmul), so it plays no part.
-constexpr double kCudaF32Tolerance = 1e-5;
-
 // `device`: where the model, its inputs and the reference live (the rank's GPU for NCCL).
 void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Device device = c10::Device(c10::kCPU)) {
   const int w = world->size(), me = world->rank();
@@ -159,7 +150,7 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
     if (baseline_bytes < 0) baseline_bytes = bytes;
     EXPECT_EQ(bytes, baseline_bytes) << cfg.name << " step " << step << " rank " << me;
   }
-  const double tol = cfg.bf16 ? 3e-2 : device.is_cuda() ? kCudaF32Tolerance : 1e-6;
+  const double tol = cfg.bf16 ? 3e-2 : device.is_cuda() ? fsdp::testing::kCudaF32Tolerance : 1e-6;
   EXPECT_EQ(ExpectMatchesReference(*model, *ref, tol, cfg.name, me),
             static_cast<int>(testing::UniqueParameters(*ref).size()));
   if (cfg.output_dtype) {
