@@ -36,7 +36,8 @@ if(FSDP_WITH_CUDA)
                  "the wheel's CUDA dependencies ${FSDP_TORCH_CUDA_DEPS}")
   add_library(fsdp_cudart INTERFACE)
   target_link_libraries(fsdp_cudart INTERFACE CUDA::cudart)
-  # As Bazel's --config=cuda (--copt=-DFSDP_WITH_CUDA=1): every translation unit.
+  # Every translation unit (Bazel's --config=cuda defines it only in the targets with CUDA-only
+  # code, their local_defines, so that the rest keeps its cached compiles).
   add_compile_definitions(FSDP_WITH_CUDA=1)
 endif()
 

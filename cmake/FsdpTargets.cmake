@@ -51,8 +51,8 @@ if(FSDP_PRECOMPILED_HEADERS)
   add_library(fsdp_pch OBJECT "${_fsdp_pch_anchor}")
   target_link_libraries(fsdp_pch PRIVATE fsdp_libtorch)
   target_compile_options(fsdp_pch PRIVATE ${FSDP_COPTS})
-  target_precompile_headers(fsdp_pch PRIVATE <ATen/ATen.h> <c10/util/Exception.h> <torch/nn/module.h>
-                            <torch/nn/modules/linear.h> <torch/optim/adamw.h>)
+  # The same list as Bazel's //tools:torch_pch (tools/cc.bzl).
+  target_precompile_headers(fsdp_pch PRIVATE "${PROJECT_SOURCE_DIR}/tools/torch_pch_headers.h")
 endif()
 
 function(_fsdp_use_pch target)

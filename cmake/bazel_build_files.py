@@ -11,10 +11,22 @@ import pathlib
 
 SKIP_DIRS = {"third_party", ".git", ".ci", "build"}
 KNOWN_ATTRS = {"name", "srcs", "hdrs", "deps", "size", "data", "env", "args", "testonly",
-               "linkopts", "visibility", "alwayslink", "timeout"}
+               "linkopts", "visibility", "alwayslink", "timeout",
+               # Bazel's precompiled LibTorch header (tools/cc.bzl); CMake has its own
+               # (fsdp_pch in cmake/FsdpTargets.cmake).
+               "torch_pch",
+               # Checked against CUDA_LOCAL_DEFINES below.
+               "local_defines"}
+# The only local_defines a BUILD file may set, each under //comm:with_cuda: CMake's
+# FSDP_WITH_CUDA option defines them for every target (cmake/FsdpDependencies.cmake).
+CUDA_LOCAL_DEFINES = {"FSDP_WITH_CUDA=1",
+                      "FSDP_TORCH_NCCL_VERSION_CODE=$(FSDP_TORCH_NCCL_VERSION_CODE)"}
 CC_RULES = ("cc_library", "cc_test", "cc_binary")
 OTHER_RULES = ("cc_import", "filegroup", "sh_test", "sh_binary", "py_test", "py_binary",
                "py_library", "genrule", "test_suite", "alias")
+# Bazel-only rules with a CMake counterpart written by hand: the precompiled LibTorch header
+# (tools/cc.bzl) is CMake's fsdp_pch target (cmake/FsdpTargets.cmake).
+BAZEL_ONLY_RULES = ("torch_precompiled_header",)
 DEFAULT = "//conditions:default"
 
 
@@ -132,6 +144,15 @@ def load_build_files(root):
                                     "cmake/FsdpTargets.cmake about it")
                     return
                 unknown = sorted(set(kwargs) - KNOWN_ATTRS)
+                defines = kwargs.get("local_defines")
+                if defines is not None and (
+                        not all(isinstance(p, Select) and all(
+                            is_cuda_condition(c) or c == DEFAULT for c in p.branches)
+                            for p in parts_of(defines))
+                        or set(resolve(defines, False))
+                        or not set(resolve(defines, True)) <= CUDA_LOCAL_DEFINES):
+                    problems.append(f"{label}: local_defines other than {sorted(CUDA_LOCAL_DEFINES)} "
+                                    "under //comm:with_cuda are not mirrored by CMake")
                 if unknown:
                     problems.append(f"{label}: attribute(s) {', '.join(unknown)} not mirrored by CMake")
                 targets[label] = (kind, pkg, kwargs)
@@ -160,6 +181,8 @@ def load_build_files(root):
         }
         for kind in CC_RULES + OTHER_RULES:
             env[kind] = rule(kind)
+        for kind in BAZEL_ONLY_RULES:
+            env[kind] = lambda **k: None
         with open(path) as f:
             code = compile(f.read(), path, "exec")
         try:

@@ -15,8 +15,9 @@
 
 // ProcessGroupNCCL's members depend on NCCL_VERSION_CODE (NCCLUtils.hpp's feature macros): a
 // TU compiled against another nccl.h than the wheel's has another object layout than
-// libtorch_cuda.so and corrupts the heap. `./x setup` passes the version the wheel pins.
-#ifdef FSDP_TORCH_NCCL_VERSION_CODE
+// libtorch_cuda.so and corrupts the heap. `./x setup` passes the version the wheel pins (0, the
+// .bazelrc default, when it could not read one).
+#if defined(FSDP_TORCH_NCCL_VERSION_CODE) && FSDP_TORCH_NCCL_VERSION_CODE != 0
 static_assert(NCCL_VERSION_CODE == FSDP_TORCH_NCCL_VERSION_CODE,
               "nccl.h is not the NCCL version the torch wheel was built with (include order: the wheel's "
               "nvidia/nccl/include must come before the CUDA toolkit's include directory)");

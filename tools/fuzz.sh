@@ -24,7 +24,7 @@ command -v clang >/dev/null || { echo "fuzz: clang not found (apt-get install cl
 
 # LibTorch, absl and gtest are gcc-built and uninstrumented: coverage and ASan see our code
 # (and every read our code does); leaks and new/delete pairing inside LibTorch are not ours.
-FLAGS=(--repo_env=CC=clang --repo_env=CXX=clang++ --define=fuzzing=libfuzzer
+FLAGS=(--repo_env=CC=clang --repo_env=CXX=clang++ --define=fuzzing=libfuzzer --define=torch_pch=off
        --copt=-fsanitize=fuzzer-no-link,address,undefined --copt=-fno-sanitize=vptr
        --copt=-fno-sanitize-recover=undefined --copt=-fno-omit-frame-pointer --copt=-O1 --copt=-g
        --linkopt=-fsanitize=address,undefined --linkopt=-fsanitize-link-c++-runtime --strip=never)

@@ -67,7 +67,7 @@ TensorDict RunPeer(const std::string& python, const std::string& script, int wor
   }
   std::remove(in_path.c_str());
   EXPECT_EQ(rc, 0) << command;
-  if (rc != 0) return {};
+  if (rc != 0) return TensorDict();
   TensorDict out = checkpoint::LoadTensorDict(out_path);
   std::remove(out_path.c_str());
   return out;

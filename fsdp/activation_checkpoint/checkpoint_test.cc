@@ -58,7 +58,9 @@ void ExpectSameGrads(const std::map<std::string, at::Tensor>& a, const std::map<
   for (const auto& [name, g] : a) {
     ASSERT_TRUE(b.count(name)) << name;
     ASSERT_EQ(g.defined(), b.at(name).defined()) << name;
-    if (g.defined()) EXPECT_TRUE(at::equal(g, b.at(name))) << name << " max diff " << (g - b.at(name)).abs().max();
+    if (g.defined()) {
+      EXPECT_TRUE(at::equal(g, b.at(name))) << name << " max diff " << (g - b.at(name)).abs().max();
+    }
   }
 }
 
