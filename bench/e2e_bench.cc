@@ -48,10 +48,8 @@
 #include "absl/strings/str_cat.h"
 #include "bench/peak_memory.h"
 #include "comm/comm_trace.h"
-#include "comm/gloo_process_group.h"
+#include "comm/init_process_group.h"
 #include "comm/main_guard.h"
-#include "comm/nccl_process_group.h"
-#include "comm/torchrun_env.h"
 #include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/fully_sharded_data_parallel.h"
 #include "fsdp/per_param/fully_shard.h"
@@ -300,16 +298,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--fsdp must be 1 or 2, got %d\n", fsdp_version);
       return 2;
     }
-    const std::string device = absl::GetFlag(FLAGS_device);
-    if (device == "cuda") {
-      const auto index = static_cast<c10::DeviceIndex>(fsdp::comm::ReadTorchrunEnv().local_rank);
-      return Run(spec, steps, fsdp_version, c10::Device(c10::kCUDA, index),
-                 fsdp::comm::CreateNcclProcessGroupFromEnv());
-    }
-    if (device != "cpu") {
-      std::fprintf(stderr, "--device must be cpu or cuda, got '%s'\n", device.c_str());
-      return 2;
-    }
-    return Run(spec, steps, fsdp_version, c10::Device(c10::kCPU), fsdp::comm::CreateGlooProcessGroupFromEnv());
+    auto [group, device] = fsdp::comm::InitProcessGroupFromEnv(absl::GetFlag(FLAGS_device));
+    return Run(spec, steps, fsdp_version, device, group);
   });
 }

@@ -54,7 +54,7 @@ fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_binary(//bench:e2e_bench OPTION FSDP_BUILD_BENCH
   SRCS e2e_bench.cc
-  DEPS :peak_memory //comm //comm:gloo //comm:main_guard //comm:nccl //fsdp/flat_param
+  DEPS :peak_memory //comm //comm:init_process_group //comm:main_guard //fsdp/flat_param
        //fsdp/per_param //mesh //tools:fsdp_plan_lib @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
@@ -147,6 +147,11 @@ fsdp_cc_library(//comm:gloo
   SRCS gloo_process_group.cc
   HDRS gloo_process_group.h
   DEPS :c10d :comm :main_guard :tcp_store @libtorch @system//:absl)
+
+fsdp_cc_library(//comm:init_process_group
+  SRCS init_process_group.cc
+  HDRS init_process_group.h
+  DEPS :comm :gloo :nccl @libtorch)
 
 fsdp_cc_test(//comm:comm_test SIZE medium SMOKE
   SRCS comm_test.cc
@@ -253,8 +258,8 @@ fsdp_cc_binary(//examples:collectives_demo
 
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
-  DEPS :training_checkpoints //comm //comm:gloo //comm:main_guard //comm:nccl //dcp //fsdp/per_param
-       //mesh @libtorch @system//:absl @system//:absl_flags)
+  DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp
+       //fsdp/per_param //mesh @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_library(//examples:training_checkpoints
   SRCS training_checkpoints.cc
@@ -535,8 +540,9 @@ fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE
 # ================================================================ //tests
 fsdp_cc_test(//tests:bad_input_catalogue_test SIZE medium SMOKE
   SRCS bad_input_catalogue_test.cc
-  DEPS //comm //comm:faulty //dtensor //fsdp/per_param //fsdp/per_param:test_models //mesh
-       //optim_state //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+  DEPS //comm //comm:faulty //comm:init_process_group //dtensor //fsdp/per_param
+       //fsdp/per_param:test_models //mesh //optim_state //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//tests:one_model_type_test SIZE medium
   SRCS one_model_type_test.cc

@@ -43,10 +43,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "comm/comm_trace.h"
-#include "comm/gloo_process_group.h"
+#include "comm/init_process_group.h"
 #include "comm/main_guard.h"
-#include "comm/nccl_process_group.h"
-#include "comm/torchrun_env.h"
 #include "dcp/dcp.h"
 #include "examples/training_checkpoints.h"
 #include "fsdp/per_param/fsdp_state.h"  // runtime introspection for the printout (CollectStates)
@@ -465,17 +463,11 @@ int main(int argc, char** argv) {
   // rank with one line on stderr and exit status 1.
   return fsdp::comm::RunMain([] {
     World w;
-    const std::string device = absl::GetFlag(FLAGS_device);
-    if (device == "cuda") {
-      // Rank r on cuda:LOCAL_RANK; CreateNcclProcessGroupFromEnv explains a build without CUDA.
-      w.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(fsdp::comm::ReadTorchrunEnv().local_rank));
-      w.group = fsdp::comm::CreateNcclProcessGroupFromEnv();
-    } else if (device == "cpu") {
-      w.group = fsdp::comm::CreateGlooProcessGroupFromEnv();
-    } else {
-      std::printf("--device must be cpu or cuda, got '%s'\n", device.c_str());
-      return 2;
-    }
+    // Gloo on the CPU, or NCCL with rank r on cuda:LOCAL_RANK (the NCCL factory explains a
+    // build without CUDA); another --device is an error naming it.
+    auto [group, device] = fsdp::comm::InitProcessGroupFromEnv(absl::GetFlag(FLAGS_device));
+    w.group = std::move(group);
+    w.device = device;
     w.size = w.group->size();
     w.rank = w.group->rank();
     if (kGlobalBatch % w.size != 0) {

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "comm/faulty_process_group.h"
+#include "comm/init_process_group.h"
 #include "comm/torchrun_env.h"
 #include "dtensor/dtensor.h"
 #include "fsdp/per_param/fully_shard.h"
@@ -97,6 +98,8 @@ std::vector<Case> Catalogue(const comm::ProcessGroupPtr& pg) {
   c.push_back({"torchrun: RANK >= WORLD_SIZE", env(with("RANK", "2")), "RANK (2) must be < WORLD_SIZE (2)"});
   c.push_back({"torchrun: MASTER_PORT not a number", env(with("MASTER_PORT", "http")),
                "MASTER_PORT must be an integer, got 'http'"});
+  c.push_back({"init_process_group: unknown device", [] { comm::InitProcessGroupFromEnv("tpu"); },
+               "device must be \"cpu\" (Gloo) or \"cuda\" (NCCL), got \"tpu\""});
   c.push_back({"faulty group without inner", [] { comm::FaultyProcessGroup(nullptr, {}); }, "inner group is null"});
   c.push_back({"fault index negative", [pg] { comm::FaultyProcessGroup(pg, {{.index = -1}}); },
                "fault index must be >= 0, got -1"});
