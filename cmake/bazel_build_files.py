@@ -120,6 +120,17 @@ def normalize_label(label, pkg):
     return f"//{pkg}:{label}"
 
 
+def cuda_local_defines_only(defines):
+    """Whether a local_defines value (None: unset) defines nothing but CUDA_LOCAL_DEFINES, and
+    those only under --config=cuda: select()s on :with_cuda whose default branch is empty."""
+    if defines is None:
+        return True
+    only_cuda_selects = all(isinstance(p, Select) and all(is_cuda_condition(c) or c == DEFAULT for c in p.branches)
+                            for p in parts_of(defines))
+    return (only_cuda_selects and not resolve(defines, False)
+            and set(resolve(defines, True)) <= CUDA_LOCAL_DEFINES)
+
+
 def load_build_files(root):
     """Returns (targets, problems): targets maps '//pkg:name' to (kind, pkg, kwargs) in
     package order (directories sorted) and, within a package, BUILD file order."""
@@ -144,13 +155,7 @@ def load_build_files(root):
                                     "cmake/FsdpTargets.cmake about it")
                     return
                 unknown = sorted(set(kwargs) - KNOWN_ATTRS)
-                defines = kwargs.get("local_defines")
-                if defines is not None and (
-                        not all(isinstance(p, Select) and all(
-                            is_cuda_condition(c) or c == DEFAULT for c in p.branches)
-                            for p in parts_of(defines))
-                        or set(resolve(defines, False))
-                        or not set(resolve(defines, True)) <= CUDA_LOCAL_DEFINES):
+                if not cuda_local_defines_only(kwargs.get("local_defines")):
                     problems.append(f"{label}: local_defines other than {sorted(CUDA_LOCAL_DEFINES)} "
                                     "under //comm:with_cuda are not mirrored by CMake")
                 if unknown:

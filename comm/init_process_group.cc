@@ -7,22 +7,14 @@
 #include "comm/torchrun_env.h"
 
 namespace fsdp::comm {
-namespace {
-
-c10::Device TrainingDevice(const std::string& device) {
-  if (device == "cpu") return c10::Device(c10::kCPU);
-  TORCH_CHECK(device == "cuda", "InitProcessGroupFromEnv: device must be \"cpu\" (Gloo) or \"cuda\" (NCCL), got \"",
-              device, "\"");
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ReadTorchrunEnv().local_rank));
-}
-
-}  // namespace
 
 DeviceProcessGroup InitProcessGroupFromEnv(const std::string& device) {
-  DeviceProcessGroup out;
-  out.device = TrainingDevice(device);
-  out.group = out.device.is_cuda() ? CreateNcclProcessGroupFromEnv() : CreateGlooProcessGroupFromEnv();
-  return out;
+  TORCH_CHECK(device == "cpu" || device == "cuda",
+              "InitProcessGroupFromEnv: device must be \"cpu\" (Gloo) or \"cuda\" (NCCL), got \"", device, "\"");
+  const TorchrunEnv env = ReadTorchrunEnv();
+  if (device == "cpu") return {CreateGlooProcessGroupWithTcpStore(env), c10::Device(c10::kCPU)};
+  return {CreateNcclProcessGroupWithTcpStore(env),
+          c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank))};
 }
 
 }  // namespace fsdp::comm

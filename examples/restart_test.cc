@@ -116,6 +116,8 @@ struct TorchrunResult {
   int status = 0;
 };
 
+constexpr int kCheckpointEvery = 5;
+
 // torchrun --nproc-per-node 4 --max-restarts 1 on the demo, checkpointing every 5 of its 30
 // steps under dir/steps.
 TorchrunResult Torchrun(const std::string& python, const std::string& name, const std::string& fault) {
@@ -124,7 +126,7 @@ TorchrunResult Torchrun(const std::string& python, const std::string& name, cons
   const std::string command =
       absl::StrCat("FSDP_FAULT=", fault, " ", python, " -m torch.distributed.run --nproc-per-node 4 --max-restarts 1 ",
                    "--monitor-interval 0.1 --master-port ", fsdp::testing::FreePort(), " --no-python ", g_demo,
-                   " --checkpoint_dir=", result.dir, " --checkpoint_every=5");
+                   " --checkpoint_dir=", result.dir, " --checkpoint_every=", kCheckpointEvery);
   result.status = fsdp::testing::RunCommand(command, &result.log);
   for (absl::string_view line : absl::StrSplit(result.log, '\n')) {
     const size_t at = line.find("(final loss ");
@@ -149,7 +151,7 @@ void ExpectSameModel(const std::string& got_dir, const std::string& want_dir) {
 // step_<latest>, but its async save may still be in flight when the rank dies on a loaded
 // machine; then the log must say that step is skipped as incomplete, and so on down.
 void ExpectResumedFromLatestComplete(const TorchrunResult& r, int latest) {
-  for (int step = latest; step > 0; step -= 5) {
+  for (int step = latest; step > 0; step -= kCheckpointEvery) {
     const std::string ckpt = absl::StrCat(r.dir, "/steps/step_", step);
     if (absl::StrContains(r.log, "skipping incomplete checkpoint " + ckpt + ":")) continue;
     EXPECT_TRUE(absl::StrContains(r.log, "resumed from " + ckpt + ":")) << "expected a resume from " << ckpt << "\n"

@@ -97,16 +97,21 @@ torch_precompiled_header = rule(
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )
 
-_PCH_TARGET = "//tools:torch_pch"
+# The torch_precompiled_header target in tools/BUILD.bazel, and the header it writes there.
+_PCH_PACKAGE = "tools"
+_PCH_NAME = "torch_pch"
 
 def _with_torch_pch(kwargs):
     if not kwargs.pop("torch_pch", True) or not kwargs.get("srcs"):
         return kwargs
-    off = "//tools:torch_pch_off"
-    kwargs["deps"] = kwargs.get("deps", []) + select({off: [], "//conditions:default": [_PCH_TARGET]})
+    off = "//%s:torch_pch_off" % _PCH_PACKAGE
+    kwargs["deps"] = kwargs.get("deps", []) + select({
+        off: [],
+        "//conditions:default": ["//%s:%s" % (_PCH_PACKAGE, _PCH_NAME)],
+    })
     kwargs["copts"] = kwargs.get("copts", []) + select({
         off: [],
-        "//conditions:default": ["-include", "tools/torch_pch.h"],
+        "//conditions:default": ["-include", "%s/%s.h" % (_PCH_PACKAGE, _PCH_NAME)],
     })
     return kwargs
 

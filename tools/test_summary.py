@@ -57,20 +57,29 @@ class Tally:
     def add_target(self, target, status, passed_status, xml):
         """Counts one test target: `status` is the runner's word for it, `passed_status`
         whether that means it passed."""
-        counted = {"passed": 0, "failed": 0, "skipped": 0}
-        if xml and os.path.exists(xml):
-            try:
-                for case, outcome in cases(xml):
-                    counted[outcome] += 1
-                    if outcome == "failed":
-                        self.failures.append(f"{target}: {case}")
-            except ET.ParseError:
-                pass
+        counted = (self.count_xml(target, xml) if xml and os.path.exists(xml) else None) or \
+            {"passed": 0, "failed": 0, "skipped": 0}
         if not passed_status and counted["failed"] == 0:
             counted["failed"] = 1
             self.failures.append(f"{target}: {status}")
         if passed_status and sum(counted.values()) == 0:
             counted["passed"] = 1  # a non-gtest test target (e.g. a shell test)
+        self.add(counted)
+
+    def count_xml(self, target, xml):
+        """The case counts of one GoogleTest XML file (failed cases recorded under `target`),
+        or None when it does not parse."""
+        counted = {"passed": 0, "failed": 0, "skipped": 0}
+        try:
+            for case, outcome in cases(xml):
+                counted[outcome] += 1
+                if outcome == "failed":
+                    self.failures.append(f"{target}: {case}")
+        except ET.ParseError:
+            return None
+        return counted
+
+    def add(self, counted):
         self.passed += counted["passed"]
         self.failed += counted["failed"]
         self.skipped += counted["skipped"]
@@ -133,14 +142,12 @@ def ctest(log_path, xml_dir, build_log=None):
 def xml_dir(path):
     tally = Tally()
     for xml in sorted(glob.glob(os.path.join(path, "*.xml"))):
-        try:
-            for case, outcome in cases(xml):
-                setattr(tally, outcome, getattr(tally, outcome) + 1)
-                if outcome == "failed":
-                    tally.failures.append(f"{os.path.basename(xml)}: {case}")
-        except ET.ParseError:
+        counted = tally.count_xml(os.path.basename(xml), xml)
+        if counted is None:
             tally.failed += 1
             tally.failures.append(f"{xml}: not GoogleTest XML")
+        else:
+            tally.add(counted)
     return tally.report(f"the XML files in {path}")
 
 
