@@ -8,6 +8,7 @@
 #                SRCS .. DEPS .. [DATA ..] [ENV K=V ..] [ARGS ..] [SMOKE])
 #                (DATA may use globs: testdata/*.pt, as Bazel's glob())
 #   fsdp_bazel_excluded(//pkg:name KIND cc_test REASON "...")
+#   (each of the three also takes [PCH aten|none]: Bazel's torch_pch, see below)
 #
 # Arguments read like the BUILD.bazel entry they mirror: sources relative to the package
 # directory, deps as Bazel labels (//comm, //comm:gloo, :sibling, @libtorch, @system//:absl,
@@ -36,28 +37,42 @@ set(FSDP_COPTS -Wall -Wno-unused-parameter -Wno-sign-compare -Wno-unknown-pragma
 
 # Precompiled LibTorch headers: ATen.h and torch::nn / torch::optim cost ~8 of a TU's ~12 s
 # on the project machine (measured: fsdp_param_group.cc 12.1 s plain, 3.9 s with the PCH; the
-# PCH itself ~37 s once). One PCH is built (target fsdp_pch) and every target reuses it, so
-# all targets compile position-independent (one -fPIC setting for the PCH and its users).
-# A target whose flags differ (e.g. FSDP_WITH_CUDA's defines) makes GCC ignore the PCH and
-# read the headers as usual: slower, never wrong. ccache caches these compiles with
+# PCH itself ~37 s once). Two are built, the tiers of Bazel's tools/cc.bzl: fsdp_pch (the full
+# list, tools/torch_pch_headers.h; the default) and fsdp_pch_aten (ATen only,
+# tools/torch_pch_aten_headers.h; targets with PCH aten). PCH none: no precompiled header (the
+# sources include no LibTorch header). Every target reuses one of them, so all targets compile
+# position-independent (one -fPIC setting for a PCH and its users). A target whose flags
+# differ (e.g. FSDP_WITH_CUDA's defines) makes GCC ignore the PCH and read the headers as
+# usual: slower, never wrong. ccache caches these compiles with
 # CCACHE_SLOPPINESS=pch_defines,time_macros (tools/cmake_build.sh sets it).
 option(FSDP_PRECOMPILED_HEADERS "Precompile the most used LibTorch headers once and reuse them in every target" ON)
 set(CMAKE_POSITION_INDEPENDENT_CODE ON)
-if(FSDP_PRECOMPILED_HEADERS)
-  set(_fsdp_pch_anchor "${CMAKE_BINARY_DIR}/fsdp_pch.cc")
-  if(NOT EXISTS "${_fsdp_pch_anchor}")
-    file(WRITE "${_fsdp_pch_anchor}" "// Compiles the precompiled header (target fsdp_pch).\n")
+function(_fsdp_pch_target target header)
+  set(_anchor "${CMAKE_BINARY_DIR}/${target}.cc")
+  if(NOT EXISTS "${_anchor}")
+    file(WRITE "${_anchor}" "// Compiles the precompiled header (target ${target}).\n")
   endif()
-  add_library(fsdp_pch OBJECT "${_fsdp_pch_anchor}")
-  target_link_libraries(fsdp_pch PRIVATE fsdp_libtorch)
-  target_compile_options(fsdp_pch PRIVATE ${FSDP_COPTS})
-  # The same list as Bazel's //tools:torch_pch (tools/cc.bzl).
-  target_precompile_headers(fsdp_pch PRIVATE "${PROJECT_SOURCE_DIR}/tools/torch_pch_headers.h")
+  add_library(${target} OBJECT "${_anchor}")
+  target_link_libraries(${target} PRIVATE fsdp_libtorch)
+  target_compile_options(${target} PRIVATE ${FSDP_COPTS})
+  target_precompile_headers(${target} PRIVATE "${PROJECT_SOURCE_DIR}/tools/${header}")
+endfunction()
+if(FSDP_PRECOMPILED_HEADERS)
+  # The same lists as Bazel's //tools:torch_pch and //tools:torch_pch_aten (tools/cc.bzl).
+  _fsdp_pch_target(fsdp_pch torch_pch_headers.h)
+  _fsdp_pch_target(fsdp_pch_aten torch_pch_aten_headers.h)
 endif()
 
-function(_fsdp_use_pch target)
-  if(FSDP_PRECOMPILED_HEADERS)
+# tier: the target's PCH argument (unset: the full header; aten; none).
+function(_fsdp_use_pch target tier)
+  if(NOT FSDP_PRECOMPILED_HEADERS OR tier STREQUAL "none")
+    return()
+  elseif(tier STREQUAL "aten")
+    target_precompile_headers(${target} REUSE_FROM fsdp_pch_aten)
+  elseif(tier STREQUAL "" OR tier STREQUAL "nn")
     target_precompile_headers(${target} REUSE_FROM fsdp_pch)
+  else()
+    message(FATAL_ERROR "${target}: PCH must be nn, aten or none, got '${tier}'")
   endif()
 endfunction()
 
@@ -169,7 +184,7 @@ endfunction()
 
 # Sources, headers and deps of the configuration being built (FSDP_WITH_CUDA or not).
 macro(_fsdp_common_args kind)
-  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK;SMOKE" "SIZE;TIMEOUT;KIND;REASON;OPTION"
+  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK;SMOKE" "SIZE;TIMEOUT;KIND;REASON;OPTION;PCH"
                         "SRCS;HDRS;DEPS;CUDA_SRCS;NOCUDA_SRCS;CUDA_DEPS;LINKOPTS;DATA;ENV;ARGS" ${ARGN})
   _fsdp_split_label("${label}" pkg name)
   fsdp_target_name("${label}" target)
@@ -248,7 +263,7 @@ function(fsdp_cc_library label)
     target_include_directories(${target}_archive PUBLIC "$<BUILD_INTERFACE:${FSDP_SOURCE_DIR}>")
     target_link_libraries(${target}_archive PUBLIC ${_link})
     target_compile_options(${target}_archive PRIVATE ${FSDP_COPTS})
-    _fsdp_use_pch(${target}_archive)
+    _fsdp_use_pch(${target}_archive "${ARG_PCH}")
     set_target_properties(${target}_archive PROPERTIES POSITION_INDEPENDENT_CODE ON
                           EXCLUDE_FROM_ALL ${_exclude_from_all})
     add_library(${target} INTERFACE)
@@ -258,7 +273,7 @@ function(fsdp_cc_library label)
     target_include_directories(${target} PUBLIC "$<BUILD_INTERFACE:${FSDP_SOURCE_DIR}>")
     target_link_libraries(${target} PUBLIC ${_link})
     target_compile_options(${target} PRIVATE ${FSDP_COPTS})
-    _fsdp_use_pch(${target})
+    _fsdp_use_pch(${target} "${ARG_PCH}")
     set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON
                           EXCLUDE_FROM_ALL ${_exclude_from_all})
   else()
@@ -286,7 +301,7 @@ function(_fsdp_executable)
   # -fPIC like the libraries (CMake would compile executables with -fPIE, and GCC rejects a
   # PCH built with the other setting); the objects still link into a PIE.
   target_compile_options(${target} PRIVATE ${FSDP_COPTS} -fPIC)
-  _fsdp_use_pch(${target})
+  _fsdp_use_pch(${target} "${ARG_PCH}")
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF OUTPUT_NAME "${name}"
                         RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/bin/${pkg}"
                         EXCLUDE_FROM_ALL ${_exclude_from_all})

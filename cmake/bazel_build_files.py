@@ -12,8 +12,8 @@ import pathlib
 SKIP_DIRS = {"third_party", ".git", ".ci", "build"}
 KNOWN_ATTRS = {"name", "srcs", "hdrs", "deps", "size", "data", "env", "args", "testonly",
                "linkopts", "visibility", "alwayslink", "timeout",
-               # Bazel's precompiled LibTorch header (tools/cc.bzl); CMake has its own
-               # (fsdp_pch in cmake/FsdpTargets.cmake).
+               # The precompiled LibTorch header's tier (tools/cc.bzl), one of PCH_TIERS;
+               # CMake's PCH argument (fsdp_pch / fsdp_pch_aten in cmake/FsdpTargets.cmake).
                "torch_pch",
                # Checked against CUDA_LOCAL_DEFINES below.
                "local_defines"}
@@ -28,6 +28,10 @@ OTHER_RULES = ("cc_import", "filegroup", "sh_test", "sh_binary", "py_test", "py_
 # (tools/cc.bzl) is CMake's fsdp_pch target (cmake/FsdpTargets.cmake).
 BAZEL_ONLY_RULES = ("torch_precompiled_header",)
 DEFAULT = "//conditions:default"
+# Where every BUILD file loads its C++ rules from (the precompiled-header macros).
+CC_BZL = "//tools:cc.bzl"
+# The values of torch_pch that tools/cc.bzl accepts.
+PCH_TIERS = (True, False, "nn", "aten")
 
 
 class Select:
@@ -158,6 +162,9 @@ def load_build_files(root):
                 if not cuda_local_defines_only(kwargs.get("local_defines")):
                     problems.append(f"{label}: local_defines other than {sorted(CUDA_LOCAL_DEFINES)} "
                                     "under //comm:with_cuda are not mirrored by CMake")
+                tier = kwargs.get("torch_pch", True)
+                if not (isinstance(tier, bool) or tier in PCH_TIERS):
+                    problems.append(f"{label}: torch_pch must be one of {PCH_TIERS}, got {tier!r}")
                 if unknown:
                     problems.append(f"{label}: attribute(s) {', '.join(unknown)} not mirrored by CMake")
                 targets[label] = (kind, pkg, kwargs)
@@ -175,8 +182,17 @@ def load_build_files(root):
                 return sorted(found)
             return GlobList(sorted(found), include)
 
+        loaded = {}
+
+        def load(bzl, *symbols, pkg=rel, **aliases):
+            bzl = f"//{pkg}{bzl}" if bzl.startswith(":") else bzl
+            for sym in symbols:
+                loaded[sym] = bzl
+            for alias, sym in aliases.items():
+                loaded[alias] = bzl
+
         env = {
-            "load": lambda *a, **k: None,
+            "load": load,
             "package": lambda **k: None,
             "exports_files": lambda *a, **k: None,
             "licenses": lambda *a, **k: None,
@@ -194,6 +210,11 @@ def load_build_files(root):
             exec(code, env)  # noqa: S102 - our own BUILD files
         except Exception as e:  # a Starlark feature the stand-ins lack
             problems.append(f"{path}: cannot evaluate ({type(e).__name__}: {e})")
+        # A C++ rule used without `load("//tools:cc.bzl", ...)` is Bazel's native one: no
+        # precompiled header, and no torch_pch attribute.
+        for kind in sorted({kind for kind, p, _ in targets.values() if p == rel}):
+            if kind in CC_RULES and loaded.get(kind) != CC_BZL:
+                problems.append(f"{path}: {kind} is not loaded from {CC_BZL}")
     return targets, problems
 
 

@@ -9,19 +9,26 @@
 #     tools/fuzz.sh's)
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
-#     //dtensor:dtensor_test //examples:restart_test //fsdp/activation_checkpoint:checkpoint_test
-#     //fsdp/common:common_test //fsdp/flat_param:flat_param_test //fsdp/per_param:per_param_test
-#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optim_state_test
-#     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_memory_test
+#     //dtensor:tensor_parallel_test //examples:restart_test
+#     //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
+#     //fsdp/flat_param:golden_test //fsdp/per_param:golden_test //fuzz:corrupt_checkpoint_test
+#     //mesh:device_mesh_test //optim_state:optimizer_adapter_test //testing:multi_rank_test
+#     //tests:bad_input_catalogue_test //tools:fsdp_memory_test
+#   //fsdp/per_param: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, per_param_test
+#     is 9)
+#   //fsdp/flat_param: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
+#   //dtensor: tensor_parallel_test (DTensor under Colwise/Rowwise parallel vs one rank; 1 TU,
+#     dtensor_test is 4)
+#   //optim_state: optimizer_adapter_test (the adapter registry round trip; 1 TU)
 #   //bench/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 #   //examples/llama: no smoke test (trains Hugging Face's Llama under PyTorch FSDP2 in the peer
 #     venv first (~50 s); Bazel runs it, the smoke build still builds the demo)
 
 # ================================================================ //bench
-fsdp_cc_library(//bench:pair_flags OPTION FSDP_BUILD_BENCH
+fsdp_cc_library(//bench:pair_flags OPTION FSDP_BUILD_BENCH PCH none
   HDRS pair_flags.h)
 
-fsdp_cc_library(//bench:callgrind_loop OPTION FSDP_BUILD_BENCH
+fsdp_cc_library(//bench:callgrind_loop OPTION FSDP_BUILD_BENCH PCH none
   HDRS callgrind_loop.h
   DEPS @system//:benchmark)
 
@@ -29,11 +36,11 @@ fsdp_cc_library(//bench:linear_stack OPTION FSDP_BUILD_BENCH
   HDRS linear_stack.h
   DEPS @libtorch @system//:absl)
 
-fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH
+fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
   SRCS comm_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:benchmark)
 
-fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH
+fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH PCH aten
   SRCS dtensor_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //mesh @libtorch @system//:absl
        @system//:benchmark)
@@ -48,7 +55,7 @@ fsdp_cc_binary(//bench:fsdp1_bench OPTION FSDP_BUILD_BENCH
   DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/flat_param
        //fsdp/per_param //mesh @libtorch @system//:absl @system//:benchmark)
 
-fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH
+fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH PCH aten
   SRCS peak_memory.cc
   HDRS peak_memory.h
   DEPS @libtorch)
@@ -88,95 +95,95 @@ fsdp_cc_test(//bench/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
        //optim_state:fsdp1 //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //checkpoint
-fsdp_cc_library(//checkpoint
+fsdp_cc_library(//checkpoint PCH aten
   SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc crc32.cc file_io.cc
        optim_state_file.cc tensor_dict_file.cc torch_unpickler.cc
   HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h crc32.h file_io.h optim_state_file.h
        tensor_dict_file.h torch_unpickler.h
   DEPS @libtorch @system//:absl)
 
-fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE
+fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE PCH aten
   SRCS checkpoint_test.cc
   DEPS :checkpoint //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
-fsdp_cc_library(//checkpoint:dcp
+fsdp_cc_library(//checkpoint:dcp PCH aten
   SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_pickle.cc dcp_read.cc dcp_storage.cc
        tensor_archive.cc
   HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h tensor_archive.h
   DEPS :checkpoint @libtorch @system//:absl)
 
-fsdp_cc_test(//checkpoint:dcp_read_test SIZE small
+fsdp_cc_test(//checkpoint:dcp_read_test SIZE small PCH aten
   SRCS dcp_read_test.cc
   DEPS //testing:test_dir :checkpoint :dcp //testing:allocation_counter //testing:expect_error
        @libtorch @system//:absl @system//:gtest_main)
 
-fsdp_cc_test(//checkpoint:dcp_test SIZE medium
+fsdp_cc_test(//checkpoint:dcp_test SIZE medium PCH aten
   SRCS dcp_test.cc
   DATA testdata/dcp_interop.py
   DEPS //testing:test_dir :checkpoint :dcp //testing:expect_error //testing:peer_python @libtorch
        @system//:absl @system//:gtest_main)
 
 # ================================================================ //comm
-fsdp_cc_library(//comm
+fsdp_cc_library(//comm PCH aten
   SRCS comm_trace.cc fake_process_group.cc internal/reduce_math.cc internal/reduce_math.h
        process_group.cc threaded_process_group.cc torchrun_env.cc
   HDRS comm_trace.h fake_process_group.h process_group.h reduce_op.h threaded_process_group.h
        torchrun_env.h work.h
   DEPS @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:main_guard
+fsdp_cc_library(//comm:main_guard PCH none
   SRCS main_guard.cc
   HDRS main_guard.h
   DEPS @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:faulty TESTONLY
+fsdp_cc_library(//comm:faulty TESTONLY PCH aten
   SRCS faulty_process_group.cc
   HDRS faulty_process_group.h
   DEPS :comm @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:tcp_store
+fsdp_cc_library(//comm:tcp_store PCH aten
   SRCS internal/tcp_store.cc
   HDRS internal/tcp_store.h
   DEPS :comm :main_guard @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:c10d
+fsdp_cc_library(//comm:c10d PCH aten
   SRCS c10d_process_group.cc internal/gloo_liveness.cc
   HDRS c10d_process_group.h internal/c10d_adapter.h internal/gloo_liveness.h
   DEPS :comm @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:gloo
+fsdp_cc_library(//comm:gloo PCH aten
   SRCS gloo_process_group.cc
   HDRS gloo_process_group.h
   DEPS :c10d :comm :main_guard :tcp_store @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:init_process_group
+fsdp_cc_library(//comm:init_process_group PCH aten
   SRCS init_process_group.cc
   HDRS init_process_group.h
   DEPS :comm :gloo :nccl @libtorch)
 
-fsdp_cc_test(//comm:comm_test SIZE medium SMOKE
+fsdp_cc_test(//comm:comm_test SIZE medium SMOKE PCH aten
   SRCS comm_test.cc
   DEPS :c10d :comm :main_guard //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
-fsdp_cc_test(//comm:fault_test SIZE medium
+fsdp_cc_test(//comm:fault_test SIZE medium PCH aten
   SRCS fault_test.cc
   DEPS :comm :faulty //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
-fsdp_cc_test(//comm:conformance_test SIZE large
+fsdp_cc_test(//comm:conformance_test SIZE large PCH aten
   SRCS conformance_test.cc
   DEPS :comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
-fsdp_cc_library(//comm:nccl
+fsdp_cc_library(//comm:nccl PCH aten
   CUDA_SRCS nccl_process_group.cc
   NOCUDA_SRCS nccl_unavailable.cc
   HDRS nccl_process_group.h
   DEPS :c10d :comm :tcp_store @libtorch
   CUDA_DEPS @libtorch//:torch_cuda @cuda//:cudart)
 
-fsdp_cc_test(//comm:nccl_test SIZE small
+fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
   SRCS nccl_test.cc
   DEPS :nccl //testing:multi_rank @libtorch @system//:gtest_main
   CUDA_DEPS @cuda//:cudart)
@@ -218,7 +225,7 @@ fsdp_cc_test(//dcp:fsdp1_interop_test SIZE medium
        @system//:absl @system//:gtest_main)
 
 # ================================================================ //device
-fsdp_cc_library(//device
+fsdp_cc_library(//device PCH aten
   SRCS cpu_stream.cc internal/pools.h stream.cc
   CUDA_SRCS cuda_stream.cc
   NOCUDA_SRCS cuda_unavailable.cc
@@ -226,17 +233,17 @@ fsdp_cc_library(//device
   DEPS //comm @libtorch
   CUDA_DEPS @cuda//:cudart @libtorch//:c10_cuda)
 
-fsdp_cc_test(//device:stream_test SIZE small SMOKE
+fsdp_cc_test(//device:stream_test SIZE small SMOKE PCH aten
   SRCS stream_test.cc
   DEPS :device //comm //testing:expect_error //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //dtensor
-fsdp_cc_library(//dtensor
+fsdp_cc_library(//dtensor PCH aten
   SRCS dtensor.cc dtensor_spec.cc large_output_cache.cc placement.cc redistribute.cc
   HDRS dtensor.h dtensor_spec.h large_output_cache.h placement.h redistribute.h
   DEPS //comm //mesh @libtorch @system//:absl)
 
-fsdp_cc_test(//dtensor:dtensor_test SIZE medium SMOKE
+fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
   SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
   DATA testdata/*.txt
   DEPS :dtensor //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
@@ -247,13 +254,13 @@ fsdp_cc_library(//dtensor:tensor_parallel
   HDRS tensor_parallel.h
   DEPS :dtensor //comm //mesh @libtorch @system//:absl)
 
-fsdp_cc_test(//dtensor:tensor_parallel_test SIZE medium
+fsdp_cc_test(//dtensor:tensor_parallel_test SIZE medium SMOKE
   SRCS tensor_parallel_test.cc
   DEPS :dtensor :tensor_parallel //comm //mesh //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
 
 # ================================================================ //examples
-fsdp_cc_binary(//examples:collectives_demo
+fsdp_cc_binary(//examples:collectives_demo PCH aten
   SRCS collectives_demo.cc
   DEPS //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:absl_flags)
 
@@ -262,12 +269,12 @@ fsdp_cc_binary(//examples:fsdp2_demo
   DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp
        //fsdp/per_param //mesh @libtorch @system//:absl @system//:absl_flags)
 
-fsdp_cc_library(//examples:training_checkpoints
+fsdp_cc_library(//examples:training_checkpoints PCH aten
   SRCS training_checkpoints.cc
   HDRS training_checkpoints.h
   DEPS //comm //dcp @libtorch @system//:absl)
 
-fsdp_cc_test(//examples:restart_test SIZE medium SMOKE
+fsdp_cc_test(//examples:restart_test SIZE medium SMOKE PCH aten
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
   DEPS //testing:test_dir //fsdp/per_param //testing:multi_rank //testing:peer_python @libtorch
@@ -340,7 +347,7 @@ fsdp_cc_library(//fsdp/flat_param:runtime
   HDRS exec_order.h flat_param.h flat_param_streams.h flat_state.h fsdp_options.h fsdp_state.h
   DEPS //comm //device //fsdp/common //mesh @libtorch @system//:absl)
 
-fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium SMOKE
+fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium
   SRCS flat_param_golden_test.cc flat_param_test.cc
   DEPS :flat_param //comm //fsdp/common //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
@@ -362,7 +369,7 @@ fsdp_cc_library(//fsdp/flat_param:fsdp_test_models TESTONLY
   HDRS fsdp_test_models.h
   DEPS //fsdp/common:test_models :flat_param :runtime @libtorch @system//:absl)
 
-fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small
+fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small SMOKE
   SRCS golden_test.cc
   DATA testdata/*.txt
   DEPS :runtime //comm @libtorch //testing:golden_file @system//:absl @system//:gtest_main)
@@ -392,7 +399,7 @@ fsdp_cc_library(//fsdp/per_param:per_param_test_cases TESTONLY ALWAYSLINK
        //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest)
 
-fsdp_cc_test(//fsdp/per_param:per_param_test SIZE medium SMOKE
+fsdp_cc_test(//fsdp/per_param:per_param_test SIZE medium
   DEPS :per_param_test_cases @system//:gtest_main)
 
 fsdp_cc_test(//fsdp/per_param:per_param_async_streams_test SIZE medium
@@ -404,7 +411,7 @@ fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
   DEPS //dtensor //dtensor:tensor_parallel //fsdp/common:test_models //mesh :per_param @libtorch
        @system//:absl)
 
-fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium
+fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium SMOKE
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
   DATA testdata/*.txt
   DEPS :per_param :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
@@ -417,7 +424,7 @@ fsdp_cc_library(//fuzz:fuzz_models TESTONLY
   DEPS //checkpoint //comm //fsdp/per_param //fsdp/per_param:test_models //mesh //optim_state:fsdp2
        @libtorch)
 
-fsdp_cc_library(//fuzz:standalone_driver OPTION FSDP_BUILD_FUZZ
+fsdp_cc_library(//fuzz:standalone_driver OPTION FSDP_BUILD_FUZZ PCH none
   SRCS standalone_driver.cc)
 
 fsdp_cc_binary(//fuzz:full_state_dict_fuzz TESTONLY OPTION FSDP_BUILD_FUZZ
@@ -428,11 +435,11 @@ fsdp_cc_binary(//fuzz:optim_state_fuzz TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS optim_state_fuzz.cc
   DEPS :standalone_driver :fuzz_models //optim_state:fsdp2 @libtorch)
 
-fsdp_cc_binary(//fuzz:dcp_metadata_fuzz OPTION FSDP_BUILD_FUZZ
+fsdp_cc_binary(//fuzz:dcp_metadata_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS dcp_metadata_fuzz.cc
   DEPS :standalone_driver //checkpoint:dcp @libtorch)
 
-fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ
+fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS torchrun_env_fuzz.cc
   DEPS :standalone_driver //comm @libtorch)
 
@@ -447,12 +454,12 @@ fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE
        @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //mesh
-fsdp_cc_library(//mesh
+fsdp_cc_library(//mesh PCH aten
   SRCS device_mesh.cc
   HDRS device_mesh.h
   DEPS //comm @libtorch @system//:absl)
 
-fsdp_cc_test(//mesh:device_mesh_test SIZE medium SMOKE
+fsdp_cc_test(//mesh:device_mesh_test SIZE medium SMOKE PCH aten
   SRCS device_mesh_test.cc
   DEPS :mesh //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
@@ -468,7 +475,7 @@ fsdp_cc_library(//optim_state:fsdp1
   HDRS fsdp1_optim_state.h
   DEPS :core //comm //fsdp/flat_param @libtorch @system//:absl)
 
-fsdp_cc_library(//optim_state:fsdp2
+fsdp_cc_library(//optim_state:fsdp2 PCH aten
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
   DEPS :core //fsdp/per_param @libtorch @system//:absl)
@@ -476,7 +483,7 @@ fsdp_cc_library(//optim_state:fsdp2
 fsdp_cc_library(//optim_state
   DEPS :core :fsdp1 :fsdp2)
 
-fsdp_cc_test(//optim_state:optim_state_test SIZE medium SMOKE
+fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   SRCS fsdp1_orig_params_optim_test.cc optim_state_test.cc
   DEPS :optim_state //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:allocation_counter
@@ -492,7 +499,7 @@ fsdp_cc_test(//optim_state:fsdp1_fault_test SIZE medium
   DEPS //fsdp/flat_param //fsdp/flat_param:fsdp_test_models //comm :optim_state
        //testing:fault_injection //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
-fsdp_cc_test(//optim_state:optimizer_adapter_test SIZE medium
+fsdp_cc_test(//optim_state:optimizer_adapter_test SIZE medium SMOKE
   SRCS optimizer_adapter_test.cc
   DEPS :core :fsdp1 :fsdp2 //checkpoint //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:expect_error
@@ -504,21 +511,21 @@ fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
        //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //testing
-fsdp_cc_library(//testing:multi_rank TESTONLY
+fsdp_cc_library(//testing:multi_rank TESTONLY PCH aten
   SRCS multi_rank.cc
   HDRS multi_rank.h
   DEPS //comm //comm:c10d //comm:gloo //comm:nccl @libtorch @system//:absl @system//:gtest
   CUDA_DEPS @cuda//:cudart)
 
-fsdp_cc_library(//testing:golden_file TESTONLY
+fsdp_cc_library(//testing:golden_file TESTONLY PCH none
   HDRS golden_file.h
   DEPS @system//:absl)
 
-fsdp_cc_library(//testing:test_dir TESTONLY
+fsdp_cc_library(//testing:test_dir TESTONLY PCH none
   HDRS test_dir.h
   DEPS @system//:absl)
 
-fsdp_cc_library(//testing:peer_python TESTONLY
+fsdp_cc_library(//testing:peer_python TESTONLY PCH none
   HDRS peer_python.h)
 
 fsdp_cc_library(//testing:expect_error TESTONLY
@@ -529,12 +536,12 @@ fsdp_cc_library(//testing:fault_injection TESTONLY
   HDRS fault_injection.h
   DEPS :multi_rank //comm //comm:faulty @libtorch @system//:absl @system//:gtest)
 
-fsdp_cc_library(//testing:allocation_counter TESTONLY
+fsdp_cc_library(//testing:allocation_counter TESTONLY PCH none
   SRCS allocation_counter.cc
   HDRS allocation_counter.h
   DEPS @libtorch)
 
-fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE
+fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE PCH aten
   SRCS multi_rank_test.cc
   DEPS :multi_rank //comm //comm:faulty @libtorch @system//:absl @system//:gtest_main)
 
@@ -551,33 +558,33 @@ fsdp_cc_test(//tests:one_model_type_test SIZE medium
        //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //tools
-fsdp_cc_library(//tools:fsdp_plan_lib
+fsdp_cc_library(//tools:fsdp_plan_lib PCH none
   SRCS fsdp_memory.cc fsdp_plan_format.cc fsdp_plan_lib.cc
   HDRS fsdp_memory.h fsdp_plan_lib.h
   DEPS //fsdp/common @system//:absl)
 
-fsdp_cc_binary(//tools:fsdp_plan
+fsdp_cc_binary(//tools:fsdp_plan PCH none
   SRCS fsdp_plan.cc
   DEPS :fsdp_plan_lib //comm:main_guard @system//:absl @system//:absl_flags)
 
-fsdp_cc_test(//tools:fsdp_memory_test SIZE small SMOKE
+fsdp_cc_test(//tools:fsdp_memory_test SIZE small SMOKE PCH none
   SRCS fsdp_memory_test.cc
   DEPS :fsdp_plan_lib @system//:gtest_main)
 
-fsdp_cc_test(//tools:fsdp_plan_test SIZE small
+fsdp_cc_test(//tools:fsdp_plan_test SIZE small PCH none
   SRCS fsdp_plan_test.cc
   DEPS :fsdp_plan_lib @system//:gtest_main)
 
-fsdp_cc_library(//tools:dcp_cli_lib
+fsdp_cc_library(//tools:dcp_cli_lib PCH aten
   SRCS dcp_cli_lib.cc torch_save_writer.cc
   HDRS dcp_cli_lib.h torch_save_writer.h
   DEPS //checkpoint //checkpoint:dcp @libtorch @system//:absl)
 
-fsdp_cc_binary(//tools:dcp
+fsdp_cc_binary(//tools:dcp PCH none
   SRCS dcp_cli.cc
   DEPS :dcp_cli_lib //comm:main_guard)
 
-fsdp_cc_test(//tools:dcp_cli_test SIZE medium
+fsdp_cc_test(//tools:dcp_cli_test SIZE medium PCH aten
   SRCS dcp_cli_test.cc
   DATA testdata/dcp_cli_interop.py
   DEPS :dcp_cli_lib //checkpoint //checkpoint:dcp //testing:expect_error //testing:peer_python

@@ -17,8 +17,14 @@ gloo_process_group.cc: 10.6 s and 5.3 s). Bazel has no precompiled-header suppor
 - Every TU of a target built this way sees those LibTorch headers; the TSan step of `./x check`
   builds with `--define=torch_pch=off` so a missing #include still fails somewhere.
 
-Targets that must not depend on LibTorch say `torch_pch = False`. The CMake build precompiles
-the same header list (cmake/FsdpTargets.cmake reads tools/torch_pch_headers.h).
+Two tiers, because the headers cost a TU more than reading them: GCC instantiates what their
+inline code needs in every TU that includes them, precompiled or not (an empty TU: 4.5 s with
+the full header, 1.6 s with the ATen one, on 2 cores). Each target says which it needs:
+  torch_pch unset    //tools:torch_pch, tools/torch_pch_headers.h (ATen, torch::nn, torch::optim)
+  torch_pch = "aten" //tools:torch_pch_aten, tools/torch_pch_aten_headers.h (ATen only)
+  torch_pch = False  none (no source includes LibTorch; also for targets without LibTorch)
+tools/pch_tiers.py computes each target's tier from its sources' includes. The CMake build
+precompiles the same header lists (cmake/FsdpTargets.cmake: fsdp_pch, fsdp_pch_aten).
 """
 
 load("@bazel_tools//tools/build_defs/cc:action_names.bzl", "CPP_COMPILE_ACTION_NAME")
@@ -97,21 +103,26 @@ torch_precompiled_header = rule(
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )
 
-# The torch_precompiled_header target in tools/BUILD.bazel, and the header it writes there.
+# The torch_precompiled_header targets in tools/BUILD.bazel (each writes <name>.h there), by
+# the tier a target names in torch_pch.
 _PCH_PACKAGE = "tools"
-_PCH_NAME = "torch_pch"
+_PCH_NAMES = {True: "torch_pch", "nn": "torch_pch", "aten": "torch_pch_aten"}
 
 def _with_torch_pch(kwargs):
-    if not kwargs.pop("torch_pch", True) or not kwargs.get("srcs"):
+    tier = kwargs.pop("torch_pch", True)
+    if tier == False or not kwargs.get("srcs"):
         return kwargs
+    if tier not in _PCH_NAMES:
+        fail("torch_pch must be True, \"nn\", \"aten\" or False, got %r" % (tier,))
+    name = _PCH_NAMES[tier]
     off = "//%s:torch_pch_off" % _PCH_PACKAGE
     kwargs["deps"] = kwargs.get("deps", []) + select({
         off: [],
-        "//conditions:default": ["//%s:%s" % (_PCH_PACKAGE, _PCH_NAME)],
+        "//conditions:default": ["//%s:%s" % (_PCH_PACKAGE, name)],
     })
     kwargs["copts"] = kwargs.get("copts", []) + select({
         off: [],
-        "//conditions:default": ["-include", "%s/%s.h" % (_PCH_PACKAGE, _PCH_NAME)],
+        "//conditions:default": ["-include", "%s/%s.h" % (_PCH_PACKAGE, name)],
     })
     return kwargs
 

@@ -51,6 +51,15 @@ OPTIONAL = {
 # first cc_test of its BUILD file unless this table says otherwise: package -> (test name,
 # or None for no smoke test, reason).
 SMOKE_OVERRIDES = {
+    # Where the first test is a bundle of several TUs, a one- or two-TU test that still runs
+    # the package's core against an independent reference (PyTorch's golden layouts), to keep
+    # the smoke build's compile work down (a test TU is ~7 s on 2 cores).
+    "fsdp/per_param": ("golden_test", "FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, "
+                       "per_param_test is 9"),
+    "fsdp/flat_param": ("golden_test", "FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU"),
+    "dtensor": ("tensor_parallel_test", "DTensor under Colwise/Rowwise parallel vs one rank; "
+                "1 TU, dtensor_test is 4"),
+    "optim_state": ("optimizer_adapter_test", "the adapter registry round trip; 1 TU"),
     "bench/peer": (None, "runs against the peer PyTorch: skips without it, minutes with it"),
     "examples/llama": (None, "trains Hugging Face's Llama under PyTorch FSDP2 in the peer venv "
                        "first (~50 s); Bazel runs it, the smoke build still builds the demo"),
@@ -233,6 +242,10 @@ def target_call(label, kind, pkg, kw, smoke, targets):
         head += ["OPTION", opt[0]]
     if label in smoke:
         head.append("SMOKE")
+    tier = kw.get("torch_pch", True)
+    if tier is not True:
+        # The precompiled-header tier (tools/cc.bzl): cmake/FsdpTargets.cmake's PCH argument.
+        head += ["PCH", "none" if tier is False else tier]
 
     srcs, cuda_srcs, nocuda_srcs = split_select(label, "srcs", kw.get("srcs"))
     hdrs, cuda_hdrs, nocuda_hdrs = split_select(label, "hdrs", kw.get("hdrs"))
