@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -75,9 +76,20 @@ const Reference& HfReference(const std::string& script_and_args = "hf_llama_refe
   }
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/hf_llama_", getpid(), "_", cache->size());
+  const std::string command = absl::StrCat(python, " examples/llama/testdata/", script_and_args, " ", dir);
   output.clear();
-  const int status = fsdp::testing::RunCommand(
-      absl::StrCat(python, " examples/llama/testdata/", script_and_args, " ", dir), &output);
+  int status = fsdp::testing::RunCommand(command, &output);
+  // PyTorch itself crashing (a spawned rank killed by a signal: torch.multiprocessing's
+  // ProcessExitedException) is not a result to compare against; such a run gets one retry,
+  // its output kept in the test log. Seen once, in a cold `./x test` with compiles running
+  // beside it: rank 0 of `hf_llama_fsdp2.py 4 20` died of SIGSEGV inside PyTorch 2.15; ten
+  // reruns by hand, alone and three at once, did not crash.
+  if (status != 0 && output.find("terminated with signal") != std::string::npos) {
+    std::cerr << script_and_args << ": PyTorch crashed (status " << status << "), running it once more:\n"
+              << output << std::endl;
+    output.clear();
+    status = fsdp::testing::RunCommand(command, &output);
+  }
   if (status != 0) {
     // Not a skip: the peer and transformers are there, so the script must work.
     ADD_FAILURE() << script_and_args << " failed (status " << status << "):\n" << output;

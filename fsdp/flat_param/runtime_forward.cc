@@ -361,6 +361,12 @@ void FSDPState::PrefetchHandle(FlatParamHandle* current, PrefetchMode mode) {
   Unshard(*target);
   target->set_training_state(prev);
   target->runtime().prefetched = true;
+  // On the CPU the prefetched all-gather finishes before this handle's computation goes on,
+  // as PyTorch's CPU collectives do (no streams: `all_gather_into_tensor` returns done).
+  // ProcessGroupGloo gathers through a temporary flat buffer the size of the whole output,
+  // kept until its Work is waited: left in flight, it would be live beside this handle's
+  // unsharded gradient, one unit above PyTorch's peak (bench/e2e, FSDP1 compute rows).
+  if (target->flat_param().param.is_cpu()) target->WaitForUnshard();
 }
 
 FlatParamHandle* FSDPState::GetHandleToPrefetch(FlatParamHandle& current) const {

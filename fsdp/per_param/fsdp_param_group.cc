@@ -106,6 +106,11 @@ void FSDPParamGroup::Unshard(bool async_op) {
       ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr,
                        side_streams ? *s.all_gather_copy_in : *s.current, side_streams ? *s.all_gather : *s.current,
                        *s.sequencer, comm_ctx_ ? &comm_ctx_->all_gather_buffers : nullptr);
+  // PyTorch issues it with c10d's async_op=False, which on a CPU group (Gloo) returns only
+  // once the all-gather finished; a prefetch then holds just the gathered output until its
+  // copy-out. Left in flight, ProcessGroupGloo's temporary flat copy of the whole output
+  // would stay live beside the current module's gradients (bench/e2e's allocation peak).
+  if (!async_op && all_gather_result_->buffer.is_cpu()) s.current->WaitEvent(all_gather_result_->event);
 }
 
 void FSDPParamGroup::WaitForUnshard() {
