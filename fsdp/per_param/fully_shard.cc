@@ -353,4 +353,10 @@ void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
   if (FSDPParamGroup* g = param_group()) g->unshard_in_backward = unshard_in_backward;
 }
 
+void FSDPModule::set_unshard_async_op(bool async_op) {
+  for (FSDPState* s : States(true)) {
+    if (FSDPParamGroup* g = s->param_group()) g->unshard_async_op = async_op;
+  }
+}
+
 }  // namespace fsdp::per_param

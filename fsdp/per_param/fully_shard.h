@@ -67,6 +67,13 @@ class FSDPModule {
   // FSDPModule.set_force_sum_reduction_for_comms.
   void set_force_sum_reduction_for_comms(bool enable);
   void set_unshard_in_backward(bool unshard_in_backward);
+  // PyTorch 2.15's FSDPModule._set_unshard_async_op, for this module and every FSDP module
+  // under it: true issues the implicit pre-forward / pre-backward all-gathers with
+  // async_op=True (on the compute stream, waited at use). On the CPU that keeps them in
+  // flight while the host computes, which the default (false) does not: PyTorch's Gloo call
+  // with async_op=False returns finished, and so do ours (ProcessGroupGloo's temporary copy
+  // of the whole output is then gone before the next module's gradients exist).
+  void set_unshard_async_op(bool async_op);
   // PyTorch 2.15's FSDPModule.set_all_reduce_hook: `hook` gets this group's reduced gradient
   // buffer (the flat reduce-dtype output, padded shards of every parameter in group order)
   // and may change it in place: with HSDP / replicate after the native replicate all-reduce,

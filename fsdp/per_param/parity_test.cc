@@ -47,6 +47,7 @@ struct Config {
   std::optional<c10::ScalarType> reduce_dtype;
   std::optional<c10::ScalarType> output_dtype;
   bool replicate = false;
+  bool unshard_async_op = false;  // FSDPModule::set_unshard_async_op on the root (recursive)
   int steps = 4;
 };
 
@@ -119,6 +120,12 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
   // Only the root casts its output (blocks' f32 outputs would meet the root's bf16 head).
   opts.mp_policy.output_dtype = cfg.output_dtype;
   FSDPModule root = fully_shard(model.ptr(), opts);
+  if (cfg.unshard_async_op) {
+    root.set_unshard_async_op(true);
+    for (FSDPState* s : CollectStates(*model)) {
+      if (s->param_group()) EXPECT_TRUE(s->param_group()->unshard_async_op) << "set_unshard_async_op recurses";
+    }
+  }
   if (cfg.explicit_prefetch) {
     blocks[0].set_modules_to_forward_prefetch({blocks[1]});
     blocks[1].set_modules_to_backward_prefetch({blocks[0]});
@@ -201,6 +208,10 @@ std::vector<ParityCase> Cases() {
   add(Config{.name = "replicate_grad_accumulation", .micro_batches = 2, .replicate = true}, 2);
   cases.push_back({Backend::kGlooThreads, 4, Config{.name = "hsdp", .hsdp = true}});
   cases.push_back({Backend::kGlooProcesses, 3, Config{"default"}});
+  // Implicit all-gathers left in flight on the CPU (async_op=True) instead of finished when
+  // issued (PyTorch's async_op=False on Gloo, the default).
+  cases.push_back({Backend::kGlooThreads, 4, Config{.name = "unshard_async_op", .unshard_async_op = true}});
+  cases.push_back({Backend::kGlooProcesses, 2, Config{.name = "unshard_async_op", .unshard_async_op = true}});
   // A c10d::ProcessGroupGloo built by hand and wrapped (comm::WrapC10dBackend): what a user
   // who already holds a c10d backend passes in; HSDP splits it through the backend's split().
   cases.push_back({Backend::kC10dGlooThreads, 3, Config{"default"}});
