@@ -149,7 +149,7 @@ fsdp_cc_library(//comm:tcp_store PCH aten
 fsdp_cc_library(//comm:c10d PCH aten
   SRCS c10d_process_group.cc internal/gloo_liveness.cc
   HDRS c10d_process_group.h internal/c10d_adapter.h internal/gloo_liveness.h
-  DEPS :comm @libtorch @system//:absl)
+  DEPS :comm //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:gloo PCH aten
   SRCS gloo_process_group.cc
@@ -241,7 +241,7 @@ fsdp_cc_test(//device:stream_test SIZE small SMOKE PCH aten
 fsdp_cc_library(//dtensor PCH aten
   SRCS dtensor.cc dtensor_spec.cc large_output_cache.cc placement.cc redistribute.cc
   HDRS dtensor.h dtensor_spec.h large_output_cache.h placement.h redistribute.h
-  DEPS //comm //mesh @libtorch @system//:absl)
+  DEPS //comm //mesh //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
   SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
@@ -325,7 +325,7 @@ fsdp_cc_library(//fsdp/common
        storage.cc
   HDRS autograd_hooks.h flat_layout.h forward_tensors.h fsdp_state_base.h grad_divide.h
        hooked_module.h meta.h sharding.h storage.h
-  DEPS @libtorch @system//:absl)
+  DEPS //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/common:test_models TESTONLY
   HDRS test_models.h
@@ -589,3 +589,8 @@ fsdp_cc_test(//tools:dcp_cli_test SIZE medium PCH aten
   DATA testdata/dcp_cli_interop.py
   DEPS :dcp_cli_lib //checkpoint //checkpoint:dcp //testing:expect_error //testing:peer_python
        @libtorch @system//:absl @system//:gtest_main)
+
+# ================================================================ //torch_compat
+fsdp_cc_library(//torch_compat
+  HDRS autograd_node.h c10d_backend.h
+  DEPS @libtorch)

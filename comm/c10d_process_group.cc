@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "comm/internal/c10d_adapter.h"
+#include "torch_compat/c10d_backend.h"
 
 namespace fsdp::comm {
 namespace internal {
@@ -154,7 +155,7 @@ class C10dProcessGroup final : public ProcessGroup {
     if (input.numel() == 0) return MakeCompletedWork(what);
     at::Tensor out = output.view({-1});
     at::Tensor in = input.view({-1});
-    return Wrap(what, backend_->all_gather_single(out, in), input.device());
+    return Wrap(what, torch_compat::AllGatherSingle(*backend_, out, in), input.device());
   }
 
   WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -167,7 +168,7 @@ class C10dProcessGroup final : public ProcessGroup {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = ToC10d(op, native_avg_);
     // c10d's work keeps `in` (the scaled copy) alive until the collective finished.
-    WorkPtr work = Wrap(what, backend_->reduce_scatter_single(out, in, opts), input.device());
+    WorkPtr work = Wrap(what, torch_compat::ReduceScatterSingle(*backend_, out, in, opts), input.device());
     AddAverageStep(*work, output, op);
     return work;
   }
@@ -205,7 +206,7 @@ class C10dProcessGroup final : public ProcessGroup {
     at::Tensor in = input;
     std::vector<int64_t> out_splits = output_split_sizes;
     std::vector<int64_t> in_splits = input_split_sizes;
-    return Wrap(what, backend_->all_to_all_single(out, in, out_splits, in_splits), input.device());
+    return Wrap(what, torch_compat::AllToAllSingle(*backend_, out, in, out_splits, in_splits), input.device());
   }
 
   WorkPtr DoBarrier() override {
@@ -226,7 +227,17 @@ class C10dProcessGroup final : public ProcessGroup {
     // the child's rendezvous keys go under a prefix of their own.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         absl::StrCat("fsdp_split_", serial, "_", absl::StrJoin(ranks, "_")), options_.split_store);
-    c10::intrusive_ptr<c10d::Backend> child = backend_->split(prefixed, ranks, backend_->getBackendOptions());
+    c10::intrusive_ptr<c10d::Backend::Options> parent_options = backend_->getBackendOptions();
+    // split() maps the child's ranks to global ranks through the parent's
+    // global_ranks_in_group, which a backend built by hand leaves empty. PyTorch 2.11's
+    // ProcessGroupGloo stands in the identity only for a process's first Gloo group, and
+    // indexed the empty vector otherwise (SIGSEGV, four threads' groups in one process).
+    // A group nobody split from is a root group: its global ranks are its ranks.
+    if (parent_options && parent_options->global_ranks_in_group.empty()) {
+      for (int r = 0; r < size(); ++r) parent_options->global_ranks_in_group.push_back(static_cast<uint64_t>(r));
+    }
+    c10::intrusive_ptr<c10d::Backend> child =
+        backend_->split(prefixed, ranks, torch_compat::CloneBackendOptions(parent_options));
     if (index < 0 || child == nullptr) return nullptr;
     C10dAdapterOptions child_options;
     child_options.timeout = options_.timeout;

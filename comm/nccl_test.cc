@@ -10,10 +10,11 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -169,50 +170,42 @@ TEST(NcclTest, OneRankCollectivesOnCudaTensors) {
 }
 
 // ProcessGroupNCCL's watchdog on a real device: a collective that cannot start (ordered after
-// the current stream, which a host callback holds) is failed by the watchdog within the
-// group's timeout although nobody waits for it. TORCH_NCCL_ASYNC_ERROR_HANDLING=0 keeps the
-// process alive (PyTorch's default tears it down).
-TEST(NcclTest, TheWatchdogFailsACollectiveStuckOnTheDevice) {
+// the current stream, which a host callback holds) is caught by the watchdog within the
+// group's timeout although nobody waits for it, and, with PyTorch's default
+// TORCH_NCCL_ASYNC_ERROR_HANDLING, the process is torn down instead of hanging (what a
+// torchrun job needs to restart). The watchdog fails its own copy of the work
+// (ProcessGroupNCCL keeps copies in workMetaList_), so the caller's handle never reports the
+// timeout: the process ending is the observable contract, hence a death test (threadsafe
+// style: the child re-executes this binary, so CUDA starts fresh in it).
+TEST(NcclTest, TheWatchdogEndsAProcessWhoseCollectiveIsStuckOnTheDevice) {
   SKIP_WITHOUT_GPU();
-  ASSERT_EQ(::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", 1), 0);
-  NcclOptions options;
-  options.device_index = 0;
-  options.timeout = Timeout(500);
-  ProcessGroupPtr group = CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options);
-  group->barrier()->wait();  // connected before the stream is held
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-
-  static std::atomic<bool> release{false};
-  release = false;
-  // Holds the stream until released, for 30 s at most (so a hung abort still ends).
-  const auto hold = [](void*) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!release.load() && std::chrono::steady_clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto run_stuck_collective = [] {
+    ::unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");  // PyTorch's default: tear down
+    // Before tearing down, the watchdog waits for the flight recorder's dump, up to
+    // TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC (seen on 2.11: still alive 20 s after the timeout
+    // with the defaults). No dump, and a short wait, keep the child's life short.
+    ::setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", 1);
+    ::setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "1000", 1);
+    NcclOptions options;
+    options.device_index = 0;
+    options.timeout = Timeout(500);
+    ProcessGroupPtr group = CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options);
+    group->barrier()->wait();  // connected before the stream is held
+    if (cudaDeviceSynchronize() != cudaSuccess) std::exit(3);
+    // Holds the stream for 30 s, longer than the 20 s this child waits below.
+    const auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(30)); };
+    cudaStream_t current = c10::cuda::getCurrentCUDAStream(0).stream();
+    if (cudaLaunchHostFunc(current, hold, nullptr) != cudaSuccess) std::exit(4);
+    at::Tensor t = at::ones({4}, at::TensorOptions().device(at::kCUDA, 0));
+    WorkPtr stuck = group->all_reduce(t);
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    std::fprintf(stderr, "still alive 20 s after the collective's 500 ms timeout\n");
+    std::_Exit(0);
   };
-  cudaStream_t current = c10::cuda::getCurrentCUDAStream(0).stream();
-  ASSERT_EQ(cudaLaunchHostFunc(current, hold, nullptr), cudaSuccess);
-
-  const auto start = std::chrono::steady_clock::now();
-  at::Tensor t = at::ones({4}, at::TensorOptions().device(at::kCUDA, 0));
-  WorkPtr stuck = group->all_reduce(t);
-  while (!stuck->is_completed() && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  const auto elapsed = std::chrono::steady_clock::now() - start;
-  std::exception_ptr failure = stuck->exception();
-  release = true;
-  EXPECT_LT(elapsed, std::chrono::seconds(10)) << "the watchdog did not fail the stuck collective";
-  ASSERT_NE(failure, nullptr) << "the stuck collective completed without an error";
-  std::string error;
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  EXPECT_NE(error.find("timeout"), std::string::npos) << error;
-  ASSERT_EQ(::unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 0);
+  EXPECT_EXIT(
+      run_stuck_collective(), [](int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); },
+      "collective operation timeout");
 }
 
 #endif  // FSDP_WITH_CUDA

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dtensor/redistribute.h"
+#include "torch_compat/autograd_node.h"
 
 namespace fsdp::dtensor {
 namespace {
@@ -73,7 +74,7 @@ DTensor DTensor::from_local(at::Tensor local, mesh::DeviceMeshPtr mesh, Placemen
   std::vector<int64_t> global = shape ? *shape : InferGlobalShape(local, *mesh, placements);
   // Without a stride: inferred from the local layout when the shape is inferred too (as
   // PyTorch); contiguous for a given shape (PyTorch wants both or neither).
-  std::vector<int64_t> global_stride = stride ? *stride
+  std::vector<int64_t> global_stride = stride  ? *stride
                                        : shape ? std::vector<int64_t>{}
                                                : InferGlobalStride(local, *mesh, placements);
   DTensorSpec spec = DTensorSpec::Make(std::move(mesh), std::move(placements), std::move(global), local.scalar_type(),
@@ -110,7 +111,8 @@ at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, co
     for (Placement& p : grad_src) {
       if (p.is_partial()) p = Placement::Replicate();
     }
-    auto node = c10::make_intrusive<RedistributeBackward>(src.WithPlacements(std::move(grad_src)), std::move(grad_dst));
+    auto node =
+        torch_compat::MakeNode<RedistributeBackward>(src.WithPlacements(std::move(grad_src)), std::move(grad_dst));
     node->set_next_edges(torch::autograd::collect_next_edges(local));
     torch::autograd::set_history(out, node);
   }

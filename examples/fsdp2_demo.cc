@@ -94,7 +94,8 @@ struct BlockImpl : torch::nn::Module {
     std::vector<at::Tensor> qkv_parts = qkv(ln1(x)).chunk(3, -1);
     at::Tensor scores = at::matmul(qkv_parts[0], qkv_parts[1].transpose(-2, -1)) / std::sqrt(double(kDim));
     const int64_t t = x.size(1);
-    scores = scores.masked_fill(at::ones({t, t}, at::kBool).triu(1), -INFINITY);  // no peeking ahead
+    scores =
+        scores.masked_fill(at::ones({t, t}, scores.options().dtype(at::kBool)).triu(1), -INFINITY);  // no peeking ahead
     at::Tensor h = x + proj(at::matmul(at::softmax(scores, -1), qkv_parts[2]));
     return h + fc2(at::gelu(fc1(ln2(h))));
   }

@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "torch_compat/autograd_node.h"
+
 namespace fsdp {
 namespace {
 
@@ -52,7 +54,7 @@ std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tenso
   std::vector<at::Tensor> needing;
   needing.reserve(indices.size());
   for (size_t i : indices) needing.push_back(inputs[i]);
-  const c10::intrusive_ptr<torch::autograd::Node> node = c10::make_intrusive<PostBackwardNode>(std::move(callback));
+  const torch_compat::NodePtr node = torch_compat::MakeNode<PostBackwardNode>(std::move(callback));
   node->set_next_edges(torch::autograd::collect_next_edges(needing));
   for (size_t i : indices) {
     // The output: the input's data under a new autograd identity (what detach() makes,

@@ -123,7 +123,9 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
   if (cfg.unshard_async_op) {
     root.set_unshard_async_op(true);
     for (FSDPState* s : CollectStates(*model)) {
-      if (s->param_group()) EXPECT_TRUE(s->param_group()->unshard_async_op) << "set_unshard_async_op recurses";
+      if (s->param_group()) {
+        EXPECT_TRUE(s->param_group()->unshard_async_op) << "set_unshard_async_op recurses";
+      }
     }
   }
   if (cfg.explicit_prefetch) {
