@@ -10,7 +10,7 @@
 namespace fsdp::checkpoint::internal {
 namespace {
 
-uint32_t U32(const char* p) {
+uint32_t LoadWord32(const char* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
@@ -33,7 +33,8 @@ uint32_t Crc32Table(const uint8_t* p, size_t size, uint32_t reg) {
   }();
   uint32_t crc = reg;
   for (; size >= 8; size -= 8, p += 8) {
-    const uint32_t lo = U32(reinterpret_cast<const char*>(p)) ^ crc, hi = U32(reinterpret_cast<const char*>(p + 4));
+    const uint32_t lo = LoadWord32(reinterpret_cast<const char*>(p)) ^ crc,
+                   hi = LoadWord32(reinterpret_cast<const char*>(p + 4));
     crc = tables[7][lo & 0xFF] ^ tables[6][(lo >> 8) & 0xFF] ^ tables[5][(lo >> 16) & 0xFF] ^ tables[4][lo >> 24] ^
           tables[3][hi & 0xFF] ^ tables[2][(hi >> 8) & 0xFF] ^ tables[1][(hi >> 16) & 0xFF] ^ tables[0][hi >> 24];
   }

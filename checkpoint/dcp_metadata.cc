@@ -23,8 +23,6 @@ using Kind = PyValue::Kind;
 
 constexpr size_t kMaxDims = 64;
 // The modules of the classes torch/distributed/checkpoint/metadata.py and filesystem.py define.
-constexpr char kMd[] = "torch.distributed.checkpoint.metadata";
-constexpr char kFs[] = "torch.distributed.checkpoint.filesystem";
 
 struct DtypeName {
   at::ScalarType dtype;
@@ -50,10 +48,11 @@ const internal::GlobalAllowList& AllowList() {
     auto* a = new internal::GlobalAllowList;
     for (const char* cls : {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
                             "ChunkStorageMetadata", "MetadataIndex", "StorageMeta"}) {
-      (*a)[absl::StrCat(kMd, ".", cls)] = internal::kUseToNew;
+      (*a)[absl::StrCat(internal::kDcpMetadataModule, ".", cls)] = internal::kUseToNew;
     }
-    (*a)[absl::StrCat(kFs, "._StorageInfo")] = internal::kUseToNew;
-    (*a)[absl::StrCat(kMd, "._MEM_FORMAT_ENCODING")] = internal::kUseToCall;  // an Enum, by value
+    (*a)[absl::StrCat(internal::kDcpFilesystemModule, "._StorageInfo")] = internal::kUseToNew;
+    (*a)[absl::StrCat(internal::kDcpMetadataModule, "._MEM_FORMAT_ENCODING")] =
+        internal::kUseToCall;  // an Enum, by value
     (*a)["torch.Size"] = internal::kUseToCall;
     (*a)["torch.serialization._get_layout"] = internal::kUseToCall;  // how torch.layout pickles
     (*a)["pathlib.PosixPath"] = internal::kUseToCall;                // StorageMeta.checkpoint_id
@@ -62,8 +61,6 @@ const internal::GlobalAllowList& AllowList() {
   }();
   return *allowed;
 }
-
-std::string Shape(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
 
 // Bounds and overflow checks of one entry, shared by the reader and the writer; `what` is the
 // error prefix.
@@ -93,13 +90,13 @@ void ValidateTensor(const DcpEntry& e, const std::string& what, bool storage) {
   TORCH_CHECK(e.size.size() <= kMaxDims, what, name, " has ", e.size.size(), " dimensions, more than ", kMaxDims);
   int64_t numel = 1;
   for (int64_t s : e.size) {
-    TORCH_CHECK(s >= 0, what, name, " has size ", Shape(e.size), " (negative)");
-    TORCH_CHECK(!__builtin_mul_overflow(numel, s, &numel), what, name, " of size ", Shape(e.size),
+    TORCH_CHECK(s >= 0, what, name, " has size ", c10::str(c10::IntArrayRef(e.size)), " (negative)");
+    TORCH_CHECK(!__builtin_mul_overflow(numel, s, &numel), what, name, " of size ", c10::str(c10::IntArrayRef(e.size)),
                 " has more elements than int64 counts");
   }
   int64_t bytes = 0;
   TORCH_CHECK(!__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(e.properties.dtype)), &bytes), what,
-              name, " of size ", Shape(e.size), " has more bytes than int64 counts");
+              name, " of size ", c10::str(c10::IntArrayRef(e.size)), " has more bytes than int64 counts");
   if (e.properties.strides) {
     TORCH_CHECK(e.properties.strides->size() <= kMaxDims, what, name, " has ", e.properties.strides->size(),
                 " strides");
@@ -109,16 +106,18 @@ void ValidateTensor(const DcpEntry& e, const std::string& what, bool storage) {
   for (size_t c = 0; c < e.chunks.size(); ++c) {
     const DcpChunk& k = e.chunks[c];
     const std::string chunk =
-        absl::StrCat("the chunk of '", e.fqn, "' at offsets ", Shape(k.offsets), " of size ", Shape(k.sizes));
+        absl::StrCat("the chunk of '", e.fqn, "' at offsets ", c10::str(c10::IntArrayRef(k.offsets)), " of size ",
+                     c10::str(c10::IntArrayRef(k.sizes)));
     TORCH_CHECK(k.offsets.size() == e.size.size() && k.sizes.size() == e.size.size(), what, chunk,
                 " does not have the tensor's ", e.size.size(), " dimensions");
     for (size_t d = 0; d < e.size.size(); ++d) {
       int64_t end = 0;
       TORCH_CHECK(k.offsets[d] >= 0 && k.sizes[d] >= 0 && !__builtin_add_overflow(k.offsets[d], k.sizes[d], &end) &&
                       end <= e.size[d],
-                  what, chunk, " lies outside the tensor's size ", Shape(e.size));
+                  what, chunk, " lies outside the tensor's size ", c10::str(c10::IntArrayRef(e.size)));
     }
-    TORCH_CHECK(starts.insert(k.offsets).second, what, name, " has two chunks at offsets ", Shape(k.offsets));
+    TORCH_CHECK(starts.insert(k.offsets).second, what, name, " has two chunks at offsets ",
+                c10::str(c10::IntArrayRef(k.offsets)));
     if (storage) ValidateStorage(k.storage, what, chunk);
   }
   // Overlap: sweep along the largest dimension, as DCP's _validate_global_plan
@@ -139,8 +138,9 @@ void ValidateTensor(const DcpEntry& e, const std::string& what, bool storage) {
                   [&](size_t o) { return e.chunks[o].offsets[sweep] + e.chunks[o].sizes[sweep] <= k.offsets[sweep]; });
     for (size_t o : active) {
       TORCH_CHECK(!Overlap(k, e.chunks[o]), what, name, " has overlapping chunks at offsets ",
-                  Shape(e.chunks[o].offsets), " (size ", Shape(e.chunks[o].sizes), ") and ", Shape(k.offsets),
-                  " (size ", Shape(k.sizes), ")");
+                  c10::str(c10::IntArrayRef(e.chunks[o].offsets)), " (size ",
+                  c10::str(c10::IntArrayRef(e.chunks[o].sizes)), ") and ", c10::str(c10::IntArrayRef(k.offsets)),
+                  " (size ", c10::str(c10::IntArrayRef(k.sizes)), ")");
     }
     active.push_back(c);
   }
@@ -225,7 +225,7 @@ class Reader {
   // The attributes of a DCP dataclass `cls` (NEWOBJ with no arguments, BUILD with a str-keyed
   // dict), each one of `known`.
   std::map<std::string, PyRef> Fields(const PyRef& v, const char* cls, std::initializer_list<const char*> known,
-                                      const std::string& where, const char* module = kMd) {
+                                      const std::string& where, const char* module = internal::kDcpMetadataModule) {
     const std::string name = absl::StrCat(module, ".", cls);
     TORCH_CHECK(v->kind == Kind::kObject && v->str == name && !v->reduced && v->args->items.empty(), what_, where,
                 " is ", internal::Describe(v), ", not a ", cls);
@@ -242,7 +242,7 @@ class Reader {
   }
 
   void ReadEntry(const PyRef& v, const std::string& where, DcpEntry& e) {
-    if (v->kind == Kind::kObject && v->str == absl::StrCat(kMd, ".BytesStorageMetadata")) {
+    if (v->kind == Kind::kObject && v->str == absl::StrCat(internal::kDcpMetadataModule, ".BytesStorageMetadata")) {
       Fields(v, "BytesStorageMetadata", {}, where);  // no attribute is known
       e.is_bytes = true;
       return;
@@ -266,8 +266,8 @@ class Reader {
   // TensorProperties pickles its state as a tuple (metadata.py __getstate__): dtype, layout,
   // requires_grad, _MEM_FORMAT_ENCODING, pin_memory[, strides].
   void ReadProperties(const PyRef& v, const std::string& where, DcpTensorProperties& p) {
-    TORCH_CHECK(v->kind == Kind::kObject && v->str == absl::StrCat(kMd, ".TensorProperties") && !v->reduced &&
-                    v->args->items.empty() && v->state,
+    TORCH_CHECK(v->kind == Kind::kObject && v->str == absl::StrCat(internal::kDcpMetadataModule, ".TensorProperties") &&
+                    !v->reduced && v->args->items.empty() && v->state,
                 what_, where, " is ", internal::Describe(v), ", not a TensorProperties");
     const PyValue& s = Expect(v->state, Kind::kTuple, "a tuple", where + "'s state");
     TORCH_CHECK(s.items.size() == 5 || s.items.size() == 6, what_, where, "'s state has ", s.items.size(),
@@ -284,7 +284,8 @@ class Reader {
     TORCH_CHECK(layout->kind == Kind::kStr && layout->str == "torch.strided", what_, where,
                 ".layout is not torch.strided", layout->kind == Kind::kStr ? absl::StrCat(" but ", layout->str) : "");
     p.requires_grad = Bool(s.items[2], where + ".requires_grad");
-    p.memory_format = Int(Call(s.items[3], absl::StrCat(kMd, "._MEM_FORMAT_ENCODING"), 1, where + ".memory_format")[0],
+    p.memory_format = Int(Call(s.items[3], absl::StrCat(internal::kDcpMetadataModule, "._MEM_FORMAT_ENCODING"), 1,
+                               where + ".memory_format")[0],
                           where + ".memory_format");
     p.pin_memory = Bool(s.items[4], where + ".pin_memory");
     p.strides.reset();
@@ -313,10 +314,11 @@ class Reader {
       if (kf.count("index") && kf["index"]->kind != Kind::kNone) {  // a lookup hint: checked, not used
         TORCH_CHECK(Int(kf["index"], at + ".index") >= 0, what_, at, " has a negative index");
       }
-      const std::string item = absl::StrCat("storage_data['", std::get<0>(key), "'",
-                                            std::get<1>(key) ? ", " + Shape(std::get<2>(key)) : "", "]");
+      const std::string item =
+          absl::StrCat("storage_data['", std::get<0>(key), "'",
+                       std::get<1>(key) ? ", " + c10::str(c10::IntArrayRef(std::get<2>(key))) : "", "]");
       auto sf = Fields(d.items[i + 1], "_StorageInfo", {"relative_path", "offset", "length", "transform_descriptors"},
-                       item, kFs);
+                       item, internal::kDcpFilesystemModule);
       TORCH_CHECK(sf.count("relative_path") && sf.count("offset") && sf.count("length"), what_, item,
                   " lacks relative_path, offset or length");
       if (sf.count("transform_descriptors") && sf["transform_descriptors"]->kind != Kind::kNone) {
@@ -338,13 +340,15 @@ class Reader {
       };
       if (e.is_bytes) take({e.fqn, false, {}}, e.bytes_storage, absl::StrCat("bytes entry '", e.fqn, "'"));
       for (DcpChunk& c : e.chunks) {
-        take({e.fqn, true, c.offsets}, c.storage, absl::StrCat("the chunk of '", e.fqn, "' at ", Shape(c.offsets)));
+        take({e.fqn, true, c.offsets}, c.storage,
+             absl::StrCat("the chunk of '", e.fqn, "' at ", c10::str(c10::IntArrayRef(c.offsets))));
       }
     }
     if (!storage.empty()) {
       const Key& k = storage.begin()->first;
       TORCH_CHECK(false, what_, "storage_data['", std::get<0>(k), "'",
-                  std::get<1>(k) ? ", " + Shape(std::get<2>(k)) : "", "] names no chunk of state_dict_metadata");
+                  std::get<1>(k) ? ", " + c10::str(c10::IntArrayRef(std::get<2>(k))) : "",
+                  "] names no chunk of state_dict_metadata");
     }
   }
 

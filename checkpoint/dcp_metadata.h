@@ -41,6 +41,11 @@
 #include <vector>
 
 namespace fsdp::checkpoint {
+namespace internal {
+// The Python modules of DCP's metadata classes, as `.metadata`'s pickle names them.
+inline constexpr char kDcpMetadataModule[] = "torch.distributed.checkpoint.metadata";
+inline constexpr char kDcpFilesystemModule[] = "torch.distributed.checkpoint.filesystem";
+}  // namespace internal
 
 // Where one item's bytes lie: filesystem.py's _StorageInfo. `relative_path` is a file name in
 // the checkpoint directory (no '/', not "." or ".."); [offset, offset + length) of that file.

@@ -15,8 +15,6 @@ namespace fsdp::checkpoint {
 namespace {
 
 // The modules of the classes written (the reader's allow-list names the same).
-constexpr char kMd[] = "torch.distributed.checkpoint.metadata";
-constexpr char kFs[] = "torch.distributed.checkpoint.filesystem";
 
 void WriteSize(internal::Pickler& p, const std::vector<int64_t>& v) {
   p.Global("torch", "Size");
@@ -44,14 +42,14 @@ void WriteOptStr(internal::Pickler& p, const std::optional<std::string>& s) {
 
 void WriteEntry(internal::Pickler& p, const DcpEntry& e) {
   if (e.is_bytes) {
-    NewObject(p, kMd, "BytesStorageMetadata");  // no state, as Python pickles it
+    NewObject(p, internal::kDcpMetadataModule, "BytesStorageMetadata");  // no state, as Python pickles it
     return;
   }
-  NewObject(p, kMd, "TensorStorageMetadata");
+  NewObject(p, internal::kDcpMetadataModule, "TensorStorageMetadata");
   p.EmptyDict();
   p.Mark();
   p.Str("properties");
-  NewObject(p, kMd, "TensorProperties");
+  NewObject(p, internal::kDcpMetadataModule, "TensorProperties");
   p.Mark();
   p.Global("torch", DcpDtypeName(e.properties.dtype));
   p.Global("torch.serialization", "_get_layout");
@@ -60,7 +58,7 @@ void WriteEntry(internal::Pickler& p, const DcpEntry& e) {
   p.Tuple();
   p.Reduce();
   p.Bool(e.properties.requires_grad);
-  p.Global(kMd, "_MEM_FORMAT_ENCODING");
+  p.Global(internal::kDcpMetadataModule, "_MEM_FORMAT_ENCODING");
   p.Mark();
   p.Int(e.properties.memory_format);
   p.Tuple();
@@ -81,7 +79,7 @@ void WriteEntry(internal::Pickler& p, const DcpEntry& e) {
   p.EmptyList();
   p.Mark();
   for (const DcpChunk& c : e.chunks) {
-    NewObject(p, kMd, "ChunkStorageMetadata");
+    NewObject(p, internal::kDcpMetadataModule, "ChunkStorageMetadata");
     p.EmptyDict();
     p.Mark();
     p.Str("offsets");
@@ -100,7 +98,7 @@ void WriteEntry(internal::Pickler& p, const DcpEntry& e) {
 // index has no offset and index None, as planner_helpers.py _create_write_item_for_bytesio.
 void WriteStorageItem(internal::Pickler& p, const std::string& fqn, const std::vector<int64_t>* offsets, int64_t index,
                       const DcpStorageInfo& s) {
-  NewObject(p, kMd, "MetadataIndex");
+  NewObject(p, internal::kDcpMetadataModule, "MetadataIndex");
   p.EmptyDict();
   p.Mark();
   p.Str("fqn");
@@ -115,7 +113,7 @@ void WriteStorageItem(internal::Pickler& p, const std::string& fqn, const std::v
   }
   p.SetItems();
   p.Build();
-  NewObject(p, kFs, "_StorageInfo");
+  NewObject(p, internal::kDcpFilesystemModule, "_StorageInfo");
   p.EmptyDict();
   p.Mark();
   p.Str("relative_path");
@@ -133,7 +131,7 @@ void WriteStorageItem(internal::Pickler& p, const std::string& fqn, const std::v
 std::vector<char> SerializeDcpMetadata(const DcpMetadata& m) {
   ValidateDcpMetadata(m, "SerializeDcpMetadata: ");
   internal::Pickler p;
-  NewObject(p, kMd, "Metadata");
+  NewObject(p, internal::kDcpMetadataModule, "Metadata");
   p.EmptyDict();
   p.Mark();
   p.Str("state_dict_metadata");
@@ -177,7 +175,7 @@ std::vector<char> SerializeDcpMetadata(const DcpMetadata& m) {
   p.SetItems();
   p.Str("storage_meta");
   if (m.storage_meta) {
-    NewObject(p, kMd, "StorageMeta");
+    NewObject(p, internal::kDcpMetadataModule, "StorageMeta");
     p.EmptyDict();
     p.Mark();
     p.Str("checkpoint_id");

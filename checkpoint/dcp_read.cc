@@ -37,11 +37,6 @@
 namespace fsdp::checkpoint {
 namespace {
 
-std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
-std::string Join(const std::string& dir, const std::string& name) {
-  return !dir.empty() && dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
-}
-
 // The bytes a view of a contiguous tensor spans, when they are one range: [begin, end).
 bool ContiguousRange(const at::Tensor& view, int64_t* begin, int64_t* end) {
   if (!view.is_contiguous()) return false;
@@ -77,7 +72,7 @@ const DcpEntry& DcpReader::Entry(const std::string& fqn) const {
 
 DcpReader::OpenFile& DcpReader::File(const DcpStorageInfo& s, const std::string& item) {
   auto it = files_.find(s.relative_path);
-  const std::string path = Join(dir_, s.relative_path);
+  const std::string path = JoinPath(dir_, s.relative_path);
   if (it == files_.end()) {
     auto f = std::make_unique<OpenFile>();
     f->fd = ScopedFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -108,8 +103,8 @@ std::vector<char> DcpReader::ReadBytes(const std::string& fqn) {
   const std::string item = absl::StrCat("bytes entry '", fqn, "'");
   OpenFile& f = File(e.bytes_storage, item);
   std::vector<char> bytes(e.bytes_storage.length);
-  PreadFully(f.fd.get(), e.bytes_storage.offset, bytes.size(), bytes.data(), Join(dir_, e.bytes_storage.relative_path),
-             caller_);
+  PreadFully(f.fd.get(), e.bytes_storage.offset, bytes.size(), bytes.data(),
+             JoinPath(dir_, e.bytes_storage.relative_path), caller_);
   return bytes;
 }
 
@@ -123,12 +118,14 @@ void DcpReader::ForEachOverlap(
   TORCH_CHECK(dest.scalar_type() == e.properties.dtype, caller_, ": '", fqn, "' in '", dir_, "' is stored as ",
               c10::toString(e.properties.dtype), ", the destination is ", c10::toString(dest.scalar_type()));
   const size_t dims = e.size.size();
-  const std::string box = absl::StrCat("the box at offsets ", Shape(dest_offsets), " of size ", Shape(dest.sizes()));
+  const std::string box = absl::StrCat("the box at offsets ", c10::str(c10::IntArrayRef(dest_offsets)), " of size ",
+                                       c10::str(c10::IntArrayRef(dest.sizes())));
   TORCH_CHECK(dest.dim() == static_cast<int64_t>(dims) && dest_offsets.size() == dims, caller_, ": ", box,
-              " does not have the ", dims, " dimensions of '", fqn, "' (size ", Shape(e.size), ")");
+              " does not have the ", dims, " dimensions of '", fqn, "' (size ", c10::str(c10::IntArrayRef(e.size)),
+              ")");
   for (size_t d = 0; d < dims; ++d) {
     TORCH_CHECK(dest_offsets[d] >= 0 && dest_offsets[d] <= e.size[d] && dest.size(d) <= e.size[d] - dest_offsets[d],
-                caller_, ": ", box, " lies outside '", fqn, "' of size ", Shape(e.size));
+                caller_, ": ", box, " lies outside '", fqn, "' of size ", c10::str(c10::IntArrayRef(e.size)));
   }
   const at::Tensor out = dest.detach();  // a leaf that requires grad is filled like its data
   int64_t covered = 0;
@@ -158,7 +155,8 @@ void DcpReader::Prepare(const std::string& fqn, const std::vector<int64_t>& dest
   // disk), so that waits for ReadInto.
   ForEachOverlap(fqn, dest_offsets, dest,
                  [this](const DcpEntry& e, const DcpChunk& c, const std::vector<int64_t>&, const at::Tensor&) {
-                   File(c.storage, absl::StrCat("the chunk of '", e.fqn, "' at offsets ", Shape(c.offsets)));
+                   File(c.storage,
+                        absl::StrCat("the chunk of '", e.fqn, "' at offsets ", c10::str(c10::IntArrayRef(c.offsets))));
                  });
 }
 
@@ -169,13 +167,13 @@ void DcpReader::ReadInto(const std::string& fqn, const std::vector<int64_t>& des
 }
 
 std::string DcpReader::ItemName(const DcpEntry& e, const DcpChunk& c) {
-  return absl::StrCat("the chunk of '", e.fqn, "' at offsets ", Shape(c.offsets));
+  return absl::StrCat("the chunk of '", e.fqn, "' at offsets ", c10::str(c10::IntArrayRef(c.offsets)));
 }
 
 std::string DcpReader::SourceOf(const DcpEntry& e, const DcpChunk& c) const {
   const int64_t base = c.storage.offset;
-  return absl::StrCat("'", Join(dir_, c.storage.relative_path), "' bytes [", base, ", ", base + c.storage.length, ") (",
-                      ItemName(e, c), ")");
+  return absl::StrCat("'", JoinPath(dir_, c.storage.relative_path), "' bytes [", base, ", ", base + c.storage.length,
+                      ") (", ItemName(e, c), ")");
 }
 
 const DcpReader::Located& DcpReader::Locate(const DcpEntry& e, const DcpChunk& c) {
@@ -183,7 +181,7 @@ const DcpReader::Located& DcpReader::Locate(const DcpEntry& e, const DcpChunk& c
   if (auto it = located_.find(key); it != located_.end()) return it->second;
   const std::string item = ItemName(e, c);
   OpenFile& f = File(c.storage, item);
-  const std::string path = Join(dir_, c.storage.relative_path);
+  const std::string path = JoinPath(dir_, c.storage.relative_path);
   const int64_t base = c.storage.offset;
   Located out{.fd = f.fd.get(), .path = path, .base = base};
   const std::string source = SourceOf(e, c);
@@ -194,8 +192,9 @@ const DcpReader::Located& DcpReader::Locate(const DcpEntry& e, const DcpChunk& c
   const at::Tensor& stored = out.tensor.meta;
   TORCH_CHECK(stored.scalar_type() == e.properties.dtype && stored.sizes() == c10::IntArrayRef(c.sizes), caller_, ": '",
               path, "' holds at bytes [", base, ", ", base + c.storage.length, ") a ",
-              c10::toString(stored.scalar_type()), " tensor of size ", Shape(stored.sizes()), ", not ", item, " (",
-              c10::toString(e.properties.dtype), " of size ", Shape(c.sizes), ")");
+              c10::toString(stored.scalar_type()), " tensor of size ", c10::str(c10::IntArrayRef(stored.sizes())),
+              ", not ", item, " (", c10::toString(e.properties.dtype), " of size ", c10::str(c10::IntArrayRef(c.sizes)),
+              ")");
   return located_.emplace(key, std::move(out)).first->second;
 }
 
@@ -268,7 +267,7 @@ bool DcpReader::ReadChunkInOrder(const DcpEntry& e, const DcpChunk& c, const std
                                  const at::Tensor& dst) {
   const std::string item = ItemName(e, c);
   OpenFile& f = File(c.storage, item);
-  const std::string path = Join(dir_, c.storage.relative_path);
+  const std::string path = JoinPath(dir_, c.storage.relative_path);
   // The first record's local header: what torch.save's archive starts with, the storage's
   // data (LibTorch's writer and Python's put data/0 first).
   char head[30 + 512];
@@ -343,7 +342,7 @@ std::vector<char> ReadBytes(const std::string& dir, const DcpMetadata& metadata,
 }
 
 DcpMetadata ReadMetadata(const std::string& dir) {
-  const std::string path = Join(dir, ".metadata");  // filesystem.py _metadata_fn
+  const std::string path = JoinPath(dir, ".metadata");  // filesystem.py _metadata_fn
   const std::vector<char> bytes = ReadFile(path, "ReadMetadata");
   return ParseDcpMetadata(bytes.data(), bytes.size(), "'" + path + "'");
 }

@@ -28,10 +28,6 @@ namespace {
 constexpr char kMetadataFile[] = ".metadata";  // filesystem.py _metadata_fn
 
 std::string Reason(int error) { return std::strerror(error); }
-std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
-std::string Join(const std::string& dir, const std::string& name) {
-  return !dir.empty() && dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
-}
 
 // mkdir -p, as filesystem.py FileSystem.mkdir (parents=True, exist_ok=True).
 void MakeDirs(const std::string& dir, const char* caller) {
@@ -70,13 +66,15 @@ at::Tensor ChunkTensor(const DcpTensorItem& item, const std::string& name) {
               c10::toString(item.dtype), " but its tensor is ", c10::toString(item.local.scalar_type()));
   const size_t dims = item.global_size.size();
   TORCH_CHECK(item.local.dim() == static_cast<int64_t>(dims) && item.offsets.size() == dims, "WriteRankData: ", name,
-              " has a tensor of size ", Shape(item.local.sizes()), " at offsets ", Shape(item.offsets),
-              " in a tensor of size ", Shape(item.global_size), ": the dimensions differ");
+              " has a tensor of size ", c10::str(c10::IntArrayRef(item.local.sizes())), " at offsets ",
+              c10::str(c10::IntArrayRef(item.offsets)), " in a tensor of size ",
+              c10::str(c10::IntArrayRef(item.global_size)), ": the dimensions differ");
   for (size_t d = 0; d < dims; ++d) {
     TORCH_CHECK(item.offsets[d] >= 0 && item.offsets[d] <= item.global_size[d] &&
                     item.local.size(d) <= item.global_size[d] - item.offsets[d],
-                "WriteRankData: ", name, ": a tensor of size ", Shape(item.local.sizes()), " at offsets ",
-                Shape(item.offsets), " does not fit in its global size ", Shape(item.global_size));
+                "WriteRankData: ", name, ": a tensor of size ", c10::str(c10::IntArrayRef(item.local.sizes())),
+                " at offsets ", c10::str(c10::IntArrayRef(item.offsets)), " does not fit in its global size ",
+                c10::str(c10::IntArrayRef(item.global_size)));
   }
   at::Tensor t = item.local.detach().to(at::kCPU);
   if (static_cast<int64_t>(t.storage().nbytes()) != static_cast<int64_t>(t.nbytes()) || t.storage_offset() != 0) {
@@ -93,11 +91,11 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
                           const std::vector<DcpBytesItem>& bytes) {
   TORCH_CHECK(rank >= 0, "WriteRankData: rank ", rank, " is negative");
   MakeDirs(dir, "WriteRankData");
-  const std::string metadata = Join(dir, kMetadataFile);
+  const std::string metadata = JoinPath(dir, kMetadataFile);
   TORCH_CHECK(::unlink(metadata.c_str()) == 0 || errno == ENOENT, "WriteRankData: cannot remove the old '", metadata,
               "' (", Reason(errno), ")");
   const std::string file = DcpDataFileName(rank);
-  AtomicFile out(Join(dir, file), "WriteRankData");
+  AtomicFile out(JoinPath(dir, file), "WriteRankData");
   DcpFragment fragment;
   absl::flat_hash_map<std::string, size_t> index;  // fqn -> its entry in `fragment`
   const auto entry = [&](const std::string& fqn) -> std::pair<DcpEntry*, bool> {
@@ -117,7 +115,8 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
     out.Write(item.bytes);
   }
   for (const DcpTensorItem& item : tensors) {
-    const std::string name = absl::StrCat("the chunk of '", item.fqn, "' at offsets ", Shape(item.offsets));
+    const std::string name =
+        absl::StrCat("the chunk of '", item.fqn, "' at offsets ", c10::str(c10::IntArrayRef(item.offsets)));
     const at::Tensor chunk = ChunkTensor(item, name);
     auto [e, added] = entry(item.fqn);
     TORCH_CHECK(!e->is_bytes, "WriteRankData: '", item.fqn, "' is written as bytes and as a tensor");
@@ -131,8 +130,9 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
       e->properties.strides = item.local.strides().vec();
     }
     TORCH_CHECK(e->size == item.global_size && e->properties.dtype == item.dtype, "WriteRankData: ", name,
-                " is declared ", c10::toString(item.dtype), " of size ", Shape(item.global_size),
-                ", an earlier chunk of it ", c10::toString(e->properties.dtype), " of size ", Shape(e->size));
+                " is declared ", c10::toString(item.dtype), " of size ", c10::str(c10::IntArrayRef(item.global_size)),
+                ", an earlier chunk of it ", c10::toString(e->properties.dtype), " of size ",
+                c10::str(c10::IntArrayRef(e->size)));
     const int64_t start = out.size();
     if (!WriteTensorArchive(out, chunk)) out.Write(WriteCheckpoint(c10::IValue(chunk)));  // streamed, or built
     e->chunks.push_back({item.offsets, item.local.sizes().vec(), {file, start, out.size() - start}});
@@ -156,8 +156,9 @@ DcpMetadata MergeDcpFragments(const std::vector<DcpFragment>& fragments, const s
       TORCH_CHECK(!into.is_bytes && !e.is_bytes, "WriteMetadata: '", e.fqn,
                   "' is written by more than one rank and is not a tensor (fragment ", rank, ")");
       TORCH_CHECK(into.size == e.size && into.properties.dtype == e.properties.dtype, "WriteMetadata: tensor '", e.fqn,
-                  "' is ", c10::toString(e.properties.dtype), " of size ", Shape(e.size), " in fragment ", rank,
-                  " but ", c10::toString(into.properties.dtype), " of size ", Shape(into.size), " in an earlier one");
+                  "' is ", c10::toString(e.properties.dtype), " of size ", c10::str(c10::IntArrayRef(e.size)),
+                  " in fragment ", rank, " but ", c10::toString(into.properties.dtype), " of size ",
+                  c10::str(c10::IntArrayRef(into.size)), " in an earlier one");
       into.chunks.insert(into.chunks.end(), e.chunks.begin(), e.chunks.end());
       if (into.object_path.empty()) into.object_path = e.object_path;
     }
@@ -172,8 +173,8 @@ DcpMetadata MergeDcpFragments(const std::vector<DcpFragment>& fragments, const s
       for (int64_t s : c.sizes) v *= s;
       volume += v;  // disjoint boxes inside the tensor: at most numel
     }
-    TORCH_CHECK(volume == numel, "WriteMetadata: the chunks of tensor '", e.fqn, "' (size ", Shape(e.size), ") cover ",
-                volume, " of its ", numel, " elements");
+    TORCH_CHECK(volume == numel, "WriteMetadata: the chunks of tensor '", e.fqn, "' (size ",
+                c10::str(c10::IntArrayRef(e.size)), ") cover ", volume, " of its ", numel, " elements");
   }
   md.has_planner_data = true;
   md.storage_meta = DcpStorageMeta{checkpoint_id, NewUuid(), std::nullopt, {}};
@@ -183,7 +184,7 @@ DcpMetadata MergeDcpFragments(const std::vector<DcpFragment>& fragments, const s
 
 void WriteMetadata(const std::string& dir, const std::vector<DcpFragment>& fragments) {
   const std::vector<char> bytes = SerializeDcpMetadata(MergeDcpFragments(fragments, dir));
-  WriteFileAtomically(Join(dir, kMetadataFile), bytes, "WriteMetadata");
+  WriteFileAtomically(JoinPath(dir, kMetadataFile), bytes, "WriteMetadata");
 }
 
 std::vector<char> SerializeDcpFragment(const DcpFragment& fragment) {

@@ -102,4 +102,8 @@ void PreadFully(int fd, uint64_t offset, size_t size, char* out, const std::stri
   }
 }
 
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  return !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
 }  // namespace fsdp::checkpoint

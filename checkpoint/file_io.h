@@ -24,6 +24,10 @@ std::vector<char> ReadFile(const std::string& path, std::string_view caller);
 // '<temporary>' to write '<path>' (<reason>)", "<caller>: writing '<path>' failed (<reason>)".
 void WriteFileAtomically(const std::string& path, const std::vector<char>& bytes, std::string_view caller);
 
+// `dir` + "/" + `name`, with no doubled slash when `dir` ends in one (a checkpoint directory
+// and a file in it).
+std::string JoinPath(const std::string& dir, const std::string& name);
+
 // An open file descriptor (or -1), closed when this goes. Move-only.
 class ScopedFd {
  public:

@@ -323,8 +323,8 @@ fsdp_cc_test(//fsdp/activation_checkpoint:fsdp2_checkpoint_test SIZE medium
 fsdp_cc_library(//fsdp/common
   SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc hooked_module.cc meta.cc sharding.cc
        storage.cc
-  HDRS autograd_hooks.h flat_layout.h forward_tensors.h fsdp_state_base.h grad_divide.h
-       hooked_module.h meta.h sharding.h storage.h
+  HDRS autograd_hooks.h env_override.h flat_layout.h forward_tensors.h fsdp_state_base.h
+       grad_divide.h hooked_module.h meta.h sharding.h storage.h
   DEPS //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/common:test_models TESTONLY

@@ -214,6 +214,10 @@ class C10dProcessGroup final : public ProcessGroup {
                 c10::Device(options_.tensor_device_type.value_or(c10::DeviceType::CPU)));
   }
 
+  c10::Device DoObjectCollectiveDevice() const override {
+    return options_.object_collective_device.value_or(c10::Device(c10::kCPU));
+  }
+
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
     const uint64_t serial = next_split_++;
     int index = -1;
@@ -243,6 +247,7 @@ class C10dProcessGroup final : public ProcessGroup {
     child_options.timeout = options_.timeout;
     child_options.split_store = options_.split_store;
     child_options.tensor_device_type = options_.tensor_device_type;
+    child_options.object_collective_device = options_.object_collective_device;
     return std::make_shared<C10dProcessGroup>(child, std::move(child_options));
   }
 
@@ -311,6 +316,7 @@ ProcessGroupPtr WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, C10dO
   internal::C10dAdapterOptions adapter;
   adapter.timeout = options.timeout;
   adapter.split_store = std::move(options.store);
+  adapter.object_collective_device = options.object_collective_device;
   return internal::MakeC10dProcessGroup(std::move(backend), std::move(adapter));
 }
 

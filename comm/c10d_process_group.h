@@ -36,6 +36,9 @@ struct C10dOptions {
   Timeout timeout = kDefaultTimeout;
   // The store the backend's split() uses for new_subgroup (null: no sub-groups).
   c10::intrusive_ptr<c10d::Store> store;
+  // ProcessGroup::object_collective_device(): unset, the CPU. A ProcessGroupNCCL needs its
+  // CUDA device here (NCCL takes no CPU tensors), as PyTorch's object collectives use.
+  std::optional<c10::Device> object_collective_device;
 };
 
 // Throws c10::Error when `backend` is null or C10dOptions::timeout is not positive.

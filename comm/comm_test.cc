@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "comm/c10d_process_group.h"
 #include "comm/comm_trace.h"
 #include "comm/fake_process_group.h"
 #include "comm/internal/c10d_adapter.h"
@@ -458,5 +459,31 @@ TEST(C10dAdapter, ABackendForCudaTensorsRefusesCpuTensorsNamingThem) {
   EXPECT_TRUE(at::equal(u, at::ones({4})));
 }
 
+// Where host data (lengths, flags, pickled bytes) goes for a collective: the CPU for every
+// backend here, the configured device for a wrapped c10d backend (NCCL's factory sets its
+// CUDA device), kept by sub-groups and reported through CommTrace. (The NCCL path itself
+// needs GPUs: tools/gpu_check.sh.)
+TEST(C10dAdapter, ObjectCollectiveDeviceIsTheConfiguredOneAndSubgroupsAndWrappersKeepIt) {
+  EXPECT_EQ(CreateFakeProcessGroup(0, 4)->object_collective_device(), c10::Device(c10::kCPU));
+  const std::string store_path = ::testing::TempDir() + "/c10d_adapter_object_device_store";
+  std::remove(store_path.c_str());
+  auto store = c10::make_intrusive<c10d::FileStore>(store_path, 1);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(kDefaultTimeout);
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, gloo_options);
+  EXPECT_EQ(WrapC10dBackend(gloo)->object_collective_device(), c10::Device(c10::kCPU));
+  C10dOptions options;
+  options.store = store;
+  options.object_collective_device = c10::Device(c10::kCUDA, 1);  // a value: no GPU is touched
+  ProcessGroupPtr pg = WrapC10dBackend(gloo, options);
+  EXPECT_EQ(pg->object_collective_device(), c10::Device(c10::kCUDA, 1));
+  EXPECT_EQ(std::make_shared<CommTrace>(pg)->object_collective_device(), c10::Device(c10::kCUDA, 1));
+  ProcessGroupPtr sub = pg->new_subgroup({0});
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->object_collective_device(), c10::Device(c10::kCUDA, 1));
+  // On the CPU the host tensor itself goes into the collective (no copy).
+  const at::Tensor host = at::arange(3);
+  EXPECT_TRUE(ToObjectCollectiveDevice(*CreateFakeProcessGroup(0, 2), host).is_same(host));
+}
 }  // namespace
 }  // namespace fsdp::comm

@@ -52,6 +52,7 @@ class CommTrace final : public ProcessGroup {
                      const std::vector<int64_t>& input_split_sizes) override;
   WorkPtr DoBarrier() override;
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
+  c10::Device DoObjectCollectiveDevice() const override { return inner_->object_collective_device(); }
 
  private:
   int64_t SumBytes(const std::string& op, int64_t CollectiveRecord::*field) const;

@@ -52,6 +52,7 @@ class FaultyProcessGroup final : public ProcessGroup {
                      const std::vector<int64_t>& input_split_sizes) override;
   WorkPtr DoBarrier() override;
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
+  c10::Device DoObjectCollectiveDevice() const override { return inner_->object_collective_device(); }
 
  private:
   // Counts the call; runs `issue` unless the fault for it says otherwise, applying the

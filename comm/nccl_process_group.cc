@@ -54,6 +54,7 @@ ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env, const
   adapter.timeout = options.timeout;
   adapter.split_store = store;
   adapter.tensor_device_type = c10::DeviceType::CUDA;
+  adapter.object_collective_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device));
   return internal::MakeC10dProcessGroup(std::move(backend), std::move(adapter));
 }
 

@@ -84,6 +84,10 @@ const std::string& Work::description() const {
   return description_;
 }
 
+at::Tensor ToObjectCollectiveDevice(const ProcessGroup& group, const at::Tensor& host) {
+  return host.to(group.object_collective_device());
+}
+
 // ------------------------------------------------------------------ validation
 
 std::string DescribeTensor(const at::Tensor& t) {

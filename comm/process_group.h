@@ -37,6 +37,13 @@ class ProcessGroup {
   // The timeout Work::wait() uses when none is given, and the deadline of a collective.
   Timeout timeout() const { return timeout_; }
 
+  // Where collectives of host data (lengths, flags, pickled bytes: what PyTorch does with
+  // its object collectives) put their tensors: the CPU, or for a backend that takes only
+  // device tensors (NCCL) its device, as torch/distributed/distributed_c10d.py's
+  // _get_object_coll_device. Such data is copied there before the collective and back to
+  // the host after it (ToObjectCollectiveDevice below).
+  c10::Device object_collective_device() const { return DoObjectCollectiveDevice(); }
+
   // output (size() * input.numel() elements) = concatenation of every rank's input, in
   // rank order. Output may be [W * d0, ...] or [W, ...] or flat.
   WorkPtr all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
@@ -72,6 +79,8 @@ class ProcessGroup {
                              const std::vector<int64_t>& input_split_sizes) = 0;
   virtual WorkPtr DoBarrier() = 0;
   virtual std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) = 0;
+  // The CPU unless the backend needs another device (see object_collective_device()).
+  virtual c10::Device DoObjectCollectiveDevice() const { return c10::Device(c10::kCPU); }
 
   // "<backend> rank r/W" for messages.
   std::string WhoAmI() const;
@@ -89,6 +98,11 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 // "all_reduce(SUM) Float[2, 3]": the text backends use in Work descriptions and traces.
 std::string DescribeTensor(const at::Tensor& t);
+
+// `host` (host data: a length, a flag, bytes) where a collective of `group` takes it: on
+// group.object_collective_device(), i.e. `host` itself when that is the CPU. Read a
+// result back with .cpu().
+at::Tensor ToObjectCollectiveDevice(const ProcessGroup& group, const at::Tensor& host);
 
 // Equal split sizes along dim 0 when `splits` is empty, else `splits`.
 std::vector<int64_t> ResolveSplits(const std::vector<int64_t>& splits, const at::Tensor& t, int world_size);

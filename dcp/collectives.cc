@@ -7,21 +7,42 @@
 #include <cstring>
 
 namespace fsdp::dcp::internal {
+namespace {
+
+// Runs `collective` on `host` (a CPU tensor it reads and writes in place) where the group's
+// collectives take it (comm::ProcessGroup::object_collective_device: NCCL's CUDA device, else
+// the CPU, where this is `host` itself) and returns the result on the CPU.
+template <class Collective>
+at::Tensor RunOnObjectDevice(const comm::ProcessGroup& group, const at::Tensor& host, Collective&& collective) {
+  at::Tensor wire = comm::ToObjectCollectiveDevice(group, host);
+  collective(wire);
+  return wire.cpu();
+}
+
+// Every rank's `mine`, in rank order.
+std::vector<int64_t> AllGatherLengths(comm::ProcessGroup& group, int64_t mine) {
+  const at::Tensor length = comm::ToObjectCollectiveDevice(group, at::full({1}, mine, at::kLong));
+  at::Tensor lengths = at::empty({group.size()}, at::kLong);
+  lengths = RunOnObjectDevice(group, lengths,
+                              [&](const at::Tensor& wire) { group.all_gather_into_tensor(wire, length)->wait(); });
+  return std::vector<int64_t>(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + group.size());
+}
+
+}  // namespace
 
 std::vector<std::vector<char>> AllGatherBytes(const comm::ProcessGroupPtr& group, const std::vector<char>& mine) {
   if (group == nullptr || group->size() == 1) return {mine};
   const int64_t w = group->size();
-  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  at::Tensor lengths = at::empty({w}, at::kLong);
-  group->all_gather_into_tensor(lengths, length)->wait();
-  std::vector<int64_t> sizes(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + w);
+  const std::vector<int64_t> sizes = AllGatherLengths(*group, static_cast<int64_t>(mine.size()));
   const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
   std::vector<std::vector<char>> out(w);
   if (longest == 0) return out;
   at::Tensor padded = at::zeros({longest}, at::kByte);
   if (!mine.empty()) std::memcpy(padded.data_ptr<uint8_t>(), mine.data(), mine.size());
   at::Tensor all = at::empty({w * longest}, at::kByte);
-  group->all_gather_into_tensor(all, padded)->wait();
+  all = RunOnObjectDevice(*group, all, [&](const at::Tensor& out_wire) {
+    group->all_gather_into_tensor(out_wire, comm::ToObjectCollectiveDevice(*group, padded))->wait();
+  });
   const char* base = reinterpret_cast<const char*>(all.data_ptr<uint8_t>());
   for (int64_t r = 0; r < w; ++r) {
     TORCH_CHECK(sizes[r] >= 0 && sizes[r] <= longest, "AllGatherBytes: rank ", r, " sent length ", sizes[r]);
@@ -34,25 +55,23 @@ std::vector<char> BroadcastBytes(const comm::ProcessGroupPtr& group, const std::
   if (group == nullptr || group->size() == 1) return bytes;
   const bool is_root = group->rank() == root;
   at::Tensor length = at::full({1}, is_root ? static_cast<int64_t>(bytes.size()) : int64_t{0}, at::kLong);
-  group->broadcast(length, root)->wait();
+  length = RunOnObjectDevice(*group, length, [&](const at::Tensor& wire) { group->broadcast(wire, root)->wait(); });
   const int64_t n = length.item<int64_t>();
   TORCH_CHECK(n >= 0, "BroadcastBytes: rank ", root, " sent length ", n);
   if (n == 0) return {};
   at::Tensor data = at::empty({n}, at::kByte);
   if (is_root) std::memcpy(data.data_ptr<uint8_t>(), bytes.data(), bytes.size());
-  group->broadcast(data, root)->wait();
+  data = RunOnObjectDevice(*group, data, [&](const at::Tensor& wire) { group->broadcast(wire, root)->wait(); });
   const char* p = reinterpret_cast<const char*>(data.data_ptr<uint8_t>());
   return std::vector<char>(p, p + n);
 }
 
-std::vector<std::vector<char>> GatherBytes(const comm::ProcessGroupPtr& group, const std::vector<char>& mine, int root) {
+std::vector<std::vector<char>> GatherBytes(const comm::ProcessGroupPtr& group, const std::vector<char>& mine,
+                                           int root) {
   if (group == nullptr || group->size() == 1) return {mine};
   const int64_t w = group->size();
   const bool is_root = group->rank() == root;
-  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  at::Tensor lengths = at::empty({w}, at::kLong);
-  group->all_gather_into_tensor(lengths, length)->wait();
-  std::vector<int64_t> sizes(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + w);
+  const std::vector<int64_t> sizes = AllGatherLengths(*group, static_cast<int64_t>(mine.size()));
   int64_t total = 0;
   for (int64_t r = 0; r < w; ++r) {
     TORCH_CHECK(sizes[r] >= 0, "GatherBytes: rank ", r, " sent length ", sizes[r]);
@@ -66,7 +85,10 @@ std::vector<std::vector<char>> GatherBytes(const comm::ProcessGroupPtr& group, c
   input_splits[root] = static_cast<int64_t>(mine.size());
   if (is_root) output_splits = sizes;
   at::Tensor output = at::empty({is_root ? total : 0}, at::kByte);
-  group->all_to_all_single(output, input, output_splits, input_splits)->wait();
+  output = RunOnObjectDevice(*group, output, [&](const at::Tensor& out_wire) {
+    group->all_to_all_single(out_wire, comm::ToObjectCollectiveDevice(*group, input), output_splits, input_splits)
+        ->wait();
+  });
   if (!is_root) return {};
   std::vector<std::vector<char>> out(w);
   const char* p = reinterpret_cast<const char*>(output.data_ptr<uint8_t>());
@@ -81,15 +103,15 @@ std::vector<char> ScatterBytes(const comm::ProcessGroupPtr& group, const std::ve
                                int root) {
   const bool is_root = group == nullptr || group->rank() == root;
   const int64_t w = group == nullptr ? 1 : group->size();
-  TORCH_CHECK(!is_root || static_cast<int64_t>(pieces.size()) == w, "ScatterBytes: ", pieces.size(),
-              " pieces for ", w, " ranks");
+  TORCH_CHECK(!is_root || static_cast<int64_t>(pieces.size()) == w, "ScatterBytes: ", pieces.size(), " pieces for ", w,
+              " ranks");
   if (w == 1) return pieces[0];
   at::Tensor lengths = at::zeros({w}, at::kLong);
   int64_t total = 0;
   if (is_root) {
     for (int64_t r = 0; r < w; ++r) total += lengths[r].fill_(static_cast<int64_t>(pieces[r].size())).item<int64_t>();
   }
-  group->broadcast(lengths, root)->wait();
+  lengths = RunOnObjectDevice(*group, lengths, [&](const at::Tensor& wire) { group->broadcast(wire, root)->wait(); });
   std::vector<int64_t> sizes(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + w);
   const int64_t me = sizes[group->rank()];
   TORCH_CHECK(me >= 0, "ScatterBytes: rank ", root, " sent length ", me);
@@ -105,7 +127,10 @@ std::vector<char> ScatterBytes(const comm::ProcessGroupPtr& group, const std::ve
   if (is_root) input_splits = sizes;
   output_splits[root] = me;
   at::Tensor output = at::empty({me}, at::kByte);
-  group->all_to_all_single(output, input, output_splits, input_splits)->wait();
+  output = RunOnObjectDevice(*group, output, [&](const at::Tensor& out_wire) {
+    group->all_to_all_single(out_wire, comm::ToObjectCollectiveDevice(*group, input), output_splits, input_splits)
+        ->wait();
+  });
   const char* p = reinterpret_cast<const char*>(output.data_ptr<uint8_t>());
   return std::vector<char>(p, p + me);
 }
@@ -127,8 +152,8 @@ std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group,
 std::vector<char> ScatterOrThrow(const comm::ProcessGroupPtr& group, const std::string& root_error,
                                  const std::vector<std::vector<char>>& pieces, int root, const std::string& what) {
   const bool is_root = group == nullptr || group->rank() == root;
-  const std::vector<char> error =
-      BroadcastBytes(group, is_root ? std::vector<char>(root_error.begin(), root_error.end()) : std::vector<char>(), root);
+  const std::vector<char> error = BroadcastBytes(
+      group, is_root ? std::vector<char>(root_error.begin(), root_error.end()) : std::vector<char>(), root);
   if (!error.empty()) {
     TORCH_CHECK(!is_root, root_error);
     TORCH_CHECK(false, what, ": rank ", root, " failed: ", std::string(error.begin(), error.end()));

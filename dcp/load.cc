@@ -43,8 +43,6 @@ using checkpoint::DcpMetadata;
 
 constexpr char kLoad[] = "dcp::Load";
 
-std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
-
 // "'a', 'b', 'c' (and 4 more)".
 std::string ListKeys(const std::vector<std::string>& keys) {
   std::vector<std::string> shown;
@@ -61,8 +59,9 @@ const DcpEntry& TensorEntry(const std::string& dir, const DcpMetadata& md, const
   TORCH_CHECK(e != nullptr, kLoad, ": the checkpoint '", dir, "' has no entry '", key, "'");
   TORCH_CHECK(!e->is_bytes, kLoad, ": '", key, "' in the checkpoint '", dir, "' is a bytes entry, but ", what,
               " is a tensor");
-  TORCH_CHECK(e->size == want, kLoad, ": '", key, "' in the checkpoint '", dir, "' has size ", Shape(e->size), ", but ",
-              what, " has size ", Shape(want), " (a checkpoint of another model?)");
+  TORCH_CHECK(e->size == want, kLoad, ": '", key, "' in the checkpoint '", dir, "' has size ",
+              c10::str(c10::IntArrayRef(e->size)), ", but ", what, " has size ", c10::str(c10::IntArrayRef(want)),
+              " (a checkpoint of another model?)");
   return *e;
 }
 

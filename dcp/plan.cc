@@ -16,8 +16,6 @@ namespace {
 
 using dtensor::Segment;
 
-std::string Shape(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
-
 int64_t Total(const std::vector<Segment>& runs) {
   int64_t n = 0;
   for (const Segment& s : runs) n += s.length;
@@ -48,8 +46,8 @@ std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int
   const size_t dims = local_sizes.size();
   if (p == nullptr) return {Box{std::vector<int64_t>(dims, 0), std::vector<int64_t>(dims, 0), local_sizes}};
   const std::vector<int64_t>& global = p->sharding_spec().shape;
-  TORCH_CHECK(global.size() == dims, "LocalBoxes: a tensor of size ", Shape(local_sizes),
-              " is not laid out like parameter '", p->fqn(), "' of global size ", Shape(global));
+  TORCH_CHECK(global.size() == dims, "LocalBoxes: a tensor of size ", c10::str(c10::IntArrayRef(local_sizes)),
+              " is not laid out like parameter '", p->fqn(), "' of global size ", c10::str(c10::IntArrayRef(global)));
   int64_t global_numel = 1;
   for (int64_t s : global) global_numel *= s;
   if (global_numel == 0) return {Box{std::vector<int64_t>(dims, 0), std::vector<int64_t>(dims, 0), global}};
@@ -64,7 +62,8 @@ std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int
   runs[d] = NarrowRuns(runs[d], layout.offset, layout.sharded_size[d]);
   for (size_t k = 0; k < dims; ++k) {
     TORCH_CHECK(Total(runs[k]) == local_sizes[k], "LocalBoxes: parameter '", p->fqn(), "' holds ", Total(runs[k]),
-                " indices of dim ", k, " on this rank, but its local tensor has size ", Shape(local_sizes));
+                " indices of dim ", k, " on this rank, but its local tensor has size ",
+                c10::str(c10::IntArrayRef(local_sizes)));
   }
   std::vector<Box> out;
   std::vector<size_t> pick(dims, 0);  // one run per dim: an odometer over the runs
@@ -136,7 +135,7 @@ std::vector<Box> FlatRangeBoxes(const std::vector<int64_t>& global, int64_t flat
   int64_t total = 1;
   for (int64_t s : global) total *= s;
   TORCH_CHECK(flat_start >= 0 && numel >= 0 && flat_start + numel <= total, "FlatRangeBoxes: elements [", flat_start,
-              ", ", flat_start + numel, ") outside a tensor of size ", Shape(global));
+              ", ", flat_start + numel, ") outside a tensor of size ", c10::str(c10::IntArrayRef(global)));
   std::vector<Box> out;
   if (numel == 0) return out;
   if (global.empty()) {  // 0-d: one element

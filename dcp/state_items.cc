@@ -20,23 +20,20 @@
 #include "optim_state/fsdp2_optim_state.h"
 
 namespace fsdp::dcp::internal {
-namespace {
-
-std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
-
-}  // namespace
+namespace {}  // namespace
 
 std::string ModelKey(const std::string& fqn) { return kModelPrefix + fqn; }
 
 void CheckExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, const char* caller) {
   absl::flat_hash_set<std::string> seen;
   for (const auto& [key, tensor] : extra) {
-    TORCH_CHECK(!key.empty() && !absl::StartsWith(key, ".") && !absl::EndsWith(key, ".") &&
-                    !absl::StrContains(key, ".."),
-                caller, ": extra_state key '", key, "' is not a dotted name (empty, or an empty part)");
-    TORCH_CHECK(!absl::StartsWith(key, "model.") && !absl::StartsWith(key, "optim.") && key != "model" &&
-                    key != "optim",
-                caller, ": extra_state key '", key, "' would collide with the model's or optimizer's entries (\"model.\", \"optim.\")");
+    TORCH_CHECK(
+        !key.empty() && !absl::StartsWith(key, ".") && !absl::EndsWith(key, ".") && !absl::StrContains(key, ".."),
+        caller, ": extra_state key '", key, "' is not a dotted name (empty, or an empty part)");
+    TORCH_CHECK(
+        !absl::StartsWith(key, "model.") && !absl::StartsWith(key, "optim.") && key != "model" && key != "optim",
+        caller, ": extra_state key '", key,
+        "' would collide with the model's or optimizer's entries (\"model.\", \"optim.\")");
     TORCH_CHECK(seen.insert(key).second, caller, ": extra_state key '", key, "' appears twice");
     TORCH_CHECK(tensor.defined(), caller, ": extra_state '", key, "' is an undefined tensor");
   }
@@ -87,8 +84,9 @@ FlatModel CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* wor
   const flat_param::FullyShardedDataParallel root(state);
   for (flat_param::LocalFlatPiece& p : flat_param::LocalFlatPieces(root)) {
     out.fqns_of_flat_param[p.flat_param_key].push_back(p.fqn);
-    out.by_fqn[p.fqn] = FlatPiece{std::move(p.shape), p.flat_start, p.local.defined() ? p.local.detach() : at::Tensor(),
-                                  p.offset_in_shard,  p.flat_param_key, p.shard_numel};
+    out.by_fqn[p.fqn] =
+        FlatPiece{std::move(p.shape), p.flat_start,     p.local.defined() ? p.local.detach() : at::Tensor(),
+                  p.offset_in_shard,  p.flat_param_key, p.shard_numel};
   }
   // Tied parameters: the flat parameter lists the first name; the others share its piece.
   absl::flat_hash_map<const c10::TensorImpl*, std::string> first_name;
@@ -126,8 +124,12 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
     if (!item.value().defined()) continue;
     if (auto piece = flat.by_fqn.find(item.key()); piece != flat.by_fqn.end()) {  // FSDP1: this rank's piece
       if (!piece->second.local.defined()) continue;
-      TensorSource s{ModelKey(item.key()), {std::string("model"), item.key()}, nullptr, piece->second.local,
-                     piece->second.shape, piece->second.flat_start};
+      TensorSource s{ModelKey(item.key()),
+                     {std::string("model"), item.key()},
+                     nullptr,
+                     piece->second.local,
+                     piece->second.shape,
+                     piece->second.flat_start};
       out.tensors.push_back(std::move(s));
       continue;
     }
@@ -143,10 +145,11 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
   if (optimizer == nullptr) return out;
 
   const optim_state::OptimStateDict sd =
-      flat.empty() ? optim_state::GetShardedOptimStateDict(model, *optimizer)
-                   : FlatOptimToPieces(optim_state::GetShardedOptimStateDict(
-                                           flat_param::FullyShardedDataParallel(flat_param::GetState(model)), *optimizer),
-                                       flat);
+      flat.empty()
+          ? optim_state::GetShardedOptimStateDict(model, *optimizer)
+          : FlatOptimToPieces(optim_state::GetShardedOptimStateDict(
+                                  flat_param::FullyShardedDataParallel(flat_param::GetState(model)), *optimizer),
+                              flat);
   for (const auto& [fqn, state] : sd.state) {
     auto it = by_fqn.find(fqn);
     TORCH_CHECK(it != by_fqn.end(), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
@@ -157,15 +160,15 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
       if (const at::Tensor* t = std::get_if<at::Tensor>(&value)) {
         if (auto piece = flat.by_fqn.find(fqn); piece != flat.by_fqn.end() && t->dim() > 0) {  // FSDP1
           if (t->numel() == 0) continue;  // this rank holds none of it
-          out.tensors.push_back({key, std::move(path), nullptr, t->detach(), piece->second.shape,
-                                 piece->second.flat_start});
+          out.tensors.push_back(
+              {key, std::move(path), nullptr, t->detach(), piece->second.shape, piece->second.flat_start});
           continue;
         }
         const bool sharded = fsdp != nullptr && t->dim() > 0;
         if (sharded) {
           TORCH_CHECK(t->sizes().vec() == fsdp->sharded_size(), "dcp: optimizer state '", name, "' of '", fqn,
-                      "' has shape ", Shape(t->sizes()), " but the parameter's shard has shape ",
-                      Shape(fsdp->sharded_size()));
+                      "' has shape ", c10::str(c10::IntArrayRef(t->sizes())), " but the parameter's shard has shape ",
+                      c10::str(c10::IntArrayRef(fsdp->sharded_size())));
         }
         add_tensor(key, std::move(path), sharded ? fsdp : nullptr, *t);
       } else if (const int64_t* i = std::get_if<int64_t>(&value)) {

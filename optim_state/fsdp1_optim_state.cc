@@ -194,13 +194,20 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
 std::vector<OptimStateDict> AllGatherDicts(const OptimStateDict& meta, const comm::ProcessGroupPtr& group) {
   const std::vector<char> bytes = SerializeOptimStateDict(meta);
   const int64_t world = group->size();
-  at::Tensor sizes = at::empty({world}, at::kLong);
-  group->all_gather_into_tensor(sizes, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong))->wait();
+  // Over NCCL through its CUDA device (comm::ProcessGroup::object_collective_device), as
+  // PyTorch's object collectives.
+  at::Tensor sizes = comm::ToObjectCollectiveDevice(*group, at::empty({world}, at::kLong));
+  group
+      ->all_gather_into_tensor(
+          sizes, comm::ToObjectCollectiveDevice(*group, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)))
+      ->wait();
+  sizes = sizes.cpu();
   const int64_t max_size = sizes.max().item<int64_t>();
   at::Tensor mine = at::zeros({max_size}, at::kByte);
   std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
-  at::Tensor all = at::empty({world * max_size}, at::kByte);
-  group->all_gather_into_tensor(all, mine)->wait();
+  at::Tensor all = comm::ToObjectCollectiveDevice(*group, at::empty({world * max_size}, at::kByte));
+  group->all_gather_into_tensor(all, comm::ToObjectCollectiveDevice(*group, mine))->wait();
+  all = all.cpu();
   std::vector<OptimStateDict> out;
   for (int64_t r = 0; r < world; ++r) {
     const auto* data = static_cast<const char*>(all.data_ptr()) + r * max_size;

@@ -19,8 +19,6 @@ namespace {
 
 using torch::optim::OptimizerParamState;
 
-std::string Shape(c10::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
 // FQN of each parameter tensor the optimizer holds.
 absl::flat_hash_map<const void*, std::string> NamesByTensor(const NamedParams& named) {
   absl::flat_hash_map<const void*, std::string> out;
@@ -34,7 +32,7 @@ std::vector<std::string> GroupFqns(const torch::optim::OptimizerParamGroup& grou
   for (size_t i = 0; i < group.params().size(); ++i) {
     auto it = names.find(group.params()[i].unsafeGetTensorImpl());
     TORCH_CHECK(it != names.end(), "optimizer param group ", index, " parameter ", i, " (shape ",
-                Shape(group.params()[i].sizes()), ") is not among the named parameters");
+                c10::str(c10::IntArrayRef(group.params()[i].sizes())), ") is not among the named parameters");
     out.push_back(it->second);
   }
   return out;
@@ -180,9 +178,12 @@ void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<s
   if (!world || world->size() == 1 || fqns.empty()) return;
   at::Tensor has = at::empty({static_cast<int64_t>(fqns.size())}, at::kInt);
   for (size_t i = 0; i < fqns.size(); ++i) has[i] = local.state.count(fqns[i]) ? 1 : 0;
-  at::Tensor lo = has.clone(), hi = has.clone();
+  // Over NCCL through its CUDA device (comm::ProcessGroup::object_collective_device).
+  at::Tensor lo = comm::ToObjectCollectiveDevice(*world, has).clone(), hi = lo.clone();
   world->all_reduce(lo, comm::ReduceOp::Min())->wait();
   world->all_reduce(hi, comm::ReduceOp::Max())->wait();
+  lo = lo.cpu();
+  hi = hi.cpu();
   for (size_t i = 0; i < fqns.size(); ++i) {
     TORCH_CHECK(lo[i].item<int>() == hi[i].item<int>(), caller, ": some ranks have optimizer state for '", fqns[i],
                 "' and others do not (this rank: ", has[i].item<int>() ? "has" : "lacks", " it)");
@@ -207,13 +208,16 @@ void CheckStateAgreement(const comm::ProcessGroupPtr& world, const std::vector<s
   }
   at::Tensor count = at::full({2}, static_cast<double>(scalars.size()), at::kDouble);
   count[1] = -count[1];  // one MAX gives both the largest and (negated) the smallest count
+  count = comm::ToObjectCollectiveDevice(*world, count);
   world->all_reduce(count, comm::ReduceOp::Max())->wait();
+  count = count.cpu();
   TORCH_CHECK(count[0].item<double>() == -count[1].item<double>(), caller,
               ": ranks hold different numbers of scalar optimizer states (this rank: ", scalars.size(), ")");
   if (scalars.empty()) return;
   at::Tensor values = at::tensor(scalars, at::kDouble);
-  at::Tensor both = at::cat({values, -values});
+  at::Tensor both = comm::ToObjectCollectiveDevice(*world, at::cat({values, -values}));
   world->all_reduce(both, comm::ReduceOp::Max())->wait();
+  both = both.cpu();
   const int64_t n = values.numel();
   for (int64_t i = 0; i < n; ++i) {
     const double max = both[i].item<double>(), min = -both[n + i].item<double>();
@@ -258,11 +262,15 @@ OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const c
   if (world->size() == 1) return state_dict;
   std::vector<char> bytes;
   if (world->rank() == 0) bytes = SerializeOptimStateDict(state_dict);
-  at::Tensor size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  // Over NCCL through its CUDA device (comm::ProcessGroup::object_collective_device).
+  at::Tensor size =
+      comm::ToObjectCollectiveDevice(*world, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
   world->broadcast(size, 0)->wait();
   at::Tensor payload = at::empty({size.item<int64_t>()}, at::kByte);
   if (world->rank() == 0) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+  payload = comm::ToObjectCollectiveDevice(*world, payload);
   world->broadcast(payload, 0)->wait();
+  payload = payload.cpu();
   if (world->rank() == 0) return state_dict;
   const auto* data = static_cast<const char*>(payload.data_ptr());
   return DeserializeOptimStateDict(std::vector<char>(data, data + payload.numel()), "rank 0's broadcast");

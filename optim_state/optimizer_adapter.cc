@@ -14,8 +14,6 @@
 namespace fsdp::optim_state {
 namespace {
 
-std::string Shape(c10::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
 class Registry {
  public:
   static Registry& Get() {
@@ -95,8 +93,9 @@ double AsDouble(const c10::IValue& v, const std::string& name) {
 
 at::Tensor ParamStateReader::Tensor(const std::string& name) const {
   const at::Tensor& t = Typed<at::Tensor>(Find(state_, fqn_, name), fqn_, name, "a tensor");
-  TORCH_CHECK(t.sizes() == param_.sizes(), "optimizer state '", name, "' of '", fqn_, "' has shape ", Shape(t.sizes()),
-              " but the parameter has shape ", Shape(param_.sizes()));
+  TORCH_CHECK(t.sizes() == param_.sizes(), "optimizer state '", name, "' of '", fqn_, "' has shape ",
+              c10::str(c10::IntArrayRef(t.sizes())), " but the parameter has shape ",
+              c10::str(c10::IntArrayRef(param_.sizes())));
   at::Tensor on_param = t.to(param_.options());  // `t` itself when it is already there
   if (!on_param.is_same(t)) return on_param;     // a fresh tensor: no second copy
   return adopt_ ? on_param : on_param.clone();

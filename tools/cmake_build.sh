@@ -55,6 +55,11 @@ for tool in cmake ninja; do
 done
 [ -f "$ROOT/third_party/torch_root/share/cmake/Torch/TorchConfig.cmake" ] ||
   die "third_party/torch_root/share/cmake/Torch/TorchConfig.cmake missing: run ./x setup"
+# Unity builds (up to 16 sources of a target per translation unit): LibTorch's headers are
+# parsed, and their inline code instantiated, once per batch instead of once per source
+# (cold smoke build 266 s -> 159 s on 2 cores). They also turn two same-named helpers in
+# one target's anonymous namespaces into a compile error: copies of one helper are caught.
+UNITY=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16)
 LAUNCHER=()
 if command -v ccache >/dev/null 2>&1; then
   mkdir -p "$CCACHE_DIR"
@@ -73,7 +78,7 @@ else
   CTEST_SELECT=()
 fi
 step "configure $BUILD ($what; Ninja${LAUNCHER:+, ccache in $CCACHE_DIR})"
-if ! run cmake -S "$ROOT" -B "$BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=OFF \
+if ! run cmake -S "$ROOT" -B "$BUILD" -G Ninja "${LAUNCHER[@]}" "${UNITY[@]}" -DFSDP_WITH_CUDA=OFF \
      -DFSDP_BUILD_TESTS=ON -DFSDP_CMAKE_SMOKE=$SMOKE -DFSDP_CHECK_BAZEL_PARITY=$CHECK; then
   die "CMake configuration failed (see above)"
 fi
@@ -111,7 +116,7 @@ if [ -n "$NVCC" ]; then
   CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
   if [ -f "$ROOT/third_party/torch_cuda_deps/nccl/include/nccl.h" ]; then
     step "FSDP_WITH_CUDA=ON: configure $CUDA_BUILD, build comm_nccl + comm_nccl_test (compile + link only)"
-    if run cmake -S "$ROOT" -B "$CUDA_BUILD" -G Ninja "${LAUNCHER[@]}" -DFSDP_WITH_CUDA=ON \
+    if run cmake -S "$ROOT" -B "$CUDA_BUILD" -G Ninja "${LAUNCHER[@]}" "${UNITY[@]}" -DFSDP_WITH_CUDA=ON \
          -DFSDP_BUILD_TESTS=ON -DFSDP_CHECK_BAZEL_PARITY=$CHECK -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" &&
        run nice -n 10 cmake --build "$CUDA_BUILD" -j "$JOBS" --target comm_nccl comm_nccl_test; then
       cuda_note="cuda build: ok (comm_nccl + comm_nccl_test against $CUDA_HOME_GUESS)"

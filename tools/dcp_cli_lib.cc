@@ -32,6 +32,7 @@ using fsdp::checkpoint::DcpEntry;
 using fsdp::checkpoint::DcpMetadata;
 using fsdp::checkpoint::DcpPathElement;
 using fsdp::checkpoint::DcpStorageInfo;
+using fsdp::checkpoint::JoinPath;
 
 constexpr char kUsageText[] =
     "usage: dcp ls DIR\n"
@@ -52,10 +53,6 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string Shape(c10::IntArrayRef v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
-std::string Join(const std::string& dir, const std::string& name) {
-  return !dir.empty() && dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
-}
 std::string Reason(int error) { return std::strerror(error); }
 
 // `s` with control characters escaped, so that every listed name stays on its line.
@@ -107,7 +104,7 @@ DcpMetadata OpenCheckpoint(const std::string& dir) {
               ")");
   TORCH_CHECK(S_ISDIR(st.st_mode), "'", dir,
               "' is not a directory (a DCP checkpoint is a directory of .metadata and *.distcp files)");
-  const std::string metadata = Join(dir, ".metadata");
+  const std::string metadata = JoinPath(dir, ".metadata");
   if (::stat(metadata.c_str(), &st) != 0 && errno == ENOENT) {
     bool has_data = false;
     if (DIR* d = ::opendir(dir.c_str())) {
@@ -128,15 +125,16 @@ void ListEntry(const DcpEntry& e, std::ostream& out) {
   if (e.is_bytes) {
     out << "bytes, " << Range(e.bytes_storage);
   } else {
-    out << "tensor " << fsdp::checkpoint::DcpDtypeName(e.properties.dtype) << " " << Shape(e.size) << ", "
-        << e.chunks.size() << (e.chunks.size() == 1 ? " chunk" : " chunks");
+    out << "tensor " << fsdp::checkpoint::DcpDtypeName(e.properties.dtype) << " " << c10::str(c10::IntArrayRef(e.size))
+        << ", " << e.chunks.size() << (e.chunks.size() == 1 ? " chunk" : " chunks");
   }
   // The nesting to-torch restores, where it is not just the key.
   const bool flat = e.object_path.empty() || (e.object_path.size() == 1 && e.object_path[0] == DcpPathElement(e.fqn));
   if (!flat) out << ", path " << PathRepr(e.object_path);
   out << "\n";
   for (const auto& c : e.chunks) {
-    out << "  offsets " << Shape(c.offsets) << " sizes " << Shape(c.sizes) << ": " << Range(c.storage) << "\n";
+    out << "  offsets " << c10::str(c10::IntArrayRef(c.offsets)) << " sizes " << c10::str(c10::IntArrayRef(c.sizes))
+        << ": " << Range(c.storage) << "\n";
   }
 }
 
@@ -166,7 +164,7 @@ void List(const std::string& dir, std::ostream& out) {
   out << files.size() << (files.size() == 1 ? " data file:\n" : " data files:\n");
   std::vector<std::string> problems;
   for (const std::string& f : files) {
-    const std::string path = Join(dir, f);
+    const std::string path = JoinPath(dir, f);
     struct stat st {};
     out << "  " << Printable(f) << ": ";
     if (::stat(path.c_str(), &st) != 0) {
@@ -329,7 +327,7 @@ void ToTorch(const std::string& dir, const std::string& file, bool skip_unreadab
       // DCP torch.save'd the value (filesystem.py _write_item); Python's load_bytes torch.loads it.
       const std::vector<char> bytes = fsdp::checkpoint::ReadBytes(dir, md, e.fqn);
       const std::string source =
-          absl::StrCat("bytes entry '", Printable(e.fqn), "' (", Join(dir, Range(e.bytes_storage)), ")");
+          absl::StrCat("bytes entry '", Printable(e.fqn), "' (", JoinPath(dir, Range(e.bytes_storage)), ")");
       c10::IValue value;
       try {
         value = fsdp::checkpoint::ReadCheckpoint(bytes.data(), bytes.size(), source);

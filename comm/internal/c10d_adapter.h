@@ -30,6 +30,8 @@ struct C10dAdapterOptions {
   // Every tensor must be on this device type (NCCL: CUDA): a c10::Error naming the collective,
   // the argument and its device otherwise, before the backend sees it. Unset: no check.
   std::optional<c10::DeviceType> tensor_device_type;
+  // ProcessGroup::object_collective_device(); unset: the CPU.
+  std::optional<c10::Device> object_collective_device;
 };
 
 ProcessGroupPtr MakeC10dProcessGroup(c10::intrusive_ptr<c10d::Backend> backend, C10dAdapterOptions options);

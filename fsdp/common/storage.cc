@@ -27,6 +27,10 @@ void AllocStorage(const at::Tensor& t) {
   storage->set_nbytes(nbytes);
 }
 
+bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+}
+
 int64_t StorageNbytes(const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); }
 
 namespace {

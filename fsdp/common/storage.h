@@ -14,6 +14,9 @@ namespace fsdp {
 void FreeStorage(const at::Tensor& t);
 void AllocStorage(const at::Tensor& t);
 
+// True when both tensors are defined and share one storage (aliases of the same bytes).
+bool SameStorage(const at::Tensor& a, const at::Tensor& b);
+
 // Bytes the tensor's storage holds now (0 after FreeStorage).
 int64_t StorageNbytes(const at::Tensor& t);
 

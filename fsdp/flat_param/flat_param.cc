@@ -16,17 +16,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/common/env_override.h"
 #include "fsdp/common/storage.h"
 
 namespace fsdp::flat_param {
 namespace {
-
-bool EnvIsOne(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
-std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
 // The segments' tensors concatenated: originals flattened (detached), padding as 42s
 // (_construct_padding_tensor).
@@ -106,8 +100,8 @@ FlatParamHandle::FlatParamHandle(const std::vector<at::Tensor>& params, torch::n
     TORCH_CHECK(params[i].defined(), "FlatParamHandle: params[", i, "] is an undefined tensor");
   }
   TORCH_CHECK(options_.process_group != nullptr, "FlatParamHandle: process_group must not be null");
-  skip_writeback_check_ = options_.skip_writeback_check || EnvIsOne("FSDP_SKIP_WRITEBACK_CHECK");
-  use_full_prec_in_eval_ = options_.use_full_prec_in_eval || EnvIsOne("FSDP_USE_FULL_PREC_IN_EVAL");
+  skip_writeback_check_ = options_.skip_writeback_check || EnvOverrideIsOne("FSDP_SKIP_WRITEBACK_CHECK");
+  use_full_prec_in_eval_ = options_.use_full_prec_in_eval || EnvOverrideIsOne("FSDP_USE_FULL_PREC_IN_EVAL");
   rank_ = options_.process_group->rank();
   world_size_ = options_.process_group->size();
   // Optimistically assume valid params; InitFlatParamAndMetadata validates them.
@@ -371,13 +365,14 @@ void FlatParamHandle::CheckOnComputeDevice(const at::Tensor& t) const {
 void FlatParamHandle::CheckUnsharded(const at::Tensor& t) const {
   TORCH_CHECK(t.defined(), "Expects tensor to be unsharded but got `None`");
   TORCH_CHECK(t.sizes().vec() == flat_param_.unpadded_unsharded_size, "Expects tensor to be unsharded with size ",
-              Shape(flat_param_.unpadded_unsharded_size), " but got ", Shape(t.sizes()));
+              c10::str(c10::IntArrayRef(flat_param_.unpadded_unsharded_size)), " but got ",
+              c10::str(c10::IntArrayRef(t.sizes())));
 }
 
 void FlatParamHandle::CheckSharded(const at::Tensor& t) const {
   TORCH_CHECK(t.defined(), "Expects tensor to be sharded but got `None`");
   TORCH_CHECK(t.sizes().vec() == flat_param_.sharded_size, "Expects tensor to be sharded with size ",
-              Shape(flat_param_.sharded_size), " but got ", Shape(t.sizes()));
+              c10::str(c10::IntArrayRef(flat_param_.sharded_size)), " but got ", c10::str(c10::IntArrayRef(t.sizes())));
 }
 
 }  // namespace fsdp::flat_param

@@ -17,12 +17,6 @@
 namespace fsdp::flat_param {
 namespace {
 
-bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
-  return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
-}
-
-std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
 // The same memory as `view` without being an autograd view: optimizers (LibTorch's
 // zero_grad) detach_() gradients, which views refuse. A contiguous one is AliasStorage's
 // (no dispatcher); other strides take set_.
@@ -75,7 +69,8 @@ bool FlatParamHandle::FlattenOrigGrads() {
     }
     if (!SameStorage(g, flat_grad)) {  // an unsharded gradient view is already in place
       TORCH_CHECK(g.sizes() == views[i].sizes(), "FlattenOrigGrads: gradient of ", fp.fqns[i], " has shape ",
-                  Shape(g.sizes()), " but the unsharded parameter has shape ", Shape(views[i].sizes()));
+                  c10::str(c10::IntArrayRef(g.sizes())), " but the unsharded parameter has shape ",
+                  c10::str(c10::IntArrayRef(views[i].sizes())));
       // Into a fresh flat gradient, a copy: what autograd's cat of the views' gradients
       // gives PyTorch's flat_param.grad (it keeps -0.0, which 0 + g would not).
       if (fresh && g.is_cpu() && g.is_contiguous() && views[i].is_contiguous() && g.dtype() == flat_grad.dtype()) {
@@ -166,7 +161,8 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
     if (fp.saved_grad_shard.defined()) {
       TORCH_CHECK(fp.saved_grad_shard.sizes() == new_sharded_grad.sizes(),
                   "Shape mismatch when accumulating gradients: existing gradient shape=",
-                  Shape(fp.saved_grad_shard.sizes()), " new gradient shape=", Shape(new_sharded_grad.sizes()));
+                  c10::str(c10::IntArrayRef(fp.saved_grad_shard.sizes())),
+                  " new gradient shape=", c10::str(c10::IntArrayRef(new_sharded_grad.sizes())));
       TORCH_CHECK(fp.saved_grad_shard.device() == new_sharded_grad.device(),
                   "Device mismatch when accumulating gradients: existing gradient device=",
                   fp.saved_grad_shard.device(), " new gradient device=", new_sharded_grad.device());
@@ -227,7 +223,8 @@ void FlatParamHandle::PrepareGradientForBackward() {
     } else {
       TORCH_CHECK(grad.sizes().vec() == fp.padded_unsharded_size,
                   "Expects `.grad` to be the unsharded gradient in `no_sync()` with size ",
-                  Shape(fp.padded_unsharded_size), " but got size ", Shape(grad.sizes()));
+                  c10::str(c10::IntArrayRef(fp.padded_unsharded_size)), " but got size ",
+                  c10::str(c10::IntArrayRef(grad.sizes())));
     }
     fp.param.mutable_grad() = at::Tensor();
   }

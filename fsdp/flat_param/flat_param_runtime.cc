@@ -13,12 +13,6 @@
 namespace fsdp::flat_param {
 namespace {
 
-bool SameStorage(const at::Tensor& a, const at::Tensor& b) {
-  return a.defined() && b.defined() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
-}
-
-std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
 // `numel` elements of the 1-D `t` from `start`, shaped `shape`: with `alias` and a stride-1
 // `t`, an AliasStorage alias (no autograd view tracking, ~10x cheaper) for the per-step paths
 // that only swap data or write into it; else narrow + view.
@@ -281,7 +275,7 @@ std::vector<at::Tensor> FlatParamHandle::UnflatTensors(const at::Tensor& tensor,
               ": expects a 1-D tensor of ", total,
               aligned ? " elements (the unsharded flat parameter with alignment padding) but got shape "
                       : " elements (the unsharded flat parameter) but got shape ",
-              Shape(t.sizes()));
+              c10::str(c10::IntArrayRef(t.sizes())));
   std::vector<at::Tensor> out;
   out.reserve(fp.num_params);
   if (aligned) {
@@ -403,7 +397,7 @@ void FlatParamHandle::WritebackTensor(const at::Tensor& src, const at::Tensor& d
   if (src.defined()) {
     TORCH_CHECK(src.dim() == 1 && src.numel() == expected_numel, "Cannot writeback when the ",
                 is_param ? "parameter" : "gradient", " shape changes\nExpects [", expected_numel, "] but got ",
-                Shape(src.sizes()), " (", flat_param_.fqns[tensor_index], ")");
+                c10::str(c10::IntArrayRef(src.sizes())), " (", flat_param_.fqns[tensor_index], ")");
     dst.narrow(0, offset, expected_numel).copy_(src);
   } else {
     dst.narrow(0, offset, expected_numel).zero_();

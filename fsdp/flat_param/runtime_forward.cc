@@ -14,15 +14,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/common/autograd_hooks.h"
+#include "fsdp/common/env_override.h"
 #include "fsdp/flat_param/fsdp_state.h"
 
 namespace fsdp::flat_param {
 namespace {
-
-bool EnvIsOne(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
 
 // _cast_forward_inputs: floating tensors to `dtype`.
 void CastFloating(std::vector<at::Tensor>& args, c10::ScalarType dtype) {
@@ -61,7 +57,7 @@ FSDPState::FSDPState(torch::nn::Module* module, FSDPOptions options, comm::Proce
       inter_node_group_(std::move(inter_node_group)),
       handle_(std::move(handle)),
       ctx_(std::make_shared<FSDPRuntimeContext>()),
-      use_full_prec_in_eval_(options_.use_full_prec_in_eval || EnvIsOne("FSDP_USE_FULL_PREC_IN_EVAL")) {}
+      use_full_prec_in_eval_(options_.use_full_prec_in_eval || EnvOverrideIsOne("FSDP_USE_FULL_PREC_IN_EVAL")) {}
 
 std::string FSDPState::name() const { return fqn_.empty() ? module_->name() : fqn_; }
 

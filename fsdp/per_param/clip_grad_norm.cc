@@ -41,8 +41,6 @@ struct Layout {
   at::Tensor value;
 };
 
-std::string Shape(c10::IntArrayRef size) { return absl::StrCat("[", absl::StrJoin(size, ", "), "]"); }
-
 void CheckArguments(double max_norm, double norm_type) {
   // PyTorch checks neither: a negative max_norm flips the gradients' sign and a NaN one
   // turns them into NaN; norm types <= 0 are not norms a total can be clipped by (p = 0
@@ -82,8 +80,8 @@ at::Tensor GradOf(const Target& t) {
   // The sharded gradient is this rank's real rows (FSDPParam::AdoptShardedGrad): padding
   // rows would be zeros for the norm but a wrong shape to clip, so insist.
   TORCH_CHECK(!g.defined() || g.sizes().vec() == t.fsdp_param->sharded_size(), kCaller, ": the sharded gradient of '",
-              t.fsdp_param->fqn(), "' has shape ", Shape(g.sizes()), " but the shard has ",
-              Shape(t.fsdp_param->sharded_size()));
+              t.fsdp_param->fqn(), "' has shape ", c10::str(c10::IntArrayRef(g.sizes())), " but the shard has ",
+              c10::str(c10::IntArrayRef(t.fsdp_param->sharded_size())));
   return g;
 }
 
@@ -310,8 +308,8 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor
     TORCH_CHECK(p.defined(), kCaller, ": parameters[", i, "] is an undefined tensor");
     // A tensor outside the tree might be some other model's sharded parameter: counting it
     // as whole would be the silent local-norm bug this function exists to avoid.
-    TORCH_CHECK(in_root.contains(p.unsafeGetTensorImpl()), kCaller, ": parameters[", i, "] (shape ", Shape(p.sizes()),
-                ") is not a parameter of the root module");
+    TORCH_CHECK(in_root.contains(p.unsafeGetTensorImpl()), kCaller, ": parameters[", i, "] (shape ",
+                c10::str(c10::IntArrayRef(p.sizes())), ") is not a parameter of the root module");
     if (seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(managed, p));
   }
   return ClipGradNorm(targets, max_norm, norm_type, error_if_nonfinite, foreach);

@@ -12,8 +12,6 @@
 namespace fsdp::per_param {
 namespace {
 
-std::string Shape(at::IntArrayRef s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
 at::Tensor CastIfNeeded(const at::Tensor& t, std::optional<c10::ScalarType> dtype) {
   return dtype && t.scalar_type() != *dtype ? t.to(*dtype) : t;
 }
@@ -33,15 +31,16 @@ FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo
       orig_dtype_(param_.scalar_type()) {
   at::NoGradGuard no_grad;
   TORCH_CHECK(param_.is_contiguous(), "FSDP does not support non-contiguous parameters yet: ", module_info_.param_name,
-              " shape=", Shape(param_.sizes()), " stride=", Shape(param_.strides()));
+              " shape=", c10::str(c10::IntArrayRef(param_.sizes())),
+              " stride=", c10::str(c10::IntArrayRef(param_.strides())));
   TORCH_CHECK(param_.dim() >= 1, "FSDP does not support 0-D parameters: ", module_info_.param_name,
               " (view it as shape [1])");
   if (shard_dim < 0) shard_dim += param_.dim();
   TORCH_CHECK(shard_dim >= 0 && shard_dim < param_.dim(), "Shard dim ", shard_dim, " is invalid for ", param_.dim(),
-              "D tensor: ", Shape(param_.sizes()));
+              "D tensor: ", c10::str(c10::IntArrayRef(param_.sizes())));
   const int64_t world = mesh_info_.shard_size();
   TORCH_CHECK(shard_dim == 0 || param_.size(shard_dim) % world == 0, "FSDP does not support uneven sharding on dim ",
-              shard_dim, ": ", Shape(param_.sizes()), " (world size: ", world, ")");
+              shard_dim, ": ", c10::str(c10::IntArrayRef(param_.sizes())), " (world size: ", world, ")");
   layout_ = MakeDimShardLayout(param_.sizes().vec(), shard_dim, world, mesh_info_.shard_rank());
 
   // FSDP owns the padded sharded storage; the sharded parameter is a view into it. A meta
@@ -203,11 +202,12 @@ at::Tensor FSDPParam::ExtensionAllGatherInput() {
   TORCH_CHECK(!pre.inputs.empty(), "fsdp_pre_all_gather of ", module_info_.param_name, " returned no inputs");
   if (layout_.sharded_size != layout_.padded_sharded_size) {
     for (const auto& t : pre.inputs) {
-      TORCH_CHECK(t.sizes().vec() == layout_.padded_sharded_size,
-                  "When a parameter is unevenly sharded by FSDP (orig size=", Shape(layout_.orig_size),
-                  ", FSDP world size=", mesh_info_.shard_size(),
-                  "), fsdp_pre_all_gather must return all-gather inputs with the padded sharded size ",
-                  Shape(layout_.padded_sharded_size), " but got ", Shape(t.sizes()));
+      TORCH_CHECK(
+          t.sizes().vec() == layout_.padded_sharded_size,
+          "When a parameter is unevenly sharded by FSDP (orig size=", c10::str(c10::IntArrayRef(layout_.orig_size)),
+          ", FSDP world size=", mesh_info_.shard_size(),
+          "), fsdp_pre_all_gather must return all-gather inputs with the padded sharded size ",
+          c10::str(c10::IntArrayRef(layout_.padded_sharded_size)), " but got ", c10::str(c10::IntArrayRef(t.sizes())));
     }
   }
   std::vector<at::Tensor> bytes;
@@ -242,7 +242,7 @@ void FSDPParam::InitExtensionUnshardedParam() {
       data.defined() && data.numel() == Numel(layout_.orig_size) && data.scalar_type() == dtype && data.is_contiguous(),
       "fsdp_post_all_gather of ", module_info_.param_name, " must return a contiguous ", c10::toString(dtype),
       " tensor of ", Numel(layout_.orig_size), " elements, got ",
-      data.defined() ? data.toString() + Shape(data.sizes()) : std::string("undefined"));
+      data.defined() ? data.toString() + c10::str(c10::IntArrayRef(data.sizes())) : std::string("undefined"));
   if (!extension_unsharded_.defined()) {
     extension_unsharded_ = data;
     unsharded_view_ = data.as_strided(layout_.orig_size, dtensor::ContiguousStride(layout_.orig_size), 0);
@@ -361,7 +361,8 @@ void FSDPParam::AccumulateUnshardedGradIfNeeded() {
 
 at::Tensor FSDPParam::AdoptShardedGrad(const at::Tensor& sharded_grad) {
   TORCH_CHECK(sharded_grad.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_, "): expects size ",
-              Shape(layout_.sharded_size), " but got ", Shape(sharded_grad.sizes()));
+              c10::str(c10::IntArrayRef(layout_.sharded_size)), " but got ",
+              c10::str(c10::IntArrayRef(sharded_grad.sizes())));
   at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? stashed_sharded_grad_ : param_.mutable_grad();
   if (grad.defined()) return grad;
   grad = sharded_grad;
@@ -377,8 +378,8 @@ void FSDPParam::ResetShardedParam() {
   const at::Tensor current = param_.data();
   if (current.is_alias_of(sharded_param_data_)) return;  // unchanged or changed in place
   TORCH_CHECK(current.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_,
-              ")::reset_sharded_param: expects size ", Shape(layout_.sharded_size), " but got ",
-              Shape(current.sizes()));
+              ")::reset_sharded_param: expects size ", c10::str(c10::IntArrayRef(layout_.sharded_size)), " but got ",
+              c10::str(c10::IntArrayRef(current.sizes())));
   at::NoGradGuard no_grad;
   const int64_t rows = layout_.sharded_size[layout_.shard_dim];
   const int64_t padded_numel = sharded_param_data_.numel();
@@ -407,7 +408,7 @@ void FSDPParam::ResetShardedParam() {
 void FSDPParam::InitShard(const at::Tensor& shard) {
   AssertInStates({ShardedState::kSharded}, "init_shard");
   TORCH_CHECK(shard.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_, ")::InitShard: expects size ",
-              Shape(layout_.sharded_size), " but got ", Shape(shard.sizes()));
+              c10::str(c10::IntArrayRef(layout_.sharded_size)), " but got ", c10::str(c10::IntArrayRef(shard.sizes())));
   at::NoGradGuard no_grad;
   if (shard.numel() > 0) sharded_local_.copy_(shard);
   SetParamData(sharded_local_);
@@ -424,7 +425,7 @@ dtensor::DTensor FSDPParam::ShardedGradDTensor() const {
 }
 
 std::string FSDPParam::ToString() const {
-  return absl::StrCat("FSDPParam(fqn=", fqn_, ", orig_size=", Shape(layout_.orig_size), ")");
+  return absl::StrCat("FSDPParam(fqn=", fqn_, ", orig_size=", c10::str(c10::IntArrayRef(layout_.orig_size)), ")");
 }
 
 }  // namespace fsdp::per_param

@@ -29,8 +29,6 @@ struct Entry {
   }
 };
 
-std::string Shape(c10::IntArrayRef size) { return absl::StrCat("[", absl::StrJoin(size, ", "), "]"); }
-
 // Every FSDP group resharded (PyTorch's to_sharded pre-save / pre-load hook); the FSDPParam
 // of each managed parameter tensor.
 absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> ReshardedParams(torch::nn::Module& root, const char* caller) {
@@ -113,9 +111,12 @@ void ScatterShardFromRank0(FSDPParam& p, const at::Tensor& full) {
     for (int64_t r = 0; r < w; ++r) input_splits[r] = MakeDimShardLayout(orig, 0, w, r).sharded_size[0] * inner;
   }
   output_splits[0] = Numel(p.sharded_size());
-  const at::Tensor input =
-      group->rank() == 0 ? full.contiguous().view(-1) : at::empty({0}, at::TensorOptions(p.orig_dtype()));
-  at::Tensor shard = at::empty(p.sharded_size(), at::TensorOptions(p.orig_dtype()));
+  // On the group's object-collective device (NCCL: its CUDA device; rank 0's full tensor
+  // may come from the CPU), as PyTorch's broadcast of a full state dict.
+  const at::Tensor input = comm::ToObjectCollectiveDevice(
+      *group, group->rank() == 0 ? full.contiguous().view(-1) : at::empty({0}, at::TensorOptions(p.orig_dtype())));
+  at::Tensor shard =
+      comm::ToObjectCollectiveDevice(*group, at::empty(p.sharded_size(), at::TensorOptions(p.orig_dtype())));
   group->all_to_all_single(shard.view(-1), input, output_splits, input_splits)->wait();
   at::NoGradGuard no_grad;
   if (shard.numel() > 0) p.param().data().copy_(shard);
@@ -136,8 +137,9 @@ struct LoadErrors {
   std::vector<std::string> missing, unexpected, problems;
 
   void SizeMismatch(const std::string& fqn, c10::IntArrayRef have, c10::IntArrayRef want) {
-    problems.push_back(absl::StrCat("size mismatch for ", fqn, ": copying a param with shape ", Shape(have),
-                                    " from checkpoint, the shape in current model is ", Shape(want), "."));
+    problems.push_back(
+        absl::StrCat("size mismatch for ", fqn, ": copying a param with shape ", c10::str(c10::IntArrayRef(have)),
+                     " from checkpoint, the shape in current model is ", c10::str(c10::IntArrayRef(want)), "."));
   }
   std::string ToString() const {
     std::string out;
@@ -183,7 +185,8 @@ std::vector<NamedParameter> NamedParameters(torch::nn::Module& root) {
 
 at::Tensor LocalShardOf(const FSDPParam& p, const at::Tensor& full) {
   TORCH_CHECK(full.sizes().vec() == p.sharding_spec().shape, "LocalShardOf(", p.fqn(), "): expects the global shape ",
-              Shape(p.sharding_spec().shape), " but got ", Shape(full.sizes()));
+              c10::str(c10::IntArrayRef(p.sharding_spec().shape)), " but got ",
+              c10::str(c10::IntArrayRef(full.sizes())));
   at::Tensor local = full;
   if (const auto& tp = p.tp_spec()) {
     local = dtensor::distribute_tensor(full, tp->mesh, tp->placements, std::nullopt).to_local();
@@ -282,8 +285,8 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
       local = dtensor::RedistributeLocal(local.detach(), d.spec(), want.placements);
     }
     TORCH_CHECK(local.sizes().vec() == e.fsdp_param->sharded_size(), "LoadShardedStateDict: ", e.fqn,
-                ": local shard of shape ", Shape(local.sizes()), " but this rank holds ",
-                Shape(e.fsdp_param->sharded_size()));
+                ": local shard of shape ", c10::str(c10::IntArrayRef(local.sizes())), " but this rank holds ",
+                c10::str(c10::IntArrayRef(e.fsdp_param->sharded_size())));
     at::NoGradGuard no_grad;
     e.fsdp_param->param().data().copy_(local);
     e.fsdp_param->ResetShardedParam();
@@ -324,7 +327,7 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
   const bool source = !broadcast || world->rank() == 0;
   const std::string error = source ? Mismatches(entries, state_dict) : std::string();
   if (broadcast) {  // every rank fails together instead of waiting on rank 0's broadcasts
-    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+    at::Tensor failed = comm::ToObjectCollectiveDevice(*world, at::full({1}, error.empty() ? 0 : 1, at::kInt));
     world->broadcast(failed, 0)->wait();
     TORCH_CHECK(failed.item<int>() == 0, "LoadFullStateDict: Error(s) in loading rank 0's state_dict: ",
                 source ? error : std::string("(see rank 0's error)"));
@@ -343,6 +346,7 @@ void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
     }
     if (broadcast) {
       full = source ? full.to(dtype).contiguous() : at::empty(e.global_shape(), at::TensorOptions(dtype));
+      full = comm::ToObjectCollectiveDevice(*world, full);  // NCCL: its CUDA device
       world->broadcast(full, 0)->wait();
     }
     if (!e.fsdp_param) {
