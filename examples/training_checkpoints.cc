@@ -24,8 +24,7 @@ std::optional<std::string> ProcessEnv(const std::string& name) {
 }
 
 [[noreturn]] void KillSelf(int rank, const char* when, int64_t step) {
-  std::fprintf(stderr, "[rank %d] fault injection (FSDP_FAULT): SIGKILL %s %ld\n", rank, when,
-               static_cast<long>(step));
+  std::fprintf(stderr, "[rank %d] fault injection (FSDP_FAULT): SIGKILL %s %ld\n", rank, when, static_cast<long>(step));
   std::fflush(nullptr);
   std::raise(SIGKILL);
   std::_Exit(137);  // not reached
@@ -33,7 +32,9 @@ std::optional<std::string> ProcessEnv(const std::string& name) {
 
 int64_t AllReduceInt(const comm::ProcessGroupPtr& group, int64_t value, comm::ReduceOp op) {
   at::Tensor t = at::tensor({value}, at::kLong);
-  if (group != nullptr && group->size() > 1) group->all_reduce(t, op)->wait();
+  if (group == nullptr || group->size() == 1) return value;
+  t = comm::ToObjectCollectiveDevice(*group, t);  // NCCL: its CUDA device
+  group->all_reduce(t, op)->wait();
   return t.item<int64_t>();
 }
 
@@ -49,7 +50,8 @@ InjectedFault ReadInjectedFault(const std::function<std::optional<std::string>(c
   TORCH_CHECK(kinds_ok && absl::SimpleAtoi(parts[1], &fault.rank) && absl::SimpleAtoi(parts[2], &fault.step) &&
                   fault.rank >= 0 && fault.step >= 0,
               "FSDP_FAULT must be kill_at_step:<rank>:<step> or kill_in_save:<rank>:<step> (non-negative integers), "
-              "got '", *spec, "'");
+              "got '",
+              *spec, "'");
   if (std::optional<std::string> restarts = getenv("TORCHELASTIC_RESTART_COUNT")) {
     if (!restarts->empty() && *restarts != "0") return InjectedFault{};  // the relaunch runs clean
   }

@@ -349,7 +349,7 @@ bool FlatParamHandle::force_full_precision() const {
 
 bool FlatParamHandle::is_sharded(const at::Tensor& tensor) const {
   if (!sharded_ || !uses_sharded_strategy()) return false;
-  return tensor.sizes().vec() == flat_param_.sharded_size;
+  return tensor.sizes() == c10::IntArrayRef(flat_param_.sharded_size);
 }
 
 void FlatParamHandle::CheckShardedStrategy() const {
@@ -364,14 +364,15 @@ void FlatParamHandle::CheckOnComputeDevice(const at::Tensor& t) const {
 
 void FlatParamHandle::CheckUnsharded(const at::Tensor& t) const {
   TORCH_CHECK(t.defined(), "Expects tensor to be unsharded but got `None`");
-  TORCH_CHECK(t.sizes().vec() == flat_param_.unpadded_unsharded_size, "Expects tensor to be unsharded with size ",
+  TORCH_CHECK(t.sizes() == c10::IntArrayRef(flat_param_.unpadded_unsharded_size),
+              "Expects tensor to be unsharded with size ",
               c10::str(c10::IntArrayRef(flat_param_.unpadded_unsharded_size)), " but got ",
               c10::str(c10::IntArrayRef(t.sizes())));
 }
 
 void FlatParamHandle::CheckSharded(const at::Tensor& t) const {
   TORCH_CHECK(t.defined(), "Expects tensor to be sharded but got `None`");
-  TORCH_CHECK(t.sizes().vec() == flat_param_.sharded_size, "Expects tensor to be sharded with size ",
+  TORCH_CHECK(t.sizes() == c10::IntArrayRef(flat_param_.sharded_size), "Expects tensor to be sharded with size ",
               c10::str(c10::IntArrayRef(flat_param_.sharded_size)), " but got ", c10::str(c10::IntArrayRef(t.sizes())));
 }
 

@@ -200,7 +200,8 @@ void FlatParamHandle::PrepareGradientForBackward() {
   at::NoGradGuard no_grad;
   FlatParameter& fp = flat_param_;
   const at::Tensor grad = fp.param.grad();
-  if (grad.defined() && (grad.sizes().vec() != fp.unpadded_unsharded_size || grad.device() != fp.param.device())) {
+  if (grad.defined() &&
+      (grad.sizes() != c10::IntArrayRef(fp.unpadded_unsharded_size) || grad.device() != fp.param.device())) {
     CheckOnComputeDevice(fp.param);
     const bool grad_offloaded = grad.device() != options_.device;
     TORCH_CHECK(!grad_offloaded || options_.offload_params, "Expects the sharded gradient to be on ", options_.device,
@@ -221,7 +222,7 @@ void FlatParamHandle::PrepareGradientForBackward() {
         *sharded_grad = sharded_grad->to(local_shard_dtype);
       }
     } else {
-      TORCH_CHECK(grad.sizes().vec() == fp.padded_unsharded_size,
+      TORCH_CHECK(grad.sizes() == c10::IntArrayRef(fp.padded_unsharded_size),
                   "Expects `.grad` to be the unsharded gradient in `no_sync()` with size ",
                   c10::str(c10::IntArrayRef(fp.padded_unsharded_size)), " but got size ",
                   c10::str(c10::IntArrayRef(grad.sizes())));

@@ -234,7 +234,7 @@ void FlatParamHandle::UseShardedFlatParam() {
   if (in_forward && !skipped_use_sharded_views()) {
     const at::Tensor& grad = fp.param.grad();
     const bool accumulated_grad_in_no_sync =
-        grad.defined() && uses_sharded_strategy() && grad.sizes().vec() == fp.unpadded_unsharded_size;
+        grad.defined() && uses_sharded_strategy() && grad.sizes() == c10::IntArrayRef(fp.unpadded_unsharded_size);
     if (accumulated_grad_in_no_sync) {
       UseUnshardedGradViews();
     } else {

@@ -45,7 +45,7 @@ at::Tensor FlatShardOf(const FlatParamHandle& handle, const std::map<std::string
     auto it = tensors.find(fqn);
     if (it == tensors.end() || it->second == nullptr) continue;
     const at::Tensor& t = *it->second;
-    TORCH_CHECK(t.sizes().vec() == fp.shapes[seg.param_index],
+    TORCH_CHECK(t.sizes() == c10::IntArrayRef(fp.shapes[seg.param_index]),
                 "Tensor optimizer state does not have same shape as its "
                 "parameter: [",
                 absl::StrJoin(t.sizes(), ", "), "] [", absl::StrJoin(fp.shapes[seg.param_index], ", "), "] (", fqn,

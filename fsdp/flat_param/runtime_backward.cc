@@ -76,7 +76,7 @@ void FSDPState::PostBackwardHook() {
   }
   // C++: what autograd accumulated into the original parameters becomes flat_param.grad
   // (PyTorch's FlatParameter AccumulateGrad), while the flat parameter is unsharded.
-  if (fp.param.sizes().vec() == fp.unpadded_unsharded_size) handle->FlattenOrigGrads();
+  if (fp.param.sizes() == c10::IntArrayRef(fp.unpadded_unsharded_size)) handle->FlattenOrigGrads();
   if (!fp.param.grad().defined()) return;  // the catch-all reshard in the final callback
   fp.post_backward_called = true;
   TORCH_CHECK(!fp.param.grad().requires_grad(), "FSDP does not support gradients of gradients");

@@ -79,9 +79,9 @@ at::Tensor GradOf(const Target& t) {
   at::Tensor g = t.fsdp_param->sharded_grad();
   // The sharded gradient is this rank's real rows (FSDPParam::AdoptShardedGrad): padding
   // rows would be zeros for the norm but a wrong shape to clip, so insist.
-  TORCH_CHECK(!g.defined() || g.sizes().vec() == t.fsdp_param->sharded_size(), kCaller, ": the sharded gradient of '",
-              t.fsdp_param->fqn(), "' has shape ", c10::str(c10::IntArrayRef(g.sizes())), " but the shard has ",
-              c10::str(c10::IntArrayRef(t.fsdp_param->sharded_size())));
+  TORCH_CHECK(!g.defined() || g.sizes() == c10::IntArrayRef(t.fsdp_param->sharded_size()), kCaller,
+              ": the sharded gradient of '", t.fsdp_param->fqn(), "' has shape ", c10::str(c10::IntArrayRef(g.sizes())),
+              " but the shard has ", c10::str(c10::IntArrayRef(t.fsdp_param->sharded_size())));
   return g;
 }
 

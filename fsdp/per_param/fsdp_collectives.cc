@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <cstring>
@@ -77,9 +78,8 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   // A reused buffer may still be read by the previous copy-out.
   if (buffer.ready) copy_in_stream.WaitEvent(buffer.ready);
   result.buffer = buffer.bytes;
-  result.output = result.buffer.numel() == bytes
-                      ? result.buffer
-                      : AliasStorage(result.buffer, result.buffer.storage_offset(), {bytes});
+  result.output = result.buffer.numel() == bytes ? result.buffer
+                                                 : AliasStorage(result.buffer, result.buffer.storage_offset(), {bytes});
   at::Tensor slot =
       AliasStorage(result.output, result.output.storage_offset() + (group ? group->rank() : 0) * total, {total});
   // Copy-in (the all-gather input is a view into the output). On the CPU, one memcpy per
@@ -122,7 +122,7 @@ void ForeachAllGatherCopyOut(AllGatherResult& result, const std::vector<FSDPPara
   // Per parameter, where its [world, input bytes] rows go: its all-gather output, or for a
   // dim > 0 shard a staging buffer chunk-concatenated below. On the CPU only the addresses
   // (W x P memcpys); elsewhere byte views for one split_with_sizes_copy_out.
-  std::vector<uint8_t*> destinations;
+  c10::SmallVector<uint8_t*, 16> destinations;  // inline up to 16 parameters: no allocation
   std::vector<at::Tensor> outs;
   std::vector<std::pair<FSDPParam*, at::Tensor>> chunk_cats;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -203,17 +203,21 @@ namespace {
 struct ReduceJob {
   std::vector<FSDPParam*> params;
   std::vector<at::Tensor> grads;
-  std::vector<int64_t> padded_rows, padded_numels;
+  // Per parameter (one allocation for all four): its rows and elements padded to a multiple
+  // of the world size, the gradient tensor the reduced shard becomes, and the existing
+  // gradient to add it into (undefined when adopted as the gradient itself).
+  struct Slot {
+    int64_t padded_rows = 0, padded_numel = 0;
+    at::Tensor new_grad, accumulate_into;
+  };
+  std::vector<Slot> slots;
   int64_t world = 1;
   c10::ScalarType reduce_dtype = at::kFloat;
-  std::optional<GradientDivideFactors> factors;  // set before any task runs
-  std::optional<double> local_scale;             // one rank: the PremulSum factor, applied here
-  at::Tensor input;                              // [world * out_numel] (rows of out_numel), reduce dtype
-  at::Tensor output;                             // [out_numel], reduce dtype
-  at::Tensor result;                             // [out_numel], orig dtype: what the gradients alias
-  // Per parameter: the gradient tensor the reduced shard becomes, and the existing
-  // gradient to add it into (undefined when adopted as the gradient itself).
-  std::vector<at::Tensor> new_grads, accumulate_into;
+  std::optional<GradientDivideFactors> factors;             // set before any task runs
+  std::optional<double> local_scale;                        // one rank: the PremulSum factor, applied here
+  at::Tensor input;                                         // [world * out_numel] (rows of out_numel), reduce dtype
+  at::Tensor output;                                        // [out_numel], reduce dtype
+  at::Tensor result;                                        // [out_numel], orig dtype: what the gradients alias
   std::vector<std::pair<at::Tensor, at::Tensor>> offloads;  // (device shard, its CPU copy)
 };
 
@@ -241,7 +245,7 @@ void ReduceScatterCopyIn(ReduceJob& job) {
   const int64_t world = job.world;
   int64_t offset = 0;
   for (size_t i = 0; i < job.grads.size(); ++i) {
-    const int64_t n = job.padded_numels[i] / world;
+    const int64_t n = job.slots[i].padded_numel / world;
     if (n == 0) continue;
     at::Tensor g = job.grads[i];
     if (g.is_cpu() && job.input.is_cpu() && job.params[i]->shard_dim() == 0 && g.scalar_type() == job.reduce_dtype &&
@@ -254,9 +258,9 @@ void ReduceScatterCopyIn(ReduceJob& job) {
       g = at::cat(g.chunk(world, job.params[i]->shard_dim()), 0);
     }
     g = g.to(job.reduce_dtype);
-    if (job.padded_rows[i] > g.size(0)) {
+    if (job.slots[i].padded_rows > g.size(0)) {
       std::vector<int64_t> pad = g.sizes().vec();
-      pad[0] = job.padded_rows[i] - g.size(0);
+      pad[0] = job.slots[i].padded_rows - g.size(0);
       g = at::cat({g, at::zeros(pad, g.options())}, 0);
     }
     job.input.view({world, -1}).narrow(1, offset, n).copy_(g.reshape({world, n}));
@@ -275,8 +279,8 @@ void PostReduce(ReduceJob& job) {
   for (auto& [device_grad, cpu_grad] : job.offloads) {
     cpu_grad.copy_(device_grad, /*non_blocking=*/cpu_grad.is_pinned());
   }
-  for (size_t i = 0; i < job.params.size(); ++i) {
-    if (job.accumulate_into[i].defined()) job.accumulate_into[i].add_(job.new_grads[i]);
+  for (const ReduceJob::Slot& slot : job.slots) {
+    if (slot.accumulate_into.defined()) slot.accumulate_into.add_(slot.new_grad);
   }
 }
 
@@ -287,7 +291,8 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
                            const CommStreams& streams) {
   at::NoGradGuard no_grad;
   TORCH_CHECK(!grads.empty(), "FSDP reduce-scatter got no gradients");
-  if (std::any_of(grads.begin(), grads.end(), [&](const at::Tensor& g) { return g.scalar_type() != grads[0].scalar_type(); })) {
+  if (std::any_of(grads.begin(), grads.end(),
+                  [&](const at::Tensor& g) { return g.scalar_type() != grads[0].scalar_type(); })) {
     std::set<c10::ScalarType> dtypes;
     for (const auto& g : grads) dtypes.insert(g.scalar_type());
     std::vector<std::string> names;
@@ -310,18 +315,16 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
                                           options.force_sum_reduction_for_comms);
 
   // The plan from shapes alone (the data may still be in flight on the compute stream).
-  job->padded_rows.reserve(grads.size());
-  job->padded_numels.reserve(grads.size());
-  job->new_grads.reserve(grads.size());
-  job->accumulate_into.reserve(grads.size());
+  job->slots.resize(grads.size());
   int64_t total = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     const at::Tensor& g = grads[i];
     // A dim > 0 shard moves to dim 0: world chunks stacked along the rows.
     const int64_t rows = params[i]->shard_dim() != 0 ? g.size(0) * world : g.size(0);
-    job->padded_rows.push_back((rows + world - 1) / world * world);
-    job->padded_numels.push_back(rows == 0 ? 0 : g.numel() / rows * job->padded_rows.back());
-    total += job->padded_numels.back();
+    ReduceJob::Slot& slot = job->slots[i];
+    slot.padded_rows = (rows + world - 1) / world * world;
+    slot.padded_numel = rows == 0 ? 0 : g.numel() / rows * slot.padded_rows;
+    total += slot.padded_numel;
   }
   const int64_t out_numel = total / world;
   const at::TensorOptions reduce_options = grads.front().options().dtype(job->reduce_dtype);
@@ -389,9 +392,9 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
       job->offloads.emplace_back(grad, cpu_grad);
       grad = cpu_grad;
     }
-    job->new_grads.push_back(grad);
-    job->accumulate_into.push_back(p->AdoptShardedGrad(grad));
-    offset += job->padded_numels[i] / world;
+    job->slots[i].new_grad = grad;
+    job->slots[i].accumulate_into = p->AdoptShardedGrad(grad);
+    offset += job->slots[i].padded_numel / world;
   }
   post->Launch([job] { PostReduce(*job); });
   events.post_reduce = post->RecordEvent();

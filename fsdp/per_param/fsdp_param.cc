@@ -203,7 +203,7 @@ at::Tensor FSDPParam::ExtensionAllGatherInput() {
   if (layout_.sharded_size != layout_.padded_sharded_size) {
     for (const auto& t : pre.inputs) {
       TORCH_CHECK(
-          t.sizes().vec() == layout_.padded_sharded_size,
+          t.sizes() == c10::IntArrayRef(layout_.padded_sharded_size),
           "When a parameter is unevenly sharded by FSDP (orig size=", c10::str(c10::IntArrayRef(layout_.orig_size)),
           ", FSDP world size=", mesh_info_.shard_size(),
           "), fsdp_pre_all_gather must return all-gather inputs with the padded sharded size ",
@@ -360,7 +360,7 @@ void FSDPParam::AccumulateUnshardedGradIfNeeded() {
 }
 
 at::Tensor FSDPParam::AdoptShardedGrad(const at::Tensor& sharded_grad) {
-  TORCH_CHECK(sharded_grad.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_, "): expects size ",
+  TORCH_CHECK(sharded_grad.sizes() == c10::IntArrayRef(layout_.sharded_size), "FSDPParam(", fqn_, "): expects size ",
               c10::str(c10::IntArrayRef(layout_.sharded_size)), " but got ",
               c10::str(c10::IntArrayRef(sharded_grad.sizes())));
   at::Tensor& grad = sharded_state_ == ShardedState::kUnsharded ? stashed_sharded_grad_ : param_.mutable_grad();
@@ -377,7 +377,7 @@ void FSDPParam::ResetShardedParam() {
   AssertInStates({ShardedState::kSharded}, "reset_sharded_param");
   const at::Tensor current = param_.data();
   if (current.is_alias_of(sharded_param_data_)) return;  // unchanged or changed in place
-  TORCH_CHECK(current.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_,
+  TORCH_CHECK(current.sizes() == c10::IntArrayRef(layout_.sharded_size), "FSDPParam(", fqn_,
               ")::reset_sharded_param: expects size ", c10::str(c10::IntArrayRef(layout_.sharded_size)), " but got ",
               c10::str(c10::IntArrayRef(current.sizes())));
   at::NoGradGuard no_grad;
@@ -407,8 +407,9 @@ void FSDPParam::ResetShardedParam() {
 
 void FSDPParam::InitShard(const at::Tensor& shard) {
   AssertInStates({ShardedState::kSharded}, "init_shard");
-  TORCH_CHECK(shard.sizes().vec() == layout_.sharded_size, "FSDPParam(", fqn_, ")::InitShard: expects size ",
-              c10::str(c10::IntArrayRef(layout_.sharded_size)), " but got ", c10::str(c10::IntArrayRef(shard.sizes())));
+  TORCH_CHECK(shard.sizes() == c10::IntArrayRef(layout_.sharded_size), "FSDPParam(", fqn_,
+              ")::InitShard: expects size ", c10::str(c10::IntArrayRef(layout_.sharded_size)), " but got ",
+              c10::str(c10::IntArrayRef(shard.sizes())));
   at::NoGradGuard no_grad;
   if (shard.numel() > 0) sharded_local_.copy_(shard);
   SetParamData(sharded_local_);

@@ -184,8 +184,8 @@ std::vector<NamedParameter> NamedParameters(torch::nn::Module& root) {
 }
 
 at::Tensor LocalShardOf(const FSDPParam& p, const at::Tensor& full) {
-  TORCH_CHECK(full.sizes().vec() == p.sharding_spec().shape, "LocalShardOf(", p.fqn(), "): expects the global shape ",
-              c10::str(c10::IntArrayRef(p.sharding_spec().shape)), " but got ",
+  TORCH_CHECK(full.sizes() == c10::IntArrayRef(p.sharding_spec().shape), "LocalShardOf(", p.fqn(),
+              "): expects the global shape ", c10::str(c10::IntArrayRef(p.sharding_spec().shape)), " but got ",
               c10::str(c10::IntArrayRef(full.sizes())));
   at::Tensor local = full;
   if (const auto& tp = p.tp_spec()) {
@@ -284,7 +284,7 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
       at::NoGradGuard no_grad;
       local = dtensor::RedistributeLocal(local.detach(), d.spec(), want.placements);
     }
-    TORCH_CHECK(local.sizes().vec() == e.fsdp_param->sharded_size(), "LoadShardedStateDict: ", e.fqn,
+    TORCH_CHECK(local.sizes() == c10::IntArrayRef(e.fsdp_param->sharded_size()), "LoadShardedStateDict: ", e.fqn,
                 ": local shard of shape ", c10::str(c10::IntArrayRef(local.sizes())), " but this rank holds ",
                 c10::str(c10::IntArrayRef(e.fsdp_param->sharded_size())));
     at::NoGradGuard no_grad;
