@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -429,17 +430,24 @@ TEST(GlooTransport, PicksTheInterfaceFromGlooSocketIfnameOrTheHostName) {
   }
 }
 
+// A one-rank c10d::ProcessGroupGloo on loopback, with its FileStore (fresh, under the test's
+// temporary directory).
+std::pair<c10::intrusive_ptr<c10d::Store>, c10::intrusive_ptr<c10d::ProcessGroupGloo>> OneRankC10dGloo(
+    const std::string& store_name) {
+  const std::string store_path = ::testing::TempDir() + "/" + store_name;
+  std::remove(store_path.c_str());
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::FileStore>(store_path, 1);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(kDefaultTimeout);
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return {store, c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, gloo_options)};
+}
+
 // The NCCL backend's device check lives in the c10d adapter (comm/nccl_process_group.cc sets
 // tensor_device_type = CUDA), so it is tested here on the CPU with a c10d Gloo backend that
 // is told to expect CUDA tensors: a CPU tensor is refused before the backend sees it, naming
 // the collective, the argument, the backend and the tensor.
 TEST(C10dAdapter, ABackendForCudaTensorsRefusesCpuTensorsNamingThem) {
-  const std::string store_path = ::testing::TempDir() + "/c10d_adapter_device_store";
-  std::remove(store_path.c_str());
-  auto store = c10::make_intrusive<c10d::FileStore>(store_path, 1);
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(kDefaultTimeout);
-  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, gloo_options);
+  auto [store, gloo] = OneRankC10dGloo("c10d_adapter_device_store");
   internal::C10dAdapterOptions options;
   options.tensor_device_type = c10::DeviceType::CUDA;
   ProcessGroupPtr pg = internal::MakeC10dProcessGroup(gloo, options);
@@ -465,12 +473,7 @@ TEST(C10dAdapter, ABackendForCudaTensorsRefusesCpuTensorsNamingThem) {
 // needs GPUs: tools/gpu_check.sh.)
 TEST(C10dAdapter, ObjectCollectiveDeviceIsTheConfiguredOneAndSubgroupsAndWrappersKeepIt) {
   EXPECT_EQ(CreateFakeProcessGroup(0, 4)->object_collective_device(), c10::Device(c10::kCPU));
-  const std::string store_path = ::testing::TempDir() + "/c10d_adapter_object_device_store";
-  std::remove(store_path.c_str());
-  auto store = c10::make_intrusive<c10d::FileStore>(store_path, 1);
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(kDefaultTimeout);
-  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, gloo_options);
+  auto [store, gloo] = OneRankC10dGloo("c10d_adapter_object_device_store");
   EXPECT_EQ(WrapC10dBackend(gloo)->object_collective_device(), c10::Device(c10::kCPU));
   C10dOptions options;
   options.store = store;
