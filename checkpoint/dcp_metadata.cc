@@ -1,6 +1,8 @@
 #include "checkpoint/dcp_metadata.h"
 
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <map>

@@ -16,7 +16,9 @@
 //  chunk when a row is larger, or a whole chunk in the rare case of a chunk stored with
 //  non-contiguous strides.
 #include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,7 +1,9 @@
 #include "checkpoint/dcp_storage.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -4,7 +4,9 @@
 // state_dict.py set_model_state_dict / set_optimizer_state_dict.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 

@@ -1,6 +1,8 @@
 #include "dcp/plan.h"
 
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <cstring>
 #include <utility>

@@ -1,7 +1,9 @@
 #include "dcp/state_items.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 

@@ -1,7 +1,9 @@
 #include "optim_state/optim_state_dict.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>

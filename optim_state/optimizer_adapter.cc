@@ -1,6 +1,8 @@
 #include "optim_state/optimizer_adapter.h"
 
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <c10/util/Type.h>
 
 #include <algorithm>

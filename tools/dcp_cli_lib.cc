@@ -1,7 +1,9 @@
 #include "tools/dcp_cli_lib.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -2,7 +2,9 @@
 // PyTorch's divide factors, sharded / unsharded gradient views.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <cstring>
 

@@ -2,7 +2,9 @@
 // Gradients: flat_param_grad.cc.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
 #include "absl/strings/str_cat.h"

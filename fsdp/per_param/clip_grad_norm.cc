@@ -4,7 +4,9 @@
 #include "fsdp/per_param/clip_grad_norm.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>

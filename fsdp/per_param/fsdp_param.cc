@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
