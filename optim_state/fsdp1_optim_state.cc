@@ -3,12 +3,12 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <cstring>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/object_collectives.h"
 #include "fsdp/flat_param/flat_param.h"
 #include "fsdp/flat_param/flat_state.h"
 #include "fsdp/flat_param/fsdp_state.h"
@@ -192,27 +192,10 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
 // (checkpoint/optim_state_file.h), sizes all-gathered, then the zero-padded bytes. PyTorch
 // all-gathers Python objects here (all_gather_object in _allgather_orig_param_states).
 std::vector<OptimStateDict> AllGatherDicts(const OptimStateDict& meta, const comm::ProcessGroupPtr& group) {
-  const std::vector<char> bytes = SerializeOptimStateDict(meta);
-  const int64_t world = group->size();
-  // Over NCCL through its CUDA device (comm::ProcessGroup::object_collective_device), as
-  // PyTorch's object collectives.
-  at::Tensor sizes = comm::ToObjectCollectiveDevice(*group, at::empty({world}, at::kLong));
-  group
-      ->all_gather_into_tensor(
-          sizes, comm::ToObjectCollectiveDevice(*group, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)))
-      ->wait();
-  sizes = sizes.cpu();
-  const int64_t max_size = sizes.max().item<int64_t>();
-  at::Tensor mine = at::zeros({max_size}, at::kByte);
-  std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
-  at::Tensor all = comm::ToObjectCollectiveDevice(*group, at::empty({world * max_size}, at::kByte));
-  group->all_gather_into_tensor(all, comm::ToObjectCollectiveDevice(*group, mine))->wait();
-  all = all.cpu();
+  const std::vector<std::vector<char>> all = comm::AllGatherBytes(group, SerializeOptimStateDict(meta));
   std::vector<OptimStateDict> out;
-  for (int64_t r = 0; r < world; ++r) {
-    const auto* data = static_cast<const char*>(all.data_ptr()) + r * max_size;
-    out.push_back(DeserializeOptimStateDict(std::vector<char>(data, data + sizes[r].item<int64_t>()),
-                                            absl::StrCat("rank ", r, "'s optimizer state schema")));
+  for (size_t r = 0; r < all.size(); ++r) {
+    out.push_back(DeserializeOptimStateDict(all[r], absl::StrCat("rank ", r, "'s optimizer state schema")));
   }
   return out;
 }

@@ -7,13 +7,13 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/object_collectives.h"
 #include "optim_state/optimizer_adapter.h"
 
 namespace fsdp::optim_state {
@@ -264,18 +264,9 @@ OptimStateDict BroadcastOptimStateDict(const OptimStateDict& state_dict, const c
   if (world->size() == 1) return state_dict;
   std::vector<char> bytes;
   if (world->rank() == 0) bytes = SerializeOptimStateDict(state_dict);
-  // Over NCCL through its CUDA device (comm::ProcessGroup::object_collective_device).
-  at::Tensor size =
-      comm::ToObjectCollectiveDevice(*world, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
-  world->broadcast(size, 0)->wait();
-  at::Tensor payload = at::empty({size.item<int64_t>()}, at::kByte);
-  if (world->rank() == 0) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
-  payload = comm::ToObjectCollectiveDevice(*world, payload);
-  world->broadcast(payload, 0)->wait();
-  payload = payload.cpu();
+  bytes = comm::BroadcastBytes(world, bytes, 0);
   if (world->rank() == 0) return state_dict;
-  const auto* data = static_cast<const char*>(payload.data_ptr());
-  return DeserializeOptimStateDict(std::vector<char>(data, data + payload.numel()), "rank 0's broadcast");
+  return DeserializeOptimStateDict(bytes, "rank 0's broadcast");
 }
 
 }  // namespace fsdp::optim_state
