@@ -5,7 +5,7 @@
 #                   [CUDA_DEPS ..] [TESTONLY] [ALWAYSLINK] [OPTION FSDP_BUILD_X])
 #   fsdp_cc_binary(//pkg:name SRCS .. DEPS .. [TESTONLY] [LINKOPTS ..] [OPTION FSDP_BUILD_X])
 #   fsdp_cc_test(//pkg:name SIZE small|medium|large [TIMEOUT short|moderate|long|eternal]
-#                SRCS .. DEPS .. [DATA ..] [ENV K=V ..] [ARGS ..] [SMOKE])
+#                SRCS .. DEPS .. [DATA ..] [ENV K=V ..] [ARGS ..] [SMOKE [SMOKE_FILTER -Suite.Case:..]])
 #                (DATA may use globs: testdata/*.pt, as Bazel's glob())
 #   fsdp_bazel_excluded(//pkg:name KIND cc_test REASON "...")
 #   (each of the three also takes [PCH aten|none]: Bazel's torch_pch, see below)
@@ -15,7 +15,8 @@
 # ...). ALWAYSLINK is Bazel's alwayslink (whole archive: e.g. test cases linked into several
 # test binaries). CUDA_* / NOCUDA_* are the two branches of a `select` on //comm:with_cuda
 # (FSDP_WITH_CUDA). OPTION: the target is defined only when that option is ON (else recorded
-# as skipped). SMOKE: the test is in the smoke set (CTest label `smoke`). Target names:
+# as skipped). SMOKE: the test is in the smoke set (CTest label `smoke`); SMOKE_FILTER: the GoogleTest
+# negative filter its smoke run uses (FSDP_CMAKE_SMOKE=ON only). Target names:
 # //pkg:name -> pkg_name with '/' -> '_', and a package's
 # default target (//comm == //comm:comm) is just the package: //comm -> comm,
 # //comm:gloo -> comm_gloo, //fsdp/per_param -> fsdp_per_param,
@@ -184,7 +185,7 @@ endfunction()
 
 # Sources, headers and deps of the configuration being built (FSDP_WITH_CUDA or not).
 macro(_fsdp_common_args kind)
-  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK;SMOKE" "SIZE;TIMEOUT;KIND;REASON;OPTION;PCH"
+  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK;SMOKE" "SIZE;TIMEOUT;KIND;REASON;OPTION;PCH;SMOKE_FILTER"
                         "SRCS;HDRS;DEPS;CUDA_SRCS;NOCUDA_SRCS;CUDA_DEPS;LINKOPTS;DATA;ENV;ARGS" ${ARGN})
   _fsdp_split_label("${label}" pkg name)
   fsdp_target_name("${label}" target)
@@ -337,6 +338,11 @@ function(fsdp_cc_test label)
       list(APPEND args "${_a}")
     endif()
   endforeach()
+  # SMOKE_FILTER: the cases the smoke run leaves out (tools/gen_cmake_targets.py's
+  # SMOKE_GTEST_FILTERS); a full build (FSDP_CMAKE_SMOKE=OFF) runs every case.
+  if(FSDP_CMAKE_SMOKE AND ARG_SMOKE_FILTER)
+    list(APPEND args "--gtest_filter=${ARG_SMOKE_FILTER}")
+  endif()
   add_test(NAME "${label}" COMMAND ${target} ${args})
   # ENV mirrors the target's `env`; FSDP_TEST_ENV is for every test (Bazel's --test_env).
   # GoogleTest's XML per test (named as the label, //pkg:name -> pkg_name.xml), from which

@@ -23,6 +23,18 @@
 #   //bench/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 #   //examples/llama: no smoke test (trains Hugging Face's Llama under PyTorch FSDP2 in the peer
 #     venv first (~50 s); Bazel runs it, the smoke build still builds the demo)
+#   //examples:restart_test: smoke run without
+#     TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits (~28 s of demo runs; the
+#     two-launcher and killed-rank cases still run the demo)
+#   //testing:multi_rank_test: smoke run without
+#     MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank* (~35 s of waiting out
+#     deadlines; the Gloo-threads deadline case stays)
+#   //comm:comm_test: smoke run without
+#     MultiRankRunner.ProcessModeKillsRanksPastTheDeadline:MultiRankRunnerDeathTest.* (~16 s of
+#     waiting out deadlines)
+#   //fuzz:corrupt_checkpoint_test: smoke run without
+#     CorruptCheckpoint.EveryBitFlipIsAnErrorOrHarmless (~11 s: one load per bit of a file; the
+#     truncation and crafted-file cases stay)
 
 # ================================================================ //bench
 fsdp_cc_library(//bench:pair_flags OPTION FSDP_BUILD_BENCH PCH none
@@ -161,7 +173,7 @@ fsdp_cc_library(//comm:init_process_group PCH aten
   HDRS init_process_group.h
   DEPS :comm :gloo :nccl @libtorch)
 
-fsdp_cc_test(//comm:comm_test SIZE medium SMOKE PCH aten
+fsdp_cc_test(//comm:comm_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankRunner.ProcessModeKillsRanksPastTheDeadline:MultiRankRunnerDeathTest.*" PCH aten
   SRCS comm_test.cc
   DEPS :c10d :comm :main_guard //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
@@ -274,7 +286,7 @@ fsdp_cc_library(//examples:training_checkpoints PCH aten
   HDRS training_checkpoints.h
   DEPS //comm //dcp @libtorch @system//:absl)
 
-fsdp_cc_test(//examples:restart_test SIZE medium SMOKE PCH aten
+fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits" PCH aten
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
   DEPS //testing:test_dir //fsdp/per_param //testing:multi_rank //testing:peer_python @libtorch
@@ -447,7 +459,7 @@ fsdp_cc_binary(//fuzz:make_seeds TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS make_seeds.cc
   DEPS :fuzz_models //checkpoint //checkpoint:dcp //fsdp/per_param //optim_state:fsdp2)
 
-fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE
+fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE SMOKE_FILTER "-CorruptCheckpoint.EveryBitFlipIsAnErrorOrHarmless"
   SRCS corrupt_checkpoint_test.cc
   DATA testdata/*.pt
   DEPS :fuzz_models //checkpoint //fsdp/per_param //optim_state:fsdp2 //testing:expect_error
@@ -487,7 +499,8 @@ fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   SRCS fsdp1_orig_params_optim_test.cc optim_state_test.cc
   DEPS :optim_state //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:allocation_counter
-       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+       //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch @system//:absl
+       @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:fault_test SIZE medium
   SRCS fault_test.cc
@@ -503,7 +516,7 @@ fsdp_cc_test(//optim_state:optimizer_adapter_test SIZE medium SMOKE
   SRCS optimizer_adapter_test.cc
   DEPS :core :fsdp1 :fsdp2 //checkpoint //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:expect_error
-       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
   SRCS param_group_matching_test.cc
@@ -541,7 +554,7 @@ fsdp_cc_library(//testing:allocation_counter TESTONLY PCH none
   HDRS allocation_counter.h
   DEPS @libtorch)
 
-fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE PCH aten
+fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank*" PCH aten
   SRCS multi_rank_test.cc
   DEPS :multi_rank //comm //comm:faulty @libtorch @system//:absl @system//:gtest_main)
 

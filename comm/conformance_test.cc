@@ -365,7 +365,13 @@ TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
           ADD_FAILURE() << "all_reduce completed without the last rank";
         } catch (const c10::Error& e) {
           const std::string message = absl::AsciiStrToLower(e.what_without_backtrace());
-          EXPECT_TRUE(absl::StrContains(message, "timed out")) << message;
+          // Gloo's ring: the first rank to time out closes its connections, so a rank
+          // between it and the absent one may see the close before its own deadline
+          // (seen once on 2 busy cores: "connection closed by peer" at 1499 ms). Either
+          // way the collective ends with an error instead of hanging.
+          EXPECT_TRUE(absl::StrContains(message, "timed out") ||
+                      absl::StrContains(message, "connection closed by peer"))
+              << message;
         }
         EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
       },

@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -23,6 +22,7 @@
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
 #include "testing/multi_rank.h"
+#include "testing/test_dir.h"
 
 namespace fsdp::optim_state {
 namespace {
@@ -33,11 +33,6 @@ using test_models::Net;
 using test_models::TrainSteps;
 
 constexpr double kLr = 1e-2;
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/", name, "_", getpid(), ".pt");
-}
 
 // Blocks wrapped, then the root; AdamW over root.parameters() (the originals with
 // use_orig_params).
@@ -92,7 +87,8 @@ TEST(Fsdp1OrigParamsOptimState, FullStateReshardsToEveryFlavorAndMatchesOneRank)
   InitDeterministic(*ref);
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(kLr));
   TrainSteps(ref, ref_opt, 0, 3, 1, 0);
-  const std::string model_path = TempPath("orig_model"), optim_path = TempPath("orig_optim");
+  const std::string model_path = fsdp::testing::NewTestPath("orig_model"),
+                    optim_path = fsdp::testing::NewTestPath("orig_optim");
   std::vector<OptimStateDict> sharded(2);
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Fsdp1Run run(pg, 11, /*use_orig_params=*/true);

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -25,6 +24,7 @@
 #include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
+#include "testing/test_dir.h"
 
 namespace fsdp::optim_state {
 namespace {
@@ -35,11 +35,6 @@ using per_param::testing::Net;
 using per_param::testing::NetOptions;
 using per_param::testing::TrainSteps;
 using per_param::testing::UniqueParameters;
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/", name, "_", getpid(), ".pt");
-}
 
 NamedParams Named(torch::nn::Module& m) {
   NamedParams out;
@@ -90,7 +85,7 @@ TEST(OptimStateDict, AdamWAndSgdRoundTripThroughTheFormatAndAFile) {
   EXPECT_EQ(std::get<int64_t>(in_w.at("step")), 2);
   EXPECT_EQ(Classify(StateValue(at::scalar_tensor(3.0))), StateKind::kZeroDimTensor);
 
-  const std::string path = TempPath("adamw_state");
+  const std::string path = fsdp::testing::NewTestPath("adamw_state");
   SaveOptimStateDict(saved, path);
   const OptimStateDict loaded = LoadOptimStateDict(path);
   std::remove(path.c_str());
@@ -151,7 +146,7 @@ TEST(OptimStateDict, BadInputIsReportedWithTheOffendingValue) {
                         "optimizer state of 'head.bias' has no 'exp_avg_sq'");
   EXPECT_ERROR_CONTAINS(GetOptimStateDict(adamw, {}),
                         "optimizer param group 0 parameter 0 (shape [6]) is not among the named parameters");
-  const std::string path = TempPath("not_a_state");
+  const std::string path = fsdp::testing::NewTestPath("not_a_state");
   {
     std::ofstream out(path, std::ios::binary);
     out << "garbage, not a pickle";
@@ -168,8 +163,8 @@ void ReshardAndContinue(int from, int to) {
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
   TrainSteps(ref, ref_opt, 0, 6, 1, 0);
 
-  const std::string model_path = TempPath(absl::StrCat("model_", from, "_", to));
-  const std::string optim_path = TempPath(absl::StrCat("optim_", from, "_", to));
+  const std::string model_path = fsdp::testing::NewTestPath(absl::StrCat("model_", from, "_", to));
+  const std::string optim_path = fsdp::testing::NewTestPath(absl::StrCat("optim_", from, "_", to));
   fsdp::testing::RunOnRanks(Backend::kThreaded, from, [&](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {from});
     Net model;
@@ -358,7 +353,8 @@ void CheckpointAcrossFsdps(const Continuation& c) {
   TrainSteps(ref, ref_opt, 0, 8, 1, 0);
   const std::string label = absl::StrCat(c.from == Flavor::kFsdp1 ? "fsdp1" : "fsdp2", "_w", c.from_world, "_to_",
                                          c.to == Flavor::kFsdp1 ? "fsdp1" : "fsdp2", "_w", c.to_world);
-  const std::string model_path = TempPath("model_" + label), optim_path = TempPath("optim_" + label);
+  const std::string model_path = fsdp::testing::NewTestPath("model_" + label),
+                    optim_path = fsdp::testing::NewTestPath("optim_" + label);
   fsdp::testing::RunOnRanks(Backend::kThreaded, c.from_world, [&](const comm::ProcessGroupPtr& pg) {
     auto save = [&](const per_param::FullStateDict& model_sd, const OptimStateDict& optim_sd) {
       if (pg->rank() != 0) return;

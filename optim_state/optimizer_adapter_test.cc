@@ -10,7 +10,6 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -33,6 +32,7 @@
 #include "optim_state/optimizer_adapter.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
+#include "testing/test_dir.h"
 
 namespace fsdp::optim_state {
 namespace {
@@ -120,11 +120,6 @@ OptimizerFactory VelocitySgdFactory() {
   };
 }
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/", name, "_", getpid(), ".pt");
-}
-
 // `steps` steps of the plain model on one rank (the reference).
 per_param::testing::Net Reference(const OptimizerFactory& make, int steps) {
   per_param::testing::Net ref;
@@ -181,7 +176,8 @@ template <class From, class To>
 void FullRoundTrip(const OptimizerFactory& make, int from, int to, const std::string& label,
                    const std::function<void(const OptimStateDict&)>& check_saved = {}) {
   per_param::testing::Net ref = Reference(make, 6);
-  const std::string model_path = TempPath("model_" + label), optim_path = TempPath("optim_" + label);
+  const std::string model_path = fsdp::testing::NewTestPath("model_" + label),
+                    optim_path = fsdp::testing::NewTestPath("optim_" + label);
   fsdp::testing::RunOnRanks(Backend::kThreaded, from, [&](const comm::ProcessGroupPtr& pg) {
     From run(pg, make, 11, 1e-2);
     run.Train(0, 3, pg);

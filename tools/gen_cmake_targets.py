@@ -65,6 +65,25 @@ SMOKE_OVERRIDES = {
                        "first (~50 s); Bazel runs it, the smoke build still builds the demo"),
 }
 
+# Cases a smoke test leaves out (CMake's smoke run only; Bazel and `--full` run every case):
+# label -> (GoogleTest negative filter, reason). The smoke run checks that the CMake build of
+# a package works; cases that mostly wait out deadlines or repeat a long run add minutes of
+# CTest time on 2 cores without testing the build further.
+SMOKE_GTEST_FILTERS = {
+    "//examples:restart_test": (
+        "-TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits",
+        "~28 s of demo runs; the two-launcher and killed-rank cases still run the demo"),
+    "//testing:multi_rank_test": (
+        "-MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank*",
+        "~35 s of waiting out deadlines; the Gloo-threads deadline case stays"),
+    "//comm:comm_test": (
+        "-MultiRankRunner.ProcessModeKillsRanksPastTheDeadline:MultiRankRunnerDeathTest.*",
+        "~16 s of waiting out deadlines"),
+    "//fuzz:corrupt_checkpoint_test": (
+        "-CorruptCheckpoint.EveryBitFlipIsAnErrorOrHarmless",
+        "~11 s: one load per bit of a file; the truncation and crafted-file cases stay"),
+}
+
 
 def die(msg):
     print(f"gen_cmake_targets: {msg}", file=sys.stderr)
@@ -189,6 +208,9 @@ def check_tables(targets):
             if opt:
                 die(f"{label} depends on {dep}, which CMake builds only with {opt[0]}=ON: "
                     f"add {label} to OPTIONAL (tools/gen_cmake_targets.py)")
+    for label in SMOKE_GTEST_FILTERS:
+        if targets.get(label, ("",))[0] != "cc_test":
+            die(f"SMOKE_GTEST_FILTERS: {label} is not a cc_test (update tools/gen_cmake_targets.py)")
     for pkg, (name, _) in SMOKE_OVERRIDES.items():
         if pkg not in pkgs or (name and targets.get(f"//{pkg}:{name}", ("",))[0] != "cc_test"):
             die(f"SMOKE_OVERRIDES: //{pkg}:{name or '*'} is not a cc_test of a Bazel package "
@@ -242,6 +264,8 @@ def target_call(label, kind, pkg, kw, smoke, targets):
         head += ["OPTION", opt[0]]
     if label in smoke:
         head.append("SMOKE")
+        if label in SMOKE_GTEST_FILTERS:
+            head += ["SMOKE_FILTER", f'"{SMOKE_GTEST_FILTERS[label][0]}"']
     tier = kw.get("torch_pch", True)
     if tier is not True:
         # The precompiled-header tier (tools/cc.bzl): cmake/FsdpTargets.cmake's PCH argument.
@@ -295,6 +319,8 @@ def generate(root):
     out += comment_lines(smoke, "")
     for pkg, (name, why) in SMOKE_OVERRIDES.items():
         out += comment_lines([f"//{pkg}"], f"{name or 'no smoke test'} ({why})")
+    for label, (gtest_filter, why) in SMOKE_GTEST_FILTERS.items():
+        out += comment_lines([label], f"smoke run without {gtest_filter[1:]} ({why})")
     out.append("")
     current = None
     for label, (kind, pkg, kw) in targets.items():

@@ -114,13 +114,13 @@ std::vector<float> GoldenFlat(const Golden& g) {
 }
 
 // root -> m0, m1, ... each with one parameter "w" of the list's shapes.
-struct Tree {
+struct ShapeTree {
   std::shared_ptr<torch::nn::Module> root;
   std::vector<at::Tensor> params, originals;
 };
 
-Tree MakeTree(const ShapeList& shapes) {
-  Tree t;
+ShapeTree MakeShapeTree(const ShapeList& shapes) {
+  ShapeTree t;
   t.root = std::make_shared<torch::nn::Module>();
   for (size_t i = 0; i < shapes.size(); ++i) {
     auto m = t.root->register_module(absl::StrCat("m", i), std::make_shared<torch::nn::Module>());
@@ -138,7 +138,7 @@ std::string Label(const ShapeList& shapes, int64_t w, int64_t r, bool aligned) {
 }
 
 // Shards `h` and compares its metadata and local shard with the closed form.
-void CheckShard(FlatParamHandle& h, const Tree& t, const Golden& g, const std::string& label) {
+void CheckShard(FlatParamHandle& h, const ShapeTree& t, const Golden& g, const std::string& label) {
   FlatParameter& fp = h.flat_param();
   EXPECT_EQ(fp.unpadded_unsharded_size, std::vector<int64_t>{g.total}) << label;
   EXPECT_EQ(fp.numels_with_padding, g.numels_with_padding) << label;
@@ -186,7 +186,7 @@ TEST(FlatParamGolden, ShardMetadataForEveryRankAndWorldSize) {
       for (int w = 1; w <= 5; ++w) {
         for (int r = 0; r < w; ++r) {
           // A Fake group of the right rank and size: sharding needs no peers.
-          Tree t = MakeTree(shapes);
+          ShapeTree t = MakeShapeTree(shapes);
           FlatParamHandleOptions o;
           o.process_group = comm::CreateFakeProcessGroup(r, w);
           o.use_orig_params = aligned;
@@ -226,7 +226,7 @@ TEST(FlatParamGolden, UnshardRestoresEveryOriginal) {
     for (const ShapeList& shapes : kLists) {
       for (int w = 1; w <= 5; ++w) {
         fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, w, [&](const comm::ProcessGroupPtr& pg) {
-          Tree t = MakeTree(shapes);
+          ShapeTree t = MakeShapeTree(shapes);
           FlatParamHandleOptions o;
           o.process_group = pg;
           o.use_orig_params = aligned;

@@ -35,6 +35,7 @@ using testing::Batch;
 using testing::InitDeterministic;
 using testing::Net;
 using testing::NetOptions;
+using testing::TPNet;
 using testing::UniqueParameters;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -198,39 +199,7 @@ TEST(ClipGradNorm, HsdpReducesOverTheShardDimOnly) {
 // FSDP over "dp" of a (dp=2, tp=2) mesh around tensor-parallel blocks (colwise fc1, rowwise
 // fc2), as in parity_test.cc: the TP-sharded gradients ((StridedShard, Shard) placements)
 // reduce over dp and tp, the rowwise bias (Shard, Replicate) and the plain layers over dp,
-// which costs one all-reduce per mesh dim in all.
-torch::nn::Linear CloneLinear(const torch::nn::Linear& l) {
-  return torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(l->clone()));
-}
-
-struct TPBlockImpl : torch::nn::Module {
-  TPBlockImpl(const testing::BlockImpl& plain, const mesh::DeviceMeshPtr& tp)
-      : fc1(register_module("fc1", ParallelizeLinear(plain.fc1, tp, dtensor::TensorParallelStyle::kColwise))),
-        fc2(register_module("fc2", ParallelizeLinear(plain.fc2, tp, dtensor::TensorParallelStyle::kRowwise))) {}
-  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
-  dtensor::TensorParallelLinear fc1, fc2;
-};
-using TPBlock = FullySharded<TPBlockImpl>;
-
-// testing::NetImpl with TP blocks (the same parameter names), starting from `plain`'s values.
-struct TPNetImpl : torch::nn::Module {
-  TPNetImpl(const testing::NetImpl& plain, const mesh::DeviceMeshPtr& tp)
-      : in(register_module("in", CloneLinear(plain.in))), head(register_module("head", CloneLinear(plain.head))) {
-    for (size_t i = 0; i < plain.layers.size(); ++i) {
-      layers.push_back(register_module(absl::StrCat("block", i), TPBlock(*plain.layers[i], tp)));
-    }
-    extra = register_parameter("extra", plain.extra.detach().clone());
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = in(x);
-    for (auto& b : layers) h = b(h);
-    return head(h) + extra.sum();
-  }
-  torch::nn::Linear in, head;
-  std::vector<TPBlock> layers;
-  at::Tensor extra;
-};
-using TPNet = FullySharded<TPNetImpl>;
+// which costs one all-reduce per mesh dim in all (testing::TPNet, parity_test.cc's model).
 
 TEST(ClipGradNorm, FsdpPlusTensorParallelReducesOverBothDims) {
   for (double p : {1.0, 2.0, kInf}) {

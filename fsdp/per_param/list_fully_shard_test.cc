@@ -91,12 +91,12 @@ int64_t PaddedNumel(const std::vector<std::vector<int64_t>>& shapes, int64_t w) 
   return total;
 }
 
-struct ParityCase {
+struct ListParityCase {
   Use use;
   bool reshard;
 };
 
-void RunListParity(const ParityCase& c, const comm::ProcessGroupPtr& pg) {
+void RunListParity(const ListParityCase& c, const comm::ProcessGroupPtr& pg) {
   constexpr int kSteps = 4;
   const int w = pg->size(), me = pg->rank();
   auto trace = std::make_shared<comm::CommTrace>(pg);
@@ -192,7 +192,7 @@ TEST(ListFullyShard, OneGroupMatchesSingleRankTraining) {
     for (Use use : {Use::kAThenB, Use::kBThenA, Use::kSiblings, Use::kABA, Use::kAOnly}) {
       for (bool reshard : {true, false}) {
         SCOPED_TRACE(absl::StrCat("w", w, "_", UseName(use), "_reshard", reshard));
-        const ParityCase c{use, reshard};
+        const ListParityCase c{use, reshard};
         fsdp::testing::RunOnRanks(Backend::kThreaded, w,
                                   [c](const comm::ProcessGroupPtr& pg) { RunListParity(c, pg); });
       }
@@ -225,8 +225,8 @@ TEST(ListFullyShard, HandlesSharedStateAndNestedListedModules) {
 struct SpmdHolderImpl : torch::nn::Module {
   explicit SpmdHolderImpl(const mesh::DeviceMeshPtr& spmd)
       : l(register_module("l", dtensor::TensorParallelLinear(std::shared_ptr<dtensor::TensorParallelLinearImpl>(
-                                   std::make_shared<testing::SpmdLinearImpl>(torch::nn::Linear(4, 4), spmd,
-                                                                             dtensor::TensorParallelStyle::kColwise))))) {}
+                                   std::make_shared<testing::SpmdLinearImpl>(
+                                       torch::nn::Linear(4, 4), spmd, dtensor::TensorParallelStyle::kColwise))))) {}
   at::Tensor forward(const at::Tensor& x) { return l(x); }
   dtensor::TensorParallelLinear l;
 };

@@ -3,12 +3,14 @@
 #ifndef FSDP_FSDP_PER_PARAM_TEST_MODELS_H_
 #define FSDP_FSDP_PER_PARAM_TEST_MODELS_H_
 
+#include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/linear.h>
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dtensor/tensor_parallel.h"
 #include "fsdp/common/test_models.h"
 #include "fsdp/per_param/fully_shard.h"
@@ -45,6 +47,55 @@ struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
   mesh::DeviceMeshPtr spmd_;
   dtensor::Placement dp_;
 };
+
+// FSDP over "dp" of a (dp=2, tp=2) mesh around tensor-parallel blocks (colwise fc1, rowwise
+// fc2): FSDP shards each TP shard again, and the sharded parameter's spec is
+// (StridedShard(0, sf=2), Shard(0)) on the (dp, tp) mesh. `spmd` set: the blocks' specs are
+// on that whole mesh (the dp_mesh_dims path) instead of the tp mesh (the concatenation path).
+struct TPBlockImpl : torch::nn::Module {
+  TPBlockImpl(const BlockImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd,
+              dtensor::Placement dp_placement)
+      : fc1(register_module("fc1",
+                            Parallel(plain.fc1, tp, spmd, dtensor::TensorParallelStyle::kColwise, dp_placement))),
+        fc2(register_module("fc2",
+                            Parallel(plain.fc2, tp, spmd, dtensor::TensorParallelStyle::kRowwise, dp_placement))) {}
+  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
+  static dtensor::TensorParallelLinear Parallel(const torch::nn::Linear& l, const mesh::DeviceMeshPtr& tp,
+                                                const mesh::DeviceMeshPtr& spmd, dtensor::TensorParallelStyle style,
+                                                dtensor::Placement dp_placement) {
+    if (!spmd) return dtensor::ParallelizeLinear(l, tp, style);
+    std::shared_ptr<dtensor::TensorParallelLinearImpl> impl =
+        std::make_shared<SpmdLinearImpl>(l, spmd, style, dp_placement);
+    return dtensor::TensorParallelLinear(impl);
+  }
+  dtensor::TensorParallelLinear fc1, fc2;
+};
+using TPBlock = FullySharded<TPBlockImpl>;
+
+inline torch::nn::Linear CloneLinear(const torch::nn::Linear& l) {
+  return torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(l->clone()));
+}
+
+// NetImpl's forward with TP blocks (the same parameter names); starts from `plain`'s values.
+struct TPNetImpl : torch::nn::Module {
+  TPNetImpl(const NetImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd = nullptr,
+            dtensor::Placement dp_placement = dtensor::Placement::Replicate())
+      : in(register_module("in", CloneLinear(plain.in))), head(register_module("head", CloneLinear(plain.head))) {
+    for (size_t i = 0; i < plain.layers.size(); ++i) {
+      layers.push_back(register_module(absl::StrCat("block", i), TPBlock(*plain.layers[i], tp, spmd, dp_placement)));
+    }
+    extra = register_parameter("extra", plain.extra.detach().clone());
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = in(x);
+    for (auto& b : layers) h = b(h);
+    return head(h) + extra.sum();
+  }
+  torch::nn::Linear in, head;
+  std::vector<TPBlock> layers;
+  at::Tensor extra;
+};
+using TPNet = FullySharded<TPNetImpl>;
 
 }  // namespace fsdp::per_param::testing
 
