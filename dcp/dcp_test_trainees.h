@@ -49,50 +49,11 @@ using per_param::testing::NetOptions;
 inline std::string NewDir(const std::string& name) { return fsdp::testing::NewTestPath(name); }
 
 // ----------------------------------------------------------------------- TP models
-// As fsdp/per_param/parity_test.cc: blocks with a colwise fc1 and a rowwise fc2 on "tp";
-// `spmd` set: their specs live on the whole (dp, tp) mesh (the dp_mesh_dims path,
-// per_param::testing::SpmdLinearImpl).
-dtensor::TensorParallelLinear Parallel(const torch::nn::Linear& l, const mesh::DeviceMeshPtr& tp,
-                                       const mesh::DeviceMeshPtr& spmd, dtensor::TensorParallelStyle style) {
-  if (!spmd) return ParallelizeLinear(l, tp, style);
-  std::shared_ptr<dtensor::TensorParallelLinearImpl> impl =
-      std::make_shared<per_param::testing::SpmdLinearImpl>(l, spmd, style);
-  return dtensor::TensorParallelLinear(impl);
-}
-
-struct TPBlockImpl : torch::nn::Module {
-  TPBlockImpl(const per_param::testing::BlockImpl& plain, const mesh::DeviceMeshPtr& tp,
-              const mesh::DeviceMeshPtr& spmd)
-      : fc1(register_module("fc1", Parallel(plain.fc1, tp, spmd, dtensor::TensorParallelStyle::kColwise))),
-        fc2(register_module("fc2", Parallel(plain.fc2, tp, spmd, dtensor::TensorParallelStyle::kRowwise))) {}
-  at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
-  dtensor::TensorParallelLinear fc1, fc2;
-};
-using TPBlock = per_param::FullySharded<TPBlockImpl>;
-
-inline torch::nn::Linear CloneLinear(const torch::nn::Linear& l) {
-  return torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(l->clone()));
-}
-
-// NetImpl's parameter names and forward, with TP blocks.
-struct TPNetImpl : torch::nn::Module {
-  TPNetImpl(const per_param::testing::NetImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd)
-      : in(register_module("in", CloneLinear(plain.in))), head(register_module("head", CloneLinear(plain.head))) {
-    for (size_t i = 0; i < plain.layers.size(); ++i) {
-      layers.push_back(register_module(absl::StrCat("block", i), TPBlock(*plain.layers[i], tp, spmd)));
-    }
-    extra = register_parameter("extra", plain.extra.detach().clone());
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = in(x);
-    for (auto& b : layers) h = b(h);
-    return head(h) + extra.sum();
-  }
-  torch::nn::Linear in, head;
-  std::vector<TPBlock> layers;
-  at::Tensor extra;
-};
-using TPNet = per_param::FullySharded<TPNetImpl>;
+// per_param::testing::TPNet (fsdp/per_param/test_models.h): blocks with a colwise fc1 and a
+// rowwise fc2 on "tp"; `spmd` set: their specs live on the whole (dp, tp) mesh (the
+// dp_mesh_dims path).
+using per_param::testing::CloneLinear;
+using per_param::testing::TPNet;
 
 // ------------------------------------------------------------------- the training runs
 enum class Layout { k1D, kHsdp, kTp, kSpmd };
