@@ -8,6 +8,7 @@ drifts silently.
 """
 import os
 import pathlib
+import re
 
 SKIP_DIRS = {"third_party", ".git", ".ci", "build"}
 KNOWN_ATTRS = {"name", "srcs", "hdrs", "deps", "size", "data", "env", "args", "testonly",
@@ -237,7 +238,18 @@ def describe(kind, pkg, kw):
     }
     if kind == "cc_test":
         d["size"] = kw.get("size", "medium") + (f"+{kw['timeout']}" if kw.get("timeout") else "")
-        d["data"] = files("data", False)
+        # A target in `data` is a build dependency (CMake builds the binaries anyway), not a
+        # file; "$(rootpath :bin)" in args is that binary's path, which
+        # tools/gen_cmake_targets.py writes as FSDP_TARGET_FILE://pkg:bin.
+        d["data"] = sorted(f for f in files("data", False) if ":" not in f)
         d["env"] = sorted(f"{k}={v}" for k, v in (kw.get("env") or {}).items())
-        d["args"] = list(kw.get("args") or [])
+        d["args"] = [rootpath_as_cmake(a, pkg) for a in kw.get("args") or []]
     return d
+
+
+def rootpath_as_cmake(arg, pkg):
+    """"$(rootpath :bin)" -> "FSDP_TARGET_FILE://pkg:bin" (other args unchanged)."""
+    m = re.fullmatch(r"\$\(rootpath (:[\w.-]+|//[\w/.-]*:[\w.-]+)\)", arg)
+    if not m:
+        return arg
+    return "FSDP_TARGET_FILE:" + normalize_label(m.group(1), pkg)

@@ -22,7 +22,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "cmake"))
 from bazel_build_files import (DEFAULT, GlobList, Select, is_cuda_condition,  # noqa: E402
-                               load_build_files, parts_of)
+                               load_build_files, parts_of, rootpath_as_cmake)
 
 OUTPUT = "cmake/bazel_targets.cmake"
 COMMAND = "python3 tools/gen_cmake_targets.py"
@@ -237,13 +237,11 @@ def rootpath_arg(label, pkg, arg, targets):
     """An arg as CMake passes it: "$(rootpath :bin)" of a binary of this package becomes
     FSDP_TARGET_FILE://pkg:bin (cmake/FsdpTargets.cmake turns that into $<TARGET_FILE:...>);
     other make variables are refused. (A target in `data` is a build dependency, not a file.)"""
-    m = re.fullmatch(r"\$\(rootpath (:[\w.-]+|//[\w/.-]*:[\w.-]+)\)", arg)
-    if m:
-        dep = m.group(1)
-        dep = f"//{pkg}{dep}" if dep.startswith(":") else dep
-        if dep not in targets:
+    mapped = rootpath_as_cmake(arg, pkg)
+    if mapped != arg:
+        if mapped.partition(":")[2] not in targets:
             die(f"{label}: args: {arg} names no target of this repository")
-        return f"FSDP_TARGET_FILE:{dep}"
+        return mapped
     if "$(" in arg:
         die(f"{label}: args: make variables / $(location) other than $(rootpath :target) are not supported")
     return arg
