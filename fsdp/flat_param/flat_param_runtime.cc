@@ -9,11 +9,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fsdp/common/meta.h"
 #include "fsdp/common/storage.h"
 #include "fsdp/flat_param/flat_param.h"
 
 namespace fsdp::flat_param {
 namespace {
+
+// The per-step swaps below use fsdp::ReplaceData (fsdp/common/meta.h): set_data's effect
+// without the dispatcher when dtype and device stay, set_data itself otherwise.
 
 // `numel` elements of the 1-D `t` from `start`, shaped `shape`: with `alias` and a stride-1
 // `t`, an AliasStorage alias (no autograd view tracking, ~10x cheaper) for the per-step paths
@@ -73,7 +77,7 @@ void FlatParamHandle::UseLowPrecisionShard() {
   // PyTorch casts on the pre-unshard stream; here on the unshard stream, before the
   // all-gather that reads it (copy_ casts to the low precision and moves to the device).
   unshard.Launch([dst = ForStream(fp.mp_shard), src = fp.local_shard] { dst.copy_(src); });
-  fp.param.set_data(fp.mp_shard);
+  ReplaceData(fp.param, fp.mp_shard);
 }
 
 bool FlatParamHandle::NeedsUnshard() const {
@@ -161,7 +165,7 @@ at::Tensor FlatParamHandle::AllGatherFlatParam(const at::Tensor& padded_unsharde
 
 void FlatParamHandle::UseUnshardedFlatParam(const at::Tensor& padded_unsharded_flat_param) {
   const int64_t numel = flat_param_.unpadded_unsharded_size[0];
-  flat_param_.param.set_data(Slice(padded_unsharded_flat_param, 0, numel, {numel}, /*alias=*/true));
+  ReplaceData(flat_param_.param, Slice(padded_unsharded_flat_param, 0, numel, {numel}, /*alias=*/true));
   if (options_.use_orig_params && skipped_use_sharded_views() && training_state_ == HandleTrainingState::BACKWARD_PRE) {
     // Complement of the skipped post-forward sharded views: the views are still unsharded.
     return;
@@ -208,7 +212,7 @@ void FlatParamHandle::FreeUnshardedFlatParam() {
 void FlatParamHandle::ReleaseOrigParamsViewing(const at::Tensor& storage_owner) {
   at::NoGradGuard no_grad;
   for (at::Tensor& t : orig_tensors_) {
-    if (SameStorage(t, storage_owner)) t.set_data(EmptyLike0(t));
+    if (SameStorage(t, storage_owner)) ReplaceData(t, EmptyLike0(t));
   }
 }
 
@@ -224,7 +228,7 @@ void FlatParamHandle::UseShardedFlatParam() {
     TORCH_CHECK(fp.local_shard.device().is_cpu(), "Expects the local shard to be on CPU but got ",
                 fp.local_shard.device());
   }
-  fp.param.set_data(fp.local_shard);
+  ReplaceData(fp.param, fp.local_shard);
   if (!options_.use_orig_params) return;
   if (skip_use_sharded_views) {
     unsharded_flat_param_for_skipped_views_ = unsharded_flat_param;
@@ -299,7 +303,7 @@ void FlatParamHandle::UseUnshardedViews() {
   CheckUnsharded(flat_param_.param);
   // Aliases, not autograd views: set_data takes only their storage and geometry.
   std::vector<at::Tensor> views = UnflatAliases();
-  for (size_t i = 0; i < views.size(); ++i) orig_tensors_[i].set_data(views[i]);
+  for (size_t i = 0; i < views.size(); ++i) ReplaceData(orig_tensors_[i], views[i]);
   // Shared registrations are the same tensors in C++: nothing more to swap.
 }
 
@@ -319,9 +323,9 @@ void FlatParamHandle::UseShardedViews() {
   for (int64_t i = 0; i < fp.num_params; ++i) {
     const ShardParamInfo& info = fp.shard_param_infos[i];
     if (!info.in_shard) {
-      orig_tensors_[i].set_data(size_0_empty);
+      ReplaceData(orig_tensors_[i], size_0_empty);
     } else {
-      orig_tensors_[i].set_data(flat.narrow(0, info.offset_in_shard, info.numel_in_shard));
+      ReplaceData(orig_tensors_[i], flat.narrow(0, info.offset_in_shard, info.numel_in_shard));
     }
   }
 }
