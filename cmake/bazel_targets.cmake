@@ -408,8 +408,8 @@ fsdp_cc_library(//fsdp/per_param:per_param_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
        meta_init_test.cc parity_test.cc state_dict_test.cc
   DEPS :per_param :test_models //comm //comm:faulty //device //dtensor //dtensor:tensor_parallel
-       //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest)
+       //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank
+       //testing:test_dir @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/per_param:per_param_test SIZE medium
   DEPS :per_param_test_cases @system//:gtest_main)

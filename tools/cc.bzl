@@ -139,17 +139,15 @@ def _with_torch_pch(kwargs):
 _UNITY_BATCH = 8
 _UNITY_OFF = "//%s:unity_off" % _PCH_PACKAGE
 
-def _is_source_file(src):
-    return src.endswith(".cc") and not src.startswith(":") and not src.startswith("//") and \
-           not src.startswith("@")
+def _is_label(src):
+    return src.startswith(":") or src.startswith("//") or src.startswith("@")
 
 def _with_unity(kwargs):
     srcs = kwargs.get("srcs")
-    if type(srcs) != "list" or not kwargs.pop("unity", True):
-        kwargs.pop("unity", None)
+    if type(srcs) != "list":
         return kwargs
     sources = [s for s in srcs if s.endswith(".cc")]
-    if len(sources) < 2 or [s for s in sources if not _is_source_file(s)]:
+    if len(sources) < 2 or [s for s in sources if _is_label(s)]:
         return kwargs
     name = kwargs["name"]
     prefix = native.package_name()

@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -15,6 +14,7 @@
 #include "fsdp/per_param/test_models.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
+#include "testing/test_dir.h"
 
 namespace fsdp::per_param {
 namespace {
@@ -33,11 +33,6 @@ Net ShardedNet(const mesh::DeviceMeshPtr& mesh, uint64_t seed = 11) {
   for (auto& b : model->layers) fully_shard(b.ptr(), {.mesh = mesh});
   fully_shard(model.ptr(), {.mesh = mesh});
   return model;
-}
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir ? dir : "/tmp", "/", name, "_", getpid(), ".pt");
 }
 
 // This rank's rows of `full` by torch.chunk: the reference for what FSDP must hold.
@@ -108,7 +103,7 @@ TEST(ShardedStateDict, ReplicatedDTensorsAreRedistributedOnLoad) {
 }
 
 TEST(FullStateDict, SavedOnOneRankLoadsIntoThreeRanksBitwise) {
-  const std::string path = TempPath("full_state_dict_1_to_3");
+  const std::string path = fsdp::testing::NewTestPath("full_state_dict_1_to_3");
   fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [&](const comm::ProcessGroupPtr& pg) {
     Net model = ShardedNet(mesh::DeviceMesh::Create(pg, {1}));
     torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
