@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -166,6 +167,17 @@ void ExpectPeersOfAKilledRankNameIt(int victim, int late_rank = -1) {
 }
 
 TEST(RankDeath, PeersOfAKilledRankProcessFailWithinTheTimeoutNamingItsRank) { ExpectPeersOfAKilledRankNameIt(1); }
+
+// A survivor's write to the dead rank's socket raises SIGPIPE; its default action ended a
+// survivor of the test above ("killed by signal 13") before the error could be reported.
+// Creating a Gloo group ignores SIGPIPE when nothing handles it (as Python does at start-up).
+TEST(RankDeath, AGlooGroupTurnsSigpipeIntoAnErrorUnlessTheProgramHandlesIt) {
+  ASSERT_NE(signal(SIGPIPE, SIG_DFL), SIG_ERR);
+  fsdp::testing::RunOnRanks(Backend::kGlooThreads, 1, [](const ProcessGroupPtr&) {});
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+}
 
 // Rank 0 also serves the TCPStore: the peers' addresses were read when the group was created.
 TEST(RankDeath, PeersOfAKilledRankZeroProcessNameItToo) { ExpectPeersOfAKilledRankNameIt(0); }

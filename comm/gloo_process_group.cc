@@ -2,11 +2,12 @@
 
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <c10/util/Exception.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -15,8 +16,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -104,10 +105,21 @@ TransportChoice ChooseTransport(const std::string& hostname) {
   return out;
 }
 
+// A write to a socket whose peer died raises SIGPIPE, whose default action ends this process
+// before Gloo or the liveness probe can report the lost rank (seen: a survivor of
+// comm/fault_test.cc's killed rank "killed by signal 13"). Python ignores SIGPIPE at start-up,
+// so under PyTorch a dead peer is an error, never a signal; a C++ program gets the same
+// unless it installed its own handler.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+}
+
 // A Gloo group over `store` (prefixed for sub-groups); `root_store`: the job's un-prefixed
 // store (the failure registry every group of the job shares).
 ProcessGroupPtr MakeGlooGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GlooOptions& options,
                               c10::intrusive_ptr<c10d::Store> root_store) {
+  IgnoreSigpipeUnlessHandled();
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   const TransportChoice transport = ChooseTransport(options.hostname);
   if (!transport.interfaces.empty()) {
