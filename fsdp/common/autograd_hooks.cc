@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <memory>
@@ -40,7 +41,37 @@ class PostBackwardNode final : public torch::autograd::Node {
   std::function<void()> callback_;
 };
 
+// The tensor's one post-accumulate-grad hook slot (AutogradMeta::post_acc_grad_hooks_, which
+// AccumulateGrad::apply calls after updating .grad), chaining to what was there before.
+class ChainedPostAccumulateGradHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  ChainedPostAccumulateGradHook(std::unique_ptr<torch::autograd::PostAccumulateGradHook> previous,
+                                std::shared_ptr<std::function<void()>> callback)
+      : previous_(std::move(previous)), callback_(std::move(callback)) {}
+
+  void operator()(const torch::autograd::Variable& tensor) override {
+    if (previous_) (*previous_)(tensor);
+    if (*callback_) (*callback_)();
+  }
+
+ private:
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook> previous_;
+  std::shared_ptr<std::function<void()>> callback_;  // empty once disarmed
+};
+
 }  // namespace
+
+PostAccumulateGradCallback::PostAccumulateGradCallback(const at::Tensor& param, std::function<void()> callback)
+    : callback_(std::make_shared<std::function<void()>>(std::move(callback))) {
+  TORCH_CHECK(param.defined(), "PostAccumulateGradCallback: `param` is undefined");
+  TORCH_CHECK(param.is_leaf(), "PostAccumulateGradCallback: `param` must be a leaf tensor (autograd accumulates ",
+              "gradients only into leaves)");
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook>& slot = torch::autograd::impl::post_acc_grad_hooks(param);
+  torch::autograd::impl::set_post_acc_grad_hooks(
+      param, std::make_unique<ChainedPostAccumulateGradHook>(std::move(slot), callback_));
+}
+
+PostAccumulateGradCallback::~PostAccumulateGradCallback() { *callback_ = nullptr; }
 
 std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tensor>& inputs,
                                                      std::function<void()> callback) {

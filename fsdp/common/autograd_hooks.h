@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace fsdp {
@@ -13,10 +14,28 @@ namespace fsdp {
 // whose backward calls `callback` once all of their gradients are computed (the module
 // consuming them has finished its backward); an output that got no gradient passes zeros
 // on, as autograd.Function does. Each replacement shares its input's data and version
-// counter and is not an autograd view (in-place changes to it are allowed). Returns `inputs` with those tensors replaced;
-// unchanged (no callback) when grad mode is off or none requires grad.
+// counter and is not an autograd view (in-place changes to it are allowed). Returns `inputs` with those tensors
+// replaced; unchanged (no callback) when grad mode is off or none requires grad.
 std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tensor>& inputs,
                                                      std::function<void()> callback);
+
+// Runs `callback` each time autograd has accumulated a gradient into the leaf `param`'s
+// .grad (PyTorch's Tensor.register_post_accumulate_grad_hook, which FSDP1 uses on its flat
+// parameter): once per backward, after every use of `param` in that graph contributed. A
+// hook already installed on `param` keeps running, before this one. The hook lives with the
+// tensor, which may outlive whoever installed it: destroying this object disarms it (later
+// backwards skip it). Not thread-safe; `callback` runs on the autograd engine's thread and
+// its exceptions propagate out of backward().
+class PostAccumulateGradCallback {
+ public:
+  PostAccumulateGradCallback(const at::Tensor& param, std::function<void()> callback);
+  ~PostAccumulateGradCallback();
+  PostAccumulateGradCallback(const PostAccumulateGradCallback&) = delete;
+  PostAccumulateGradCallback& operator=(const PostAccumulateGradCallback&) = delete;
+
+ private:
+  std::shared_ptr<std::function<void()>> callback_;
+};
 
 // Queues `callback` on the autograd engine to run once at the end of the current backward
 // (call it from inside a backward, e.g. a tensor hook).

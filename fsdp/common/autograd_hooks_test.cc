@@ -2,10 +2,14 @@
 // gradient is computed; gradients pass through unchanged, as zeros where an output got
 // none (autograd.Function's materialize_grads); the outputs alias their inputs' data and
 // version counters and take in-place changes with correct gradients.
+// PostAccumulateGradCallback: runs once per backward after .grad holds every use's
+// contribution, after a hook installed earlier, and never once disarmed.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "fsdp/common/autograd_hooks.h"
@@ -65,6 +69,56 @@ TEST(RegisterPostBackwardCallback, NothingToRouteWithoutGradMode) {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> out = RegisterPostBackwardCallback({a}, [] {});
   EXPECT_TRUE(out[0].is_same(a));
+}
+
+TEST(PostAccumulateGradCallback, RunsOncePerBackwardWithEveryUseAccumulated) {
+  const at::Tensor w = at::randn({3}).requires_grad_();
+  std::vector<at::Tensor> seen;
+  PostAccumulateGradCallback hook(w, [&] { seen.push_back(w.grad().clone()); });
+  const at::Tensor x = at::randn({3});
+  // Two uses: d/dw sum(w*x + w*w) = x + 2w, seen whole by the one call.
+  ((w * x).sum() + (w * w).sum()).backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_TRUE(at::allclose(seen[0], x + w.detach() * 2));
+  (w * 3).sum().backward();  // a second backward accumulates into .grad and runs it again
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(at::allclose(seen[1], x + w.detach() * 2 + 3));
+}
+
+TEST(PostAccumulateGradCallback, ChainsAfterAnEarlierHookAndDisarmsWhenDestroyed) {
+  const at::Tensor w = at::randn({2}).requires_grad_();
+  std::vector<int> order;
+  auto first = std::make_unique<PostAccumulateGradCallback>(w, [&] { order.push_back(1); });
+  {
+    PostAccumulateGradCallback second(w, [&] { order.push_back(2); });
+    w.sum().backward();
+    EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  }
+  w.sum().backward();  // `second` is gone: only the first runs
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 1}));
+  first.reset();
+  w.sum().backward();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 1}));
+  EXPECT_TRUE(at::allclose(w.grad(), at::full({2}, 3.0)));
+}
+
+TEST(PostAccumulateGradCallback, NotRunForATensorThatGotNoGradient) {
+  const at::Tensor w = at::randn({2}).requires_grad_();
+  const at::Tensor v = at::randn({2}).requires_grad_();
+  int calls = 0;
+  PostAccumulateGradCallback hook(w, [&] { ++calls; });
+  v.sum().backward();
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(PostAccumulateGradCallback, RejectsANonLeaf) {
+  const at::Tensor w = at::randn({2}).requires_grad_();
+  try {
+    PostAccumulateGradCallback hook(w * 2, [] {});
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`param` must be a leaf"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -47,7 +47,10 @@ struct Config {
   std::optional<double> clip_norm_type;  // clip to 0.05 with this norm type
   bool offload = false;
   bool freeze_block0 = false;  // block0's parameters do not require grad
-  bool block0_twice = false;   // block0 runs forward twice per step
+  // block1.fc1's parameters do not require grad, block1.fc2's do: mixed requires_grad in one
+  // flat parameter (use_orig_params), whose post-backward must wait for fc1's backward.
+  bool freeze_block1_fc1 = false;
+  bool block0_twice = false;  // block0 runs forward twice per step
 };
 
 constexpr int kSteps = 3;
@@ -69,6 +72,11 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
   if (cfg.freeze_block0) {
     for (Net* m : {&ref, &model}) {
       for (at::Tensor& p : (*m)->layers[0]->parameters()) p.set_requires_grad(false);
+    }
+  }
+  if (cfg.freeze_block1_fc1) {
+    for (Net* m : {&ref, &model}) {
+      for (at::Tensor& p : (*m)->layers[1]->fc1->parameters()) p.set_requires_grad(false);
     }
   }
   FSDPOptions opts;
@@ -264,6 +272,11 @@ std::vector<ParityCase> Cases() {
         {Backend::kThreaded, 4, {.name = "frozen_block0" + o, .use_orig_params = orig, .freeze_block0 = true}});
     cases.push_back(
         {Backend::kThreaded, 4, {.name = "block0_twice" + o, .use_orig_params = orig, .block0_twice = true}});
+    if (orig) {
+      cases.push_back({Backend::kThreaded,
+                       2,
+                       {.name = "frozen_block1_fc1" + o, .use_orig_params = true, .freeze_block1_fc1 = true}});
+    }
     cases.push_back({Backend::kThreaded,
                      2,
                      {.name = "block0_twice_post" + o,

@@ -40,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/common/autograd_hooks.h"
 #include "fsdp/common/fsdp_state_base.h"
 #include "fsdp/common/hooked_module.h"
 #include "fsdp/flat_param/exec_order.h"
@@ -173,12 +174,21 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   std::optional<bool> is_root_;
   FSDPTrainingState training_state_ = FSDPTrainingState::IDLE;
   std::shared_ptr<FSDPRuntimeContext> ctx_;
-  bool post_backward_callback_queued_ = false;  // root only
+  bool post_backward_callback_queued_ = false;     // root only
   bool needs_buffer_dtype_restore_check_ = false;  // root only: buffers were cast to full precision
   bool use_full_prec_in_eval_ = false;
   std::string fqn_;  // relative to the root; set at lazy init ("<root>" for the root)
-  // Post-backward Functions registered in forward and not yet run in backward.
+  // Post-backward nodes registered in forward and not yet run in backward (where an
+  // original parameter is frozen).
   int pending_post_backward_ = 0;
+  // A flat parameter whose originals all require grad post-backwards once autograd has
+  // accumulated the gradient of each (a post-accumulate-grad hook on each, installed by the
+  // first forward, counted down from the pre-backward): PyTorch's FSDP1 hooks its flat
+  // parameter's AccumulateGrad, whose original parameters are views of it, where ours are
+  // leaves of their own.
+  std::vector<std::unique_ptr<PostAccumulateGradCallback>> grad_accumulated_hooks_;
+  int pending_grads_ = 0;
+  void OnGradAccumulated();
 };
 
 // Deprecated (kept so existing code compiles): derive from fsdp::HookedModule, or build the

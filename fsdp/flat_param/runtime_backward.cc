@@ -26,6 +26,17 @@ void FSDPState::PreBackwardHook() {
   training_state_ = FSDPTrainingState::FORWARD_BACKWARD;
   if (handle == nullptr) return;
   handle->set_training_state(HandleTrainingState::BACKWARD_PRE);
+  // Armed only where every original requires grad (RegisterPostBackward).
+  pending_grads_ = 0;
+  if (!grad_accumulated_hooks_.empty()) {
+    for (const at::Tensor& t : handle->orig_params()) {
+      if (!t.requires_grad()) {
+        pending_grads_ = 0;
+        break;
+      }
+      ++pending_grads_;
+    }
+  }
   if (handle->runtime().needs_pre_backward_unshard) {
     if (!handle->runtime().prefetched) Unshard(*handle);
     // The backward reads the unsharded flat parameter (gathered or prefetched).
@@ -36,6 +47,16 @@ void FSDPState::PreBackwardHook() {
   PrefetchHandle(handle, PrefetchMode::BACKWARD);
   handle->PrepareGradientForBackward();
   handle->runtime().ran_pre_backward_hook = true;
+}
+
+void FSDPState::OnGradAccumulated() {
+  // Outside this handle's backward (its pre-backward did not run, or it post-backwarded):
+  // the final callback or nothing.
+  FlatParamHandle* handle = handle_.get();
+  if (handle == nullptr || handle->training_state() != HandleTrainingState::BACKWARD_PRE || pending_grads_ <= 0) {
+    return;
+  }
+  if (--pending_grads_ == 0) Guard("post-backward", [this] { PostBackwardHook(); });
 }
 
 void FSDPState::OnPostBackwardFunction() {
@@ -138,6 +159,7 @@ void FSDPState::PostBackwardFinalCallback() {
   for (FSDPState* s : ctx_->all_states) {
     FlatParamHandle* h = s->handle_.get();
     s->pending_post_backward_ = 0;
+    s->pending_grads_ = 0;
     s->CatchAllReshard();
     s->FinalizeParams();
     s->training_state_ = FSDPTrainingState::IDLE;

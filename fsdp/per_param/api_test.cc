@@ -1,8 +1,10 @@
 // FSDP2 API beyond fully_shard itself (PyTorch 2.15's _fully_shard.py): fully_shard_tree
 // (auto-wrap), run_fsdp_forward_method (register_fsdp_forward_method), set_all_reduce_hook,
-// set_post_optim_event.
+// set_post_optim_event; when the post-backward runs (the gradient hooks that replace
+// PyTorch's RegisterPostBackwardFunction node).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -10,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "comm/comm_trace.h"
@@ -42,6 +46,80 @@ std::vector<std::vector<std::string>> GroupFqns(torch::nn::Module& model) {
   return out;
 }
 
+// ---- the post-backward trigger ------------------------------------------------------------
+
+// The names of the autograd nodes reachable from `t`'s grad_fn.
+std::multiset<std::string> NodeNames(const at::Tensor& t) {
+  std::multiset<std::string> names;
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo;
+  if (t.grad_fn()) todo.push_back(t.grad_fn().get());
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    names.insert(n->name());
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return names;
+}
+
+// A group whose parameters all require grad post-backwards from its parameters' gradient
+// hooks (no node in the graph); a group with a frozen parameter still routes its inputs
+// through the post-backward node (its weight is read after the last gradient arrived), and
+// both train as one rank does.
+TEST(PostBackwardTrigger, GradientHooksUnlessAParameterIsFrozen) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    Net ref(2), model(2);
+    InitDeterministic(*ref);
+    InitDeterministic(*model);
+    for (Net* net : {&ref, &model}) (*net)->layers[1]->fc1->weight.set_requires_grad(false);
+    for (auto& block : model->layers) fully_shard(block.ptr(), {.mesh = mesh});
+    fully_shard(model.ptr(), {.mesh = mesh});
+    // The same batch on every rank: the averaged gradient is the one-rank gradient.
+    const at::Tensor x = at::arange(12, at::kFloat).reshape({4, 3}) / 10;
+    const at::Tensor out = model(x);
+    // Block 1 (frozen fc1) has the node; block 0, whose input requires grad, does not; the
+    // root's inputs need no gradient (its post-backward is the final callback's, as PyTorch).
+    EXPECT_EQ(NodeNames(out).count("fsdp::PostBackwardNode"), 1u);
+    out.sum().backward();
+    ref(x).sum().backward();
+    for (const auto& item : model->named_parameters()) {
+      const at::Tensor& p = item.value();
+      const at::Tensor full = ref->named_parameters()[item.key()];
+      if (!full.requires_grad()) {
+        EXPECT_FALSE(p.grad().defined()) << item.key();
+        continue;
+      }
+      ASSERT_TRUE(p.grad().defined()) << item.key();
+      const int64_t rows = (full.size(0) + 1) / 2, begin = std::min<int64_t>(pg->rank() * rows, full.size(0));
+      const at::Tensor expected = full.grad().narrow(0, begin, std::min(rows, full.size(0) - begin));
+      EXPECT_TRUE(at::allclose(p.grad().narrow(0, 0, expected.size(0)), expected, 1e-5, 1e-6)) << item.key();
+    }
+  });
+}
+
+// The hooks live on the parameters, which may outlive their FSDP state: once the state is
+// gone a backward through them runs no FSDP code (ASan would see a dangling state).
+TEST(PostBackwardTrigger, ParametersOutlivingTheirStateBackwardWithoutIt) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    at::Tensor weight;
+    {
+      Net model(1);
+      fully_shard(model->layers[0].ptr(), {.mesh = mesh});
+      fully_shard(model.ptr(), {.mesh = mesh});
+      model(at::randn({4, 3})).sum().backward();
+      weight = model->layers[0]->fc1->weight;
+    }
+    weight.mutable_grad() = at::Tensor();
+    (weight * 3).sum().backward();
+    ASSERT_TRUE(weight.grad().defined());
+    EXPECT_TRUE(at::equal(weight.grad(), at::full_like(weight, 3)));
+  });
+}
+
 // ---- fully_shard_tree --------------------------------------------------------------------
 
 TEST(FullyShardTree, GroupsAndTrainingMatchTheHandWrittenLoopBitwise) {
@@ -64,8 +142,8 @@ TEST(FullyShardTree, GroupsAndTrainingMatchTheHandWrittenLoopBitwise) {
     EXPECT_EQ(groups, GroupFqns(*by_hand));
     ASSERT_EQ(groups.size(), 4u);
     EXPECT_EQ(groups[0], (std::vector<std::string>{"extra", "head.bias", "head.weight", "in.bias", "in.weight"}));
-    EXPECT_EQ(groups[1],
-              (std::vector<std::string>{"block0.fc1.bias", "block0.fc1.weight", "block0.fc2.bias", "block0.fc2.weight"}));
+    EXPECT_EQ(groups[1], (std::vector<std::string>{"block0.fc1.bias", "block0.fc1.weight", "block0.fc2.bias",
+                                                   "block0.fc2.weight"}));
     const auto hand = by_hand->named_parameters(), tree = by_tree->named_parameters();
     for (const auto& item : hand) {
       EXPECT_TRUE(at::equal(item.value(), tree[item.key()])) << item.key() << " rank " << pg->rank();
@@ -123,7 +201,8 @@ TEST(FullyShardTree, KeepsModulesShardedByHandAndRejectsModulesWithoutHooks) {
 // ---- run_fsdp_forward_method -------------------------------------------------------------
 
 struct CoderImpl : torch::nn::Module {
-  CoderImpl() : enc(register_module("enc", torch::nn::Linear(5, 3))), dec(register_module("dec", torch::nn::Linear(3, 5))) {}
+  CoderImpl()
+      : enc(register_module("enc", torch::nn::Linear(5, 3))), dec(register_module("dec", torch::nn::Linear(3, 5))) {}
   at::Tensor forward(const at::Tensor& x) { return dec(enc(x)); }
   // A second entry point that reads the root's own parameters directly.
   at::Tensor encode(const at::Tensor& x) { return at::linear(x, enc->weight, enc->bias).tanh() * 2; }
@@ -188,9 +267,7 @@ TEST(RunFsdpForwardMethod, WithoutFsdpJustCallsTheMethod) {
 // ---- set_all_reduce_hook -----------------------------------------------------------------
 
 // Rank-dependent data so that every reduction matters.
-void Step(Net& model, int rank) {
-  model(testing::Batch(rank, 4, 3, 5)).pow(2).sum().backward();
-}
+void Step(Net& model, int rank) { model(testing::Batch(rank, 4, 3, 5)).pow(2).sum().backward(); }
 
 std::vector<at::Tensor> LocalGrads(Net& model) {
   std::vector<at::Tensor> grads;
@@ -277,9 +354,8 @@ TEST(SetPostOptimEvent, TheRootWaitsForTheEventOnceAndDropsIt) {
       if (after_first_forward) model(x);  // streams exist: the all-gather streams wait
       // An "optimizer step" on the user's own asynchronous stream, late: it zeroes every
       // shard. The forward must see its result.
-      auto pool = device::StreamPool::Create(c10::Device(c10::kCPU),
-                                             {.cpu_mode = device::CpuStreamMode::kAsync,
-                                              .cpu_task_delay = std::chrono::milliseconds(30)});
+      auto pool = device::StreamPool::Create(c10::Device(c10::kCPU), {.cpu_mode = device::CpuStreamMode::kAsync,
+                                                                      .cpu_task_delay = std::chrono::milliseconds(30)});
       device::StreamPtr optim = pool->NewStream("optim");
       std::vector<at::Tensor> params = model->parameters();
       optim->Launch([params] {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/common/autograd_hooks.h"
 #include "fsdp/per_param/fsdp_collectives.h"
 #include "fsdp/per_param/fsdp_param.h"
 
@@ -55,7 +56,8 @@ class FSDPParamGroup {
   FSDPParamGroup(std::vector<at::Tensor> params, std::vector<ParamModuleInfo> module_infos, FSDPMeshInfo mesh_info,
                  std::optional<FSDPMeshInfo> post_forward_mesh_info, const std::vector<int64_t>& shard_dims,
                  MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy,
-                 std::vector<std::optional<dtensor::DTensorSpec>> tp_specs, c10::Device device = c10::Device(c10::kCPU));
+                 std::vector<std::optional<dtensor::DTensorSpec>> tp_specs,
+                 c10::Device device = c10::Device(c10::kCPU));
 
   // Idempotent; re-reads parameter dtypes and pads parameters changed since construction.
   void LazyInit(std::shared_ptr<FSDPCommContext> comm_ctx);
@@ -72,9 +74,20 @@ class FSDPParamGroup {
   // Unshards `target` as if in `state` (forward / backward prefetch).
   static void PrefetchUnshard(FSDPParamGroup* target, TrainingState state);
 
-  // Applies the identity autograd function whose backward runs PostBackward to the
-  // tensors that require grad (RegisterPostBackwardFunction); returns them in order.
-  // `guard` runs the post-backward body (the owning state's poisoning guard).
+  // Arranges for PostBackward to run in the coming backward (the forward pass's first
+  // module calls it with its inputs); returns `inputs`, changed only where a parameter is
+  // frozen. Where an input requires grad (grad mode on), a group whose parameters all
+  // require grad post-backwards once autograd has accumulated the gradient of each: a
+  // post-accumulate-grad hook per parameter, counted down from PreBackward. PyTorch's FSDP2
+  // routes the inputs through RegisterPostBackwardFunction instead, one more autograd node
+  // per module per step (FSDP1 hooks its flat parameter's AccumulateGrad, as here). A
+  // parameter that gets no gradient leaves the post-backward to the root's final callback,
+  // as does a pass whose inputs need no gradient (as PyTorch). A group with a frozen
+  // parameter, whose data the backward may read after the last gradient arrived, routes the
+  // inputs that require grad through an identity autograd node whose backward runs
+  // PostBackward, as PyTorch.
+  // `guard` runs the post-backward body (the owning state's poisoning guard); the hooks,
+  // installed by the first call that needs them, stay for the group's lifetime.
   std::vector<at::Tensor> RegisterPostBackward(const std::vector<at::Tensor>& inputs,
                                                const std::function<void(std::function<void()>)>& guard);
 
@@ -119,6 +132,8 @@ class FSDPParamGroup {
   bool reshard_after_forward() const { return post_forward_mesh_info_.has_value(); }
   bool use_post_forward_mesh() const;
   const comm::ProcessGroupPtr& all_gather_group() const;
+  // A parameter's gradient was accumulated (its post-accumulate-grad hook).
+  void OnGradAccumulated();
 
   std::vector<std::unique_ptr<FSDPParam>> fsdp_params_;
   std::vector<FSDPParam*> fsdp_param_ptrs_;  // the same, for the collectives (built once)
@@ -136,6 +151,13 @@ class FSDPParamGroup {
   std::optional<AllGatherResult> all_gather_result_;
   at::Tensor partial_reduce_output_;
   device::EventPtr post_reduce_event_;
+  // The post-backward trigger: one hook per parameter (installed by the first
+  // RegisterPostBackward that needs them), whether the last forward armed them, and the
+  // gradients still to come in this backward.
+  std::function<void(std::function<void()>)> post_backward_guard_;
+  bool post_backward_from_grads_ = false;
+  std::vector<std::unique_ptr<PostAccumulateGradCallback>> grad_accumulated_hooks_;
+  int pending_grads_ = 0;
 };
 
 }  // namespace fsdp::per_param

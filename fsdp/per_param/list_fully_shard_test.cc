@@ -124,14 +124,15 @@ void RunListParity(const ListParityCase& c, const comm::ProcessGroupPtr& pg) {
   // and, resharded after forward, once more in backward, and reduces once. b unused
   // (kAOnly): b's parameters are still gathered, and only a's gradients are reduced (b has
   // none), as in PyTorch. kABA: the second pass (a again) re-opens the group (gathering
-  // again if resharded) and registers a second post-backward; backward: the root's output
-  // unshards (the pre-backward the root's forward registered when it completed the group),
-  // the second pass's post-backward finds no gradient yet (autograd accumulates a.weight's
-  // two uses in one AccumulateGrad, after both) and reshards, b's output unshards again, and
-  // the first pass's post-backward reduces everything in one reduce-scatter.
+  // again if resharded); backward: the root's output unshards (the pre-backward the root's
+  // forward registered when it completed the group), and the group post-backwards once
+  // autograd has accumulated all four gradients (a.weight's two uses in one AccumulateGrad,
+  // after both): one reduce-scatter, and no gather in between. (Deliberately one all-gather
+  // fewer than PyTorch 2.15, whose post-backward hangs on each pass's inputs: the second
+  // pass's runs first, finds no gradient yet and reshards, and b's output gathers again.)
   int pair_gathers_expected = c.reshard ? 2 : 1, pair_full_reduces = 1, a_only_reduces = 0;
   if (c.use == Use::kAOnly) pair_full_reduces = 0, a_only_reduces = 1;
-  if (c.use == Use::kABA) pair_gathers_expected = c.reshard ? 4 : 2;
+  if (c.use == Use::kABA) pair_gathers_expected = c.reshard ? 3 : 1;
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   const int64_t local = 12 / w;
