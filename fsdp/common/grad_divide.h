@@ -6,6 +6,8 @@
 #include <c10/core/ScalarType.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 namespace fsdp {
 
@@ -25,14 +27,36 @@ inline double GradientPredivideFactor(double data_parallel_size) {
 // double), by a plain loop for contiguous CPU float / double tensors: ATen's div_ costs ~3 us
 // of dispatch and TensorIterator set-up per call, more than dividing a layer's gradient
 // (bench/fsdp1 under callgrind). Other tensors go to div_. Bumps the version as div_ does.
+// Divides data[0, n) by d in 16-byte vectors (GCC / Clang vector extensions: one `divps` /
+// `divpd` per 4 floats / 2 doubles, each lane an IEEE division, so the same bits as the
+// scalar loop, which GCC does not vectorize at -O2), the tail one by one.
+template <typename T>
+inline void DivideContiguous(T* data, int64_t n, T d) {
+  typedef T Vec __attribute__((vector_size(16)));
+  constexpr int64_t kLanes = 16 / sizeof(T);
+  const Vec divisor = Vec{} + d;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    Vec v;
+    std::memcpy(&v, data + i, sizeof(v));
+    v /= divisor;
+    std::memcpy(data + i, &v, sizeof(v));
+  }
+  for (; i < n; ++i) data[i] /= d;
+}
+
 inline void DivideInPlace(const at::Tensor& t, double divisor) {
   if (t.is_cpu() && t.is_contiguous() && !t.requires_grad() && !t.is_conj() && !t.is_neg()) {
-    auto divide = [&](auto* data, auto d) {
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) data[i] /= d;
-      t.unsafeGetTensorImpl()->bump_version();
-    };
-    if (t.scalar_type() == c10::kFloat) return divide(t.data_ptr<float>(), static_cast<float>(divisor));
-    if (t.scalar_type() == c10::kDouble) return divide(t.data_ptr<double>(), divisor);
+    if (t.scalar_type() == c10::kFloat) {
+      DivideContiguous(t.data_ptr<float>(), t.numel(), static_cast<float>(divisor));
+    } else if (t.scalar_type() == c10::kDouble) {
+      DivideContiguous(t.data_ptr<double>(), t.numel(), divisor);
+    } else {
+      t.div_(divisor);
+      return;
+    }
+    t.unsafeGetTensorImpl()->bump_version();
+    return;
   }
   t.div_(divisor);
 }

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "fsdp/common/grad_divide.h"
@@ -20,13 +22,29 @@ TEST(GradientPredivideFactor, MatchesPyTorchsDoubling) {
 TEST(DivideInPlace, IsDivBitForBit) {
   for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
     for (double divisor : {2.0, 3.0, 7.0, 0.1, 1e-30}) {
-      const at::Tensor data = (at::randn({1000}, at::kDouble) * 1e3).to(dtype);
-      at::Tensor ours = data.clone();
-      const at::Tensor reference = data.clone().div_(divisor);
-      const int64_t version = ours._version();
-      DivideInPlace(ours, divisor);
-      EXPECT_TRUE(at::equal(ours.view(-1), reference.view(-1))) << dtype << " / " << divisor;
-      EXPECT_GT(ours._version(), version);
+      // Whole 16-byte vectors, a tail of 1-3 elements, fewer elements than one vector; the
+      // extremes of the dtype's range (infinities, subnormals, zeros of both signs).
+      for (int64_t n : {1000, 1003, 3}) {
+        at::Tensor data = (at::randn({n}, at::kDouble) * 1e3).to(dtype);
+        if (dtype == at::kFloat || dtype == at::kDouble) {
+          const double tiny = dtype == at::kFloat ? 1e-40 : 1e-310;
+          const double values[] = {INFINITY, -INFINITY, tiny, -tiny, 0.0, -0.0};
+          for (int64_t i = 0; i < std::min<int64_t>(n, 6); ++i) data[i] = values[i];
+        }
+        at::Tensor ours = data.clone();
+        const at::Tensor reference = data.clone().div_(divisor);
+        const int64_t version = ours._version();
+        DivideInPlace(ours, divisor);
+        // Bitwise (at::equal would call -0.0 and 0.0 equal).
+        const at::Tensor ours_bits = ours.view(dtype == at::kDouble  ? at::kLong
+                                               : dtype == at::kFloat ? at::kInt
+                                                                     : at::kShort);
+        const at::Tensor reference_bits = reference.view(dtype == at::kDouble  ? at::kLong
+                                                         : dtype == at::kFloat ? at::kInt
+                                                                               : at::kShort);
+        EXPECT_TRUE(at::equal(ours_bits, reference_bits)) << dtype << " / " << divisor << ", " << n << " elements";
+        EXPECT_GT(ours._version(), version);
+      }
     }
   }
   // Non-contiguous tensors go through div_.

@@ -284,6 +284,9 @@ class FlatParamHandle {
   // only swap data or add into them.
   std::vector<at::Tensor> UnflatTensors(const at::Tensor& tensor, bool aligned, bool aliases) const;
   std::vector<at::Tensor> UnflatAliases(const at::Tensor& tensor = {}) const;
+  // UnflatAliases() of the unsharded flat parameter, from unsharded_alias_cache_ where it
+  // lives in a persistent unsharded buffer.
+  const std::vector<at::Tensor>& UnshardedAliases();
   struct ValidatedTensors {
     c10::ScalarType dtype;
     bool requires_grad;
@@ -335,6 +338,19 @@ class FlatParamHandle {
   FlatParameter flat_param_;
   std::vector<at::Tensor> orig_tensors_;  // every original (also without use_orig_params)
   at::Tensor unsharded_flat_param_for_skipped_views_;
+  // Per-step reuse (the originals' data swaps allocate no tensors): the originals' aliases
+  // into the persistent unsharded buffer (full_param_padded or full_prec_full_param_padded,
+  // whose storage is freed and re-allocated in place, so its aliases stay valid and pin no
+  // memory), keyed by that StorageImpl and the flat parameter's offset and dtype; and one
+  // size-0 tensor per original (each its own storage, as EmptyLike0) for releasing them.
+  struct UnshardedAliasCache {
+    const c10::StorageImpl* storage = nullptr;
+    int64_t offset = -1;
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+    std::vector<at::Tensor> aliases;
+  };
+  UnshardedAliasCache unsharded_alias_cache_;
+  std::vector<at::Tensor> released_orig_data_;
   HandleRuntimeState runtime_;
   const FlatParamStreams* streams_ = nullptr;  // the runtime's (owned by its context)
   device::EventPtr unshard_event_;             // the last Unshard's, until waited for

@@ -211,8 +211,17 @@ void FlatParamHandle::FreeUnshardedFlatParam() {
 
 void FlatParamHandle::ReleaseOrigParamsViewing(const at::Tensor& storage_owner) {
   at::NoGradGuard no_grad;
-  for (at::Tensor& t : orig_tensors_) {
-    if (SameStorage(t, storage_owner)) ReplaceData(t, EmptyLike0(t));
+  released_orig_data_.resize(orig_tensors_.size());
+  for (size_t i = 0; i < orig_tensors_.size(); ++i) {
+    at::Tensor& t = orig_tensors_[i];
+    if (!SameStorage(t, storage_owner)) continue;
+    at::Tensor& empty = released_orig_data_[i];
+    // A fresh one where the dtype / device moved or something grew the last one in place.
+    if (!empty.defined() || empty.scalar_type() != t.scalar_type() || empty.device() != t.device() ||
+        StorageNbytes(empty) != 0 || empty.numel() != 0) {
+      empty = EmptyLike0(t);
+    }
+    ReplaceData(t, empty);
   }
 }
 
@@ -302,9 +311,34 @@ void FlatParamHandle::UseUnshardedViews() {
   at::NoGradGuard no_grad;
   CheckUnsharded(flat_param_.param);
   // Aliases, not autograd views: set_data takes only their storage and geometry.
-  std::vector<at::Tensor> views = UnflatAliases();
+  const std::vector<at::Tensor>& views = UnshardedAliases();
   for (size_t i = 0; i < views.size(); ++i) ReplaceData(orig_tensors_[i], views[i]);
+  // Aliases of a temporary buffer are not kept (they would keep it allocated).
+  if (unsharded_alias_cache_.storage == nullptr) unsharded_alias_cache_.aliases.clear();
   // Shared registrations are the same tensors in C++: nothing more to swap.
+}
+
+const std::vector<at::Tensor>& FlatParamHandle::UnshardedAliases() {
+  const FlatParameter& fp = flat_param_;
+  const at::Tensor& flat = fp.param;
+  const c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  UnshardedAliasCache& cache = unsharded_alias_cache_;
+  if (cache.storage == storage && cache.offset == flat.storage_offset() && cache.dtype == flat.scalar_type()) {
+    return cache.aliases;
+  }
+  cache = UnshardedAliasCache{};
+  cache.aliases = UnflatAliases();
+  // Only a persistent buffer is remembered: a temporary one (NO_SHARD's, an offloaded
+  // parameter's copy) would stay allocated through the aliases.
+  const auto persistent = [&](const at::Tensor& buffer) {
+    return buffer.defined() && buffer.storage().unsafeGetStorageImpl() == storage;
+  };
+  if (uses_sharded_strategy() && (persistent(fp.full_param_padded) || persistent(fp.full_prec_full_param_padded))) {
+    cache.storage = storage;
+    cache.offset = flat.storage_offset();
+    cache.dtype = flat.scalar_type();
+  }
+  return cache.aliases;
 }
 
 void FlatParamHandle::UseShardedViews() {
