@@ -20,8 +20,10 @@ std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tenso
                                                      std::function<void()> callback);
 
 // Runs `callback` each time autograd has accumulated a gradient into the leaf `param`'s
-// .grad (PyTorch's Tensor.register_post_accumulate_grad_hook, which FSDP1 uses on its flat
-// parameter): once per backward, after every use of `param` in that graph contributed. A
+// .grad (PyTorch's Tensor.register_post_accumulate_grad_hook; PyTorch's FSDP1 hooks its flat
+// parameter's AccumulateGrad node at that same moment, _register_post_backward_hook in
+// torch/distributed/fsdp/_runtime_utils.py): once per backward, after every use of `param`
+// in that graph contributed. A
 // hook already installed on `param` keeps running, before this one. The hook lives with the
 // tensor, which may outlive whoever installed it: destroying this object disarms it (later
 // backwards skip it). Not thread-safe; `callback` runs on the autograd engine's thread and
