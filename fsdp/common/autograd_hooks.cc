@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -59,7 +60,35 @@ class ChainedPostAccumulateGradHook final : public torch::autograd::PostAccumula
   std::shared_ptr<std::function<void()>> callback_;  // empty once disarmed
 };
 
+// A tensor pre-hook on the node that produced one output: runs the callback when that
+// output's gradient is defined (CppFunctionTensorPreHook's rule), passes the gradients on.
+class OutputGradientPreHook final : public torch::autograd::FunctionPreHook {
+ public:
+  OutputGradientPreHook(uint32_t output_nr, std::function<void()> callback)
+      : output_nr_(output_nr), callback_(std::move(callback)) {}
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (output_nr_ < grads.size() && grads[output_nr_].defined()) callback_();
+    return grads;
+  }
+
+ private:
+  uint32_t output_nr_;
+  std::function<void()> callback_;
+};
+
 }  // namespace
+
+void RunWhenGradientComputed(const at::Tensor& output, std::function<void()> callback) {
+  TORCH_CHECK(output.defined() && output.requires_grad(),
+              "RunWhenGradientComputed: `output` must be a defined tensor that requires grad");
+  const auto& grad_fn = output.grad_fn();
+  if (!grad_fn) {  // a leaf: its AccumulateGrad runs the tensor's own hooks
+    output.register_hook([callback = std::move(callback)](const at::Tensor&) { callback(); });
+    return;
+  }
+  grad_fn->add_tensor_pre_hook(std::make_unique<OutputGradientPreHook>(output.output_nr(), std::move(callback)));
+}
 
 PostAccumulateGradCallback::PostAccumulateGradCallback(const at::Tensor& param, std::function<void()> callback)
     : callback_(std::make_shared<std::function<void()>>(std::move(callback))) {

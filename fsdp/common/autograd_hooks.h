@@ -39,6 +39,13 @@ class PostAccumulateGradCallback {
   std::shared_ptr<std::function<void()>> callback_;
 };
 
+// Runs `callback` in every backward once `output`'s gradient is computed, before the node
+// that produced `output` runs (PyTorch's Tensor.register_hook, as FSDP's pre-backward hook
+// on module outputs; PyTorch 2.15's FSDP2 uses register_multi_grad_hook). A hook on the
+// producing node rather than the tensor's hook list: no per-tensor hook dictionary to
+// create each forward. Requires `output` to require grad.
+void RunWhenGradientComputed(const at::Tensor& output, std::function<void()> callback);
+
 // Queues `callback` on the autograd engine to run once at the end of the current backward
 // (call it from inside a backward, e.g. a tensor hook).
 void QueueEndOfBackwardCallback(std::function<void()> callback);

@@ -4,6 +4,8 @@
 // version counters and take in-place changes with correct gradients.
 // PostAccumulateGradCallback: runs once per backward after .grad holds every use's
 // contribution, after a hook installed earlier, and never once disarmed.
+// RunWhenGradientComputed: once per backward when that output's gradient exists, before the
+// node that produced it runs; leaves too.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
@@ -118,6 +120,47 @@ TEST(PostAccumulateGradCallback, RejectsANonLeaf) {
     FAIL() << "expected an error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("`param` must be a leaf"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RunWhenGradientComputed, RunsOncePerBackwardBeforeTheProducingNode) {
+  const at::Tensor w = at::randn({4}).requires_grad_();
+  const at::Tensor y = w * 2;  // MulBackward0 produces w's gradient after the hook
+  int calls = 0;
+  bool w_had_grad = true;
+  RunWhenGradientComputed(y, [&] {
+    ++calls;
+    w_had_grad = w.grad().defined();
+  });
+  (y * y).sum().backward({}, /*retain_graph=*/true);
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(w_had_grad);
+  y.sum().backward();
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(RunWhenGradientComputed, OnlyWhenThatOutputGotAGradient) {
+  const at::Tensor w = at::randn({4}).requires_grad_();
+  const std::vector<at::Tensor> halves = (w * 1).split(2);  // one node, two outputs
+  int first = 0, second = 0;
+  RunWhenGradientComputed(halves[0], [&] { ++first; });
+  RunWhenGradientComputed(halves[1], [&] { ++second; });
+  halves[1].sum().backward();  // the split node runs; halves[0] got no gradient
+  EXPECT_EQ(first, 0);
+  EXPECT_EQ(second, 1);
+}
+
+TEST(RunWhenGradientComputed, ALeafAndTheErrorForATensorWithoutGrad) {
+  const at::Tensor w = at::randn({3}).requires_grad_();
+  int calls = 0;
+  RunWhenGradientComputed(w, [&] { ++calls; });
+  (w * 3).sum().backward();
+  EXPECT_EQ(calls, 1);
+  try {
+    RunWhenGradientComputed(at::ones({2}), [] {});
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be a defined tensor that requires grad"), std::string::npos);
   }
 }
 

@@ -329,7 +329,7 @@ void FSDPState::RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs
   }
   for (at::Tensor* t : outputs) {
     if (!t->defined() || !t->requires_grad()) continue;
-    t->register_hook([this](const at::Tensor&) { Guard("pre-backward", [this] { PreBackwardHook(); }); });
+    RunWhenGradientComputed(*t, [this] { Guard("pre-backward", [this] { PreBackwardHook(); }); });
     if (handle) handle->runtime().needs_pre_backward_unshard = true;
   }
 }

@@ -83,7 +83,8 @@ static void CheckMaterialized(torch::nn::Module& root) {
                 "(fsdp::per_param::InitMetaParameters, LoadFullStateDict, LoadShardedStateDict or fsdp::dcp::Load)");
   }
   if (auto name = ::fsdp::FindMetaTensor(root)) {
-    TORCH_CHECK(false, "FSDP: '", *name, "' is still on the meta device: materialize it first "
+    TORCH_CHECK(false, "FSDP: '", *name,
+                "' is still on the meta device: materialize it first "
                 "(fsdp::per_param::InitMetaParameters or a state dict load)");
   }
 }
@@ -229,7 +230,7 @@ void FSDPState::RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs
   if (!at::GradMode::is_enabled()) return;
   for (at::Tensor* t : outputs) {
     if (t->defined() && t->requires_grad()) {
-      t->register_hook([this](const at::Tensor&) { Guard("pre-backward", [this] { PreBackward(); }); });
+      RunWhenGradientComputed(*t, [this] { Guard("pre-backward", [this] { PreBackward(); }); });
     }
   }
 }
