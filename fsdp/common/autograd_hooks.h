@@ -40,10 +40,10 @@ class PostAccumulateGradCallback {
 };
 
 // Runs `callback` in every backward once `output`'s gradient is computed, before the node
-// that produced `output` runs (PyTorch's Tensor.register_hook, as FSDP's pre-backward hook
-// on module outputs; PyTorch 2.15's FSDP2 uses register_multi_grad_hook). A hook on the
-// producing node rather than the tensor's hook list: no per-tensor hook dictionary to
-// create each forward. Requires `output` to require grad.
+// that produced `output` runs: what PyTorch's FSDP pre-backward does with Tensor.register_hook
+// on module outputs (_fsdp_state.py, _runtime_utils.py in 2.15), as a tensor pre-hook on the
+// producing node directly, without the tensor's hook list that register_hook builds each
+// forward. Requires `output` to require grad.
 void RunWhenGradientComputed(const at::Tensor& output, std::function<void()> callback);
 
 // Queues `callback` on the autograd engine to run once at the end of the current backward
