@@ -102,6 +102,28 @@ PostAccumulateGradCallback::PostAccumulateGradCallback(const at::Tensor& param, 
 
 PostAccumulateGradCallback::~PostAccumulateGradCallback() { *callback_ = nullptr; }
 
+void GradientCountdown::Install(std::vector<at::Tensor> params, std::function<void()> on_all) {
+  TORCH_CHECK(!installed(), "GradientCountdown::Install: already installed");
+  params_ = std::move(params);
+  on_all_ = std::move(on_all);
+  hooks_.reserve(params_.size());
+  for (const at::Tensor& p : params_) {
+    hooks_.push_back(std::make_unique<PostAccumulateGradCallback>(p, [this] { OnGradient(); }));
+  }
+}
+
+bool GradientCountdown::AllRequireGrad() const {
+  if (params_.empty()) return false;
+  for (const at::Tensor& p : params_) {
+    if (!p.requires_grad()) return false;
+  }
+  return true;
+}
+
+void GradientCountdown::OnGradient() {
+  if (pending_ > 0 && --pending_ == 0) on_all_();
+}
+
 std::vector<at::Tensor> RegisterPostBackwardCallback(const std::vector<at::Tensor>& inputs,
                                                      std::function<void()> callback) {
   if (!at::GradMode::is_enabled()) return inputs;

@@ -22,11 +22,6 @@ inline double GradientPredivideFactor(double data_parallel_size) {
   return pre;
 }
 
-// t.div_(divisor), with the same result bit for bit (each element divided by the divisor
-// cast to t's dtype, IEEE division: what ATen's div_true_kernel computes for float and
-// double), by a plain loop for contiguous CPU float / double tensors: ATen's div_ costs ~3 us
-// of dispatch and TensorIterator set-up per call, more than dividing a layer's gradient
-// (bench/fsdp1 under callgrind). Other tensors go to div_. Bumps the version as div_ does.
 // Divides data[0, n) by d in 16-byte vectors (GCC / Clang vector extensions: one `divps` /
 // `divpd` per 4 floats / 2 doubles, each lane an IEEE division, so the same bits as the
 // scalar loop, which GCC does not vectorize at -O2), the tail one by one.
@@ -45,6 +40,11 @@ inline void DivideContiguous(T* data, int64_t n, T d) {
   for (; i < n; ++i) data[i] /= d;
 }
 
+// t.div_(divisor), with the same result bit for bit (each element divided by the divisor
+// cast to t's dtype, IEEE division: what ATen's div_true_kernel computes for float and
+// double), by a plain loop for contiguous CPU float / double tensors: ATen's div_ costs ~3 us
+// of dispatch and TensorIterator set-up per call, more than dividing a layer's gradient
+// (bench/fsdp1 under callgrind). Other tensors go to div_. Bumps the version as div_ does.
 inline void DivideInPlace(const at::Tensor& t, double divisor) {
   if (t.is_cpu() && t.is_contiguous() && !t.requires_grad() && !t.is_conj() && !t.is_neg()) {
     if (t.scalar_type() == c10::kFloat) {

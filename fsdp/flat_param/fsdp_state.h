@@ -182,13 +182,10 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   // original parameter is frozen).
   int pending_post_backward_ = 0;
   // A flat parameter whose originals all require grad post-backwards once autograd has
-  // accumulated the gradient of each (a post-accumulate-grad hook on each, installed by the
-  // first forward, counted down from the pre-backward): PyTorch's FSDP1 hooks its flat
-  // parameter's AccumulateGrad, whose original parameters are views of it, where ours are
-  // leaves of their own.
-  std::vector<std::unique_ptr<PostAccumulateGradCallback>> grad_accumulated_hooks_;
-  int pending_grads_ = 0;
-  void OnGradAccumulated();
+  // accumulated the gradient of each (installed by the first forward, armed by the
+  // pre-backward): PyTorch's FSDP1 hooks its flat parameter's AccumulateGrad, whose original
+  // parameters are views of it, where ours are leaves of their own.
+  GradientCountdown grad_countdown_;
 };
 
 // Deprecated (kept so existing code compiles): derive from fsdp::HookedModule, or build the

@@ -26,17 +26,8 @@ void FSDPState::PreBackwardHook() {
   training_state_ = FSDPTrainingState::FORWARD_BACKWARD;
   if (handle == nullptr) return;
   handle->set_training_state(HandleTrainingState::BACKWARD_PRE);
-  // Armed only where every original requires grad (RegisterPostBackward).
-  pending_grads_ = 0;
-  if (!grad_accumulated_hooks_.empty()) {
-    for (const at::Tensor& t : handle->orig_params()) {
-      if (!t.requires_grad()) {
-        pending_grads_ = 0;
-        break;
-      }
-      ++pending_grads_;
-    }
-  }
+  // Counts only where every original requires grad (as RegisterPostBackward chose).
+  grad_countdown_.Arm();
   if (handle->runtime().needs_pre_backward_unshard) {
     if (!handle->runtime().prefetched) Unshard(*handle);
     // The backward reads the unsharded flat parameter (gathered or prefetched).
@@ -49,16 +40,6 @@ void FSDPState::PreBackwardHook() {
   handle->runtime().ran_pre_backward_hook = true;
 }
 
-void FSDPState::OnGradAccumulated() {
-  // Outside this handle's backward (its pre-backward did not run, or it post-backwarded):
-  // the final callback or nothing.
-  FlatParamHandle* handle = handle_.get();
-  if (handle == nullptr || handle->training_state() != HandleTrainingState::BACKWARD_PRE || pending_grads_ <= 0) {
-    return;
-  }
-  if (--pending_grads_ == 0) Guard("post-backward", [this] { PostBackwardHook(); });
-}
-
 void FSDPState::OnPostBackwardFunction() {
   // A module that ran forward k times post-backwards after its last use in backward.
   if (pending_post_backward_ > 0) --pending_post_backward_;
@@ -67,6 +48,7 @@ void FSDPState::OnPostBackwardFunction() {
 }
 
 void FSDPState::PostBackwardHook() {
+  grad_countdown_.Disarm();  // when the node or the end-of-backward callback runs it instead
   FlatParamHandle* handle = handle_.get();
   if (handle == nullptr) return;
   at::NoGradGuard no_grad;
@@ -159,7 +141,7 @@ void FSDPState::PostBackwardFinalCallback() {
   for (FSDPState* s : ctx_->all_states) {
     FlatParamHandle* h = s->handle_.get();
     s->pending_post_backward_ = 0;
-    s->pending_grads_ = 0;
+    s->grad_countdown_.Disarm();
     s->CatchAllReshard();
     s->FinalizeParams();
     s->training_state_ = FSDPTrainingState::IDLE;

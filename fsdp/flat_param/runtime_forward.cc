@@ -278,19 +278,12 @@ void FSDPState::PreForwardUnshard() {
 
 std::vector<at::Tensor> FSDPState::RegisterPostBackward(const std::vector<at::Tensor>& args) {
   if (!handle_) return args;
-  // With a frozen original the backward may still read it after the last gradient arrived
-  // (use_orig_params with mixed requires_grad).
-  bool all_require_grad = true;
-  for (const at::Tensor& t : handle_->orig_params()) all_require_grad = all_require_grad && t.requires_grad();
-  if (all_require_grad && handle_->flat_param().param.requires_grad()) {
-    if (grad_accumulated_hooks_.empty()) {
-      for (const at::Tensor& t : handle_->orig_params()) {
-        grad_accumulated_hooks_.push_back(
-            std::make_unique<PostAccumulateGradCallback>(t, [this] { OnGradAccumulated(); }));
-      }
-    }
-    return args;
+  if (!grad_countdown_.installed()) {
+    grad_countdown_.Install(handle_->orig_params(), [this] { Guard("post-backward", [this] { PostBackwardHook(); }); });
   }
+  // With a frozen original the backward may still read it after the last gradient arrived
+  // (use_orig_params with mixed requires_grad): then the node below.
+  if (grad_countdown_.AllRequireGrad() && handle_->flat_param().param.requires_grad()) return args;
   // Otherwise the post-backward runs once the inputs' gradients are computed (for frozen
   // parameters: _post_backward_reshard_only_hook).
   if (!at::GradMode::is_enabled()) return args;

@@ -148,17 +148,12 @@ void FSDPParamGroup::PostForward() {
 void FSDPParamGroup::PreBackward(bool default_prefetch) {
   if (training_state_ == TrainingState::kPreBackward) return;
   training_state_ = TrainingState::kPreBackward;
-  // Counted only where the forward armed it (RegisterPostBackward); the requires_grad flags
-  // are re-read, as the user may have frozen a parameter since.
-  pending_grads_ = 0;
+  // Counted only where the forward chose the gradient hooks (RegisterPostBackward); Arm
+  // re-reads the requires_grad flags, as the user may have frozen a parameter since.
   if (post_backward_from_grads_) {
-    for (const FSDPParam* p : fsdp_param_ptrs_) {
-      if (!p->param().requires_grad()) {
-        pending_grads_ = 0;
-        break;
-      }
-      ++pending_grads_;
-    }
+    grad_countdown_.Arm();
+  } else {
+    grad_countdown_.Disarm();
   }
   Unshard(unshard_async_op);  // no-op if prefetched
   WaitForUnshard();
@@ -167,6 +162,7 @@ void FSDPParamGroup::PreBackward(bool default_prefetch) {
 
 void FSDPParamGroup::PostBackward() {
   training_state_ = TrainingState::kPostBackward;
+  grad_countdown_.Disarm();  // when the end-of-backward callback runs it instead
   for (const auto& p : fsdp_params_) p->AccumulateUnshardedGradIfNeeded();
   if (!reduce_grads) {
     if (reshard_after_backward) Reshard();
@@ -270,6 +266,12 @@ void FSDPParamGroup::ToUnsharded() {
 std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(const std::vector<at::Tensor>& inputs,
                                                              const std::function<void(std::function<void()>)>& guard) {
   if (!at::GradMode::is_enabled()) return inputs;
+  if (!grad_countdown_.installed()) {
+    std::vector<at::Tensor> params;
+    params.reserve(fsdp_param_ptrs_.size());
+    for (const FSDPParam* p : fsdp_param_ptrs_) params.push_back(p->param());
+    grad_countdown_.Install(std::move(params), [this, guard] { guard([this] { PostBackward(); }); });
+  }
   // As PyTorch: where no input requires grad, the post-backward waits for the root's final
   // callback.
   bool any_input_requires_grad = false;
@@ -279,28 +281,11 @@ std::vector<at::Tensor> FSDPParamGroup::RegisterPostBackward(const std::vector<a
   if (!any_input_requires_grad) return inputs;
   // With a frozen parameter the backward may still read it (a frozen layer before a trained
   // one needs its weight for the input gradient) after the last gradient is accumulated.
-  bool all_require_grad = true;
-  for (const FSDPParam* p : fsdp_param_ptrs_) all_require_grad = all_require_grad && p->param().requires_grad();
-  if (!all_require_grad) {
+  if (!grad_countdown_.AllRequireGrad()) {
     return RegisterPostBackwardCallback(inputs, [this, guard] { guard([this] { PostBackward(); }); });
-  }
-  if (grad_accumulated_hooks_.empty()) {
-    post_backward_guard_ = guard;
-    grad_accumulated_hooks_.reserve(fsdp_param_ptrs_.size());
-    for (const FSDPParam* p : fsdp_param_ptrs_) {
-      grad_accumulated_hooks_.push_back(
-          std::make_unique<PostAccumulateGradCallback>(p->param(), [this] { OnGradAccumulated(); }));
-    }
   }
   post_backward_from_grads_ = true;
   return inputs;
-}
-
-void FSDPParamGroup::OnGradAccumulated() {
-  // Outside this group's backward (its pre-backward did not run, or it post-backwarded):
-  // the final callback or nothing.
-  if (training_state_ != TrainingState::kPreBackward || pending_grads_ <= 0) return;
-  if (--pending_grads_ == 0) post_backward_guard_([this] { PostBackward(); });
 }
 
 }  // namespace fsdp::per_param

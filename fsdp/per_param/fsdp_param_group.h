@@ -87,7 +87,7 @@ class FSDPParamGroup {
   // inputs that require grad through an identity autograd node whose backward runs
   // PostBackward, as PyTorch.
   // `guard` runs the post-backward body (the owning state's poisoning guard); the hooks,
-  // installed by the first call that needs them, stay for the group's lifetime.
+  // installed by the first call in grad mode, stay for the group's lifetime.
   std::vector<at::Tensor> RegisterPostBackward(const std::vector<at::Tensor>& inputs,
                                                const std::function<void(std::function<void()>)>& guard);
 
@@ -132,8 +132,6 @@ class FSDPParamGroup {
   bool reshard_after_forward() const { return post_forward_mesh_info_.has_value(); }
   bool use_post_forward_mesh() const;
   const comm::ProcessGroupPtr& all_gather_group() const;
-  // A parameter's gradient was accumulated (its post-accumulate-grad hook).
-  void OnGradAccumulated();
 
   std::vector<std::unique_ptr<FSDPParam>> fsdp_params_;
   std::vector<FSDPParam*> fsdp_param_ptrs_;  // the same, for the collectives (built once)
@@ -151,13 +149,10 @@ class FSDPParamGroup {
   std::optional<AllGatherResult> all_gather_result_;
   at::Tensor partial_reduce_output_;
   device::EventPtr post_reduce_event_;
-  // The post-backward trigger: one hook per parameter (installed by the first
-  // RegisterPostBackward that needs them), whether the last forward armed them, and the
-  // gradients still to come in this backward.
-  std::function<void(std::function<void()>)> post_backward_guard_;
+  // The post-backward trigger: the parameters' gradient countdown (installed by the first
+  // RegisterPostBackward in grad mode) and whether the last forward chose it over the node.
   bool post_backward_from_grads_ = false;
-  std::vector<std::unique_ptr<PostAccumulateGradCallback>> grad_accumulated_hooks_;
-  int pending_grads_ = 0;
+  GradientCountdown grad_countdown_;
 };
 
 }  // namespace fsdp::per_param
