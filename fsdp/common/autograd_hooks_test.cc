@@ -4,6 +4,8 @@
 // version counters and take in-place changes with correct gradients.
 // PostAccumulateGradCallback: runs once per backward after .grad holds every use's
 // contribution, after a hook installed earlier, and never once disarmed.
+// GradientCountdown: fires once when every armed parameter's gradient is in, not while
+// disarmed or with a frozen parameter.
 // RunWhenGradientComputed: once per backward when that output's gradient exists, before the
 // node that produced it runs; leaves too.
 #include <ATen/ATen.h>
@@ -121,6 +123,37 @@ TEST(PostAccumulateGradCallback, RejectsANonLeaf) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("`param` must be a leaf"), std::string::npos) << e.what();
   }
+}
+
+TEST(GradientCountdown, FiresOnceAllArmedGradientsAreInAndNeverWhenDisarmedOrFrozen) {
+  const at::Tensor a = at::randn({2}).requires_grad_();
+  const at::Tensor b = at::randn({2}).requires_grad_();
+  int fired = 0;
+  bool b_had_grad = false;
+  GradientCountdown countdown;
+  countdown.Install({a, b}, [&] {
+    ++fired;
+    b_had_grad = b.grad().defined();
+  });
+  EXPECT_TRUE(countdown.installed());
+  (a * b).sum().backward();  // not armed
+  EXPECT_EQ(fired, 0);
+  countdown.Arm();
+  (a * b).sum().backward();
+  EXPECT_EQ(fired, 1);
+  EXPECT_TRUE(b_had_grad);
+  countdown.Arm();
+  a.sum().backward();  // b gets no gradient: the count stays above zero
+  EXPECT_EQ(fired, 1);
+  countdown.Disarm();
+  b.sum().backward();
+  EXPECT_EQ(fired, 1);
+  b.set_requires_grad(false);
+  EXPECT_FALSE(countdown.AllRequireGrad());
+  countdown.Arm();  // disarmed: b is frozen (two of a's gradients must not count as two)
+  a.sum().backward();
+  a.sum().backward();
+  EXPECT_EQ(fired, 1);
 }
 
 TEST(RunWhenGradientComputed, RunsOncePerBackwardBeforeTheProducingNode) {
