@@ -7,10 +7,53 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Flags.h>
 
+#include <cstdlib>
 #include <utility>
 
+// c10's CPU allocator debugging switches (defined in c10/core/alloc_cpu.cpp, not declared in
+// its installed headers).
+C10_DECLARE_bool(caffe2_cpu_allocator_do_zero_fill);
+C10_DECLARE_bool(caffe2_cpu_allocator_do_junk_fill);
+
 namespace fsdp {
+
+namespace {
+
+constexpr size_t kSmallBlockBytes = 4096;
+
+void ReportAndFree(void* ptr) {
+  c10::profiledCPUMemoryReporter().Delete(ptr);
+  std::free(ptr);
+}
+
+class SmallBlockCpuAllocator final : public c10::Allocator {
+ public:
+  at::DataPtr allocate(size_t nbytes) override {
+    if (nbytes == 0 || nbytes > kSmallBlockBytes) return c10::GetDefaultCPUAllocator()->allocate(nbytes);
+    void* ptr = std::malloc(nbytes);
+    if (ptr == nullptr) {
+      c10::profiledCPUMemoryReporter().OutOfMemory(nbytes);
+      TORCH_CHECK(false, "CpuBufferAllocator: out of memory allocating ", nbytes, " bytes");
+    }
+    c10::profiledCPUMemoryReporter().New(ptr, nbytes);
+    return {ptr, ptr, &ReportAndFree, at::Device(at::kCPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+};
+
+}  // namespace
+
+c10::Allocator* CpuBufferAllocator() {
+  static SmallBlockCpuAllocator* const small = new SmallBlockCpuAllocator();  // never destroyed
+  c10::Allocator* base = c10::GetCPUAllocator();
+  if (base != c10::GetDefaultCPUAllocator() || FLAGS_caffe2_cpu_allocator_do_zero_fill ||
+      FLAGS_caffe2_cpu_allocator_do_junk_fill) {
+    return base;
+  }
+  return small;
+}
 
 void FreeStorage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
@@ -23,6 +66,7 @@ void AllocStorage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = (t.storage_offset() + t.numel()) * t.element_size();
   if (storage->nbytes() == nbytes) return;
+  if (storage->allocator() == c10::GetDefaultCPUAllocator()) storage->set_allocator(CpuBufferAllocator());
   storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
 }
@@ -74,7 +118,9 @@ at::Tensor BytesOf(c10::Storage storage) {
 at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options) {
   if (options.device().is_cpu() && options.layout() == c10::kStrided && !options.pinned_memory() &&
       !options.requires_grad()) {
-    return at::detail::empty_cpu(sizes, options);
+    const c10::ScalarType dtype = options.dtype().toScalarType();
+    return at::detail::empty_generic(sizes, CpuBufferAllocator(), EmptyKeys(options.device(), dtype), dtype,
+                                     options.memory_format_opt());
   }
   return at::empty(sizes, options);
 }

@@ -4,13 +4,28 @@
 #define FSDP_FSDP_COMMON_STORAGE_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 
 namespace fsdp {
+
+// The allocator of FSDP's per-step CPU storages (collective buffers from EmptyBuffer, storages
+// re-allocated by AllocStorage: unsharded parameters, the reduce-scatter output that becomes the
+// sharded gradient). It is c10's default CPU allocator except for blocks of 1..4096 bytes, which
+// come from malloc: c10::alloc_cpu's posix_memalign(64) goes around glibc's per-thread cache
+// (glibc 2.36) and splits a larger chunk, ~900 instructions per allocate/free pair where malloc
+// takes ~100, and FSDP pays it ~8 times per module per step (callgrind, bench/fsdp2_bench). The
+// small blocks are 16-byte aligned (malloc's; every dtype's alignment, ATen's vector kernels
+// load unaligned) and reported to c10's CPU memory reporter as DefaultCPUAllocator reports its
+// own, so the profiler and caffe2_report_cpu_memory_usage count them (bench/peak_memory.h).
+// Returns c10's CPU allocator itself when the process replaced it (c10::SetCPUAllocator) or
+// asked it to zero- or junk-fill. Thread-safe; the allocator lives as long as the process.
+c10::Allocator* CpuBufferAllocator();
 
 // Frees / re-allocates a tensor's storage in place, keeping the StorageImpl (autograd's
 // saved views of an unsharded parameter see the re-gathered data after an unshard).
 // FreeStorage leaves the storage at 0 bytes; AllocStorage sizes it to cover the tensor
-// (storage_offset + numel elements); both are no-ops when already so.
+// (storage_offset + numel elements); both are no-ops when already so. AllocStorage moves a
+// storage of c10's default CPU allocator to CpuBufferAllocator().
 void FreeStorage(const at::Tensor& t);
 void AllocStorage(const at::Tensor& t);
 
@@ -34,7 +49,8 @@ at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::Int
 at::Tensor BytesOf(c10::Storage storage);
 
 // at::empty(sizes, options), without the dispatcher for plain (unpinned, strided) CPU
-// tensors (~2k instructions less per call): for the per-step collective buffers.
+// tensors (~2k instructions less per call), from CpuBufferAllocator(): for the per-step
+// collective buffers.
 at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options);
 
 // `at::empty({0}, like.options())`: a fresh 0-element tensor with its own 0-byte storage,

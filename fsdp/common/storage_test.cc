@@ -1,13 +1,33 @@
 // The in-place storage helpers: FreeStorage / AllocStorage keep the StorageImpl, and
 // AliasStorage makes what `at::empty({0}).set_(storage, offset, sizes)` makes.
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Flags.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "fsdp/common/storage.h"
 #include "testing/expect_error.h"
 
+C10_DECLARE_bool(caffe2_cpu_allocator_do_zero_fill);
+
 namespace fsdp {
 namespace {
+
+// What c10's CPU allocators report while memory profiling is on (the profiler's hook): each
+// allocation and free with its pointer and size.
+struct RecordedAllocations final : c10::MemoryReportingInfoBase {
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t, size_t, c10::Device device) override {
+    if (device.is_cpu()) events.emplace_back(ptr, bytes);
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+  std::vector<std::pair<void*, int64_t>> events;
+};
 
 TEST(AliasStorage, IsWhatSetMakesWithoutBeingAView) {
   const at::Tensor base = at::arange(24, at::kFloat).requires_grad_(false);
@@ -97,9 +117,68 @@ TEST(EmptyLike0, IsWhatEmptyMakes) {
     EXPECT_EQ(StorageNbytes(ours), 0);
     EXPECT_FALSE(ours.is_alias_of(like));
     EXPECT_FALSE(ours.is_alias_of(EmptyLike0(like)));  // each its own storage
-    ours.resize_({4});  // resizable, as at::empty's
+    ours.resize_({4});                                 // resizable, as at::empty's
     EXPECT_EQ(StorageNbytes(ours), 4 * static_cast<int64_t>(like.element_size()));
   }
+}
+
+TEST(CpuBufferAllocator, SmallBlocksComeFromMallocAndAreReportedAsTheDefaultAllocatorsAre) {
+  auto recorded = std::make_shared<RecordedAllocations>();
+  c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, recorded);
+  c10::Allocator* const ours = CpuBufferAllocator();
+  c10::Allocator* const standard = c10::GetDefaultCPUAllocator();
+  ASSERT_NE(ours, standard);
+  {
+    const at::Tensor small = EmptyBuffer({10}, at::kFloat);  // 40 bytes: malloc
+    ASSERT_EQ(recorded->events.size(), 1u);
+    EXPECT_EQ(recorded->events.back(), std::make_pair(small.data_ptr(), int64_t{40}));
+    EXPECT_EQ(small.storage().allocator(), ours);
+    EXPECT_NE(small.storage().data_ptr().get_deleter(), standard->raw_deleter());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data_ptr()) % 16, 0u);
+    small.fill_(1.5);
+    EXPECT_EQ(small.sum().item<float>(), 15);
+    recorded->events.clear();
+  }
+  ASSERT_EQ(recorded->events.size(), 1u);  // the free, reported with the negative size
+  EXPECT_EQ(recorded->events.back().second, -40);
+  // Above 4096 bytes, c10's default allocator's own blocks (64-byte aligned, its deleter).
+  const at::Tensor large = EmptyBuffer({1025}, at::kFloat);
+  EXPECT_EQ(large.storage().data_ptr().get_deleter(), standard->raw_deleter());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data_ptr()) % 64, 0u);
+  // AllocStorage moves a default-allocated storage to ours; FreeStorage reports the free.
+  at::Tensor param = at::arange(6, at::kFloat);
+  EXPECT_EQ(param.storage().allocator(), standard);
+  FreeStorage(param);
+  recorded->events.clear();
+  AllocStorage(param);
+  EXPECT_EQ(param.storage().allocator(), ours);
+  ASSERT_EQ(recorded->events.size(), 1u);
+  EXPECT_EQ(recorded->events.back(), std::make_pair(param.data_ptr(), int64_t{24}));
+  param.copy_(at::arange(6, at::kFloat));
+  EXPECT_EQ(param.sum().item<float>(), 15);
+}
+
+// A process whose CPU allocator was replaced, or that asked c10 to zero-fill, keeps its own.
+struct CountingAllocator final : c10::Allocator {
+  at::DataPtr allocate(size_t nbytes) override {
+    ++allocations;
+    return c10::GetDefaultCPUAllocator()->allocate(nbytes);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+  int allocations = 0;
+};
+
+TEST(CpuBufferAllocator, IsTheProcesssOwnWhenReplacedOrFilling) {
+  CountingAllocator counting;
+  c10::SetCPUAllocator(&counting);
+  EXPECT_EQ(CpuBufferAllocator(), &counting);
+  const at::Tensor buffer = EmptyBuffer({4}, at::kFloat);
+  EXPECT_EQ(counting.allocations, 1);
+  c10::SetCPUAllocator(c10::GetDefaultCPUAllocator());
+  EXPECT_NE(CpuBufferAllocator(), c10::GetDefaultCPUAllocator());
+  FLAGS_caffe2_cpu_allocator_do_zero_fill = true;
+  EXPECT_EQ(CpuBufferAllocator(), c10::GetDefaultCPUAllocator());
+  FLAGS_caffe2_cpu_allocator_do_zero_fill = false;
 }
 
 }  // namespace
