@@ -25,8 +25,9 @@ class FakeProcessGroup final : public ProcessGroup {
     if (output.is_cpu() && input.is_cpu()) {
       const size_t bytes = input.nbytes();
       auto* out = static_cast<char*>(output.data_ptr());
+      const auto* in = static_cast<const char*>(input.const_data_ptr());
       for (int r = 0; r < size(); ++r) {
-        if (out + r * bytes != input.data_ptr()) std::memcpy(out + r * bytes, input.data_ptr(), bytes);
+        if (out + r * bytes != in) std::memcpy(out + r * bytes, in, bytes);
       }
     } else {
       auto flat_out = output.view({-1});

@@ -81,6 +81,7 @@ namespace {
 
 // The dispatch keys at::empty gives a strided tensor of this dtype on this device.
 c10::DispatchKeySet EmptyKeys(c10::Device device, c10::ScalarType dtype) {
+  if (device.is_cpu() && !c10::isQIntType(dtype)) return c10::DispatchKeySet(c10::DispatchKey::CPU);  // the common case
   return c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, device));
 }
 
