@@ -15,11 +15,16 @@ Event::Event(std::string stream_name, bool completed) : stream_name_(std::move(s
 std::shared_ptr<Event> Event::Completed() {
   // One shared instance: inline streams record one per launch, and nothing changes a
   // completed event (streams only add pending work to events they made themselves).
-  static const std::shared_ptr<Event> completed = std::make_shared<Event>("host", /*completed=*/true);
+  static const std::shared_ptr<Event> completed = [] {
+    auto event = std::make_shared<Event>("host", /*completed=*/true);
+    event->always_complete_ = true;  // waits and queries on it return at once (~170 instructions each)
+    return event;
+  }();
   return completed;
 }
 
 bool Event::Query() {
+  if (always_complete_) return true;
   std::vector<comm::WorkPtr> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -33,15 +38,17 @@ bool Event::Query() {
 }
 
 void Event::Synchronize(Timeout timeout) {
+  if (always_complete_) return;
   SynchronizePendingWork(timeout);
   if (native_synchronize) native_synchronize(timeout);
 }
 
 void Event::SynchronizePendingWork(Timeout timeout) {
+  if (always_complete_) return;
   std::vector<comm::WorkPtr> pending;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    TORCH_CHECK(cv_.wait_for(lock, timeout, [this] { return done_; }), "waiting for an event of stream '", stream_name_,
+    TORCH_CHECK(done_ || cv_.wait_for(lock, timeout, [this] { return done_; }), "waiting for an event of stream '", stream_name_,
                 "': the work recorded before it did not finish within ", timeout.count(),
                 " ms (a hung collective or a stream blocked on an event that never completes)");
     if (error_) std::rethrow_exception(error_);
@@ -51,6 +58,7 @@ void Event::SynchronizePendingWork(Timeout timeout) {
 }
 
 void Event::Complete(std::exception_ptr error) {
+  TORCH_CHECK(!always_complete_, "Event::Complete: called on the shared completed event (Event::Completed())");
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
@@ -60,6 +68,7 @@ void Event::Complete(std::exception_ptr error) {
 }
 
 void Event::AddPendingWork(comm::WorkPtr work) {
+  TORCH_CHECK(!always_complete_, "Event::AddPendingWork: called on the shared completed event (Event::Completed())");
   std::lock_guard<std::mutex> lock(mu_);
   pending_.push_back(std::move(work));
 }

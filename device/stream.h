@@ -40,7 +40,7 @@ using Timeout = comm::Timeout;
 class Event {
  public:
   // An event that is already complete (a recording on the host's inline stream): one shared
-  // instance, which callers must not Complete() or AddPendingWork() to.
+  // instance; Complete() and AddPendingWork() on it throw.
   static std::shared_ptr<Event> Completed();
 
   // True once the recorded work finished (successfully or not). Never blocks.
@@ -72,6 +72,7 @@ class Event {
   bool done_ = false;
   std::exception_ptr error_;
   std::vector<comm::WorkPtr> pending_;
+  bool always_complete_ = false;  // Completed()'s instance: set before it is shared, then constant
 };
 using EventPtr = std::shared_ptr<Event>;
 

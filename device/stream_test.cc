@@ -104,6 +104,21 @@ TEST(Stream, KeepAliveHoldsStorageUntilEarlierWorkFinished) {
   EXPECT_TRUE(weak.expired());
 }
 
+TEST(InlineStream, RecordsTheSharedCompletedEventWhenNothingIsPending) {
+  auto pool = StreamPool::Create(c10::Device(c10::kCPU), {});
+  StreamPtr stream = pool->NewStream("copy_in");
+  stream->Launch([] {});
+  EventPtr done = stream->RecordEvent();
+  EXPECT_EQ(done, Event::Completed());
+  EXPECT_TRUE(done->Query());
+  done->Synchronize(Timeout(1));
+  stream->WaitEvent(done);
+  // Nobody may make it pending again: every stream records this one instance.
+  EXPECT_ERROR_CONTAINS(done->AddPendingWork(nullptr), "shared completed event");
+  EXPECT_ERROR_CONTAINS(done->Complete(), "shared completed event");
+  EXPECT_TRUE(Event::Completed()->Query());
+}
+
 TEST(InlineStream, CollectiveStaysPendingAndItsEventCoversIt) {
   testing::RunOnRanks(testing::Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& group) {
     auto pool = StreamPool::Create(c10::Device(c10::kCPU), {});
