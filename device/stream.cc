@@ -48,8 +48,8 @@ void Event::SynchronizePendingWork(Timeout timeout) {
   std::vector<comm::WorkPtr> pending;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    TORCH_CHECK(done_ || cv_.wait_for(lock, timeout, [this] { return done_; }), "waiting for an event of stream '", stream_name_,
-                "': the work recorded before it did not finish within ", timeout.count(),
+    TORCH_CHECK(done_ || cv_.wait_for(lock, timeout, [this] { return done_; }), "waiting for an event of stream '",
+                stream_name_, "': the work recorded before it did not finish within ", timeout.count(),
                 " ms (a hung collective or a stream blocked on an event that never completes)");
     if (error_) std::rethrow_exception(error_);
     pending = pending_;
@@ -82,7 +82,8 @@ comm::WorkPtr CollectiveSequencer::IssueInTurn(uint64_t ticket, const std::funct
                                                Timeout timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   // Once the order is broken (an issue failed or timed out) nothing waits any more.
-  const bool turn = cv_.wait_for(lock, timeout, [&] { return turn_ == ticket || error_; });
+  const auto ready = [&] { return turn_ == ticket || error_; };
+  const bool turn = ready() || cv_.wait_for(lock, timeout, ready);  // in turn: no clock read
   if (!turn) {  // the earlier collective's stream is stuck: break the order for good
     error_ = std::make_exception_ptr(c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                                                 "collective #" + std::to_string(ticket) + " waited " +

@@ -88,9 +88,10 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
     if (slot.is_cpu()) {
       auto* dst = static_cast<uint8_t*>(slot.data_ptr());
       for (const at::Tensor& in : inputs) {
-        if (in.nbytes() == 0) continue;
-        std::memcpy(dst, in.data_ptr(), in.nbytes());
-        dst += in.nbytes();
+        const size_t n = in.nbytes();
+        if (n == 0) continue;
+        std::memcpy(dst, in.const_data_ptr(), n);
+        dst += n;
       }
     } else {
       std::vector<at::Tensor> bytes;
