@@ -59,8 +59,7 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   result.world_size = group ? group->size() : 1;  // no group: DDP, nothing to gather
   // Byte offsets from sizes alone, no per-parameter views: each input is packed whole, by
   // its bytes, so parameters of different dtypes share the collective.
-  std::vector<at::Tensor> inputs;
-  inputs.reserve(params.size());
+  c10::SmallVector<at::Tensor, 4> inputs;  // moves into the copy-in task: no allocation of its own
   result.input_bytes.reserve(params.size());
   int64_t total = 0;
   for (FSDPParam* p : params) {
@@ -204,14 +203,14 @@ namespace {
 struct ReduceJob {
   std::vector<FSDPParam*> params;
   std::vector<at::Tensor> grads;
-  // Per parameter (one allocation for all four): its rows and elements padded to a multiple
+  // Per parameter (one array for all four): its rows and elements padded to a multiple
   // of the world size, the gradient tensor the reduced shard becomes, and the existing
   // gradient to add it into (undefined when adopted as the gradient itself).
   struct Slot {
     int64_t padded_rows = 0, padded_numel = 0;
     at::Tensor new_grad, accumulate_into;
   };
-  std::vector<Slot> slots;
+  c10::SmallVector<Slot, 4> slots;  // inline for up to 4 parameters (a Linear has 2)
   int64_t world = 1;
   c10::ScalarType reduce_dtype = at::kFloat;
   std::optional<GradientDivideFactors> factors;             // set before any task runs
@@ -287,7 +286,7 @@ void PostReduce(ReduceJob& job) {
 
 }  // namespace
 
-ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor> grads,
+ReduceEvents ForeachReduce(std::vector<FSDPParam*> params_in, std::vector<at::Tensor> grads,
                            const ReduceOptions& options, at::Tensor* partial_reduce_output,
                            const CommStreams& streams) {
   at::NoGradGuard no_grad;
@@ -301,7 +300,8 @@ ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at
     TORCH_CHECK(false, "FSDP reduce-scatter expects uniform gradient dtype but got {", absl::StrJoin(names, ", "), "}");
   }
   auto job = std::make_shared<ReduceJob>();
-  job->params = params;
+  job->params = std::move(params_in);  // both vectors move into the job: no copy per step
+  const std::vector<FSDPParam*>& params = job->params;
   // Unset: the original dtype (PyTorch 2.15's _get_reduce_dtype over unsharded_grad_dtype),
   // so bf16 gradients of fp32 parameters are summed in fp32.
   job->reduce_dtype = options.reduce_dtype.value_or(options.orig_dtype);

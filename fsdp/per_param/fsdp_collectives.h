@@ -4,6 +4,7 @@
 #define FSDP_FSDP_PER_PARAM_FSDP_COLLECTIVES_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <functional>
 #include <optional>
@@ -67,9 +68,9 @@ const CommStreams& ThreadInlineStreams();
 // An issued all-gather: every parameter's input packed (as bytes, so parameters of
 // different dtypes share one collective) into this rank's slot of `output`.
 struct AllGatherResult {
-  at::Tensor output;                 // uint8 [world * sum(input bytes)]
-  device::EventPtr event;            // the all-gather finished
-  std::vector<int64_t> input_bytes;  // per parameter
+  at::Tensor output;                         // uint8 [world * sum(input bytes)]
+  device::EventPtr event;                    // the all-gather finished
+  c10::SmallVector<int64_t, 8> input_bytes;  // per parameter (inline up to 8: no allocation)
   int64_t world_size = 1;
   at::Tensor buffer;                    // what `output` is a prefix of
   AllGatherBufferPool* pool = nullptr;  // where copy-out returns `buffer`, if any
@@ -134,7 +135,7 @@ struct ReduceEvents {
 // all_reduce_grads false (HSDP accumulation), the reduce-scattered output is summed into
 // *partial_reduce_output instead and no gradient is assigned; the next reducing call adds
 // it back.
-ReduceEvents ForeachReduce(const std::vector<FSDPParam*>& params, std::vector<at::Tensor> unsharded_grads,
+ReduceEvents ForeachReduce(std::vector<FSDPParam*> params, std::vector<at::Tensor> unsharded_grads,
                            const ReduceOptions& options, at::Tensor* partial_reduce_output, const CommStreams& streams);
 
 }  // namespace fsdp::per_param

@@ -173,6 +173,8 @@ void FSDPParamGroup::PostBackward() {
   // parameters).
   std::vector<FSDPParam*> with_grad;
   std::vector<at::Tensor> grads;
+  with_grad.reserve(fsdp_params_.size());  // one allocation each (both move into the reduction)
+  grads.reserve(fsdp_params_.size());
   for (const auto& p : fsdp_params_) {
     at::Tensor g = p->TakeUnshardedGrad();
     if (!g.defined()) continue;
@@ -193,7 +195,7 @@ void FSDPParamGroup::PostBackward() {
   options.force_sum_reduction_for_comms = force_sum_reduction_for_comms;
   options.all_reduce_grads = all_reduce_grads;
   options.all_reduce_hook = all_reduce_hook;
-  ReduceEvents events = ForeachReduce(with_grad, std::move(grads), options, &partial_reduce_output_, s);
+  ReduceEvents events = ForeachReduce(std::move(with_grad), std::move(grads), options, &partial_reduce_output_, s);
   if (comm_ctx_) comm_ctx_->reduce_scatter_event = std::move(events.reduce_scatter);
   post_reduce_event_ = std::move(events.post_reduce);
 }
