@@ -56,7 +56,7 @@ bool FlatParamHandle::FlattenOrigGrads() {
   // (each gradient copied, zeros where a parameter has none) instead of zeroed first.
   const bool fill = fresh && first.is_cpu() && aligned_numel_ == 0;
   if (fresh) {
-    flat_grad = fill ? at::empty(fp.unpadded_unsharded_size, first.options())
+    flat_grad = fill ? EmptyBuffer(fp.unpadded_unsharded_size, first.options())
                      : at::zeros(fp.unpadded_unsharded_size, first.options());
   } else {
     CheckUnsharded(flat_grad);
@@ -132,13 +132,13 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
     const int64_t numel_to_pad = world_size_ * chunk - grad.numel();
     at::Tensor padded = grad;
     if (numel_to_pad > 0) {
-      padded = at::empty({world_size_ * chunk}, grad.options());
+      padded = EmptyBuffer({world_size_ * chunk}, grad.options());
       stream.Launch([padded, grad] {
         padded.narrow(0, 0, grad.numel()).copy_(grad);
         padded.narrow(0, grad.numel(), padded.numel() - grad.numel()).zero_();
       });
     }
-    at::Tensor new_sharded_grad = at::empty({chunk}, padded.options());
+    at::Tensor new_sharded_grad = EmptyBuffer({chunk}, padded.options());
     if (comm_hook) {
       launch_hook(padded, new_sharded_grad);
     } else {

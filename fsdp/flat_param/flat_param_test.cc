@@ -12,6 +12,7 @@
 #include "fsdp/common/flat_layout.h"
 #include "fsdp/common/grad_divide.h"
 #include "fsdp/flat_param/flat_param.h"
+#include "fsdp/flat_param/flat_param_streams.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -543,6 +544,36 @@ TEST(FlatParamHandle, SeedErrorPaths) {
   t.aw.set_data(at::zeros({7}));
   EXPECT_ERROR_CONTAINS(h.PreUnshard(),
                         "Cannot writeback when the parameter shape changes\nExpects [6] but got [7] (a.w)");
+}
+
+// StreamAlias is what at::from_blob makes over the tensor's memory: the same bytes, sizes,
+// strides and keys through a storage of its own that owns nothing, so the memory it reads
+// stays where it was when the host re-allocates the tensor's storage in place.
+TEST(StreamAlias, IsFromBlobOverTheSameMemory) {
+  const at::Tensor base = at::arange(24, at::kFloat);
+  for (const at::Tensor& t : {base, base.view({4, 6}).t(), base.narrow(0, 5, 7), base.to(at::kDouble)}) {
+    const at::Tensor ours = StreamAlias(t);
+    const at::Tensor reference = at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+    EXPECT_EQ(ours.data_ptr(), t.data_ptr());
+    EXPECT_EQ(ours.sizes(), reference.sizes());
+    EXPECT_EQ(ours.strides(), reference.strides());
+    EXPECT_EQ(ours.storage().nbytes(), reference.storage().nbytes());
+    EXPECT_EQ(ours.scalar_type(), t.scalar_type());
+    EXPECT_EQ(ours.key_set(), reference.key_set());
+    EXPECT_TRUE(at::equal(ours, t));
+    EXPECT_NE(ours.storage().unsafeGetStorageImpl(), t.storage().unsafeGetStorageImpl());
+  }
+  // The host swaps the storage's memory in place (FreeStorageAfterStreams hands the old
+  // memory to the streams, held here): the alias keeps reading the old memory.
+  at::Tensor buffer = at::full({8}, 3.0);
+  const at::Tensor alias = StreamAlias(buffer);
+  c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+  const c10::DataPtr old = storage->set_data_ptr(storage->allocator()->allocate(storage->nbytes()));
+  buffer.fill_(5.0);
+  EXPECT_EQ(alias.data_ptr(), old.get());
+  EXPECT_EQ(alias.sum().item<double>(), 24.0);
+  EXPECT_EQ(buffer.sum().item<double>(), 40.0);
+  EXPECT_FALSE(StreamAlias(at::Tensor()).defined());
 }
 
 }  // namespace
