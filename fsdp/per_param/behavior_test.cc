@@ -162,8 +162,8 @@ TEST(FullyShardErrors, SeedErrorsAreRaisedWithTheirMessages) {
 TEST(FullyShardMixedPrecision, AllGatherInParamDtypeReduceScatterInReduceDtype) {
   // PyTorch 2.15: an unset reduce_dtype reduces in the original dtype (fp32 here), not in
   // param_dtype (FSDPParam.unsharded_grad_dtype in torch/distributed/fsdp/_fully_shard/_fsdp_param.py).
-  for (std::optional<c10::ScalarType> reduce : {std::optional<c10::ScalarType>(), std::optional(at::kFloat),
-                                                std::optional(at::kBFloat16)}) {
+  for (std::optional<c10::ScalarType> reduce :
+       {std::optional<c10::ScalarType>(), std::optional(at::kFloat), std::optional(at::kBFloat16)}) {
     fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [reduce](const comm::ProcessGroupPtr& pg) {
       auto trace = std::make_shared<comm::CommTrace>(pg);
       auto mesh = mesh::DeviceMesh::Create(trace, {4});
@@ -201,8 +201,8 @@ TEST(FullyShardWorldSizeOne, IssuesNoCollectivesAndEqualsPlainTraining) {
   for (bool hsdp : {false, true}) {
     fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [hsdp](const comm::ProcessGroupPtr& pg) {
       auto trace = std::make_shared<comm::CommTrace>(pg);
-      auto mesh = hsdp ? mesh::DeviceMesh::Create(trace, {1, 1}, {"replicate", "shard"})
-                       : mesh::DeviceMesh::Create(trace, {1});
+      auto mesh =
+          hsdp ? mesh::DeviceMesh::Create(trace, {1, 1}, {"replicate", "shard"}) : mesh::DeviceMesh::Create(trace, {1});
       Root model, plain;
       {
         at::NoGradGuard no_grad;
@@ -458,6 +458,41 @@ TEST(AllGatherBufferPool, KeepsCpuBuffersFromGlibcsLargestMmapThresholdOn) {
   pool.Give(std::move(large));
   EXPECT_EQ(pool.size(), 1u);
   EXPECT_EQ(pool.Take(kThreshold - 1, options).bytes.data_ptr(), large_ptr);
+}
+
+// A small CPU buffer's memory goes back at Give; its tensor is re-allocated by the next
+// Take, unless someone else still holds it or its last reader has not finished.
+TEST(AllGatherBufferPool, FreesSmallCpuBuffersAndReusesTheirTensor) {
+  AllGatherBufferPool pool;
+  const auto options = at::TensorOptions().dtype(at::kByte);
+  at::Tensor buffer = pool.Take(10, options).bytes;
+  const c10::TensorImpl* impl = buffer.unsafeGetTensorImpl();
+  const c10::weak_intrusive_ptr<c10::StorageImpl> storage(buffer.storage().getWeakStorageImpl());
+  pool.Give(std::move(buffer));
+  EXPECT_EQ(pool.size(), 0u);
+  ASSERT_EQ(pool.shells(), 1u);
+  EXPECT_EQ(storage.lock()->nbytes(), 0u);  // the memory is freed at once
+  at::Tensor again = pool.Take(24, options).bytes;
+  EXPECT_EQ(again.unsafeGetTensorImpl(), impl);
+  EXPECT_EQ(again.numel(), 24);
+  EXPECT_EQ(again.storage().nbytes(), 24u);
+  again.fill_(7);
+  EXPECT_EQ(again.sum().item<int64_t>(), 168);
+  EXPECT_EQ(pool.shells(), 0u);
+  // Held elsewhere: not freed (the other holder keeps reading it), not kept.
+  const at::Tensor reader = again.view({4, 6});
+  pool.Give(std::move(again));
+  EXPECT_EQ(pool.shells(), 0u);
+  EXPECT_EQ(reader.sum().item<int64_t>(), 168);
+  // Its last reader still pending: not kept either.
+  auto pending = std::make_shared<device::Event>("compute");
+  pool.Give(pool.Take(8, options).bytes, pending);
+  EXPECT_EQ(pool.shells(), 0u);
+  // At most kMaxShells.
+  std::vector<at::Tensor> taken;
+  for (size_t i = 0; i < AllGatherBufferPool::kMaxShells + 1; ++i) taken.push_back(pool.Take(4, options).bytes);
+  for (at::Tensor& t : taken) pool.Give(std::move(t));
+  EXPECT_EQ(pool.shells(), AllGatherBufferPool::kMaxShells);
 }
 
 TEST(AllGatherBufferPool, StepsFreeSmallPackedBuffers) {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -22,7 +23,16 @@ AllGatherBufferPool::Buffer AllGatherBufferPool::Take(int64_t bytes, const at::T
       best = it;
     }
   }
-  if (best == free_.end()) return {EmptyBuffer({bytes}, options.dtype(at::kByte)), nullptr};
+  if (best == free_.end()) {
+    if (!shells_.empty() && options.device().is_cpu() && !options.pinned_memory() && bytes < min_cpu_bytes_) {
+      at::Tensor shell = std::move(shells_.back());
+      shells_.pop_back();
+      shell.unsafeGetTensorImpl()->set_sizes_contiguous({bytes});
+      AllocStorage(shell);
+      return {std::move(shell), nullptr};
+    }
+    return {EmptyBuffer({bytes}, options.dtype(at::kByte)), nullptr};
+  }
   Buffer buffer = std::move(*best);
   free_.erase(best);
   return buffer;
@@ -30,7 +40,18 @@ AllGatherBufferPool::Buffer AllGatherBufferPool::Take(int64_t bytes, const at::T
 
 void AllGatherBufferPool::Give(at::Tensor buffer, device::EventPtr ready) {
   if (!buffer.defined() || max_buffers_ == 0) return;
-  if (buffer.is_cpu() && static_cast<int64_t>(buffer.nbytes()) < min_cpu_bytes_) return;
+  if (buffer.is_cpu() && static_cast<int64_t>(buffer.nbytes()) < min_cpu_bytes_) {
+    // Freed now. Its tensor and storage objects stay for the next Take when nothing can read
+    // the memory any more: its last reader finished and nobody else holds the tensor or the
+    // storage (then freeing in place is what dropping it would do).
+    c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+    if (shells_.size() < kMaxShells && (!ready || ready->Query()) && buffer.use_count() == 1 &&
+        buffer.storage().use_count() == 1 && storage->allocator() == CpuBufferAllocator()) {
+      FreeStorage(buffer);
+      shells_.push_back(std::move(buffer));
+    }
+    return;
+  }
   free_.push_back({std::move(buffer), std::move(ready)});
   if (free_.size() <= max_buffers_) return;
   free_.erase(std::min_element(free_.begin(), free_.end(),
