@@ -97,7 +97,7 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
       pool ? pool->Take(bytes, options) : AllGatherBufferPool::Buffer{EmptyBuffer({bytes}, options), nullptr};
   // A reused buffer may still be read by the previous copy-out.
   if (buffer.ready) copy_in_stream.WaitEvent(buffer.ready);
-  result.buffer = buffer.bytes;
+  result.buffer = std::move(buffer.bytes);
   result.output = result.buffer.numel() == bytes ? result.buffer
                                                  : AliasStorage(result.buffer, result.buffer.storage_offset(), {bytes});
   at::Tensor slot =
@@ -121,9 +121,9 @@ AllGatherResult ForeachAllGather(const std::vector<FSDPParam*>& params, const co
   });
   if (result.world_size > 1) {  // one rank gathers nothing (PyTorch skips it too)
     if (&all_gather_stream != &copy_in_stream) all_gather_stream.WaitStream(copy_in_stream);
-    at::Tensor output = result.output;
-    all_gather_stream.LaunchCollective(sequencer,
-                                       [group, output, slot] { return group->all_gather_into_tensor(output, slot); });
+    all_gather_stream.LaunchCollective(sequencer, [group, output = result.output, slot = std::move(slot)] {
+      return group->all_gather_into_tensor(output, slot);
+    });
     result.event = all_gather_stream.RecordEvent();
   } else {
     result.event = copy_in_stream.RecordEvent();
@@ -418,7 +418,7 @@ ReduceEvents ForeachReduce(std::vector<FSDPParam*> params_in, std::vector<at::Te
     job->slots[i].accumulate_into = p->AdoptShardedGrad(grad);
     offset += job->slots[i].padded_numel / world;
   }
-  post->Launch([job] { PostReduce(*job); });
+  post->Launch([job = std::move(job)] { PostReduce(*job); });  // its last use on the host
   events.post_reduce = post->RecordEvent();
   return events;
 }
