@@ -213,7 +213,12 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version, c10::Device device, 
   const at::Tensor x =
       at::randn({spec.batch, spec.width}, at::make_generator<at::CPUGeneratorImpl>(100 + world->rank())).to(device);
   auto step = [&](auto& m, torch::optim::Optimizer& o) {
-    m(x).square().mean().backward();
+    // The loss first, then backward, as two statements: in one expression the model's output
+    // and its square (C++ temporaries) would live through the whole backward, 2 activations
+    // that Python's `model(x).square().mean().backward()` (bench/peer/e2e_peer.py) frees as
+    // soon as autograd no longer needs them (the allocation peak counted them: +512 KiB).
+    const at::Tensor loss = m(x).square().mean();
+    loss.backward();
     o.step();
     o.zero_grad();
     Sync(device);
