@@ -6,11 +6,73 @@
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <unistd.h>
 
+#include <c10/util/Backtrace.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace fsdp::bench {
+namespace {
+
+// FSDP_PEAK_BLOCKS: the large blocks live now, and those live at the highest total since
+// Mark(), with where each was allocated.
+class LiveBlocks {
+ public:
+  static constexpr int64_t kMinBytes = 100000;
+  void Report(void* ptr, int64_t bytes, int64_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes > 0) {
+      live_[ptr] = {bytes, bytes >= kMinBytes
+                               ? c10::get_backtrace(/*frames_to_skip=*/1, /*maximum_number_of_frames=*/40,
+                                                    /*skip_python_frames=*/true)
+                               : std::string()};
+    } else {
+      live_.erase(ptr);
+    }
+    if (!marked_ || total <= peak_) return;
+    peak_ = total;
+    at_peak_.clear();
+    for (const auto& [p, block] : live_) {
+      if (block.first >= kMinBytes) at_peak_.push_back(block);
+    }
+  }
+  void Mark(int64_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    marked_ = true;
+    peak_ = total;
+  }
+  void Print() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fprintf(stderr, "FSDP_PEAK_BLOCKS: peak %lld bytes, %zu blocks of >= %lld bytes live\n",
+                 static_cast<long long>(peak_), at_peak_.size(), static_cast<long long>(kMinBytes));
+    for (const auto& [bytes, where] : at_peak_) {
+      std::fprintf(stderr, "---- %lld bytes\n%s\n", static_cast<long long>(bytes), where.c_str());
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<void*, std::pair<int64_t, std::string>> live_;
+  std::vector<std::pair<int64_t, std::string>> at_peak_;
+  bool marked_ = false;
+  int64_t peak_ = 0;
+};
+
+bool PeakBlocksWanted() {
+  const char* wanted = std::getenv("FSDP_PEAK_BLOCKS");
+  const char* rank = std::getenv("RANK");
+  return wanted != nullptr && std::string(wanted) == (rank != nullptr ? rank : "0");
+}
+
+}  // namespace
 
 // A profiler state that only profiles memory: c10's allocators look for it in the thread's
 // PROFILER_STATE slot (and LibTorch code that finds it there expects a ProfilerStateBase;
@@ -21,19 +83,21 @@ struct AllocationWindow::Reporter final : torch::profiler::impl::ProfilerStateBa
                                                                 /*report_input_shapes=*/false,
                                                                 /*profile_memory=*/true)) {}
   // Threads that inherit this thread's debug info (autograd, intra-op workers) report too.
-  void reportMemoryUsage(void*, int64_t, size_t total_allocated, size_t, c10::Device device) override {
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t total_allocated, size_t, c10::Device device) override {
     if (device.type() != c10::DeviceType::CPU) return;
     const auto total = static_cast<int64_t>(total_allocated);
     current.store(total);
     int64_t seen = peak.load();
     while (total > seen && !peak.compare_exchange_weak(seen, total)) {
     }
+    if (blocks) blocks->Report(ptr, bytes, total);
   }
   torch::profiler::impl::ActiveProfilerType profilerType() override {
     return torch::profiler::impl::ActiveProfilerType::NONE;
   }
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
+  const std::unique_ptr<LiveBlocks> blocks{PeakBlocksWanted() ? std::make_unique<LiveBlocks>() : nullptr};
 };
 
 AllocationWindow::AllocationWindow()
@@ -42,9 +106,15 @@ AllocationWindow::AllocationWindow()
   FLAGS_caffe2_report_cpu_memory_usage = true;
 }
 
-AllocationWindow::~AllocationWindow() { FLAGS_caffe2_report_cpu_memory_usage = false; }
+AllocationWindow::~AllocationWindow() {
+  FLAGS_caffe2_report_cpu_memory_usage = false;
+  if (reporter_->blocks) reporter_->blocks->Print();
+}
 
-void AllocationWindow::Mark() { reporter_->peak = reporter_->current.load(); }
+void AllocationWindow::Mark() {
+  reporter_->peak = reporter_->current.load();
+  if (reporter_->blocks) reporter_->blocks->Mark(reporter_->peak);
+}
 int64_t AllocationWindow::current() const { return reporter_->current; }
 int64_t AllocationWindow::peak() const { return reporter_->peak; }
 

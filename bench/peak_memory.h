@@ -11,6 +11,12 @@
 // since Mark() (or construction), current() the total now. The Python side reads the same
 // counter from the profiler's allocation events, with the same flag.
 //
+// FSDP_PEAK_BLOCKS=R (debugging what a peak holds): rank R's window (RANK from torchrun or
+// `./x run`) also keeps a backtrace of every live block of at least 100 kB and, when it is
+// destroyed, prints to stderr the blocks live at its peak since Mark(), one backtrace each
+// (frames of our binary print as "<unknown function> + 0xOFFSET (... in .../e2e_bench)";
+// `addr2line -f -C -e BINARY 0xOFFSET` names them). Slow; measurements only without it.
+//
 // RssBytes / RssPeakBytes: this process's resident set now (/proc/self/statm) and its
 // high-water mark (getrusage ru_maxrss).
 #ifndef FSDP_BENCH_PEAK_MEMORY_H_
