@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
@@ -114,6 +115,19 @@ at::Tensor BytesOf(c10::Storage storage) {
                                                               caffe2::TypeMeta::Make<uint8_t>());
   bytes.unsafeGetTensorImpl()->set_sizes_contiguous({nbytes});
   return bytes;
+}
+
+at::Tensor NonOwningAlias(const at::Tensor& t) {
+  if (!t.is_cpu() || t.layout() != c10::kStrided || c10::isQIntType(t.scalar_type())) {
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+  }
+  const size_t nbytes = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size());
+  c10::Storage borrowed(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(t.data_ptr(), t.device()),
+                        /*allocator=*/nullptr, /*resizable=*/false);
+  at::Tensor alias =
+      at::detail::make_tensor<c10::TensorImpl>(std::move(borrowed), EmptyKeys(t.device(), t.scalar_type()), t.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+  return alias;
 }
 
 at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options) {

@@ -48,6 +48,12 @@ at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::Int
 // storage alive, e.g. on a stream until its work passed.
 at::Tensor BytesOf(c10::Storage storage);
 
+// What `at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options())` makes: a tensor over
+// t's current memory through a storage of its own that owns nothing (the caller keeps the
+// memory alive), built without TensorMaker and the dispatcher for plain strided CPU tensors
+// (~400 instructions less per call). Requires `t` defined.
+at::Tensor NonOwningAlias(const at::Tensor& t);
+
 // at::empty(sizes, options), without the dispatcher for plain (unpinned, strided) CPU
 // tensors (~2k instructions less per call), from CpuBufferAllocator(): for the per-step
 // collective buffers.

@@ -1,7 +1,6 @@
 #include "fsdp/flat_param/flat_param_streams.h"
 
 #include <ATen/ATen.h>
-#include <ATen/EmptyTensor.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 
@@ -32,19 +31,7 @@ const FlatParamStreams& ThreadInlineFlatParamStreams() {
 
 at::Tensor StreamAlias(const at::Tensor& t) {
   if (!t.defined() || t.numel() == 0) return t;  // no memory to outlive the host's view
-  if (!t.is_cpu() || t.layout() != c10::kStrided || c10::isQIntType(t.scalar_type())) {
-    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
-  }
-  // What from_blob makes on the CPU (a non-owning storage over exactly the bytes the sizes
-  // and strides reach), without TensorMaker and the dispatcher (~400 instructions, two per
-  // wrap_fsdp'ed module per step).
-  const size_t nbytes = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size());
-  c10::Storage borrowed(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(t.data_ptr(), t.device()),
-                        /*allocator=*/nullptr, /*resizable=*/false);
-  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(std::move(borrowed),
-                                                              c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
-  return alias;
+  return NonOwningAlias(t);
 }
 
 void FreeStorageAfterStreams(const at::Tensor& t, std::initializer_list<device::Stream*> streams) {
