@@ -19,12 +19,12 @@ class InlineStream final : public Stream {
  public:
   InlineStream(const std::string& name, Timeout timeout) : Stream(name, timeout) {}
 
-  void Launch(std::function<void()> fn) override {
+  void Launch(TaskRef<void> fn) override {
     Drain();
     fn();
   }
 
-  void LaunchCollective(CollectiveSequencer& sequencer, std::function<comm::WorkPtr()> issue) override {
+  void LaunchCollective(CollectiveSequencer& sequencer, TaskRef<comm::WorkPtr> issue) override {
     const uint64_t ticket = sequencer.TakeTicket();
     internal::PruneFinished(pending_);
     pending_.push_back(sequencer.IssueInTurn(ticket, issue, timeout()));
@@ -44,9 +44,12 @@ class InlineStream final : public Stream {
 
  private:
   void Drain() {
+    if (pending_.empty()) return;
     std::vector<comm::WorkPtr> pending;
     pending.swap(pending_);
     for (const auto& w : pending) w->wait();  // the group's own collective timeout
+    pending.clear();
+    if (pending_.empty()) pending_.swap(pending);  // keeps the capacity: no allocation per collective
   }
 
   std::vector<comm::WorkPtr> pending_;
@@ -69,8 +72,8 @@ class AsyncCpuStream final : public Stream {
     worker_.join();  // every task carries a deadline (collective or event timeout)
   }
 
-  void Launch(std::function<void()> fn) override {
-    Enqueue([this, fn = std::move(fn)](const std::exception_ptr& failed) {
+  void Launch(TaskRef<void> fn) override {
+    Enqueue([this, fn = fn.Take()](const std::exception_ptr& failed) {
       if (failed) return;
       Delay();
       at::NoGradGuard no_grad;  // grad mode is thread-local: the host's does not carry over
@@ -78,9 +81,9 @@ class AsyncCpuStream final : public Stream {
     });
   }
 
-  void LaunchCollective(CollectiveSequencer& sequencer, std::function<comm::WorkPtr()> issue) override {
+  void LaunchCollective(CollectiveSequencer& sequencer, TaskRef<comm::WorkPtr> issue) override {
     const uint64_t ticket = sequencer.TakeTicket();  // program order: taken on the host
-    Enqueue([this, &sequencer, ticket, issue = std::move(issue)](const std::exception_ptr& failed) {
+    Enqueue([this, &sequencer, ticket, issue = issue.Take()](const std::exception_ptr& failed) {
       if (failed) {  // give up the turn, keeping the rank's order consistent
         sequencer.IssueInTurn(
             ticket, [&]() -> comm::WorkPtr { std::rethrow_exception(failed); }, timeout());
@@ -107,9 +110,9 @@ class AsyncCpuStream final : public Stream {
   void Synchronize() override { RecordEvent()->Synchronize(timeout()); }
 
  private:
-  using Task = std::function<void(const std::exception_ptr& failed)>;
+  using QueuedTask = std::function<void(const std::exception_ptr& failed)>;
 
-  void Enqueue(Task task) {
+  void Enqueue(QueuedTask task) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(std::move(task));
@@ -124,7 +127,7 @@ class AsyncCpuStream final : public Stream {
   void Run() {
     std::exception_ptr failed;  // only this thread touches it
     for (;;) {
-      Task task;
+      QueuedTask task;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
@@ -143,7 +146,7 @@ class AsyncCpuStream final : public Stream {
   const std::chrono::microseconds delay_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::deque<QueuedTask> queue_;
   bool stop_ = false;
   std::thread worker_;  // last: starts after the members it uses
 };

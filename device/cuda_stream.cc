@@ -67,13 +67,13 @@ class CudaStream final : public Stream {
              std::optional<c10::cuda::CUDAStream> fixed)
       : Stream(name, timeout), device_(device), fixed_(fixed) {}
 
-  void Launch(std::function<void()> fn) override {
+  void Launch(TaskRef<void> fn) override {
     c10::cuda::CUDAStreamGuard guard(stream());
     WaitForCollectives();
     fn();
   }
 
-  void LaunchCollective(CollectiveSequencer& sequencer, std::function<comm::WorkPtr()> issue) override {
+  void LaunchCollective(CollectiveSequencer& sequencer, TaskRef<comm::WorkPtr> issue) override {
     const uint64_t ticket = sequencer.TakeTicket();
     // ProcessGroupNCCL orders the collective after the current stream's work: this one's.
     c10::cuda::CUDAStreamGuard guard(stream());

@@ -78,8 +78,7 @@ uint64_t CollectiveSequencer::TakeTicket() {
   return next_ticket_++;
 }
 
-comm::WorkPtr CollectiveSequencer::IssueInTurn(uint64_t ticket, const std::function<comm::WorkPtr()>& issue,
-                                               Timeout timeout) {
+comm::WorkPtr CollectiveSequencer::IssueInTurn(uint64_t ticket, TaskRef<comm::WorkPtr> issue, Timeout timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   // Once the order is broken (an issue failed or timed out) nothing waits any more.
   const auto ready = [&] { return turn_ == ticket || error_; };
@@ -144,6 +143,7 @@ StreamOptions ApplyStreamEnvOverride(StreamOptions options) {
 
 namespace internal {
 void PruneFinished(std::vector<comm::WorkPtr>& pending) {
+  if (pending.empty()) return;
   auto finished = [](const comm::WorkPtr& w) {
     if (!w->is_completed()) return false;
     w->wait();

@@ -119,6 +119,41 @@ TEST(InlineStream, RecordsTheSharedCompletedEventWhenNothingIsPending) {
   EXPECT_TRUE(Event::Completed()->Query());
 }
 
+// Counts the copies made of it and its runs (moves are free).
+struct CountingTask {
+  int* copies;
+  int* runs;
+  CountingTask(int* c, int* r) : copies(c), runs(r) {}
+  CountingTask(const CountingTask& other) : copies(other.copies), runs(other.runs) { ++*copies; }
+  CountingTask(CountingTask&&) = default;
+  void operator()() const { ++*runs; }
+};
+
+TEST(TaskRef, InlineStreamRunsTheCallableInPlace) {
+  int copies = 0, runs = 0;
+  auto stream = NewInlineStream("inline", kTimeout);
+  stream->Launch(CountingTask(&copies, &runs));
+  const CountingTask named(&copies, &runs);
+  stream->Launch(named);
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(copies, 0);  // no std::function in between
+}
+
+TEST(TaskRef, AsyncStreamMovesAnRvalueAndCopiesAnLvalue) {
+  int copies = 0, runs = 0;
+  auto stream = NewAsyncCpuStream("side", kTimeout, microseconds(0));
+  stream->Launch(CountingTask(&copies, &runs));
+  stream->Synchronize();
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(copies, 0);
+  CountingTask named(&copies, &runs);
+  stream->Launch(named);  // the caller's callable stays usable
+  stream->Synchronize();
+  named();
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(copies, 1);
+}
+
 TEST(InlineStream, CollectiveStaysPendingAndItsEventCoversIt) {
   testing::RunOnRanks(testing::Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& group) {
     auto pool = StreamPool::Create(c10::Device(c10::kCPU), {});

@@ -157,6 +157,16 @@ void FSDPParam::AssertInStates(std::initializer_list<ShardedState> states, const
               "], not ", fsdp::ToString(sharded_state_));
 }
 
+void FSDPParam::SwapGrad(at::Tensor& incoming, at::Tensor& outgoing) {
+  // Moves, not copies: each copy of a gradient is an atomic reference-count round trip, and
+  // this runs twice per parameter per unshard / reshard. mutable_grad() is grad()'s tensor
+  // without its non-leaf warning check (parameters are leaves).
+  at::Tensor& grad = param_.mutable_grad();
+  outgoing = std::move(grad);
+  grad = std::move(incoming);
+  incoming = at::Tensor();
+}
+
 void FSDPParam::SetParamData(const at::Tensor& data) {
   // set_data (also from and to the meta device for deferred init), without the dispatcher
   // when dtype and device stay. Records nothing for autograd, so no NoGradGuard (whose two
@@ -179,6 +189,8 @@ at::Tensor FSDPParam::AllGatherInput() {
     return post_forward_data_;  // already in the parameter dtype
   }
   if (extension_) return ExtensionAllGatherInput();
+  const bool cast = param_dtype_ && sharded_param_data_.scalar_type() != *param_dtype_;
+  if (!cast && sharded_param_data_.device() == device_) return sharded_param_data_;  // one reference, no copy
   // An offloaded shard goes to the compute device first (asynchronously from pinned memory).
   at::Tensor input = sharded_param_data_;
   if (input.device() != device_) input = input.to(device_, /*non_blocking=*/input.is_pinned());
@@ -286,11 +298,7 @@ void FSDPParam::FreeUnshardedParam() {
 }
 
 void FSDPParam::ToSharded() {
-  if (sharded_state_ == ShardedState::kUnsharded) {
-    stashed_unsharded_grad_ = param_.grad();
-    param_.mutable_grad() = stashed_sharded_grad_;
-    stashed_sharded_grad_ = at::Tensor();
-  }
+  if (sharded_state_ == ShardedState::kUnsharded) SwapGrad(stashed_sharded_grad_, stashed_unsharded_grad_);
   SetParamData(sharded_local_);
   FreeUnshardedParam();
   post_forward_data_ = at::Tensor();
@@ -309,9 +317,7 @@ void FSDPParam::ToShardedPostForward() {
   // A copy, so that the full all-gather output can be freed.
   post_forward_data_ =
       all_gather_output_.narrow(0, shard_numel * post_forward_mesh_info_->shard_rank(), shard_numel).clone();
-  stashed_unsharded_grad_ = param_.grad();
-  param_.mutable_grad() = stashed_sharded_grad_;
-  stashed_sharded_grad_ = at::Tensor();
+  SwapGrad(stashed_sharded_grad_, stashed_unsharded_grad_);
   SetParamData(post_forward_data_.as_strided(post_forward_size_, dtensor::ContiguousStride(post_forward_size_), 0));
   FreeUnshardedParam();
   sharded_state_ = ShardedState::kShardedPostForward;
@@ -319,11 +325,7 @@ void FSDPParam::ToShardedPostForward() {
 
 void FSDPParam::ToUnsharded() {
   TORCH_INTERNAL_ASSERT(unsharded_view_.defined(), "ToUnsharded before InitUnshardedParam");
-  if (sharded_state_ != ShardedState::kUnsharded) {
-    stashed_sharded_grad_ = param_.grad();
-    param_.mutable_grad() = stashed_unsharded_grad_;
-    stashed_unsharded_grad_ = at::Tensor();
-  }
+  if (sharded_state_ != ShardedState::kUnsharded) SwapGrad(stashed_unsharded_grad_, stashed_sharded_grad_);
   SetParamData(unsharded_view_);
   post_forward_data_ = at::Tensor();
   sharded_state_ = ShardedState::kUnsharded;
@@ -337,8 +339,7 @@ at::Tensor FSDPParam::TakeUnshardedGrad() {
   }
   at::Tensor g;
   if (sharded_state_ == ShardedState::kUnsharded) {
-    g = param_.grad();
-    param_.mutable_grad() = at::Tensor();
+    g = std::move(param_.mutable_grad());
   } else {
     g = std::move(stashed_unsharded_grad_);
     stashed_unsharded_grad_ = at::Tensor();

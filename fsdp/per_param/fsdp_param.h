@@ -155,6 +155,8 @@ class FSDPParam {
  private:
   void AssertInStates(std::initializer_list<ShardedState> states, const char* what) const;
   void SetParamData(const at::Tensor& data);
+  // The parameter's gradient becomes `incoming` (left undefined); its old one goes to `outgoing`.
+  void SwapGrad(at::Tensor& incoming, at::Tensor& outgoing);
   void InitShardingSpec(const std::vector<int64_t>& local_size, c10::ScalarType dtype);
   void InitShardingSpecSpmd(c10::ScalarType dtype);
   at::Tensor ExtensionAllGatherInput();
