@@ -30,10 +30,12 @@ class LiveBlocks {
   void Report(void* ptr, int64_t bytes, int64_t total) {
     std::lock_guard<std::mutex> lock(mu_);
     if (bytes > 0) {
-      live_[ptr] = {bytes, bytes >= kMinBytes
-                               ? c10::get_backtrace(/*frames_to_skip=*/1, /*maximum_number_of_frames=*/40,
-                                                    /*skip_python_frames=*/true)
-                               : std::string()};
+      // Raw frames now, symbolized only when printed: a symbolized backtrace per block took
+      // long enough to move the peak it was meant to show (the Gloo threads ran ahead).
+      live_[ptr] = {bytes, bytes >= kMinBytes ? c10::get_lazy_backtrace(/*frames_to_skip=*/1,
+                                                                        /*maximum_number_of_frames=*/40,
+                                                                        /*skip_python_frames=*/true)
+                                              : nullptr};
     } else {
       live_.erase(ptr);
     }
@@ -54,14 +56,14 @@ class LiveBlocks {
     std::fprintf(stderr, "FSDP_PEAK_BLOCKS: peak %lld bytes, %zu blocks of >= %lld bytes live\n",
                  static_cast<long long>(peak_), at_peak_.size(), static_cast<long long>(kMinBytes));
     for (const auto& [bytes, where] : at_peak_) {
-      std::fprintf(stderr, "---- %lld bytes\n%s\n", static_cast<long long>(bytes), where.c_str());
+      std::fprintf(stderr, "---- %lld bytes\n%s\n", static_cast<long long>(bytes), where ? where->get().c_str() : "");
     }
   }
 
  private:
   std::mutex mu_;
-  std::unordered_map<void*, std::pair<int64_t, std::string>> live_;
-  std::vector<std::pair<int64_t, std::string>> at_peak_;
+  std::unordered_map<void*, std::pair<int64_t, c10::Backtrace>> live_;
+  std::vector<std::pair<int64_t, c10::Backtrace>> at_peak_;
   bool marked_ = false;
   int64_t peak_ = 0;
 };

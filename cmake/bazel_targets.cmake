@@ -360,9 +360,9 @@ fsdp_cc_library(//fsdp/flat_param:runtime
   DEPS //comm //device //fsdp/common //mesh @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium
-  SRCS flat_param_golden_test.cc flat_param_test.cc
-  DEPS :flat_param //comm //fsdp/common //testing:expect_error //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
+  SRCS flat_param_golden_test.cc flat_param_streams_test.cc flat_param_test.cc
+  DEPS :flat_param //comm //device //fsdp/common //testing:expect_error //testing:multi_rank
+       @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//fsdp/flat_param:fsdp_test_cases TESTONLY ALWAYSLINK
   SRCS fsdp_behavior_test.cc fsdp_parity_test.cc ignored_states_test.cc meta_init_test.cc

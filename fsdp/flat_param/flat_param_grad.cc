@@ -118,7 +118,7 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
   // A communication hook fills its output synchronously, issuing its own collectives: it runs
   // in one collective's turn so that they stay in this rank's program order.
   auto launch_hook = [&](const at::Tensor& input, const at::Tensor& output) {
-    stream.LaunchCollective(*s.sequencer, [hook = comm_hook, group, input, output] {
+    LaunchCollective(s, stream, [hook = comm_hook, group, input, output] {
       hook(group, input, output);
       return comm::MakeCompletedWork("FSDP communication hook");
     });
@@ -143,14 +143,14 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
       launch_hook(padded, new_sharded_grad);
     } else {
       if (predivide > 1) stream.Launch([padded, predivide] { DivideInPlace(padded, predivide); });
-      stream.LaunchCollective(*s.sequencer, [group, new_sharded_grad, padded] {
+      LaunchCollective(s, stream, [group, new_sharded_grad, padded] {
         return group->reduce_scatter_tensor(new_sharded_grad, padded, comm::ReduceOp::Sum());
       });
       if (inter_node_group) {
         // PyTorch's all-reduce stream: the next handle's reduce-scatter need not wait for it.
         s.all_reduce->WaitStream(stream);
         last = s.all_reduce;
-        last->LaunchCollective(*s.sequencer, [inter_node_group, new_sharded_grad] {
+        LaunchCollective(s, *last, [inter_node_group, new_sharded_grad] {
           return inter_node_group->all_reduce(new_sharded_grad, comm::ReduceOp::Sum());
         });
       }
@@ -178,7 +178,7 @@ at::Tensor FlatParamHandle::ReduceScatterGrad(const comm::ProcessGroupPtr& inter
       launch_hook(grad, at::Tensor());
     } else {
       if (predivide > 1) stream.Launch([grad, predivide] { DivideInPlace(grad, predivide); });
-      stream.LaunchCollective(*s.sequencer, [group, grad] { return group->all_reduce(grad, comm::ReduceOp::Sum()); });
+      LaunchCollective(s, stream, [group, grad] { return group->all_reduce(grad, comm::ReduceOp::Sum()); });
       if (postdivide > 1) stream.Launch([grad, postdivide] { DivideInPlace(grad, postdivide); });
     }
     // NO_SHARD keeps low precision gradients by omitting the cast.

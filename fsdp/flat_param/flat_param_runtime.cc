@@ -157,9 +157,9 @@ at::Tensor FlatParamHandle::AllGatherFlatParam(const at::Tensor& padded_unsharde
   // Issued in program order among the root's collectives; the host frees the output (and a
   // low precision input) in place while it may be in flight, so it gets their aliases.
   const FlatParamStreams& s = streams();
-  s.unshard->LaunchCollective(*s.sequencer,
-                              [group = options_.process_group, out = ForStream(padded_unsharded_flat_param),
-                               in = ForStream(sharded)] { return group->all_gather_into_tensor(out, in); });
+  LaunchCollective(s, *s.unshard,
+                   [group = options_.process_group, out = ForStream(padded_unsharded_flat_param),
+                    in = ForStream(sharded)] { return group->all_gather_into_tensor(out, in); });
   return padded_unsharded_flat_param;
 }
 

@@ -19,6 +19,7 @@ FlatParamStreamContext::FlatParamStreamContext(c10::Device device, const device:
   }
   streams_ = {&pool_->current(), owned_[0].get(),     owned_[1].get(),
               owned_[2].get(),   &pool_->sequencer(), pool_->options().timeout};
+  streams_.host_waits_for_collectives = device.is_cpu() && pool_->options().cpu_mode == device::CpuStreamMode::kInline;
 }
 
 const FlatParamStreams& ThreadInlineFlatParamStreams() {
