@@ -53,8 +53,15 @@ class LiveBlocks {
   }
   void Print() {
     std::lock_guard<std::mutex> lock(mu_);
-    std::fprintf(stderr, "FSDP_PEAK_BLOCKS: peak %lld bytes, %zu blocks of >= %lld bytes live\n",
-                 static_cast<long long>(peak_), at_peak_.size(), static_cast<long long>(kMinBytes));
+    int64_t listed = 0;
+    for (const auto& block : at_peak_) listed += block.first;
+    // A block freed on a thread this window does not see (a backend's worker, which drops
+    // ProcessGroupGloo's copy of a reduce-scatter input when it lets go of the Work last) stays
+    // listed: the listed bytes then exceed the peak, which counts every thread's frees.
+    std::fprintf(stderr, "FSDP_PEAK_BLOCKS: peak %lld bytes, %zu blocks of >= %lld bytes live (%lld bytes listed%s)\n",
+                 static_cast<long long>(peak_), at_peak_.size(), static_cast<long long>(kMinBytes),
+                 static_cast<long long>(listed),
+                 listed > peak_ ? ": more than the peak, some were freed on a thread this window does not see" : "");
     for (const auto& [bytes, where] : at_peak_) {
       std::fprintf(stderr, "---- %lld bytes\n%s\n", static_cast<long long>(bytes), where ? where->get().c_str() : "");
     }
