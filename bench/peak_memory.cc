@@ -43,7 +43,7 @@ class LiveBlocks {
     peak_ = total;
     at_peak_.clear();
     for (const auto& [p, block] : live_) {
-      if (block.first >= kMinBytes) at_peak_.push_back(block);
+      if (block.first >= kMinBytes) at_peak_.push_back({p, block.first, block.second});
     }
   }
   void Mark(int64_t total) {
@@ -54,7 +54,7 @@ class LiveBlocks {
   void Print() {
     std::lock_guard<std::mutex> lock(mu_);
     int64_t listed = 0;
-    for (const auto& block : at_peak_) listed += block.first;
+    for (const auto& block : at_peak_) listed += block.bytes;
     // A block freed on a thread this window does not see (a backend's worker, which drops
     // ProcessGroupGloo's copy of a reduce-scatter input when it lets go of the Work last) stays
     // listed: the listed bytes then exceed the peak, which counts every thread's frees.
@@ -62,15 +62,21 @@ class LiveBlocks {
                  static_cast<long long>(peak_), at_peak_.size(), static_cast<long long>(kMinBytes),
                  static_cast<long long>(listed),
                  listed > peak_ ? ": more than the peak, some were freed on a thread this window does not see" : "");
-    for (const auto& [bytes, where] : at_peak_) {
-      std::fprintf(stderr, "---- %lld bytes\n%s\n", static_cast<long long>(bytes), where ? where->get().c_str() : "");
+    for (const auto& [ptr, bytes, where] : at_peak_) {
+      std::fprintf(stderr, "---- %lld bytes at %p\n%s\n", static_cast<long long>(bytes), ptr,
+                   where ? where->get().c_str() : "");
     }
   }
 
  private:
   std::mutex mu_;
   std::unordered_map<void*, std::pair<int64_t, c10::Backtrace>> live_;
-  std::vector<std::pair<int64_t, c10::Backtrace>> at_peak_;
+  struct Block {
+    void* ptr;
+    int64_t bytes;
+    c10::Backtrace where;
+  };
+  std::vector<Block> at_peak_;
   bool marked_ = false;
   int64_t peak_ = 0;
 };
