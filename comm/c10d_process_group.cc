@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <initializer_list>
 #include <memory>
@@ -39,15 +40,21 @@ std::string BackendMessage(const std::exception& e) {
 
 namespace {
 
+// From this size a CPU collective's buffers can move an allocation peak, and the collective
+// lasts long enough (hundreds of microseconds on loopback Gloo) that a sched_yield is noise.
+constexpr size_t kYieldAfterReleaseBytes = size_t{1} << 20;
+
 class C10dWork final : public Work {
  public:
   C10dWork(DescriptionFn description, Timeout timeout, c10::intrusive_ptr<c10d::Work> work,
-           std::shared_ptr<const PeerLiveness> liveness, std::string backend_name, bool on_device)
+           std::shared_ptr<const PeerLiveness> liveness, std::string backend_name, bool on_device,
+           bool yield_after_release)
       : Work(std::move(description), timeout),
         work_(std::move(work)),
         liveness_(std::move(liveness)),
         backend_name_(std::move(backend_name)),
         on_device_(on_device),
+        yield_after_release_(yield_after_release),
         start_(std::chrono::steady_clock::now()) {}
 
   bool is_completed() override {
@@ -64,13 +71,16 @@ class C10dWork final : public Work {
   // Gloo's work keeps its tensors, and a reduce-scatter's copy of the whole input, until it
   // is destroyed (PyTorch drops it after wait()).
   //
-  // Then the host yields its core once. ProcessGroupGloo's worker thread marks a collective
-  // complete before it lets go of its own hold on the collective's buffers (its copy of a
-  // reduce-scatter input, 4 MiB per Linear(1024, 1024) unit), which it does when its run loop
-  // comes round: on busy cores that was 1.5-3.8 ms later, after the host had allocated the
-  // next unit's gradients (an LD_PRELOAD free() tracer showed the copy freed in
-  // ProcessGroupGloo::runLoop; bench/e2e's FSDP1 compute peak one copy higher in ~15% of
-  // reduce-scatters). One sched_yield (~1 us) let the worker finish first in all but 1-2 of 80.
+  // Then, for a collective of large buffers, the host yields its core once. ProcessGroupGloo's
+  // worker thread marks a collective complete before it lets go of its own hold on the
+  // collective's buffers (its copy of a reduce-scatter input, 4 MiB per Linear(1024, 1024)
+  // unit), which it does when its run loop comes round: on busy cores that was 1.5-3.8 ms
+  // later, after the host had allocated the next unit's gradients (an LD_PRELOAD free() tracer
+  // showed the copy freed in ProcessGroupGloo::runLoop; bench/e2e's FSDP1 compute peak one copy
+  // higher in ~15% of reduce-scatters). One sched_yield let the worker finish first in all but
+  // 1-2 of 80. Small collectives skip it: a yield that hands the core to the other rank costs a
+  // scheduler slice, which on bench/e2e's overhead model (192 collectives of <= 16 KiB per step)
+  // made the step 15-20% slower, for buffers too small to move a peak.
   void ReleaseAfterWait() override {
     if (on_device_) return;  // is_completed() must keep asking the device
     c10::intrusive_ptr<c10d::Work> released;
@@ -79,7 +89,7 @@ class C10dWork final : public Work {
       released.swap(work_);
     }
     released.reset();
-    std::this_thread::yield();
+    if (yield_after_release_) std::this_thread::yield();
   }
 
   bool WaitFor(Timeout timeout) override {
@@ -136,6 +146,7 @@ class C10dWork final : public Work {
   std::shared_ptr<const PeerLiveness> liveness_;
   std::string backend_name_;
   bool on_device_;  // CUDA tensors: waited on the device, kept after the wait
+  bool yield_after_release_;
   std::chrono::steady_clock::time_point start_;
   std::exception_ptr error_;
 };
@@ -168,7 +179,7 @@ class C10dProcessGroup final : public ProcessGroup {
     if (input.numel() == 0) return MakeCompletedWork(what);
     at::Tensor out = output.view({-1});
     at::Tensor in = input.view({-1});
-    return Wrap(what, torch_compat::AllGatherSingle(*backend_, out, in), input.device());
+    return Wrap(what, torch_compat::AllGatherSingle(*backend_, out, in), input.device(), output.nbytes());
   }
 
   WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -181,7 +192,8 @@ class C10dProcessGroup final : public ProcessGroup {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = ToC10d(op, native_avg_);
     // c10d's work keeps `in` (the scaled copy) alive until the collective finished.
-    WorkPtr work = Wrap(what, torch_compat::ReduceScatterSingle(*backend_, out, in, opts), input.device());
+    WorkPtr work =
+        Wrap(what, torch_compat::ReduceScatterSingle(*backend_, out, in, opts), input.device(), input.nbytes());
     AddAverageStep(*work, output, op);
     return work;
   }
@@ -194,7 +206,7 @@ class C10dProcessGroup final : public ProcessGroup {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = ToC10d(op, native_avg_);
-    WorkPtr work = Wrap(what, backend_->allreduce(tensors, opts), tensor.device());
+    WorkPtr work = Wrap(what, backend_->allreduce(tensors, opts), tensor.device(), tensor.nbytes());
     AddAverageStep(*work, tensor, op);
     return work;
   }
@@ -206,7 +218,7 @@ class C10dProcessGroup final : public ProcessGroup {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    return Wrap(what, backend_->broadcast(tensors, opts), tensor.device());
+    return Wrap(what, backend_->broadcast(tensors, opts), tensor.device(), tensor.nbytes());
   }
 
   WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
@@ -219,12 +231,13 @@ class C10dProcessGroup final : public ProcessGroup {
     at::Tensor in = input;
     std::vector<int64_t> out_splits = output_split_sizes;
     std::vector<int64_t> in_splits = input_split_sizes;
-    return Wrap(what, torch_compat::AllToAllSingle(*backend_, out, in, out_splits, in_splits), input.device());
+    return Wrap(what, torch_compat::AllToAllSingle(*backend_, out, in, out_splits, in_splits), input.device(),
+                std::max(input.nbytes(), output.nbytes()));
   }
 
   WorkPtr DoBarrier() override {
     return Wrap([text = absl::StrCat("barrier on ", WhoAmI())] { return text; }, backend_->barrier(),
-                c10::Device(options_.tensor_device_type.value_or(c10::DeviceType::CPU)));
+                c10::Device(options_.tensor_device_type.value_or(c10::DeviceType::CPU)), /*bytes=*/0);
   }
 
   c10::Device DoObjectCollectiveDevice() const override {
@@ -294,10 +307,12 @@ class C10dProcessGroup final : public ProcessGroup {
 
   // `device`: where the collective's tensors are. A CPU collective's work is dropped after its
   // wait; a device one's is kept, so that is_completed() keeps saying whether it finished on
-  // the device (its wait only ordered the current stream after it).
-  WorkPtr Wrap(DescriptionFn what, c10::intrusive_ptr<c10d::Work> work, c10::Device device) {
+  // the device (its wait only ordered the current stream after it). `bytes`: its largest
+  // buffer (C10dWork::ReleaseAfterWait yields from kYieldAfterReleaseBytes on).
+  WorkPtr Wrap(DescriptionFn what, c10::intrusive_ptr<c10d::Work> work, c10::Device device, size_t bytes) {
     return std::make_shared<C10dWork>(std::move(what), timeout(), std::move(work), options_.liveness, *who_,
-                                      /*on_device=*/!device.is_cpu());
+                                      /*on_device=*/!device.is_cpu(),
+                                      /*yield_after_release=*/device.is_cpu() && bytes >= kYieldAfterReleaseBytes);
   }
 
   // Gloo has no AVG: reduce with SUM, divide once the data arrived.
