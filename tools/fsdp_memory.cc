@@ -71,11 +71,16 @@ MemoryEstimate EstimateMemory(const Plan& plan, const MemoryOptions& options) {
     const int64_t params = options.reshard_after_forward ? (1 + next) * u : (k + 1 + next) * u;
     consider(persistent + k * a + params, absl::StrCat("forward of unit ", k));
   }
+  // FSDP1 flattens unit k's gradients and fills its reduce-scatter input while the unit is
+  // still unsharded; FSDP2 reshards the unit first (FSDPParamGroup::PostBackward), so its
+  // copy-in buffer takes the place of the unit's parameters.
+  const bool flat = plan.options.style == Style::kFlat;
   for (int64_t k = n - 1; k >= 0; --k) {
     const int64_t prefetched = k > 0 ? 1 : 0;
     const int64_t params = options.reshard_after_forward ? (1 + prefetched) * u : (k + 1) * u;
-    const int64_t total =
-        persistent + (n - 1 - k) * unit.grads + (k + 1) * a + params + m.unsharded_grads + m.reduce_scatter_input;
+    const int64_t gradients = params + m.unsharded_grads;  // while autograd computes unit k's
+    const int64_t reduce = (flat ? params : params - u) + m.unsharded_grads + m.reduce_scatter_input;
+    const int64_t total = persistent + (n - 1 - k) * unit.grads + (k + 1) * a + std::max(gradients, reduce);
     consider(total, absl::StrCat("backward of unit ", k));
   }
   consider(persistent + m.sharded_grads + 2 * LargestShardBytes(plan), "optimizer step");

@@ -10,9 +10,11 @@
 //   backward k   (units n-1 .. 0) + the sharded gradients of the units after k + the
 //                activations of units 0..k + unit k's and the prefetched unit k-1's
 //                unsharded parameters (with reshard_after_forward false: those of all units
-//                0..k, kept since forward) + unit k's unsharded gradients and its
-//                reduce-scatter input (FSDP2's copy-in buffer; FSDP1's flat gradient next to
-//                the original parameters' gradients);
+//                0..k, kept since forward) + unit k's unsharded gradients, and then its
+//                reduce-scatter input: FSDP1's flat gradient next to the original parameters'
+//                gradients, all of them beside the unsharded unit; FSDP2's copy-in buffer
+//                after the unit was resharded (FSDPParamGroup::PostBackward reshards first),
+//                so in its place;
 //   optimizer    + every sharded gradient + two temporaries the size of the largest
 //                parameter shard (torch::optim's AdamW: sqrt and the division).
 // Activations are what the caller says each unit saves for backward (`activation_bytes`):

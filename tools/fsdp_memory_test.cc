@@ -41,8 +41,21 @@ TEST(FsdpMemory, ComputeModelPeaksInTheBackwardOfTheSecondUnit) {
   EXPECT_EQ(m.optimizer_state, 8 * shard);
   EXPECT_EQ(m.unsharded_unit, unit);
   // Backward of unit 1: units 2 and 3 reduced (2 gradient shards), activations of units 0
-  // and 1, unit 1's and the prefetched unit 0's parameters, unit 1's unsharded gradients and
-  // reduce-scatter input.
+  // and 1, and three unsharded copies: unit 1's and the prefetched unit 0's parameters and
+  // unit 1's unsharded gradients, then (unit 1 resharded) the prefetched unit, the gradients
+  // and the reduce-scatter input.
+  EXPECT_EQ(m.peak, 12 * shard + 2 * shard + 2 * 524288 + 3 * unit);
+  EXPECT_EQ(m.peak_phase, "backward of unit 1");
+}
+
+// The same model under FSDP1: its flat gradient (the reduce-scatter input) is filled while
+// the unit is still unsharded, beside the original parameters' gradients: four copies.
+TEST(FsdpMemory, ComputeModelUnderFsdp1HoldsFourUnshardedCopies) {
+  const Plan plan = PlanFor("1024x1024,1024", "2", "flat");
+  const MemoryEstimate m = EstimateMemory(plan, Memory(4, 2 * 64 * 1024 * 4));
+  const int64_t shard = (1049600 / 2) * 4;  // rank 0's half of the flat parameter
+  const int64_t unit = 1049600 * 4;
+  EXPECT_EQ(m.sharded_params, 4 * shard);
   EXPECT_EQ(m.peak, 12 * shard + 2 * shard + 2 * 524288 + 4 * unit);
   EXPECT_EQ(m.peak_phase, "backward of unit 1");
 }
@@ -55,34 +68,41 @@ TEST(FsdpMemory, OverheadModelPeaksWhenTheLastPrefetchIsHeld) {
   const MemoryEstimate m = EstimateMemory(plan, Memory(64, activations));
   const int64_t shard = (32 * 64 + 3 * 32) * 4, unit = 4288 * 4;
   EXPECT_EQ(m.sharded_params + m.optimizer_state, 64 * 3 * shard);
-  // Backward of unit 1: 62 gradient shards, the activations of units 0 and 1, unit 1's and
-  // the prefetched unit 0's parameters, unit 1's unsharded gradients and reduce-scatter
-  // input. Unit 0 holds one gradient shard more but no prefetched unit (8576 < 17152 B).
-  EXPECT_EQ(m.peak, 64 * 3 * shard + 62 * shard + 2 * activations + 4 * unit);
+  // Backward of unit 1: 62 gradient shards, the activations of units 0 and 1, and three
+  // unsharded copies (two units' parameters and the gradients, or after the reshard the
+  // prefetched unit, the gradients and the reduce-scatter input). Unit 0 holds one gradient
+  // shard more but no prefetched unit (8576 < 17152 B).
+  EXPECT_EQ(m.peak, 64 * 3 * shard + 62 * shard + 2 * activations + 3 * unit);
   EXPECT_EQ(m.peak_phase, "backward of unit 1");
 }
 
-TEST(FsdpMemory, OneUnitOnOneRankHoldsThreeUnshardedCopiesInBackward) {
-  // One 1000x10 parameter (40 KB) on 1 rank: parameter and AdamW state, then in backward
-  // the parameter, its gradient and the reduce-scatter input. (The step's gradient and two
-  // temporaries tie with it; the first phase found is named.)
+TEST(FsdpMemory, OneUnitOnOneRankHoldsTwoUnshardedCopiesInBackwardThreeUnderFsdp1) {
+  // One 1000x10 parameter (40 KB) on 1 rank: parameter and AdamW state; in backward the
+  // parameter and its gradient, then (resharded) the gradient and the reduce-scatter input:
+  // two copies, below the optimizer step's gradient and two temporaries.
   const Plan plan = PlanFor("1000x10", "1");
   const MemoryEstimate m = EstimateMemory(plan, Memory(1, 0));
-  EXPECT_EQ(m.peak, 3 * 40000 + 3 * 40000);  // parameter + 2 states, then 3 copies
-  EXPECT_EQ(m.peak_phase, "backward of unit 0");
+  EXPECT_EQ(m.peak, 3 * 40000 + 3 * 40000);
+  EXPECT_EQ(m.peak_phase, "optimizer step");
   const MemoryEstimate sgd = EstimateMemory(plan, Memory(1, 0, /*states=*/0));
   EXPECT_EQ(sgd.peak, 40000 + 3 * 40000);
-  // FSDP1: the flat shard is one tensor, so the step's temporaries are flat-shard sized.
+  // FSDP1: parameter, original gradients and the flat gradient at once (three copies; the
+  // step's gradient and two flat-shard-sized temporaries tie with it, the first phase found
+  // is named).
   const Plan flat = PlanFor("1000x10,10", "1", "flat");
-  EXPECT_EQ(EstimateMemory(flat, Memory(1, 0)).unsharded_unit, 10010 * 4);
+  const MemoryEstimate f = EstimateMemory(flat, Memory(1, 0));
+  EXPECT_EQ(f.unsharded_unit, 10010 * 4);
+  EXPECT_EQ(f.peak, 3 * 40040 + 3 * 40040);
+  EXPECT_EQ(f.peak_phase, "backward of unit 0");
 }
 
 TEST(FsdpMemory, KeepingParametersAfterForwardHoldsEveryUnitInBackward) {
   const Plan plan = PlanFor("100x100", "4");
   const int64_t unit = 10000 * 4, shard = 2500 * 4;
   const MemoryEstimate kept = EstimateMemory(plan, Memory(8, 0, 2, /*reshard=*/false));
-  // Backward of the last forward unit: all 8 units unsharded, no gradient shard yet.
-  EXPECT_EQ(kept.peak, 8 * 3 * shard + 8 * unit + 2 * unit);
+  // Backward of the last forward unit: all 8 units unsharded and its gradients (then 7
+  // units, the gradients and the reduce-scatter input), no gradient shard yet.
+  EXPECT_EQ(kept.peak, 8 * 3 * shard + 8 * unit + unit);
   EXPECT_EQ(kept.peak_phase, "backward of unit 7");
   EXPECT_LT(EstimateMemory(plan, Memory(8, 0)).peak, kept.peak);
 }
