@@ -41,8 +41,11 @@ struct FlatParamStreams {
   // blocks the host on a CPU backend). The backend's temporaries (Gloo's flat all-gather
   // output, its copy of the reduce-scatter input: 4 MiB each per Linear(1024, 1024) unit)
   // are then freed before compute resumes instead of living through the next unit's
-  // backward: bench/e2e's FSDP1 peaks went from up to 1.09x to <= PyTorch's. Async CPU
-  // streams (tests) and CUDA streams keep their collectives in flight.
+  // backward: bench/e2e's FSDP1 compute peaks went from up to 1.09x to within PyTorch's
+  // run-to-run spread (C10dWork::ReleaseAfterWait's yield, comm/c10d_process_group.cc, took
+  // them below it). Async CPU streams (tests) and CUDA streams keep their collectives in
+  // flight. (FSDPState::PrefetchHandle's own CPU wait predates this and still covers async
+  // CPU streams.)
   bool host_waits_for_collectives = false;
 };
 

@@ -189,12 +189,11 @@ at::Tensor FSDPParam::AllGatherInput() {
     return post_forward_data_;  // already in the parameter dtype
   }
   if (extension_) return ExtensionAllGatherInput();
-  const bool cast = param_dtype_ && sharded_param_data_.scalar_type() != *param_dtype_;
-  if (!cast && sharded_param_data_.device() == device_) return sharded_param_data_;  // one reference, no copy
-  // An offloaded shard goes to the compute device first (asynchronously from pinned memory).
-  at::Tensor input = sharded_param_data_;
-  if (input.device() != device_) input = input.to(device_, /*non_blocking=*/input.is_pinned());
-  return CastIfNeeded(input, param_dtype_);
+  // Straight from the member (a local copy first would cost one more reference-count round
+  // trip); an offloaded shard goes to the compute device first (asynchronously from pinned
+  // memory).
+  if (sharded_param_data_.device() == device_) return CastIfNeeded(sharded_param_data_, param_dtype_);
+  return CastIfNeeded(sharded_param_data_.to(device_, /*non_blocking=*/sharded_param_data_.is_pinned()), param_dtype_);
 }
 
 void FSDPParam::SetAllGatherExtension(std::shared_ptr<AllGatherExtension> extension, MixedPrecisionPolicy mp_policy) {
