@@ -54,11 +54,16 @@ class Tally:
         self.passed = self.failed = self.skipped = 0
         self.failures = []
 
-    def add_target(self, target, status, passed_status, xml):
+    def add_target(self, target, status, passed_status, xmls):
         """Counts one test target: `status` is the runner's word for it, `passed_status`
-        whether that means it passed."""
-        counted = (self.count_xml(target, xml) if xml and os.path.exists(xml) else None) or \
-            {"passed": 0, "failed": 0, "skipped": 0}
+        whether that means it passed; `xmls` its GoogleTest XML file(s) (one per shard)."""
+        if isinstance(xmls, str):
+            xmls = [xmls]
+        counted = {"passed": 0, "failed": 0, "skipped": 0}
+        for xml in xmls or []:
+            one = self.count_xml(target, xml) if os.path.exists(xml) else None
+            for k, v in (one or {}).items():
+                counted[k] += v
         if not passed_status and counted["failed"] == 0:
             counted["failed"] = 1
             self.failures.append(f"{target}: {status}")
@@ -111,9 +116,12 @@ def bazel(log_path, testlogs):
     tally = Tally()
     for target, status in sorted(statuses(log_path, BAZEL_STATUS).items()):
         pkg, _, name = target[2:].partition(":")
-        xml = os.path.join(testlogs, pkg, name, "test.xml")
+        # A sharded test (shard_count) writes one XML per shard; the target's own test.xml is
+        # then a leftover of an earlier unsharded run, if any.
+        xmls = sorted(glob.glob(os.path.join(testlogs, pkg, name, "shard_*_of_*", "test.xml"))) or \
+            [os.path.join(testlogs, pkg, name, "test.xml")]
         usable = status in ("PASSED", "FAILED", "FLAKY")
-        tally.add_target(target, status, status == "PASSED", xml if usable else None)
+        tally.add_target(target, status, status == "PASSED", xmls if usable else None)
     return tally.report("bazel")
 
 

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <string>
+
 #include "fsdp/activation_checkpoint/checkpoint_wrapper.h"
 #include "fsdp/per_param/clip_grad_norm.h"
 #include "fsdp/per_param/fully_shard.h"
@@ -68,6 +71,34 @@ StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens) {
   s.world->all_reduce(total)->wait();
   result.loss = total.item<double>() / world;
   return result;
+}
+
+double RelDiff(const at::Tensor& got, const at::Tensor& want) {
+  TORCH_CHECK(got.sizes() == want.sizes(), "RelDiff: shapes differ, ", got.sizes(), " vs ", want.sizes());
+  const double scale = std::max(1.0, want.abs().max().item<double>());
+  return (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>() / scale;
+}
+
+double ReferenceSpread(const checkpoint::TensorDict& ref, const std::string& prefix, bool step0) {
+  double spread = 0;
+  int compared = 0;
+  for (const auto& item : ref) {
+    const std::string& key = item.key();
+    const bool is_step0 = key == "logits0" || key == "loss0" || key.rfind("grad.", 0) == 0;
+    const bool is_trained = key == "losses" || key == "grad_norms" || key.rfind("final.", 0) == 0;
+    if (!(step0 ? is_step0 : is_trained)) continue;
+    const at::Tensor* other = ref.find(prefix + key);
+    if (other == nullptr) continue;
+    spread = std::max(spread, RelDiff(*other, item.value()));
+    ++compared;
+  }
+  TORCH_CHECK(compared > 0, "ReferenceSpread: the reference holds no ", step0 ? "step-0" : "trained",
+              " keys under prefix '", prefix, "' (written by an older hf_llama_*.py?)");
+  return spread;
+}
+
+double TrainingTolerance(const checkpoint::TensorDict& ref, int world) {
+  return 2 * ReferenceSpread(ref, "f64.") + ReferenceSpread(ref, "rows" + std::to_string(world) + ".");
 }
 
 }  // namespace fsdp::examples::llama

@@ -8,6 +8,7 @@
 #include <torch/optim/adamw.h>
 
 #include <memory>
+#include <string>
 
 #include "checkpoint/tensor_dict_file.h"
 #include "comm/process_group.h"
@@ -45,6 +46,28 @@ struct StepResult {
 // size): forward, CausalLMLoss, backward, clip_grad_norm_(kMaxNorm), AdamW step, zero_grad.
 // Collective over `s.world`.
 StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens);
+
+// Relative difference of `got` from `want`: max |got - want| / max(1, max |want|), in double.
+double RelDiff(const at::Tensor& got, const at::Tensor& want);
+
+// The largest RelDiff between a reference's run and one of its other runs stored under
+// `prefix` (hf_llama_*.py: "f64." the same training in float64, "rows<k>." in float32 on one
+// process with each batch's rows split in k parts), over the keys both hold: with `step0`,
+// step 0's logits0, loss0 and grad.<fqn>; else the trained losses, grad_norms and final.<fqn>.
+// Throws c10::Error naming `prefix` when the reference holds none of those keys under it.
+double ReferenceSpread(const checkpoint::TensorDict& ref, const std::string& prefix, bool step0 = false);
+
+// The tolerance of a float32 run of the reference's training (ours, on `world` ranks each on its
+// rows of every batch, or one process) against the reference's float32 run:
+//   2 * E + S,   E = ReferenceSpread(ref, "f64."),   S = ReferenceSpread(ref, "rows<world>.").
+// Why: ours is another float32 evaluation of the same training, no less accurate than the
+// reference's; each lies within E (the reference's own f32 rounding error, measured against
+// f64 on this machine's kernels, so its summation orders and vector widths) of the exact
+// result when both sum in the same order, hence within 2E of each other (triangle inequality).
+// Ours sums the batch in `world` row parts; S is the measured distance between the
+// reference's order and that one. A sharding, reduction or convention bug is off by orders
+// of magnitude more. Throws c10::Error when the reference lacks "f64." or "rows<world>.".
+double TrainingTolerance(const checkpoint::TensorDict& ref, int world);
 
 }  // namespace fsdp::examples::llama
 

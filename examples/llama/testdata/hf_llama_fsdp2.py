@@ -1,7 +1,7 @@
 """Hugging Face's LlamaForCausalLM trained under PyTorch's own FSDP2: the reference of
 //examples/llama:llama_parity_test (Fsdp2*) and of the Llama demo (`./x demo`).
 
-Usage: hf_llama_fsdp2.py WORLD STEPS OUT_DIR
+Usage: hf_llama_fsdp2.py WORLD STEPS OUT_DIR [ROW_PARTS ...]
 WORLD processes (torch.multiprocessing, Gloo, CPU) each build hf_llama_reference.py's model
 (same seed: the same weights), fully_shard every decoder layer and then the root
 (torch.distributed.fsdp.fully_shard, PyTorch 2.15), and train STEPS steps of AdamW with
@@ -12,7 +12,12 @@ plain dicts of plain tensors):
   OUT_DIR/reference.pt  "tokens" [STEPS, GLOBAL_BATCH, SEQ]; per step the global loss (the
                         mean of the ranks' equal-sized slice losses) and the total grad norm
                         ("losses", "grad_norms", float64[STEPS]); "final.<fqn>" the full
-                        parameters after STEPS steps (get_model_state_dict, full_state_dict).
+                        parameters after STEPS steps (get_model_state_dict, full_state_dict);
+                        the same under "f64." for the same training in float64 on one process
+                        (hf_llama_reference.train, rows split as the ranks split them), and
+                        under "rows<k>." in float32 on one process with the rows split in k
+                        parts, for k = WORLD and each ROW_PARTS (the world sizes a C++ run
+                        compares at): the C++ side derives its tolerances from these.
 """
 import os
 import sys
@@ -26,7 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_llama_reference import LR, MAX_NORM, WEIGHT_DECAY, build_model, tokens_for  # noqa: E402
+from hf_llama_reference import LR, MAX_NORM, WEIGHT_DECAY, build_model, tokens_for, train  # noqa: E402
 
 GLOBAL_BATCH = 8  # divisible by 1, 2, 4 and 8
 
@@ -71,14 +76,26 @@ def worker(rank, world, steps, out_dir, store):
 
 
 def main():
-    if len(sys.argv) != 4:
-        sys.exit(f"usage: {sys.argv[0]} WORLD STEPS OUT_DIR")
+    if len(sys.argv) < 4:
+        sys.exit(f"usage: {sys.argv[0]} WORLD STEPS OUT_DIR [ROW_PARTS ...]")
     world, steps, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    if world < 1 or GLOBAL_BATCH % world != 0 or steps < 1:
-        sys.exit(f"WORLD must divide {GLOBAL_BATCH} and STEPS be positive, got {world}, {steps}")
+    row_parts = [int(a) for a in sys.argv[4:]]
+    if any(w < 1 or GLOBAL_BATCH % w != 0 for w in [world, *row_parts]) or steps < 1:
+        sys.exit(f"WORLD and ROW_PARTS must divide {GLOBAL_BATCH} and STEPS be positive, got {sys.argv[1:]}")
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(world, steps, out_dir, os.path.join(tmp, "store")), nprocs=world)
+    # The same training in float64 on one process, the batch's rows split as the ranks split
+    # them: the f32 run's own rounding error, from which the C++ side derives its tolerance.
+    path = os.path.join(out_dir, "reference.pt")
+    out = torch.load(path)
+    out.update({"f64." + k: v for k, v in train(steps, GLOBAL_BATCH, torch.float64, world).items()})
+    # And in f32 on one process with the rows split as W ranks split them, for each W a C++ run
+    # compares at against this reference (the demo resumes at another world size): the spread
+    # between that run's summation order and this one's.
+    for parts in sorted({world, *row_parts}):
+        out.update({f"rows{parts}." + k: v for k, v in train(steps, GLOBAL_BATCH, row_parts=parts).items()})
+    torch.save(out, path)
     print("OK")
 
 

@@ -11,7 +11,13 @@ checkpoint::LoadTensorDict, accepts):
   OUT_DIR/reference.pt  tokens [K, B, T] (int64); step 0's logits, loss and every parameter's
                         gradient ("grad.<fqn>", before clipping); per step k = 0..K-1 the loss
                         and the total grad norm clip_grad_norm_ returns ("losses", "grad_norms",
-                        float64[K]); the parameters after K AdamW steps ("final.<fqn>").
+                        float64[K]); the parameters after K AdamW steps ("final.<fqn>");
+                        the same keys under "f64." for the same training in float64 (the
+                        reference's own f32 rounding error: the test's tolerances derive from
+                        it), and under "rows<k>." (k = 1, 2) the losses, norms and final
+                        parameters of the f32 training with each batch's rows split in k parts
+                        whose mean losses are averaged by gradient accumulation (FSDP at W=k's
+                        order).
 The config and training constants are mirrored in llama_parity_test.cc (kConfig, kLr, ...).
 """
 import os
@@ -54,37 +60,54 @@ def build_model():
     return model
 
 
-def main(out_dir):
-    model = build_model()
-    os.makedirs(out_dir, exist_ok=True)
-    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
-               os.path.join(out_dir, "init.pt"))
+def train(steps, batch, dtype=torch.float32, row_parts=1, record_step0=False):
+    """`steps` AdamW + clip_grad_norm_ steps of build_model() in `dtype` on tokens_for(step, batch).
 
+    Each batch's rows are split into `row_parts` equal parts (as FSDP's ranks split them) whose
+    mean losses are averaged by gradient accumulation: the same gradient as the whole batch's
+    mean loss, summed in the order FSDP at W=row_parts sums it. Returns the reference.pt keys
+    (losses, grad_norms, final.<fqn>; with record_step0 also logits0, loss0, grad.<fqn>).
+    """
+    model = build_model().to(dtype)
     params = dict(model.named_parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    out = {"tokens": torch.stack([tokens_for(s) for s in range(STEPS)])}
-    losses, norms = [], []
-    for step in range(STEPS):
-        ids = tokens_for(step)
-        result = model(input_ids=ids, labels=ids)
+    out, losses, norms = {}, [], []
+    for step in range(steps):
         opt.zero_grad()
-        result.loss.backward()
-        if step == 0:
-            out["logits0"] = result.logits.detach().clone()
-            out["loss0"] = result.loss.detach().clone()
+        loss = 0.0
+        for ids in tokens_for(step, batch).chunk(row_parts):
+            result = model(input_ids=ids, labels=ids)
+            (result.loss / row_parts).backward()
+            loss += result.loss.item() / row_parts
+            if step == 0 and record_step0:
+                out["logits0"] = result.logits.detach().clone()
+                out["loss0"] = result.loss.detach().clone()
+        if step == 0 and record_step0:
             for name, p in params.items():
                 out["grad." + name] = p.grad.detach().clone()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
-        losses.append(result.loss.item())
+        losses.append(loss)
         norms.append(norm.item())
     out["losses"] = torch.tensor(losses, dtype=torch.float64)
     out["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
     for name, p in params.items():
         out["final." + name] = p.detach().clone()
+    return out
+
+
+def main(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save({k: v.detach().clone() for k, v in build_model().state_dict().items()},
+               os.path.join(out_dir, "init.pt"))
+    out = {"tokens": torch.stack([tokens_for(s) for s in range(STEPS)])}
+    out.update(train(STEPS, BATCH, record_step0=True))
+    out.update({"f64." + k: v for k, v in train(STEPS, BATCH, torch.float64, record_step0=True).items()})
+    for parts in (1, 2):  # rows1: the same run again (the same order; C++ one process uses it)
+        out.update({f"rows{parts}." + k: v for k, v in train(STEPS, BATCH, row_parts=parts).items()})
     torch.save(out, os.path.join(out_dir, "reference.pt"))
-    print("losses", losses)
-    print("grad_norms", norms)
+    print("losses", out["losses"].tolist())
+    print("grad_norms", out["grad_norms"].tolist())
 
 
 if __name__ == "__main__":
