@@ -16,8 +16,8 @@ uint32_t LoadWord32(const char* p) {
   return v;
 }
 
-// CRC-32 (zip's polynomial, bit-reflected), slicing by 8 bytes: ~2 GB/s. `reg` is the
-// register (the CRC before its final inversion).
+// CRC-32 (zip's polynomial, bit-reflected), slicing by 8 bytes: the portable fallback. `reg`
+// is the register (the CRC before its final inversion).
 uint32_t Crc32Table(const uint8_t* p, size_t size, uint32_t reg) {
   static const auto tables = [] {
     std::array<std::array<uint32_t, 256>, 8> t{};
@@ -45,20 +45,18 @@ uint32_t Crc32Table(const uint8_t* p, size_t size, uint32_t reg) {
 #if defined(__x86_64__)
 // The same register update with carry-less multiplication. Every record of a loaded checkpoint
 // is CRC-checked, so for a load to reach plain-file-read throughput the CRC must run well
-// above memcpy speed (the table alone would cost 5x a memcpy). Intel's folding method ("Fast
+// above memcpy speed, which the table does not (docs/design/measured-choices.md has the
+// throughput of each variant and how it was measured). Intel's folding method ("Fast
 // CRC Computation for Generic Polynomials Using PCLMULQDQ Instruction", Gopal et al., 2009):
 // lanes of the message are folded forward D bits at a time (a 128-bit lane's two 64-bit
 // halves times x^(D+32) and x^(D-32) mod P: congruent to lane * x^D modulo P), then into one
 // 128-bit lane, then 128 -> 64 -> 32 bits (k5) and a Barrett reduction (P' and mu).
 // The constants are for P = 0x104C11DB7, bit-reflected: (x^n mod P) reversed in 32 bits,
-// shifted left 1 (so x^544 -> 0x154442bd4).
-// Measured on an AMD EPYC (Zen 4, family 25 model 17), best of 5, in GB/s, with a throwaway
-// loop over Crc32 (`#include "checkpoint/crc32.cc"`, g++ -O2 -std=c++20 -I. bench.cc):
-//                                                            512 KiB (cached)  64 MiB
-//   Crc32Table:      slicing by 8                                    ~2          ~2
-//   Crc32Fold:       PCLMULQDQ, four 128-bit lanes by 512 bits       ~14         ~14
-//   Crc32FoldAvx512: VPCLMULQDQ, four 512-bit lanes by 2048 bits     ~58         ~30
-// (memcpy there: ~40 and ~14; 64 MiB is at the core's DRAM read bandwidth.)
+// shifted left 1 (so x^544 -> 0x154442bd4). The variants, the fastest the CPU has chosen at
+// run time:
+//   Crc32Table:      slicing by 8
+//   Crc32Fold:       PCLMULQDQ, four 128-bit lanes by 512 bits
+//   Crc32FoldAvx512: VPCLMULQDQ, four 512-bit lanes by 2048 bits
 // (Helpers, not lambdas: GCC does not pass the target attribute on to a lambda.)
 __attribute__((target("pclmul,sse4.1"))) inline __m128i Load128(const uint8_t* q) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));

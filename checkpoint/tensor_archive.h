@@ -1,8 +1,9 @@
 // A streaming writer of the torch.save archive of one tensor: what a DCP data file holds per
 // tensor chunk (filesystem.py _write_item torch.save's each one). WriteCheckpoint (LibTorch's
 // torch::jit::pickle_save) builds the whole archive in memory, its data copied and CRC'ed by
-// LibTorch's table CRC-32 (~2 GB/s); this writes the header, then the tensor's bytes straight
-// from its memory in blocks, each CRC'ed (crc32.h) on the way, then the rest: the layout
+// LibTorch's table CRC-32 (slow: docs/design/measured-choices.md); this writes the header,
+// then the tensor's bytes straight from its memory in blocks, each CRC'ed (crc32.h) on the
+// way, then the rest: the layout
 // LibTorch's PyTorchStreamWriter gives (caffe2/serialize/inline_container.cc at v2.15.0:
 // records data/0, data.pkl, version, byteorder, .data/serialization_id, each aligned to 64
 // bytes by an "FB" extra field, flags 0x0808 with a data descriptor, a zip64 end record), and

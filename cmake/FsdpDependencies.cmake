@@ -76,9 +76,12 @@ message(STATUS "LibTorch: ${TORCH_INSTALL_PREFIX} (torch_cpu + c10 only)")
 
 add_library(fsdp_libtorch INTERFACE)
 # torch_cpu carries include/ and USE_DISTRIBUTED / USE_C10D_GLOO; the C++ frontend
-# (torch/torch.h, torch::nn, torch::optim) lives under include/torch/csrc/api/include.
+# (torch/torch.h, torch::nn, torch::optim) lives under include/torch/csrc/api/include. In the
+# installed package, the LibTorch the consumer found: its `torch` target lists both
+# directories (TorchConfig.cmake's TORCH_INCLUDE_DIRS); this build's path would not move.
 target_include_directories(fsdp_libtorch SYSTEM INTERFACE
-                           "${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include")
+                           "$<BUILD_INTERFACE:${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include>"
+                           "$<INSTALL_INTERFACE:$<TARGET_PROPERTY:torch,INTERFACE_INCLUDE_DIRECTORIES>>")
 target_link_libraries(fsdp_libtorch INTERFACE torch_cpu c10 Threads::Threads)
 target_compile_features(fsdp_libtorch INTERFACE cxx_std_20)
 add_library(libtorch_fsdp::libtorch ALIAS fsdp_libtorch)

@@ -2,7 +2,7 @@
 # files by tools/gen_cmake_targets.py) calls them once per Bazel C++ target.
 #
 #   fsdp_cc_library(//pkg:name SRCS .. HDRS .. DEPS .. [CUDA_SRCS ..] [NOCUDA_SRCS ..]
-#                   [CUDA_DEPS ..] [TESTONLY] [ALWAYSLINK] [OPTION FSDP_BUILD_X])
+#                   [CUDA_DEPS ..] [TESTONLY] [ALWAYSLINK] [OPTION FSDP_BUILD_X] [INSTALL])
 #   fsdp_cc_binary(//pkg:name SRCS .. DEPS .. [TESTONLY] [LINKOPTS ..] [OPTION FSDP_BUILD_X])
 #   fsdp_cc_test(//pkg:name SIZE small|medium|large [TIMEOUT short|moderate|long|eternal]
 #                SRCS .. DEPS .. [DATA ..] [ENV K=V ..] [ARGS ..] [SMOKE [SMOKE_FILTER -Suite.Case:..]])
@@ -15,7 +15,9 @@
 # ...). ALWAYSLINK is Bazel's alwayslink (whole archive: e.g. test cases linked into several
 # test binaries). CUDA_* / NOCUDA_* are the two branches of a `select` on //comm:with_cuda
 # (FSDP_WITH_CUDA). OPTION: the target is defined only when that option is ON (else recorded
-# as skipped). SMOKE: the test is in the smoke set (CTest label `smoke`); SMOKE_FILTER: the GoogleTest
+# as skipped). INSTALL: the library is in the CMake package (cmake/FsdpInstall.cmake; its HDRS
+# install at their repository paths under include/). SMOKE: the test is in the smoke set
+# (CTest label `smoke`); SMOKE_FILTER: the GoogleTest
 # negative filter its smoke run uses (FSDP_CMAKE_SMOKE=ON only). Target names:
 # //pkg:name -> pkg_name with '/' -> '_', and a package's
 # default target (//comm == //comm:comm) is just the package: //comm -> comm,
@@ -36,10 +38,10 @@
 set(FSDP_COPTS -Wall -Wno-unused-parameter -Wno-sign-compare -Wno-unknown-pragmas
     -Wno-missing-field-initializers)
 
-# Precompiled LibTorch headers: ATen.h and torch::nn / torch::optim cost ~8 of a TU's ~12 s
-# on the project machine (measured: fsdp_param_group.cc 12.1 s plain, 3.9 s with the PCH; the
-# PCH itself ~37 s once). Two are built, the tiers of Bazel's tools/cc.bzl: fsdp_pch (the full
-# list, tools/torch_pch_headers.h; the default) and fsdp_pch_aten (ATen only,
+# Precompiled LibTorch headers: ATen.h and torch::nn / torch::optim are most of a TU's compile
+# time (figures: docs/development/building.md). Two are built, the tiers of Bazel's
+# tools/cc.bzl: fsdp_pch (the full list, tools/torch_pch_headers.h; the default) and
+# fsdp_pch_aten (ATen only,
 # tools/torch_pch_aten_headers.h; targets with PCH aten). PCH none: no precompiled header (the
 # sources include no LibTorch header). Every target reuses one of them, so all targets compile
 # position-independent (one -fPIC setting for a PCH and its users). A target whose flags
@@ -185,8 +187,8 @@ endfunction()
 
 # Sources, headers and deps of the configuration being built (FSDP_WITH_CUDA or not).
 macro(_fsdp_common_args kind)
-  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK;SMOKE" "SIZE;TIMEOUT;KIND;REASON;OPTION;PCH;SMOKE_FILTER"
-                        "SRCS;HDRS;DEPS;CUDA_SRCS;NOCUDA_SRCS;CUDA_DEPS;LINKOPTS;DATA;ENV;ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "TESTONLY;ALWAYSLINK;SMOKE;INSTALL" "SIZE;TIMEOUT;KIND;REASON;OPTION;PCH;SMOKE_FILTER"
+                        "SRCS;HDRS;DEPS;CUDA_SRCS;NOCUDA_SRCS;CUDA_DEPS;LINKOPTS;DATA;ENV;ARGS;TAGS" ${ARGN})
   _fsdp_split_label("${label}" pkg name)
   fsdp_target_name("${label}" target)
   set(_kind ${kind})
@@ -284,6 +286,16 @@ function(fsdp_cc_library label)
     target_link_libraries(${target} INTERFACE ${_link})
   endif()
   add_library(libtorch_fsdp::${target} ALIAS ${target})
+  if(ARG_INSTALL AND FSDP_INSTALL)
+    if(ARG_ALWAYSLINK)
+      message(FATAL_ERROR "${label}: the CMake package does not install ALWAYSLINK libraries")
+    endif()
+    set_property(GLOBAL APPEND PROPERTY FSDP_INSTALL_TARGETS ${target})
+    foreach(_h IN LISTS ARG_HDRS)
+      get_filename_component(_dir "${pkg}/${_h}" DIRECTORY)
+      install(FILES "${FSDP_SOURCE_DIR}/${pkg}/${_h}" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/${_dir}")
+    endforeach()
+  endif()
 endfunction()
 
 function(_fsdp_executable)
@@ -355,7 +367,8 @@ function(fsdp_cc_test label)
   if(ARG_TIMEOUT)
     set(timeout ${FSDP_TIMEOUT_${ARG_TIMEOUT}})
   endif()
-  set(labels "${ARG_SIZE}")
+  # TAGS: the Bazel test's tags (float_parity: `ctest -L float_parity`).
+  set(labels "${ARG_SIZE}" ${ARG_TAGS})
   if(ARG_SMOKE)
     list(APPEND labels smoke)
   endif()

@@ -17,7 +17,10 @@ KNOWN_ATTRS = {"name", "srcs", "hdrs", "deps", "size", "data", "env", "args", "t
                # CMake's PCH argument (fsdp_pch / fsdp_pch_aten in cmake/FsdpTargets.cmake).
                "torch_pch",
                # Checked against CUDA_LOCAL_DEFINES below.
-               "local_defines"}
+               "local_defines",
+               # A test's tags: CTest LABELS (`ctest -L float_parity`); shard_count: Bazel
+               # splits a test's cases over processes, CTest runs them in one.
+               "tags", "shard_count"}
 # The only local_defines a BUILD file may set, each under //comm:with_cuda: CMake's
 # FSDP_WITH_CUDA option defines them for every target (cmake/FsdpDependencies.cmake).
 CUDA_LOCAL_DEFINES = {"FSDP_WITH_CUDA=1",
@@ -151,9 +154,15 @@ def load_build_files(root):
             continue
         path = os.path.join(dirpath, "BUILD.bazel" if "BUILD.bazel" in filenames else "BUILD")
 
-        def rule(kind, pkg=rel, path=path):
+        # package(default_visibility = ...): a target without `visibility` gets it (the
+        # CMake package installs what is public, tools/gen_cmake_targets.py).
+        package_defaults = {}
+
+        def rule(kind, pkg=rel, path=path, package_defaults=package_defaults):
             def record(**kwargs):
                 label = f"//{pkg}:{kwargs['name']}"
+                if "visibility" not in kwargs and "default_visibility" in package_defaults:
+                    kwargs["visibility"] = list(package_defaults["default_visibility"])
                 if kind not in CC_RULES:
                     problems.append(f"{label}: rule {kind} ({path}) is not mirrored by CMake; "
                                     "teach tools/gen_cmake_targets.py and "
@@ -194,7 +203,7 @@ def load_build_files(root):
 
         env = {
             "load": load,
-            "package": lambda **k: None,
+            "package": lambda **k: package_defaults.update(k),
             "exports_files": lambda *a, **k: None,
             "licenses": lambda *a, **k: None,
             "config_setting": lambda **k: None,

@@ -7,6 +7,8 @@
 #     //fuzz:dcp_metadata_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with
 #     FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
 #     tools/fuzz.sh's)
+# INSTALL: in the CMake package (`cmake --install`): the public libraries, not testonly,
+# and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
 #     //dtensor:tensor_parallel_test //examples:restart_test
@@ -97,17 +99,19 @@ fsdp_cc_library(//bench/peer:peer_parity TESTONLY
 fsdp_cc_test(//bench/peer:pytorch_parity_test SIZE medium
   SRCS pytorch_parity_test.cc
   DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
+  TAGS float_parity
   DEPS :peer_parity //fsdp/per_param //fsdp/per_param:test_models //mesh //optim_state:fsdp2
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//bench/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
   SRCS pytorch_fsdp1_parity_test.cc
   DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
+  TAGS float_parity
   DEPS :peer_parity //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //optim_state:fsdp1 //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //checkpoint
-fsdp_cc_library(//checkpoint PCH aten
+fsdp_cc_library(//checkpoint INSTALL PCH aten
   SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc crc32.cc file_io.cc
        optim_state_file.cc tensor_dict_file.cc torch_unpickler.cc
   HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h crc32.h file_io.h optim_state_file.h
@@ -118,7 +122,7 @@ fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE PCH aten
   SRCS checkpoint_test.cc
   DEPS :checkpoint //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
-fsdp_cc_library(//checkpoint:dcp PCH aten
+fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
   SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_pickle.cc dcp_read.cc dcp_storage.cc
        tensor_archive.cc
   HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h tensor_archive.h
@@ -136,14 +140,14 @@ fsdp_cc_test(//checkpoint:dcp_test SIZE medium PCH aten
        @system//:absl @system//:gtest_main)
 
 # ================================================================ //comm
-fsdp_cc_library(//comm PCH aten
+fsdp_cc_library(//comm INSTALL PCH aten
   SRCS comm_trace.cc fake_process_group.cc internal/reduce_math.cc internal/reduce_math.h
        object_collectives.cc process_group.cc threaded_process_group.cc torchrun_env.cc
   HDRS comm_trace.h fake_process_group.h object_collectives.h process_group.h reduce_op.h
        threaded_process_group.h torchrun_env.h work.h
   DEPS @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:main_guard PCH none
+fsdp_cc_library(//comm:main_guard INSTALL PCH none
   SRCS main_guard.cc
   HDRS main_guard.h
   DEPS @libtorch @system//:absl)
@@ -153,22 +157,22 @@ fsdp_cc_library(//comm:faulty TESTONLY PCH aten
   HDRS faulty_process_group.h
   DEPS :comm @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:tcp_store PCH aten
+fsdp_cc_library(//comm:tcp_store INSTALL PCH aten
   SRCS internal/tcp_store.cc
   HDRS internal/tcp_store.h
   DEPS :comm :main_guard @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:c10d PCH aten
+fsdp_cc_library(//comm:c10d INSTALL PCH aten
   SRCS c10d_process_group.cc internal/gloo_liveness.cc
   HDRS c10d_process_group.h internal/c10d_adapter.h internal/gloo_liveness.h
   DEPS :comm //torch_compat @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:gloo PCH aten
+fsdp_cc_library(//comm:gloo INSTALL PCH aten
   SRCS gloo_process_group.cc
   HDRS gloo_process_group.h
   DEPS :c10d :comm :main_guard :tcp_store @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:init_process_group PCH aten
+fsdp_cc_library(//comm:init_process_group INSTALL PCH aten
   SRCS init_process_group.cc
   HDRS init_process_group.h
   DEPS :comm :gloo :nccl @libtorch)
@@ -188,7 +192,7 @@ fsdp_cc_test(//comm:conformance_test SIZE large PCH aten
   DEPS :comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
-fsdp_cc_library(//comm:nccl PCH aten
+fsdp_cc_library(//comm:nccl INSTALL PCH aten
   CUDA_SRCS nccl_process_group.cc
   NOCUDA_SRCS nccl_unavailable.cc
   HDRS nccl_process_group.h
@@ -201,7 +205,7 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
   CUDA_DEPS @cuda//:cudart)
 
 # ================================================================ //dcp
-fsdp_cc_library(//dcp
+fsdp_cc_library(//dcp INSTALL
   SRCS checkpoint_dirs.cc collectives.cc collectives.h flat_optim.cc load.cc plan.cc plan.h save.cc
        state_items.cc state_items.h
   HDRS checkpoint_dirs.h dcp.h
@@ -211,6 +215,7 @@ fsdp_cc_library(//dcp
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
+  TAGS float_parity
   DEPS //testing:test_dir :dcp //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:runtime
        //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/per_param
        //fsdp/per_param:runtime //fsdp/per_param:test_models //mesh //optim_state:core
@@ -219,6 +224,7 @@ fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
 
 fsdp_cc_test(//dcp:large_model_test SIZE medium
   SRCS large_model_test.cc
+  TAGS float_parity
   DEPS :dcp //comm //fsdp/common //fsdp/common:test_models //fsdp/per_param //fsdp/per_param:runtime
        //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
@@ -226,18 +232,20 @@ fsdp_cc_test(//dcp:large_model_test SIZE medium
 fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS interop_common.h interop_test.cc
   DATA testdata/fsdp2_interop.py
+  TAGS float_parity
   DEPS :dcp //comm //fsdp/common //fsdp/per_param //mesh //optim_state:fsdp2 //testing:multi_rank
        //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:fsdp1_interop_test SIZE medium
   SRCS fsdp1_interop_test.cc interop_common.h
   DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py
+  TAGS float_parity
   DEPS :dcp //checkpoint //comm //fsdp/common //fsdp/flat_param //fsdp/per_param //mesh
        //optim_state:core //optim_state:fsdp1 //testing:multi_rank //testing:peer_python @libtorch
        @system//:absl @system//:gtest_main)
 
 # ================================================================ //device
-fsdp_cc_library(//device PCH aten
+fsdp_cc_library(//device INSTALL PCH aten
   SRCS cpu_stream.cc internal/pools.h stream.cc
   CUDA_SRCS cuda_stream.cc
   NOCUDA_SRCS cuda_unavailable.cc
@@ -250,7 +258,7 @@ fsdp_cc_test(//device:stream_test SIZE small SMOKE PCH aten
   DEPS :device //comm //testing:expect_error //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //dtensor
-fsdp_cc_library(//dtensor PCH aten
+fsdp_cc_library(//dtensor INSTALL PCH aten
   SRCS dtensor.cc dtensor_spec.cc large_output_cache.cc placement.cc redistribute.cc
   HDRS dtensor.h dtensor_spec.h large_output_cache.h placement.h redistribute.h
   DEPS //comm //mesh //torch_compat @libtorch @system//:absl)
@@ -258,16 +266,18 @@ fsdp_cc_library(//dtensor PCH aten
 fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
   SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
   DATA testdata/*.txt
+  TAGS float_parity
   DEPS :dtensor //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
-fsdp_cc_library(//dtensor:tensor_parallel
+fsdp_cc_library(//dtensor:tensor_parallel INSTALL
   SRCS tensor_parallel.cc
   HDRS tensor_parallel.h
   DEPS :dtensor //comm //mesh @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:tensor_parallel_test SIZE medium SMOKE
   SRCS tensor_parallel_test.cc
+  TAGS float_parity
   DEPS :dtensor :tensor_parallel //comm //mesh //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
 
@@ -281,6 +291,11 @@ fsdp_cc_binary(//examples:fsdp2_demo
   DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp
        //fsdp/per_param //mesh @libtorch @system//:absl @system//:absl_flags)
 
+fsdp_cc_binary(//examples:readme_example
+  SRCS readme_example.cc
+  DEPS //comm //comm:init_process_group //comm:main_guard //dcp //fsdp/common //fsdp/per_param
+       //mesh @libtorch)
+
 fsdp_cc_library(//examples:training_checkpoints PCH aten
   SRCS training_checkpoints.cc
   HDRS training_checkpoints.h
@@ -289,6 +304,7 @@ fsdp_cc_library(//examples:training_checkpoints PCH aten
 fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits" PCH aten
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
+  TAGS float_parity
   DEPS //testing:test_dir //fsdp/per_param //testing:multi_rank //testing:peer_python @libtorch
        @system//:absl @system//:gtest)
 
@@ -303,9 +319,10 @@ fsdp_cc_library(//examples/llama:llama_training
   HDRS llama_training.h
   DEPS :llama //checkpoint //comm //fsdp/activation_checkpoint //fsdp/per_param //mesh @libtorch)
 
-fsdp_cc_test(//examples/llama:llama_parity_test SIZE medium
+fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
   SRCS llama_parity_test.cc
   DATA testdata/hf_llama_fsdp2.py testdata/hf_llama_reference.py
+  TAGS float_parity
   DEPS :llama :llama_training //checkpoint //comm //fsdp/per_param //mesh //testing:multi_rank
        //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
@@ -316,7 +333,7 @@ fsdp_cc_binary(//examples/llama:llama_demo
        @system//:absl_flags)
 
 # ================================================================ //fsdp/activation_checkpoint
-fsdp_cc_library(//fsdp/activation_checkpoint
+fsdp_cc_library(//fsdp/activation_checkpoint INSTALL
   SRCS checkpoint.cc checkpoint_wrapper.cc
   HDRS checkpoint.h checkpoint_wrapper.h
   DEPS //fsdp/common @libtorch)
@@ -328,11 +345,12 @@ fsdp_cc_test(//fsdp/activation_checkpoint:checkpoint_test SIZE small SMOKE
 
 fsdp_cc_test(//fsdp/activation_checkpoint:fsdp2_checkpoint_test SIZE medium
   SRCS fsdp2_checkpoint_test.cc
+  TAGS float_parity
   DEPS :activation_checkpoint //comm //fsdp/common //fsdp/common:test_models //fsdp/flat_param
        //fsdp/per_param //mesh //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/common
-fsdp_cc_library(//fsdp/common
+fsdp_cc_library(//fsdp/common INSTALL
   SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc hooked_module.cc meta.cc sharding.cc
        storage.cc
   HDRS autograd_hooks.h env_override.h flat_layout.h forward_tensors.h fsdp_state_base.h
@@ -348,12 +366,12 @@ fsdp_cc_test(//fsdp/common:common_test SIZE small SMOKE
   DEPS :common //testing:expect_error @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/flat_param
-fsdp_cc_library(//fsdp/flat_param
+fsdp_cc_library(//fsdp/flat_param INSTALL
   SRCS clip_grad_norm.cc fully_sharded_data_parallel.cc state_dict.cc summon_full_params.cc
   HDRS fully_sharded_data_parallel.h state_dict.h summon_full_params.h
   DEPS :runtime //checkpoint //comm //device //fsdp/common //mesh @libtorch @system//:absl)
 
-fsdp_cc_library(//fsdp/flat_param:runtime
+fsdp_cc_library(//fsdp/flat_param:runtime INSTALL
   SRCS exec_order.cc flat_param.cc flat_param_grad.cc flat_param_runtime.cc flat_param_streams.cc
        flat_state.cc runtime_backward.cc runtime_forward.cc
   HDRS exec_order.h flat_param.h flat_param_streams.h flat_state.h fsdp_options.h fsdp_state.h
@@ -361,6 +379,7 @@ fsdp_cc_library(//fsdp/flat_param:runtime
 
 fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium
   SRCS flat_param_golden_test.cc flat_param_streams_test.cc flat_param_test.cc
+  TAGS float_parity
   DEPS :flat_param //comm //device //fsdp/common //testing:expect_error //testing:multi_rank
        @libtorch @system//:absl @system//:gtest_main)
 
@@ -371,10 +390,12 @@ fsdp_cc_library(//fsdp/flat_param:fsdp_test_cases TESTONLY ALWAYSLINK
        //testing:multi_rank @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/flat_param:fsdp_test SIZE medium
+  TAGS float_parity
   DEPS :fsdp_test_cases @system//:gtest_main)
 
 fsdp_cc_test(//fsdp/flat_param:fsdp_async_streams_test SIZE medium
   ENV FSDP_CPU_STREAMS=async:200
+  TAGS float_parity
   DEPS :fsdp_test_cases @system//:gtest_main)
 
 fsdp_cc_library(//fsdp/flat_param:fsdp_test_models TESTONLY
@@ -384,21 +405,22 @@ fsdp_cc_library(//fsdp/flat_param:fsdp_test_models TESTONLY
 fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small SMOKE
   SRCS golden_test.cc
   DATA testdata/*.txt
+  TAGS float_parity
   DEPS :runtime //comm @libtorch //testing:golden_file @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/per_param
-fsdp_cc_library(//fsdp/per_param
+fsdp_cc_library(//fsdp/per_param INSTALL
   SRCS auto_wrap.cc clip_grad_norm.cc fully_shard.cc meta_init.cc state_dict.cc
   HDRS auto_wrap.h checkpoint_reader.h checkpoint_zip.h clip_grad_norm.h fully_shard.h meta_init.h
        state_dict.h
   DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:tensor_parallel //fsdp/common //mesh
        @libtorch @system//:absl)
 
-fsdp_cc_library(//fsdp/per_param:api
+fsdp_cc_library(//fsdp/per_param:api INSTALL
   HDRS all_gather_extension.h fsdp_api.h
   DEPS //device //mesh @libtorch)
 
-fsdp_cc_library(//fsdp/per_param:runtime
+fsdp_cc_library(//fsdp/per_param:runtime INSTALL
   SRCS fsdp_collectives.cc fsdp_param.cc fsdp_param_group.cc fsdp_state.cc mesh_info.cc
   HDRS fsdp_collectives.h fsdp_param.h fsdp_param_group.h fsdp_state.h mesh_info.h training_state.h
   DEPS :api //comm //device //dtensor //dtensor:tensor_parallel //fsdp/common //mesh @libtorch
@@ -412,10 +434,12 @@ fsdp_cc_library(//fsdp/per_param:per_param_test_cases TESTONLY ALWAYSLINK
        //testing:test_dir @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/per_param:per_param_test SIZE medium
+  TAGS float_parity
   DEPS :per_param_test_cases @system//:gtest_main)
 
 fsdp_cc_test(//fsdp/per_param:per_param_async_streams_test SIZE medium
   ENV FSDP_CPU_STREAMS=async:200
+  TAGS float_parity
   DEPS :per_param_test_cases @system//:gtest_main)
 
 fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
@@ -426,6 +450,7 @@ fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
 fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium SMOKE
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
   DATA testdata/*.txt
+  TAGS float_parity
   DEPS :per_param :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
@@ -466,7 +491,7 @@ fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE SMOKE_FILTER "-Cor
        @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //mesh
-fsdp_cc_library(//mesh PCH aten
+fsdp_cc_library(//mesh INSTALL PCH aten
   SRCS device_mesh.cc
   HDRS device_mesh.h
   DEPS //comm @libtorch @system//:absl)
@@ -477,26 +502,27 @@ fsdp_cc_test(//mesh:device_mesh_test SIZE medium SMOKE PCH aten
        @system//:gtest_main)
 
 # ================================================================ //optim_state
-fsdp_cc_library(//optim_state:core
+fsdp_cc_library(//optim_state:core INSTALL
   SRCS builtin_adapters.cc builtin_adapters.h optim_state_dict.cc optimizer_adapter.cc
   HDRS optim_state_dict.h optimizer_adapter.h
   DEPS //checkpoint //comm @libtorch @system//:absl)
 
-fsdp_cc_library(//optim_state:fsdp1
+fsdp_cc_library(//optim_state:fsdp1 INSTALL
   SRCS fsdp1_optim_state.cc
   HDRS fsdp1_optim_state.h
   DEPS :core //comm //fsdp/flat_param @libtorch @system//:absl)
 
-fsdp_cc_library(//optim_state:fsdp2 PCH aten
+fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
   DEPS :core //fsdp/per_param @libtorch @system//:absl)
 
-fsdp_cc_library(//optim_state
+fsdp_cc_library(//optim_state INSTALL
   DEPS :core :fsdp1 :fsdp2)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   SRCS fsdp1_orig_params_optim_test.cc optim_state_test.cc
+  TAGS float_parity
   DEPS :optim_state //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:allocation_counter
        //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch @system//:absl
@@ -514,12 +540,14 @@ fsdp_cc_test(//optim_state:fsdp1_fault_test SIZE medium
 
 fsdp_cc_test(//optim_state:optimizer_adapter_test SIZE medium SMOKE
   SRCS optimizer_adapter_test.cc
+  TAGS float_parity
   DEPS :core :fsdp1 :fsdp2 //checkpoint //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:expect_error
        //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
   SRCS param_group_matching_test.cc
+  TAGS float_parity
   DEPS :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/flat_param //fsdp/per_param //mesh
        //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
@@ -567,6 +595,7 @@ fsdp_cc_test(//tests:bad_input_catalogue_test SIZE medium SMOKE
 
 fsdp_cc_test(//tests:one_model_type_test SIZE medium
   SRCS one_model_type_test.cc
+  TAGS float_parity
   DEPS //comm //fsdp/common //fsdp/common:test_models //fsdp/flat_param //fsdp/per_param //mesh
        //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
@@ -604,6 +633,6 @@ fsdp_cc_test(//tools:dcp_cli_test SIZE medium PCH aten
        @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //torch_compat
-fsdp_cc_library(//torch_compat
+fsdp_cc_library(//torch_compat INSTALL
   HDRS autograd_node.h c10d_backend.h
   DEPS @libtorch)

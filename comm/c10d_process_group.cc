@@ -41,7 +41,7 @@ std::string BackendMessage(const std::exception& e) {
 namespace {
 
 // From this size a CPU collective's buffers can move an allocation peak, and the collective
-// lasts long enough (hundreds of microseconds on loopback Gloo) that a sched_yield is noise.
+// lasts long enough that a sched_yield is noise (docs/design/measured-choices.md).
 constexpr size_t kYieldAfterReleaseBytes = size_t{1} << 20;
 
 class C10dWork final : public Work {
@@ -73,14 +73,11 @@ class C10dWork final : public Work {
   //
   // Then, for a collective of large buffers, the host yields its core once. ProcessGroupGloo's
   // worker thread marks a collective complete before it lets go of its own hold on the
-  // collective's buffers (its copy of a reduce-scatter input, 4 MiB per Linear(1024, 1024)
-  // unit), which it does when its run loop comes round: on busy cores that was 1.5-3.8 ms
-  // later, after the host had allocated the next unit's gradients (an LD_PRELOAD free() tracer
-  // showed the copy freed in ProcessGroupGloo::runLoop; bench/e2e's FSDP1 compute peak one copy
-  // higher in ~15% of reduce-scatters). One sched_yield let the worker finish first in all but
-  // 1-2 of 80. Small collectives skip it: a yield that hands the core to the other rank costs a
-  // scheduler slice, which on bench/e2e's overhead model (192 collectives of <= 16 KiB per step)
-  // made the step 15-20% slower, for buffers too small to move a peak.
+  // collective's buffers (its copy of a reduce-scatter input), which it does when its run loop
+  // comes round: on busy cores often after the host had allocated the next unit's gradients,
+  // one copy above the peak. One yield lets the worker finish first. Small collectives skip
+  // it: handing the core to the other rank costs a scheduler slice, for buffers too small to
+  // move a peak. Figures and commands: docs/design/measured-choices.md.
   void ReleaseAfterWait() override {
     if (on_device_) return;  // is_completed() must keep asking the device
     c10::intrusive_ptr<c10d::Work> released;

@@ -2,11 +2,11 @@
 //
 // A redistribute returns a fresh tensor each call (the caller owns it). On the CPU, glibc
 // maps every allocation above 32 MiB afresh and writing it costs a zero-filling page fault
-// per 4 KiB: an all-gather into a fresh 64 MiB output ran at 0.74 of the same all-gather
-// into a reused buffer (bench/dtensor, RedistShardToReplicate vs AllGatherFreshOutput).
-// This cache does for those outputs what a GPU caching allocator does: when such a tensor's
-// storage is freed its block returns here, and the next output of a size it fits (at most
-// twice the size needed) reuses the already-mapped pages.
+// per 4 KiB, which made a large redistribute markedly slower than the same all-gather into a
+// reused buffer (docs/design/measured-choices.md). This cache does for those outputs what a
+// GPU caching allocator does: when such a tensor's storage is freed its block returns here,
+// and the next output of a size it fits (at most twice the size needed) reuses the
+// already-mapped pages.
 //
 // Contract: EmptyOutput(shape, options) is at::empty(shape, options) (contiguous, resizable
 // storage, same dtype / device / keys); CPU outputs of at least kMinCachedBytes come from

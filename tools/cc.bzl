@@ -1,9 +1,9 @@
 """The C++ rules every BUILD file of this repository loads: rules_cc's cc_library, cc_test and
 cc_binary, plus LibTorch's most used headers precompiled once per configuration.
 
-Why: on the 2-core project machine a TU that includes ATen spends most of its ~8-12 s parsing
-LibTorch's headers (fsdp_param_group.cc: 7.6 s plain, 3.7 s with the precompiled header;
-gloo_process_group.cc: 10.6 s and 5.3 s). Bazel has no precompiled-header support, so:
+Why: a TU that includes ATen spends most of its compile time in LibTorch's headers, and a
+precompiled header halves it (docs/development/building.md has the figures and how they were
+measured). Bazel has no precompiled-header support, so:
 
 - torch_precompiled_header compiles tools/torch_pch_headers.h with the C++ toolchain's own
   command line for the current configuration (features, --copt/--cxxopt, LibTorch's include
@@ -18,8 +18,9 @@ gloo_process_group.cc: 10.6 s and 5.3 s). Bazel has no precompiled-header suppor
   builds with `--define=torch_pch=off` so a missing #include still fails somewhere.
 
 Two tiers, because the headers cost a TU more than reading them: GCC instantiates what their
-inline code needs in every TU that includes them, precompiled or not (an empty TU: 4.5 s with
-the full header, 1.6 s with the ATen one, on 2 cores). Each target says which it needs:
+inline code needs in every TU that includes them, precompiled or not, and the ATen-only header
+costs an empty TU a fraction of the full one's time (docs/development/building.md). Each
+target says which it needs:
   torch_pch unset    //tools:torch_pch, tools/torch_pch_headers.h (ATen, torch::nn, torch::optim)
   torch_pch = "aten" //tools:torch_pch_aten, tools/torch_pch_aten_headers.h (ATen only)
   torch_pch = False  none (no source includes LibTorch; also for targets without LibTorch)
@@ -128,9 +129,9 @@ def _with_torch_pch(kwargs):
 
 # Unity builds: a target's .cc files are compiled as TUs of up to _UNITY_BATCH sources each,
 # a generated <name>_unity_<i>.cc that #includes them in srcs order. Why: with the precompiled
-# header a TU still costs 1.6-4.5 s before its own code (GCC instantiates the inline code of
-# LibTorch's headers that the TU uses, in every TU), which was most of a cold build's
-# compile time (175 TUs, 742 s of compiling on 2 cores). The sources stay the files
+# header a TU still pays seconds before its own code (GCC instantiates the inline code of
+# LibTorch's headers that the TU uses, in every TU), which was most of a cold build's compile
+# time (docs/development/building.md). The sources stay the files
 # diagnostics name; they are inputs of the unity compile as textual headers of a private
 # <name>_unity_sources library, so a changed source recompiles its batch. Sources of one
 # target share a TU: two same-named helpers in their anonymous namespaces are a compile

@@ -13,8 +13,8 @@
 #
 # --build-only: configure and build (and the CUDA compile check), no tests; --test-only: the
 # tests and the summary of a tree an earlier --build-only built (its build log counts the
-# targets that failed to build). ./x test builds while `bazel test` runs (niced to 19: it
-# takes the CPU the tests leave idle while they wait out deadlines) and tests afterwards.
+# targets that failed to build): the two phases let a caller overlap the build with other
+# work. `./x check` runs both in one call.
 # --no-check: configure with -DFSDP_CHECK_BAZEL_PARITY=OFF (./x test checks the generated
 # target list itself, as a counted part). The build trees are in the checkout (build/cmake,
 # build/cmake-cuda; git-ignored) and the ccache under the cache directory. ccache sees every

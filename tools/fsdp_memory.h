@@ -2,8 +2,8 @@
 // sharding plan of one FSDP unit (a block) repeated `units` times, FULL_SHARD, the steady
 // state after the first optimizer step (optimizer state allocated).
 //
-// The model walks the step as FSDP runs it (both FSDPs alike; the measured peaks of
-// bench/e2e agree within 5%: see the README) and takes the largest total of:
+// The model walks the step as FSDP runs it (both FSDPs alike; bench/e2e's measured peaks
+// against it: docs/development/benchmarks.md) and takes the largest total of:
 //   persistent   units x (sharded parameters + optimizer state), all steps long;
 //   forward k    + activations of the units before k + unit k's unsharded parameters and
 //                the next unit's (prefetched);

@@ -3,12 +3,11 @@
 
 Every TU of a target is compiled with one force-included precompiled header, and that header
 costs the TU more than reading it: GCC instantiates what the headers' inline code needs in
-every TU that includes them, precompiled or not. Measured on the 2-core project machine
-(GCC 12, -O0), an empty TU with
-  - the full header (tools/torch_pch_headers.h: ATen + torch::nn + torch::optim): 4.5 s,
-  - the ATen one (tools/torch_pch_aten_headers.h): 1.6 s,
-  - no LibTorch header at all: ~0.1 s.
-So a target gets the smallest tier that covers what its sources include (transitively):
+every TU that includes them, precompiled or not: an empty TU with the full header
+(tools/torch_pch_headers.h: ATen + torch::nn + torch::optim) takes several times as long as
+with the ATen one (tools/torch_pch_aten_headers.h), and that several times as long as with no
+LibTorch header at all (figures: docs/development/building.md). So a target gets the
+smallest tier that covers what its sources include (transitively):
   nn    a source includes torch/nn/module.h            (the default: torch_pch unset)
   aten  a source includes ATen/core/Tensor.h, no torch/nn  (torch_pch = "aten")
   none  no source includes a LibTorch header           (torch_pch = False)

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
     consumer::TrainConfig config;
     if (argc > 1) config.world = std::atoi(argv[1]);
     if (argc > 2) config.steps = std::atoi(argv[2]);
-    constexpr double kTol = 1e-4;
+    const double tol = consumer::ParityTolerance(config);
     try {
       const consumer::TrainResult fsdp = consumer::TrainFsdp2(config);
       const consumer::TrainResult ref = consumer::TrainSingleRank(config);
@@ -28,9 +28,9 @@ int main(int argc, char** argv) {
       std::printf("\n");
       const consumer::Comparison c = consumer::Compare(fsdp, ref);
       for (const auto& p : c.problems) std::printf("problem: %s\n", p.c_str());
-      const bool ok = c.problems.empty() && c.max_loss_diff <= kTol && c.max_param_diff <= kTol;
-      std::printf("max loss diff %.1e, max param diff %.1e (tol %.0e) over %zu tensors: %s\n", c.max_loss_diff,
-                  c.max_param_diff, kTol, ref.params.size(), ok ? "PASS" : "FAIL");
+      const bool ok = c.problems.empty() && c.max_loss_diff <= tol && c.max_param_diff <= tol;
+      std::printf("max loss diff %.1e, max param diff %.1e (tol %.1e) over %zu tensors: %s\n", c.max_loss_diff,
+                  c.max_param_diff, tol, ref.params.size(), ok ? "PASS" : "FAIL");
       return ok ? 0 : 1;
     } catch (const std::exception& e) {
       std::printf("FAIL: %s\n", e.what());

@@ -92,53 +92,62 @@ int64_t Numel(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
+TrainResult TrainFsdp2Rank(const TrainConfig& config, const fsdp::comm::ProcessGroupPtr& group) {
+  const int world = config.world;
+  if (world < 1 || kGlobalBatch % world != 0) {
+    throw std::invalid_argument("world must divide the global batch of " + std::to_string(kGlobalBatch));
+  }
+  if (group->size() != world) {
+    throw std::invalid_argument("the process group has " + std::to_string(group->size()) + " ranks, the config " +
+                                std::to_string(world));
+  }
+  at::set_num_threads(1);  // the ranks share the machine's cores; the reference runs on one thread
+  const int r = group->rank();
+  auto mesh = fsdp::mesh::DeviceMesh::Create(group, {world});
+  Mlp model;
+  InitDeterministic(*model);
+  TrainResult result;
+  result.full_numel = Numel(model->parameters());
+  for (const auto& p : model->parameters()) {
+    result.max_chunk_numel += (p.size(0) + world - 1) / world * (p.numel() / p.size(0));
+  }
+  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = mesh});
+  fsdp::per_param::fully_shard(model.ptr(), {.mesh = mesh});
+  // Built after fully_shard: the optimizer sees (and keeps state for) the shards only.
+  torch::optim::AdamW opt(model->parameters(), Options(config));
+  result.local_numel = {Numel(model->parameters())};
+  const int64_t local = kGlobalBatch / world;
+  for (int step = 0; step < config.steps; ++step) {
+    auto [x, y] = Batch(step);
+    at::Tensor loss =
+        torch::nn::functional::mse_loss(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
+    loss.backward();  // FSDP reduce-scatters (averages) the gradients into the shards
+    opt.step();
+    opt.zero_grad();
+    at::Tensor global = loss.detach().clone();
+    group->all_reduce(global, fsdp::comm::ReduceOp::Avg())->wait();
+    result.losses.push_back(global.item<double>());
+  }
+  // Collective: every rank takes part in the all-gathers and gets the full parameters.
+  const fsdp::per_param::FullStateDict full = fsdp::per_param::GetFullStateDict(*model);
+  for (const auto& item : full) result.params[item.key()] = item.value().clone();
+  return result;
+}
+
 TrainResult TrainFsdp2(const TrainConfig& config) {
   const int world = config.world;
   if (world < 1 || kGlobalBatch % world != 0) {
     throw std::invalid_argument("world must divide the global batch of " + std::to_string(kGlobalBatch));
   }
   at::set_num_threads(1);  // the ranks are threads sharing the machine's cores
-  TrainResult result;
-  result.local_numel.assign(world, 0);
-  {
-    Mlp full;
-    result.full_numel = Numel(full->parameters());
-    for (const auto& p : full->parameters()) {
-      result.max_chunk_numel += (p.size(0) + world - 1) / world * (p.numel() / p.size(0));
-    }
-  }
   std::vector<fsdp::comm::ProcessGroupPtr> groups = fsdp::comm::CreateThreadedProcessGroups(world);
+  std::vector<TrainResult> ranks(world);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        const fsdp::comm::ProcessGroupPtr& pg = groups[r];
-        auto mesh = fsdp::mesh::DeviceMesh::Create(pg, {world});
-        Mlp model;
-        InitDeterministic(*model);
-        for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = mesh});
-        fsdp::per_param::fully_shard(model.ptr(), {.mesh = mesh});
-        // Built after fully_shard: the optimizer sees (and keeps state for) the shards only.
-        torch::optim::AdamW opt(model->parameters(), Options(config));
-        result.local_numel[r] = Numel(model->parameters());
-        const int64_t local = kGlobalBatch / world;
-        for (int step = 0; step < config.steps; ++step) {
-          auto [x, y] = Batch(step);
-          at::Tensor loss =
-              torch::nn::functional::mse_loss(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
-          loss.backward();  // FSDP reduce-scatters (averages) the gradients into the shards
-          opt.step();
-          opt.zero_grad();
-          at::Tensor global = loss.detach().clone();
-          pg->all_reduce(global, fsdp::comm::ReduceOp::Avg())->wait();
-          if (r == 0) result.losses.push_back(global.item<double>());
-        }
-        // Collective: every rank takes part in the all-gathers; rank 0 keeps the result.
-        const fsdp::per_param::FullStateDict full = fsdp::per_param::GetFullStateDict(*model);
-        if (r == 0) {
-          for (const auto& item : full) result.params[item.key()] = item.value().clone();
-        }
+        ranks[r] = TrainFsdp2Rank(config, groups[r]);
       } catch (const std::exception& e) {
         errors[r] = e.what();
         // The other ranks' pending and later collectives fail at once instead of timing out.
@@ -152,6 +161,10 @@ TrainResult TrainFsdp2(const TrainConfig& config) {
     if (!errors[r].empty()) failed += "rank " + std::to_string(r) + ": " + errors[r] + "\n";
   }
   if (!failed.empty()) throw std::runtime_error("FSDP2 training failed:\n" + failed);
+  std::vector<int64_t> local_numel;
+  for (const TrainResult& rank : ranks) local_numel.push_back(rank.local_numel.front());
+  TrainResult result = std::move(ranks[0]);
+  result.local_numel = std::move(local_numel);
   return result;
 }
 
@@ -202,5 +215,7 @@ Comparison Compare(const TrainResult& fsdp, const TrainResult& reference) {
   }
   return c;
 }
+
+double ParityTolerance(const TrainConfig& config) { return config.steps * config.lr * std::ldexp(1.0, -10); }
 
 }  // namespace consumer

@@ -10,13 +10,13 @@
 // hooked-module layer, so every forward hook (FSDP2's fully_shard, FSDP1's wrap_fsdp) runs
 // outside it, which is the order PyTorch users get from checkpoint_wrapper(block) followed by
 // fully_shard(wrapper) (torchtitan's apply_ac then apply_fsdp):
-//   forward:  FSDP pre-forward (all-gather, post-backward Function on the inputs)
+//   forward:  FSDP pre-forward (all-gather, arms the post-backward)
 //             -> checkpoint(Impl::forward) under no-grad -> FSDP post-forward (reshard,
 //             pre-backward hooks on the outputs, which require grad through the checkpoint)
 //   backward: FSDP pre-backward (all-gather) -> checkpoint backward: Impl::forward again on the
 //             unsharded parameters, no FSDP hook involved, nested backward accumulates the
-//             unsharded gradients -> FSDP post-backward (reduce-scatter) when the inputs'
-//             gradients pass its Function.
+//             unsharded gradients -> FSDP post-backward (reduce-scatter) once every
+//             parameter's gradient is accumulated (fsdp/common/autograd_hooks.h).
 // So checkpointing adds no collective: the recomputation reuses the all-gather of the
 // pre-backward (fsdp2_checkpoint_test counts them).
 // The other order, checkpoint() around fully_shard'ed modules, trains correctly too: the first

@@ -20,8 +20,8 @@ namespace {
 // output's gradient is computed, then passes the gradients on. A purpose-built Node where
 // PyTorch uses an autograd.Function (RegisterPostBackwardFunction in
 // torch/distributed/fsdp/_fully_shard/_fsdp_state.py): the C++ Function machinery
-// (saved_data map, output wrapping through view_as, CppNode's argument checks) cost ~3x this
-// node per module per step (bench/fsdp2, callgrind).
+// (saved_data map, output wrapping through view_as, CppNode's argument checks) costs several
+// times this node per module per step (docs/design/measured-choices.md).
 class PostBackwardNode final : public torch::autograd::Node {
  public:
   explicit PostBackwardNode(std::function<void()> callback) : callback_(std::move(callback)) {}

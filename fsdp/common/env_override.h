@@ -1,5 +1,6 @@
 // Environment variables that may override an option for debugging (the option fields are
-// the API; the README lists the overrides). Read when the option is read, not cached.
+// the API; docs/reference/environment.md lists the overrides). Read when the option is read,
+// not cached.
 #pragma once
 
 #include <cstdlib>

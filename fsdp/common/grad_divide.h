@@ -42,9 +42,9 @@ inline void DivideContiguous(T* data, int64_t n, T d) {
 
 // t.div_(divisor), with the same result bit for bit (each element divided by the divisor
 // cast to t's dtype, IEEE division: what ATen's div_true_kernel computes for float and
-// double), by a plain loop for contiguous CPU float / double tensors: ATen's div_ costs ~3 us
-// of dispatch and TensorIterator set-up per call, more than dividing a layer's gradient
-// (bench/fsdp1 under callgrind). Other tensors go to div_. Bumps the version as div_ does.
+// double), by a plain loop for contiguous CPU float / double tensors: ATen's div_ costs more
+// in dispatch and TensorIterator set-up per call than dividing a layer's gradient
+// (docs/design/measured-choices.md). Other tensors go to div_. Bumps the version as div_ does.
 inline void DivideInPlace(const at::Tensor& t, double divisor) {
   if (t.is_cpu() && t.is_contiguous() && !t.requires_grad() && !t.is_conj() && !t.is_neg()) {
     if (t.scalar_type() == c10::kFloat) {

@@ -35,8 +35,9 @@ void ReplaceData(const at::Tensor& tensor, const at::Tensor& data) {
   if (impl->has_compatible_shallow_copy_type(data.key_set())) {
     if (data.dtype() == tensor.dtype() && data.device() == tensor.device()) {
       // What set_data ends with (torch/csrc/autograd/variable.cpp, VariableHooks::set_data),
-      // without the dispatcher (~4.7k instructions per FSDP2 parameter and step, 4 calls):
-      // with dtype and device unchanged it keeps the gradient accumulator and its checks hold.
+      // without the dispatcher (4 calls per FSDP2 parameter and step; see
+      // docs/design/measured-choices.md): with dtype and device unchanged it keeps the
+      // gradient accumulator and its checks hold.
       impl->shallow_copy_from(BorrowedImpl(data.unsafeGetTensorImpl()).get());
     } else {
       tensor.set_data(data);

@@ -12,11 +12,11 @@ namespace fsdp {
 // re-allocated by AllocStorage: unsharded parameters, the reduce-scatter output that becomes the
 // sharded gradient). It is c10's default CPU allocator except for blocks of 1..4096 bytes, which
 // come from malloc: c10::alloc_cpu's posix_memalign(64) goes around glibc's per-thread cache
-// (glibc 2.36) and splits a larger chunk, ~900 instructions per allocate/free pair where malloc
-// takes ~100, and FSDP pays it ~8 times per module per step (callgrind, bench/fsdp2_bench). The
-// small blocks are 16-byte aligned (malloc's; every dtype's alignment, ATen's vector kernels
-// load unaligned) and reported to c10's CPU memory reporter as DefaultCPUAllocator reports its
-// own, so the profiler and caffe2_report_cpu_memory_usage count them (bench/peak_memory.h).
+// and splits a larger chunk, several times malloc's cost, paid several times per module per
+// step (docs/design/measured-choices.md). The small blocks are 16-byte aligned (malloc's;
+// every dtype's alignment, ATen's vector kernels load unaligned) and reported to c10's CPU
+// memory reporter as DefaultCPUAllocator reports its own, so the profiler and
+// caffe2_report_cpu_memory_usage count them (bench/peak_memory.h).
 // Returns c10's CPU allocator itself when the process replaced it (c10::SetCPUAllocator) or
 // asked it to zero- or junk-fill. Thread-safe; the allocator lives as long as the process.
 c10::Allocator* CpuBufferAllocator();
@@ -38,9 +38,9 @@ int64_t StorageNbytes(const at::Tensor& t);
 // A contiguous tensor of `sizes` over `base`'s storage (same dtype and device) starting at
 // `storage_offset` elements: what `at::empty({0}, base.options()).set_(base.storage(),
 // storage_offset, sizes)` makes (an alias that is not an autograd view, with its own
-// version counter, so optimizers may detach_() it), built without the dispatcher: ~0.1 us
-// instead of ~1.5 us, which matters for the per-step gradient and collective-buffer
-// aliases of every parameter (bench/fsdp2). The caller keeps the range inside the storage
+// version counter, so optimizers may detach_() it), built without the dispatcher, whose fixed
+// cost exceeds the work for the per-step gradient and collective-buffer aliases of every
+// parameter (docs/design/measured-choices.md). The caller keeps the range inside the storage
 // (checked).
 at::Tensor AliasStorage(const at::Tensor& base, int64_t storage_offset, c10::IntArrayRef sizes);
 
@@ -51,11 +51,11 @@ at::Tensor BytesOf(c10::Storage storage);
 // What `at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options())` makes: a tensor over
 // t's current memory through a storage of its own that owns nothing (the caller keeps the
 // memory alive), built without TensorMaker and the dispatcher for plain strided CPU tensors
-// (~400 instructions less per call). Requires `t` defined.
+// (docs/design/measured-choices.md). Requires `t` defined.
 at::Tensor NonOwningAlias(const at::Tensor& t);
 
 // at::empty(sizes, options), without the dispatcher for plain (unpinned, strided) CPU
-// tensors (~2k instructions less per call), from CpuBufferAllocator(): for the per-step
+// tensors (docs/design/measured-choices.md), from CpuBufferAllocator(): for the per-step
 // collective buffers.
 at::Tensor EmptyBuffer(c10::IntArrayRef sizes, const at::TensorOptions& options);
 

@@ -280,7 +280,7 @@ class FlatParamHandle {
 
  private:
   // GetUnflatViews' tensors; `aliases`: AliasStorage aliases of a stride-1 `tensor` instead
-  // of autograd views (no view tracking, ~10x cheaper), for the per-step runtime paths that
+  // of autograd views (no view tracking, far cheaper), for the per-step runtime paths that
   // only swap data or add into them.
   std::vector<at::Tensor> UnflatTensors(const at::Tensor& tensor, bool aligned, bool aliases) const;
   std::vector<at::Tensor> UnflatAliases(const at::Tensor& tensor = {}) const;

@@ -20,7 +20,7 @@ namespace {
 // without the dispatcher when dtype and device stay, set_data itself otherwise.
 
 // `numel` elements of the 1-D `t` from `start`, shaped `shape`: with `alias` and a stride-1
-// `t`, an AliasStorage alias (no autograd view tracking, ~10x cheaper) for the per-step paths
+// `t`, an AliasStorage alias (no autograd view tracking, far cheaper) for the per-step paths
 // that only swap data or write into it; else narrow + view.
 at::Tensor Slice(const at::Tensor& t, int64_t start, int64_t numel, c10::IntArrayRef shape, bool alias) {
   if (alias && t.stride(0) == 1) return AliasStorage(t, t.storage_offset() + start, shape);

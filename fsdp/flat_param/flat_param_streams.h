@@ -39,13 +39,12 @@ struct FlatParamStreams {
   // PyTorch's FSDP1 does (torch/distributed/fsdp/_flat_param.py and _runtime_utils.py call
   // all_gather_into_tensor / reduce_scatter_tensor with async_op=False, whose work.wait()
   // blocks the host on a CPU backend). The backend's temporaries (Gloo's flat all-gather
-  // output, its copy of the reduce-scatter input: 4 MiB each per Linear(1024, 1024) unit)
-  // are then freed before compute resumes instead of living through the next unit's
-  // backward: bench/e2e's FSDP1 compute peaks went from up to 1.09x to within PyTorch's
-  // run-to-run spread (C10dWork::ReleaseAfterWait's yield, comm/c10d_process_group.cc, took
-  // them below it). Async CPU streams (tests) and CUDA streams keep their collectives in
-  // flight. (FSDPState::PrefetchHandle's own CPU wait predates this and still covers async
-  // CPU streams.)
+  // output, its copy of the reduce-scatter input) are then freed before compute resumes
+  // instead of living through the next unit's backward, which would hold the allocation peak
+  // above PyTorch's (docs/design/measured-choices.md; C10dWork::ReleaseAfterWait in
+  // comm/c10d_process_group.cc does the rest). Async CPU streams (tests) and CUDA streams
+  // keep their collectives in flight; FSDPState::PrefetchHandle's own wait for a prefetched
+  // CPU all-gather covers async CPU streams too.
   bool host_waits_for_collectives = false;
 };
 

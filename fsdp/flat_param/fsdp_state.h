@@ -6,20 +6,27 @@
 //                          the root) + _pre_forward (unshard, forward prefetch, post-backward
 //                          registration, input casts)
 //             PostForward: _post_forward (reshard per strategy, pre-backward hooks on outputs)
-//   backward  pre-backward: a tensor hook on the forward outputs (_pre_backward_hook: unshard,
-//                          BACKWARD_PRE prefetch, gradient preparation; the root queues the
-//                          final callback on the autograd engine)
-//             post-backward: an identity autograd Function on the forward inputs
-//                          (_post_backward_hook: flatten the originals' gradients, reshard,
-//                          BACKWARD_POST prefetch, reduce-scatter / all-reduce, accumulate)
+//   backward  pre-backward: a tensor pre-hook on each forward output's producing node
+//                          (_pre_backward_hook: unshard, BACKWARD_PRE prefetch, gradient
+//                          preparation; the root queues the final callback on the autograd
+//                          engine)
+//             post-backward: once autograd has accumulated the gradient of every original
+//                          parameter of the handle (_post_backward_hook: flatten the
+//                          originals' gradients, reshard, BACKWARD_POST prefetch,
+//                          reduce-scatter / all-reduce, accumulate)
 //             end:         _post_backward_final_callback (post-backward of handles whose
-//                          inputs needed no gradient, catch-all reshard, finalize gradients)
+//                          hooks did not run it, catch-all reshard, finalize gradients)
 //
 // C++ mapping: PyTorch's post-backward hook sits on the FlatParameter's AccumulateGrad; here
-// autograd accumulates into the original parameters (flat_param.h), so the post-backward runs
-// when the module's inputs have their gradients (the module's backward is done), and in the
-// final callback for modules whose inputs need none (e.g. the root). A module called k times
-// in one forward reduces once, after its k-th post-backward.
+// autograd accumulates into the original parameters (flat_param.h), so a post-accumulate-grad
+// hook sits on each original instead (fsdp::GradientCountdown, armed in the pre-backward) and
+// the post-backward runs once every use of the module in that backward has contributed. A
+// handle with a frozen original, whose data the backward may still read after the last
+// gradient arrived, routes the forward inputs through an identity autograd node instead
+// (fsdp::RegisterPostBackwardCallback), which runs the post-backward after the module's last
+// use. Handles whose post-backward neither ran (a parameter without a gradient, inputs that
+// need none, e.g. the root) get it in the final callback. A module called k times in one
+// forward reduces once.
 //
 // Streams (flat_param_streams.h, PyTorch's _init_streams): the root creates them at lazy
 // init and every handle of its tree issues on them. The root's pre-forward makes the unshard

@@ -123,8 +123,8 @@ AutoWrapPolicy ModuleTypeWrapPolicy() {
       [](const torch::nn::Module& m) { return (... || (dynamic_cast<const Impls*>(&m) != nullptr)); });
 }
 
-// The wrapper names of earlier versions: the hooked-module layer's types (one model type
-// for FSDP1, FSDP2 and no FSDP at all).
+// FSDP1 names for the hooked-module layer's types (one model type for FSDP1, FSDP2 and no
+// FSDP at all): aliases, not types of their own.
 template <class Impl, class Signature = decltype(&Impl::forward)>
 using FSDPWrappedImpl = ::fsdp::HookedImpl<Impl, Signature>;
 template <class Impl>

@@ -1,5 +1,5 @@
-// Moved to checkpoint/checkpoint_reader.h (//checkpoint); this header keeps the old name
-// fsdp::per_param::ReadCheckpoint compiling. New code includes the new header.
+// Forwarding header: the reader is checkpoint/checkpoint_reader.h (//checkpoint); this one
+// keeps the name fsdp::per_param::ReadCheckpoint compiling. New code includes that header.
 #ifndef FSDP_FSDP_PER_PARAM_CHECKPOINT_READER_H_
 #define FSDP_FSDP_PER_PARAM_CHECKPOINT_READER_H_
 

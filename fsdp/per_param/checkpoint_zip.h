@@ -1,5 +1,6 @@
-// Moved to checkpoint/checkpoint_zip.h (//checkpoint); this header keeps the old name
-// fsdp::per_param::internal::CheckpointZip compiling. New code includes the new header.
+// Forwarding header: the zip layer is checkpoint/checkpoint_zip.h (//checkpoint); this one
+// keeps the name fsdp::per_param::internal::CheckpointZip compiling. New code includes that
+// header.
 #ifndef FSDP_FSDP_PER_PARAM_CHECKPOINT_ZIP_H_
 #define FSDP_FSDP_PER_PARAM_CHECKPOINT_ZIP_H_
 

@@ -18,10 +18,10 @@ namespace fsdp::per_param {
 
 // Packed all-gather buffers kept across unshards. On the CPU, glibc maps allocations above
 // 32 MiB afresh every time, and writing a fresh mapping costs a zero-filling page fault per
-// 4 KiB: without reuse, copy-in ran at 0.1-0.2 of memcpy bandwidth (bench/fsdp2). Smaller
-// CPU buffers are not kept (`min_cpu_bytes`): glibc's heap recycles them (its mmap threshold
-// rises to the freed size), and keeping them would hold memory PyTorch frees after each
-// copy-out (bench/e2e's allocation peak). Keeps at most `max_buffers` (an unshard and a
+// 4 KiB: without reuse, copy-in ran far below memcpy bandwidth
+// (docs/design/measured-choices.md). Smaller CPU buffers are not kept (`min_cpu_bytes`):
+// glibc's heap recycles them (its mmap threshold rises to the freed size), and keeping them
+// would hold memory PyTorch frees after each copy-out (bench/e2e's allocation peak). Keeps at most `max_buffers` (an unshard and a
 // prefetched one), so between steps up to that many buffers of the largest group's packed
 // size stay allocated, as a GPU caching allocator would keep them. Each kept buffer carries
 // the event after which its last reader (the copy-out) finished: a stream reusing it waits
@@ -30,8 +30,9 @@ namespace fsdp::per_param {
 //
 // A small CPU buffer's memory is freed at Give, but its tensor and storage objects (at 0
 // bytes) are kept, at most kMaxShells of them, and re-allocated in place by the next Take:
-// constructing and destroying them cost ~1k instructions per unshard (bench/fsdp2). Kept only
-// when nobody else holds the tensor or its storage and its last reader finished.
+// constructing and destroying them costs instructions on every unshard
+// (docs/design/measured-choices.md). Kept only when nobody else holds the tensor or its
+// storage and its last reader finished.
 class AllGatherBufferPool {
  public:
   static constexpr int64_t kGlibcMmapThresholdMax = int64_t{32} << 20;  // DEFAULT_MMAP_THRESHOLD_MAX, 64-bit

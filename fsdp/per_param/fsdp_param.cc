@@ -169,8 +169,8 @@ void FSDPParam::SwapGrad(at::Tensor& incoming, at::Tensor& outgoing) {
 
 void FSDPParam::SetParamData(const at::Tensor& data) {
   // set_data (also from and to the meta device for deferred init), without the dispatcher
-  // when dtype and device stay. Records nothing for autograd, so no NoGradGuard (whose two
-  // thread-local switches cost ~150 instructions, 8 calls per Linear per step).
+  // when dtype and device stay. Records nothing for autograd, so no NoGradGuard (two
+  // thread-local switches per call, on a per-step path; docs/design/measured-choices.md).
   ::fsdp::ReplaceData(param_, data);
 }
 

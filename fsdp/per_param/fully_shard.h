@@ -176,8 +176,8 @@ class FSDPHooks : public ::fsdp::HookedModule {
   FSDPState* fsdp_state() const;
 };
 
-// The wrapper names of earlier versions: the hooked-module layer's types (one model type
-// for FSDP2, FSDP1 and no FSDP at all).
+// FSDP2 names for the hooked-module layer's types (one model type for FSDP2, FSDP1 and no
+// FSDP at all): aliases, not types of their own.
 template <class Impl, class Signature = decltype(&Impl::forward)>
 using FullyShardedImpl = ::fsdp::HookedImpl<Impl, Signature>;
 template <class Impl>
