@@ -347,7 +347,8 @@ fsdp_cc_test(//fsdp/activation_checkpoint:fsdp2_checkpoint_test SIZE medium
   SRCS fsdp2_checkpoint_test.cc
   TAGS float_parity
   DEPS :activation_checkpoint //comm //fsdp/common //fsdp/common:test_models //fsdp/flat_param
-       //fsdp/per_param //mesh //testing:multi_rank @libtorch @system//:gtest_main)
+       //fsdp/per_param //mesh //testing:float_tolerance //testing:multi_rank @libtorch
+       @system//:gtest_main)
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common INSTALL
@@ -387,7 +388,7 @@ fsdp_cc_library(//fsdp/flat_param:fsdp_test_cases TESTONLY ALWAYSLINK
   SRCS fsdp_behavior_test.cc fsdp_parity_test.cc ignored_states_test.cc meta_init_test.cc
        summon_full_params_test.cc
   DEPS :flat_param :fsdp_test_models //comm //fsdp/common //mesh //testing:expect_error
-       //testing:multi_rank @libtorch @system//:absl @system//:gtest)
+       //testing:float_tolerance //testing:multi_rank @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/flat_param:fsdp_test SIZE medium
   TAGS float_parity
@@ -430,8 +431,8 @@ fsdp_cc_library(//fsdp/per_param:per_param_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
        meta_init_test.cc parity_test.cc state_dict_test.cc
   DEPS :per_param :test_models //comm //comm:faulty //device //dtensor //dtensor:tensor_parallel
-       //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank
-       //testing:test_dir @libtorch @system//:absl @system//:gtest)
+       //mesh //testing:allocation_counter //testing:expect_error //testing:float_tolerance
+       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/per_param:per_param_test SIZE medium
   TAGS float_parity
@@ -525,8 +526,8 @@ fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   TAGS float_parity
   DEPS :optim_state //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
        //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:allocation_counter
-       //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch @system//:absl
-       @system//:gtest_main)
+       //testing:expect_error //testing:float_tolerance //testing:multi_rank //testing:test_dir
+       @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:fault_test SIZE medium
   SRCS fault_test.cc
@@ -549,7 +550,8 @@ fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
   SRCS param_group_matching_test.cc
   TAGS float_parity
   DEPS :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/flat_param //fsdp/per_param //mesh
-       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+       //testing:expect_error //testing:float_tolerance //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest_main)
 
 # ================================================================ //testing
 fsdp_cc_library(//testing:multi_rank TESTONLY PCH aten
@@ -577,6 +579,11 @@ fsdp_cc_library(//testing:fault_injection TESTONLY
   HDRS fault_injection.h
   DEPS :multi_rank //comm //comm:faulty @libtorch @system//:absl @system//:gtest)
 
+fsdp_cc_library(//testing:float_tolerance TESTONLY PCH aten
+  SRCS float_tolerance.cc
+  HDRS float_tolerance.h
+  DEPS @libtorch)
+
 fsdp_cc_library(//testing:allocation_counter TESTONLY PCH none
   SRCS allocation_counter.cc
   HDRS allocation_counter.h
@@ -585,6 +592,10 @@ fsdp_cc_library(//testing:allocation_counter TESTONLY PCH none
 fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank*" PCH aten
   SRCS multi_rank_test.cc
   DEPS :multi_rank //comm //comm:faulty @libtorch @system//:absl @system//:gtest_main)
+
+fsdp_cc_test(//testing:float_tolerance_test SIZE small PCH aten
+  SRCS float_tolerance_test.cc
+  DEPS :expect_error :float_tolerance @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //tests
 fsdp_cc_test(//tests:bad_input_catalogue_test SIZE medium SMOKE

@@ -161,7 +161,8 @@ inline Reference RunReference() {
 }
 
 // FSDP on W ranks vs one rank: the reductions add in another order, so agreement is to f32
-// rounding over a few AdamW steps (as fsdp/per_param/parity_test.cc), not bitwise.
+// rounding over a few AdamW steps (as fsdp/per_param/parity_test.cc), not bitwise: a few float32 ulps
+// (2^-23) of a step per step; 1e-6 is 8 ulps at scale 1, far below one step (lr).
 constexpr double kTol = 1e-6;
 
 inline void ExpectClose(double got, double want, const std::string& what) {

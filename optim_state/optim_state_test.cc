@@ -23,6 +23,7 @@
 #include "optim_state/optim_state_dict.h"
 #include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
+#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 #include "testing/test_dir.h"
 
@@ -196,7 +197,9 @@ void ReshardAndContinue(int from, int to) {
     const auto full = per_param::GetFullStateDict(*model);
     for (const auto& item : ref->named_parameters()) {
       const double scale = std::max(1.0, item.value().abs().max().item<double>());
-      EXPECT_LE((full[item.key()] - item.value()).abs().max().item<double>(), 1e-6 * scale)
+      // Sliced vs whole-batch gradient sums through the 6 AdamW steps (3 + 3) at lr 1e-2.
+      EXPECT_LE((full[item.key()] - item.value()).abs().max().item<double>(),
+                fsdp::testing::AdamWParityTolerance(6, /*lr=*/1e-2) * scale)
           << item.key() << " " << from << " -> " << to << " rank " << pg->rank();
     }
   });
@@ -400,7 +403,9 @@ void CheckpointAcrossFsdps(const Continuation& c) {
     }
     for (const auto& item : ref->named_parameters()) {
       const double scale = std::max(1.0, item.value().abs().max().item<double>());
-      EXPECT_LE((result[item.key()] - item.value()).abs().max().item<double>(), 1e-6 * scale)
+      // Sliced vs whole-batch gradient sums through the 8 AdamW steps (3 + 5) at lr 1e-2.
+      EXPECT_LE((result[item.key()] - item.value()).abs().max().item<double>(),
+                fsdp::testing::AdamWParityTolerance(8, /*lr=*/1e-2) * scale)
           << item.key() << " " << label << " rank " << pg->rank();
     }
   });

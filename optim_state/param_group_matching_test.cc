@@ -25,6 +25,7 @@
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
 #include "testing/expect_error.h"
+#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::optim_state {
@@ -170,7 +171,9 @@ void SaveUnderOneLoadUnderAnother(const Side& from, const Side& to) {
     per_param::FullStateDict result = w.ModelState(/*rank0_only=*/false);
     for (const auto& item : ref->named_parameters()) {
       const double scale = std::max(1.0, item.value().abs().max().item<double>());
-      EXPECT_LE((result[item.key()] - item.value()).abs().max().item<double>(), 1e-6 * scale)
+      // Sliced vs whole-batch gradient sums through the 8 AdamW steps (3 + 5) at the larger lr, 2e-2.
+      EXPECT_LE((result[item.key()] - item.value()).abs().max().item<double>(),
+                fsdp::testing::AdamWParityTolerance(8, /*lr=*/2e-2) * scale)
           << item.key() << " " << label << " rank " << pg->rank();
     }
   });

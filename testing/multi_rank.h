@@ -31,16 +31,6 @@ std::string BackendName(Backend backend);
 // LOCAL_RANK), the CPU for the other backends.
 c10::Device RankDevice(Backend backend, int rank);
 
-// The f32 parity tolerance (relative to max(1, |reference|)) of training on RankDevice() =
-// cuda:rank against one rank on the same GPU (both FSDPs' parity tests). Not the same
-// kernels: cuBLAS picks its GEMM algorithm (and split-K reduction order) by shape, the
-// reference's batch has W times the rows of a rank's, and NCCL sums the W partial gradients
-// in its own order. So the results agree to f32 rounding amplified by a few AdamW steps, not
-// bitwise as on the CPU; 1e-5 is ~100 ulps at the parameters' scale and still ~1000x below
-// one step's update (lr 1e-2), so a wrong shard, a missing reduction or a stale all-gather
-// still fails. TF32 is off by default in LibTorch (matmul), so it plays no part.
-inline constexpr double kCudaF32Tolerance = 1e-5;
-
 // Why `backend` cannot run `world_size` ranks in this build and on this machine; empty when
 // it can (always, for the CPU backends). For kNcclProcesses: the NCCL backend is not built
 // (default build), no usable GPU or driver, fewer than `world_size` GPUs ("needs W GPUs,

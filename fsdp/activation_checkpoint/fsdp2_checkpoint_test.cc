@@ -28,6 +28,7 @@
 #include "fsdp/per_param/fully_shard.h"
 #include "fsdp/per_param/state_dict.h"
 #include "mesh/device_mesh.h"
+#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::activation_checkpoint {
@@ -153,7 +154,9 @@ int Train(Mode mode, bool checkpointing, bool reshard, const comm::ProcessGroupP
   for (const auto& item : full) {
     const at::Tensor expected = ref_params[item.key()];
     const double diff = (item.value() - expected).abs().max().item<double>();
-    EXPECT_LE(diff, 1e-6 * std::max(1.0, expected.abs().max().item<double>()))
+    // Sliced vs whole-batch gradient sums (and recomputed forwards) through kSteps AdamW steps at lr 1e-2.
+    EXPECT_LE(diff, fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2) *
+                        std::max(1.0, expected.abs().max().item<double>()))
         << item.key() << " rank " << me << " checkpointing " << checkpointing << " reshard " << reshard;
   }
   return all_gathers;

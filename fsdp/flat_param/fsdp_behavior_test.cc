@@ -18,6 +18,7 @@
 #include "fsdp/flat_param/fsdp_test_models.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
+#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::flat_param {
@@ -287,7 +288,9 @@ TEST(Fsdp1Behavior, ShardedGradientsAccumulateAcrossBackwards) {
         opt.step();
         opt.zero_grad();
       }
-      testing::ExpectParamsMatch(root, *ref, 1e-6, orig ? "orig" : "flat");
+      // Sliced vs whole-batch gradient sums through 2 AdamW steps at lr 1e-2.
+      testing::ExpectParamsMatch(root, *ref, fsdp::testing::AdamWParityTolerance(2, /*lr=*/1e-2),
+                                 orig ? "orig" : "flat");
     });
   }
 }
@@ -323,7 +326,8 @@ TEST(Fsdp1Behavior, CommHookReplacesTheReduction) {
         opt.zero_grad();
       }
       EXPECT_EQ(calls, 2 * 3);  // per backward, once per handle
-      testing::ExpectParamsMatch(root, *ref, 1e-6, ToString(strategy));
+      // Sliced vs whole-batch gradient sums (the hook's AVG) through 2 AdamW steps at lr 1e-2.
+      testing::ExpectParamsMatch(root, *ref, fsdp::testing::AdamWParityTolerance(2, /*lr=*/1e-2), ToString(strategy));
     });
   }
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "fsdp/flat_param/fsdp_test_models.h"
 #include "fsdp/flat_param/state_dict.h"
+#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::flat_param {
@@ -95,13 +96,16 @@ void IgnoredParity(int world) {
     FullStateDict sd = GetFullStateDict(root);
     ASSERT_EQ(sd.size(), ref->named_parameters().size());
     for (const auto& item : ref->named_parameters()) {
-      EXPECT_LE((sd[item.key()] - item.value()).abs().max().item<double>(), 1e-6) << item.key();
+      // Sliced vs whole-batch gradient sums through 3 AdamW steps at lr 1e-2 (parameters of order 1).
+      EXPECT_LE((sd[item.key()] - item.value()).abs().max().item<double>(),
+                fsdp::testing::AdamWParityTolerance(3, /*lr=*/1e-2))
+          << item.key();
     }
     // Loading sets the ignored parameters too.
     FullStateDict twice;
     for (const auto& item : sd) twice.insert(item.key(), item.value() * 2);
     LoadFullStateDict(root, twice);
-    EXPECT_TRUE(at::allclose(w, sd["block1.fc1.weight"] * 2));
+    EXPECT_TRUE(at::allclose(w, sd["block1.fc1.weight"] * 2));  // exact in float
   });
 }
 
@@ -234,13 +238,16 @@ void BufferDtypeParity(int world) {
     EXPECT_EQ(model->a->scale.scalar_type(), at::kBFloat16);
     EXPECT_EQ(model->a->count.scalar_type(), at::kLong);
     EXPECT_EQ(model->a->count.item<int64_t>(), 3);
+    // bf16 buffers against the reference's f32 ones, through 3 AdamW steps at lr 1e-2: kept at 1e-5,
+    // the scale buffer's bf16 rounding (u = 2^-8) shifts each step's gradient by ~u relative, which
+    // AdamW's normalised step cancels except where an element is near zero; a whole step is 1e-2.
     testing::ExpectParamsMatch(root, *ref, 1e-5, "buffer_dtype w" + std::to_string(world));
     FullStateDict sd = GetFullStateDict(root);
     EXPECT_EQ(sd["a.scale"].scalar_type(), at::kFloat);
     EXPECT_EQ(sd["b.scale"].scalar_type(), at::kFloat);
     EXPECT_EQ(sd["a.count"].scalar_type(), at::kLong);
     EXPECT_TRUE(at::equal(sd["a.scale"], orig_scale.to(at::kBFloat16).to(at::kFloat)));
-    EXPECT_FALSE(at::equal(sd["a.scale"], orig_scale));  // it went through bf16
+    EXPECT_FALSE(at::equal(sd["a.scale"], orig_scale));       // it went through bf16
     EXPECT_EQ(model->a->scale.scalar_type(), at::kBFloat16);  // the module keeps the cast buffer
   });
 }

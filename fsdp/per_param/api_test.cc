@@ -95,6 +95,8 @@ TEST(PostBackwardTrigger, GradientHooksUnlessAParameterIsFrozen) {
       ASSERT_TRUE(p.grad().defined()) << item.key();
       const int64_t rows = (full.size(0) + 1) / 2, begin = std::min<int64_t>(pg->rank() * rows, full.size(0));
       const at::Tensor expected = full.grad().narrow(0, begin, std::min(rows, full.size(0) - begin));
+      // float32 gradients summed over the batch in another order (per rank, then reduce-scattered):
+      // a few ulps (2^-23) of each, 1e-5 relative (~80 ulps) with 1e-6 absolute for elements near zero.
       EXPECT_TRUE(at::allclose(p.grad().narrow(0, 0, expected.size(0)), expected, 1e-5, 1e-6)) << item.key();
     }
   });
@@ -226,6 +228,8 @@ TEST(RunFsdpForwardMethod, UnshardsForTheMethodReshardsAfterAndReducesGradients)
       at::Tensor y = run_fsdp_forward_method<at::Tensor>(
           fsdp, [&](const at::Tensor& in) { return model->encode(in); }, x);
       const at::Tensor expected = ref->encode(x);
+      // Same x, same gathered parameters, up to the previous SGD step's rounding (lr 0.1 times a few
+      // float32 ulps of the gradient): 1e-6, 8 ulps at scale 1, far below one step (0.1 * |g|).
       EXPECT_TRUE(at::allclose(y, expected, 1e-6, 1e-6)) << "step " << step;
       // Resharded after the method (reshard_after_forward = true).
       EXPECT_TRUE(fsdp.param_group()->is_sharded());
@@ -245,6 +249,8 @@ TEST(RunFsdpForwardMethod, UnshardsForTheMethodReshardsAfterAndReducesGradients)
       opt.zero_grad();
       ref_opt.zero_grad();
     }
+    // 2 SGD steps at lr 0.1 of gradients that differ by a few float32 ulps (their summation order):
+    // 1e-6, 8 ulps at scale 1, as above.
     for (const auto& p : fsdp.param_group()->fsdp_params()) {
       EXPECT_TRUE(at::allclose(p->ShardedDTensor().full_tensor(), ref->named_parameters()[p->fqn()], 1e-6, 1e-6))
           << p->fqn();
@@ -335,6 +341,8 @@ TEST(SetAllReduceHook, FsdpWithAHookAllReducingOverReplicasMatchesNativeHsdp) {
     Step(custom, pg->rank());
     const auto a = LocalGrads(native), b = LocalGrads(custom);
     ASSERT_EQ(a.size(), b.size());
+    // The same gradients averaged by two reduction orders (native all-reduce vs the hook's sum then
+    // divide): a few float32 ulps each; 1e-5 relative (~80 ulps), 1e-6 absolute near zero.
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-6)) << i;
   });
 }

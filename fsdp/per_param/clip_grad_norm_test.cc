@@ -39,7 +39,11 @@ using testing::TPNet;
 using testing::UniqueParameters;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kTol = 1e-5;  // f32: a few ulps of the averaged gradients, amplified by p
+// f32: the gradients are averaged over ranks in another order than one rank's whole-batch mean (a few
+// ulps, 2^-23, each), the norm raises them to p and sums their p-th powers per shard, then across
+// ranks, errors of random sign growing like sqrt(n) ulps; 1e-5 (~80 ulps) covers both and is far below
+// a missing or doubled shard's share of the norm.
+constexpr double kTol = 1e-5;
 
 // One forward + backward on the whole 12-row batch.
 template <class Model>

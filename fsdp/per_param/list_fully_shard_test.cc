@@ -21,6 +21,7 @@
 #include "fsdp/per_param/test_models.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
+#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::per_param {
@@ -180,7 +181,9 @@ void RunListParity(const ListParityCase& c, const comm::ProcessGroupPtr& pg) {
     for (const auto& p : s->param_group()->fsdp_params()) {
       const at::Tensor full = p->ShardedDTensor().full_tensor();
       const at::Tensor expected = ref_params[p->fqn()];
-      EXPECT_LE((full - expected).abs().max().item<double>(), 1e-5) << p->fqn() << " rank " << me;
+      // Sliced vs whole-batch gradient sums through kSteps AdamW steps at lr 1e-2 (parameters of order 1).
+      EXPECT_LE((full - expected).abs().max().item<double>(), fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2))
+          << p->fqn() << " rank " << me;
       ++checked;
     }
   }
