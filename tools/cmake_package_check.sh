@@ -14,7 +14,6 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CACHE="${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/libtorch-fsdp}"
 BUILD="$ROOT/build/cmake-package"
 INSTALL="$ROOT/build/cmake-install"
 CONSUMER="$ROOT/examples/consumer_cmake"
@@ -23,12 +22,6 @@ JOBS="${FSDP_CMAKE_JOBS:-2}"
 NICE="${FSDP_CMAKE_NICE:-10}"
 WORLD=2
 RUN_TIMEOUT=300  # seconds for the two-process run (it takes seconds; a hung rendezvous must end)
-# The ccache settings of tools/cmake_build.sh (the reasons are there), so that this tree hits
-# the compiles of build/cmake and of other checkouts.
-export CCACHE_DIR="$CACHE/ccache"
-export CCACHE_BASEDIR="$ROOT"
-export CCACHE_NOHASHDIR=1
-export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 
 step() { printf '\n==> %s\n' "$*"; }
 run() { printf '+ %s\n' "$*"; "$@"; }
@@ -40,15 +33,9 @@ done
 TORCH_CMAKE="$(readlink -f "$ROOT/third_party/torch_root/share/cmake" 2>/dev/null || true)"
 [ -n "$TORCH_CMAKE" ] && [ -f "$TORCH_CMAKE/Torch/TorchConfig.cmake" ] ||
   die "third_party/torch_root/share/cmake/Torch/TorchConfig.cmake missing: run ./x setup"
-# As tools/cmake_build.sh configures (unity builds), so that ccache serves the same compiles.
-UNITY=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16)
-LAUNCHER=()
-if command -v ccache >/dev/null 2>&1; then
-  mkdir -p "$CCACHE_DIR"
-  LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-else
-  echo "warning: ccache not found (Debian: apt-get install ccache); building without it"
-fi
+# CACHE, the ccache environment, UNITY and LAUNCHER, as tools/cmake_build.sh has them (so
+# that ccache serves the same compiles).
+source "$ROOT/tools/cmake_common.sh"
 t0=$SECONDS
 
 step "configure $BUILD (the installed libraries only: no tests)"
