@@ -79,21 +79,19 @@ class XRun(unittest.TestCase):
         wait_for(lambda: all(os.path.exists(f) and os.path.getsize(f) > 0 for f in files), f"{n} ranks started")
         return [int(open(f).read().split()[0]) for f in files]
 
-    def test_sigint_stops_every_rank(self):
-        p = self.launch(["-n", "3", self.rank, self.dir, "0"])
-        pids = self.rank_pids(3)
-        p.send_signal(signal.SIGINT)
+    def expect_signal_stops_every_rank(self, sig, status, world):
+        p = self.launch(["-n", str(world), self.rank, self.dir, "0"])
+        pids = self.rank_pids(world)
+        p.send_signal(sig)
         out, _ = p.communicate(timeout=DEADLINE_S)
-        self.assertEqual(p.returncode, 130, out)
-        wait_for(lambda: not any(alive(pid) for pid in pids), "every rank gone after SIGINT")
+        self.assertEqual(p.returncode, status, out)
+        wait_for(lambda: not any(alive(pid) for pid in pids), f"every rank gone after {sig.name}")
+
+    def test_sigint_stops_every_rank(self):
+        self.expect_signal_stops_every_rank(signal.SIGINT, 130, 3)
 
     def test_sigterm_stops_every_rank(self):
-        p = self.launch(["-n", "2", self.rank, self.dir, "0"])
-        pids = self.rank_pids(2)
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=DEADLINE_S)
-        self.assertEqual(p.returncode, 143, out)
-        wait_for(lambda: not any(alive(pid) for pid in pids), "every rank gone after SIGTERM")
+        self.expect_signal_stops_every_rank(signal.SIGTERM, 143, 2)
 
     def test_a_failing_rank_stops_the_others(self):
         p = self.launch(["-n", "3", self.rank, self.dir, "7"], env={"FAIL_RANK": "1"})
