@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "bench/pair_flags.h"
 #include "comm/gloo_process_group.h"
-#include "comm/torchrun_env.h"
 #include "comm/main_guard.h"
+#include "comm/torchrun_env.h"
 
 namespace {
 

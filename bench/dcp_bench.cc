@@ -56,13 +56,13 @@
 #include "absl/strings/str_cat.h"
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
+#include "comm/main_guard.h"
 #include "comm/threaded_process_group.h"
 #include "dcp/dcp.h"
-#include "fsdp/common/hooked_module.h"
-#include "fsdp/per_param/fully_shard.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 #include "testing/peer_python.h"
-#include "comm/main_guard.h"
 
 namespace {
 
@@ -176,10 +176,10 @@ void SetUp() {
     w.ranks[r].raw_file = absl::StrCat(w.dir, "/raw/rank", r, ".bin");
   }
   OnRanks([&w](Rank& r) {
-    const fsdp::per_param::FullyShardOptions options{.mesh = fsdp::mesh::DeviceMesh::Create(r.group, {kWorld})};
+    const fsdp::fsdp2::FullyShardOptions options{.mesh = fsdp::mesh::DeviceMesh::Create(r.group, {kWorld})};
     r.net = std::make_shared<Net>(kLayers, kDim);
-    for (auto& layer : r.net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);
-    fsdp::per_param::fully_shard(r.net, options);
+    for (auto& layer : r.net->layers) fsdp::fsdp2::fully_shard(layer.ptr(), options);
+    fsdp::fsdp2::fully_shard(r.net, options);
     r.opt = std::make_unique<torch::optim::AdamW>(r.net->parameters(), torch::optim::AdamWOptions(1e-3));
     // One step, so that AdamW has its moments (a fresh optimizer has no state to save).
     r.net->forward(at::randn({8, kDim})).sum().backward();

@@ -32,10 +32,10 @@
 #include "absl/synchronization/mutex.h"
 #include "bench/pair_flags.h"
 #include "comm/gloo_process_group.h"
+#include "comm/main_guard.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute.h"
 #include "mesh/device_mesh.h"
-#include "comm/main_guard.h"
 
 namespace {
 

@@ -50,9 +50,9 @@
 #include "comm/comm_trace.h"
 #include "comm/init_process_group.h"
 #include "comm/main_guard.h"
-#include "fsdp/common/hooked_module.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/per_param/fully_shard.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "tools/fsdp_memory.h"
 #include "tools/fsdp_plan_lib.h"
 
@@ -112,7 +112,7 @@ int64_t PredictedPeak(const ModelSpec& s, int world, int fsdp_version) {
   fsdp_plan::RawFlags flags;
   flags.shapes = s.shapes();
   flags.world = std::to_string(world);
-  flags.style = fsdp_version == 1 ? "flat" : "per_param";
+  flags.style = fsdp_version == 1 ? "fsdp1" : "fsdp2";
   flags.align = false;  // wrap_fsdp's default use_orig_params = false
   fsdp_plan::PlanOptions options;
   const std::string error = fsdp_plan::ParseOptions(flags, &options);
@@ -148,14 +148,14 @@ void Sync(c10::Device device) {
 // optimizer gets.
 std::vector<at::Tensor> Shard(Net& m, const ProcessGroupPtr& group, int fsdp_version, c10::Device device) {
   if (fsdp_version == 1) {
-    const fsdp::flat_param::FSDPOptions options{
-        .process_group = group, .sharding_strategy = fsdp::flat_param::ShardingStrategy::FULL_SHARD, .device = device};
-    for (auto& b : m->layers) fsdp::flat_param::wrap_fsdp(b.ptr(), options);
-    return fsdp::flat_param::wrap_fsdp(m.ptr(), options).parameters();
+    const fsdp::fsdp1::FSDPOptions options{
+        .process_group = group, .sharding_strategy = fsdp::fsdp1::ShardingStrategy::FULL_SHARD, .device = device};
+    for (auto& b : m->layers) fsdp::fsdp1::wrap_fsdp(b.ptr(), options);
+    return fsdp::fsdp1::wrap_fsdp(m.ptr(), options).parameters();
   }
   auto mesh = fsdp::mesh::DeviceMesh::Create(group, {group->size()});
-  for (auto& b : m->layers) fsdp::per_param::fully_shard(b.ptr(), {.mesh = mesh, .device = device});
-  fsdp::per_param::fully_shard(m.ptr(), {.mesh = mesh, .device = device});
+  for (auto& b : m->layers) fsdp::fsdp2::fully_shard(b.ptr(), {.mesh = mesh, .device = device});
+  fsdp::fsdp2::fully_shard(m.ptr(), {.mesh = mesh, .device = device});
   return m->parameters();
 }
 

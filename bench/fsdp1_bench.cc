@@ -39,11 +39,11 @@
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
 #include "comm/fake_process_group.h"
-#include "fsdp/flat_param/flat_param.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "mesh/device_mesh.h"
 #include "comm/main_guard.h"
+#include "fsdp/fsdp1/flat_param.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "mesh/device_mesh.h"
 
 namespace {
 
@@ -68,8 +68,8 @@ Params MakeParams(int64_t n) {
   return p;
 }
 
-fsdp::flat_param::FlatParamHandleOptions HandleOptions() {
-  fsdp::flat_param::FlatParamHandleOptions o;
+fsdp::fsdp1::FlatParamHandleOptions HandleOptions() {
+  fsdp::fsdp1::FlatParamHandleOptions o;
   o.process_group = fsdp::comm::CreateFakeProcessGroup(0, kWorld);
   return o;
 }
@@ -82,7 +82,7 @@ void BM_Flatten(benchmark::State& state, bool ours) {
     Params p = MakeParams(n);
     state.ResumeTiming();
     if (ours) {
-      fsdp::flat_param::FlatParamHandle h(p.tensors, *p.module, options);
+      fsdp::fsdp1::FlatParamHandle h(p.tensors, *p.module, options);
       h.Shard();
       benchmark::DoNotOptimize(h.flat_param().param.data_ptr());
     } else {
@@ -104,7 +104,7 @@ void BM_Unflatten(benchmark::State& state, bool ours) {
   Params p = MakeParams(n);
   std::vector<std::vector<int64_t>> shapes;
   for (const at::Tensor& t : p.tensors) shapes.push_back(t.sizes().vec());
-  fsdp::flat_param::FlatParamHandle h(p.tensors, *p.module, HandleOptions());  // unsharded
+  fsdp::fsdp1::FlatParamHandle h(p.tensors, *p.module, HandleOptions());  // unsharded
   const at::Tensor flat = h.flat_param().param.detach();
   fsdp::bench::TimedLoop(state, absl::StrCat(ours ? "Unflatten/ours/" : "Unflatten/narrow/", n), [&] {
     if (ours) {
@@ -129,10 +129,10 @@ void BM_Unflatten(benchmark::State& state, bool ours) {
 
 template <class Layer>
 using NetImpl = fsdp::bench::LinearStackImpl<Layer>;
-using Fsdp1Linear = fsdp::flat_param::FSDPWrapped<torch::nn::LinearImpl>;
-using Fsdp1Net = fsdp::flat_param::FSDPWrappedImpl<NetImpl<Fsdp1Linear>>;
-using Fsdp2Linear = fsdp::per_param::FullySharded<torch::nn::LinearImpl>;
-using Fsdp2Net = fsdp::per_param::FullyShardedImpl<NetImpl<Fsdp2Linear>>;
+using Fsdp1Linear = fsdp::Hooked<torch::nn::LinearImpl>;
+using Fsdp1Net = fsdp::HookedImpl<NetImpl<Fsdp1Linear>>;
+using Fsdp2Linear = fsdp::Hooked<torch::nn::LinearImpl>;
+using Fsdp2Net = fsdp::HookedImpl<NetImpl<Fsdp2Linear>>;
 
 template <class Net>
 void RunSteps(benchmark::State& state, Net& net, const std::vector<at::Tensor>& params, const std::string& label) {
@@ -160,16 +160,16 @@ void BM_Step(benchmark::State& state, StepSide side) {
   const std::string label = absl::StrCat(fsdp1 ? "Step/ours/" : "Step/fsdp2/", blocks);
   if (fsdp1) {
     auto net = std::make_shared<Fsdp1Net>(blocks, kDim);
-    const fsdp::flat_param::FSDPOptions options{.process_group = fsdp::comm::CreateFakeProcessGroup(0, kWorld)};
-    for (auto& layer : net->layers) fsdp::flat_param::wrap_fsdp(layer.ptr(), options);
-    const fsdp::flat_param::FullyShardedDataParallel root = fsdp::flat_param::wrap_fsdp(net, options);
+    const fsdp::fsdp1::FSDPOptions options{.process_group = fsdp::comm::CreateFakeProcessGroup(0, kWorld)};
+    for (auto& layer : net->layers) fsdp::fsdp1::wrap_fsdp(layer.ptr(), options);
+    const fsdp::fsdp1::FullyShardedDataParallel root = fsdp::fsdp1::wrap_fsdp(net, options);
     return RunSteps(state, *net, root.parameters(), label);  // the flat parameters
   }
   auto net = std::make_shared<Fsdp2Net>(blocks, kDim);
-  const fsdp::per_param::FullyShardOptions options{
+  const fsdp::fsdp2::FullyShardOptions options{
       .mesh = fsdp::mesh::DeviceMesh::Create(fsdp::comm::CreateFakeProcessGroup(0, kWorld), {kWorld})};
-  for (auto& layer : net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);
-  fsdp::per_param::fully_shard(net, options);
+  for (auto& layer : net->layers) fsdp::fsdp2::fully_shard(layer.ptr(), options);
+  fsdp::fsdp2::fully_shard(net, options);
   RunSteps(state, *net, net->parameters(), label);  // the sharded parameters
 }
 

@@ -51,17 +51,17 @@
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
 #include "comm/fake_process_group.h"
+#include "comm/main_guard.h"
 #include "comm/process_group.h"
-#include "fsdp/per_param/fsdp_collectives.h"
-#include "fsdp/per_param/fsdp_state.h"
-#include "fsdp/per_param/fully_shard.h"
+#include "fsdp/fsdp2/fsdp_collectives.h"
+#include "fsdp/fsdp2/fsdp_state.h"
+#include "fsdp/fsdp2/fully_shard.h"
 #include "mesh/device_mesh.h"
 #include "testing/peer_python.h"
-#include "comm/main_guard.h"
 
 namespace {
 
-using fsdp::per_param::FSDPParam;
+using fsdp::fsdp2::FSDPParam;
 
 constexpr int kWorld = 4;  // this process is rank 0 of 4
 constexpr int64_t kDim = 4;
@@ -76,8 +76,8 @@ fsdp::mesh::DeviceMeshPtr FakeMesh() {
 template <class Layer>
 using NetImpl = fsdp::bench::LinearStackImpl<Layer>;
 using RawNet = NetImpl<torch::nn::Linear>;
-using ShardedLinear = fsdp::per_param::FullySharded<torch::nn::LinearImpl>;
-using FsdpNet = fsdp::per_param::FullyShardedImpl<NetImpl<ShardedLinear>>;
+using ShardedLinear = fsdp::Hooked<torch::nn::LinearImpl>;
+using FsdpNet = fsdp::HookedImpl<NetImpl<ShardedLinear>>;
 
 // One step: forward, backward, SGD step, zero_grad (the optimizer sees FSDP's shards).
 template <class Net>
@@ -102,9 +102,9 @@ void BM_Step(benchmark::State& state, bool ours) {
     return RunSteps(state, net, label);
   }
   auto net = std::make_shared<FsdpNet>(blocks, kDim);
-  const fsdp::per_param::FullyShardOptions options{.mesh = FakeMesh()};
-  for (auto& layer : net->layers) fsdp::per_param::fully_shard(layer.ptr(), options);
-  fsdp::per_param::fully_shard(net, options);
+  const fsdp::fsdp2::FullyShardOptions options{.mesh = FakeMesh()};
+  for (auto& layer : net->layers) fsdp::fsdp2::fully_shard(layer.ptr(), options);
+  fsdp::fsdp2::fully_shard(net, options);
   RunSteps(state, *net, label);
 }
 
@@ -201,9 +201,9 @@ Params MakeParams(int64_t unsharded_bytes) {
   Params out;
   for (int l = 0; l < kLayers; ++l) {
     for (const auto& shape : layer) {
-      out.owned.push_back(std::make_unique<FSDPParam>(at::randn(shape), fsdp::per_param::ParamModuleInfo{}, mesh_info,
+      out.owned.push_back(std::make_unique<FSDPParam>(at::randn(shape), fsdp::fsdp2::ParamModuleInfo{}, mesh_info,
                                                       std::nullopt, 0, fsdp::MixedPrecisionPolicy{},
-                                                      fsdp::per_param::OffloadPolicy{}, std::nullopt));
+                                                      fsdp::fsdp2::OffloadPolicy{}, std::nullopt));
       out.ptrs.push_back(out.owned.back().get());
       out.shard_bytes += out.owned.back()->sharded_param_data().nbytes();
     }
@@ -232,9 +232,9 @@ void BM_CopyIn(benchmark::State& state, Side side) {
   const int64_t bytes = params.shard_bytes;
   if (side == Side::kOurs) {
     const auto group = std::make_shared<NoCommGroup>(0, kWorld);
-    fsdp::per_param::AllGatherBufferPool pool;
+    fsdp::fsdp2::AllGatherBufferPool pool;
     fsdp::bench::TimedLoop(state, absl::StrCat("CopyIn/ours/", state.range(0)), [&] {
-      fsdp::per_param::AllGatherResult result = fsdp::per_param::ForeachAllGather(params.ptrs, group, &pool);
+      fsdp::fsdp2::AllGatherResult result = fsdp::fsdp2::ForeachAllGather(params.ptrs, group, &pool);
       result.event->Synchronize(fsdp::comm::kDefaultTimeout);
       benchmark::DoNotOptimize(result.output.data_ptr());
       pool.Give(std::move(result.buffer));  // what FSDP's copy-out does
@@ -259,13 +259,13 @@ void BM_CopyOut(benchmark::State& state, Side side) {
     // A real all-gather result (the Fake group fills every rank's slot), reused every
     // iteration; each copy-out re-allocates the unsharded storage that the previous
     // iteration's FreeUnshardedParam (what reshard does) freed.
-    const fsdp::per_param::AllGatherResult gathered =
-        fsdp::per_param::ForeachAllGather(params.ptrs, fsdp::comm::CreateFakeProcessGroup(0, kWorld));
+    const fsdp::fsdp2::AllGatherResult gathered =
+        fsdp::fsdp2::ForeachAllGather(params.ptrs, fsdp::comm::CreateFakeProcessGroup(0, kWorld));
     const std::string label =
         absl::StrCat(side == Side::kOurs ? "CopyOut/ours/" : "CopyOutKeepStorage/ours/", state.range(0));
     fsdp::bench::TimedLoop(state, label, [&] {
-      fsdp::per_param::AllGatherResult result = gathered;
-      fsdp::per_param::ForeachAllGatherCopyOut(result, params.ptrs);
+      fsdp::fsdp2::AllGatherResult result = gathered;
+      fsdp::fsdp2::ForeachAllGatherCopyOut(result, params.ptrs);
       benchmark::DoNotOptimize(params.ptrs.back()->all_gather_output().data_ptr());
       if (side == Side::kOurs) {
         for (FSDPParam* p : params.ptrs) p->FreeUnshardedParam();

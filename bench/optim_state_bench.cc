@@ -18,14 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "bench/pair_flags.h"
 #include "comm/gloo_process_group.h"
-#include "fsdp/per_param/fsdp_param.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "optim_state/fsdp2_optim_state.h"
 #include "comm/main_guard.h"
+#include "fsdp/fsdp2/fsdp_param.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "optim_state/fsdp2_optim_state.h"
 
 namespace {
 
-using fsdp::per_param::FullySharded;
+using fsdp::Hooked;
 
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(int64_t width) : fc(register_module("fc", torch::nn::Linear(width, width))) {}
@@ -36,19 +36,19 @@ struct BlockImpl : torch::nn::Module {
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t blocks, int64_t width) {
     for (int64_t i = 0; i < blocks; ++i)
-      layers.push_back(register_module(absl::StrCat("block", i), FullySharded<BlockImpl>(width)));
+      layers.push_back(register_module(absl::StrCat("block", i), Hooked<BlockImpl>(width)));
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x;
     for (auto& b : layers) h = b(h);
     return h;
   }
-  std::vector<FullySharded<BlockImpl>> layers;
+  std::vector<Hooked<BlockImpl>> layers;
 };
 
 struct Setup {
   fsdp::comm::ProcessGroupPtr world;
-  std::shared_ptr<fsdp::per_param::FullyShardedImpl<NetImpl>> model;
+  std::shared_ptr<fsdp::HookedImpl<NetImpl>> model;
   std::unique_ptr<torch::optim::AdamW> opt;
   fsdp::optim_state::OptimStateDict full;
   std::vector<std::pair<at::Tensor, at::Tensor>> gathers;  // (local shard, full output) per state tensor
@@ -65,9 +65,9 @@ void Init(int64_t blocks, int64_t width) {
   Setup& s = S();
   s.world = fsdp::comm::CreateGlooProcessGroupFromEnv();
   auto mesh = fsdp::mesh::DeviceMesh::Create(s.world, {s.world->size()});
-  s.model = std::make_shared<fsdp::per_param::FullyShardedImpl<NetImpl>>(blocks, width);
-  for (auto& b : s.model->layers) fsdp::per_param::fully_shard(b.ptr(), {.mesh = mesh});
-  fsdp::per_param::fully_shard(s.model, {.mesh = mesh});
+  s.model = std::make_shared<fsdp::HookedImpl<NetImpl>>(blocks, width);
+  for (auto& b : s.model->layers) fsdp::fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+  fsdp::fsdp2::fully_shard(s.model, {.mesh = mesh});
   s.opt = std::make_unique<torch::optim::AdamW>(s.model->parameters(), torch::optim::AdamWOptions(1e-3));
   s.model->forward(at::randn({8, width}, at::make_generator<at::CPUGeneratorImpl>(1))).square().mean().backward();
   s.opt->step();

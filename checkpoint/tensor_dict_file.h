@@ -1,6 +1,6 @@
 // Full state dict files: a str -> Tensor dict as torch.save writes it (Python's
 // torch.load(path) returns the dict; torch/serialization.py, v2.15.0) and back. Both FSDPs'
-// full model state dicts (fsdp::per_param::FullStateDict, fsdp::flat_param::FullStateDict)
+// full model state dicts (fsdp::fsdp2::FullStateDict, fsdp::fsdp1::FullStateDict)
 // are this type, so a file written by either loads into the other.
 //
 // Loading reads untrusted bytes with the validating reader (checkpoint_reader.h): a truncated

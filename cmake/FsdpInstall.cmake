@@ -1,11 +1,11 @@
 # The CMake package LibtorchFsdp: `cmake --install <build> --prefix <dir>` installs
-#   <dir>/include/<pkg>/...h           the headers at their repository paths ("fsdp/per_param/fully_shard.h")
+#   <dir>/include/<pkg>/...h           the headers at their repository paths ("fsdp/fsdp2/fully_shard.h")
 #   <dir>/lib/lib<name>.a              the libraries (static, as built)
 #   <dir>/lib/cmake/LibtorchFsdp/      LibtorchFsdpConfig.cmake, its version file and the exported targets
 # for another project:
 #   find_package(Torch REQUIRED)                  (optional: the package finds it otherwise)
 #   find_package(LibtorchFsdp CONFIG REQUIRED)    (<dir> in CMAKE_PREFIX_PATH)
-#   target_link_libraries(app PRIVATE LibtorchFsdp::fsdp_per_param)
+#   target_link_libraries(app PRIVATE LibtorchFsdp::fsdp2)
 # What is installed: the libraries tools/gen_cmake_targets.py marks INSTALL (Bazel's public,
 # non-testonly libraries and the libraries they link); no tests, testonly libraries, bench or
 # fuzz. Target names are add_subdirectory's: libtorch_fsdp::<name> is LibtorchFsdp::<name>.

@@ -21,8 +21,8 @@
 # negative filter its smoke run uses (FSDP_CMAKE_SMOKE=ON only). Target names:
 # //pkg:name -> pkg_name with '/' -> '_', and a package's
 # default target (//comm == //comm:comm) is just the package: //comm -> comm,
-# //comm:gloo -> comm_gloo, //fsdp/per_param -> fsdp_per_param,
-# //fsdp/per_param:per_param_test -> fsdp_per_param_per_param_test. Every target also has
+# //comm:gloo -> comm_gloo, //fsdp/fsdp2 -> fsdp2,
+# //fsdp/fsdp2:fsdp2_test -> fsdp2_fsdp2_test. Every target also has
 # the alias libtorch_fsdp::<name>. Executables land in <build>/bin/<pkg>/<name> (as
 # bazel-bin/<pkg>/<name>); a test's CTest name is its Bazel label.
 #
@@ -102,11 +102,14 @@ function(_fsdp_split_label label pkg_out name_out)
   set(${name_out} "${name}" PARENT_SCOPE)
 endfunction()
 
-# The CMake target of a label of this repository.
+# The CMake target of a label of this repository: the package path with "_" for "/", then
+# "_<name>" unless the name is the package's last component. fsdp/fsdp2 and fsdp/fsdp1 are
+# fsdp2 and fsdp1 (not fsdp2).
 function(fsdp_target_name label out)
   _fsdp_split_label("${label}" pkg name)
   get_filename_component(base "${pkg}" NAME)
-  string(REPLACE "/" "_" target "${pkg}")
+  string(REGEX REPLACE "^fsdp/(fsdp[0-9])" "\\1" path "${pkg}")
+  string(REPLACE "/" "_" target "${path}")
   if(NOT name STREQUAL base)
     set(target "${target}_${name}")
   endif()

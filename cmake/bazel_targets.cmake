@@ -12,13 +12,12 @@
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
 #     //dtensor:tensor_parallel_test //examples:restart_test
-#     //fsdp/activation_checkpoint:checkpoint_test //fsdp/common:common_test
-#     //fsdp/flat_param:golden_test //fsdp/per_param:golden_test //fuzz:corrupt_checkpoint_test
-#     //mesh:device_mesh_test //optim_state:optimizer_adapter_test //testing:multi_rank_test
-#     //tests:bad_input_catalogue_test //tools:fsdp_memory_test
-#   //fsdp/per_param: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, per_param_test
-#     is 9)
-#   //fsdp/flat_param: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
+#     //fsdp/activation_checkpointing:checkpoint_test //fsdp/common:common_test
+#     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
+#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optimizer_adapter_test
+#     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_memory_test
+#   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
+#   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: tensor_parallel_test (DTensor under Colwise/Rowwise parallel vs one rank; 1 TU,
 #     dtensor_test is 4)
 #   //optim_state: optimizer_adapter_test (the adapter registry round trip; 1 TU)
@@ -61,13 +60,14 @@ fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH PCH aten
 
 fsdp_cc_binary(//bench:fsdp2_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS fsdp2_bench.cc
-  DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/per_param //mesh
-       //testing:peer_python @libtorch @system//:absl @system//:benchmark)
+  DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/fsdp2
+       //fsdp/fsdp2:runtime //mesh //testing:peer_python @libtorch @system//:absl
+       @system//:benchmark)
 
 fsdp_cc_binary(//bench:fsdp1_bench OPTION FSDP_BUILD_BENCH
   SRCS fsdp1_bench.cc
-  DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/flat_param
-       //fsdp/per_param //mesh @libtorch @system//:absl @system//:benchmark)
+  DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/fsdp1
+       //fsdp/fsdp1:runtime //fsdp/fsdp2 //mesh @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH PCH aten
   SRCS peak_memory.cc
@@ -76,17 +76,18 @@ fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH PCH aten
 
 fsdp_cc_binary(//bench:e2e_bench OPTION FSDP_BUILD_BENCH
   SRCS e2e_bench.cc
-  DEPS :peak_memory //comm //comm:init_process_group //comm:main_guard //fsdp/flat_param
-       //fsdp/per_param //mesh //tools:fsdp_plan_lib @libtorch @system//:absl @system//:absl_flags)
+  DEPS :peak_memory //comm //comm:init_process_group //comm:main_guard //fsdp/fsdp1 //fsdp/fsdp2
+       //fsdp/hooked_module //mesh //tools:fsdp_plan_lib @libtorch @system//:absl
+       @system//:absl_flags)
 
 fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
   SRCS optim_state_bench.cc
-  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //fsdp/per_param //mesh //optim_state
-       @libtorch @system//:absl @system//:benchmark)
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //fsdp/fsdp2 //fsdp/fsdp2:runtime //mesh
+       //optim_state:fsdp2 @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS dcp_bench.cc
-  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp //fsdp/common //fsdp/per_param
+  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp //fsdp/fsdp2 //fsdp/hooked_module
        //mesh //testing:peer_python @libtorch @system//:absl @system//:benchmark)
 
 # ================================================================ //bench/peer
@@ -100,14 +101,14 @@ fsdp_cc_test(//bench/peer:pytorch_parity_test SIZE medium
   SRCS pytorch_parity_test.cc
   DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
   TAGS float_parity
-  DEPS :peer_parity //fsdp/per_param //fsdp/per_param:test_models //mesh //optim_state:fsdp2
+  DEPS :peer_parity //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//bench/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
   SRCS pytorch_fsdp1_parity_test.cc
   DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
   TAGS float_parity
-  DEPS :peer_parity //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
+  DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
        //optim_state:fsdp1 //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //checkpoint
@@ -209,38 +210,38 @@ fsdp_cc_library(//dcp INSTALL
   SRCS checkpoint_dirs.cc collectives.cc collectives.h flat_optim.cc load.cc plan.cc plan.h save.cc
        state_items.cc state_items.h
   HDRS checkpoint_dirs.h dcp.h
-  DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/flat_param
-       //fsdp/flat_param:runtime //fsdp/per_param //fsdp/per_param:runtime //mesh //optim_state:core
+  DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/fsdp1
+       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/meta //mesh //optim_state:core
        //optim_state:fsdp1 //optim_state:fsdp2 @libtorch @system//:absl)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
   TAGS float_parity
-  DEPS //testing:test_dir :dcp //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:runtime
-       //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/per_param
-       //fsdp/per_param:runtime //fsdp/per_param:test_models //mesh //optim_state:core
-       //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch @system//:absl
-       @system//:gtest_main)
+  DEPS //testing:test_dir :dcp //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime
+       //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/fsdp2
+       //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //mesh //optim_state:core //optim_state:fsdp2
+       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:large_model_test SIZE medium
   SRCS large_model_test.cc
   TAGS float_parity
-  DEPS :dcp //comm //fsdp/common //fsdp/common:test_models //fsdp/per_param //fsdp/per_param:runtime
-       //mesh //testing:allocation_counter //testing:expect_error //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
+  DEPS :dcp //checkpoint:dcp //comm //fsdp/common //fsdp/common:test_models //fsdp/fsdp2
+       //fsdp/fsdp2:runtime //fsdp/meta //mesh //testing:allocation_counter //testing:expect_error
+       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS interop_common.h interop_test.cc
   DATA testdata/fsdp2_interop.py
   TAGS float_parity
-  DEPS :dcp //comm //fsdp/common //fsdp/per_param //mesh //optim_state:fsdp2 //testing:multi_rank
-       //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
+  DEPS :dcp //checkpoint //comm //fsdp/common //fsdp/fsdp2 //fsdp/hooked_module //mesh
+       //optim_state:core //optim_state:fsdp2 //testing:multi_rank //testing:peer_python @libtorch
+       @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:fsdp1_interop_test SIZE medium
   SRCS fsdp1_interop_test.cc interop_common.h
   DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py
   TAGS float_parity
-  DEPS :dcp //checkpoint //comm //fsdp/common //fsdp/flat_param //fsdp/per_param //mesh
+  DEPS :dcp //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module //mesh
        //optim_state:core //optim_state:fsdp1 //testing:multi_rank //testing:peer_python @libtorch
        @system//:absl @system//:gtest_main)
 
@@ -288,13 +289,13 @@ fsdp_cc_binary(//examples:collectives_demo PCH aten
 
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
-  DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp
-       //fsdp/per_param //mesh @libtorch @system//:absl @system//:absl_flags)
+  DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp //fsdp/fsdp2
+       //mesh @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_binary(//examples:readme_example
   SRCS readme_example.cc
-  DEPS //comm //comm:init_process_group //comm:main_guard //dcp //fsdp/common //fsdp/per_param
-       //mesh @libtorch)
+  DEPS //comm //comm:init_process_group //comm:main_guard //dcp //fsdp/fsdp2 //fsdp/meta //mesh
+       @libtorch)
 
 fsdp_cc_library(//examples:training_checkpoints PCH aten
   SRCS training_checkpoints.cc
@@ -305,173 +306,192 @@ fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRe
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
   TAGS float_parity
-  DEPS //testing:test_dir //fsdp/per_param //testing:multi_rank //testing:peer_python @libtorch
+  DEPS //testing:test_dir //fsdp/fsdp2 //testing:multi_rank //testing:peer_python @libtorch
        @system//:absl @system//:gtest)
 
 # ================================================================ //examples/llama
 fsdp_cc_library(//examples/llama
   SRCS llama.cc
   HDRS llama.h
-  DEPS //fsdp/activation_checkpoint //fsdp/common @libtorch)
+  DEPS //fsdp/activation_checkpointing //fsdp/hooked_module @libtorch)
 
 fsdp_cc_library(//examples/llama:llama_training
   SRCS llama_training.cc
   HDRS llama_training.h
-  DEPS :llama //checkpoint //comm //fsdp/activation_checkpoint //fsdp/per_param //mesh @libtorch)
+  DEPS :llama //checkpoint //comm //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh @libtorch)
 
 fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
   SRCS llama_parity_test.cc
   DATA testdata/hf_llama_fsdp2.py testdata/hf_llama_reference.py
   TAGS float_parity
-  DEPS :llama :llama_training //checkpoint //comm //fsdp/per_param //mesh //testing:multi_rank
+  DEPS :llama :llama_training //checkpoint //comm //fsdp/fsdp2 //mesh //testing:multi_rank
        //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_binary(//examples/llama:llama_demo
   SRCS llama_demo.cc
   DEPS :llama_training //checkpoint //comm //comm:gloo //comm:main_guard
-       //examples:training_checkpoints //fsdp/per_param //mesh @libtorch @system//:absl
+       //examples:training_checkpoints //fsdp/fsdp2 //mesh @libtorch @system//:absl
        @system//:absl_flags)
 
-# ================================================================ //fsdp/activation_checkpoint
-fsdp_cc_library(//fsdp/activation_checkpoint INSTALL
+# ================================================================ //fsdp/activation_checkpointing
+fsdp_cc_library(//fsdp/activation_checkpointing INSTALL
   SRCS checkpoint.cc checkpoint_wrapper.cc
   HDRS checkpoint.h checkpoint_wrapper.h
-  DEPS //fsdp/common @libtorch)
+  DEPS //fsdp/common //fsdp/hooked_module @libtorch)
 
-fsdp_cc_test(//fsdp/activation_checkpoint:checkpoint_test SIZE small SMOKE
+fsdp_cc_test(//fsdp/activation_checkpointing:checkpoint_test SIZE small SMOKE
   SRCS checkpoint_test.cc
-  DEPS :activation_checkpoint //fsdp/common //fsdp/common:test_models //testing:allocation_counter
-       //testing:expect_error @libtorch @system//:gtest_main)
+  DEPS :activation_checkpointing //fsdp/common //fsdp/common:test_models
+       //testing:allocation_counter //testing:expect_error @libtorch @system//:gtest_main)
 
-fsdp_cc_test(//fsdp/activation_checkpoint:fsdp2_checkpoint_test SIZE medium
+fsdp_cc_test(//fsdp/activation_checkpointing:fsdp2_checkpoint_test SIZE medium
   SRCS fsdp2_checkpoint_test.cc
   TAGS float_parity
-  DEPS :activation_checkpoint //comm //fsdp/common //fsdp/common:test_models //fsdp/flat_param
-       //fsdp/per_param //mesh //testing:float_tolerance //testing:multi_rank @libtorch
+  DEPS :activation_checkpointing //comm //fsdp/common //fsdp/common:test_models //fsdp/fsdp1
+       //fsdp/fsdp2 //mesh //testing:float_tolerance //testing:multi_rank @libtorch
        @system//:gtest_main)
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common INSTALL
-  SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc hooked_module.cc meta.cc sharding.cc
-       storage.cc
-  HDRS autograd_hooks.h env_override.h flat_layout.h forward_tensors.h fsdp_state_base.h
-       grad_divide.h hooked_module.h meta.h sharding.h storage.h
-  DEPS //torch_compat @libtorch @system//:absl)
+  SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc sharding.cc storage.cc
+  HDRS autograd_hooks.h env_override.h flat_layout.h fsdp_state_base.h grad_divide.h sharding.h
+       storage.h
+  DEPS //fsdp/hooked_module //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/common:test_models TESTONLY
   HDRS test_models.h
-  DEPS :common @libtorch @system//:absl)
+  DEPS :common //fsdp/hooked_module @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/common:common_test SIZE small SMOKE
-  SRCS autograd_hooks_test.cc grad_divide_test.cc hooked_module_test.cc storage_test.cc
+  SRCS autograd_hooks_test.cc grad_divide_test.cc storage_test.cc
   DEPS :common //testing:expect_error @libtorch @system//:gtest_main)
 
-# ================================================================ //fsdp/flat_param
-fsdp_cc_library(//fsdp/flat_param INSTALL
+# ================================================================ //fsdp/fsdp1
+fsdp_cc_library(//fsdp/fsdp1 INSTALL
   SRCS clip_grad_norm.cc fully_sharded_data_parallel.cc state_dict.cc summon_full_params.cc
   HDRS fully_sharded_data_parallel.h state_dict.h summon_full_params.h
-  DEPS :runtime //checkpoint //comm //device //fsdp/common //mesh @libtorch @system//:absl)
+  DEPS :runtime //checkpoint //comm //device //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh
+       @libtorch @system//:absl)
 
-fsdp_cc_library(//fsdp/flat_param:runtime INSTALL
+fsdp_cc_library(//fsdp/fsdp1:runtime INSTALL
   SRCS exec_order.cc flat_param.cc flat_param_grad.cc flat_param_runtime.cc flat_param_streams.cc
-       flat_state.cc runtime_backward.cc runtime_forward.cc
-  HDRS exec_order.h flat_param.h flat_param_streams.h flat_state.h fsdp_options.h fsdp_state.h
-  DEPS //comm //device //fsdp/common //mesh @libtorch @system//:absl)
+       flat_shard_conversion.cc runtime_backward.cc runtime_forward.cc
+  HDRS exec_order.h flat_param.h flat_param_streams.h flat_shard_conversion.h fsdp_options.h
+       fsdp_state.h
+  DEPS //comm //device //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh @libtorch
+       @system//:absl)
 
-fsdp_cc_test(//fsdp/flat_param:flat_param_test SIZE medium
+fsdp_cc_test(//fsdp/fsdp1:flat_param_test SIZE medium
   SRCS flat_param_golden_test.cc flat_param_streams_test.cc flat_param_test.cc
   TAGS float_parity
-  DEPS :flat_param //comm //device //fsdp/common //testing:expect_error //testing:multi_rank
+  DEPS :fsdp1 :runtime //comm //device //fsdp/common //testing:expect_error //testing:multi_rank
        @libtorch @system//:absl @system//:gtest_main)
 
-fsdp_cc_library(//fsdp/flat_param:fsdp_test_cases TESTONLY ALWAYSLINK
+fsdp_cc_library(//fsdp/fsdp1:fsdp_test_cases TESTONLY ALWAYSLINK
   SRCS fsdp_behavior_test.cc fsdp_parity_test.cc ignored_states_test.cc meta_init_test.cc
        summon_full_params_test.cc
-  DEPS :flat_param :fsdp_test_models //comm //fsdp/common //mesh //testing:expect_error
+  DEPS :fsdp1 :fsdp_test_models //comm //fsdp/common //fsdp/meta //mesh //testing:expect_error
        //testing:float_tolerance //testing:multi_rank @libtorch @system//:absl @system//:gtest)
 
-fsdp_cc_test(//fsdp/flat_param:fsdp_test SIZE medium
+fsdp_cc_test(//fsdp/fsdp1:fsdp_test SIZE medium
   TAGS float_parity
   DEPS :fsdp_test_cases @system//:gtest_main)
 
-fsdp_cc_test(//fsdp/flat_param:fsdp_async_streams_test SIZE medium
+fsdp_cc_test(//fsdp/fsdp1:fsdp_async_streams_test SIZE medium
   ENV FSDP_CPU_STREAMS=async:200
   TAGS float_parity
   DEPS :fsdp_test_cases @system//:gtest_main)
 
-fsdp_cc_library(//fsdp/flat_param:fsdp_test_models TESTONLY
+fsdp_cc_library(//fsdp/fsdp1:fsdp_test_models TESTONLY
   HDRS fsdp_test_models.h
-  DEPS //fsdp/common:test_models :flat_param :runtime @libtorch @system//:absl)
+  DEPS //fsdp/common:test_models :fsdp1 :runtime @libtorch @system//:absl)
 
-fsdp_cc_test(//fsdp/flat_param:golden_test SIZE small SMOKE
+fsdp_cc_test(//fsdp/fsdp1:golden_test SIZE small SMOKE
   SRCS golden_test.cc
   DATA testdata/*.txt
   TAGS float_parity
   DEPS :runtime //comm @libtorch //testing:golden_file @system//:absl @system//:gtest_main)
 
-# ================================================================ //fsdp/per_param
-fsdp_cc_library(//fsdp/per_param INSTALL
-  SRCS auto_wrap.cc clip_grad_norm.cc fully_shard.cc meta_init.cc state_dict.cc
-  HDRS auto_wrap.h checkpoint_reader.h checkpoint_zip.h clip_grad_norm.h fully_shard.h meta_init.h
-       state_dict.h
-  DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:tensor_parallel //fsdp/common //mesh
-       @libtorch @system//:absl)
+# ================================================================ //fsdp/fsdp2
+fsdp_cc_library(//fsdp/fsdp2 INSTALL
+  SRCS auto_wrap.cc clip_grad_norm.cc fsdp_init.cc fsdp_init.h fully_shard.cc meta_init.cc
+       state_dict.cc
+  HDRS auto_wrap.h clip_grad_norm.h fully_shard.h meta_init.h state_dict.h
+  DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:tensor_parallel //fsdp/common
+       //fsdp/hooked_module //fsdp/meta //mesh @libtorch @system//:absl)
 
-fsdp_cc_library(//fsdp/per_param:api INSTALL
+fsdp_cc_library(//fsdp/fsdp2:api INSTALL
   HDRS all_gather_extension.h fsdp_api.h
   DEPS //device //mesh @libtorch)
 
-fsdp_cc_library(//fsdp/per_param:runtime INSTALL
+fsdp_cc_library(//fsdp/fsdp2:runtime INSTALL
   SRCS fsdp_collectives.cc fsdp_param.cc fsdp_param_group.cc fsdp_state.cc mesh_info.cc
   HDRS fsdp_collectives.h fsdp_param.h fsdp_param_group.h fsdp_state.h mesh_info.h training_state.h
-  DEPS :api //comm //device //dtensor //dtensor:tensor_parallel //fsdp/common //mesh @libtorch
-       @system//:absl)
+  DEPS :api //comm //device //dtensor //dtensor:tensor_parallel //fsdp/common //fsdp/hooked_module
+       //fsdp/meta //mesh @libtorch @system//:absl)
 
-fsdp_cc_library(//fsdp/per_param:per_param_test_cases TESTONLY ALWAYSLINK
+fsdp_cc_library(//fsdp/fsdp2:fsdp2_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
        meta_init_test.cc parity_test.cc state_dict_test.cc
-  DEPS :per_param :test_models //comm //comm:faulty //device //dtensor //dtensor:tensor_parallel
-       //mesh //testing:allocation_counter //testing:expect_error //testing:float_tolerance
-       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
+  DEPS :fsdp2 :runtime :test_models //comm //comm:faulty //device //dtensor
+       //dtensor:tensor_parallel //fsdp/common //fsdp/meta //mesh //testing:allocation_counter
+       //testing:expect_error //testing:float_tolerance //testing:multi_rank //testing:test_dir
+       @libtorch @system//:absl @system//:gtest)
 
-fsdp_cc_test(//fsdp/per_param:per_param_test SIZE medium
+fsdp_cc_test(//fsdp/fsdp2:fsdp2_test SIZE medium
   TAGS float_parity
-  DEPS :per_param_test_cases @system//:gtest_main)
+  DEPS :fsdp2_test_cases @system//:gtest_main)
 
-fsdp_cc_test(//fsdp/per_param:per_param_async_streams_test SIZE medium
+fsdp_cc_test(//fsdp/fsdp2:fsdp2_async_streams_test SIZE medium
   ENV FSDP_CPU_STREAMS=async:200
   TAGS float_parity
-  DEPS :per_param_test_cases @system//:gtest_main)
+  DEPS :fsdp2_test_cases @system//:gtest_main)
 
-fsdp_cc_library(//fsdp/per_param:test_models TESTONLY
+fsdp_cc_library(//fsdp/fsdp2:test_models TESTONLY
   HDRS test_models.h
-  DEPS //dtensor //dtensor:tensor_parallel //fsdp/common:test_models //mesh :per_param @libtorch
+  DEPS //dtensor //dtensor:tensor_parallel //fsdp/common:test_models //mesh :fsdp2 @libtorch
        @system//:absl)
 
-fsdp_cc_test(//fsdp/per_param:golden_test SIZE medium SMOKE
+fsdp_cc_test(//fsdp/fsdp2:golden_test SIZE medium SMOKE
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
   DATA testdata/*.txt
   TAGS float_parity
-  DEPS :per_param :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
+  DEPS :fsdp2 :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+
+# ================================================================ //fsdp/hooked_module
+fsdp_cc_library(//fsdp/hooked_module INSTALL
+  SRCS hooked_module.cc
+  HDRS forward_tensors.h hooked_module.h
+  DEPS @libtorch)
+
+fsdp_cc_test(//fsdp/hooked_module:hooked_module_test SIZE small SMOKE
+  SRCS hooked_module_test.cc
+  DEPS :hooked_module //fsdp/common //testing:expect_error @libtorch @system//:gtest_main)
+
+# ================================================================ //fsdp/meta
+fsdp_cc_library(//fsdp/meta INSTALL
+  SRCS meta.cc
+  HDRS meta.h
+  DEPS @libtorch)
 
 # ================================================================ //fuzz
 fsdp_cc_library(//fuzz:fuzz_models TESTONLY
   SRCS fuzz_models.cc
   HDRS fuzz_models.h
-  DEPS //checkpoint //comm //fsdp/per_param //fsdp/per_param:test_models //mesh //optim_state:fsdp2
-       @libtorch)
+  DEPS //checkpoint //comm //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:core
+       //optim_state:fsdp2 @libtorch)
 
 fsdp_cc_library(//fuzz:standalone_driver OPTION FSDP_BUILD_FUZZ PCH none
   SRCS standalone_driver.cc)
 
 fsdp_cc_binary(//fuzz:full_state_dict_fuzz TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS full_state_dict_fuzz.cc
-  DEPS :standalone_driver :fuzz_models //checkpoint //fsdp/per_param @libtorch)
+  DEPS :standalone_driver :fuzz_models //checkpoint //fsdp/fsdp2 @libtorch)
 
 fsdp_cc_binary(//fuzz:optim_state_fuzz TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS optim_state_fuzz.cc
-  DEPS :standalone_driver :fuzz_models //optim_state:fsdp2 @libtorch)
+  DEPS :standalone_driver :fuzz_models //optim_state:core //optim_state:fsdp2 @libtorch)
 
 fsdp_cc_binary(//fuzz:dcp_metadata_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS dcp_metadata_fuzz.cc
@@ -483,13 +503,14 @@ fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ PCH none
 
 fsdp_cc_binary(//fuzz:make_seeds TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS make_seeds.cc
-  DEPS :fuzz_models //checkpoint //checkpoint:dcp //fsdp/per_param //optim_state:fsdp2)
+  DEPS :fuzz_models //checkpoint //checkpoint:dcp //fsdp/fsdp2 //optim_state:core
+       //optim_state:fsdp2)
 
 fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE SMOKE_FILTER "-CorruptCheckpoint.EveryBitFlipIsAnErrorOrHarmless"
   SRCS corrupt_checkpoint_test.cc
   DATA testdata/*.pt
-  DEPS :fuzz_models //checkpoint //fsdp/per_param //optim_state:fsdp2 //testing:expect_error
-       @libtorch @system//:absl @system//:gtest_main)
+  DEPS :fuzz_models //checkpoint //fsdp/fsdp2 //optim_state:core //optim_state:fsdp2
+       //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //mesh
 fsdp_cc_library(//mesh INSTALL PCH aten
@@ -511,46 +532,43 @@ fsdp_cc_library(//optim_state:core INSTALL
 fsdp_cc_library(//optim_state:fsdp1 INSTALL
   SRCS fsdp1_optim_state.cc
   HDRS fsdp1_optim_state.h
-  DEPS :core //comm //fsdp/flat_param @libtorch @system//:absl)
+  DEPS :core //comm //fsdp/fsdp1 //fsdp/fsdp1:runtime @libtorch @system//:absl)
 
 fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
-  DEPS :core //fsdp/per_param @libtorch @system//:absl)
-
-fsdp_cc_library(//optim_state INSTALL
-  DEPS :core :fsdp1 :fsdp2)
+  DEPS :core //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch @system//:absl)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   SRCS fsdp1_orig_params_optim_test.cc optim_state_test.cc
   TAGS float_parity
-  DEPS :optim_state //fsdp/common:test_models //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
-       //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:allocation_counter
-       //testing:expect_error //testing:float_tolerance //testing:multi_rank //testing:test_dir
-       @libtorch @system//:absl @system//:gtest_main)
+  DEPS :core :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
+       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh
+       //testing:allocation_counter //testing:expect_error //testing:float_tolerance
+       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:fault_test SIZE medium
   SRCS fault_test.cc
-  DEPS :optim_state //comm //fsdp/per_param //fsdp/per_param:test_models //mesh
+  DEPS :fsdp2 //comm //comm:faulty //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh
        //testing:fault_injection //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:fsdp1_fault_test SIZE medium
   SRCS fsdp1_fault_test.cc
-  DEPS //fsdp/flat_param //fsdp/flat_param:fsdp_test_models //comm :optim_state
+  DEPS :fsdp1 //comm //comm:faulty //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
        //testing:fault_injection //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:optimizer_adapter_test SIZE medium SMOKE
   SRCS optimizer_adapter_test.cc
   TAGS float_parity
-  DEPS :core :fsdp1 :fsdp2 //checkpoint //fsdp/flat_param //fsdp/flat_param:fsdp_test_models
-       //fsdp/per_param //fsdp/per_param:test_models //mesh //testing:expect_error
-       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
+  DEPS :core :fsdp1 :fsdp2 //checkpoint //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models //fsdp/fsdp2
+       //fsdp/fsdp2:test_models //mesh //testing:expect_error //testing:multi_rank
+       //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
   SRCS param_group_matching_test.cc
   TAGS float_parity
-  DEPS :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/flat_param //fsdp/per_param //mesh
-       //testing:expect_error //testing:float_tolerance //testing:multi_rank @libtorch
+  DEPS :core :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime //fsdp/fsdp2
+       //mesh //testing:expect_error //testing:float_tolerance //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
 
 # ================================================================ //testing
@@ -600,14 +618,14 @@ fsdp_cc_test(//testing:float_tolerance_test SIZE small PCH aten
 # ================================================================ //tests
 fsdp_cc_test(//tests:bad_input_catalogue_test SIZE medium SMOKE
   SRCS bad_input_catalogue_test.cc
-  DEPS //comm //comm:faulty //comm:init_process_group //dtensor //fsdp/per_param
-       //fsdp/per_param:test_models //mesh //optim_state //testing:multi_rank @libtorch
+  DEPS //comm //comm:faulty //comm:init_process_group //dtensor //fsdp/fsdp2
+       //fsdp/fsdp2:test_models //mesh //optim_state:core //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//tests:one_model_type_test SIZE medium
   SRCS one_model_type_test.cc
   TAGS float_parity
-  DEPS //comm //fsdp/common //fsdp/common:test_models //fsdp/flat_param //fsdp/per_param //mesh
+  DEPS //comm //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module //mesh
        //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //tools

@@ -19,11 +19,11 @@ TEST(DcpErrors, BadCheckpointsAreClearErrorsAndChangeNothing) {
     Trainee one_block = Build(W(2), pg, 11, NetOptions{.blocks = 1, .hidden = 8});
     Save(*one_block.module, one_block.opt.get(), small);
     Hooked<torch::nn::LinearImpl> linear(4, 4);
-    per_param::fully_shard(linear.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {2})});
+    fsdp2::fully_shard(linear.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {2})});
     Save(*linear, nullptr, other);
 
     Trainee target = Build(W(2), pg, 99, NetOptions{.hidden = 9});
-    const per_param::FullStateDict before = per_param::GetFullStateDict(*target.module);
+    const fsdp2::FullStateDict before = fsdp2::GetFullStateDict(*target.module);
     EXPECT_ERROR_CONTAINS(Load(*target.module, target.opt.get(), empty),
                           "dcp::Load: '" + empty + "' holds no complete checkpoint: ReadMetadata: cannot open '" +
                               empty + "/.metadata' for reading");
@@ -40,7 +40,7 @@ TEST(DcpErrors, BadCheckpointsAreClearErrorsAndChangeNothing) {
     EXPECT_ERROR_CONTAINS(Load(*two.module, two.opt.get(), model_only),
                           "dcp::Load: the checkpoint '" + model_only +
                               "' has no optimizer state (no entry 'optim.param_groups.0.params')");
-    const per_param::FullStateDict after = per_param::GetFullStateDict(*target.module);
+    const fsdp2::FullStateDict after = fsdp2::GetFullStateDict(*target.module);
     for (const auto& item : before) EXPECT_TRUE(at::equal(*after.find(item.key()), item.value())) << item.key();
     EXPECT_EQ(two.opt->state().size(), 0u);  // nothing loaded
 

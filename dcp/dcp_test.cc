@@ -35,7 +35,7 @@ void SaveThenLoad(const Mesh& from, const Mesh& to, const SaveOptions& options =
     ExpectSameState(GetFull(t), saved, "after Load");
     const std::vector<double> losses = Train(t, kSteps, kSteps);
     for (int s = 0; s < kSteps; ++s) ExpectClose(losses[s], ref.losses[kSteps + s], absl::StrCat("loss ", kSteps + s));
-    const per_param::FullStateDict full = per_param::GetFullStateDict(*t.module);
+    const fsdp2::FullStateDict full = fsdp2::GetFullStateDict(*t.module);
     for (const auto& p : ref.params) {
       const at::Tensor* got = full.find(p.key());
       ASSERT_NE(got, nullptr) << p.key();
@@ -75,7 +75,7 @@ TEST(DcpReshard, AsyncSaves) {
   SaveThenLoad(W(2), W(3), {.kind = StateDictKind::kFull}, /*async=*/true);
 }
 
-// Uneven FSDP + TP (fsdp/per_param/parity_test.cc's layouts: colwise Linear(9, 18) and
+// Uneven FSDP + TP (fsdp/fsdp2/parity_test.cc's layouts: colwise Linear(9, 18) and
 // Linear(9, 27), rowwise Linear(9, 5) on dp 2 x tp 2): each rank writes the boxes it really
 // holds, and one rank reads back the original weights.
 struct LinearsImpl : torch::nn::Module {
@@ -94,7 +94,7 @@ struct LinearsImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x) { return x; }
 };
-using Linears = per_param::FullySharded<LinearsImpl>;
+using Linears = fsdp::Hooked<LinearsImpl>;
 
 std::vector<torch::nn::Linear> UnevenLinears(double scale) {
   std::vector<torch::nn::Linear> plain = {torch::nn::Linear(9, 18), torch::nn::Linear(9, 27), torch::nn::Linear(9, 5)};
@@ -113,15 +113,15 @@ TEST(DcpReshard, UnevenTensorParallelShardsRoundTrip) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
     Linears model(plain, (*mesh)["tp"]);
-    per_param::fully_shard(model.ptr(), {.mesh = (*mesh)["dp"]});
+    fsdp2::fully_shard(model.ptr(), {.mesh = (*mesh)["dp"]});
     Save(*model, nullptr, dir);
   });
   for (int world : {1, 3}) {
     fsdp::testing::RunOnRanks(Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
       Linears model(UnevenLinears(-3.0), nullptr);
-      per_param::fully_shard(model.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {world})});
+      fsdp2::fully_shard(model.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {world})});
       Load(*model, nullptr, dir);
-      const per_param::FullStateDict full = per_param::GetFullStateDict(*model);
+      const fsdp2::FullStateDict full = fsdp2::GetFullStateDict(*model);
       for (size_t i = 0; i < plain.size(); ++i) {
         EXPECT_TRUE(at::equal(*full.find(absl::StrCat("l", i, ".weight")), plain[i]->weight)) << i;
         EXPECT_TRUE(at::equal(*full.find(absl::StrCat("l", i, ".bias")), plain[i]->bias)) << i;

@@ -29,8 +29,8 @@
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
 #include "dtensor/tensor_parallel.h"
-#include "fsdp/per_param/state_dict.h"
-#include "fsdp/per_param/test_models.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
@@ -40,20 +40,20 @@ namespace fsdp::dcp {
 namespace {
 
 using fsdp::testing::Backend;
-using per_param::FullyShardOptions;
-using per_param::testing::Batch;
-using per_param::testing::InitDeterministic;
-using per_param::testing::Net;
-using per_param::testing::NetOptions;
+using fsdp2::FullyShardOptions;
+using fsdp2::testing::Batch;
+using fsdp2::testing::InitDeterministic;
+using fsdp2::testing::Net;
+using fsdp2::testing::NetOptions;
 
 inline std::string NewDir(const std::string& name) { return fsdp::testing::NewTestPath(name); }
 
 // ----------------------------------------------------------------------- TP models
-// per_param::testing::TPNet (fsdp/per_param/test_models.h): blocks with a colwise fc1 and a
+// fsdp2::testing::TPNet (fsdp/fsdp2/test_models.h): blocks with a colwise fc1 and a
 // rowwise fc2 on "tp"; `spmd` set: their specs live on the whole (dp, tp) mesh (the
 // dp_mesh_dims path).
-using per_param::testing::CloneLinear;
-using per_param::testing::TPNet;
+using fsdp2::testing::CloneLinear;
+using fsdp2::testing::TPNet;
 
 // ------------------------------------------------------------------- the training runs
 enum class Layout { k1D, kHsdp, kTp, kSpmd };
@@ -96,8 +96,8 @@ inline Trainee Build(const Mesh& m, const comm::ProcessGroupPtr& pg, uint64_t se
     plain->register_buffer("scale", scale);
     auto mesh = m.layout == Layout::k1D ? mesh::DeviceMesh::Create(pg, {m.world})
                                         : mesh::DeviceMesh::Create(pg, {2, 2}, {"replicate", "shard"});
-    for (auto& b : plain->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(plain.ptr(), {.mesh = mesh});
+    for (auto& b : plain->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(plain.ptr(), {.mesh = mesh});
     t.module = plain.ptr();
     t.forward = [plain](const at::Tensor& x) mutable { return plain(x); };
     t.data_world = m.world;
@@ -108,9 +108,9 @@ inline Trainee Build(const Mesh& m, const comm::ProcessGroupPtr& pg, uint64_t se
     TPNet model(*plain, (*mesh)["tp"], spmd ? mesh : nullptr);
     model->register_buffer("scale", scale);
     FullyShardOptions block{.mesh = (*mesh)["dp"]};
-    if (spmd) block = FullyShardOptions{.mesh = mesh, .dp_mesh_dims = per_param::DataParallelMeshDims{"dp"}};
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), block);
-    per_param::fully_shard(model.ptr(), {.mesh = (*mesh)["dp"]});
+    if (spmd) block = FullyShardOptions{.mesh = mesh, .dp_mesh_dims = fsdp2::DataParallelMeshDims{"dp"}};
+    for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), block);
+    fsdp2::fully_shard(model.ptr(), {.mesh = (*mesh)["dp"]});
     t.module = model.ptr();
     t.forward = [model](const at::Tensor& x) mutable { return model(x); };
     t.data_world = 2;
@@ -161,7 +161,7 @@ inline Reference RunReference() {
 }
 
 // FSDP on W ranks vs one rank: the reductions add in another order, so agreement is to f32
-// rounding over a few AdamW steps (as fsdp/per_param/parity_test.cc), not bitwise: a few float32 ulps
+// rounding over a few AdamW steps (as fsdp/fsdp2/parity_test.cc), not bitwise: a few float32 ulps
 // (2^-23) of a step per step; 1e-6 is 8 ulps at scale 1, far below one step (lr).
 constexpr double kTol = 1e-6;
 
@@ -171,11 +171,11 @@ inline void ExpectClose(double got, double want, const std::string& what) {
 
 // The model's full state (parameters, buffer, optimizer state), collective.
 struct FullState {
-  per_param::FullStateDict model;
+  fsdp2::FullStateDict model;
   optim_state::OptimStateDict optim;
 };
 inline FullState GetFull(Trainee& t) {
-  return {per_param::GetFullStateDict(*t.module), optim_state::GetFullOptimStateDict(*t.module, *t.opt)};
+  return {fsdp2::GetFullStateDict(*t.module), optim_state::GetFullOptimStateDict(*t.module, *t.opt)};
 }
 
 inline void ExpectSameState(const FullState& got, const FullState& want, const std::string& what) {

@@ -25,11 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "dcp/dcp.h"
 #include "dcp/interop_common.h"
-#include "fsdp/common/hooked_module.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
@@ -76,7 +76,7 @@ enum class Fsdp { kFlat, kPerParam };
 struct Trainee {
   Fsdp1Net model;
   std::unique_ptr<torch::optim::AdamW> opt;
-  flat_param::FullyShardedDataParallel root;  // FSDP1 only
+  fsdp1::FullyShardedDataParallel root;  // FSDP1 only
 };
 
 // FSDP1 as the script's (FULL_SHARD, ModuleWrapPolicy({Block}), use_orig_params false: the
@@ -86,17 +86,17 @@ Trainee Build(const comm::ProcessGroupPtr& pg, Fsdp fsdp, double lr) {
   InitWeights(*t.model);
   std::vector<at::Tensor> params;
   if (fsdp == Fsdp::kFlat) {
-    flat_param::FSDPOptions options;
+    fsdp1::FSDPOptions options;
     options.process_group = pg;
-    options.sharding_strategy = flat_param::ShardingStrategy::FULL_SHARD;
-    options.auto_wrap_policy = flat_param::ModuleTypeWrapPolicy<BlockImpl>();
-    t.root = flat_param::wrap_fsdp(t.model.ptr(), options);
+    options.sharding_strategy = fsdp1::ShardingStrategy::FULL_SHARD;
+    options.auto_wrap_policy = fsdp1::ModuleTypeWrapPolicy<BlockImpl>();
+    t.root = fsdp1::wrap_fsdp(t.model.ptr(), options);
     params = t.root.parameters();
   } else {
     auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
-    per_param::fully_shard(t.model->block0.ptr(), {.mesh = mesh});
-    per_param::fully_shard(t.model->block1.ptr(), {.mesh = mesh});
-    per_param::fully_shard(t.model.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(t.model->block0.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(t.model->block1.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(t.model.ptr(), {.mesh = mesh});
     params = t.model->parameters();
   }
   t.opt = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(lr));
@@ -116,9 +116,9 @@ TEST(DcpFsdp1Interop, SavedByOurFsdp1AtThreeLoadsIntoPytorchFsdp1AtTwo) {
     Train(t.model, *t.opt, pg, 0, 3);
     Save(*t.model, t.opt.get(), dir);
     // The reference: the full values (FSDP1's own gather and unflattening, not DCP's boxes).
-    const flat_param::FullStateDict model = flat_param::GetFullStateDict(t.root);
+    const fsdp1::FullStateDict model = fsdp1::GetFullStateDict(t.root);
     const optim_state::OptimStateDict optim = optim_state::GetFullOptimStateDict(t.root, *t.opt);
-    if (pg->rank() == 0) flat_param::SaveFullStateDict(DcpKeyedReference(model, optim, kLr), ref);
+    if (pg->rank() == 0) fsdp1::SaveFullStateDict(DcpKeyedReference(model, optim, kLr), ref);
   });
   std::string output;
   const int status = RunScript(absl::StrCat(python, " ", kScript, " load ", dir, " ", ref), &output);
@@ -135,7 +135,7 @@ TEST(DcpFsdp1Interop, SavedByPytorchFsdp1AtTwoContinuesHereUnderFsdp1AndFsdp2) {
   const int status = RunScript(absl::StrCat(python, " ", kScript, " train ", dir, " ", out), &output);
   ASSERT_EQ(status, 0) << output;
   ASSERT_TRUE(absl::StrContains(output, "SAVED")) << output;
-  const flat_param::FullStateDict expected = flat_param::LoadFullStateDictFile(out);
+  const fsdp1::FullStateDict expected = fsdp1::LoadFullStateDictFile(out);
   for (const auto& [fsdp, world] : {std::pair{Fsdp::kFlat, 3}, std::pair{Fsdp::kPerParam, 4}}) {
     SCOPED_TRACE(fsdp == Fsdp::kFlat ? "our FSDP1 at W=3" : "our FSDP2 at W=4");
     fsdp::testing::RunOnRanks(Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
@@ -148,8 +148,8 @@ TEST(DcpFsdp1Interop, SavedByPytorchFsdp1AtTwoContinuesHereUnderFsdp1AndFsdp2) {
       }
       Load(*t.model, t.opt.get(), dir);
       const std::vector<double> losses = Train(t.model, *t.opt, pg, 5, 5);
-      const flat_param::FullStateDict full =
-          fsdp == Fsdp::kFlat ? flat_param::GetFullStateDict(t.root) : per_param::GetFullStateDict(*t.model);
+      const fsdp1::FullStateDict full =
+          fsdp == Fsdp::kFlat ? fsdp1::GetFullStateDict(t.root) : fsdp2::GetFullStateDict(*t.model);
       // f32 rounding of another row split and AdamW's formulas (lerp vs mul + add) over 5 steps: a
       // few float32 ulps (2^-23) of a step per step; 1e-5 (~80 ulps at scale 1) is 1000x below a step (lr 1e-2).
       ExpectMatchesPython(losses, full, expected, /*num_params=*/12, /*tol=*/1e-5);

@@ -16,11 +16,11 @@
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
 #include "fsdp/common/test_models.h"
-#include "fsdp/flat_param/fsdp_state.h"  // GetState: the runtime behind the handle
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp1/fsdp_state.h"  // GetState: the runtime behind the handle
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -64,10 +64,10 @@ TEST(FlatRangeBoxes, CoverTheRangeInOrder) {
 Net Fsdp1Net(const comm::ProcessGroupPtr& pg, uint64_t seed) {
   Net model(NetOptions{.tie = true});
   test_models::InitDeterministic(*model, seed);
-  flat_param::FSDPOptions options;
+  fsdp1::FSDPOptions options;
   options.process_group = pg;
-  options.auto_wrap_policy = flat_param::ModuleTypeWrapPolicy<test_models::BlockImpl>();
-  flat_param::wrap_fsdp(model.ptr(), options);
+  options.auto_wrap_policy = fsdp1::ModuleTypeWrapPolicy<test_models::BlockImpl>();
+  fsdp1::wrap_fsdp(model.ptr(), options);
   return model;
 }
 
@@ -75,13 +75,13 @@ Net Fsdp2Net(const comm::ProcessGroupPtr& pg, uint64_t seed) {
   Net model(NetOptions{.tie = true});
   test_models::InitDeterministic(*model, seed);
   auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
-  for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-  per_param::fully_shard(model.ptr(), {.mesh = mesh});
+  for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
   return model;
 }
 
-flat_param::FullStateDict Fsdp1Full(Net& model) {
-  return flat_param::GetFullStateDict(flat_param::FullyShardedDataParallel(flat_param::GetState(*model)));
+fsdp1::FullStateDict Fsdp1Full(Net& model) {
+  return fsdp1::GetFullStateDict(fsdp1::FullyShardedDataParallel(fsdp1::GetState(*model)));
 }
 
 void ExpectEqual(const checkpoint::TensorDict& got, const checkpoint::TensorDict& want, const std::string& what) {
@@ -103,7 +103,7 @@ TEST(DcpFsdp1, ReshardsBetweenFsdp1AndFsdp2AndWorldSizes) {
   });
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
     Net model = Fsdp2Net(pg, 22);
-    const auto full = per_param::GetFullStateDict(*model);
+    const auto full = fsdp2::GetFullStateDict(*model);
     if (pg->rank() == 0) saved2 = full;
     Save(*model, nullptr, dir2);
   });
@@ -111,7 +111,7 @@ TEST(DcpFsdp1, ReshardsBetweenFsdp1AndFsdp2AndWorldSizes) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Net fsdp2 = Fsdp2Net(pg, 1);
     Load(*fsdp2, nullptr, dir1);
-    ExpectEqual(per_param::GetFullStateDict(*fsdp2), saved1, "FSDP1 W=3 -> FSDP2 W=2");
+    ExpectEqual(fsdp2::GetFullStateDict(*fsdp2), saved1, "FSDP1 W=3 -> FSDP2 W=2");
     Net fsdp1 = Fsdp1Net(pg, 2);
     Load(*fsdp1, nullptr, dir2);
     ExpectEqual(Fsdp1Full(fsdp1), saved2, "FSDP2 W=4 -> FSDP1 W=2");
@@ -145,8 +145,8 @@ TEST(DcpFsdp1, TrainingContinuesAcrossFsdp1AndFsdp2WithAdamW) {
   };
   // FSDP1 (use_orig_params false): the optimizer holds the flat parameters.
   const auto adamw = [](Net& m) {
-    flat_param::FSDPState* fsdp1 = flat_param::GetState(*m);
-    return torch::optim::AdamW(fsdp1 ? flat_param::FullyShardedDataParallel(fsdp1).parameters()
+    fsdp1::FSDPState* fsdp1 = fsdp1::GetState(*m);
+    return torch::optim::AdamW(fsdp1 ? fsdp1::FullyShardedDataParallel(fsdp1).parameters()
                                      : test_models::UniqueParameters(*m),
                                torch::optim::AdamWOptions(1e-2));
   };
@@ -164,7 +164,7 @@ TEST(DcpFsdp1, TrainingContinuesAcrossFsdp1AndFsdp2WithAdamW) {
       auto opt = adamw(model);
       Load(*model, &opt, dir);
       test_models::TrainSteps(model, opt, 3, 3, second_world, pg->rank());
-      const auto full = fsdp1_first ? per_param::GetFullStateDict(*model) : Fsdp1Full(model);
+      const auto full = fsdp1_first ? fsdp2::GetFullStateDict(*model) : Fsdp1Full(model);
       if (pg->rank() == 0) check(full, fsdp1_first ? "FSDP1 W=3 -> FSDP2 W=2" : "FSDP2 W=4 -> FSDP1 W=2");
     });
   }

@@ -21,9 +21,9 @@
 #include "absl/strings/str_cat.h"
 #include "dcp/dcp.h"
 #include "dcp/interop_common.h"
-#include "fsdp/common/hooked_module.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
@@ -62,9 +62,9 @@ Trainee Build(const comm::ProcessGroupPtr& pg, double lr) {
   Trainee t{InteropNet(), nullptr};
   InitWeights(*t.model);
   auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
-  per_param::fully_shard(t.model->fc0.ptr(), {.mesh = mesh});
-  per_param::fully_shard(t.model->fc1.ptr(), {.mesh = mesh});
-  per_param::fully_shard(t.model.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(t.model->fc0.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(t.model->fc1.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(t.model.ptr(), {.mesh = mesh});
   t.opt = std::make_unique<torch::optim::AdamW>(t.model->parameters(), torch::optim::AdamWOptions(lr));
   return t;
 }
@@ -85,9 +85,9 @@ TEST(DcpInterop, SavedByOurFsdp2AtFourLoadsIntoPytorchFsdp2AtTwo) {
     options.extra_state = {{"train.step", at::tensor({int64_t{3}}).reshape({})}};  // Python: {"train": {"step": t}}
     Save(*t.model, t.opt.get(), dir, options);
     // The reference: every full value under its flattened DCP key, as a torch.save file.
-    const per_param::FullStateDict model = per_param::GetFullStateDict(*t.model);
+    const fsdp2::FullStateDict model = fsdp2::GetFullStateDict(*t.model);
     const optim_state::OptimStateDict optim = optim_state::GetFullOptimStateDict(*t.model, *t.opt);
-    if (pg->rank() == 0) per_param::SaveFullStateDict(DcpKeyedReference(model, optim, kLr), ref);
+    if (pg->rank() == 0) fsdp2::SaveFullStateDict(DcpKeyedReference(model, optim, kLr), ref);
   });
   std::string output;
   const int status = RunScript(absl::StrCat(python, " ", kScript, " load ", dir, " ", ref), &output);
@@ -104,7 +104,7 @@ TEST(DcpInterop, SavedByPytorchFsdp2AtTwoContinuesHereAtThree) {
   const int status = RunScript(absl::StrCat(python, " ", kScript, " train ", dir, " ", out), &output);
   ASSERT_EQ(status, 0) << output;
   ASSERT_TRUE(absl::StrContains(output, "SAVED")) << output;
-  const per_param::FullStateDict expected = per_param::LoadFullStateDictFile(out);
+  const fsdp2::FullStateDict expected = fsdp2::LoadFullStateDictFile(out);
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(pg, /*lr=*/0.5);  // the checkpoint's lr (1e-2) must replace it
     {
@@ -119,7 +119,7 @@ TEST(DcpInterop, SavedByPytorchFsdp2AtTwoContinuesHereAtThree) {
     const std::vector<double> losses = Train(t.model, *t.opt, pg, 5, 5);
     // f32 rounding of another row split and AdamW's formulas (lerp vs mul + add) over 5 steps: a
     // few float32 ulps (2^-23) of a step per step; 1e-5 (~80 ulps at scale 1) is 1000x below a step (lr 1e-2).
-    ExpectMatchesPython(losses, per_param::GetFullStateDict(*t.model), expected, 6, /*tol=*/1e-5);
+    ExpectMatchesPython(losses, fsdp2::GetFullStateDict(*t.model), expected, 6, /*tol=*/1e-5);
   });
 }
 

@@ -22,12 +22,12 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/dcp_storage.h"
 #include "dcp/dcp.h"
-#include "fsdp/common/meta.h"
 #include "fsdp/common/test_models.h"
-#include "fsdp/per_param/fsdp_param.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/meta_init.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/fsdp_param.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/meta_init.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/meta/meta.h"
 #include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
@@ -77,8 +77,8 @@ using Stack = fsdp::Hooked<StackImpl>;
 Stack ShardedMetaStack(const comm::ProcessGroupPtr& pg) {
   Stack model(/*meta=*/true);
   auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
-  for (auto& b : model->blocks) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-  per_param::fully_shard(model.ptr(), {.mesh = mesh});
+  for (auto& b : model->blocks) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
   return model;
 }
 
@@ -90,9 +90,9 @@ at::Tensor InputRow(int rank, int world) { return test_models::Batch(0, world, k
 double MaxShardDifference(torch::nn::Module& model, const torch::nn::Module& reference) {
   const auto want = reference.named_parameters();
   double diff = 0;
-  for (const per_param::NamedParameter& p : per_param::NamedParameters(model)) {
+  for (const fsdp2::NamedParameter& p : fsdp2::NamedParameters(model)) {
     TORCH_CHECK(p.fsdp_param != nullptr, p.fqn, " is not sharded");
-    const at::Tensor expected = per_param::LocalShardOf(*p.fsdp_param, want[p.fqn]);
+    const at::Tensor expected = fsdp2::LocalShardOf(*p.fsdp_param, want[p.fqn]);
     TORCH_CHECK(p.param.sizes() == expected.sizes(), p.fqn, ": ", p.param.sizes(), " vs ", expected.sizes());
     if (p.param.numel() > 0) diff = std::max(diff, (p.param - expected).abs().max().item<double>());
   }
@@ -143,7 +143,7 @@ TEST(LargeModel, EightTimesARanksMemoryBuildsTrainsSavesAndReloadsAtAnotherWorld
     ScopedAllocationCounter counter;
     counter.set_limit(pg->rank() == 0 ? kRankLimit + kCoordinatorBytes : kRankLimit);
     Stack model = ShardedMetaStack(pg);
-    per_param::InitMetaParameters(*model, Init());
+    fsdp2::InitMetaParameters(*model, Init());
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
     model(InputRow(pg->rank(), kSaveWorld)).mean().backward();
     opt.step();
@@ -186,7 +186,7 @@ TEST(LargeModel, ALoadInPlaceHoldsOneReadBlockBeyondTheState) {
     std::vector<int64_t> peaks(kWorld, 0);
     fsdp::testing::RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
       Stack model = ShardedMetaStack(pg);
-      per_param::InitMetaParameters(*model, Init());
+      fsdp2::InitMetaParameters(*model, Init());
       torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr).momentum(0.9));
       model(InputRow(pg->rank(), kWorld)).mean().backward();
       opt.step();

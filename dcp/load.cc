@@ -28,11 +28,11 @@
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
 #include "dcp/state_items.h"
-#include "fsdp/common/meta.h"
-#include "fsdp/flat_param/fsdp_state.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/per_param/fsdp_param.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp1/fsdp_state.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp2/fsdp_param.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/meta/meta.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optimizer_adapter.h"
@@ -70,7 +70,7 @@ const DcpEntry& TensorEntry(const std::string& dir, const DcpMetadata& md, const
 // A staging tensor for a local shard: for an FSDP2 parameter sharded on dim 0 laid out like
 // its padded shard (zero padding), so that FSDPParam::ResetShardedParam adopts its storage
 // instead of copying it (CommitShard).
-at::Tensor Staging(const per_param::FSDPParam* fsdp, const std::vector<int64_t>& local_sizes, at::ScalarType dtype) {
+at::Tensor Staging(const fsdp2::FSDPParam* fsdp, const std::vector<int64_t>& local_sizes, at::ScalarType dtype) {
   const at::TensorOptions options = at::TensorOptions().dtype(dtype);
   const at::Tensor& shard = fsdp != nullptr ? fsdp->sharded_param_data() : at::Tensor();
   if (!shard.defined() || fsdp->shard_dim() != 0 || shard.scalar_type() != dtype || !shard.is_cpu()) {
@@ -115,7 +115,7 @@ class ReadPlan {
     return dest;
   }
   // `fsdp`'s local part (the whole tensor when null) of `e`, of `local_sizes`.
-  at::Tensor AddLocal(const DcpEntry& e, at::Tensor dest, const per_param::FSDPParam* fsdp,
+  at::Tensor AddLocal(const DcpEntry& e, at::Tensor dest, const fsdp2::FSDPParam* fsdp,
                       const std::vector<int64_t>& local_sizes) {
     return Add(e, std::move(dest), internal::LocalBoxes(fsdp, local_sizes));
   }
@@ -147,7 +147,7 @@ c10::IValue ReadValue(checkpoint::DcpReader& reader, const std::string& dir, con
 
 struct ModelUpdate {
   at::Tensor target;  // the live parameter or buffer
-  per_param::FSDPParam* fsdp = nullptr;
+  fsdp2::FSDPParam* fsdp = nullptr;
   at::Tensor value;  // where its local part is read: `target` itself (in place) or staging
 };
 
@@ -158,17 +158,17 @@ struct Pending {
   optim_state::OptimStateDict optim;
 };
 
-void ReadModel(torch::nn::Module& model, const std::vector<per_param::NamedParameter>& params,
+void ReadModel(torch::nn::Module& model, const std::vector<fsdp2::NamedParameter>& params,
                const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md, ReadPlan& plan,
                const LoadOptions& options, Pending& out) {
-  absl::flat_hash_map<const c10::TensorImpl*, per_param::FSDPParam*> by_impl;
+  absl::flat_hash_map<const c10::TensorImpl*, fsdp2::FSDPParam*> by_impl;
   for (const auto& p : params) {
     if (p.fsdp_param) by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
   }
   struct Target {
     std::string fqn;
     at::Tensor tensor;
-    per_param::FSDPParam* fsdp;
+    fsdp2::FSDPParam* fsdp;
   };
   std::vector<Target> targets;
   absl::flat_hash_set<const c10::TensorImpl*> seen;  // a tied tensor is read under its first name
@@ -230,7 +230,7 @@ at::Tensor LiveState(const optim_state::OptimStateDict& live, const std::string&
   return t != nullptr ? *t : at::Tensor();
 }
 
-void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<per_param::NamedParameter>& params,
+void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<fsdp2::NamedParameter>& params,
                    const internal::FlatModel& flat, const std::string& dir, const DcpMetadata& md,
                    checkpoint::DcpReader& reader, ReadPlan& plan, const optim_state::OptimStateDict& live,
                    const LoadOptions& options, Pending& out) {
@@ -268,7 +268,7 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
     out.optim.param_groups.push_back(std::move(group));
   }
   // State: "optim.state.<fqn>.<name>" for the optimizer's parameters (others are ignored).
-  absl::flat_hash_map<std::string, per_param::FSDPParam*> fsdp_of;
+  absl::flat_hash_map<std::string, fsdp2::FSDPParam*> fsdp_of;
   absl::flat_hash_map<std::string, at::Tensor> param_of;
   for (const auto& p : params) {
     fsdp_of.emplace(p.fqn, p.fsdp_param);
@@ -282,7 +282,7 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
     const std::string fqn = rest.substr(0, dot), name = rest.substr(dot + 1);
     auto it = fsdp_of.find(fqn);
     if (it == fsdp_of.end()) continue;
-    per_param::FSDPParam* fsdp = it->second;
+    fsdp2::FSDPParam* fsdp = it->second;
     optim_state::StateValue value;
     if (e.is_bytes) {
       const c10::IValue v = ReadValue(reader, dir, e.fqn);
@@ -322,7 +322,7 @@ void ReadOptimizer(const torch::optim::Optimizer& optimizer, const std::vector<p
 
 void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const std::string& dir,
           const LoadOptions& options) {
-  const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
+  const std::vector<fsdp2::NamedParameter> params = fsdp2::NamedParameters(model);  // reshards
   comm::ProcessGroupPtr world;
   const internal::FlatModel flat = internal::CollectFlatPieces(model, &world, kLoad);
   c10::Device device(c10::kCPU);  // FSDP's: where tensors built on the meta device go
@@ -384,7 +384,7 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
       // The read tensors become the optimizer's (no copy): the live ones, or our staging.
       optim_state::LoadShardedOptimStateDict(model, *optimizer, pending.optim, optim_state::StateTensors::kAdopt);
     } else if (pending.has_optimizer_state) {
-      optim_state::LoadShardedOptimStateDict(flat_param::FullyShardedDataParallel(flat_param::GetState(model)),
+      optim_state::LoadShardedOptimStateDict(fsdp1::FullyShardedDataParallel(fsdp1::GetState(model)),
                                              *optimizer, internal::PiecesToFlatOptim(pending.optim, flat, kLoad));
     }
     at::NoGradGuard no_grad;
@@ -402,7 +402,7 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
           param.data().copy_(u.value);
         }
         u.fsdp->ResetShardedParam();  // PyTorch's load_state_dict post-hook
-        u.fsdp->MarkInitialized();    // deferred init (fsdp/per_param/meta_init.h)
+        u.fsdp->MarkInitialized();    // deferred init (fsdp/fsdp2/meta_init.h)
       } else if (!u.value.is_same(u.target)) {
         ::fsdp::MaterializeEmpty(u.target, device);
         u.target.data().copy_(u.value);

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dtensor/dtensor_spec.h"
-#include "fsdp/per_param/fsdp_param.h"
+#include "fsdp/fsdp2/fsdp_param.h"
 
 namespace fsdp::dcp::internal {
 namespace {
@@ -44,7 +44,7 @@ int64_t Box::numel() const {
   return n;
 }
 
-std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int64_t>& local_sizes) {
+std::vector<Box> LocalBoxes(const fsdp2::FSDPParam* p, const std::vector<int64_t>& local_sizes) {
   const size_t dims = local_sizes.size();
   if (p == nullptr) return {Box{std::vector<int64_t>(dims, 0), std::vector<int64_t>(dims, 0), local_sizes}};
   const std::vector<int64_t>& global = p->sharding_spec().shape;

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::per_param {
+namespace fsdp::fsdp2 {
 class FSDPParam;
 }
 
@@ -44,7 +44,7 @@ struct Box {
 };
 
 // `p` null: one box, the whole tensor of `local_sizes`.
-std::vector<Box> LocalBoxes(const per_param::FSDPParam* p, const std::vector<int64_t>& local_sizes);
+std::vector<Box> LocalBoxes(const fsdp2::FSDPParam* p, const std::vector<int64_t>& local_sizes);
 
 // The boxes that make up the elements [flat_start, flat_start + numel) of the row-major
 // flattening of a tensor of `global` size (an FSDP1 flat-shard piece of a parameter): per

@@ -25,8 +25,8 @@
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
 #include "dcp/state_items.h"
-#include "fsdp/per_param/fsdp_param.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/fsdp_param.h"
+#include "fsdp/fsdp2/state_dict.h"
 
 namespace fsdp::dcp {
 namespace {
@@ -92,7 +92,7 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
       plan.paths[s.key] = s.object_path;
       TORCH_CHECK(s.flat_start < 0 || options.kind == StateDictKind::kSharded, caller,
                   ": full state dicts (kFull, kFullRank0) of FSDP1 (wrap_fsdp) models are not supported; save "
-                  "kSharded (any world size and FSDP2 load it) or use flat_param::GetFullStateDict");
+                  "kSharded (any world size and FSDP2 load it) or use fsdp1::GetFullStateDict");
       std::vector<Box> boxes;
       if (options.kind != StateDictKind::kSharded) {
         boxes = {WholeBox(s.global_size)};
@@ -161,7 +161,7 @@ RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot) {
     for (const auto& [source, box] : plan.tensors) kept.insert(source);
     for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
       const internal::TensorSource& s = plan.sources.tensors[i];
-      at::Tensor full = s.fsdp ? per_param::GatherLikeParam(*s.fsdp, s.local) : s.local;
+      at::Tensor full = s.fsdp ? fsdp2::GatherLikeParam(*s.fsdp, s.local) : s.local;
       if (kept.contains(i)) add(s, std::vector<int64_t>(s.global_size.size(), 0), full);
     }
   }

@@ -13,11 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "fsdp/flat_param/fsdp_state.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fsdp_param.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp1/fsdp_state.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fsdp_param.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 
@@ -78,13 +78,13 @@ optim_state::OptionMap PythonOnlyOptions(const std::string& optimizer) {
 
 FlatModel CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world, const char* caller) {
   FlatModel out;
-  flat_param::FSDPState* state = flat_param::GetState(model);
+  fsdp1::FSDPState* state = fsdp1::GetState(model);
   if (state == nullptr) return out;
   TORCH_CHECK(state->inter_node_group() == nullptr, caller,
               ": FSDP1 hybrid sharding strategies are not supported (no one process group spans the replicas); "
               "use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, or FSDP2's HSDP");
-  const flat_param::FullyShardedDataParallel root(state);
-  for (flat_param::LocalFlatPiece& p : flat_param::LocalFlatPieces(root)) {
+  const fsdp1::FullyShardedDataParallel root(state);
+  for (fsdp1::LocalFlatPiece& p : fsdp1::LocalFlatPieces(root)) {
     out.fqns_of_flat_param[p.flat_param_key].push_back(p.fqn);
     out.by_fqn[p.fqn] =
         FlatPiece{std::move(p.shape), p.flat_start,     p.local.defined() ? p.local.detach() : at::Tensor(),
@@ -105,16 +105,16 @@ FlatModel CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* wor
 SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) {
   SaveSources out;
   const FlatModel flat = CollectFlatPieces(model, &out.world, "dcp");
-  const std::vector<per_param::NamedParameter> params = per_param::NamedParameters(model);  // reshards
-  absl::flat_hash_map<const c10::TensorImpl*, const per_param::FSDPParam*> by_impl;
-  absl::flat_hash_map<std::string, const per_param::FSDPParam*> by_fqn;
+  const std::vector<fsdp2::NamedParameter> params = fsdp2::NamedParameters(model);  // reshards
+  absl::flat_hash_map<const c10::TensorImpl*, const fsdp2::FSDPParam*> by_impl;
+  absl::flat_hash_map<std::string, const fsdp2::FSDPParam*> by_fqn;
   for (const auto& p : params) {
     by_fqn.emplace(p.fqn, p.fsdp_param);
     if (p.fsdp_param == nullptr) continue;
     by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
     if (out.world == nullptr) out.world = p.fsdp_param->sharding_spec().mesh->world();
   }
-  const auto add_tensor = [&](std::string key, std::vector<DcpPathElement> path, const per_param::FSDPParam* fsdp,
+  const auto add_tensor = [&](std::string key, std::vector<DcpPathElement> path, const fsdp2::FSDPParam* fsdp,
                               const at::Tensor& local) {
     TensorSource s{std::move(key), std::move(path), fsdp, local.detach(), {}};
     s.global_size = fsdp ? fsdp->sharding_spec().shape : local.sizes().vec();
@@ -136,7 +136,7 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
       continue;
     }
     auto it = by_impl.find(item.value().unsafeGetTensorImpl());
-    const per_param::FSDPParam* fsdp = it == by_impl.end() ? nullptr : it->second;
+    const fsdp2::FSDPParam* fsdp = it == by_impl.end() ? nullptr : it->second;
     add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, fsdp,
                fsdp ? fsdp->ShardedDTensor().to_local() : item.value());
   }
@@ -150,12 +150,12 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Opt
       flat.empty()
           ? optim_state::GetShardedOptimStateDict(model, *optimizer)
           : FlatOptimToPieces(optim_state::GetShardedOptimStateDict(
-                                  flat_param::FullyShardedDataParallel(flat_param::GetState(model)), *optimizer),
+                                  fsdp1::FullyShardedDataParallel(fsdp1::GetState(model)), *optimizer),
                               flat);
   for (const auto& [fqn, state] : sd.state) {
     auto it = by_fqn.find(fqn);
     TORCH_CHECK(it != by_fqn.end(), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
-    const per_param::FSDPParam* fsdp = it->second;
+    const fsdp2::FSDPParam* fsdp = it->second;
     for (const auto& [name, value] : state) {
       const std::string key = OptimStateKey(fqn, name);
       std::vector<DcpPathElement> path = {std::string("optim"), std::string("state"), fqn, name};

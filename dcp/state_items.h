@@ -41,7 +41,7 @@ class Module;
 namespace torch::optim {
 class Optimizer;
 }
-namespace fsdp::per_param {
+namespace fsdp::fsdp2 {
 class FSDPParam;
 }
 
@@ -62,7 +62,7 @@ struct TensorSource {
   std::vector<DcpPathElement> object_path;
   // Laid out like this FSDP parameter's shard (null: this rank holds the whole tensor, the
   // same on every rank: buffers, parameters FSDP does not manage, 0-d state).
-  const per_param::FSDPParam* fsdp = nullptr;
+  const fsdp2::FSDPParam* fsdp = nullptr;
   at::Tensor local;
   std::vector<int64_t> global_size;
   // >= 0: an FSDP1 piece: `local` is 1-D and holds the elements [flat_start, + numel) of the
@@ -85,7 +85,7 @@ struct SaveSources {
 };
 
 // An FSDP1 (wrap_fsdp) parameter as this rank holds it: its elements [flat_start, +
-// local.numel()) in row-major order (flat_param::LocalFlatPieces); `local` undefined: none.
+// local.numel()) in row-major order (fsdp1::LocalFlatPieces); `local` undefined: none.
 struct FlatPiece {
   std::vector<int64_t> shape;
   int64_t flat_start = 0;

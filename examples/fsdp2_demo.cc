@@ -42,14 +42,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "comm/comm_trace.h"
 #include "comm/init_process_group.h"
 #include "comm/main_guard.h"
 #include "dcp/dcp.h"
 #include "examples/training_checkpoints.h"
-#include "fsdp/per_param/fsdp_state.h"  // runtime introspection for the printout (CollectStates)
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -65,7 +66,7 @@ ABSL_FLAG(bool, resume, false,
 
 namespace {
 
-using fsdp::per_param::FullySharded;
+using fsdp::Hooked;
 
 constexpr int64_t kVocab = 64, kDim = 32, kBlocks = 3, kSeq = 16;
 constexpr int64_t kGlobalBatch = 32;  // sequences per step, split evenly over the ranks
@@ -112,7 +113,7 @@ struct BlockImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2;
 };
 
-// FullySharded<Impl> is Impl whose forward runs FSDP's hooks once fully_shard attached them;
+// Hooked<Impl> is Impl whose forward runs FSDP's hooks once fully_shard attached them;
 // without fully_shard it is the plain module (the single-rank reference below uses that).
 struct DecoderImpl : torch::nn::Module {
   DecoderImpl()
@@ -120,7 +121,7 @@ struct DecoderImpl : torch::nn::Module {
         pos(register_parameter("pos", at::zeros({kSeq, kDim}))),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))) {
     for (int64_t i = 0; i < kBlocks; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), FullySharded<BlockImpl>()));
+      blocks.push_back(register_module("block" + std::to_string(i), Hooked<BlockImpl>()));
     }
   }
 
@@ -137,9 +138,9 @@ struct DecoderImpl : torch::nn::Module {
   torch::nn::Embedding embed;
   at::Tensor pos;
   torch::nn::LayerNorm ln_f;
-  std::vector<FullySharded<BlockImpl>> blocks;
+  std::vector<Hooked<BlockImpl>> blocks;
 };
-using Decoder = FullySharded<DecoderImpl>;
+using Decoder = Hooked<DecoderImpl>;
 
 // Same values on every rank and in the reference: one generator per parameter, never the
 // global RNG (whose state depends on what ran before). Parameter k's generator is seeded with
@@ -221,8 +222,8 @@ Decoder BuildSharded(const World& w, uint64_t init_seed) {
   Decoder model;
   InitDeterministic(*model, init_seed);
   model->to(w.device);
-  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = w.mesh, .device = w.device});
-  fsdp::per_param::fully_shard(model.ptr(), {.mesh = w.mesh, .device = w.device});
+  for (auto& block : model->blocks) fsdp::fsdp2::fully_shard(block.ptr(), {.mesh = w.mesh, .device = w.device});
+  fsdp::fsdp2::fully_shard(model.ptr(), {.mesh = w.mesh, .device = w.device});
   return model;
 }
 
@@ -299,7 +300,7 @@ struct Agreement {
   double tol = 0;              // Tolerance of the steps compared
   bool ok = true;
 };
-Agreement Compare(const ShardedRun& run, int first, const Reference& ref, const fsdp::per_param::FullStateDict& trained,
+Agreement Compare(const ShardedRun& run, int first, const Reference& ref, const fsdp::fsdp2::FullStateDict& trained,
                   bool log) {
   Agreement a;
   a.tol = Tolerance(first + static_cast<int>(run.losses.size()));
@@ -352,9 +353,9 @@ void SaveCheckpoint(const World& w, Decoder& model, const torch::optim::AdamW& o
   const auto t0 = std::chrono::steady_clock::now();
   fsdp::dcp::Save(*model, &opt, dir + "/dcp");
   const double save_ms = Ms(t0);
-  const auto full = fsdp::per_param::GetFullStateDict(*model, {.rank0_only = true, .cpu_offload = true});
+  const auto full = fsdp::fsdp2::GetFullStateDict(*model, {.rank0_only = true, .cpu_offload = true});
   if (!w.log()) return;
-  fsdp::per_param::SaveFullStateDict(full, dir + "/full.pt");
+  fsdp::fsdp2::SaveFullStateDict(full, dir + "/full.pt");
   const CheckpointFiles files = ListCheckpoint(dir + "/dcp");
   std::printf(
       "saved after %d steps: %s/dcp (%d shard files + .metadata, %.1f KiB, %.1f ms), %s/full.pt (%zu tensors)\n",
@@ -378,7 +379,7 @@ int TrainFromScratch(const World& w, const std::string& checkpoint_dir, int64_t 
   ShardedRun run = TrainSharded(w, model, opt, first, kSteps - first, &checkpoints);
   checkpoints.Finish();
   // Gather every trained parameter (collective: all ranks, same order) keyed by its name.
-  const auto trained = fsdp::per_param::GetFullStateDict(*model);
+  const auto trained = fsdp::fsdp2::GetFullStateDict(*model);
   const Reference ref = TrainReference(kSteps, w.device);
   const Agreement agree = Compare(run, first, ref, trained, w.log());
   const bool ok = AllRanksOk(w, agree.ok);
@@ -386,15 +387,17 @@ int TrainFromScratch(const World& w, const std::string& checkpoint_dir, int64_t 
   if (w.log()) {
     std::printf("\nloss: %.4f -> %.4f over steps %d-%d (final loss %a; %ld periodic checkpoints)\n", run.losses.front(),
                 run.losses.back(), first, kSteps - 1, run.losses.back(), static_cast<long>(checkpoints.saves()));
-    // What each fully_shard call manages (names are known after the first forward's lazy
-    // init): the tied head adds no tensor, the root's embed.weight serves both uses.
-    for (auto* state : fsdp::per_param::CollectStates(*model)) {
-      const auto& group = state->param_group();
+    // What each fully_shard call manages: the tied head adds no tensor, the root's
+    // embed.weight serves both uses. The root's tensors with their global -> shard shapes.
+    for (const auto& group : fsdp::fsdp2::ListFSDPGroups(*model)) {
+      const bool root = group.module_fqns.front().empty();
       std::string names;
-      for (const auto& p : group->fsdp_params()) names += " " + p->fqn();
-      std::printf("fully_shard(%s): %zu tensors%s\n",
-                  group->module_fqn().empty() ? "root" : group->module_fqn().c_str(), group->fsdp_params().size(),
-                  state->is_root().value_or(false) ? (":" + names).c_str() : "");
+      for (const auto& p : group.params) {
+        names += absl::StrCat(" ", p.fqn, " [", absl::StrJoin(p.shape, ","), "]->[", absl::StrJoin(p.shard_shape, ","),
+                              "]");
+      }
+      std::printf("fully_shard(%s): %zu tensors%s\n", root ? "root" : group.module_fqns.front().c_str(),
+                  group.params.size(), root ? (":" + names).c_str() : "");
     }
     std::sort(run.step_ms.begin() + 1, run.step_ms.end());
     const size_t median = run.step_ms.size() / 2;
@@ -430,10 +433,10 @@ int Resume(const World& w, const std::string& dir) {
   fsdp::dcp::Load(*model, &opt, dir + "/dcp");
   const double load_ms = Ms(t0);
   // Resharding only moves bytes: the loaded weights must be full.pt's bit for bit.
-  const auto loaded = fsdp::per_param::GetFullStateDict(*model, {.rank0_only = true, .cpu_offload = true});
+  const auto loaded = fsdp::fsdp2::GetFullStateDict(*model, {.rank0_only = true, .cpu_offload = true});
   bool same = true;
   if (w.log()) {
-    const auto saved = fsdp::per_param::LoadFullStateDictFile(dir + "/full.pt");
+    const auto saved = fsdp::fsdp2::LoadFullStateDictFile(dir + "/full.pt");
     same = saved.size() == loaded.size();
     for (const auto& item : saved) {
       const at::Tensor* got = loaded.find(item.key());
@@ -444,7 +447,7 @@ int Resume(const World& w, const std::string& dir) {
                 same ? "bitwise equal to" : "DIFFER from", dir.c_str());
   }
   const ShardedRun run = TrainSharded(w, model, opt, kSteps, kResumeSteps);
-  const auto trained = fsdp::per_param::GetFullStateDict(*model);
+  const auto trained = fsdp::fsdp2::GetFullStateDict(*model);
   const Reference ref = TrainReference(kSteps + kResumeSteps, w.device);
   const Agreement agree = Compare(run, kSteps, ref, trained, w.log());
   const bool ok = AllRanksOk(w, same && agree.ok);

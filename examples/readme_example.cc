@@ -19,9 +19,9 @@
 #include "comm/init_process_group.h"
 #include "comm/main_guard.h"
 #include "dcp/dcp.h"
-#include "fsdp/common/meta.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/meta_init.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/meta_init.h"
+#include "fsdp/meta/meta.h"
 #include "mesh/device_mesh.h"
 
 // README example begins.
@@ -55,10 +55,10 @@ void Train(const std::string& checkpoint_dir) {
   fsdp::comm::ProcessGroupPtr world = fsdp::comm::InitProcessGroupFromEnv("cpu").group;
   auto mesh = fsdp::mesh::DeviceMesh::Create(world, {world->size()});
   Net model(/*dim=*/64, /*n_blocks=*/4);  // shapes only: no parameter memory yet
-  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = mesh});
-  fsdp::per_param::fully_shard(model.ptr(), {.mesh = mesh});  // the root last
+  for (auto& block : model->blocks) fsdp::fsdp2::fully_shard(block.ptr(), {.mesh = mesh});
+  fsdp::fsdp2::fully_shard(model.ptr(), {.mesh = mesh});  // the root last
   torch::manual_seed(0);  // the same init on every rank: each module whole, then each rank keeps its shard
-  fsdp::per_param::InitMetaParameters(*model, [](torch::nn::Module& m) {
+  fsdp::fsdp2::InitMetaParameters(*model, [](torch::nn::Module& m) {
     if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&m)) linear->reset_parameters();
   });
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));  // sees the shards

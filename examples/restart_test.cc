@@ -25,7 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
 #include "testing/test_dir.h"
@@ -137,8 +137,8 @@ TorchrunResult Torchrun(const std::string& python, const std::string& name, cons
 }
 
 void ExpectSameModel(const std::string& got_dir, const std::string& want_dir) {
-  const auto got = fsdp::per_param::LoadFullStateDictFile(got_dir + "/full.pt");
-  const auto want = fsdp::per_param::LoadFullStateDictFile(want_dir + "/full.pt");
+  const auto got = fsdp::fsdp2::LoadFullStateDictFile(got_dir + "/full.pt");
+  const auto want = fsdp::fsdp2::LoadFullStateDictFile(want_dir + "/full.pt");
   ASSERT_EQ(got.size(), want.size());
   for (const auto& item : want) {
     const at::Tensor* t = got.find(item.key());

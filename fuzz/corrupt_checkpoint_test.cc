@@ -20,7 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint_reader.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "fuzz/fuzz_models.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -30,7 +30,7 @@ namespace fsdp::fuzz {
 namespace {
 
 using checkpoint::ReadCheckpoint;
-using per_param::FullStateDict;
+using fsdp2::FullStateDict;
 using namespace std::string_literals;
 
 c10::IValue Read(const std::vector<char>& bytes) { return ReadCheckpoint(bytes.data(), bytes.size(), "'test.pt'"); }
@@ -161,15 +161,15 @@ TEST(CorruptCheckpoint, ValidFilesReadAsLibTorchReadsThem) {
     SCOPED_TRACE(name);
     ExpectSame(Read(bytes), torch::jit::pickle_load(bytes));
   }
-  const FullStateDict model = per_param::DeserializeFullStateDict(FullStateDictSeeds()[0].second, "model.pt");
-  EXPECT_EQ(model.size(), per_param::GetFullStateDict(*SharedTarget().model).size());
+  const FullStateDict model = fsdp2::DeserializeFullStateDict(FullStateDictSeeds()[0].second, "model.pt");
+  EXPECT_EQ(model.size(), fsdp2::GetFullStateDict(*SharedTarget().model).size());
 }
 
 TEST(CorruptCheckpoint, FilesWrittenByPythonTorchSaveLoad) {
   const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
   for (const char* file : {"fuzz/testdata/python_dict.pt", "fuzz/testdata/python_no_crc.pt"}) {
     SCOPED_TRACE(file);
-    const FullStateDict sd = per_param::DeserializeFullStateDict(FileBytes(file), file);
+    const FullStateDict sd = fsdp2::DeserializeFullStateDict(FileBytes(file), file);
     ASSERT_EQ(sd.size(), 7u);
     EXPECT_TRUE(at::equal(sd["view"], base.slice(0, 1).slice(1, 2, 5)));
     EXPECT_EQ(sd["view"].storage_offset(), 8);
@@ -181,7 +181,7 @@ TEST(CorruptCheckpoint, FilesWrittenByPythonTorchSaveLoad) {
     EXPECT_EQ(sd["empty"].sizes(), (std::vector<int64_t>{0, 3}));
   }
   // model.state_dict(): an OrderedDict with _metadata attributes (dropped).
-  const FullStateDict sd = per_param::DeserializeFullStateDict(FileBytes("fuzz/testdata/python_state_dict.pt"), "sd");
+  const FullStateDict sd = fsdp2::DeserializeFullStateDict(FileBytes("fuzz/testdata/python_state_dict.pt"), "sd");
   ASSERT_EQ(sd.keys(), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
   EXPECT_TRUE(at::equal(sd["2.weight"], at::arange(2, at::kFloat).reshape({1, 2}) + 20));
 }
@@ -190,7 +190,7 @@ TEST(CorruptCheckpoint, EveryTruncationIsAClearError) {
   for (const auto& [name, bytes] : AllSeeds()) {
     for (size_t n = 0; n < bytes.size(); ++n) {
       const std::vector<char> cut(bytes.begin(), bytes.begin() + n);
-      EXPECT_ERROR_CONTAINS(per_param::DeserializeFullStateDict(cut, "'" + name + "'"),
+      EXPECT_ERROR_CONTAINS(fsdp2::DeserializeFullStateDict(cut, "'" + name + "'"),
                             "LoadFullStateDictFile: '" + name + "' is not a valid checkpoint: ");
     }
   }
@@ -346,10 +346,10 @@ TEST(CorruptCheckpoint, LoadersNameTheFileAndTheValue) {
     out.write(model.data(), static_cast<std::streamsize>(model.size() / 2));
   }
   EXPECT_ERROR_CONTAINS(
-      per_param::LoadFullStateDictFile(path),
+      fsdp2::LoadFullStateDictFile(path),
       "LoadFullStateDictFile: '" + path + "' is not a valid checkpoint: no zip end-of-central-directory record");
   std::remove(path.c_str());
-  EXPECT_ERROR_CONTAINS(per_param::DeserializeFullStateDict(adamw, "'o.pt'"),
+  EXPECT_ERROR_CONTAINS(fsdp2::DeserializeFullStateDict(adamw, "'o.pt'"),
                         "LoadFullStateDictFile: 'o.pt' holds a Tuple, not a str -> Tensor dict");
   EXPECT_ERROR_CONTAINS(optim_state::DeserializeOptimStateDict(model, "'m.pt'"),
                         "LoadOptimStateDict: 'm.pt' is not an optimizer state dict: expected a 3-tuple");

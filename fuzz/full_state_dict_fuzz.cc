@@ -10,15 +10,15 @@
 #include <vector>
 
 #include "checkpoint/tensor_dict_file.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "fuzz/fuzz_models.h"
 
 namespace {
 void Run(const std::vector<char>& bytes) {
   try {
-    const fsdp::per_param::FullStateDict sd = fsdp::checkpoint::DeserializeTensorDict(bytes, "fuzz input");
+    const fsdp::fsdp2::FullStateDict sd = fsdp::checkpoint::DeserializeTensorDict(bytes, "fuzz input");
     for (const auto& item : sd) fsdp::fuzz::TouchTensor(item.value());
-    fsdp::per_param::LoadFullStateDict(*fsdp::fuzz::SharedTarget().model, sd);
+    fsdp::fsdp2::LoadFullStateDict(*fsdp::fuzz::SharedTarget().model, sd);
   } catch (const c10::Error&) {
   }
 }

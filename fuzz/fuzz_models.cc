@@ -9,8 +9,8 @@
 
 #include "checkpoint/tensor_dict_file.h"
 #include "comm/fake_process_group.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -21,21 +21,21 @@ volatile unsigned g_sink;  // TouchTensor's reads are not optimized away
 
 namespace {
 
-using per_param::testing::Net;
-using per_param::testing::NetOptions;
+using fsdp2::testing::Net;
+using fsdp2::testing::NetOptions;
 
 std::unique_ptr<Target> Build() {
   auto t = std::make_unique<Target>();
   t->model = Net(NetOptions{.blocks = 1, .hidden = 5});
-  per_param::testing::InitDeterministic(*t->model);
+  fsdp2::testing::InitDeterministic(*t->model);
   auto mesh = mesh::DeviceMesh::Create(comm::CreateFakeProcessGroup(0, 2), {2});
-  for (auto& b : t->model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-  per_param::fully_shard(t->model.ptr(), {.mesh = mesh});
+  for (auto& b : t->model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(t->model.ptr(), {.mesh = mesh});
   t->adamw =
       std::make_unique<torch::optim::AdamW>(t->model->parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true));
   t->sgd = std::make_unique<torch::optim::SGD>(t->model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  per_param::testing::TrainSteps(t->model, *t->adamw, 0, 1, 2, 0);
-  per_param::testing::TrainSteps(t->model, *t->sgd, 1, 1, 2, 0);
+  fsdp2::testing::TrainSteps(t->model, *t->adamw, 0, 1, 2, 0);
+  fsdp2::testing::TrainSteps(t->model, *t->sgd, 1, 1, 2, 0);
   return t;
 }
 
@@ -51,7 +51,7 @@ Target& SharedTarget() {
 NamedBytes FullStateDictSeeds() {
   Target& t = SharedTarget();
   NamedBytes out;
-  out.emplace_back("model.pt", SaveFull(per_param::GetFullStateDict(*t.model)));
+  out.emplace_back("model.pt", SaveFull(fsdp2::GetFullStateDict(*t.model)));
   checkpoint::TensorDict mixed;
   const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
   mixed.insert("view", base.narrow(1, 1, 3));  // offset + strides into a shared storage

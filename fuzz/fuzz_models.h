@@ -16,12 +16,12 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/per_param/test_models.h"
+#include "fsdp/fsdp2/test_models.h"
 
 namespace fsdp::fuzz {
 
 struct Target {
-  per_param::testing::Net model;
+  fsdp2::testing::Net model;
   std::unique_ptr<torch::optim::AdamW> adamw;
   std::unique_ptr<torch::optim::SGD> sgd;
 };

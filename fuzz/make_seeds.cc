@@ -8,7 +8,7 @@
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_storage.h"
 #include "checkpoint/tensor_dict_file.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "fuzz/fuzz_models.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   fsdp::fuzz::Target& target = fsdp::fuzz::SharedTarget();
   const fsdp::fuzz::NamedBytes full = fsdp::fuzz::FullStateDictSeeds(), optim = fsdp::fuzz::OptimStateSeeds();
   for (const auto& [name, bytes] : full) fsdp::checkpoint::DeserializeTensorDict(bytes, name);
-  fsdp::per_param::LoadFullStateDict(*target.model,
+  fsdp::fsdp2::LoadFullStateDict(*target.model,
                                      fsdp::checkpoint::DeserializeTensorDict(full[0].second, full[0].first));
   for (const auto& [name, bytes] : optim) {
     const auto sd = fsdp::optim_state::DeserializeOptimStateDict(bytes, name);

@@ -3,7 +3,7 @@
 // moment is an error on every rank within the collective timeout and leaves the model and
 // optimizer untouched; a failed reduce-scatter in backward poisons the model, and loading the
 // last checkpoint (model + AdamW state) into a new model on new groups continues exactly as a
-// fault-free run. (FSDP1's optimizer-state faults: fsdp/flat_param/fault_test.cc.)
+// fault-free run. (FSDP1's optimizer-state faults: fsdp/fsdp1/fault_test.cc.)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "comm/faulty_process_group.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
-#include "fsdp/per_param/test_models.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/fsdp2/test_models.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/fault_injection.h"
@@ -26,35 +26,35 @@ namespace {
 
 using fsdp::testing::AfterFault;
 using fsdp::testing::FaultScenario;
-using per_param::testing::Net;
+using fsdp2::testing::Net;
 
 // The Model of fsdp::testing::RunFaultThenRestore: blocks and root fully_shard'ed, AdamW.
 class Fsdp2Model {
  public:
   struct Checkpoint {
-    per_param::FullStateDict model;
+    fsdp2::FullStateDict model;
     OptimStateDict optim;
   };
 
   Fsdp2Model(const comm::ProcessGroupPtr& group, uint64_t seed) : rank_(group->rank()), world_(group->size()) {
-    per_param::testing::InitDeterministic(*model_, seed);
+    fsdp2::testing::InitDeterministic(*model_, seed);
     auto mesh = mesh::DeviceMesh::Create(group, {group->size()});
-    for (auto& b : model_->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model_.ptr(), {.mesh = mesh});
-    opt_ = std::make_unique<torch::optim::AdamW>(per_param::testing::UniqueParameters(*model_),
+    for (auto& b : model_->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model_.ptr(), {.mesh = mesh});
+    opt_ = std::make_unique<torch::optim::AdamW>(fsdp2::testing::UniqueParameters(*model_),
                                                  torch::optim::AdamWOptions(1e-2));
   }
 
-  void Train(int first, int steps) { per_param::testing::TrainSteps(model_, *opt_, first, steps, world_, rank_); }
-  Checkpoint Save() { return {per_param::GetFullStateDict(*model_), GetFullOptimStateDict(*model_, *opt_)}; }
+  void Train(int first, int steps) { fsdp2::testing::TrainSteps(model_, *opt_, first, steps, world_, rank_); }
+  Checkpoint Save() { return {fsdp2::GetFullStateDict(*model_), GetFullOptimStateDict(*model_, *opt_)}; }
   void Load(const Checkpoint& c) {
-    per_param::LoadFullStateDict(*model_, c.model);
+    fsdp2::LoadFullStateDict(*model_, c.model);
     LoadFullOptimStateDict(*model_, *opt_, c.optim);
   }
-  std::map<std::string, at::Tensor> FullParams() { return fsdp::testing::ToMap(per_param::GetFullStateDict(*model_)); }
+  std::map<std::string, at::Tensor> FullParams() { return fsdp::testing::ToMap(fsdp2::GetFullStateDict(*model_)); }
   // Between steps FSDP2's parameters are their local shards.
   std::vector<at::Tensor> LocalState() {
-    return fsdp::testing::CopyParamsAndAdamWState(*opt_, per_param::testing::UniqueParameters(*model_));
+    return fsdp::testing::CopyParamsAndAdamWState(*opt_, fsdp2::testing::UniqueParameters(*model_));
   }
   void ExpectPoisoned(const std::string& cause) {
     using fsdp::testing::ExpectPoisonedCall;

@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "comm/faulty_process_group.h"
-#include "fsdp/flat_param/fsdp_test_models.h"
-#include "fsdp/flat_param/state_dict.h"
+#include "fsdp/fsdp1/fsdp_test_models.h"
+#include "fsdp/fsdp1/state_dict.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "testing/fault_injection.h"
 
-namespace fsdp::flat_param {
+namespace fsdp::fsdp1 {
 namespace {
 
 using fsdp::testing::AfterFault;
@@ -142,4 +142,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Fsdp1FaultCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
-}  // namespace fsdp::flat_param
+}  // namespace fsdp::fsdp1

@@ -9,10 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/object_collectives.h"
-#include "fsdp/flat_param/flat_param.h"
-#include "fsdp/flat_param/flat_state.h"
-#include "fsdp/flat_param/fsdp_state.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp1/flat_param.h"
+#include "fsdp/fsdp1/flat_shard_conversion.h"
+#include "fsdp/fsdp1/fsdp_state.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
 
 namespace fsdp::optim_state {
 namespace {
@@ -39,27 +39,27 @@ std::string TypeKey(const StateValue& v) {
 
 }  // namespace
 
-std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamHandle& handle,
+std::map<std::string, StateMap> UnflattenOptimState(const fsdp1::FlatParamHandle& handle,
                                                     const StateMap& flat_state,
                                                     const comm::ProcessGroupPtr& shard_group,
                                                     const std::string& prefix) {
-  const flat_param::FlatParameter& fp = handle.flat_param();
+  const fsdp1::FlatParameter& fp = handle.flat_param();
   std::map<std::string, StateMap> out;
   for (const auto& [name, value] : flat_state) {
     if (Classify(value) != StateKind::kPositiveDimTensor) {
       for (const auto& fqn : fp.fqns) out[prefix + fqn][name] = value;
       continue;
     }
-    for (auto& [fqn, t] : flat_param::UnflattenShard(handle, std::get<at::Tensor>(value), shard_group, prefix)) {
+    for (auto& [fqn, t] : fsdp1::UnflattenShard(handle, std::get<at::Tensor>(value), shard_group, prefix)) {
       out[fqn][name] = std::move(t);
     }
   }
   return out;
 }
 
-StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std::map<std::string, StateMap>& full,
+StateMap FlattenOptimState(const fsdp1::FlatParamHandle& handle, const std::map<std::string, StateMap>& full,
                            int64_t rank, int64_t world_size, const std::string& prefix) {
-  const flat_param::FlatParameter& fp = handle.flat_param();
+  const fsdp1::FlatParameter& fp = handle.flat_param();
   std::vector<std::string> fqns;
   std::vector<const StateMap*> states;
   std::set<std::string> names;
@@ -101,7 +101,7 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
       for (size_t i = 0; i < fqns.size(); ++i) {
         if (values[i]) tensors[fqns[i]] = &std::get<at::Tensor>(*values[i]);
       }
-      const at::Tensor shard = flat_param::FlatShardOf(handle, tensors, rank, world_size, *dtypes.begin(), prefix);
+      const at::Tensor shard = fsdp1::FlatShardOf(handle, tensors, rank, world_size, *dtypes.begin(), prefix);
       flat[name] = shard;
       continue;
     }
@@ -134,29 +134,29 @@ namespace {
 // (PyTorch's sharded views), listed in orig_handles.
 struct FlatModelParams {
   NamedParams named;  // flat parameters first (named[i] <-> handles[i]), then the others
-  std::vector<flat_param::FlatParamHandle*> handles;
+  std::vector<fsdp1::FlatParamHandle*> handles;
   std::vector<std::string> prefixes;
   std::map<std::string, std::vector<std::string>> fqns_of;  // key -> original FQNs
-  std::vector<flat_param::FlatParamHandle*> orig_handles;   // use_orig_params, sharded
+  std::vector<fsdp1::FlatParamHandle*> orig_handles;   // use_orig_params, sharded
   std::vector<std::string> orig_prefixes;
   std::set<std::string> orig_fqns;  // the original FQNs of orig_handles
   const std::string& key(size_t i) const { return named[i].first; }
 };
 
-FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, const char* caller) {
+FlatModelParams ModelParams(const fsdp1::FullyShardedDataParallel& root, const char* caller) {
   torch::nn::Module& module = root.module();
   FlatModelParams out;
   std::set<const c10::TensorImpl*> managed;
-  std::vector<flat_param::FlatParamHandle*> orig_handles;
-  for (flat_param::FSDPState* s : flat_param::CollectStates(module)) {
-    flat_param::FlatParamHandle* h = s->handle();
+  std::vector<fsdp1::FlatParamHandle*> orig_handles;
+  for (fsdp1::FSDPState* s : fsdp1::CollectStates(module)) {
+    fsdp1::FlatParamHandle* h = s->handle();
     if (h == nullptr) continue;
     if (h->use_orig_params()) {
       orig_handles.push_back(h);
       continue;
     }
     out.handles.push_back(h);
-    out.prefixes.push_back(flat_param::HandlePrefix(module, *h));
+    out.prefixes.push_back(fsdp1::HandlePrefix(module, *h));
     std::vector<std::string> fqns;
     for (const auto& fqn : h->flat_param().fqns) fqns.push_back(out.prefixes.back() + fqn);
     const std::string key = Names(fqns);
@@ -166,9 +166,9 @@ FlatModelParams ModelParams(const flat_param::FullyShardedDataParallel& root, co
   }
   // use_orig_params: the optimizer holds the original tensors (tied ones once, under the
   // flat parameter's name for them, its first registration).
-  for (flat_param::FlatParamHandle* h : orig_handles) {
-    const std::string prefix = flat_param::HandlePrefix(module, *h);
-    const flat_param::FlatParameter& fp = h->flat_param();
+  for (fsdp1::FlatParamHandle* h : orig_handles) {
+    const std::string prefix = fsdp1::HandlePrefix(module, *h);
+    const fsdp1::FlatParameter& fp = h->flat_param();
     for (int64_t i = 0; i < fp.num_params; ++i) {
       out.named.emplace_back(prefix + fp.fqns[i], h->orig_params()[i]);
       managed.insert(h->orig_params()[i].unsafeGetTensorImpl());
@@ -207,16 +207,16 @@ std::vector<OptimStateDict> AllGatherDicts(const OptimStateDict& meta, const com
 // positive-dim state is laid out like the flat parameter's shard (zeros where this rank holds
 // none of it), all-gathered and cut into the original parameters. Collective over the
 // handle's shard group; every rank returns the full state of every parameter with state.
-std::map<std::string, StateMap> GatherOrigParamState(const flat_param::FlatParamHandle& h,
+std::map<std::string, StateMap> GatherOrigParamState(const fsdp1::FlatParamHandle& h,
                                                      const std::map<std::string, StateMap>& local,
                                                      const std::string& prefix) {
-  const flat_param::FlatParameter& fp = h.flat_param();
+  const fsdp1::FlatParameter& fp = h.flat_param();
   OptimStateDict meta;  // positive-dim tensors as 1-element tensors of their dtype
   for (int64_t i = 0; i < fp.num_params; ++i) {
     const std::string fqn = prefix + fp.fqns[i];
     auto it = local.find(fqn);
     if (it == local.end()) continue;
-    const flat_param::ShardParamInfo& info = fp.shard_param_infos[i];
+    const fsdp1::ShardParamInfo& info = fp.shard_param_infos[i];
     for (const auto& [name, value] : it->second) {
       if (Classify(value) != StateKind::kPositiveDimTensor) {
         meta.state[fqn][name] = value;
@@ -254,11 +254,11 @@ std::map<std::string, StateMap> GatherOrigParamState(const flat_param::FlatParam
     for (int64_t i = 0; i < fp.num_params; ++i) {
       auto it = local.find(prefix + fp.fqns[i]);
       if (it == local.end() || !it->second.count(name)) continue;
-      const flat_param::ShardParamInfo& info = fp.shard_param_infos[i];
+      const fsdp1::ShardParamInfo& info = fp.shard_param_infos[i];
       shard.narrow(0, info.offset_in_shard, info.numel_in_shard)
           .copy_(std::get<at::Tensor>(it->second.at(name)).reshape(-1));
     }
-    for (auto& [fqn, t] : flat_param::UnflattenShard(h, shard, h.process_group(), prefix)) {
+    for (auto& [fqn, t] : fsdp1::UnflattenShard(h, shard, h.process_group(), prefix)) {
       auto it = out.find(fqn);
       if (it != out.end() && it->second.count(name)) it->second[name] = std::move(t);
     }
@@ -269,13 +269,13 @@ std::map<std::string, StateMap> GatherOrigParamState(const flat_param::FlatParam
 // The inverse for this rank: each original parameter's part of its full state (PyTorch's
 // _shard_orig_param_state: positive-dim state flattened and cut to the shard's range, other
 // state as is; parameters outside the shard get none). Local.
-void ShardOrigParamState(const flat_param::FlatParamHandle& h, const std::map<std::string, StateMap>& full,
+void ShardOrigParamState(const fsdp1::FlatParamHandle& h, const std::map<std::string, StateMap>& full,
                          const std::string& prefix, std::map<std::string, StateMap>& out) {
-  const flat_param::FlatParameter& fp = h.flat_param();
+  const fsdp1::FlatParameter& fp = h.flat_param();
   for (int64_t i = 0; i < fp.num_params; ++i) {
     const std::string fqn = prefix + fp.fqns[i];
     auto it = full.find(fqn);
-    const flat_param::ShardParamInfo& info = fp.shard_param_infos[i];
+    const fsdp1::ShardParamInfo& info = fp.shard_param_infos[i];
     if (it == full.end() || !info.in_shard) continue;
     StateMap& mine = out[fqn];
     for (const auto& [name, value] : it->second) {
@@ -316,17 +316,17 @@ NamedParams LocalNames(const FlatModelParams& m) {
 
 }  // namespace
 
-OptimStateDict GetShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+OptimStateDict GetShardedOptimStateDict(const fsdp1::FullyShardedDataParallel& root,
                                         const torch::optim::Optimizer& optimizer) {
   return GetOptimStateDict(optimizer, LocalNames(ModelParams(root, "GetShardedOptimStateDict")));
 }
 
-void LoadShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+void LoadShardedOptimStateDict(const fsdp1::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
                                const OptimStateDict& sharded) {
   SetOptimStateDict(optimizer, LocalNames(ModelParams(root, "LoadShardedOptimStateDict")), sharded);
 }
 
-OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+OptimStateDict GetFullOptimStateDict(const fsdp1::FullyShardedDataParallel& root,
                                      const torch::optim::Optimizer& optimizer, bool rank0_only) {
   const FlatModelParams m = ModelParams(root, "GetFullOptimStateDict");
   const OptimStateDict local = GetOptimStateDict(optimizer, m.named);
@@ -345,7 +345,7 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
   for (size_t i = 0; i < m.handles.size(); ++i) {
     auto it = local.state.find(m.key(i));
     if (it == local.state.end()) continue;
-    const flat_param::FlatParamHandle& h = *m.handles[i];
+    const fsdp1::FlatParamHandle& h = *m.handles[i];
     auto unflat =
         UnflattenOptimState(h, it->second, h.uses_sharded_strategy() ? h.process_group() : nullptr, m.prefixes[i]);
     if (keep) out.state.merge(unflat);
@@ -363,7 +363,7 @@ OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel&
   return out;
 }
 
-void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+void LoadFullOptimStateDict(const fsdp1::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
                             const OptimStateDict& full) {
   const FlatModelParams m = ModelParams(root, "LoadFullOptimStateDict");
   // The optimizer's own groups in keys, matched with the checkpoint's by their FQNs (as
@@ -381,7 +381,7 @@ void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, to
   }
   std::set<std::string> flattened;
   for (size_t i = 0; i < m.handles.size(); ++i) {
-    const flat_param::FlatParamHandle& h = *m.handles[i];
+    const fsdp1::FlatParamHandle& h = *m.handles[i];
     const bool sharded = h.uses_sharded_strategy();
     StateMap flat =
         FlattenOptimState(h, full.state, sharded ? h.rank() : 0, sharded ? h.world_size() : 1, m.prefixes[i]);

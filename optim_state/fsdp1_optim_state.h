@@ -12,10 +12,10 @@
 #include "comm/process_group.h"
 #include "optim_state/optim_state_dict.h"
 
-namespace fsdp::flat_param {
+namespace fsdp::fsdp1 {
 class FlatParamHandle;
 class FullyShardedDataParallel;
-}  // namespace fsdp::flat_param
+}  // namespace fsdp::fsdp1
 
 namespace fsdp::optim_state {
 
@@ -24,7 +24,7 @@ namespace fsdp::optim_state {
 // Positive-dim tensors are all-gathered over `shard_group` (null or size 1: the shard is
 // the whole flat parameter); collective over that group. Zero-dim and non-tensor state is
 // given to every original parameter.
-std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamHandle& handle,
+std::map<std::string, StateMap> UnflattenOptimState(const fsdp1::FlatParamHandle& handle,
                                                     const StateMap& flat_state,
                                                     const comm::ProcessGroupPtr& shard_group,
                                                     const std::string& prefix = "");
@@ -34,7 +34,7 @@ std::map<std::string, StateMap> UnflattenOptimState(const flat_param::FlatParamH
 // differing state names or types across the original parameters, a tensor state whose shape
 // differs from its parameter, differing dtypes, scalar state missing on some parameters or
 // with differing values. Empty when no original parameter has state. Local.
-StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std::map<std::string, StateMap>& full,
+StateMap FlattenOptimState(const fsdp1::FlatParamHandle& handle, const std::map<std::string, StateMap>& full,
                            int64_t rank, int64_t world_size, const std::string& prefix = "");
 
 // Model level: the optimizer was built on `root.parameters()`: the flat parameters of handles
@@ -47,9 +47,9 @@ StateMap FlattenOptimState(const flat_param::FlatParamHandle& handle, const std:
 // FQN-keyed exactly like FSDP2's (GetFullOptimStateDict in fsdp2_optim_state.h), so either
 // loads into the other at any world size. Get is collective over every handle's shard group
 // (rank0_only: the other ranks return an empty dict); Load is local.
-OptimStateDict GetFullOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+OptimStateDict GetFullOptimStateDict(const fsdp1::FullyShardedDataParallel& root,
                                      const torch::optim::Optimizer& optimizer, bool rank0_only = false);
-void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+void LoadFullOptimStateDict(const fsdp1::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
                             const OptimStateDict& full);
 
 // The sharded (local) state: what the optimizer holds on this rank, each flat parameter's
@@ -58,9 +58,9 @@ void LoadFullOptimStateDict(const flat_param::FullyShardedDataParallel& root, to
 // parameters (use_orig_params: the originals, with their part in this rank's shard) under
 // their FQNs. As torch/distributed/fsdp's LOCAL_STATE_DICT (v2.15.0): it loads
 // back only into the same wrapping at the same world size; a full state dict reshards. Local.
-OptimStateDict GetShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root,
+OptimStateDict GetShardedOptimStateDict(const fsdp1::FullyShardedDataParallel& root,
                                         const torch::optim::Optimizer& optimizer);
-void LoadShardedOptimStateDict(const flat_param::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
+void LoadShardedOptimStateDict(const fsdp1::FullyShardedDataParallel& root, torch::optim::Optimizer& optimizer,
                                const OptimStateDict& sharded);
 
 }  // namespace fsdp::optim_state

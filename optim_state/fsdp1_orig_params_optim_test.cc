@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/common/test_models.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -39,13 +39,13 @@ constexpr double kLr = 1e-2;
 // use_orig_params).
 struct Fsdp1Run {
   Net model;
-  flat_param::FullyShardedDataParallel root;
+  fsdp1::FullyShardedDataParallel root;
   std::unique_ptr<torch::optim::AdamW> opt;
   Fsdp1Run(const comm::ProcessGroupPtr& pg, uint64_t seed, bool use_orig_params) {
     InitDeterministic(*model, seed);
-    flat_param::FSDPOptions options{.process_group = pg, .use_orig_params = use_orig_params};
-    for (auto& b : model->layers) flat_param::wrap_fsdp(b.ptr(), options);
-    root = flat_param::wrap_fsdp(model.ptr(), options);
+    fsdp1::FSDPOptions options{.process_group = pg, .use_orig_params = use_orig_params};
+    for (auto& b : model->layers) fsdp1::wrap_fsdp(b.ptr(), options);
+    root = fsdp1::wrap_fsdp(model.ptr(), options);
     opt = std::make_unique<torch::optim::AdamW>(root.parameters(), torch::optim::AdamWOptions(kLr));
   }
 };
@@ -76,7 +76,7 @@ void ExpectStateNear(const OptimStateDict& got, torch::optim::AdamW& ref_opt, Ne
   EXPECT_EQ(got.param_groups[0].params.size(), ref->parameters().size()) << label;
 }
 
-void ExpectParamsNear(per_param::FullStateDict& result, Net& ref, const std::string& label) {
+void ExpectParamsNear(fsdp2::FullStateDict& result, Net& ref, const std::string& label) {
   for (const auto& item : ref->named_parameters()) {
     const double scale = std::max(1.0, item.value().abs().max().item<double>());
     // Sliced vs whole-batch gradient sums through at most 8 AdamW steps (3 + 5) at kLr.
@@ -108,14 +108,14 @@ TEST(Fsdp1OrigParamsOptimState, FullStateReshardsToEveryFlavorAndMatchesOneRank)
     EXPECT_EQ(holders.item<int64_t>(), 1);
     const OptimStateDict all = GetFullOptimStateDict(run.root, *run.opt);
     ExpectStateNear(all, ref_opt, ref, absl::StrCat("gathered on rank ", pg->rank()));
-    const auto model_sd = flat_param::GetFullStateDict(run.root, /*rank0_only=*/true);
+    const auto model_sd = fsdp1::GetFullStateDict(run.root, /*rank0_only=*/true);
     const OptimStateDict optim_sd = GetFullOptimStateDict(run.root, *run.opt, /*rank0_only=*/true);
     sharded[pg->rank()] = GetShardedOptimStateDict(run.root, *run.opt);
     if (pg->rank() != 0) {
       EXPECT_TRUE(optim_sd.state.empty());
       return;
     }
-    flat_param::SaveFullStateDict(model_sd, model_path);
+    fsdp1::SaveFullStateDict(model_sd, model_path);
     SaveOptimStateDict(optim_sd, optim_path);
   });
   TrainSteps(ref, ref_opt, 3, 5, 1, 0);
@@ -123,10 +123,10 @@ TEST(Fsdp1OrigParamsOptimState, FullStateReshardsToEveryFlavorAndMatchesOneRank)
   for (bool use_orig_params : {true, false}) {
     fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
       Fsdp1Run run(pg, 99, use_orig_params);
-      flat_param::LoadFullStateDict(run.root, flat_param::LoadFullStateDictFile(model_path));
+      fsdp1::LoadFullStateDict(run.root, fsdp1::LoadFullStateDictFile(model_path));
       LoadFullOptimStateDict(run.root, *run.opt, LoadOptimStateDict(optim_path));
       TrainSteps(run.model, *run.opt, 3, 5, 3, pg->rank());
-      auto result = flat_param::GetFullStateDict(run.root);
+      auto result = fsdp1::GetFullStateDict(run.root);
       ExpectParamsNear(result, ref, absl::StrCat("fsdp1 w3 use_orig_params=", use_orig_params));
       ExpectStateNear(GetFullOptimStateDict(run.root, *run.opt), ref_opt, ref,
                       absl::StrCat("state after w3 use_orig_params=", use_orig_params));
@@ -136,22 +136,22 @@ TEST(Fsdp1OrigParamsOptimState, FullStateReshardsToEveryFlavorAndMatchesOneRank)
     auto mesh = mesh::DeviceMesh::Create(pg, {3});
     Net model;
     InitDeterministic(*model, 99);
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(kLr));
-    per_param::LoadFullStateDict(*model, per_param::LoadFullStateDictFile(model_path));
+    fsdp2::LoadFullStateDict(*model, fsdp2::LoadFullStateDictFile(model_path));
     LoadFullOptimStateDict(*model, opt, LoadOptimStateDict(optim_path));
     TrainSteps(model, opt, 3, 5, 3, pg->rank());
-    auto result = per_param::GetFullStateDict(*model);
+    auto result = fsdp2::GetFullStateDict(*model);
     ExpectParamsNear(result, ref, "fsdp2 w3");
   });
   // The sharded state: each rank's own parts, back into the same wrapping at the same size.
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Fsdp1Run run(pg, 99, /*use_orig_params=*/true);
-    flat_param::LoadFullStateDict(run.root, flat_param::LoadFullStateDictFile(model_path));
+    fsdp1::LoadFullStateDict(run.root, fsdp1::LoadFullStateDictFile(model_path));
     LoadShardedOptimStateDict(run.root, *run.opt, sharded[pg->rank()]);
     TrainSteps(run.model, *run.opt, 3, 5, 2, pg->rank());
-    auto result = flat_param::GetFullStateDict(run.root);
+    auto result = fsdp1::GetFullStateDict(run.root);
     ExpectParamsNear(result, ref, "sharded w2");
   });
   std::remove(model_path.c_str());
@@ -164,21 +164,21 @@ TEST(Fsdp1OrigParamsOptimState, FlatParamCheckpointLoadsIntoOriginalParams) {
   InitDeterministic(*ref);
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(kLr));
   TrainSteps(ref, ref_opt, 0, 6, 1, 0);
-  per_param::FullStateDict model_sd;
+  fsdp2::FullStateDict model_sd;
   OptimStateDict optim_sd;
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
     Fsdp1Run run(pg, 11, /*use_orig_params=*/false);
     TrainSteps(run.model, *run.opt, 0, 2, 3, pg->rank());
-    auto m = flat_param::GetFullStateDict(run.root, /*rank0_only=*/true);
+    auto m = fsdp1::GetFullStateDict(run.root, /*rank0_only=*/true);
     auto o = GetFullOptimStateDict(run.root, *run.opt, /*rank0_only=*/true);
     if (pg->rank() == 0) model_sd = m, optim_sd = o;
   });
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Fsdp1Run run(pg, 99, /*use_orig_params=*/true);
-    flat_param::LoadFullStateDict(run.root, model_sd);
+    fsdp1::LoadFullStateDict(run.root, model_sd);
     LoadFullOptimStateDict(run.root, *run.opt, optim_sd);
     TrainSteps(run.model, *run.opt, 2, 4, 2, pg->rank());
-    auto result = flat_param::GetFullStateDict(run.root);
+    auto result = fsdp1::GetFullStateDict(run.root);
     ExpectParamsNear(result, ref, "flat w3 -> orig w2");
   });
 }

@@ -4,13 +4,13 @@
 #include <c10/util/Exception.h>
 
 #include "absl/container/flat_hash_map.h"
-#include "fsdp/per_param/fsdp_param.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/fsdp_param.h"
+#include "fsdp/fsdp2/state_dict.h"
 
 namespace fsdp::optim_state {
 namespace {
 
-using per_param::NamedParameter;
+using fsdp2::NamedParameter;
 
 NamedParams Named(const std::vector<NamedParameter>& params) {
   NamedParams out;
@@ -20,11 +20,11 @@ NamedParams Named(const std::vector<NamedParameter>& params) {
 
 }  // namespace
 
-NamedParams NamedOptimizerParams(torch::nn::Module& root) { return Named(per_param::NamedParameters(root)); }
+NamedParams NamedOptimizerParams(torch::nn::Module& root) { return Named(fsdp2::NamedParameters(root)); }
 
 OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim::Optimizer& optimizer,
                                      bool rank0_only) {
-  const std::vector<NamedParameter> params = per_param::NamedParameters(root);
+  const std::vector<NamedParameter> params = fsdp2::NamedParameters(root);
   OptimStateDict full = GetOptimStateDict(optimizer, Named(params));
   comm::ProcessGroupPtr world;
   std::vector<std::string> fqns;
@@ -39,7 +39,7 @@ OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim
     if (p.fsdp_param == nullptr || it == full.state.end()) continue;
     for (auto& [name, value] : it->second) {  // std::map: the same order on every rank
       if (Classify(value) != StateKind::kPositiveDimTensor) continue;
-      at::Tensor gathered = per_param::GatherLikeParam(*p.fsdp_param, std::get<at::Tensor>(value));
+      at::Tensor gathered = fsdp2::GatherLikeParam(*p.fsdp_param, std::get<at::Tensor>(value));
       // Ranks that keep nothing hold one gathered tensor at a time (the local shard stays).
       if (keep) value = std::move(gathered);
     }
@@ -63,8 +63,8 @@ void CheckShardedOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer
 }
 
 void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer, const OptimStateDict& full) {
-  const std::vector<NamedParameter> params = per_param::NamedParameters(root);
-  absl::flat_hash_map<std::string, per_param::FSDPParam*> fsdp_params;
+  const std::vector<NamedParameter> params = fsdp2::NamedParameters(root);
+  absl::flat_hash_map<std::string, fsdp2::FSDPParam*> fsdp_params;
   for (const auto& p : params) fsdp_params.emplace(p.fqn, p.fsdp_param);
   OptimStateDict local = full;
   for (auto& [fqn, values] : local.state) {
@@ -76,7 +76,7 @@ void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& op
       TORCH_CHECK(t.sizes().vec() == it->second->sharding_spec().shape, "LoadFullOptimStateDict: state '", name,
                   "' of '", fqn, "' has shape ", t.sizes(), " but the parameter's global shape is ",
                   c10::IntArrayRef(it->second->sharding_spec().shape));
-      value = per_param::LocalShardOf(*it->second, t);  // a view: SetOptimStateDict copies it
+      value = fsdp2::LocalShardOf(*it->second, t);  // a view: SetOptimStateDict copies it
     }
   }
   SetOptimStateDict(optimizer, Named(params), local);

@@ -12,7 +12,7 @@ class Module;
 
 namespace fsdp::optim_state {
 
-// The optimizer's names for `root`'s parameters (fsdp::per_param::NamedParameters).
+// The optimizer's names for `root`'s parameters (fsdp::fsdp2::NamedParameters).
 NamedParams NamedOptimizerParams(torch::nn::Module& root);
 
 // Collective over the model's meshes, on every rank. Positive-dim state tensors of FSDP

@@ -12,12 +12,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "fsdp/flat_param/flat_param.h"
-#include "fsdp/flat_param/fsdp_test_models.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
-#include "fsdp/per_param/test_models.h"
+#include "fsdp/fsdp1/flat_param.h"
+#include "fsdp/fsdp1/fsdp_test_models.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -31,11 +31,11 @@ namespace fsdp::optim_state {
 namespace {
 
 using fsdp::testing::Backend;
-using per_param::testing::InitDeterministic;
-using per_param::testing::Net;
-using per_param::testing::NetOptions;
-using per_param::testing::TrainSteps;
-using per_param::testing::UniqueParameters;
+using fsdp2::testing::InitDeterministic;
+using fsdp2::testing::Net;
+using fsdp2::testing::NetOptions;
+using fsdp2::testing::TrainSteps;
+using fsdp2::testing::UniqueParameters;
 
 NamedParams Named(torch::nn::Module& m) {
   NamedParams out;
@@ -170,31 +170,31 @@ void ReshardAndContinue(int from, int to) {
     auto mesh = mesh::DeviceMesh::Create(pg, {from});
     Net model;
     InitDeterministic(*model);
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
     torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
     TrainSteps(model, opt, 0, 3, from, pg->rank());
-    const auto full_model = per_param::GetFullStateDict(*model, {.rank0_only = true});
+    const auto full_model = fsdp2::GetFullStateDict(*model, {.rank0_only = true});
     const OptimStateDict full_optim = GetFullOptimStateDict(*model, opt, /*rank0_only=*/true);
     if (pg->rank() != 0) {
       EXPECT_TRUE(full_optim.state.empty());
       return;
     }
     EXPECT_EQ(std::get<at::Tensor>(full_optim.state.at("in.weight").at("exp_avg")).sizes(), (c10::IntArrayRef{5, 3}));
-    per_param::SaveFullStateDict(full_model, model_path);
+    fsdp2::SaveFullStateDict(full_model, model_path);
     SaveOptimStateDict(full_optim, optim_path);
   });
   fsdp::testing::RunOnRanks(Backend::kThreaded, to, [&](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {to});
     Net model;
     InitDeterministic(*model, /*seed=*/99);
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
     torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(0.5));
-    per_param::LoadFullStateDict(*model, per_param::LoadFullStateDictFile(model_path));
+    fsdp2::LoadFullStateDict(*model, fsdp2::LoadFullStateDictFile(model_path));
     LoadFullOptimStateDict(*model, opt, LoadOptimStateDict(optim_path));
     TrainSteps(model, opt, 3, 3, to, pg->rank());
-    const auto full = per_param::GetFullStateDict(*model);
+    const auto full = fsdp2::GetFullStateDict(*model);
     for (const auto& item : ref->named_parameters()) {
       const double scale = std::max(1.0, item.value().abs().max().item<double>());
       // Sliced vs whole-batch gradient sums through the 6 AdamW steps (3 + 3) at lr 1e-2.
@@ -238,9 +238,9 @@ TEST(Fsdp1OptimState, WorkedExampleShardsAndConsolidatesLikeTheUnshardedOptimize
       auto rb = r->register_module("b", std::make_shared<torch::nn::Module>());
       at::Tensor raw = ra->register_parameter("w", aw.detach().clone());
       at::Tensor rbw = rb->register_parameter("w", bw.detach().clone());
-      flat_param::FlatParamHandleOptions options;
+      fsdp1::FlatParamHandleOptions options;
       options.process_group = pg;
-      flat_param::FlatParamHandle handle({raw, rbw}, *r, options);
+      fsdp1::FlatParamHandle handle({raw, rbw}, *r, options);
       handle.Shard();
       const int64_t chunk = (10 + world - 1) / world;
       const StateMap flat = FlattenOptimState(handle, ref.state, pg->rank(), world);
@@ -296,8 +296,8 @@ TEST(Fsdp2OptimState, RankZeroOnlyKeepsOtherRanksBelowOneFullState) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {3});
     Net model(NetOptions{.hidden = 3000});  // block fc1/fc2: 2 x 15000 floats each
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
     torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-3));
     TrainSteps(model, opt, 0, 1, 3, pg->rank());
     int64_t full_bytes = 0;  // exp_avg + exp_avg_sq of every parameter, unsharded
@@ -329,11 +329,11 @@ struct Continuation {
 
 template <class Fn>
 void WithFsdp1(const comm::ProcessGroupPtr& pg, uint64_t seed, Fn&& fn) {
-  flat_param::testing::Net model;
-  flat_param::testing::InitDeterministic(*model, seed);
-  flat_param::FSDPOptions options{.process_group = pg};
-  for (auto& b : model->layers) flat_param::wrap_fsdp(b.ptr(), options);
-  flat_param::FullyShardedDataParallel root = flat_param::wrap_fsdp(model.ptr(), options);
+  fsdp1::testing::Net model;
+  fsdp1::testing::InitDeterministic(*model, seed);
+  fsdp1::FSDPOptions options{.process_group = pg};
+  for (auto& b : model->layers) fsdp1::wrap_fsdp(b.ptr(), options);
+  fsdp1::FullyShardedDataParallel root = fsdp1::wrap_fsdp(model.ptr(), options);
   torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(1e-2));
   fn(model, root, opt);
 }
@@ -343,8 +343,8 @@ void WithFsdp2(const comm::ProcessGroupPtr& pg, uint64_t seed, Fn&& fn) {
   auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
   Net model;
   InitDeterministic(*model, seed);
-  for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-  per_param::fully_shard(model.ptr(), {.mesh = mesh});
+  for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
   torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
   fn(model, opt);
 }
@@ -359,46 +359,46 @@ void CheckpointAcrossFsdps(const Continuation& c) {
   const std::string model_path = fsdp::testing::NewTestPath("model_" + label),
                     optim_path = fsdp::testing::NewTestPath("optim_" + label);
   fsdp::testing::RunOnRanks(Backend::kThreaded, c.from_world, [&](const comm::ProcessGroupPtr& pg) {
-    auto save = [&](const per_param::FullStateDict& model_sd, const OptimStateDict& optim_sd) {
+    auto save = [&](const fsdp2::FullStateDict& model_sd, const OptimStateDict& optim_sd) {
       if (pg->rank() != 0) return;
-      per_param::SaveFullStateDict(model_sd, model_path);
+      fsdp2::SaveFullStateDict(model_sd, model_path);
       SaveOptimStateDict(optim_sd, optim_path);
     };
     if (c.from == Flavor::kFsdp1) {
-      WithFsdp1(pg, 11, [&](auto& model, flat_param::FullyShardedDataParallel& root, torch::optim::AdamW& opt) {
+      WithFsdp1(pg, 11, [&](auto& model, fsdp1::FullyShardedDataParallel& root, torch::optim::AdamW& opt) {
         TrainSteps(model, opt, 0, 3, c.from_world, pg->rank());
-        const auto model_sd = flat_param::GetFullStateDict(root, /*rank0_only=*/true);
+        const auto model_sd = fsdp1::GetFullStateDict(root, /*rank0_only=*/true);
         save(model_sd, GetFullOptimStateDict(root, opt, /*rank0_only=*/true));
       });
     } else {
       WithFsdp2(pg, 11, [&](Net& model, torch::optim::AdamW& opt) {
         TrainSteps(model, opt, 0, 3, c.from_world, pg->rank());
-        const auto model_sd = per_param::GetFullStateDict(*model, {.rank0_only = true});
+        const auto model_sd = fsdp2::GetFullStateDict(*model, {.rank0_only = true});
         save(model_sd, GetFullOptimStateDict(*model, opt, /*rank0_only=*/true));
       });
     }
   });
   fsdp::testing::RunOnRanks(Backend::kThreaded, c.to_world, [&](const comm::ProcessGroupPtr& pg) {
-    per_param::FullStateDict result;
+    fsdp2::FullStateDict result;
     if (c.to == Flavor::kFsdp1) {
-      WithFsdp1(pg, 99, [&](auto& model, flat_param::FullyShardedDataParallel& root, torch::optim::AdamW& opt) {
-        flat_param::LoadFullStateDict(root, per_param::LoadFullStateDictFile(model_path));
+      WithFsdp1(pg, 99, [&](auto& model, fsdp1::FullyShardedDataParallel& root, torch::optim::AdamW& opt) {
+        fsdp1::LoadFullStateDict(root, fsdp2::LoadFullStateDictFile(model_path));
         LoadFullOptimStateDict(root, opt, LoadOptimStateDict(optim_path));
         TrainSteps(model, opt, 3, 5, c.to_world, pg->rank());
-        result = flat_param::GetFullStateDict(root);
+        result = fsdp1::GetFullStateDict(root);
       });
     } else {
       WithFsdp2(pg, 99, [&](Net& model, torch::optim::AdamW& opt) {
         // Only rank 0 reads the files: the model state by rank0_only broadcast, the optimizer
         // state by BroadcastOptimStateDict (PyTorch's scatter from rank 0).
         const bool reader = pg->rank() == 0;
-        per_param::LoadFullStateDict(*model,
-                                     reader ? per_param::LoadFullStateDictFile(model_path) : per_param::FullStateDict(),
+        fsdp2::LoadFullStateDict(*model,
+                                     reader ? fsdp2::LoadFullStateDictFile(model_path) : fsdp2::FullStateDict(),
                                      {.rank0_only = true});
         LoadFullOptimStateDict(*model, opt,
                                BroadcastOptimStateDict(reader ? LoadOptimStateDict(optim_path) : OptimStateDict{}, pg));
         TrainSteps(model, opt, 3, 5, c.to_world, pg->rank());
-        result = per_param::GetFullStateDict(*model);
+        result = fsdp2::GetFullStateDict(*model);
       });
     }
     for (const auto& item : ref->named_parameters()) {
@@ -425,8 +425,8 @@ TEST(Fsdp2OptimState, RanksThatDisagreeOnStateAllFail) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2});
     Net model;
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
     torch::optim::AdamW opt(UniqueParameters(*model), torch::optim::AdamWOptions(1e-3));
     TrainSteps(model, opt, 0, 1, 2, pg->rank());
     auto& state = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(model->in->weight.unsafeGetTensorImpl()));

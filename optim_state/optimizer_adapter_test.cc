@@ -21,11 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/optim_state_file.h"
-#include "fsdp/flat_param/fsdp_test_models.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
-#include "fsdp/per_param/test_models.h"
+#include "fsdp/fsdp1/fsdp_test_models.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
@@ -121,11 +121,11 @@ OptimizerFactory VelocitySgdFactory() {
 }
 
 // `steps` steps of the plain model on one rank (the reference).
-per_param::testing::Net Reference(const OptimizerFactory& make, int steps) {
-  per_param::testing::Net ref;
-  per_param::testing::InitDeterministic(*ref);
+fsdp2::testing::Net Reference(const OptimizerFactory& make, int steps) {
+  fsdp2::testing::Net ref;
+  fsdp2::testing::InitDeterministic(*ref);
   auto opt = make(ref->parameters(), 1e-2);
-  per_param::testing::TrainSteps(ref, *opt, 0, steps, 1, 0);
+  fsdp2::testing::TrainSteps(ref, *opt, 0, steps, 1, 0);
   return ref;
 }
 
@@ -145,31 +145,31 @@ void ExpectMatchesReference(const checkpoint::TensorDict& full, torch::nn::Modul
 struct Fsdp2Run {
   Fsdp2Run(const comm::ProcessGroupPtr& pg, const OptimizerFactory& make, uint64_t seed, double lr) {
     auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
-    per_param::testing::InitDeterministic(*model, seed);
-    for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
-    opt = make(per_param::testing::UniqueParameters(*model), lr);
+    fsdp2::testing::InitDeterministic(*model, seed);
+    for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
+    opt = make(fsdp2::testing::UniqueParameters(*model), lr);
   }
   void Train(int first, int steps, const comm::ProcessGroupPtr& pg) {
-    per_param::testing::TrainSteps(model, *opt, first, steps, pg->size(), pg->rank());
+    fsdp2::testing::TrainSteps(model, *opt, first, steps, pg->size(), pg->rank());
   }
-  per_param::testing::Net model;
+  fsdp2::testing::Net model;
   std::unique_ptr<torch::optim::Optimizer> opt;
 };
 
 struct Fsdp1Run {
   Fsdp1Run(const comm::ProcessGroupPtr& pg, const OptimizerFactory& make, uint64_t seed, double lr) {
-    flat_param::testing::InitDeterministic(*model, seed);
-    flat_param::FSDPOptions options{.process_group = pg};
-    for (auto& b : model->layers) flat_param::wrap_fsdp(b.ptr(), options);
-    root = std::make_unique<flat_param::FullyShardedDataParallel>(flat_param::wrap_fsdp(model.ptr(), options));
+    fsdp1::testing::InitDeterministic(*model, seed);
+    fsdp1::FSDPOptions options{.process_group = pg};
+    for (auto& b : model->layers) fsdp1::wrap_fsdp(b.ptr(), options);
+    root = std::make_unique<fsdp1::FullyShardedDataParallel>(fsdp1::wrap_fsdp(model.ptr(), options));
     opt = make(root->parameters(), lr);
   }
   void Train(int first, int steps, const comm::ProcessGroupPtr& pg) {
-    per_param::testing::TrainSteps(model, *opt, first, steps, pg->size(), pg->rank());
+    fsdp2::testing::TrainSteps(model, *opt, first, steps, pg->size(), pg->rank());
   }
-  flat_param::testing::Net model;
-  std::unique_ptr<flat_param::FullyShardedDataParallel> root;
+  fsdp1::testing::Net model;
+  std::unique_ptr<fsdp1::FullyShardedDataParallel> root;
   std::unique_ptr<torch::optim::Optimizer> opt;
 };
 
@@ -178,7 +178,7 @@ struct Fsdp1Run {
 template <class From, class To>
 void FullRoundTrip(const OptimizerFactory& make, int from, int to, const std::string& label,
                    const std::function<void(const OptimStateDict&)>& check_saved = {}) {
-  per_param::testing::Net ref = Reference(make, 6);
+  fsdp2::testing::Net ref = Reference(make, 6);
   const std::string model_path = fsdp::testing::NewTestPath("model_" + label),
                     optim_path = fsdp::testing::NewTestPath("optim_" + label);
   fsdp::testing::RunOnRanks(Backend::kThreaded, from, [&](const comm::ProcessGroupPtr& pg) {
@@ -187,10 +187,10 @@ void FullRoundTrip(const OptimizerFactory& make, int from, int to, const std::st
     checkpoint::TensorDict model_sd;
     OptimStateDict optim_sd;
     if constexpr (std::is_same_v<From, Fsdp2Run>) {
-      model_sd = per_param::GetFullStateDict(*run.model, {.rank0_only = true});
+      model_sd = fsdp2::GetFullStateDict(*run.model, {.rank0_only = true});
       optim_sd = GetFullOptimStateDict(*run.model, *run.opt, /*rank0_only=*/true);
     } else {
-      model_sd = flat_param::GetFullStateDict(*run.root, /*rank0_only=*/true);
+      model_sd = fsdp1::GetFullStateDict(*run.root, /*rank0_only=*/true);
       optim_sd = GetFullOptimStateDict(*run.root, *run.opt, /*rank0_only=*/true);
     }
     if (pg->rank() != 0) return;
@@ -202,15 +202,15 @@ void FullRoundTrip(const OptimizerFactory& make, int from, int to, const std::st
     To run(pg, make, 99, 0.5);
     checkpoint::TensorDict result;
     if constexpr (std::is_same_v<To, Fsdp2Run>) {
-      per_param::LoadFullStateDict(*run.model, per_param::LoadFullStateDictFile(model_path));
+      fsdp2::LoadFullStateDict(*run.model, fsdp2::LoadFullStateDictFile(model_path));
       LoadFullOptimStateDict(*run.model, *run.opt, LoadOptimStateDict(optim_path));
       run.Train(3, 3, pg);
-      result = per_param::GetFullStateDict(*run.model);
+      result = fsdp2::GetFullStateDict(*run.model);
     } else {
-      flat_param::LoadFullStateDict(*run.root, flat_param::LoadFullStateDictFile(model_path));
+      fsdp1::LoadFullStateDict(*run.root, fsdp1::LoadFullStateDictFile(model_path));
       LoadFullOptimStateDict(*run.root, *run.opt, LoadOptimStateDict(optim_path));
       run.Train(3, 3, pg);
-      result = flat_param::GetFullStateDict(*run.root);
+      result = fsdp1::GetFullStateDict(*run.root);
     }
     ExpectMatchesReference(result, *ref, absl::StrCat(label, " rank ", pg->rank()));
   });
@@ -223,7 +223,7 @@ void FullRoundTrip(const OptimizerFactory& make, int from, int to, const std::st
 // and continue.
 template <class Run>
 void ShardedRoundTrip(const OptimizerFactory& make, int world, const std::string& label) {
-  per_param::testing::Net ref = Reference(make, 6);
+  fsdp2::testing::Net ref = Reference(make, 6);
   fsdp::testing::RunOnRanks(Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
     std::vector<char> optim_bytes;
     checkpoint::TensorDict model_sd;
@@ -231,10 +231,10 @@ void ShardedRoundTrip(const OptimizerFactory& make, int world, const std::string
       Run run(pg, make, 11, 1e-2);
       run.Train(0, 3, pg);
       if constexpr (std::is_same_v<Run, Fsdp2Run>) {
-        model_sd = per_param::GetFullStateDict(*run.model);
+        model_sd = fsdp2::GetFullStateDict(*run.model);
         optim_bytes = SerializeOptimStateDict(GetShardedOptimStateDict(*run.model, *run.opt));
       } else {
-        model_sd = flat_param::GetFullStateDict(*run.root);
+        model_sd = fsdp1::GetFullStateDict(*run.root);
         optim_bytes = SerializeOptimStateDict(GetShardedOptimStateDict(*run.root, *run.opt));
       }
     }
@@ -244,15 +244,15 @@ void ShardedRoundTrip(const OptimizerFactory& make, int world, const std::string
     Run run(pg, make, 99, 0.5);
     checkpoint::TensorDict result;
     if constexpr (std::is_same_v<Run, Fsdp2Run>) {
-      per_param::LoadFullStateDict(*run.model, model_sd);
+      fsdp2::LoadFullStateDict(*run.model, model_sd);
       LoadShardedOptimStateDict(*run.model, *run.opt, sharded);
       run.Train(3, 3, pg);
-      result = per_param::GetFullStateDict(*run.model);
+      result = fsdp2::GetFullStateDict(*run.model);
     } else {
-      flat_param::LoadFullStateDict(*run.root, model_sd);
+      fsdp1::LoadFullStateDict(*run.root, model_sd);
       LoadShardedOptimStateDict(*run.root, *run.opt, sharded);
       run.Train(3, 3, pg);
-      result = flat_param::GetFullStateDict(*run.root);
+      result = fsdp1::GetFullStateDict(*run.root);
     }
     ExpectMatchesReference(result, *ref, absl::StrCat(label, " rank ", pg->rank()));
   });
@@ -309,9 +309,9 @@ TEST(OptimizerAdapter, AdagradAndRmspropRoundTripUnderFsdp2WithPyTorchNames) {
         EXPECT_DOUBLE_EQ(sd.param_groups.at(0).options.at("alpha").toDouble(), 0.99);
       });
   // Without momentum / centering RMSprop has only step and square_avg (as PyTorch).
-  per_param::testing::Net model;
+  fsdp2::testing::Net model;
   torch::optim::RMSprop plain(model->parameters(), torch::optim::RMSpropOptions(1e-2));
-  per_param::testing::TrainSteps(model, plain, 0, 1, 1, 0);
+  fsdp2::testing::TrainSteps(model, plain, 0, 1, 1, 0);
   EXPECT_EQ(GetOptimStateDict(plain, NamedOptimizerParams(*model)).state.at("in.weight").size(), 2u);
 }
 
@@ -340,7 +340,7 @@ TEST(OptimizerAdapter, RegistryErrorsNameTheCulprit) {
       "adapter 'Partial' lacks one of read_state, write_state");
   EXPECT_EQ(RegisteredOptimizerAdapters(), names);  // failed registrations leave no trace
 
-  per_param::testing::Net model;
+  fsdp2::testing::Net model;
   torch::optim::LBFGS lbfgs(model->parameters(), torch::optim::LBFGSOptions(1.0));
   EXPECT_ERROR_CONTAINS(GetOptimStateDict(lbfgs, NamedOptimizerParams(*model)),
                         "no optimizer adapter matches optimizer type torch::optim::LBFGS; registered adapters: "
@@ -350,7 +350,7 @@ TEST(OptimizerAdapter, RegistryErrorsNameTheCulprit) {
 
   // A state of one registered type does not load into another; bad values name the state.
   VelocitySgd velocity(model->parameters(), VelocitySgdOptions(1e-2));
-  per_param::testing::TrainSteps(model, velocity, 0, 1, 1, 0);
+  fsdp2::testing::TrainSteps(model, velocity, 0, 1, 1, 0);
   OptimStateDict sd = GetOptimStateDict(velocity, NamedOptimizerParams(*model));
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
   EXPECT_ERROR_CONTAINS(SetOptimStateDict(adamw, NamedOptimizerParams(*model), sd),

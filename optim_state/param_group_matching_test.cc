@@ -15,11 +15,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "fsdp/common/test_models.h"
-#include "fsdp/flat_param/flat_param.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp1/flat_param.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -74,7 +74,7 @@ std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const Named& named, Groups gr
 // A wrapped model on one rank, with Get / Load of full model + optimizer state.
 struct Wrapped {
   Net model{kNet};
-  std::unique_ptr<flat_param::FullyShardedDataParallel> root;  // FSDP1 only
+  std::unique_ptr<fsdp1::FullyShardedDataParallel> root;  // FSDP1 only
   std::unique_ptr<torch::optim::AdamW> opt;
 
   Wrapped(Wrap wrap, Groups groups, const comm::ProcessGroupPtr& pg, uint64_t seed, bool placeholder) {
@@ -82,19 +82,19 @@ struct Wrapped {
     Named named;
     if (wrap == Wrap::kFsdp2) {
       auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
-      for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-      per_param::fully_shard(model.ptr(), {.mesh = mesh});
+      for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+      fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
       for (const auto& [fqn, p] : NamedOptimizerParams(*model)) named.push_back({{fqn}, p});
     } else {
-      flat_param::FSDPOptions options{.process_group = pg};
+      fsdp1::FSDPOptions options{.process_group = pg};
       for (size_t i = 0; i < model->layers.size(); ++i) {
-        if (wrap == Wrap::kFsdp1EachBlock || i == 1) flat_param::wrap_fsdp(model->layers[i].ptr(), options);
+        if (wrap == Wrap::kFsdp1EachBlock || i == 1) fsdp1::wrap_fsdp(model->layers[i].ptr(), options);
       }
-      root = std::make_unique<flat_param::FullyShardedDataParallel>(flat_param::wrap_fsdp(model.ptr(), options));
+      root = std::make_unique<fsdp1::FullyShardedDataParallel>(fsdp1::wrap_fsdp(model.ptr(), options));
       // The flat parameters (in the optimizer's order) with the FQNs each holds.
       for (const at::Tensor& p : root->parameters()) {
         named.push_back({{}, p});
-        for (const flat_param::FlatParamHandle* h : root->handles()) {
+        for (const fsdp1::FlatParamHandle* h : root->handles()) {
           if (!h->flat_param().param.is_same(p)) continue;
           std::string prefix;
           for (const auto& item : model->named_modules("", /*include_self=*/true)) {
@@ -110,19 +110,19 @@ struct Wrapped {
   void Train(int first, int steps, const comm::ProcessGroupPtr& pg) {
     test_models::TrainSteps(model, *opt, first, steps, pg->size(), pg->rank());
   }
-  per_param::FullStateDict ModelState(bool rank0_only) {
-    return root ? flat_param::GetFullStateDict(*root, rank0_only)
-                : per_param::GetFullStateDict(*model, {.rank0_only = rank0_only});
+  fsdp2::FullStateDict ModelState(bool rank0_only) {
+    return root ? fsdp1::GetFullStateDict(*root, rank0_only)
+                : fsdp2::GetFullStateDict(*model, {.rank0_only = rank0_only});
   }
   OptimStateDict OptimState(bool rank0_only) {
     return root ? GetFullOptimStateDict(*root, *opt, rank0_only) : GetFullOptimStateDict(*model, *opt, rank0_only);
   }
-  void Load(const per_param::FullStateDict& model_sd, const OptimStateDict& optim_sd) {
+  void Load(const fsdp2::FullStateDict& model_sd, const OptimStateDict& optim_sd) {
     if (root) {
-      flat_param::LoadFullStateDict(*root, model_sd);
+      fsdp1::LoadFullStateDict(*root, model_sd);
       LoadFullOptimStateDict(*root, *opt, optim_sd);
     } else {
-      per_param::LoadFullStateDict(*model, model_sd);
+      fsdp2::LoadFullStateDict(*model, model_sd);
       LoadFullOptimStateDict(*model, *opt, optim_sd);
     }
   }
@@ -152,7 +152,7 @@ void SaveUnderOneLoadUnderAnother(const Side& from, const Side& to) {
   auto ref_opt = MakeOptimizer(ref_named, from.groups, /*placeholder=*/false);
   test_models::TrainSteps(ref, *ref_opt, 0, 8, 1, 0);
 
-  per_param::FullStateDict model_sd;
+  fsdp2::FullStateDict model_sd;
   OptimStateDict optim_sd;
   fsdp::testing::RunOnRanks(Backend::kThreaded, from.world, [&](const comm::ProcessGroupPtr& pg) {
     Wrapped w(from.wrap, from.groups, pg, 11, /*placeholder=*/false);
@@ -168,7 +168,7 @@ void SaveUnderOneLoadUnderAnother(const Side& from, const Side& to) {
     Wrapped w(to.wrap, to.groups, pg, 99, /*placeholder=*/true);
     w.Load(model_sd, optim_sd);
     w.Train(3, 5, pg);
-    per_param::FullStateDict result = w.ModelState(/*rank0_only=*/false);
+    fsdp2::FullStateDict result = w.ModelState(/*rank0_only=*/false);
     for (const auto& item : ref->named_parameters()) {
       const double scale = std::max(1.0, item.value().abs().max().item<double>());
       // Sliced vs whole-batch gradient sums through the 8 AdamW steps (3 + 5) at the larger lr, 2e-2.
@@ -241,7 +241,7 @@ TEST(ParamGroupMatching, MissingFlatStateErrorNamesTheOriginalParameters) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     Wrapped w(Wrap::kFsdp1EachBlock, Groups::kOne, pg, 11, /*placeholder=*/false);
     w.Train(0, 1, pg);
-    for (const flat_param::FlatParamHandle* h : w.root->handles()) {
+    for (const fsdp1::FlatParamHandle* h : w.root->handles()) {
       if (&h->fully_sharded_module() == w.model->layers[2].ptr().get() && pg->rank() == 1) {
         w.opt->state().erase(h->flat_param().param.unsafeGetTensorImpl());
       }

@@ -19,9 +19,9 @@
 #include "comm/init_process_group.h"
 #include "comm/torchrun_env.h"
 #include "dtensor/dtensor.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
-#include "fsdp/per_param/test_models.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/fsdp2/test_models.h"
 #include "optim_state/optim_state_dict.h"
 #include "testing/multi_rank.h"
 
@@ -29,9 +29,9 @@ namespace fsdp {
 namespace {
 
 using dtensor::Placement;
-using per_param::FullySharded;
-using per_param::testing::Net;
-using per_param::testing::NetOptions;
+using fsdp::Hooked;
+using fsdp2::testing::Net;
+using fsdp2::testing::NetOptions;
 
 struct Case {
   std::string name;
@@ -44,7 +44,7 @@ struct LeafImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return fc(x); }
   torch::nn::Linear fc;
 };
-using Leaf = FullySharded<LeafImpl>;
+using Leaf = Hooked<LeafImpl>;
 
 struct ScalarParamImpl : torch::nn::Module {
   ScalarParamImpl() { s = register_parameter("s", at::ones({})); }
@@ -141,137 +141,137 @@ std::vector<Case> Catalogue(const comm::ProcessGroupPtr& pg) {
   c.push_back({"fully_shard twice",
                [mesh] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh});
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh});
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh});
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh});
                },
                "already fully_shard'ed"});
   c.push_back({"fully_shard a module without hooks",
-               [mesh] { per_param::fully_shard(std::make_shared<LeafImpl>(), {.mesh = mesh}); },
+               [mesh] { fsdp2::fully_shard(std::make_shared<LeafImpl>(), {.mesh = mesh}); },
                "cannot run forward hooks; construct it as fsdp::Hooked<"});
   c.push_back({"fully_shard without a mesh",
                [] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {});
+                 fsdp2::fully_shard(l.ptr(), {});
                },
                "options.mesh is null"});
   c.push_back({"fully_shard on a 3-D mesh",
                [pg] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {1, 2, 1})});
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {1, 2, 1})});
                },
                "1D or 2D DeviceMesh"});
   c.push_back({"parameter on another device",
                [mesh] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh, .device = c10::Device("meta")});
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh, .device = c10::Device("meta")});
                },
                "already be moved to device meta"});
   c.push_back({"reshard_after_forward not a factor",
                [mesh] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh, .reshard_after_forward = int64_t{3}});
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh, .reshard_after_forward = int64_t{3}});
                },
                "factor of 2, not 3"});
   c.push_back({"uneven shard on dim 1",
                [mesh] {
                  Leaf l;
-                 per_param::FullyShardOptions o{.mesh = mesh};
+                 fsdp2::FullyShardOptions o{.mesh = mesh};
                  o.shard_placement_fn = [](const at::Tensor&, const std::string&) { return std::optional<int64_t>(1); };
                  l->fc->weight.set_data(at::ones({3, 5}));
-                 per_param::fully_shard(l.ptr(), o);
+                 fsdp2::fully_shard(l.ptr(), o);
                },
                "uneven sharding on dim 1"});
   c.push_back({"0-D parameter",
-               [mesh] { per_param::fully_shard(FullySharded<ScalarParamImpl>().ptr(), {.mesh = mesh}); },
+               [mesh] { fsdp2::fully_shard(Hooked<ScalarParamImpl>().ptr(), {.mesh = mesh}); },
                "0-D parameters"});
   c.push_back({"HSDP mesh without dim names",
                [pg] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {1, 2})});
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {1, 2})});
                },
                "mesh_dim_names"});
   c.push_back({"weights tied across FSDP groups",
                [mesh] {
                  Net n;
-                 n->register_module("reader", per_param::testing::TiedLinear(n->layers[0]->fc1->weight));
-                 for (auto& b : n->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-                 per_param::fully_shard(n.ptr(), {.mesh = mesh});
+                 n->register_module("reader", fsdp2::testing::TiedLinear(n->layers[0]->fc1->weight));
+                 for (auto& b : n->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+                 fsdp2::fully_shard(n.ptr(), {.mesh = mesh});
                },
                "is the same tensor as 'block0.fc1.weight'"});
   c.push_back({"dp_mesh_dims with plain parameters",
                [pg] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {2, 1}, {"dp", "tp"}),
-                                                  .dp_mesh_dims = per_param::DataParallelMeshDims{"dp"}});
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {2, 1}, {"dp", "tp"}),
+                                                  .dp_mesh_dims = fsdp2::DataParallelMeshDims{"dp"}});
                },
                "all parameters must be DTensors on the full SPMD mesh"});
   c.push_back({"gradient divide factor 0",
                [mesh] {
                  Leaf l;
-                 per_param::fully_shard(l.ptr(), {.mesh = mesh}).set_gradient_divide_factor(0);
+                 fsdp2::fully_shard(l.ptr(), {.mesh = mesh}).set_gradient_divide_factor(0);
                },
                "factor must be > 0, got 0"});
   // ---- FSDP2 state dicts
   auto sharded_net = [mesh] {
     auto n = std::make_shared<Net>(NetOptions{});
-    for (auto& b : (*n)->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(n->ptr(), {.mesh = mesh});
+    for (auto& b : (*n)->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(n->ptr(), {.mesh = mesh});
     return n;
   };
   c.push_back({"full state dict with a missing key",
                [sharded_net] {
                  auto n = sharded_net();
-                 auto sd = per_param::GetFullStateDict(**n);
+                 auto sd = fsdp2::GetFullStateDict(**n);
                  sd.erase("head.bias");
-                 per_param::LoadFullStateDict(**n, sd);
+                 fsdp2::LoadFullStateDict(**n, sd);
                },
                "Missing key(s) in state_dict: head.bias."});
   c.push_back({"full state dict with an extra key",
                [sharded_net] {
                  auto n = sharded_net();
-                 auto sd = per_param::GetFullStateDict(**n);
+                 auto sd = fsdp2::GetFullStateDict(**n);
                  sd.insert("ghost", at::ones({1}));
-                 per_param::LoadFullStateDict(**n, sd);
+                 fsdp2::LoadFullStateDict(**n, sd);
                },
                "Unexpected key(s) in state_dict: ghost."});
   c.push_back({"full state dict with a wrong shape",
                [sharded_net] {
                  auto n = sharded_net();
-                 auto sd = per_param::GetFullStateDict(**n);
+                 auto sd = fsdp2::GetFullStateDict(**n);
                  sd["in.bias"] = at::ones({7});
-                 per_param::LoadFullStateDict(**n, sd);
+                 fsdp2::LoadFullStateDict(**n, sd);
                },
                "size mismatch for in.bias: copying a param with shape [7]"});
   c.push_back({"sharded state dict with a plain tensor for a DTensor",
                [sharded_net] {
                  auto n = sharded_net();
-                 per_param::ShardedStateDict sd = per_param::GetShardedStateDict(**n);
+                 fsdp2::ShardedStateDict sd = fsdp2::GetShardedStateDict(**n);
                  sd.dtensors.erase("extra");
                  sd.tensors.insert("extra", at::zeros({6}));
-                 per_param::LoadShardedStateDict(**n, sd);
+                 fsdp2::LoadShardedStateDict(**n, sd);
                },
                "extra is sharded by FSDP and needs a DTensor"});
   c.push_back({"sharded checkpoint of another world size",
                [pg, sharded_net] {
                  auto n = sharded_net();
-                 per_param::ShardedStateDict sd = per_param::GetShardedStateDict(**n);
+                 fsdp2::ShardedStateDict sd = fsdp2::GetShardedStateDict(**n);
                  auto one = mesh::DeviceMesh::Create(pg, {2, 1}, {"r", "s"});
                  sd.dtensors["in.bias"] =
                      dtensor::distribute_tensor(at::zeros({5}), one, {Placement::Replicate(), Placement::Shard(0)});
-                 per_param::LoadShardedStateDict(**n, sd);
+                 fsdp2::LoadShardedStateDict(**n, sd);
                },
                "(load a full state dict to change the world size)"});
-  c.push_back({"state dict file that does not exist", [] { per_param::LoadFullStateDictFile("/nonexistent/model.pt"); },
+  c.push_back({"state dict file that does not exist", [] { fsdp2::LoadFullStateDictFile("/nonexistent/model.pt"); },
                "cannot open '/nonexistent/model.pt'"});
   c.push_back({"state dict file that is not a pickle",
-               [] { per_param::LoadFullStateDictFile(GarbageFile("garbage_model.pt")); }, ""});
+               [] { fsdp2::LoadFullStateDictFile(GarbageFile("garbage_model.pt")); }, ""});
   // ---- optimizer state
   auto adamw_state = [] {
     auto n = std::make_shared<Net>(NetOptions{});
     optim_state::NamedParams named;
     for (const auto& item : (*n)->named_parameters()) named.emplace_back(item.key(), item.value());
     auto opt = std::make_shared<torch::optim::AdamW>((*n)->parameters(), torch::optim::AdamWOptions(1e-3));
-    per_param::testing::TrainSteps(*n, *opt, 0, 1, 1, 0);
+    fsdp2::testing::TrainSteps(*n, *opt, 0, 1, 1, 0);
     return std::make_tuple(n, named, opt, optim_state::GetOptimStateDict(*opt, named));
   };
   c.push_back({"optimizer state for another optimizer type",

@@ -1,4 +1,4 @@
-// One model type for every wrapper (the hooked-module layer, fsdp/common/hooked_module.h):
+// One model type for every wrapper (the hooked-module layer, fsdp/hooked_module/hooked_module.h):
 // the same fsdp::test_models::Net trained under FSDP2 (fully_shard) and under FSDP1
 // (wrap_fsdp) on W ranks equals that type trained without any FSDP on one rank; a module with
 // a `const` forward trains under both; a module takes one FSDP; handles outliving their
@@ -15,12 +15,12 @@
 #include <string>
 #include <type_traits>
 
-#include "fsdp/common/hooked_module.h"
 #include "fsdp/common/test_models.h"
-#include "fsdp/flat_param/fully_sharded_data_parallel.h"
-#include "fsdp/flat_param/state_dict.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
+#include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
@@ -38,8 +38,8 @@ using testing::Backend;
 constexpr int kSteps = 3;
 
 // The old wrapper names are the hooked-module layer's types.
-static_assert(std::is_same_v<per_param::FullyShardedImpl<NetImpl>, HookedImpl<NetImpl>>);
-static_assert(std::is_same_v<flat_param::FSDPWrappedImpl<NetImpl>, HookedImpl<NetImpl>>);
+static_assert(std::is_same_v<fsdp::HookedImpl<NetImpl>, HookedImpl<NetImpl>>);
+static_assert(std::is_same_v<fsdp::HookedImpl<NetImpl>, HookedImpl<NetImpl>>);
 
 // The reference: the same type, no FSDP, one rank, the whole batch.
 std::map<std::string, at::Tensor> TrainReference(const test_models::NetOptions& options) {
@@ -76,25 +76,25 @@ TEST_P(OneModelType, Fsdp2AndFsdp1TrainingEqualsOneRank) {
     Net model(options);
     InitDeterministic(*model);
     auto mesh = mesh::DeviceMesh::Create(pg, {world});
-    for (auto& block : model->layers) per_param::fully_shard(block.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    for (auto& block : model->layers) fsdp2::fully_shard(block.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.05));
     TrainSteps(model, opt, 0, kSteps, world, pg->rank());
     std::map<std::string, at::Tensor> got;
-    for (const auto& item : per_param::GetFullStateDict(*model)) got[item.key()] = item.value();
+    for (const auto& item : fsdp2::GetFullStateDict(*model)) got[item.key()] = item.value();
     ExpectEqualsReference(got, want, "FSDP2 rank " + std::to_string(pg->rank()));
   });
   // FSDP1: the same type, every block, then the root.
   testing::RunOnRanks(Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
     Net model(options);
     InitDeterministic(*model);
-    flat_param::FSDPOptions fsdp_options{.process_group = pg};
-    for (auto& block : model->layers) flat_param::wrap_fsdp(block.ptr(), fsdp_options);
-    flat_param::FullyShardedDataParallel root = flat_param::wrap_fsdp(model.ptr(), fsdp_options);
+    fsdp1::FSDPOptions fsdp_options{.process_group = pg};
+    for (auto& block : model->layers) fsdp1::wrap_fsdp(block.ptr(), fsdp_options);
+    fsdp1::FullyShardedDataParallel root = fsdp1::wrap_fsdp(model.ptr(), fsdp_options);
     torch::optim::Adam opt(root.parameters(), torch::optim::AdamOptions(0.05));
     TrainSteps(model, opt, 0, kSteps, world, pg->rank());
     std::map<std::string, at::Tensor> got;
-    for (const auto& item : flat_param::GetFullStateDict(root)) got[item.key()] = item.value();
+    for (const auto& item : fsdp1::GetFullStateDict(root)) got[item.key()] = item.value();
     ExpectEqualsReference(got, want, "FSDP1 rank " + std::to_string(pg->rank()));
   });
 }
@@ -144,23 +144,23 @@ TEST(OneModelType, ConstForwardTrainsUnderBothFsdps) {
     Hooked<ConstNetImpl> model;
     InitDeterministic(*model);
     auto mesh = mesh::DeviceMesh::Create(pg, {kWorld});
-    per_param::fully_shard(model->a.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model->b.ptr(), {.mesh = mesh});
-    per_param::fully_shard(model.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model->a.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model->b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
     TrainConst(model, model->parameters(), kWorld, pg->rank());
     std::map<std::string, at::Tensor> got;
-    for (const auto& item : per_param::GetFullStateDict(*model)) got[item.key()] = item.value();
+    for (const auto& item : fsdp2::GetFullStateDict(*model)) got[item.key()] = item.value();
     ExpectEqualsReference(got, want, "FSDP2 const forward");
   });
   testing::RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
     Hooked<ConstNetImpl> model;
     InitDeterministic(*model);
-    flat_param::FSDPOptions options{.process_group = pg};
-    flat_param::wrap_fsdp(model->a.ptr(), options);
-    auto root = flat_param::wrap_fsdp(model.ptr(), options);
+    fsdp1::FSDPOptions options{.process_group = pg};
+    fsdp1::wrap_fsdp(model->a.ptr(), options);
+    auto root = fsdp1::wrap_fsdp(model.ptr(), options);
     TrainConst(model, root.parameters(), kWorld, pg->rank());
     std::map<std::string, at::Tensor> got;
-    for (const auto& item : flat_param::GetFullStateDict(root)) got[item.key()] = item.value();
+    for (const auto& item : fsdp1::GetFullStateDict(root)) got[item.key()] = item.value();
     ExpectEqualsReference(got, want, "FSDP1 const forward");
   });
 }
@@ -169,35 +169,35 @@ TEST(OneModelType, AModuleTakesOneFsdp) {
   testing::RunOnRanks(Backend::kThreaded, 1, [&](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {1});
     Net a(test_models::NetOptions{.blocks = 1});
-    per_param::fully_shard(a->layers[0].ptr(), {.mesh = mesh});
-    EXPECT_ERROR_CONTAINS(flat_param::wrap_fsdp(a->layers[0].ptr(), {.process_group = pg}),
+    fsdp2::fully_shard(a->layers[0].ptr(), {.mesh = mesh});
+    EXPECT_ERROR_CONTAINS(fsdp1::wrap_fsdp(a->layers[0].ptr(), {.process_group = pg}),
                           "is already managed by FSDP2 (fully_shard); a module takes one FSDP");
     Net b(test_models::NetOptions{.blocks = 1});
-    flat_param::wrap_fsdp(b->layers[0].ptr(), {.process_group = pg});
-    EXPECT_ERROR_CONTAINS(per_param::fully_shard(b->layers[0].ptr(), {.mesh = mesh}),
+    fsdp1::wrap_fsdp(b->layers[0].ptr(), {.process_group = pg});
+    EXPECT_ERROR_CONTAINS(fsdp2::fully_shard(b->layers[0].ptr(), {.mesh = mesh}),
                           "is already managed by FSDP1 (wrap_fsdp); a module takes one FSDP");
     torch::nn::Linear plain(3, 3);
-    EXPECT_ERROR_CONTAINS(per_param::fully_shard(plain.ptr(), {.mesh = mesh}), "cannot run forward hooks");
+    EXPECT_ERROR_CONTAINS(fsdp2::fully_shard(plain.ptr(), {.mesh = mesh}), "cannot run forward hooks");
   });
 }
 
 TEST(OneModelType, HandlesFailClearlyAfterTheirModuleIsDestroyed) {
   testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2});
-    per_param::FSDPModule fsdp2;
-    flat_param::FullyShardedDataParallel fsdp1;
+    fsdp2::FSDPModule fsdp2;
+    fsdp1::FullyShardedDataParallel fsdp1;
     {
       Net a(test_models::NetOptions{.blocks = 1});
-      fsdp2 = per_param::fully_shard(a.ptr(), {.mesh = mesh});
+      fsdp2 = fsdp2::fully_shard(a.ptr(), {.mesh = mesh});
       Net b(test_models::NetOptions{.blocks = 1});
-      fsdp1 = flat_param::wrap_fsdp(b.ptr(), {.process_group = pg});
+      fsdp1 = fsdp1::wrap_fsdp(b.ptr(), {.process_group = pg});
       EXPECT_NO_THROW(fsdp2.reshard());
       EXPECT_FALSE(fsdp1.parameters().empty());
     }
     EXPECT_ERROR_CONTAINS(fsdp2.unshard(), "FSDPModule: the module this handle was returned for has been destroyed");
     EXPECT_ERROR_CONTAINS(fsdp1.parameters(),
                           "FullyShardedDataParallel: the module this handle was returned for has been destroyed");
-    EXPECT_ERROR_CONTAINS(per_param::FSDPModule().reshard(), "FSDPModule: empty handle");
+    EXPECT_ERROR_CONTAINS(fsdp2::FSDPModule().reshard(), "FSDPModule: empty handle");
   });
 }
 

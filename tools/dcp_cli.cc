@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/dcp_cli_lib.h"
 #include "comm/main_guard.h"
+#include "tools/dcp_cli_lib.h"
 
 int main(int argc, char** argv) {
   // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).

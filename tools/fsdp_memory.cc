@@ -36,7 +36,7 @@ namespace {
 // so its temporaries are at most this size (FSDP1: the whole flat shard is one parameter).
 int64_t LargestShardBytes(const Plan& plan) {
   const RankPlan& rank = plan.ranks.front();
-  if (plan.options.style == Style::kFlat) return rank.bytes.params;
+  if (plan.options.style == Style::kFsdp1) return rank.bytes.params;
   int64_t largest = 0;
   for (const ParamShard& p : rank.params) largest = std::max(largest, p.padded_numel);
   return largest * ItemSize(plan.options.dtype);
@@ -74,7 +74,7 @@ MemoryEstimate EstimateMemory(const Plan& plan, const MemoryOptions& options) {
   // FSDP1 flattens unit k's gradients and fills its reduce-scatter input while the unit is
   // still unsharded; FSDP2 reshards the unit first (FSDPParamGroup::PostBackward), so its
   // copy-in buffer takes the place of the unit's parameters.
-  const bool flat = plan.options.style == Style::kFlat;
+  const bool flat = plan.options.style == Style::kFsdp1;
   for (int64_t k = n - 1; k >= 0; --k) {
     const int64_t prefetched = k > 0 ? 1 : 0;
     const int64_t params = options.reshard_after_forward ? (1 + prefetched) * u : (k + 1) * u;

@@ -12,7 +12,7 @@
 namespace fsdp_plan {
 namespace {
 
-Plan PlanFor(const std::string& shapes, const std::string& world, const std::string& style = "per_param") {
+Plan PlanFor(const std::string& shapes, const std::string& world, const std::string& style = "fsdp2") {
   RawFlags flags;
   flags.shapes = shapes;
   flags.world = world;
@@ -51,7 +51,7 @@ TEST(FsdpMemory, ComputeModelPeaksInTheBackwardOfTheSecondUnit) {
 // The same model under FSDP1: its flat gradient (the reduce-scatter input) is filled while
 // the unit is still unsharded, beside the original parameters' gradients: four copies.
 TEST(FsdpMemory, ComputeModelUnderFsdp1HoldsFourUnshardedCopies) {
-  const Plan plan = PlanFor("1024x1024,1024", "2", "flat");
+  const Plan plan = PlanFor("1024x1024,1024", "2", "fsdp1");
   const MemoryEstimate m = EstimateMemory(plan, Memory(4, 2 * 64 * 1024 * 4));
   const int64_t shard = (1049600 / 2) * 4;  // rank 0's half of the flat parameter
   const int64_t unit = 1049600 * 4;
@@ -89,7 +89,7 @@ TEST(FsdpMemory, OneUnitOnOneRankHoldsTwoUnshardedCopiesInBackwardThreeUnderFsdp
   // FSDP1: parameter, original gradients and the flat gradient at once (three copies; the
   // step's gradient and two flat-shard-sized temporaries tie with it, the first phase found
   // is named).
-  const Plan flat = PlanFor("1000x10,10", "1", "flat");
+  const Plan flat = PlanFor("1000x10,10", "1", "fsdp1");
   const MemoryEstimate f = EstimateMemory(flat, Memory(1, 0));
   EXPECT_EQ(f.unsharded_unit, 10010 * 4);
   EXPECT_EQ(f.peak, 3 * 40040 + 3 * 40040);

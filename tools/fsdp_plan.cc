@@ -12,9 +12,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "comm/main_guard.h"
 #include "tools/fsdp_memory.h"
 #include "tools/fsdp_plan_lib.h"
-#include "comm/main_guard.h"
 
 ABSL_FLAG(std::string, shapes, "",
           "Comma-separated parameter shapes, dims joined by 'x', in module order: "
@@ -26,11 +26,11 @@ ABSL_FLAG(std::string, mesh, "",
 ABSL_FLAG(std::string, dtype, "f32", "Parameter dtype as stored (sharded): f32|bf16|f16|f64.");
 ABSL_FLAG(std::string, param_dtype, "", "Mixed precision: unsharded/all-gather/compute dtype (empty: --dtype).");
 ABSL_FLAG(std::string, reduce_dtype, "", "Mixed precision: gradient reduce-scatter dtype (empty: the param dtype).");
-ABSL_FLAG(std::string, style, "per_param",
-          "per_param: FSDP2 fully_shard (each parameter chunked on dim 0). flat: FSDP1 "
+ABSL_FLAG(std::string, style, "fsdp2",
+          "fsdp2: FSDP2 fully_shard (each parameter chunked on dim 0). fsdp1: FSDP1 "
           "FlatParameter (all parameters flattened into one, then chunked).");
 ABSL_FLAG(bool, align, true,
-          "flat only: use_orig_params layout (each parameter starts on a 16-byte boundary, "
+          "fsdp1 only: use_orig_params layout (each parameter starts on a 16-byte boundary, "
           "total padded to a multiple of the shard count); --noalign: use_orig_params=False.");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of text.");
 ABSL_FLAG(bool, memory, false,
@@ -47,13 +47,13 @@ constexpr char kUsage[] =
     "Plans FSDP sharding for a list of parameter shapes without running anything.\n"
     "\n"
     "  fsdp_plan --shapes 5x3,6,1024x1024 --world 4 [--mesh 2x2] [--dtype f32|bf16|f16|f64]\n"
-    "            [--param_dtype bf16] [--reduce_dtype f32] [--style per_param|flat]\n"
+    "            [--param_dtype bf16] [--reduce_dtype f32] [--style fsdp2|fsdp1]\n"
     "            [--noalign] [--json]\n"
     "            [--memory --units 64 --optimizer adamw --activation_bytes 6208\n"
     "             --noreshard_after_forward]\n"
     "\n"
     "Per shard rank (replicas hold the same): each parameter's local and padded shard\n"
-    "(per_param) or the flat shard range and the original parameters it covers (flat);\n"
+    "(fsdp2) or the flat shard range and the original parameters it covers (fsdp1);\n"
     "bytes of sharded parameters, gradients, AdamW state and reduce-scatter output; the\n"
     "unsharded all-gather buffer; and the FULL_SHARD communication volume per step.\n"
     "--memory adds the predicted per-rank allocation peak of a step and its parts.\n"

@@ -106,7 +106,7 @@ std::string JsonQuote(std::string_view s) {
 
 std::string FormatText(const Plan& plan) {
   const PlanOptions& o = plan.options;
-  const bool flat = o.style == Style::kFlat;
+  const bool flat = o.style == Style::kFsdp1;
   const char* dt = DTypeName(o.dtype);
   const char* rdt = DTypeName(plan.reduce_dtype);
   std::string out;
@@ -117,7 +117,7 @@ std::string FormatText(const Plan& plan) {
                                            : std::string("no alignment padding"),
                     ")");
   } else {
-    absl::StrAppend(&out, "FSDP plan: per_param (FSDP2 fully_shard, Shard(0))");
+    absl::StrAppend(&out, "FSDP plan: fsdp2 (FSDP2 fully_shard, Shard(0))");
   }
   absl::StrAppend(&out, ", ", o.shapes.size(), " parameters, ", plan.total_numel, " elements\n");
   absl::StrAppend(&out, "mesh: world ", o.world, " = ", o.replicate, " replica", o.replicate == 1 ? "" : "s", " x ",
@@ -203,7 +203,7 @@ std::string FormatText(const Plan& plan) {
 
 std::string FormatJson(const Plan& plan) {
   const PlanOptions& o = plan.options;
-  const bool flat = o.style == Style::kFlat;
+  const bool flat = o.style == Style::kFsdp1;
   std::vector<std::string> params, segments, ranks;
   for (size_t i = 0; i < o.shapes.size(); ++i) {
     params.push_back(Obj({{"index", I(i)}, {"shape", IntArr(o.shapes[i])}, {"numel", I(fsdp::Numel(o.shapes[i]))}}));
@@ -252,7 +252,7 @@ std::string FormatJson(const Plan& plan) {
                                {"reduce_scatter_output", I(r.bytes.reduce_scatter_output)}})});
     ranks.push_back(Obj(f));
   }
-  Fields top = {{"style", JsonQuote(flat ? "flat" : "per_param")},
+  Fields top = {{"style", JsonQuote(flat ? "fsdp1" : "fsdp2")},
                 {"world", I(o.world)},
                 {"replicate", I(o.replicate)},
                 {"shard", I(o.shard)},

@@ -33,7 +33,7 @@ bool ParseInt(std::string_view s, int64_t* out) {
 // (_init_param_reduce_dtypes) in param_dtype.
 DType ReduceDType(const PlanOptions& o) {
   if (o.reduce_dtype) return *o.reduce_dtype;
-  return o.style == Style::kPerParam ? o.dtype : o.param_dtype.value_or(o.dtype);
+  return o.style == Style::kFsdp2 ? o.dtype : o.param_dtype.value_or(o.dtype);
 }
 
 // Debian's abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0), so
@@ -223,12 +223,12 @@ std::string ParseOptions(const RawFlags& f, PlanOptions* o) {
     }
     o->reduce_dtype = d;
   }
-  if (f.style == "per_param") {
-    o->style = Style::kPerParam;
-  } else if (f.style == "flat") {
-    o->style = Style::kFlat;
+  if (f.style == "fsdp2") {
+    o->style = Style::kFsdp2;
+  } else if (f.style == "fsdp1") {
+    o->style = Style::kFsdp1;
   } else {
-    return absl::StrCat("--style: unknown style '", f.style, "' (expected per_param or flat)");
+    return absl::StrCat("--style: unknown style '", f.style, "' (expected fsdp2 or fsdp1)");
   }
   o->align = f.align;
   return "";
@@ -248,7 +248,7 @@ Plan MakePlan(const PlanOptions& options) {
       plan.ranks[s].global_ranks.push_back(r * options.shard + s);
     }
   }
-  if (options.style == Style::kPerParam) {
+  if (options.style == Style::kFsdp2) {
     PlanPerParam(&plan);
   } else {
     PlanFlat(&plan);

@@ -1,7 +1,7 @@
 // Offline FSDP sharding planner: what each rank would hold and move, without running anything.
 //
 // Two layouts, both following PyTorch:
-//   per_param (FSDP2 fully_shard, fsdp2/_fsdp_param.py _init_sharded_param): every parameter
+//   fsdp2 (FSDP2 fully_shard, fsdp2/_fsdp_param.py _init_sharded_param): every parameter
 //     is chunked on dim 0 the torch.chunk way (fsdp::MakeDimShardLayout) and every rank stores
 //     the rank-0 chunk size, zero-padded, so all-gather inputs are equal-sized.
 //   flat (FSDP1 FlatParamHandle, fsdp1/_flat_param.py): parameters are flattened in order into
@@ -23,7 +23,7 @@
 namespace fsdp_plan {
 
 enum class DType { kF32, kBF16, kF16, kF64 };
-enum class Style { kPerParam, kFlat };
+enum class Style { kFsdp2, kFsdp1 };
 
 const char* DTypeName(DType dtype);  // "f32", "bf16", ...
 int64_t ItemSize(DType dtype);       // bytes per element
@@ -38,7 +38,7 @@ struct RawFlags {
   std::string dtype = "f32";
   std::string param_dtype;   // "" = no cast
   std::string reduce_dtype;  // "" = no cast
-  std::string style = "per_param";
+  std::string style = "fsdp2";
   bool align = true;  // flat: use_orig_params alignment padding
 };
 
@@ -50,7 +50,7 @@ struct PlanOptions {
   DType dtype = DType::kF32;
   std::optional<DType> param_dtype;
   std::optional<DType> reduce_dtype;
-  Style style = Style::kPerParam;
+  Style style = Style::kFsdp2;
   bool align = true;
 };
 
@@ -88,7 +88,7 @@ struct RankPlan {
   std::vector<int64_t> global_ranks;           // r * S + shard_rank for each replica r
   int64_t numel = 0;                           // parameter elements this rank owns (no padding)
   int64_t padded_numel = 0;                    // elements it stores
-  std::vector<ParamShard> params;              // per_param
+  std::vector<ParamShard> params;              // fsdp2
   int64_t flat_start = 0, flat_end = 0;        // flat: [start, end) of the unsharded flat param
   int64_t shard_numel_padded = 0;              // flat: _shard_numel_padded
   std::vector<FlatShardParamInfo> flat_infos;  // flat: one per original parameter

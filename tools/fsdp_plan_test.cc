@@ -19,7 +19,7 @@ Plan PlanFor(RawFlags flags) {
   return MakePlan(options);
 }
 
-RawFlags Flags(std::string shapes, std::string world, std::string style = "per_param") {
+RawFlags Flags(std::string shapes, std::string world, std::string style = "fsdp2") {
   RawFlags f;
   f.shapes = std::move(shapes);
   f.world = std::move(world);
@@ -201,7 +201,7 @@ TEST(PerParam, HsdpAndMixedPrecision) {
 TEST(Flat, AlignedF32Layout) {
   // f32: aligned_numel 16/4 = 4. p0 [0,15) pad 1, p1 [16,22) pad 2, p2 [24,31),
   // then world-size pad 1 -> 32 = 4 x 8: chunks divide evenly, no _shard_numel_padded.
-  Plan plan = PlanFor(Flags("5x3,6,1x7", "4", "flat"));
+  Plan plan = PlanFor(Flags("5x3,6,1x7", "4", "fsdp1"));
   EXPECT_EQ(plan.aligned_numel, 4);
   const std::vector<FlatSegment> want = {{0, 0, 15}, {-1, 15, 1}, {1, 16, 6}, {-1, 22, 2}, {2, 24, 7}, {-1, 31, 1}};
   ASSERT_EQ(plan.flat_segments.size(), want.size());
@@ -245,7 +245,7 @@ TEST(Flat, AlignedF32Layout) {
 
 TEST(Flat, AlignmentFollowsUnshardedDtype) {
   // bf16 (and f32 stored with param_dtype bf16): 16/2 = 8 elements; f64: 2.
-  RawFlags f = Flags("5x3,6", "4", "flat");
+  RawFlags f = Flags("5x3,6", "4", "fsdp1");
   f.dtype = "bf16";
   Plan plan = PlanFor(f);
   EXPECT_EQ(plan.aligned_numel, 8);
@@ -270,7 +270,7 @@ TEST(Flat, AlignmentFollowsUnshardedDtype) {
 
 TEST(Flat, NoAlignPadsTheLastChunk) {
   // use_orig_params=False: N = 21, chunk ceil(21/4) = 6, rank 3 holds [18,21) + 3 padding.
-  RawFlags f = Flags("5x3,6", "4", "flat");
+  RawFlags f = Flags("5x3,6", "4", "fsdp1");
   f.align = false;
   Plan plan = PlanFor(f);
   EXPECT_EQ(plan.aligned_numel, 0);
@@ -287,7 +287,7 @@ TEST(Flat, NoAlignPadsTheLastChunk) {
   EXPECT_EQ(plan.ranks[2].flat_infos[1].numel_in_shard, 3);
   // More ranks than elements: torch.chunk(5 elements, 8) gives 5 chunks of 1; ranks 5..7
   // get an empty chunk fully padded.
-  f = Flags("5", "8", "flat");
+  f = Flags("5", "8", "fsdp1");
   f.align = false;
   plan = PlanFor(f);
   EXPECT_EQ(plan.ranks[7].flat_start, 5);
@@ -298,7 +298,7 @@ TEST(Flat, NoAlignPadsTheLastChunk) {
 
 TEST(Flat, PaddingOnlyRanksAndWorldOne) {
   // 1,1 over 8 (f32): p0 [0,1) pad 3, p1 [4,5), world pad 3 -> 8; chunk 1.
-  Plan plan = PlanFor(Flags("1,1", "8", "flat"));
+  Plan plan = PlanFor(Flags("1,1", "8", "fsdp1"));
   EXPECT_EQ(plan.padded_total, 8);
   for (int s = 0; s < 8; ++s) {
     const bool holds = s == 0 || s == 4;
@@ -306,14 +306,14 @@ TEST(Flat, PaddingOnlyRanksAndWorldOne) {
     EXPECT_EQ(plan.ranks[s].numel, holds ? 1 : 0) << s;
   }
   // World 1: no world-size padding; the single rank holds everything.
-  plan = PlanFor(Flags("5x3,6", "1", "flat"));
+  plan = PlanFor(Flags("5x3,6", "1", "fsdp1"));
   EXPECT_EQ(plan.padded_total, 22);
   EXPECT_EQ(plan.ranks[0].flat_infos[1].offset_in_shard, 16);
   EXPECT_EQ(plan.all_gather_elements, 0);
 }
 
 TEST(Format, JsonIsValidAndHasKeys) {
-  for (const char* style : {"per_param", "flat"}) {
+  for (const char* style : {"fsdp2", "fsdp1"}) {
     RawFlags f = Flags("5x3,6,1x7", "4", style);
     f.mesh = "2x2";
     const std::string json = FormatJson(PlanFor(f));
@@ -324,9 +324,9 @@ TEST(Format, JsonIsValidAndHasKeys) {
       EXPECT_NE(json.find(key), std::string::npos) << style << " " << key;
     }
   }
-  const std::string per_param = FormatJson(PlanFor(Flags("5x3,6", "4")));
-  EXPECT_NE(per_param.find("\"sharded_size\":[0,3],\"padded_sharded_size\":[2,3],\"offset\":5"), std::string::npos);
-  const std::string flat = FormatJson(PlanFor(Flags("5x3,6,1x7", "4", "flat")));
+  const std::string fsdp2 = FormatJson(PlanFor(Flags("5x3,6", "4")));
+  EXPECT_NE(fsdp2.find("\"sharded_size\":[0,3],\"padded_sharded_size\":[2,3],\"offset\":5"), std::string::npos);
+  const std::string flat = FormatJson(PlanFor(Flags("5x3,6,1x7", "4", "fsdp1")));
   EXPECT_NE(flat.find("\"aligned_numel\":4"), std::string::npos);
   EXPECT_NE(flat.find("{\"param\":null,\"start\":15,\"end\":16}"), std::string::npos);
   EXPECT_NE(flat.find("{\"param\":0,\"in_shard\":true,\"offset_in_shard\":0,"
@@ -347,7 +347,7 @@ TEST(Format, TextMentionsTheEssentials) {
   EXPECT_NE(text.find("shard rank 3 (global rank 3)"), std::string::npos) << text;
   EXPECT_NE(text.find("[0,3]"), std::string::npos);
   EXPECT_NE(text.find("3 x 32 x (4-1)/4 = 72 elements"), std::string::npos) << text;
-  const std::string flat = FormatText(PlanFor(Flags("5x3,6", "4", "flat")));
+  const std::string flat = FormatText(PlanFor(Flags("5x3,6", "4", "fsdp1")));
   EXPECT_NE(flat.find("align to 4 elements"), std::string::npos) << flat;
   EXPECT_NE(flat.find("_shard_numel_padded 0"), std::string::npos);
 }

@@ -54,9 +54,9 @@ SMOKE_OVERRIDES = {
     # Where the first test is a bundle of several TUs, a one- or two-TU test that still runs
     # the package's core against an independent reference (PyTorch's golden layouts), to keep
     # the smoke build's compile work down (a test TU is ~7 s on 2 cores).
-    "fsdp/per_param": ("golden_test", "FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, "
-                       "per_param_test is 9"),
-    "fsdp/flat_param": ("golden_test", "FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU"),
+    "fsdp/fsdp2": ("golden_test", "FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, "
+                       "fsdp2_test is 9"),
+    "fsdp/fsdp1": ("golden_test", "FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU"),
     "dtensor": ("tensor_parallel_test", "DTensor under Colwise/Rowwise parallel vs one rank; "
                 "1 TU, dtensor_test is 4"),
     "optim_state": ("optimizer_adapter_test", "the adapter registry round trip; 1 TU"),

@@ -5,7 +5,7 @@ Usage: python fsdp2_peer.py --world W --input in.pt --output out.pt
          "y/<step>" the global batches, "steps" and "lr" as 1-element tensors.
   out.pt (read by the C++ side): "param/<fqn>", "exp_avg/<fqn>", "exp_avg_sq/<fqn>" full
          tensors after training, "step/<fqn>" the AdamW step count.
-The model (peer_common.Net) mirrors fsdp/per_param/test_models.h: fully_shard on each block,
+The model (peer_common.Net) mirrors fsdp/fsdp2/test_models.h: fully_shard on each block,
 then on the root; gloo on CPU; each rank trains on its rows of the global batch.
 """
 import argparse

@@ -14,18 +14,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/peer/peer_parity.h"
-#include "fsdp/flat_param/fsdp_test_models.h"
-#include "fsdp/flat_param/state_dict.h"
+#include "fsdp/fsdp1/fsdp_test_models.h"
+#include "fsdp/fsdp1/state_dict.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp {
 namespace {
 
-using flat_param::FlatParamHandle;
-using flat_param::FullyShardedDataParallel;
-using flat_param::testing::InitDeterministic;
-using flat_param::testing::Net;
+using fsdp1::FlatParamHandle;
+using fsdp1::FullyShardedDataParallel;
+using fsdp1::testing::InitDeterministic;
+using fsdp1::testing::Net;
 using optim_state::OptimStateDict;
 using optim_state::StateMap;
 
@@ -44,7 +44,7 @@ OptimStateDict FullOptimStateOfOrigParams(const FullyShardedDataParallel& root, 
   OptimStateDict full;
   full.optimizer = local.optimizer;
   for (FlatParamHandle* h : root.handles()) {
-    const flat_param::FlatParameter& fp = h->flat_param();
+    const fsdp1::FlatParameter& fp = h->flat_param();
     const std::string& module_prefix = prefix.at(&h->fully_sharded_module());
     StateMap flat;
     for (const auto& info : fp.shard_param_infos) {
@@ -83,14 +83,14 @@ TEST_P(PyTorchFsdp1Parity, ParametersAndAdamWStateMatchAfterTenSteps) {
     fsdp::testing::RunOnRanks(fsdp::testing::Backend::kGlooThreads, world, [&](const comm::ProcessGroupPtr& pg) {
       Net model;
       InitDeterministic(*model);
-      const flat_param::FSDPOptions options{.process_group = pg,
-                                            .sharding_strategy = flat_param::ShardingStrategy::FULL_SHARD,
+      const fsdp1::FSDPOptions options{.process_group = pg,
+                                            .sharding_strategy = fsdp1::ShardingStrategy::FULL_SHARD,
                                             .use_orig_params = use_orig_params};
-      for (auto& b : model->layers) flat_param::wrap_fsdp(b.ptr(), options);
-      const FullyShardedDataParallel root = flat_param::wrap_fsdp(model.ptr(), options);
+      for (auto& b : model->layers) fsdp1::wrap_fsdp(b.ptr(), options);
+      const FullyShardedDataParallel root = fsdp1::wrap_fsdp(model.ptr(), options);
       torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(peer::kLr));
       test_models::TrainSteps(model, opt, 0, peer::kSteps, world, pg->rank());
-      const flat_param::FullStateDict params = flat_param::GetFullStateDict(root);
+      const fsdp1::FullStateDict params = fsdp1::GetFullStateDict(root);
       const OptimStateDict optim =
           use_orig_params ? FullOptimStateOfOrigParams(root, opt) : optim_state::GetFullOptimStateDict(root, opt);
       if (pg->rank() == 0) {

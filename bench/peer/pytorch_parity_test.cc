@@ -10,17 +10,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/peer/peer_parity.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
-#include "fsdp/per_param/test_models.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp {
 namespace {
 
-using per_param::testing::InitDeterministic;
-using per_param::testing::Net;
+using fsdp2::testing::InitDeterministic;
+using fsdp2::testing::Net;
 
 TEST(PyTorchFsdp2Parity, ParametersAndAdamWStateMatchAfterTenSteps) {
   std::string why_not;
@@ -35,11 +35,11 @@ TEST(PyTorchFsdp2Parity, ParametersAndAdamWStateMatchAfterTenSteps) {
       auto mesh = mesh::DeviceMesh::Create(pg, {world});
       Net model;
       InitDeterministic(*model);
-      for (auto& b : model->layers) per_param::fully_shard(b.ptr(), {.mesh = mesh});
-      per_param::fully_shard(model.ptr(), {.mesh = mesh});
+      for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+      fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
       torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(peer::kLr));
-      per_param::testing::TrainSteps(model, opt, 0, peer::kSteps, world, pg->rank());
-      const per_param::FullStateDict params = per_param::GetFullStateDict(*model);
+      fsdp2::testing::TrainSteps(model, opt, 0, peer::kSteps, world, pg->rank());
+      const fsdp2::FullStateDict params = fsdp2::GetFullStateDict(*model);
       const optim_state::OptimStateDict optim = optim_state::GetFullOptimStateDict(*model, opt);
       if (pg->rank() == 0) peer::ExpectMatchesPeer(params, optim, theirs, 13, absl::StrCat("FSDP2 W=", world));
     });

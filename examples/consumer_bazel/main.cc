@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <exception>
 
-#include "train.h"
 #include "comm/main_guard.h"
+#include "train.h"
 
 int main(int argc, char** argv) {
   // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).

@@ -18,14 +18,14 @@
 #include "comm/process_group.h"
 #include "comm/reduce_op.h"
 #include "comm/threaded_process_group.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
 
 namespace consumer {
 namespace {
 
-using fsdp::per_param::FullySharded;
+using fsdp::Hooked;
 
 constexpr int64_t kIn = 6, kDim = 10, kHidden = 24, kOut = 3, kBlocks = 3;
 
@@ -41,14 +41,14 @@ struct BlockImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2;
 };
 
-// FullySharded<Impl> is Impl whose forward runs FSDP's hooks once fully_shard attached them;
+// Hooked<Impl> is Impl whose forward runs FSDP's hooks once fully_shard attached them;
 // without fully_shard it is the plain module (the single-rank reference uses it so).
 struct MlpImpl : torch::nn::Module {
   MlpImpl()
       : in(register_module("in", torch::nn::Linear(kIn, kDim))),
         head(register_module("head", torch::nn::Linear(kDim, kOut))) {
     for (int64_t i = 0; i < kBlocks; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), FullySharded<BlockImpl>()));
+      blocks.push_back(register_module("block" + std::to_string(i), Hooked<BlockImpl>()));
     }
   }
   at::Tensor forward(const at::Tensor& x) {
@@ -57,9 +57,9 @@ struct MlpImpl : torch::nn::Module {
     return head(h);
   }
   torch::nn::Linear in, head;
-  std::vector<FullySharded<BlockImpl>> blocks;
+  std::vector<Hooked<BlockImpl>> blocks;
 };
-using Mlp = FullySharded<MlpImpl>;
+using Mlp = Hooked<MlpImpl>;
 
 // Same values on every rank and in the reference: one generator per parameter.
 void InitDeterministic(torch::nn::Module& model) {
@@ -111,8 +111,8 @@ TrainResult TrainFsdp2Rank(const TrainConfig& config, const fsdp::comm::ProcessG
   for (const auto& p : model->parameters()) {
     result.max_chunk_numel += (p.size(0) + world - 1) / world * (p.numel() / p.size(0));
   }
-  for (auto& block : model->blocks) fsdp::per_param::fully_shard(block.ptr(), {.mesh = mesh});
-  fsdp::per_param::fully_shard(model.ptr(), {.mesh = mesh});
+  for (auto& block : model->blocks) fsdp::fsdp2::fully_shard(block.ptr(), {.mesh = mesh});
+  fsdp::fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
   // Built after fully_shard: the optimizer sees (and keeps state for) the shards only.
   torch::optim::AdamW opt(model->parameters(), Options(config));
   result.local_numel = {Numel(model->parameters())};
@@ -129,7 +129,7 @@ TrainResult TrainFsdp2Rank(const TrainConfig& config, const fsdp::comm::ProcessG
     result.losses.push_back(global.item<double>());
   }
   // Collective: every rank takes part in the all-gathers and gets the full parameters.
-  const fsdp::per_param::FullStateDict full = fsdp::per_param::GetFullStateDict(*model);
+  const fsdp::fsdp2::FullStateDict full = fsdp::fsdp2::GetFullStateDict(*model);
   for (const auto& item : full) result.params[item.key()] = item.value().clone();
   return result;
 }

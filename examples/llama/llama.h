@@ -18,7 +18,7 @@
 // (attention_bias = mlp_bias = False). HF's rotary inv_freq is a non-persistent buffer, not in
 // its state_dict; here it is recomputed in each forward and registered nowhere.
 //
-// Each decoder layer and the whole model are fsdp::Hooked, so fsdp::per_param::fully_shard
+// Each decoder layer and the whole model are fsdp::Hooked, so fsdp::fsdp2::fully_shard
 // can wrap each layer and then the root (the usual FSDP2 plan). The inner `model` (HF's
 // LlamaModel) is a plain module: the root's FSDP group holds its embedding and norm.
 #ifndef FSDP_EXAMPLES_LLAMA_LLAMA_H_
@@ -34,8 +34,8 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/activation_checkpoint/checkpoint_wrapper.h"
-#include "fsdp/common/hooked_module.h"
+#include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
+#include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp::examples::llama {
 
@@ -92,10 +92,10 @@ struct DecoderLayerImpl : torch::nn::Module {
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 };
-// Checkpointable (fsdp/activation_checkpoint/checkpoint_wrapper.h), off until enabled with
+// Checkpointable (fsdp/activation_checkpointing/checkpoint_wrapper.h), off until enabled with
 // apply_activation_checkpointing: then each layer keeps only its inputs in forward and
 // recomputes itself in backward (inside FSDP2's hooks, so no extra all-gather).
-using DecoderLayer = activation_checkpoint::Checkpointed<DecoderLayerImpl>;
+using DecoderLayer = activation_checkpointing::Checkpointed<DecoderLayerImpl>;
 
 // LlamaModel: embedding, the layers, final norm. Not hooked: fully_shard wraps the layers and
 // the root (LlamaForCausalLM), as PyTorch's FSDP2 recipes for HF models do.

@@ -33,7 +33,7 @@
 #include "comm/main_guard.h"
 #include "examples/llama/llama_training.h"
 #include "examples/training_checkpoints.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
 
 ABSL_FLAG(std::string, reference_dir, "", "hf_llama_fsdp2.py's output: init.pt and reference.pt (required)");
@@ -126,7 +126,7 @@ int Run() {
   }
   checkpoints.Finish();
   double worst_param = 0;
-  const auto trained = fsdp::per_param::GetFullStateDict(*s.model);  // collective
+  const auto trained = fsdp::fsdp2::GetFullStateDict(*s.model);  // collective
   for (const auto& item : trained) {
     const at::Tensor& want = Get(ref, "final." + item.key(), ref_file);
     worst_param = std::max(worst_param, fsdp::examples::llama::RelDiff(item.value(), want));

@@ -4,7 +4,7 @@
 //       logits, loss and every gradient, then 5 AdamW + clip_grad_norm_ steps' losses and grad
 //       norms and the final parameters;
 //   (b) FSDP2 at W=2 on threaded ranks (fully_shard per decoder layer, then the root; each rank
-//       on its half of every batch; fsdp::per_param::clip_grad_norm_): the same numbers;
+//       on its half of every batch; fsdp::fsdp2::clip_grad_norm_): the same numbers;
 //   (c) FSDP2 at W=2, and at W=4 with activation checkpointing, against HF's model trained
 //       under PyTorch's own FSDP2 at the same world size (testdata/hf_llama_fsdp2.py, Gloo
 //       processes): 20 steps' losses and grad norms, and the final parameters.
@@ -32,9 +32,9 @@
 #include "checkpoint/tensor_dict_file.h"
 #include "examples/llama/llama.h"
 #include "examples/llama/llama_training.h"
-#include "fsdp/per_param/clip_grad_norm.h"
-#include "fsdp/per_param/fully_shard.h"
-#include "fsdp/per_param/state_dict.h"
+#include "fsdp/fsdp2/clip_grad_norm.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
 
@@ -229,7 +229,7 @@ void ExpectFsdp2Matches(const Reference& ref, int world, int steps, bool activat
       ExpectScalarNear(r.grad_norm, Get(ref.expected, "grad_norms")[step].item<double>(), tol,
                        absl::StrCat("rank ", pg->rank(), " grad norm ", step));
     }
-    ExpectFinalParams(per_param::GetFullStateDict(*s.model), ref.expected, tol);
+    ExpectFinalParams(fsdp2::GetFullStateDict(*s.model), ref.expected, tol);
   });
   PrintAndResetWorst(test, tol);
 }

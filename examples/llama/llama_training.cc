@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <string>
 
-#include "fsdp/activation_checkpoint/checkpoint_wrapper.h"
-#include "fsdp/per_param/clip_grad_norm.h"
-#include "fsdp/per_param/fully_shard.h"
+#include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
+#include "fsdp/fsdp2/clip_grad_norm.h"
+#include "fsdp/fsdp2/fully_shard.h"
 
 namespace fsdp::examples::llama {
 
@@ -44,9 +44,9 @@ ShardedLlama BuildShardedLlama(const checkpoint::TensorDict& init, const mesh::D
   ShardedLlama s;
   s.model = LlamaForCausalLM(HfReferenceConfig());
   LoadHfWeights(*s.model, init);  // every rank the full weights; fully_shard keeps its shard
-  activation_checkpoint::apply_activation_checkpointing(*s.model, nullptr, activation_checkpointing);
-  for (auto& layer : s.model->model->decoder_layers) per_param::fully_shard(layer.ptr(), {.mesh = mesh});
-  per_param::fully_shard(s.model.ptr(), {.mesh = mesh});
+  activation_checkpointing::apply_activation_checkpointing(*s.model, nullptr, activation_checkpointing);
+  for (auto& layer : s.model->model->decoder_layers) fsdp2::fully_shard(layer.ptr(), {.mesh = mesh});
+  fsdp2::fully_shard(s.model.ptr(), {.mesh = mesh});
   s.opt = std::make_unique<torch::optim::AdamW>(s.model->parameters(),
                                                 torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
   s.world = mesh->world();
@@ -64,7 +64,7 @@ StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens) {
   const at::Tensor loss = CausalLMLoss(s.model(ids), ids);
   loss.backward();
   StepResult result;
-  result.grad_norm = per_param::clip_grad_norm_(*s.model, kMaxNorm).item<double>();
+  result.grad_norm = fsdp2::clip_grad_norm_(*s.model, kMaxNorm).item<double>();
   s.opt->step();
   s.opt->zero_grad();
   at::Tensor total = loss.detach().clone().reshape({1});

@@ -39,7 +39,7 @@ ShardedLlama BuildShardedLlama(const checkpoint::TensorDict& init, const mesh::D
 
 struct StepResult {
   double loss = 0;       // the global batch's: mean over the ranks of their equal slices' losses
-  double grad_norm = 0;  // total, before clipping (per_param::clip_grad_norm_)
+  double grad_norm = 0;  // total, before clipping (fsdp2::clip_grad_norm_)
 };
 
 // One step on this rank's rows of `global_tokens` [batch, seq] (batch divisible by the world

@@ -1,6 +1,6 @@
 // FSDP1 flat-parameter layout as plain integers (PyTorch's fsdp/_flat_param.py): where each
 // original parameter and each padding stretch sits in the unsharded FlatParameter, and which
-// part of it every rank's shard holds. Used by fsdp/flat_param (tensors) and tools/fsdp_plan.
+// part of it every rank's shard holds. Used by fsdp/fsdp1 (tensors) and tools/fsdp_plan.
 #ifndef FSDP_FSDP_COMMON_FLAT_LAYOUT_H_
 #define FSDP_FSDP_COMMON_FLAT_LAYOUT_H_
 

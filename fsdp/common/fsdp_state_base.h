@@ -1,5 +1,5 @@
-// FSDPStateBase: what both FSDPs attach to a module (FSDP2's per_param::FSDPState, FSDP1's
-// flat_param::FSDPState): a forward hook on the hooked-module layer, plus the poisoning guard.
+// FSDPStateBase: what both FSDPs attach to a module (FSDP2's fsdp2::FSDPState, FSDP1's
+// fsdp1::FSDPState): a forward hook on the hooked-module layer, plus the poisoning guard.
 //
 // Poisoning: after an error inside an FSDP hook (a failed or timed-out collective, a bad
 // input seen in pre-forward, ...) parameters may be unsharded and gradients partially
@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/common/hooked_module.h"
+#include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp {
 

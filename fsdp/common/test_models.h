@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "fsdp/common/hooked_module.h"
+#include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp::test_models {
 
@@ -89,7 +89,7 @@ inline void InitDeterministic(torch::nn::Module& m, uint64_t seed = 11) {
   }
 }
 
-// A deferred-init function (fsdp::per_param::InitMetaParameters, FSDP1's param_init_fn): each
+// A deferred-init function (fsdp::fsdp2::InitMetaParameters, FSDP1's param_init_fn): each
 // module's own parameters and buffers, drawn from one generator in the order modules are
 // visited (a generator of its own: threaded ranks share the global one).
 inline std::function<void(torch::nn::Module&)> SeededModuleInit(uint64_t seed, double stddev = 0.5) {

@@ -4,9 +4,9 @@
     PY=~/.cache/libtorch-fsdp/peer-venv-torch-2.15.0/bin/python
     $PY testing/golden/gen_fsdp.py [--only layouts,reduce,fsdp1] [--root REPO]
 
-  fsdp/per_param/testdata/golden_fsdp2_layouts.txt  fully_shard layouts (Gloo, W = 1..8)
-  fsdp/per_param/testdata/golden_fsdp2_reduce.txt   reduce dtype / ops / divide factors
-  fsdp/flat_param/testdata/golden_fsdp1_flat_param.txt  FSDP1 FlatParameter shard metadata
+  fsdp/fsdp2/testdata/golden_fsdp2_layouts.txt  fully_shard layouts (Gloo, W = 1..8)
+  fsdp/fsdp2/testdata/golden_fsdp2_reduce.txt   reduce dtype / ops / divide factors
+  fsdp/fsdp1/testdata/golden_fsdp1_flat_param.txt  FSDP1 FlatParameter shard metadata
 
 Layouts need real data movement (full_tensor()), so each world size runs as W forked Gloo
 processes on 127.0.0.1 that go through every case of that size in order; the other two files
@@ -599,9 +599,9 @@ def main():
         _layouts_for_world(args.layouts_world, args.out)
         return
     jobs = {
-        "layouts": (gen_layouts, "fsdp/per_param/testdata/golden_fsdp2_layouts.txt"),
-        "reduce": (gen_reduce, "fsdp/per_param/testdata/golden_fsdp2_reduce.txt"),
-        "fsdp1": (gen_fsdp1, "fsdp/flat_param/testdata/golden_fsdp1_flat_param.txt"),
+        "layouts": (gen_layouts, "fsdp/fsdp2/testdata/golden_fsdp2_layouts.txt"),
+        "reduce": (gen_reduce, "fsdp/fsdp2/testdata/golden_fsdp2_reduce.txt"),
+        "fsdp1": (gen_fsdp1, "fsdp/fsdp1/testdata/golden_fsdp1_flat_param.txt"),
     }
     for name in [n for n in jobs if n in args.only.split(",")]:
         fn, rel = jobs[name]

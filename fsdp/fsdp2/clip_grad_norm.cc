@@ -1,0 +1,320 @@
+// clip_grad_norm_ over FSDP2's sharded gradients (see the header for the design and how it
+// relates to PyTorch 2.15's torch/nn/utils/clip_grad.py and DTensor's _NormPartial in
+// torch/distributed/tensor/_ops/_math_ops.py).
+#include "fsdp/fsdp2/clip_grad_norm.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/process_group.h"
+#include "fsdp/fsdp2/fsdp_param.h"
+#include "fsdp/fsdp2/fsdp_state.h"
+
+namespace fsdp::fsdp2 {
+namespace {
+
+constexpr const char* kCaller = "clip_grad_norm_";
+
+// One parameter to clip: FSDP's (sharded gradient) or a whole one (fsdp_param null).
+struct Target {
+  at::Tensor param;
+  FSDPParam* fsdp_param = nullptr;
+};
+
+// The gradients whose norms reduce over the same process groups, and the value to reduce:
+// sum |g|^p over this rank's elements (p finite) or max |g| (p = inf), as a 0-d tensor.
+struct Layout {
+  std::vector<comm::ProcessGroupPtr> groups;    // the sharding mesh dims' groups, mesh-dim order
+  c10::Device device = c10::Device(c10::kCPU);  // where its collectives run (FSDP's compute device)
+  std::vector<at::Tensor> grads;
+  at::Tensor value;
+};
+
+void CheckArguments(double max_norm, double norm_type) {
+  // PyTorch checks neither: a negative max_norm flips the gradients' sign and a NaN one
+  // turns them into NaN; norm types <= 0 are not norms a total can be clipped by (p = 0
+  // counts nonzeros, -inf is the min), and the reduction below assumes |g|^p grows with |g|.
+  TORCH_CHECK(!std::isnan(max_norm) && max_norm >= 0, kCaller, ": max_norm must be >= 0 (inf: no clipping), got ",
+              max_norm);
+  TORCH_CHECK(norm_type > 0, kCaller, ": norm_type must be > 0 or inf, got ", norm_type);  // NaN fails too
+}
+
+// The FSDPParam managing each parameter tensor of root's tree. Every group must be idle:
+// inside forward/backward the sharded gradients are not final (and a group's unsharded
+// gradient may still be waiting for its reduce-scatter).
+absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> ManagedParams(torch::nn::Module& root) {
+  absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> by_impl;
+  for (FSDPState* s : CollectStates(root)) {
+    s->CheckNotPoisoned(kCaller);
+    FSDPParamGroup* g = s->param_group();
+    if (g == nullptr) continue;
+    TORCH_CHECK(g->training_state() == TrainingState::kIdle, kCaller, ": the FSDP group of '", g->module_fqn(),
+                "' is in training state ", ToString(g->training_state()),
+                "; clip gradients after backward, before the optimizer step");
+    for (const auto& p : g->fsdp_params()) by_impl.emplace(p->param().unsafeGetTensorImpl(), p.get());
+  }
+  return by_impl;
+}
+
+Target MakeTarget(const absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*>& managed, const at::Tensor& t) {
+  auto it = managed.find(t.unsafeGetTensorImpl());
+  return {t, it == managed.end() ? nullptr : it->second};
+}
+
+// The gradient to clip: FSDP's sharded gradient (wherever the runtime keeps it: param.grad()
+// while sharded, stashed while the group stays unsharded after backward), else param.grad().
+at::Tensor GradOf(const Target& t) {
+  if (t.fsdp_param == nullptr) return t.param.grad();
+  at::Tensor g = t.fsdp_param->sharded_grad();
+  // The sharded gradient is this rank's real rows (FSDPParam::AdoptShardedGrad): padding
+  // rows would be zeros for the norm but a wrong shape to clip, so insist.
+  TORCH_CHECK(!g.defined() || g.sizes() == c10::IntArrayRef(t.fsdp_param->sharded_size()), kCaller,
+              ": the sharded gradient of '", t.fsdp_param->fqn(), "' has shape ", c10::str(c10::IntArrayRef(g.sizes())),
+              " but the shard has ", c10::str(c10::IntArrayRef(t.fsdp_param->sharded_size())));
+  return g;
+}
+
+// The dtype the parameter's gradient has: FSDP's sharded gradient is in the original dtype
+// even while a mixed-precision unsharded parameter is registered.
+c10::ScalarType ParamDtype(const Target& t) {
+  return t.fsdp_param ? t.fsdp_param->orig_dtype() : t.param.scalar_type();
+}
+
+// The groups of the mesh dims that shard the gradient (Shard / StridedShard), skipping
+// one-rank dims (nothing to reduce). Replicate dims (HSDP's replicate dim, TP-replicated
+// parameters on the tp dim) hold the same value on every rank: no reduction.
+std::vector<comm::ProcessGroupPtr> ShardingGroups(const FSDPParam& p) {
+  const dtensor::DTensorSpec& spec = p.sharding_spec();
+  std::vector<comm::ProcessGroupPtr> groups;
+  for (size_t d = 0; d < spec.placements.size(); ++d) {
+    const dtensor::Placement& placement = spec.placements[d];
+    TORCH_CHECK(!placement.is_partial(), kCaller, ": the gradient of '", p.fqn(), "' has placements ",
+                dtensor::ToString(spec.placements), "; a Partial gradient has no norm until it is reduced");
+    if (placement.is_shard() && spec.mesh->size(static_cast<int>(d)) > 1) {
+      groups.push_back(spec.mesh->group(static_cast<int>(d)));
+    }
+  }
+  return groups;
+}
+
+bool SameGroups(const std::vector<comm::ProcessGroupPtr>& a, const std::vector<comm::ProcessGroupPtr>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].get() != b[i].get()) return false;
+  }
+  return true;
+}
+
+// torch.utils._foreach_utils: the CPU and the devices with foreach kernels.
+bool DeviceHasForeach(c10::DeviceType type) {
+  return type == c10::kCPU || type == c10::kCUDA || type == c10::kXPU || type == c10::kMTIA ||
+         type == c10::kPrivateUse1;
+}
+
+bool UseForeach(const c10::Device& device, std::optional<bool> foreach) {
+  if (!foreach.has_value()) return DeviceHasForeach(device.type());
+  if (!*foreach) return false;
+  TORCH_CHECK(DeviceHasForeach(device.type()), kCaller, ": foreach=true was passed, but can't use the foreach API on ",
+              device.type(), " tensors");
+  return true;
+}
+
+// _group_tensors_by_device_and_dtype: buckets in first-occurrence order.
+std::vector<std::vector<at::Tensor>> GroupByDeviceAndDtype(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::vector<at::Tensor>> groups;
+  for (const at::Tensor& t : tensors) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& g) {
+      return g.front().device() == t.device() && g.front().scalar_type() == t.scalar_type();
+    });
+    if (it == groups.end()) {
+      groups.push_back({t});
+    } else {
+      it->push_back(t);
+    }
+  }
+  return groups;
+}
+
+// This rank's part of a layout's norm: the p-norm of the gradients' local p-norms (the
+// local tensor of DTensor's Partial result), raised to p for the sum across ranks
+// (_NormPartial's pre-reduce transform). Empty shards are left out: they add 0 to a sum of
+// |g|^p and are the identity of a max of |g| >= 0, where linalg.vector_norm(inf) on an empty
+// tensor raises.
+at::Tensor LocalValue(const std::vector<at::Tensor>& grads, double p, c10::ScalarType dtype, const c10::Device& device,
+                      std::optional<bool> foreach) {
+  std::vector<at::Tensor> nonempty;
+  for (const at::Tensor& g : grads) {
+    if (g.numel() > 0) nonempty.push_back(g);
+  }
+  std::vector<at::Tensor> norms;
+  for (const std::vector<at::Tensor>& group : GroupByDeviceAndDtype(nonempty)) {
+    if (UseForeach(group.front().device(), foreach)) {
+      for (at::Tensor& n : at::_foreach_norm(group, p)) norms.push_back(std::move(n));
+    } else {
+      for (const at::Tensor& g : group) norms.push_back(at::linalg_vector_norm(g, p));
+    }
+  }
+  if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(dtype).device(device));
+  for (at::Tensor& n : norms) n = n.to(device, dtype);
+  const at::Tensor local = at::linalg_vector_norm(at::stack(norms), p);
+  return std::isinf(p) ? local : local.pow(p);
+}
+
+at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, double norm_type, bool error_if_nonfinite,
+                        std::optional<bool> foreach) {
+  at::NoGradGuard no_grad;
+  const bool is_inf = std::isinf(norm_type);
+  std::vector<at::Tensor> grads;  // every gradient to clip, in parameter order
+  std::vector<Layout> layouts;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::optional<c10::Device> first_grad_device;
+  for (const Target& t : targets) {
+    const at::Tensor grad = GradOf(t);
+    // The layouts (hence the all-reduces) come from the parameters that take part, not from
+    // which gradients this rank happens to hold, so every rank issues the same collectives.
+    if (!grad.defined() && !t.param.requires_grad()) continue;
+    if (c10::isFloatingType(ParamDtype(t))) {
+      dtype = dtype == c10::ScalarType::Undefined ? ParamDtype(t) : c10::promoteTypes(dtype, ParamDtype(t));
+    }
+    std::vector<comm::ProcessGroupPtr> groups;
+    c10::Device device(c10::kCPU);
+    if (t.fsdp_param != nullptr) {
+      groups = ShardingGroups(*t.fsdp_param);
+      device = t.fsdp_param->device();
+    }
+    // Whole gradients (no sharding group) share one layout whatever their device: they are
+    // never communicated.
+    auto it = std::find_if(layouts.begin(), layouts.end(), [&](const Layout& l) {
+      return SameGroups(l.groups, groups) && (groups.empty() || l.device == device);
+    });
+    if (it == layouts.end()) {
+      layouts.push_back(Layout{std::move(groups), device, {}, {}});
+      it = layouts.end() - 1;
+    }
+    if (!grad.defined()) continue;
+    if (!first_grad_device) first_grad_device = grad.device();
+    it->grads.push_back(grad);
+    grads.push_back(grad);
+  }
+  if (dtype == c10::ScalarType::Undefined) dtype = at::typeMetaToScalarType(at::get_default_dtype());
+  // PyTorch's total norm lives on the first gradient's device (CPU when there is none).
+  const c10::Device result_device = first_grad_device.value_or(c10::Device(c10::kCPU));
+
+  for (Layout& l : layouts) {
+    l.value = LocalValue(l.grads, norm_type, dtype, l.groups.empty() ? result_device : l.device, foreach);
+  }
+
+  // One all-reduce per distinct sharding group, in order of first use (the same on every
+  // rank: parameter order, then mesh-dim order), over the values of every layout it shards.
+  // Sums of |g|^p (and maxima) reduce in any order, so a layout sharded over several groups
+  // is complete once each of them has reduced it.
+  std::vector<comm::ProcessGroupPtr> order;
+  for (const Layout& l : layouts) {
+    for (const comm::ProcessGroupPtr& g : l.groups) {
+      if (std::none_of(order.begin(), order.end(), [&](const auto& o) { return o.get() == g.get(); })) {
+        order.push_back(g);
+      }
+    }
+  }
+  for (const comm::ProcessGroupPtr& group : order) {
+    std::vector<Layout*> members;
+    for (Layout& l : layouts) {
+      if (std::any_of(l.groups.begin(), l.groups.end(), [&](const auto& g) { return g.get() == group.get(); })) {
+        members.push_back(&l);
+      }
+    }
+    const c10::Device device = members.front()->device;
+    std::vector<at::Tensor> values;
+    for (Layout* l : members) values.push_back(l->value.to(device));
+    at::Tensor packed = at::stack(values);
+    group->all_reduce(packed, is_inf ? comm::ReduceOp::Max() : comm::ReduceOp::Sum())->wait();
+    for (size_t i = 0; i < members.size(); ++i) members[i]->value = packed[static_cast<int64_t>(i)];
+  }
+
+  at::Tensor total;
+  for (const Layout& l : layouts) {
+    const at::Tensor v = l.value.to(result_device);
+    total = !total.defined() ? v : is_inf ? at::maximum(total, v) : total + v;
+  }
+  if (!total.defined()) {
+    total = at::zeros({}, at::TensorOptions().dtype(dtype).device(result_device));
+  } else if (!is_inf) {
+    total = total.pow(1.0 / norm_type);
+  }
+
+  if (error_if_nonfinite) {
+    // Every rank holds the same total, so every rank throws (no rank is left in a collective).
+    const double value = total.item<double>();
+    TORCH_CHECK(std::isfinite(value), kCaller, ": the total norm of order ", norm_type,
+                " for gradients from `parameters` is non-finite (", value,
+                "), so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
+                "anyway, set error_if_nonfinite=false");
+  }
+
+  // clip_grads_with_norm_: multiplying by the coefficient clamped to 1 avoids a branch on
+  // the norm (a device-to-host sync).
+  const at::Tensor clip_coef = max_norm / (total + 1e-6);
+  const at::Tensor clip_coef_clamped = at::clamp(clip_coef, std::nullopt, 1.0);
+  for (std::vector<at::Tensor>& group : GroupByDeviceAndDtype(grads)) {
+    const c10::Device device = group.front().device();
+    const at::Tensor coef = clip_coef_clamped.to(device);
+    if (UseForeach(device, foreach)) {
+      at::_foreach_mul_(group, coef);
+    } else {
+      for (at::Tensor& g : group) g.mul_(coef);
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm_type, bool error_if_nonfinite,
+                           std::optional<bool> foreach) {
+  CheckArguments(max_norm, norm_type);
+  const auto managed = ManagedParams(root);
+  std::vector<Target> targets;
+  absl::flat_hash_set<const c10::TensorImpl*> seen;
+  for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
+    // Tied parameters are listed under each name; their one gradient is clipped once.
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(managed, p));
+  }
+  return ClipGradNorm(targets, max_norm, norm_type, error_if_nonfinite, foreach);
+}
+
+at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type, bool error_if_nonfinite, std::optional<bool> foreach) {
+  CheckArguments(max_norm, norm_type);
+  const auto managed = ManagedParams(root);
+  absl::flat_hash_set<const c10::TensorImpl*> in_root;
+  for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
+    if (p.defined()) in_root.insert(p.unsafeGetTensorImpl());
+  }
+  std::vector<Target> targets;
+  absl::flat_hash_set<const c10::TensorImpl*> seen;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const at::Tensor& p = parameters[i];
+    TORCH_CHECK(p.defined(), kCaller, ": parameters[", i, "] is an undefined tensor");
+    // A tensor outside the tree might be some other model's sharded parameter: counting it
+    // as whole would be the silent local-norm bug this function exists to avoid.
+    TORCH_CHECK(in_root.contains(p.unsafeGetTensorImpl()), kCaller, ": parameters[", i, "] (shape ",
+                c10::str(c10::IntArrayRef(p.sizes())), ") is not a parameter of the root module");
+    if (seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(managed, p));
+  }
+  return ClipGradNorm(targets, max_norm, norm_type, error_if_nonfinite, foreach);
+}
+
+}  // namespace fsdp::fsdp2
