@@ -1,5 +1,5 @@
-// A validating reader for checkpoint files as torch::pickle_save (SaveFullStateDict,
-// SaveOptimStateDict) and Python's torch.save write them: a zip archive holding
+// A validating reader for checkpoint files as our writer (checkpoint_writer.h), Python's
+// torch.save and LibTorch's torch::pickle_save write them: a zip archive holding
 // `<archive>/data.pkl` (a protocol-2 pickle) and one record `<archive>/data/<key>` per tensor
 // storage.
 //
@@ -36,13 +36,6 @@ namespace fsdp::checkpoint {
 // The pickled value of the checkpoint in `data[0, size)`. Errors read
 // "<source> is not a valid checkpoint: <what is wrong, with the offending value>".
 c10::IValue ReadCheckpoint(const char* data, size_t size, const std::string& source);
-
-// The same, but the tensors' storages alias their records inside `data` instead of copying
-// them: valid only while `data` is, and written through only at the caller's risk. For readers
-// that copy the values out at once: one memory pass less, and no fresh allocation to fault in
-// (dcp_storage.h's ReadInto used it until it located records instead: LocateCheckpointTensor).
-// Checks as ReadCheckpoint (CRC included).
-c10::IValue ReadCheckpointAliasing(const char* data, size_t size, const std::string& source);
 
 // A checkpoint holding one tensor (a DCP chunk: filesystem.py torch.save's each item), located
 // but not read: `meta` has its dtype, sizes, strides and storage offset (the meta device);

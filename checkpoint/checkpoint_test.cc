@@ -1,6 +1,7 @@
-// //checkpoint on its own: the reader and writer round trip, full state dict (tensor dict)
-// files and optimizer-state files round trip bit-exactly, and the file IO names the path and
-// the reason in its errors. (Corrupted and malicious files: fuzz/corrupt_checkpoint_test.cc.)
+// //checkpoint on its own: the reader and writer round trip, Python's default torch.load reads
+// what the writer writes, full state dict (tensor dict) files and optimizer-state files round
+// trip bit-exactly, and the file IO names the path and the reason in its errors. (Corrupted and malicious files:
+// fuzz/corrupt_checkpoint_test.cc.)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/checkpoint_writer.h"
@@ -21,6 +23,7 @@
 #include "checkpoint/optim_state_file.h"
 #include "checkpoint/tensor_dict_file.h"
 #include "testing/expect_error.h"
+#include "testing/peer_python.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -259,21 +262,144 @@ TEST(Checkpoint, FileIoWritesAtomicallyAndNamesThePathInErrors) {
   std::remove(file.c_str());
 }
 
-// ReadCheckpointAliasing: the same values and checks as ReadCheckpoint, its storages inside
-// the caller's bytes.
-TEST(Checkpoint, AliasingReadSharesTheCallersBytes) {
-  const at::Tensor t = at::randn({5, 7});
-  std::vector<char> bytes = WriteCheckpoint(c10::IValue(t));
-  const at::Tensor copied = ReadCheckpoint(bytes.data(), bytes.size(), "bytes").toTensor();
-  const at::Tensor aliased = ReadCheckpointAliasing(bytes.data(), bytes.size(), "bytes").toTensor();
-  EXPECT_TRUE(at::equal(aliased, t));
-  EXPECT_TRUE(at::equal(copied, t));
-  const char* p = static_cast<const char*>(aliased.data_ptr());
-  EXPECT_TRUE(p >= bytes.data() && p + aliased.nbytes() <= bytes.data() + bytes.size());
-  EXPECT_FALSE(static_cast<const char*>(copied.data_ptr()) >= bytes.data() &&
-               static_cast<const char*>(copied.data_ptr()) < bytes.data() + bytes.size());
-  bytes[p - bytes.data()] ^= 0x01;  // the CRC is checked as ReadCheckpoint's
-  EXPECT_ERROR_CONTAINS(ReadCheckpointAliasing(bytes.data(), bytes.size(), "bytes"), "(corrupted)");
+// Same structure, dtypes, sizes, strides, storage offsets, requires_grad and values.
+void ExpectSameValue(const c10::IValue& a, const c10::IValue& b, const std::string& at) {
+  ASSERT_EQ(a.tagKind(), b.tagKind()) << at;
+  if (a.isTensor()) {
+    const at::Tensor &x = a.toTensor(), &y = b.toTensor();
+    ExpectSameTensor(x, y, at);
+    EXPECT_EQ(x.strides(), y.strides()) << at;
+    EXPECT_EQ(x.storage_offset(), y.storage_offset()) << at;
+    EXPECT_EQ(x.requires_grad(), y.requires_grad()) << at;
+  } else if (a.isTuple() || a.isList()) {
+    const auto xs = a.isTuple() ? a.toTupleRef().elements().vec() : a.toListRef().vec();
+    const auto ys = b.isTuple() ? b.toTupleRef().elements().vec() : b.toListRef().vec();
+    ASSERT_EQ(xs.size(), ys.size()) << at;
+    for (size_t i = 0; i < xs.size(); ++i) ExpectSameValue(xs[i], ys[i], absl::StrCat(at, "[", i, "]"));
+  } else if (a.isGenericDict()) {
+    const auto x = a.toGenericDict(), y = b.toGenericDict();
+    ASSERT_EQ(x.size(), y.size()) << at;
+    auto it = y.begin();
+    for (const auto& item : x) {  // in insertion order
+      ExpectSameValue(item.key(), it->key(), at + " key");
+      ExpectSameValue(item.value(), it->value(), at + "[" + c10::str(item.key()) + "]");
+      ++it;
+    }
+  } else {
+    EXPECT_EQ(a, b) << at;  // None, bool, int, float, str
+  }
+}
+
+// Every kind of value the writer writes: views sharing a storage, a non-contiguous tensor, a
+// 0-d, an empty and a requires_grad tensor, every dtype, int keys, nesting, UTF-8.
+c10::IValue EveryKindOfValue() {
+  c10::impl::GenericDict d(c10::AnyType::get(), c10::AnyType::get());
+  const at::Tensor t = at::arange(24, at::kFloat).reshape({4, 6});
+  d.insert("t", t);
+  d.insert("view", t.narrow(0, 1, 2).narrow(1, 2, 3));  // t's storage, offset 8
+  d.insert("transposed", at::randn({3, 5}, at::kDouble).t());
+  d.insert("scalar", at::scalar_tensor(-1.5, at::kBFloat16));
+  d.insert("empty", at::empty({0, 3}, at::kHalf));
+  d.insert("grad", at::randn({2, 2}).requires_grad_());
+  for (at::ScalarType dtype :
+       {at::kLong, at::kInt, at::kShort, at::kChar, at::kByte, at::kBool, at::kComplexFloat, at::kComplexDouble}) {
+    d.insert(std::string("dtype_") + c10::toString(dtype), at::arange(3, at::kDouble).to(dtype));
+  }
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (c10::IValue v : {c10::IValue(true), c10::IValue(), c10::IValue(1.25), c10::IValue(int64_t{-(int64_t{1} << 50)}),
+                        c10::IValue(int64_t{70000}), c10::IValue(std::string("caf\xc3\xa9"))}) {
+    list.push_back(v);
+  }
+  d.insert(int64_t{3}, list);
+  d.insert("tuple", c10::ivalue::Tuple::create(c10::IValue(int64_t{1}), c10::IValue(std::string("x"))));
+  d.insert("empty_tuple", c10::ivalue::Tuple::create(std::vector<c10::IValue>{}));
+  d.insert("empty_list", c10::impl::GenericList(c10::AnyType::get()));
+  return d;
+}
+
+TEST(Checkpoint, WriterNamesOnlyWhatWeightsOnlyLoadsAndWritesEachStorageOnce) {
+  const c10::IValue value = EveryKindOfValue();
+  const std::vector<char> bytes = WriteCheckpoint(value);
+  const std::string text(bytes.begin(), bytes.end());
+  EXPECT_FALSE(absl::StrContains(text, "torch.jit")) << "LibTorch's type tags: weights_only refuses them";
+  EXPECT_TRUE(absl::StrContains(text, "torch._utils\n_rebuild_tensor_v2\n"));
+  EXPECT_TRUE(absl::StrContains(text, "torch\nBFloat16Storage\n"));
+  const c10::IValue back = ReadCheckpoint(bytes.data(), bytes.size(), "'all.pt'");
+  ExpectSameValue(back, value, "root");
+  const auto d = back.toGenericDict();
+  EXPECT_TRUE(d.at("view").toTensor().storage().is_alias_of(d.at("t").toTensor().storage()));
+  const internal::CheckpointZip zip(bytes.data(), bytes.size(), "test");
+  EXPECT_TRUE(zip.Has("archive/data/0"));
+  EXPECT_TRUE(zip.Has("archive/version"));
+  EXPECT_EQ(zip.Find("archive/data/0").size, 24 * sizeof(float));  // t's, once for both views
+  EXPECT_EQ(zip.Find("archive/data/0").offset % 64, 0u);
+}
+
+TEST(Checkpoint, WriterRefusesWhatNoReaderReadsBack) {
+  auto nested = [](int n) {
+    c10::IValue v = c10::impl::GenericList(c10::AnyType::get());
+    for (int i = 1; i < n; ++i) {
+      c10::impl::GenericList outer(c10::AnyType::get());
+      outer.push_back(v);
+      v = outer;
+    }
+    return v;
+  };
+  const std::vector<char> deepest = WriteCheckpoint(nested(64));
+  EXPECT_NO_THROW(ReadCheckpoint(deepest.data(), deepest.size(), "'deep.pt'"));
+  EXPECT_ERROR_CONTAINS(WriteCheckpoint(nested(65)), "WriteCheckpoint: the value nests deeper than 64 containers");
+  EXPECT_ERROR_CONTAINS(WriteCheckpoint(c10::IValue(std::string("\xff"))),
+                        "WriteCheckpoint: the str '\xff' is not valid UTF-8");
+  EXPECT_ERROR_CONTAINS(WriteCheckpoint(c10::IValue(at::zeros({2}, at::kUInt16))),
+                        "WriteCheckpoint: cannot write a UInt16 tensor");
+  c10::impl::GenericDict by_tensor(c10::AnyType::get(), c10::AnyType::get());
+  by_tensor.insert(at::ones({1}), int64_t{1});
+  EXPECT_ERROR_CONTAINS(WriteCheckpoint(c10::IValue(by_tensor)),
+                        "WriteCheckpoint: a dict key is a Tensor, not a str, int, float or bool");
+  const at::Tensor t = at::zeros({4});
+  EXPECT_ERROR_CONTAINS(WriteCheckpoint(c10::ivalue::Tuple::create(c10::IValue(t), c10::IValue(t.view(at::kInt)))),
+                        "WriteCheckpoint: two tensors view one storage as Float and Int");
+}
+
+// Add writes a tensor's record at once and returns a stand-in that Finish pickles as it.
+TEST(Checkpoint, TorchSaveWriterWritesAddedTensorsFirst) {
+  std::vector<char> bytes;
+  TorchSaveWriter writer([&bytes](const char* data, size_t size) { bytes.insert(bytes.end(), data, data + size); },
+                         "Caller");
+  const at::Tensor a = at::randn({3, 4}), b = at::arange(10, at::kLong);
+  const at::Tensor stand_in = writer.Add(a.t());  // written contiguous
+  EXPECT_TRUE(stand_in.is_meta());
+  const size_t after_add = bytes.size();
+  EXPECT_GT(after_add, a.nbytes());
+  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+  root.insert("a", stand_in);
+  root.insert("b", b);
+  writer.Finish(root);
+  const c10::IValue back = ReadCheckpoint(bytes.data(), bytes.size(), "'added.pt'");
+  ExpectSameTensor(back.toGenericDict().at("a").toTensor(), a.t().contiguous(), "a");
+  ExpectSameTensor(back.toGenericDict().at("b").toTensor(), b, "b");
+  EXPECT_ERROR_CONTAINS(writer.Finish(root), "Caller: Finish called twice");
+  EXPECT_ERROR_CONTAINS(WriteCheckpoint(at::empty({2}, at::kMeta)), "WriteCheckpoint: a tensor is on meta");
+}
+
+// Python's torch.load, with its defaults (weights_only=True), loads what we write, the same
+// values (compared here after Python torch.save's them back).
+TEST(CheckpointInterop, PythonsDefaultTorchLoadReadsOurFiles) {
+  std::string why_not;
+  const std::string python = fsdp::testing::PeerPython(&why_not);
+  if (python.empty()) GTEST_SKIP() << why_not;
+  const c10::IValue value = EveryKindOfValue();
+  const std::string ours = TempPath("ours"), back = TempPath("back");
+  WriteFileAtomically(ours, WriteCheckpoint(value), "test");
+  std::string output;
+  const int status = fsdp::testing::RunCommand(
+      absl::StrCat(python, " checkpoint/testdata/torch_load_interop.py ", ours, " ", back), &output);
+  ASSERT_EQ(status, 0) << output;
+  ASSERT_TRUE(absl::StrContains(output, "OK")) << output;
+  const std::vector<char> bytes = ReadFile(back, "test");
+  ExpectSameValue(ReadCheckpoint(bytes.data(), bytes.size(), back), value, "root");
+  std::remove(ours.c_str());
+  std::remove(back.c_str());
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "checkpoint/crc32.h"
+
 namespace fsdp::checkpoint::internal {
 namespace {
 

@@ -1,6 +1,6 @@
 // The zip layer of checkpoint files (checkpoint_reader.h): the central directory of an
 // archive whose records are stored uncompressed, each checked to lie inside the data area
-// before anything is read. Internal to the checkpoint reader.
+// before anything is read. The checkpoint reader's; public for LocateCheckpointTensor's Fetch.
 //
 // Two sources: an archive in memory, or one read in ranges through a `Fetch` (a chunk of a
 // DCP data file: only the directory, the local headers and the records asked for are read).
@@ -16,7 +16,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "checkpoint/crc32.h"
 
 namespace fsdp::checkpoint::internal {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "checkpoint/dcp_metadata.h"
-#include "checkpoint/dcp_pickle.h"
+#include "checkpoint/pickle.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -130,7 +130,7 @@ void WriteStorageItem(internal::Pickler& p, const std::string& fqn, const std::v
 
 std::vector<char> SerializeDcpMetadata(const DcpMetadata& m) {
   ValidateDcpMetadata(m, "SerializeDcpMetadata: ");
-  internal::Pickler p;
+  internal::Pickler p("DCP metadata");
   NewObject(p, internal::kDcpMetadataModule, "Metadata");
   p.EmptyDict();
   p.Mark();

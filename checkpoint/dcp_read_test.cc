@@ -1,13 +1,14 @@
-// DcpReader (dcp_storage.h, dcp_read.cc) and WriteTensorArchive: the reader's three ways of reading a box out of a
-// stored chunk (straight into the destination, dim-0 rows through the scratch block, the whole record for a chunk
-// stored with other strides) give the same values as indexing the full tensor; a partial read holds one block, not the
-// chunk; every byte of a record is CRC-checked, also the ones the box does not need.
+// DcpReader (dcp_storage.h, dcp_read.cc) and the chunk writer (a streamed TorchSaveWriter): the reader's three ways of
+// reading a box out of a stored chunk (straight into the destination, dim-0 rows through the scratch block, the whole
+// record for a chunk stored with other strides) give the same values as indexing the full tensor; a partial read holds
+// one block, not the chunk; every byte of a record is CRC-checked, also the ones the box does not need.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,6 @@
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_storage.h"
 #include "checkpoint/file_io.h"
-#include "checkpoint/tensor_archive.h"
 #include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
 #include "testing/test_dir.h"
@@ -143,10 +143,11 @@ TEST(DcpRead, BoolBytesOtherThanZeroOrOneAreAnError) {
   EXPECT_ERROR_CONTAINS(ReadInto(dir, md, "t", {0, 0}, back), "holds byte 2");
 }
 
-// WriteTensorArchive (DCP's streamed chunk writer) against LibTorch's torch::jit::pickle_save
-// (WriteCheckpoint) of the same tensor: the same bytes (the serialization id included: both
-// derive it from the records), and our reader gives the tensor back.
-TEST(TensorArchive, WritesLibTorchsArchiveByteForByte) {
+// A DCP chunk as WriteRankData streams it (TorchSaveWriter into the rank's file): the bytes
+// WriteCheckpoint builds in memory, read back with the tensor's strides and storage offset,
+// its storage record located at a 64-byte boundary (torch.load(mmap=True) maps it there).
+TEST(ChunkArchive, StreamsWhatWriteCheckpointBuildsAndReadsBack) {
+  const at::Tensor big = at::randn({4, 6});
   const std::vector<at::Tensor> tensors = {
       at::randn({3, 5}),
       at::tensor(2.5),
@@ -157,33 +158,33 @@ TEST(TensorArchive, WritesLibTorchsArchiveByteForByte) {
       at::randn({4, 0}),
       at::randint(-100, 100, {9, 300}, at::kInt).to(at::kChar),
       at::randn({6}, at::kComplexFloat),
+      big.t(),              // non-contiguous: its storage as it is, with its strides
+      big.narrow(0, 1, 2),  // a view: the whole storage, with its offset
   };
   for (const at::Tensor& t : tensors) {
     const std::string what = absl::StrCat(c10::toString(t.scalar_type()), " ", c10::str(t.sizes()));
     const std::string path = NewDir("archive") + ".bin";
     {
       AtomicFile out(path, "test");
-      ASSERT_TRUE(WriteTensorArchive(out, t)) << what;
+      TorchSaveWriter([&out](const char* data, size_t size) { out.Write(data, size); }, "test").Finish(t);
       out.Commit();
     }
-    const std::vector<char> ours = ReadFile(path, "test"), libtorch = WriteCheckpoint(c10::IValue(t));
-    ASSERT_EQ(ours.size(), libtorch.size()) << what;
-    for (size_t i = 0; i < ours.size(); ++i) {
-      ASSERT_EQ(ours[i], libtorch[i]) << what << ": byte " << i
-                                      << " differs: " << std::string(ours.begin() + i - 1, ours.begin() + i + 40)
-                                      << " vs " << std::string(libtorch.begin() + i - 1, libtorch.begin() + i + 40);
-    }
+    const std::vector<char> ours = ReadFile(path, "test");
+    EXPECT_EQ(ours, WriteCheckpoint(c10::IValue(t))) << what;
     const c10::IValue back = ReadCheckpoint(ours.data(), ours.size(), "ours");
     ASSERT_TRUE(back.isTensor()) << what;
     EXPECT_TRUE(at::equal(back.toTensor(), t)) << what;
     EXPECT_EQ(back.toTensor().strides(), t.strides()) << what;
+    EXPECT_EQ(back.toTensor().storage_offset(), t.storage_offset()) << what;
+    const LocatedTensor located = LocateCheckpointTensor(
+        ours.size(), [&](uint64_t offset, size_t n, char* out) { std::memcpy(out, ours.data() + offset, n); }, "ours");
+    EXPECT_EQ(located.record_size, t.storage().nbytes()) << what;
+    EXPECT_EQ(located.record_offset % 64, 0u) << what;
   }
-  // Not streamed: a view of a larger storage, non-contiguous, or a dtype without a storage name.
   AtomicFile out(NewDir("archive") + ".bin", "test");
-  const at::Tensor big = at::randn({4, 4});
-  EXPECT_FALSE(WriteTensorArchive(out, big.narrow(0, 1, 2)));
-  EXPECT_FALSE(WriteTensorArchive(out, big.t()));
-  EXPECT_FALSE(WriteTensorArchive(out, at::zeros({3}, at::kUInt16)));
+  EXPECT_ERROR_CONTAINS(TorchSaveWriter([&out](const char* data, size_t size) { out.Write(data, size); }, "test")
+                            .Finish(at::zeros({3}, at::kUInt16)),
+                        "test: cannot write a UInt16 tensor");
   EXPECT_EQ(out.size(), 0);
 }
 

@@ -22,7 +22,6 @@
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/file_io.h"
-#include "checkpoint/tensor_archive.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -136,7 +135,8 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
                 ", an earlier chunk of it ", c10::toString(e->properties.dtype), " of size ",
                 c10::str(c10::IntArrayRef(e->size)));
     const int64_t start = out.size();
-    if (!WriteTensorArchive(out, chunk)) out.Write(WriteCheckpoint(c10::IValue(chunk)));  // streamed, or built
+    TorchSaveWriter([&out](const char* data, size_t size) { out.Write(data, size); }, "WriteRankData")
+        .Finish(chunk);  // streamed from the chunk's memory
     e->chunks.push_back({item.offsets, item.local.sizes().vec(), {file, start, out.size() - start}});
   }
   ValidateDcpMetadata(DcpMetadata{fragment.entries}, absl::StrCat("WriteRankData: rank ", rank, ": "));

@@ -112,22 +112,28 @@ fsdp_cc_test(//bench/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
        //optim_state:fsdp1 //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //checkpoint
-fsdp_cc_library(//checkpoint INSTALL PCH aten
-  SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc crc32.cc file_io.cc
-       optim_state_file.cc tensor_dict_file.cc torch_unpickler.cc
-  HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h crc32.h file_io.h optim_state_file.h
-       tensor_dict_file.h torch_unpickler.h
+fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
+  SRCS crc32.cc dcp_pickle.cc pickle.cc torch_pickle.cc zip_writer.cc
+  HDRS crc32.h dcp_pickle.h pickle.h torch_pickle.h zip_writer.h
   DEPS @libtorch @system//:absl)
 
-fsdp_cc_test(//checkpoint:checkpoint_test SIZE small SMOKE PCH aten
+fsdp_cc_library(//checkpoint INSTALL PCH aten
+  SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc file_io.cc optim_state_file.cc
+       tensor_dict_file.cc
+  HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h optim_state_file.h
+       tensor_dict_file.h
+  DEPS :internal @libtorch @system//:absl)
+
+fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
   SRCS checkpoint_test.cc
-  DEPS :checkpoint //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
+  DATA testdata/torch_load_interop.py
+  DEPS :checkpoint :internal //testing:expect_error //testing:peer_python @libtorch @system//:absl
+       @system//:gtest_main)
 
 fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
-  SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_pickle.cc dcp_read.cc dcp_storage.cc
-       tensor_archive.cc
-  HDRS dcp_metadata.h dcp_pickle.h dcp_storage.h tensor_archive.h
-  DEPS :checkpoint @libtorch @system//:absl)
+  SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_read.cc dcp_storage.cc
+  HDRS dcp_metadata.h dcp_storage.h
+  DEPS :checkpoint :internal @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:dcp_read_test SIZE small PCH aten
   SRCS dcp_read_test.cc
@@ -647,8 +653,8 @@ fsdp_cc_test(//tools:fsdp_plan_test SIZE small PCH none
   DEPS :fsdp_plan_lib @system//:gtest_main)
 
 fsdp_cc_library(//tools:dcp_cli_lib PCH aten
-  SRCS dcp_cli_lib.cc torch_save_writer.cc
-  HDRS dcp_cli_lib.h torch_save_writer.h
+  SRCS dcp_cli_lib.cc
+  HDRS dcp_cli_lib.h
   DEPS //checkpoint //checkpoint:dcp @libtorch @system//:absl)
 
 fsdp_cc_binary(//tools:dcp PCH none

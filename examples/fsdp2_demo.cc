@@ -348,7 +348,7 @@ CheckpointFiles ListCheckpoint(const std::string& dir) {
 
 // DIR/dcp: every rank writes only its own shards of the parameters and AdamW state (no rank
 // gathers the model); rank 0 writes .metadata last. DIR/full.pt: the whole model gathered to
-// rank 0 alone, on the CPU, as one torch pickle file (Python: torch.load(path, weights_only=False)).
+// rank 0 alone, on the CPU, as one torch pickle file (Python: torch.load(path)).
 void SaveCheckpoint(const World& w, Decoder& model, const torch::optim::AdamW& opt, const std::string& dir) {
   const auto t0 = std::chrono::steady_clock::now();
   fsdp::dcp::Save(*model, &opt, dir + "/dcp");

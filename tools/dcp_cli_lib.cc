@@ -22,10 +22,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_storage.h"
 #include "checkpoint/file_io.h"
-#include "tools/torch_save_writer.h"
 
 namespace dcp_cli {
 namespace {
@@ -283,11 +283,9 @@ class OutputFile {
       ::unlink(tmp_.c_str());
     }
   }
-  // Takes all `n` bytes; a write error is kept for Commit to report (PyTorchStreamWriter must
-  // not see a failure: it would throw from its destructor).
-  size_t Write(const void* data, size_t n) {
+  // Takes all `n` bytes; a write error is kept for Commit to report.
+  void Write(const char* data, size_t n) {
     if (error_ == 0 && std::fwrite(data, 1, n, file_) != n) error_ = errno != 0 ? errno : EIO;
-    return n;
   }
   void Commit() {
     if (error_ == 0 && (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0)) error_ = errno;
@@ -315,7 +313,8 @@ void ToTorch(const std::string& dir, const std::string& file, bool skip_unreadab
   int64_t tensors = 0, data_bytes = 0, values = 0;
   std::vector<std::string> skipped;
   {
-    TorchSaveWriter writer([&output](const void* data, size_t n) { return output.Write(data, n); });
+    fsdp::checkpoint::TorchSaveWriter writer([&output](const char* data, size_t n) { output.Write(data, n); },
+                                             "to-torch");
     for (const DcpEntry& e : md.entries) {
       if (!e.is_bytes) {
         // One full tensor at a time: written to the archive, then only its stand-in is kept.
@@ -440,7 +439,7 @@ void FromTorch(const std::string& file, const std::string& dir, std::ostream& ou
       const at::Tensor& t = leaf.value.toTensor();
       tensors.push_back({leaf.fqn, t.sizes().vec(), t.scalar_type(), std::vector<int64_t>(t.dim(), 0), t});
     } else {
-      values.push_back({leaf.fqn, TorchSaveBytes(leaf.value)});  // DCP torch.saves a non-tensor
+      values.push_back({leaf.fqn, fsdp::checkpoint::WriteCheckpoint(leaf.value)});  // DCP torch.saves a non-tensor
     }
   }
   fsdp::checkpoint::DcpFragment fragment = fsdp::checkpoint::WriteRankData(dir, 0, tensors, values);

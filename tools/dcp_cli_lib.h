@@ -26,8 +26,8 @@
 // Where this differs from Python:
 //  * to-torch's FILE holds the same values as Python's, bit for bit (tools/dcp_cli_test.cc
 //    compares them), and like it loads with torch.load's default weights_only=True
-//    (torch_save_writer.h says why checkpoint_writer.h is not used); only the order of its zip
-//    records differs (each tensor's before data.pkl), which torch.load does not mind.
+//    (checkpoint/checkpoint_writer.h); only the order of its zip records differs (each
+//    tensor's before data.pkl), which torch.load does not mind.
 //  * A bytes entry whose value the validating reader refuses (a Python object) stops to-torch
 //    (or, with --skip-unreadable, is left out); Python's torch.load(weights_only=False) runs
 //    whatever it holds.

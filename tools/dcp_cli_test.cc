@@ -27,7 +27,6 @@
 #include "checkpoint/file_io.h"
 #include "testing/peer_python.h"
 #include "tools/dcp_cli_lib.h"
-#include "tools/torch_save_writer.h"
 
 namespace dcp_cli {
 namespace {
@@ -276,21 +275,6 @@ TEST(DcpCli, ToTorchAssemblesTensorsFromTheChunksOfEveryRank) {
   want.insert("w", w);
   want.insert("v", v);
   ExpectSameValue(Load(out), want, "root");
-}
-
-TEST(DcpCli, TorchSaveBytesNamesNoTorchJitGlobal) {
-  PyDict d = NewDict();
-  d.insert("t", at::arange(6, at::kDouble).reshape({2, 3}).t());  // written contiguous
-  d.insert(int64_t{3}, NewList({true, c10::IValue(), 1.25, int64_t{-(int64_t{1} << 50)}, std::string("caf\xc3\xa9")}));
-  d.insert("tuple", c10::ivalue::Tuple::create(std::vector<c10::IValue>{}));
-  const std::vector<char> bytes = TorchSaveBytes(c10::IValue(d));
-  const std::string text(bytes.begin(), bytes.end());
-  EXPECT_FALSE(absl::StrContains(text, "torch.jit")) << "LibTorch's type tags: weights_only refuses them";
-  const std::vector<char> libtorch = WriteCheckpoint(c10::IValue(d));  // what this writer avoids
-  EXPECT_TRUE(absl::StrContains(std::string(libtorch.begin(), libtorch.end()), "torch.jit._pickle"));
-  EXPECT_TRUE(absl::StrContains(text, "torch._utils\n_rebuild_tensor_v2\n"));
-  EXPECT_TRUE(absl::StrContains(text, "torch\nDoubleStorage\n"));
-  ExpectSameValue(fsdp::checkpoint::ReadCheckpoint(bytes.data(), bytes.size(), "bytes"), c10::IValue(d), "root");
 }
 
 TEST(DcpCli, BadInputIsOneClearErrorLine) {

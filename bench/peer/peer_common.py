@@ -75,9 +75,7 @@ class Net(nn.Module):
 
 def load_input(path):
     """in.pt written by the C++ side: "param/<fqn>", "x/<step>", "y/<step>", "steps", "lr"."""
-    # torch::pickle_save tags dict types with restore_type_tag; allow just that global.
-    with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):
-        return torch.load(path)
+    return torch.load(path)  # the default weights_only=True (checkpoint/checkpoint_writer.h)
 
 
 def build_net(data):

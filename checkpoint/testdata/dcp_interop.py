@@ -64,9 +64,7 @@ def check(loaded, ref, how):
 
 
 def load(directory, ref_path):
-    # LibTorch's pickler tags a typed dict with torch.jit._pickle.restore_type_tag, which
-    # weights_only refuses; REF is this test's own file.
-    ref = torch.load(ref_path, weights_only=False)
+    ref = torch.load(ref_path)  # the default weights_only=True: our writer names no other global
     md = FileSystemReader(directory).read_metadata()
     if not isinstance(md, Metadata) or md.version != "1.0.0" or not all(
             isinstance(md.state_dict_metadata[k], TensorStorageMetadata) for k in ref if k != "step"):
