@@ -141,10 +141,11 @@ fsdp_cc_test(//checkpoint:dcp_test SIZE medium PCH aten
 
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
-  SRCS comm_trace.cc fake_process_group.cc internal/reduce_math.cc internal/reduce_math.h
-       object_collectives.cc process_group.cc threaded_process_group.cc torchrun_env.cc
-  HDRS comm_trace.h fake_process_group.h object_collectives.h process_group.h reduce_op.h
-       threaded_process_group.h torchrun_env.h work.h
+  SRCS comm_trace.cc fake_process_group.cc forwarding_process_group.cc internal/reduce_math.cc
+       internal/reduce_math.h object_collectives.cc process_group.cc threaded_process_group.cc
+       torchrun_env.cc
+  HDRS comm_trace.h fake_process_group.h forwarding_process_group.h object_collectives.h
+       process_group.h reduce_op.h threaded_process_group.h torchrun_env.h work.h
   DEPS @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:main_guard INSTALL PCH none
