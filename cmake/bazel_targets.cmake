@@ -148,10 +148,11 @@ fsdp_cc_test(//checkpoint:dcp_test SIZE medium PCH aten
 
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
-  SRCS comm_trace.cc fake_process_group.cc internal/reduce_math.cc internal/reduce_math.h
-       object_collectives.cc process_group.cc threaded_process_group.cc torchrun_env.cc
-  HDRS comm_trace.h fake_process_group.h object_collectives.h process_group.h reduce_op.h
-       threaded_process_group.h torchrun_env.h work.h
+  SRCS comm_trace.cc fake_process_group.cc forwarding_process_group.cc internal/reduce_math.cc
+       internal/reduce_math.h object_collectives.cc process_group.cc threaded_process_group.cc
+       torchrun_env.cc
+  HDRS comm_trace.h fake_process_group.h forwarding_process_group.h object_collectives.h
+       process_group.h reduce_op.h threaded_process_group.h torchrun_env.h work.h
   DEPS @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:main_guard INSTALL PCH none
@@ -164,20 +165,20 @@ fsdp_cc_library(//comm:faulty TESTONLY PCH aten
   HDRS faulty_process_group.h
   DEPS :comm @libtorch @system//:absl)
 
-fsdp_cc_library(//comm:tcp_store INSTALL PCH aten
-  SRCS internal/tcp_store.cc
-  HDRS internal/tcp_store.h
-  DEPS :comm :main_guard @libtorch @system//:absl)
+fsdp_cc_library(//comm:internal INSTALL PCH aten
+  SRCS internal/c10d_adapter.cc internal/gloo_liveness.cc internal/tcp_store.cc
+  HDRS internal/c10d_adapter.h internal/gloo_liveness.h internal/tcp_store.h
+  DEPS :comm :main_guard //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:c10d INSTALL PCH aten
-  SRCS c10d_process_group.cc internal/gloo_liveness.cc
-  HDRS c10d_process_group.h internal/c10d_adapter.h internal/gloo_liveness.h
-  DEPS :comm //torch_compat @libtorch @system//:absl)
+  SRCS c10d_process_group.cc
+  HDRS c10d_process_group.h
+  DEPS :comm :internal @libtorch)
 
 fsdp_cc_library(//comm:gloo INSTALL PCH aten
   SRCS gloo_process_group.cc
   HDRS gloo_process_group.h
-  DEPS :c10d :comm :main_guard :tcp_store @libtorch @system//:absl)
+  DEPS :comm :internal :main_guard @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:init_process_group INSTALL PCH aten
   SRCS init_process_group.cc
@@ -186,8 +187,8 @@ fsdp_cc_library(//comm:init_process_group INSTALL PCH aten
 
 fsdp_cc_test(//comm:comm_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankRunner.ProcessModeKillsRanksPastTheDeadline:MultiRankRunnerDeathTest.*" PCH aten
   SRCS comm_test.cc
-  DEPS :c10d :comm :main_guard //testing:expect_error //testing:multi_rank @libtorch @system//:absl
-       @system//:gtest_main)
+  DEPS :c10d :comm :internal :main_guard //testing:expect_error //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//comm:fault_test SIZE medium PCH aten
   SRCS fault_test.cc
@@ -203,7 +204,7 @@ fsdp_cc_library(//comm:nccl INSTALL PCH aten
   CUDA_SRCS nccl_process_group.cc
   NOCUDA_SRCS nccl_unavailable.cc
   HDRS nccl_process_group.h
-  DEPS :c10d :comm :tcp_store @libtorch
+  DEPS :comm :internal @libtorch
   CUDA_DEPS @libtorch//:torch_cuda @cuda//:cudart)
 
 fsdp_cc_test(//comm:nccl_test SIZE small PCH aten

@@ -1,5 +1,5 @@
-// Fake backend semantics, argument validation (every backend shares it), CommTrace byte
-// accounting, the torchrun environment contract and the multi-rank runner itself.
+// Fake backend semantics, argument validation (every backend shares it), the decorator base
+// and CommTrace byte accounting, the torchrun environment contract and the multi-rank runner itself.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -18,6 +18,7 @@
 #include "comm/c10d_process_group.h"
 #include "comm/comm_trace.h"
 #include "comm/fake_process_group.h"
+#include "comm/forwarding_process_group.h"
 #include "comm/internal/c10d_adapter.h"
 #include "comm/main_guard.h"
 #include "comm/process_group.h"
@@ -178,6 +179,46 @@ TEST(BadInput, ThreadedRanksDisagreeAboutTheCollective) {
                           "collective mismatch at #0: rank 0 called all_reduce(SUM) Float[4] but "
                           "rank 1 called broadcast(root=0) Float[4]");
   });
+}
+
+// ------------------------------------------------------------------ ForwardingProcessGroup
+
+// A decorator that changes nothing: what every decorator inherits.
+class PassThrough final : public ForwardingProcessGroup {
+ public:
+  explicit PassThrough(ProcessGroupPtr inner) : ForwardingProcessGroup(std::move(inner), "PassThrough") {}
+  std::string backend_name() const override { return absl::StrCat("pass(", inner()->backend_name(), ")"); }
+};
+
+TEST(ForwardingProcessGroup, EveryHookReachesTheInnerGroup) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const ProcessGroupPtr& pg) {
+    auto pass = std::make_shared<PassThrough>(pg);
+    EXPECT_EQ(pass->rank(), pg->rank());
+    EXPECT_EQ(pass->size(), 2);
+    EXPECT_EQ(pass->timeout(), pg->timeout());
+    EXPECT_EQ(pass->object_collective_device(), c10::Device(c10::kCPU));
+    const float r = static_cast<float>(pg->rank());
+    at::Tensor full = at::zeros({2});
+    pass->all_gather_into_tensor(full, at::full({1}, r))->wait();
+    EXPECT_TRUE(at::equal(full, at::arange(2, at::kFloat)));
+    at::Tensor shard = at::zeros({1});
+    pass->reduce_scatter_tensor(shard, at::arange(2, at::kFloat) + r)->wait();  // [0, 1] + [1, 2]
+    EXPECT_EQ(shard.item<float>(), 2 * r + 1);
+    at::Tensor t = at::full({3}, r + 1);
+    pass->all_reduce(t, ReduceOp::Max())->wait();
+    EXPECT_TRUE(at::equal(t, at::full({3}, 2.0f)));
+    at::Tensor b = at::full({1}, r);
+    pass->broadcast(b, 1)->wait();
+    EXPECT_EQ(b.item<float>(), 1.0f);
+    at::Tensor received = at::zeros({2});
+    pass->all_to_all_single(received, at::full({2}, r))->wait();
+    EXPECT_TRUE(at::equal(received, at::arange(2, at::kFloat)));
+    pass->barrier()->wait();
+    EXPECT_ERROR_CONTAINS(pass->broadcast(b, 2), "root must be in");
+    // Subgroups are the inner group's, undecorated, unless a decorator overrides DoNewSubgroup.
+    EXPECT_EQ(pass->new_subgroup({0, 1})->backend_name(), "threaded");
+  });
+  EXPECT_ERROR_CONTAINS(PassThrough(nullptr), "PassThrough: inner group is null");
 }
 
 // ------------------------------------------------------------------ CommTrace

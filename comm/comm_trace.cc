@@ -8,68 +8,34 @@
 
 namespace fsdp::comm {
 
-CommTrace::CommTrace(ProcessGroupPtr inner)
-    : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1, inner ? inner->timeout() : Timeout(1)),
-      inner_(std::move(inner)) {
-  TORCH_CHECK(inner_ != nullptr, "CommTrace: inner process group is null");
-}
+CommTrace::CommTrace(ProcessGroupPtr inner) : ForwardingProcessGroup(std::move(inner), "CommTrace") {}
 
-std::string CommTrace::backend_name() const { return absl::StrCat("trace(", inner_->backend_name(), ")"); }
+std::string CommTrace::backend_name() const { return absl::StrCat("trace(", inner()->backend_name(), ")"); }
 
-void CommTrace::Record(std::string op, std::string reduce_op, const at::Tensor& output, const at::Tensor& input,
-                       int root) {
+WorkPtr CommTrace::Intercept(const CollectiveCall& call, c10::function_ref<WorkPtr()> issue) {
   CollectiveRecord record;
-  record.op = std::move(op);
-  record.reduce_op = std::move(reduce_op);
-  if (input.defined()) {
-    record.dtype = input.scalar_type();
-    record.input_numel = input.numel();
-    record.input_bytes = input.numel() * static_cast<int64_t>(input.element_size());
+  record.op = call.op;
+  record.reduce_op = call.reduce_op ? call.reduce_op->ToString() : "";
+  if (call.input.defined()) {
+    record.dtype = call.input.scalar_type();
+    record.input_numel = call.input.numel();
+    record.input_bytes = call.input.numel() * static_cast<int64_t>(call.input.element_size());
   }
-  if (output.defined()) {
-    record.output_numel = output.numel();
-    record.output_bytes = output.numel() * static_cast<int64_t>(output.element_size());
+  if (call.output.defined()) {
+    record.output_numel = call.output.numel();
+    record.output_bytes = call.output.numel() * static_cast<int64_t>(call.output.element_size());
   }
   record.group_size = size();
-  record.root = root;
-  std::lock_guard<std::mutex> lock(mu_);
-  records_.push_back(std::move(record));
-}
-
-WorkPtr CommTrace::DoAllGather(const at::Tensor& output, const at::Tensor& input) {
-  Record("all_gather_into_tensor", "", output, input);
-  return inner_->all_gather_into_tensor(output, input);
-}
-
-WorkPtr CommTrace::DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  Record("reduce_scatter_tensor", op.ToString(), output, input);
-  return inner_->reduce_scatter_tensor(output, input, op);
-}
-
-WorkPtr CommTrace::DoAllReduce(const at::Tensor& tensor, ReduceOp op) {
-  Record("all_reduce", op.ToString(), tensor, tensor);
-  return inner_->all_reduce(tensor, op);
-}
-
-WorkPtr CommTrace::DoBroadcast(const at::Tensor& tensor, int root) {
-  Record("broadcast", "", tensor, tensor, root);
-  return inner_->broadcast(tensor, root);
-}
-
-WorkPtr CommTrace::DoAllToAll(const at::Tensor& output, const at::Tensor& input,
-                              const std::vector<int64_t>& output_split_sizes,
-                              const std::vector<int64_t>& input_split_sizes) {
-  Record("all_to_all_single", "", output, input);
-  return inner_->all_to_all_single(output, input, output_split_sizes, input_split_sizes);
-}
-
-WorkPtr CommTrace::DoBarrier() {
-  Record("barrier", "", at::Tensor(), at::Tensor());
-  return inner_->barrier();
+  record.root = call.root;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.push_back(std::move(record));
+  }
+  return issue();
 }
 
 std::shared_ptr<ProcessGroup> CommTrace::DoNewSubgroup(const std::vector<int>& ranks) {
-  auto sub = inner_->new_subgroup(ranks);
+  auto sub = inner()->new_subgroup(ranks);
   return sub ? std::make_shared<CommTrace>(std::move(sub)) : nullptr;
 }
 

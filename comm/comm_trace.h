@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_group.h"
+#include "comm/forwarding_process_group.h"
 
 namespace fsdp::comm {
 
@@ -27,13 +27,12 @@ struct CollectiveRecord {
 
 // Forwards every call to `inner` and records it (one record per call, in call order).
 // Records are taken after argument validation, so a rejected call is not recorded.
-// The record methods are thread-safe.
-class CommTrace final : public ProcessGroup {
+// Subgroups are traced too (each with its own records). The record methods are thread-safe.
+class CommTrace final : public ForwardingProcessGroup {
  public:
   explicit CommTrace(ProcessGroupPtr inner);
 
   std::string backend_name() const override;
-  const ProcessGroupPtr& inner() const { return inner_; }
 
   std::vector<CollectiveRecord> records() const;
   void clear();
@@ -44,21 +43,12 @@ class CommTrace final : public ProcessGroup {
   std::string ToTable() const;
 
  protected:
-  WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
-                     const std::vector<int64_t>& input_split_sizes) override;
-  WorkPtr DoBarrier() override;
+  WorkPtr Intercept(const CollectiveCall& call, c10::function_ref<WorkPtr()> issue) override;
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
-  c10::Device DoObjectCollectiveDevice() const override { return inner_->object_collective_device(); }
 
  private:
   int64_t SumBytes(const std::string& op, int64_t CollectiveRecord::*field) const;
-  void Record(std::string op, std::string reduce_op, const at::Tensor& output, const at::Tensor& input, int root = -1);
 
-  ProcessGroupPtr inner_;
   mutable std::mutex mu_;  // pthread-based, so ThreadSanitizer sees it (Debian's absl is not instrumented)
   std::vector<CollectiveRecord> records_;  // guarded by mu_
 };

@@ -68,9 +68,7 @@ class FaultWork final : public Work {
 }  // namespace
 
 FaultyProcessGroup::FaultyProcessGroup(ProcessGroupPtr inner, std::vector<Fault> faults)
-    : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1, inner ? inner->timeout() : Timeout(1)),
-      inner_(std::move(inner)) {
-  TORCH_CHECK(inner_ != nullptr, "FaultyProcessGroup: inner group is null");
+    : ForwardingProcessGroup(std::move(inner), "FaultyProcessGroup") {
   Arm(std::move(faults));
 }
 
@@ -84,10 +82,11 @@ void FaultyProcessGroup::Arm(std::vector<Fault> faults) {
   total_calls_ = 0;
 }
 
-std::string FaultyProcessGroup::backend_name() const { return absl::StrCat("faulty(", inner_->backend_name(), ")"); }
+std::string FaultyProcessGroup::backend_name() const { return absl::StrCat("faulty(", inner()->backend_name(), ")"); }
 
-template <class Issue>
-WorkPtr FaultyProcessGroup::Run(const char* op, const at::Tensor& output, Issue&& issue) {
+WorkPtr FaultyProcessGroup::Intercept(const CollectiveCall& call, c10::function_ref<WorkPtr()> issue) {
+  const char* op = call.op;
+  const at::Tensor& output = call.output;
   int64_t* op_calls = nullptr;
   for (auto& [name, n] : calls_) {
     if (name == op) op_calls = &n;
@@ -125,37 +124,6 @@ WorkPtr FaultyProcessGroup::Run(const char* op, const at::Tensor& output, Issue&
   }
   TORCH_CHECK(false, "FaultyProcessGroup: unknown fault kind");
   return nullptr;  // not reached; gcc does not know TORCH_CHECK(false) throws (-Wreturn-type)
-}
-
-WorkPtr FaultyProcessGroup::DoAllGather(const at::Tensor& output, const at::Tensor& input) {
-  return Run("all_gather_into_tensor", output, [&] { return inner_->all_gather_into_tensor(output, input); });
-}
-
-WorkPtr FaultyProcessGroup::DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  return Run("reduce_scatter_tensor", output, [&] { return inner_->reduce_scatter_tensor(output, input, op); });
-}
-
-WorkPtr FaultyProcessGroup::DoAllReduce(const at::Tensor& tensor, ReduceOp op) {
-  return Run("all_reduce", tensor, [&] { return inner_->all_reduce(tensor, op); });
-}
-
-WorkPtr FaultyProcessGroup::DoBroadcast(const at::Tensor& tensor, int root) {
-  return Run("broadcast", tensor, [&] { return inner_->broadcast(tensor, root); });
-}
-
-WorkPtr FaultyProcessGroup::DoAllToAll(const at::Tensor& output, const at::Tensor& input,
-                                       const std::vector<int64_t>& output_split_sizes,
-                                       const std::vector<int64_t>& input_split_sizes) {
-  return Run("all_to_all_single", output,
-             [&] { return inner_->all_to_all_single(output, input, output_split_sizes, input_split_sizes); });
-}
-
-WorkPtr FaultyProcessGroup::DoBarrier() {
-  return Run("barrier", at::Tensor(), [&] { return inner_->barrier(); });
-}
-
-std::shared_ptr<ProcessGroup> FaultyProcessGroup::DoNewSubgroup(const std::vector<int>& ranks) {
-  return inner_->new_subgroup(ranks);
 }
 
 }  // namespace fsdp::comm

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_group.h"
+#include "comm/forwarding_process_group.h"
 
 namespace fsdp::comm {
 
@@ -23,7 +23,7 @@ struct Fault {
   };
   Kind kind = Kind::kFail;
   // The collective to hit: the `index`-th (0-based) call of `op` on this rank ("" = any
-  // collective; ops are named as in CommTrace: "all_gather_into_tensor", ...).
+  // collective; ops are named as CollectiveCall::op: "all_gather_into_tensor", ...).
   int64_t index = 0;
   std::string op;
   std::chrono::milliseconds delay{0};
@@ -33,7 +33,7 @@ struct Fault {
 // Forwards every collective to `inner` except the faulted ones. Counters are per op and
 // over all ops; thread-compatible (one rank's thread, as every ProcessGroup). Subgroups are
 // created by `inner` and carry no faults.
-class FaultyProcessGroup final : public ProcessGroup {
+class FaultyProcessGroup final : public ForwardingProcessGroup {
  public:
   FaultyProcessGroup(ProcessGroupPtr inner, std::vector<Fault> faults);
 
@@ -44,23 +44,11 @@ class FaultyProcessGroup final : public ProcessGroup {
   int64_t injected() const { return injected_; }
 
  protected:
-  WorkPtr DoAllGather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr DoReduceScatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  WorkPtr DoAllReduce(const at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr DoBroadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
-                     const std::vector<int64_t>& input_split_sizes) override;
-  WorkPtr DoBarrier() override;
-  std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
-  c10::Device DoObjectCollectiveDevice() const override { return inner_->object_collective_device(); }
+  // Counts the call; runs `issue` unless the fault for it says otherwise, applying the
+  // fault to the call's output / the returned work.
+  WorkPtr Intercept(const CollectiveCall& call, c10::function_ref<WorkPtr()> issue) override;
 
  private:
-  // Counts the call; runs `issue` unless the fault for it says otherwise, applying the
-  // fault to `output` / the returned work.
-  template <class Issue>
-  WorkPtr Run(const char* op, const at::Tensor& output, Issue&& issue);
-
-  ProcessGroupPtr inner_;
   std::vector<Fault> faults_;
   std::vector<std::pair<std::string, int64_t>> calls_;  // per op
   int64_t total_calls_ = 0;

@@ -30,12 +30,6 @@ ProcessGroupPtr CreateNcclProcessGroupWithTcpStore(const TorchrunEnv& env, const
   TORCH_CHECK(options.timeout.count() > 0, kFn, ": NcclOptions.timeout must be positive, got ", options.timeout.count(),
               " ms");
   TORCH_CHECK(options.device_index >= -1, kFn, ": NcclOptions.device_index must be >= -1, got ", options.device_index);
-  TORCH_CHECK(options.watchdog, kFn,
-              ": NcclOptions.watchdog = false is not supported: ProcessGroupNCCL always runs its watchdog (choose what "
-              "it does on a timeout with TORCH_NCCL_ASYNC_ERROR_HANDLING)");
-  TORCH_CHECK(options.watchdog_poll_interval.count() > 0, kFn,
-              ": NcclOptions.watchdog_poll_interval must be positive, got ", options.watchdog_poll_interval.count(),
-              " ms");
   const int device = options.device_index >= 0 ? options.device_index : env.local_rank;
   const int device_count = c10::cuda::device_count();
   TORCH_CHECK(device >= 0 && device < device_count, kFn, ": CUDA device ", device,

@@ -8,8 +8,6 @@
 #ifndef FSDP_COMM_NCCL_PROCESS_GROUP_H_
 #define FSDP_COMM_NCCL_PROCESS_GROUP_H_
 
-#include <chrono>
-
 #include "comm/process_group.h"
 #include "comm/torchrun_env.h"
 
@@ -22,12 +20,6 @@ struct NcclOptions {
   Timeout timeout = kDefaultTimeout;
   // The CUDA device this rank's communicator and tensors live on; -1: env.local_rank.
   int device_index = -1;
-  // ProcessGroupNCCL always runs its watchdog; what it does on a timeout or an NCCL error is
-  // PyTorch's TORCH_NCCL_ASYNC_ERROR_HANDLING (read when the group is created). false is a
-  // c10::Error. Kept (with the poll interval, which must stay positive and is otherwise not
-  // used) so that code written for the earlier native NCCL backend keeps compiling.
-  bool watchdog = true;
-  std::chrono::milliseconds watchdog_poll_interval{10};
 };
 
 // Contract beyond ProcessGroup's (ProcessGroupNCCL's, see torch/csrc/distributed/c10d/
@@ -41,8 +33,9 @@ struct NcclOptions {
 //   the device; they do not block the host, and the deadline is ProcessGroupNCCL's (its
 //   watchdog; set TORCH_NCCL_BLOCKING_WAIT=1 for host-blocking waits that throw on it).
 //   Read results on the host after synchronizing that stream (e.g. tensor.cpu()).
-// - Failures and timeouts are ProcessGroupNCCL's: its watchdog aborts the communicator and,
-//   by default, ends the process; new_subgroup splits the communicator (ncclCommSplit) after
+// - Failures and timeouts are ProcessGroupNCCL's: its watchdog (always running) aborts the
+//   communicator and, by default, ends the process (PyTorch's TORCH_NCCL_ASYNC_ERROR_HANDLING,
+//   read when the group is created, chooses otherwise); new_subgroup splits the communicator (ncclCommSplit) after
 //   a rendezvous on the group's store, and is collective over the parent.
 
 // Ranks meet through a c10d::TCPStore served by rank 0 at env.master_addr:master_port (a

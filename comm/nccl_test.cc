@@ -89,23 +89,6 @@ TEST(NcclTest, FactoriesSayHowToBuildIt) {
 
 TEST(NcclTest, AvailableInCudaBuild) { EXPECT_TRUE(NcclAvailable()); }
 
-// These run without a GPU: the options are checked before CUDA or the store is touched.
-TEST(NcclTest, RejectsNonPositiveWatchdogPollInterval) {
-  NcclOptions options;
-  options.watchdog_poll_interval = std::chrono::milliseconds(0);
-  const std::string error = ErrorOf([&] { CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options); });
-  EXPECT_NE(error.find("NcclOptions.watchdog_poll_interval must be positive, got 0 ms"), std::string::npos) << error;
-}
-
-TEST(NcclTest, TheWatchdogCannotBeTurnedOff) {
-  NcclOptions options;
-  options.watchdog = false;
-  const std::string error = ErrorOf([&] { CreateNcclProcessGroupWithTcpStore(OneRankEnv(), options); });
-  EXPECT_NE(error.find("NcclOptions.watchdog = false is not supported: ProcessGroupNCCL always runs its watchdog"),
-            std::string::npos)
-      << error;
-}
-
 // libtorch_cuda.so is linked and loads here; on a machine without a GPU the factory says that
 // the device does not exist, instead of ProcessGroupNCCL failing later.
 TEST(NcclTest, ADeviceThatIsNotThereIsNamed) {

@@ -1,5 +1,5 @@
-// The adapter behind WrapC10dBackend and the Gloo backend (internal to //comm:c10d and
-// //comm:gloo): a c10d::Backend as a comm::ProcessGroup, with the Gloo backend's extras
+// The adapter behind WrapC10dBackend and the Gloo and NCCL backends (//comm:internal, visible
+// to //comm only): a c10d::Backend as a comm::ProcessGroup, with the Gloo backend's extras
 // (naming lost peers, its own sub-group construction) as options.
 #ifndef FSDP_COMM_INTERNAL_C10D_ADAPTER_H_
 #define FSDP_COMM_INTERNAL_C10D_ADAPTER_H_

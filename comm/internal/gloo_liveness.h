@@ -1,4 +1,4 @@
-// Naming the ranks a failed Gloo collective lost (internal to //comm:gloo).
+// Naming the ranks a failed Gloo collective lost (//comm:internal, for //comm:gloo).
 //
 // Gloo names a lost peer by its transport address. To name it by rank, every process listens
 // on one TCP port per hostname (never served: the kernel completes the handshake), and

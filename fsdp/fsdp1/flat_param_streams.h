@@ -42,7 +42,7 @@ struct FlatParamStreams {
   // output, its copy of the reduce-scatter input) are then freed before compute resumes
   // instead of living through the next unit's backward, which would hold the allocation peak
   // above PyTorch's (docs/design/measured-choices.md; C10dWork::ReleaseAfterWait in
-  // comm/c10d_process_group.cc does the rest). Async CPU streams (tests) and CUDA streams
+  // comm/internal/c10d_adapter.cc does the rest). Async CPU streams (tests) and CUDA streams
   // keep their collectives in flight; FSDPState::PrefetchHandle's own wait for a prefetched
   // CPU all-gather covers async CPU streams too.
   bool host_waits_for_collectives = false;
