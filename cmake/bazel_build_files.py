@@ -250,10 +250,22 @@ def describe(kind, pkg, kw):
         # A target in `data` is a build dependency (CMake builds the binaries anyway), not a
         # file; "$(rootpath :bin)" in args is that binary's path, which
         # tools/gen_cmake_targets.py writes as FSDP_TARGET_FILE://pkg:bin.
-        d["data"] = sorted(f for f in files("data", False) if ":" not in f)
+        d["data"] = sorted(data_file(f, pkg) for f in resolve(kw.get("data"), False) if data_file(f, pkg))
         d["env"] = sorted(f"{k}={v}" for k, v in (kw.get("env") or {}).items())
         d["args"] = [rootpath_as_cmake(a, pkg) for a in kw.get("args") or []]
     return d
+
+
+def data_file(entry, pkg):
+    """A test's data entry as a path from the repository root, or None for a target (a
+    binary the test runs: a build dependency, not a file). Files of other packages are
+    labels //other:file.ext (exports_files)."""
+    if ":" not in entry:
+        return os.path.normpath(f"{pkg}/{entry}" if pkg else entry)
+    other, _, name = entry.lstrip("/").partition(":")
+    if entry.startswith("//") and "." in name:
+        return f"{other}/{name}" if other else name
+    return None
 
 
 def rootpath_as_cmake(arg, pkg):

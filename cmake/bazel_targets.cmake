@@ -11,7 +11,7 @@
 # and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
-#     //dtensor:tensor_parallel_test //examples:restart_test
+#     //dtensor:tensor_parallel_test //env:environment_test //examples:restart_test
 #     //fsdp/activation_checkpointing:checkpoint_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optimizer_adapter_test
@@ -21,7 +21,6 @@
 #   //dtensor: tensor_parallel_test (DTensor under Colwise/Rowwise parallel vs one rank; 1 TU,
 #     dtensor_test is 4)
 #   //optim_state: optimizer_adapter_test (the adapter registry round trip; 1 TU)
-#   //bench/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 #   //examples/llama: no smoke test (trains Hugging Face's Llama under PyTorch FSDP2 in the peer
 #     venv first (~50 s); Bazel runs it, the smoke build still builds the demo)
 #   //examples:restart_test: smoke run without
@@ -90,27 +89,6 @@ fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp //fsdp/fsdp2 //fsdp/hooked_module
        //mesh //testing:peer_python @libtorch @system//:absl @system//:benchmark)
 
-# ================================================================ //bench/peer
-fsdp_cc_library(//bench/peer:peer_parity TESTONLY
-  SRCS peer_parity.cc
-  HDRS peer_parity.h
-  DEPS //checkpoint //fsdp/common:test_models //optim_state:core @libtorch @system//:absl
-       @system//:gtest)
-
-fsdp_cc_test(//bench/peer:pytorch_parity_test SIZE medium
-  SRCS pytorch_parity_test.cc
-  DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
-  TAGS float_parity
-  DEPS :peer_parity //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2
-       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//bench/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
-  SRCS pytorch_fsdp1_parity_test.cc
-  DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
-  TAGS float_parity
-  DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
-       //optim_state:fsdp1 //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
-
 # ================================================================ //checkpoint
 fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
   SRCS crc32.cc dcp_pickle.cc pickle.cc torch_pickle.cc zip_writer.cc
@@ -153,12 +131,12 @@ fsdp_cc_library(//comm INSTALL PCH aten
        torchrun_env.cc
   HDRS comm_trace.h fake_process_group.h forwarding_process_group.h object_collectives.h
        process_group.h reduce_op.h threaded_process_group.h torchrun_env.h work.h
-  DEPS @libtorch @system//:absl)
+  DEPS //env @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:main_guard INSTALL PCH none
   SRCS main_guard.cc
   HDRS main_guard.h
-  DEPS @libtorch @system//:absl)
+  DEPS //env @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:faulty TESTONLY PCH aten
   SRCS faulty_process_group.cc
@@ -178,7 +156,7 @@ fsdp_cc_library(//comm:c10d INSTALL PCH aten
 fsdp_cc_library(//comm:gloo INSTALL PCH aten
   SRCS gloo_process_group.cc
   HDRS gloo_process_group.h
-  DEPS :comm :internal :main_guard @libtorch @system//:absl)
+  DEPS :comm :internal :main_guard //env @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:init_process_group INSTALL PCH aten
   SRCS init_process_group.cc
@@ -258,7 +236,7 @@ fsdp_cc_library(//device INSTALL PCH aten
   CUDA_SRCS cuda_stream.cc
   NOCUDA_SRCS cuda_unavailable.cc
   HDRS stream.h
-  DEPS //comm @libtorch
+  DEPS //comm //env @libtorch
   CUDA_DEPS @cuda//:cudart @libtorch//:c10_cuda)
 
 fsdp_cc_test(//device:stream_test SIZE small SMOKE PCH aten
@@ -288,6 +266,16 @@ fsdp_cc_test(//dtensor:tensor_parallel_test SIZE medium SMOKE
   TAGS float_parity
   DEPS :dtensor :tensor_parallel //comm //mesh //testing:expect_error //testing:multi_rank @libtorch
        @system//:absl @system//:gtest_main)
+
+# ================================================================ //env
+fsdp_cc_library(//env INSTALL PCH none
+  SRCS environment.cc
+  HDRS environment.h
+  DEPS @libtorch)
+
+fsdp_cc_test(//env:environment_test SIZE small SMOKE PCH none
+  SRCS environment_test.cc
+  DEPS :env //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //examples
 fsdp_cc_binary(//examples:collectives_demo PCH aten
@@ -361,8 +349,7 @@ fsdp_cc_test(//fsdp/activation_checkpointing:fsdp2_checkpoint_test SIZE medium
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common INSTALL
   SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc sharding.cc storage.cc
-  HDRS autograd_hooks.h env_override.h flat_layout.h fsdp_state_base.h grad_divide.h sharding.h
-       storage.h
+  HDRS autograd_hooks.h flat_layout.h fsdp_state_base.h grad_divide.h sharding.h storage.h
   DEPS //fsdp/hooked_module //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/common:test_models TESTONLY
@@ -385,7 +372,7 @@ fsdp_cc_library(//fsdp/fsdp1:runtime INSTALL
        flat_shard_conversion.cc runtime_backward.cc runtime_forward.cc
   HDRS exec_order.h flat_param.h flat_param_streams.h flat_shard_conversion.h fsdp_options.h
        fsdp_state.h
-  DEPS //comm //device //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh @libtorch
+  DEPS //comm //device //env //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh @libtorch
        @system//:absl)
 
 fsdp_cc_test(//fsdp/fsdp1:flat_param_test SIZE medium
@@ -418,6 +405,13 @@ fsdp_cc_test(//fsdp/fsdp1:golden_test SIZE small SMOKE
   DATA testdata/*.txt
   TAGS float_parity
   DEPS :runtime //comm @libtorch //testing:golden_file @system//:absl @system//:gtest_main)
+
+fsdp_cc_test(//fsdp/fsdp1:pytorch_parity_test SIZE medium TIMEOUT long
+  SRCS pytorch_parity_test.cc
+  DATA ../../testing/peer/fsdp1_peer.py ../../testing/peer/peer_common.py
+  TAGS float_parity
+  DEPS :fsdp1 :fsdp_test_models //fsdp/common:test_models //optim_state:fsdp1 //testing:multi_rank
+       //testing/peer:peer_parity @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/fsdp2
 fsdp_cc_library(//fsdp/fsdp2 INSTALL
@@ -465,6 +459,13 @@ fsdp_cc_test(//fsdp/fsdp2:golden_test SIZE medium SMOKE
   TAGS float_parity
   DEPS :fsdp2 :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+
+fsdp_cc_test(//fsdp/fsdp2:pytorch_parity_test SIZE medium
+  SRCS pytorch_parity_test.cc
+  DATA ../../testing/peer/fsdp2_peer.py ../../testing/peer/peer_common.py
+  TAGS float_parity
+  DEPS :fsdp2 :test_models //mesh //optim_state:fsdp2 //testing:multi_rank
+       //testing/peer:peer_parity @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/hooked_module
 fsdp_cc_library(//fsdp/hooked_module INSTALL
@@ -621,6 +622,13 @@ fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE SMOKE_FILTER "-MultiRan
 fsdp_cc_test(//testing:float_tolerance_test SIZE small PCH aten
   SRCS float_tolerance_test.cc
   DEPS :expect_error :float_tolerance @libtorch @system//:absl @system//:gtest_main)
+
+# ================================================================ //testing/peer
+fsdp_cc_library(//testing/peer:peer_parity TESTONLY
+  SRCS peer_parity.cc
+  HDRS peer_parity.h
+  DEPS //checkpoint //fsdp/common:test_models //optim_state:core @libtorch @system//:absl
+       @system//:gtest)
 
 # ================================================================ //tests
 fsdp_cc_test(//tests:bad_input_catalogue_test SIZE medium SMOKE

@@ -51,7 +51,7 @@ def parse_manifest(path):
             }
             if kind.startswith("cc_test"):
                 d["size"] = fields[8] or "medium"
-                d["data"] = files(9)
+                d["data"] = sorted(os.path.normpath(f) for f in files(9))
                 d["env"] = sorted(items(10))
                 d["args"] = items(11)
             out[label] = (status, d)

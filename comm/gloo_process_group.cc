@@ -34,6 +34,7 @@
 #include "comm/internal/gloo_liveness.h"
 #include "comm/internal/tcp_store.h"
 #include "comm/main_guard.h"
+#include "env/environment.h"
 
 namespace fsdp::comm {
 namespace {
@@ -75,11 +76,11 @@ TransportChoice ChooseTransport(const std::string& hostname) {
     out.liveness_host = hostname;
     return out;
   }
-  if (const char* env = std::getenv("GLOO_SOCKET_IFNAME"); env != nullptr && *env != '\0') {
-    for (absl::string_view name : absl::StrSplit(env, ',', absl::SkipWhitespace())) {
+  if (const std::optional<std::string> ifname = env::Get(env::kGlooSocketIfname); ifname && !ifname->empty()) {
+    for (absl::string_view name : absl::StrSplit(*ifname, ',', absl::SkipWhitespace())) {
       out.interfaces.emplace_back(absl::StripAsciiWhitespace(name));
     }
-    TORCH_CHECK(!out.interfaces.empty(), "Gloo: GLOO_SOCKET_IFNAME='", env, "' names no interface");
+    TORCH_CHECK(!out.interfaces.empty(), "Gloo: GLOO_SOCKET_IFNAME='", *ifname, "' names no interface");
     out.liveness_host = InterfaceAddress(out.interfaces.front());
     return out;
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "env/environment.h"
 
 namespace fsdp::comm {
 namespace {
@@ -29,8 +30,8 @@ ExitHooks& Hooks() {
 }
 
 std::string Rank() {
-  const char* rank = std::getenv("RANK");
-  return rank != nullptr && *rank != '\0' ? rank : "?";
+  const std::optional<std::string> rank = env::Get(env::kRank);
+  return rank && !rank->empty() ? *rank : "?";
 }
 
 std::string OneLine(const std::string& text) {

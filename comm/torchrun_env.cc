@@ -5,15 +5,12 @@
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
+#include "env/environment.h"
 
 namespace fsdp::comm {
 namespace {
 
-std::optional<std::string> ProcessEnv(const std::string& name) {
-  const char* value = std::getenv(name.c_str());
-  if (value == nullptr) return std::nullopt;
-  return std::string(value);
-}
+std::optional<std::string> ProcessEnv(const std::string& name) { return env::Get(name); }
 
 std::string Required(const std::function<std::optional<std::string>(const std::string&)>& getenv,
                      const std::string& name) {

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "device/internal/pools.h"
+#include "env/environment.h"
 
 namespace fsdp::device {
 
@@ -116,9 +117,9 @@ void Stream::KeepAlive(at::Tensor tensor) {
 StreamOptions StreamOptionsFromEnv() { return ApplyStreamEnvOverride(StreamOptions{}); }
 
 StreamOptions ApplyStreamEnvOverride(StreamOptions options) {
-  const char* raw = std::getenv("FSDP_CPU_STREAMS");
-  if (raw == nullptr) return options;
-  const std::string_view value(raw);
+  const std::optional<std::string> raw = env::Get(env::kCpuStreams);
+  if (!raw) return options;
+  const std::string_view value(*raw);
   if (value.empty() || value == "inline") {
     options.cpu_mode = CpuStreamMode::kInline;
     options.cpu_task_delay = std::chrono::microseconds(0);

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Checks the user-facing documents: every relative link of README.md and docs/**/*.md names
-a file or directory that exists, and README.md stays within README_MAX_BYTES.
+a file or directory that exists, README.md stays within README_MAX_BYTES, and
+docs/reference/environment.md lists every environment variable the library reads
+(env/environment.h's Variable constants).
 
   python3 tools/check_doc_links.py [ROOT]
 
@@ -68,9 +70,26 @@ def broken_links(root):
     return problems
 
 
+ENV_HEADER = os.path.join("env", "environment.h")
+ENV_DOC = os.path.join("docs", "reference", "environment.md")
+ENV_VARIABLE = re.compile(r'inline constexpr Variable k\w+\{\s*"([A-Z0-9_]+)"')
+
+
+def undocumented_variables(root):
+    header, doc = os.path.join(root, ENV_HEADER), os.path.join(root, ENV_DOC)
+    if not os.path.isfile(header):
+        return []
+    with open(header) as fh:
+        names = ENV_VARIABLE.findall(fh.read())
+    if not names:
+        return [f"{ENV_HEADER}: no Variable constants found (has their form changed?)"]
+    text = open(doc).read() if os.path.isfile(doc) else ""
+    return [f"{ENV_DOC}: does not list `{n}` ({ENV_HEADER} reads it)" for n in names if f"`{n}`" not in text]
+
+
 def main(argv):
     root = os.path.abspath(argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
-    problems = broken_links(root)
+    problems = broken_links(root) + undocumented_variables(root)
     readme = os.path.join(root, "README.md")
     if os.path.isfile(readme) and os.path.getsize(readme) > README_MAX_BYTES:
         problems.append(f"README.md: {os.path.getsize(readme)} bytes, more than {README_MAX_BYTES}")

@@ -60,7 +60,6 @@ SMOKE_OVERRIDES = {
     "dtensor": ("tensor_parallel_test", "DTensor under Colwise/Rowwise parallel vs one rank; "
                 "1 TU, dtensor_test is 4"),
     "optim_state": ("optimizer_adapter_test", "the adapter registry round trip; 1 TU"),
-    "bench/peer": (None, "runs against the peer PyTorch: skips without it, minutes with it"),
     "examples/llama": (None, "trains Hugging Face's Llama under PyTorch FSDP2 in the peer venv "
                        "first (~50 s); Bazel runs it, the smoke build still builds the demo"),
 }
@@ -148,8 +147,13 @@ def data_files(label, pkg, value):
             d = d[1:]
         elif d.startswith(f"//{pkg}:"):
             d = d.partition(":")[2]
+        elif d.startswith("//") and "." in d.rpartition(":")[2]:
+            # Another package's file (exports_files): relative to this package, as CMake
+            # records data (tests run in the source root, so the file is where it is).
+            other, _, name = d[2:].partition(":")
+            d = os.path.relpath(f"{other}/{name}", pkg or ".")
         elif d.startswith("//") or d.startswith("@"):
-            die(f"{label}: data {d}: only files of the test's own package are supported")
+            die(f"{label}: data {d}: only files (this package's, or another's by label) are supported")
         out.append(d)
     return out
 

@@ -16,13 +16,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import peer_common
+# The helpers the parity tests' peers share (testing/peer/peer_common.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testing", "peer"))
+import peer_common  # noqa: E402
 
 SPECS = {"overhead": (64, 64, 8, True), "compute": (4, 1024, 64, False)}
 

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "fsdp/common/env_override.h"
+#include "env/environment.h"
 #include "fsdp/common/storage.h"
 
 namespace fsdp::fsdp1 {
@@ -102,8 +102,8 @@ FlatParamHandle::FlatParamHandle(const std::vector<at::Tensor>& params, torch::n
     TORCH_CHECK(params[i].defined(), "FlatParamHandle: params[", i, "] is an undefined tensor");
   }
   TORCH_CHECK(options_.process_group != nullptr, "FlatParamHandle: process_group must not be null");
-  skip_writeback_check_ = options_.skip_writeback_check || EnvOverrideIsOne("FSDP_SKIP_WRITEBACK_CHECK");
-  use_full_prec_in_eval_ = options_.use_full_prec_in_eval || EnvOverrideIsOne("FSDP_USE_FULL_PREC_IN_EVAL");
+  skip_writeback_check_ = options_.skip_writeback_check || env::IsOne(env::kSkipWritebackCheck);
+  use_full_prec_in_eval_ = options_.use_full_prec_in_eval || env::IsOne(env::kUseFullPrecInEval);
   rank_ = options_.process_group->rank();
   world_size_ = options_.process_group->size();
   // Optimistically assume valid params; InitFlatParamAndMetadata validates them.

@@ -13,8 +13,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_join.h"
+#include "env/environment.h"
 #include "fsdp/common/autograd_hooks.h"
-#include "fsdp/common/env_override.h"
 #include "fsdp/fsdp1/fsdp_state.h"
 
 namespace fsdp::fsdp1 {
@@ -57,7 +57,7 @@ FSDPState::FSDPState(torch::nn::Module* module, FSDPOptions options, comm::Proce
       inter_node_group_(std::move(inter_node_group)),
       handle_(std::move(handle)),
       ctx_(std::make_shared<FSDPRuntimeContext>()),
-      use_full_prec_in_eval_(options_.use_full_prec_in_eval || EnvOverrideIsOne("FSDP_USE_FULL_PREC_IN_EVAL")) {}
+      use_full_prec_in_eval_(options_.use_full_prec_in_eval || env::IsOne(env::kUseFullPrecInEval)) {}
 
 std::string FSDPState::name() const { return fqn_.empty() ? module_->name() : fqn_; }
 
