@@ -173,13 +173,18 @@ at::Tensor LocalValue(const std::vector<at::Tensor>& grads, double p, c10::Scala
   return std::isinf(p) ? local : local.pow(p);
 }
 
-at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, double norm_type, bool error_if_nonfinite,
-                        std::optional<bool> foreach) {
-  at::NoGradGuard no_grad;
-  const bool is_inf = std::isinf(norm_type);
-  std::vector<at::Tensor> grads;  // every gradient to clip, in parameter order
+// The gradients to clip grouped by how their norm is reduced (the same sharding groups on the
+// same device), with the dtype and device of the total (PyTorch's: the promoted parameter
+// dtype, the first gradient's device).
+struct Grouped {
   std::vector<Layout> layouts;
+  std::vector<at::Tensor> grads;  // every gradient to clip, in parameter order
   c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device result_device = c10::Device(c10::kCPU);
+};
+
+Grouped GroupByLayout(const std::vector<Target>& targets) {
+  Grouped out;
   std::optional<c10::Device> first_grad_device;
   for (const Target& t : targets) {
     const at::Tensor grad = GradOf(t);
@@ -187,7 +192,7 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
     // which gradients this rank happens to hold, so every rank issues the same collectives.
     if (!grad.defined() && !t.param.requires_grad()) continue;
     if (c10::isFloatingType(ParamDtype(t))) {
-      dtype = dtype == c10::ScalarType::Undefined ? ParamDtype(t) : c10::promoteTypes(dtype, ParamDtype(t));
+      out.dtype = out.dtype == c10::ScalarType::Undefined ? ParamDtype(t) : c10::promoteTypes(out.dtype, ParamDtype(t));
     }
     std::vector<comm::ProcessGroupPtr> groups;
     c10::Device device(c10::kCPU);
@@ -197,30 +202,28 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
     }
     // Whole gradients (no sharding group) share one layout whatever their device: they are
     // never communicated.
-    auto it = std::find_if(layouts.begin(), layouts.end(), [&](const Layout& l) {
+    auto it = std::find_if(out.layouts.begin(), out.layouts.end(), [&](const Layout& l) {
       return SameGroups(l.groups, groups) && (groups.empty() || l.device == device);
     });
-    if (it == layouts.end()) {
-      layouts.push_back(Layout{std::move(groups), device, {}, {}});
-      it = layouts.end() - 1;
+    if (it == out.layouts.end()) {
+      out.layouts.push_back(Layout{std::move(groups), device, {}, {}});
+      it = out.layouts.end() - 1;
     }
     if (!grad.defined()) continue;
     if (!first_grad_device) first_grad_device = grad.device();
     it->grads.push_back(grad);
-    grads.push_back(grad);
+    out.grads.push_back(grad);
   }
-  if (dtype == c10::ScalarType::Undefined) dtype = at::typeMetaToScalarType(at::get_default_dtype());
-  // PyTorch's total norm lives on the first gradient's device (CPU when there is none).
-  const c10::Device result_device = first_grad_device.value_or(c10::Device(c10::kCPU));
+  if (out.dtype == c10::ScalarType::Undefined) out.dtype = at::typeMetaToScalarType(at::get_default_dtype());
+  out.result_device = first_grad_device.value_or(c10::Device(c10::kCPU));
+  return out;
+}
 
-  for (Layout& l : layouts) {
-    l.value = LocalValue(l.grads, norm_type, dtype, l.groups.empty() ? result_device : l.device, foreach);
-  }
-
-  // One all-reduce per distinct sharding group, in order of first use (the same on every
-  // rank: parameter order, then mesh-dim order), over the values of every layout it shards.
-  // Sums of |g|^p (and maxima) reduce in any order, so a layout sharded over several groups
-  // is complete once each of them has reduced it.
+// One all-reduce per distinct sharding group, in order of first use (the same on every rank:
+// parameter order, then mesh-dim order), over the values of every layout it shards. Sums of
+// |g|^p (and maxima) reduce in any order, so a layout sharded over several groups is complete
+// once each of them has reduced it.
+void ReduceAcrossShards(std::vector<Layout>& layouts, bool is_inf) {
   std::vector<comm::ProcessGroupPtr> order;
   for (const Layout& l : layouts) {
     for (const comm::ProcessGroupPtr& g : l.groups) {
@@ -243,29 +246,24 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
     group->all_reduce(packed, is_inf ? comm::ReduceOp::Max() : comm::ReduceOp::Sum())->wait();
     for (size_t i = 0; i < members.size(); ++i) members[i]->value = packed[static_cast<int64_t>(i)];
   }
+}
 
+// The total norm from the layouts' reduced values (sums of |g|^p, or maxima).
+at::Tensor TotalNorm(const Grouped& grouped, double norm_type) {
+  const bool is_inf = std::isinf(norm_type);
   at::Tensor total;
-  for (const Layout& l : layouts) {
-    const at::Tensor v = l.value.to(result_device);
+  for (const Layout& l : grouped.layouts) {
+    const at::Tensor v = l.value.to(grouped.result_device);
     total = !total.defined() ? v : is_inf ? at::maximum(total, v) : total + v;
   }
-  if (!total.defined()) {
-    total = at::zeros({}, at::TensorOptions().dtype(dtype).device(result_device));
-  } else if (!is_inf) {
-    total = total.pow(1.0 / norm_type);
-  }
+  if (!total.defined()) return at::zeros({}, at::TensorOptions().dtype(grouped.dtype).device(grouped.result_device));
+  return is_inf ? total : total.pow(1.0 / norm_type);
+}
 
-  if (error_if_nonfinite) {
-    // Every rank holds the same total, so every rank throws (no rank is left in a collective).
-    const double value = total.item<double>();
-    TORCH_CHECK(std::isfinite(value), kCaller, ": the total norm of order ", norm_type,
-                " for gradients from `parameters` is non-finite (", value,
-                "), so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
-                "anyway, set error_if_nonfinite=false");
-  }
-
-  // clip_grads_with_norm_: multiplying by the coefficient clamped to 1 avoids a branch on
-  // the norm (a device-to-host sync).
+// clip_grads_with_norm_: multiplying by the coefficient clamped to 1 avoids a branch on the
+// norm (a device-to-host sync).
+void ScaleGrads(const std::vector<at::Tensor>& grads, const at::Tensor& total, double max_norm,
+                std::optional<bool> foreach) {
   const at::Tensor clip_coef = max_norm / (total + 1e-6);
   const at::Tensor clip_coef_clamped = at::clamp(clip_coef, std::nullopt, 1.0);
   for (std::vector<at::Tensor>& group : GroupByDeviceAndDtype(grads)) {
@@ -277,6 +275,27 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
       for (at::Tensor& g : group) g.mul_(coef);
     }
   }
+}
+
+at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, double norm_type, bool error_if_nonfinite,
+                        std::optional<bool> foreach) {
+  at::NoGradGuard no_grad;
+  Grouped grouped = GroupByLayout(targets);
+  for (Layout& l : grouped.layouts) {
+    l.value = LocalValue(l.grads, norm_type, grouped.dtype, l.groups.empty() ? grouped.result_device : l.device,
+                         foreach);
+  }
+  ReduceAcrossShards(grouped.layouts, std::isinf(norm_type));
+  const at::Tensor total = TotalNorm(grouped, norm_type);
+  if (error_if_nonfinite) {
+    // Every rank holds the same total, so every rank throws (no rank is left in a collective).
+    const double value = total.item<double>();
+    TORCH_CHECK(std::isfinite(value), kCaller, ": the total norm of order ", norm_type,
+                " for gradients from `parameters` is non-finite (", value,
+                "), so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
+                "anyway, set error_if_nonfinite=false");
+  }
+  ScaleGrads(grouped.grads, total, max_norm, foreach);
   return total;
 }
 
