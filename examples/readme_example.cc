@@ -21,6 +21,7 @@
 #include "dcp/dcp.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/meta_init.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "fsdp/meta/meta.h"
 #include "mesh/device_mesh.h"
 
