@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <utility>
 
@@ -88,15 +89,15 @@ at::Tensor ChunkTensor(const DcpTensorItem& item, const std::string& name) {
 
 std::string DcpDataFileName(int64_t rank) { return absl::StrCat("__", rank, "_0.distcp"); }
 
-DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vector<DcpTensorItem>& tensors,
-                          const std::vector<DcpBytesItem>& bytes) {
-  TORCH_CHECK(rank >= 0, "WriteRankData: rank ", rank, " is negative");
-  MakeDirs(dir, "WriteRankData");
-  const std::string metadata = JoinPath(dir, kMetadataFile);
-  TORCH_CHECK(::unlink(metadata.c_str()) == 0 || errno == ENOENT, "WriteRankData: cannot remove the old '", metadata,
-              "' (", Reason(errno), ")");
+namespace {
+
+// The fragment of a rank's file holding `bytes` then `tensors` back to back (the layout
+// WriteRankData writes), the i-th tensor's archive `tensor_lengths[i]` bytes long.
+DcpFragment RankFragment(int64_t rank, const std::vector<DcpTensorItem>& tensors,
+                         const std::vector<DcpBytesItem>& bytes, const std::vector<int64_t>& tensor_lengths) {
+  TORCH_CHECK(tensor_lengths.size() == tensors.size(), "RankFragment: ", tensor_lengths.size(), " lengths for ",
+              tensors.size(), " tensor items");
   const std::string file = DcpDataFileName(rank);
-  AtomicFile out(JoinPath(dir, file), "WriteRankData");
   DcpFragment fragment;
   absl::flat_hash_map<std::string, size_t> index;  // fqn -> its entry in `fragment`
   const auto entry = [&](const std::string& fqn) -> std::pair<DcpEntry*, bool> {
@@ -108,17 +109,16 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
     }
     return {&fragment.entries[it->second], added};
   };
+  int64_t offset = 0;
   for (const DcpBytesItem& item : bytes) {  // bytes first, as filesystem.py _write_files_from_queue
     auto [e, added] = entry(item.fqn);
     TORCH_CHECK(added, "WriteRankData: '", item.fqn, "' is written twice by rank ", rank);
     e->is_bytes = true;
-    e->bytes_storage = {file, out.size(), static_cast<int64_t>(item.bytes.size())};
-    out.Write(item.bytes);
+    e->bytes_storage = {file, offset, static_cast<int64_t>(item.bytes.size())};
+    offset += static_cast<int64_t>(item.bytes.size());
   }
-  for (const DcpTensorItem& item : tensors) {
-    const std::string name =
-        absl::StrCat("the chunk of '", item.fqn, "' at offsets ", c10::str(c10::IntArrayRef(item.offsets)));
-    const at::Tensor chunk = ChunkTensor(item, name);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const DcpTensorItem& item = tensors[i];
     auto [e, added] = entry(item.fqn);
     TORCH_CHECK(!e->is_bytes, "WriteRankData: '", item.fqn, "' is written as bytes and as a tensor");
     if (added) {
@@ -130,18 +130,75 @@ DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vecto
       e->properties.pin_memory = item.local.is_pinned();
       e->properties.strides = item.local.strides().vec();
     }
-    TORCH_CHECK(e->size == item.global_size && e->properties.dtype == item.dtype, "WriteRankData: ", name,
-                " is declared ", c10::toString(item.dtype), " of size ", c10::str(c10::IntArrayRef(item.global_size)),
+    TORCH_CHECK(e->size == item.global_size && e->properties.dtype == item.dtype, "WriteRankData: the chunk of '",
+                item.fqn, "' at offsets ", c10::str(c10::IntArrayRef(item.offsets)), " is declared ",
+                c10::toString(item.dtype), " of size ", c10::str(c10::IntArrayRef(item.global_size)),
                 ", an earlier chunk of it ", c10::toString(e->properties.dtype), " of size ",
                 c10::str(c10::IntArrayRef(e->size)));
+    e->chunks.push_back({item.offsets, item.local.sizes().vec(), {file, offset, tensor_lengths[i]}});
+    offset += tensor_lengths[i];
+  }
+  ValidateDcpMetadata(DcpMetadata{fragment.entries}, absl::StrCat("WriteRankData: rank ", rank, ": "));
+  return fragment;
+}
+
+}  // namespace
+
+DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vector<DcpTensorItem>& tensors,
+                          const std::vector<DcpBytesItem>& bytes) {
+  TORCH_CHECK(rank >= 0, "WriteRankData: rank ", rank, " is negative");
+  MakeDirs(dir, "WriteRankData");
+  const std::string metadata = JoinPath(dir, kMetadataFile);
+  TORCH_CHECK(::unlink(metadata.c_str()) == 0 || errno == ENOENT, "WriteRankData: cannot remove the old '", metadata,
+              "' (", Reason(errno), ")");
+  AtomicFile out(JoinPath(dir, DcpDataFileName(rank)), "WriteRankData");
+  for (const DcpBytesItem& item : bytes) out.Write(item.bytes);
+  std::vector<int64_t> lengths;
+  for (const DcpTensorItem& item : tensors) {
+    const std::string name =
+        absl::StrCat("the chunk of '", item.fqn, "' at offsets ", c10::str(c10::IntArrayRef(item.offsets)));
+    const at::Tensor chunk = ChunkTensor(item, name);
     const int64_t start = out.size();
     TorchSaveWriter([&out](const char* data, size_t size) { out.Write(data, size); }, "WriteRankData")
         .Finish(chunk);  // streamed from the chunk's memory
-    e->chunks.push_back({item.offsets, item.local.sizes().vec(), {file, start, out.size() - start}});
+    lengths.push_back(out.size() - start);
   }
-  ValidateDcpMetadata(DcpMetadata{fragment.entries}, absl::StrCat("WriteRankData: rank ", rank, ": "));
-  out.Commit();
+  DcpFragment fragment = RankFragment(rank, tensors, bytes, lengths);
+  out.Commit();  // only a consistent fragment's file replaces the old one
   return fragment;
+}
+
+namespace {
+
+// The length of the torch.save archive of a contiguous tensor of `sizes` and `dtype`: it does
+// not depend on the values (data.pkl holds only the storage key, dtype, sizes and strides; the
+// data record is stored uncompressed), so one archive of zeros per shape says.
+int64_t ArchiveLength(at::ScalarType dtype, const std::vector<int64_t>& sizes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, std::vector<int64_t>>, int64_t> cache;
+  const auto key = std::make_pair(static_cast<int>(dtype), sizes);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const int64_t n = static_cast<int64_t>(WriteCheckpoint(c10::IValue(at::zeros(sizes, dtype))).size());
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace(key, n);
+  return n;
+}
+
+}  // namespace
+
+DcpFragment PredictRankData(int64_t rank, const std::vector<DcpTensorItem>& tensors,
+                            const std::vector<DcpBytesItem>& bytes) {
+  std::vector<int64_t> lengths;
+  for (const DcpTensorItem& item : tensors) {
+    TORCH_CHECK(item.local.is_contiguous(), "PredictRankData: the chunk of '", item.fqn,
+                "' is not contiguous (its archive's length would depend on how WriteRankData copies it)");
+    lengths.push_back(ArchiveLength(item.dtype, item.local.sizes().vec()));
+  }
+  return RankFragment(rank, tensors, bytes, lengths);
 }
 
 DcpMetadata MergeDcpFragments(const std::vector<DcpFragment>& fragments, const std::string& checkpoint_id) {

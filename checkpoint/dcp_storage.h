@@ -88,6 +88,13 @@ std::string DcpDataFileName(int64_t rank);
 DcpFragment WriteRankData(const std::string& dir, int64_t rank, const std::vector<DcpTensorItem>& tensors,
                           const std::vector<DcpBytesItem>& bytes = {});
 
+// The fragment WriteRankData(dir, rank, tensors, bytes) returns, without writing anything: for
+// a caller that announces its fragment before the file exists (dcp::AsyncSave). Each tensor
+// item's local tensor must be contiguous: then its archive's length depends only on its dtype
+// and sizes. The same checks and errors as WriteRankData's fragment.
+DcpFragment PredictRankData(int64_t rank, const std::vector<DcpTensorItem>& tensors,
+                            const std::vector<DcpBytesItem>& bytes = {});
+
 // The checkpoint's metadata from the ranks' fragments, in rank order (what WriteMetadata
 // writes, with storage_meta.checkpoint_id = `checkpoint_id` and a fresh save_id).
 DcpMetadata MergeDcpFragments(const std::vector<DcpFragment>& fragments, const std::string& checkpoint_id);

@@ -273,7 +273,11 @@ function(fsdp_cc_library label)
     set_target_properties(${target}_archive PROPERTIES POSITION_INDEPENDENT_CODE ON
                           EXCLUDE_FROM_ALL ${_exclude_from_all})
     add_library(${target} INTERFACE)
-    target_link_libraries(${target} INTERFACE "$<LINK_LIBRARY:WHOLE_ARCHIVE,${target}_archive>")
+    # The installed package names the archive LibtorchFsdp::<name>_archive (CMake does not
+    # rewrite a target name inside $<LINK_LIBRARY:...> when it exports).
+    target_link_libraries(${target} INTERFACE
+                          "$<BUILD_INTERFACE:$<LINK_LIBRARY:WHOLE_ARCHIVE,${target}_archive>>"
+                          "$<INSTALL_INTERFACE:$<LINK_LIBRARY:WHOLE_ARCHIVE,LibtorchFsdp::${target}_archive>>")
   elseif(_compiled)
     add_library(${target} ${_src_paths} ${_hdr_paths})
     target_include_directories(${target} PUBLIC "$<BUILD_INTERFACE:${FSDP_SOURCE_DIR}>")
@@ -290,10 +294,10 @@ function(fsdp_cc_library label)
   endif()
   add_library(libtorch_fsdp::${target} ALIAS ${target})
   if(ARG_INSTALL AND FSDP_INSTALL)
-    if(ARG_ALWAYSLINK)
-      message(FATAL_ERROR "${label}: the CMake package does not install ALWAYSLINK libraries")
-    endif()
     set_property(GLOBAL APPEND PROPERTY FSDP_INSTALL_TARGETS ${target})
+    if(ARG_ALWAYSLINK AND _compiled)
+      set_property(GLOBAL APPEND PROPERTY FSDP_INSTALL_TARGETS ${target}_archive)
+    endif()
     foreach(_h IN LISTS ARG_HDRS)
       get_filename_component(_dir "${pkg}/${_h}" DIRECTORY)
       install(FILES "${FSDP_SOURCE_DIR}/${pkg}/${_h}" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/${_dir}")

@@ -86,8 +86,9 @@ fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS dcp_bench.cc
-  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp //fsdp/fsdp2 //fsdp/hooked_module
-       //mesh //testing:peer_python @libtorch @system//:absl @system//:benchmark)
+  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp:core //dcp:fsdp2 //fsdp/fsdp2
+       //fsdp/hooked_module //mesh //testing:peer_python @libtorch @system//:absl
+       @system//:benchmark)
 
 # ================================================================ //checkpoint
 fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
@@ -191,26 +192,50 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
   CUDA_DEPS @cuda//:cudart)
 
 # ================================================================ //dcp
-fsdp_cc_library(//dcp INSTALL
-  SRCS checkpoint_dirs.cc collectives.cc collectives.h flat_optim.cc load.cc plan.cc plan.h save.cc
-       state_items.cc state_items.h
+fsdp_cc_library(//dcp:internal INSTALL
+  SRCS adapter.cc collectives.cc plan.cc state_items.cc
+  HDRS adapter.h collectives.h plan.h state_items.h
+  DEPS //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/hooked_module //optim_state:core
+       @libtorch @system//:absl)
+
+fsdp_cc_library(//dcp:core INSTALL
+  SRCS checkpoint_dirs.cc load.cc load_job.h load_validate.cc save.cc
   HDRS checkpoint_dirs.h dcp.h
-  DEPS //checkpoint //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/fsdp1
-       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/meta //mesh //optim_state:core
-       //optim_state:fsdp1 //optim_state:fsdp2 @libtorch @system//:absl)
+  DEPS :internal //checkpoint //checkpoint:dcp //comm //fsdp/meta //optim_state:core @libtorch
+       @system//:absl)
+
+fsdp_cc_library(//dcp:fsdp2 ALWAYSLINK INSTALL
+  SRCS fsdp2_adapter.cc
+  DEPS :core :internal //dtensor //fsdp/common //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
+       @system//:absl)
+
+fsdp_cc_library(//dcp:fsdp1 ALWAYSLINK INSTALL
+  SRCS flat_optim.cc flat_pieces.h fsdp1_adapter.cc
+  DEPS :core :internal //fsdp/fsdp1 //fsdp/fsdp1:runtime //optim_state:core //optim_state:fsdp1
+       @libtorch @system//:absl)
+
+fsdp_cc_library(//dcp INSTALL
+  DEPS :core :fsdp1 :fsdp2)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
   TAGS float_parity
-  DEPS //testing:test_dir :dcp //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime
-       //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/fsdp2
-       //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //mesh //optim_state:core //optim_state:fsdp2
-       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+  DEPS //testing:test_dir :core :dcp :internal //fsdp/common:test_models //fsdp/fsdp1
+       //fsdp/fsdp1:runtime //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel
+       //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //mesh //optim_state:core
+       //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch @system//:absl
+       @system//:gtest_main)
+
+fsdp_cc_test(//dcp:adapter_test SIZE small
+  SRCS adapter_test.cc
+  DEPS :core :fsdp2 //comm //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module
+       //mesh //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch
+       @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:large_model_test SIZE medium
   SRCS large_model_test.cc
   TAGS float_parity
-  DEPS :dcp //checkpoint:dcp //comm //fsdp/common //fsdp/common:test_models //fsdp/fsdp2
+  DEPS :core :fsdp2 //checkpoint:dcp //comm //fsdp/common //fsdp/common:test_models //fsdp/fsdp2
        //fsdp/fsdp2:runtime //fsdp/meta //mesh //testing:allocation_counter //testing:expect_error
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
@@ -218,7 +243,7 @@ fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS interop_common.h interop_test.cc
   DATA testdata/fsdp2_interop.py
   TAGS float_parity
-  DEPS :dcp //checkpoint //comm //fsdp/common //fsdp/fsdp2 //fsdp/hooked_module //mesh
+  DEPS :core :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp2 //fsdp/hooked_module //mesh
        //optim_state:core //optim_state:fsdp2 //testing:multi_rank //testing:peer_python @libtorch
        @system//:absl @system//:gtest_main)
 
@@ -226,9 +251,9 @@ fsdp_cc_test(//dcp:fsdp1_interop_test SIZE medium
   SRCS fsdp1_interop_test.cc interop_common.h
   DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py
   TAGS float_parity
-  DEPS :dcp //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module //mesh
-       //optim_state:core //optim_state:fsdp1 //testing:multi_rank //testing:peer_python @libtorch
-       @system//:absl @system//:gtest_main)
+  DEPS :core :dcp //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module
+       //mesh //optim_state:core //optim_state:fsdp1 //testing:multi_rank //testing:peer_python
+       @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //device
 fsdp_cc_library(//device INSTALL PCH aten
@@ -284,18 +309,18 @@ fsdp_cc_binary(//examples:collectives_demo PCH aten
 
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
-  DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp //fsdp/fsdp2
-       //mesh @libtorch @system//:absl @system//:absl_flags)
+  DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp:core
+       //dcp:fsdp2 //fsdp/fsdp2 //mesh @libtorch @system//:absl @system//:absl_flags)
 
 fsdp_cc_binary(//examples:readme_example
   SRCS readme_example.cc
-  DEPS //comm //comm:init_process_group //comm:main_guard //dcp //fsdp/fsdp2 //fsdp/meta //mesh
-       @libtorch)
+  DEPS //comm //comm:init_process_group //comm:main_guard //dcp:core //dcp:fsdp2 //fsdp/fsdp2
+       //fsdp/hooked_module //fsdp/meta //mesh @libtorch)
 
 fsdp_cc_library(//examples:training_checkpoints PCH aten
   SRCS training_checkpoints.cc
   HDRS training_checkpoints.h
-  DEPS //comm //dcp @libtorch @system//:absl)
+  DEPS //comm //dcp:core @libtorch @system//:absl)
 
 fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits" PCH aten
   SRCS restart_test.cc

@@ -5,7 +5,7 @@
 
 namespace fsdp::dcp::internal {
 void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error, const std::string& what) {
-  const auto all = AllGatherBytes(group, std::vector<char>(local_error.begin(), local_error.end()));
+  const auto all = comm::AllGatherBytes(group, std::vector<char>(local_error.begin(), local_error.end()));
   TORCH_CHECK(local_error.empty(), local_error);
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r].empty()) TORCH_CHECK(false, what, ": rank ", r, " failed: ", std::string(all[r].begin(), all[r].end()));
@@ -15,19 +15,19 @@ void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_e
 std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,
                                              const std::vector<char>& payload, int root, const std::string& what) {
   AgreeOrThrow(group, local_error, what);  // without errors: one all-gather of W lengths
-  return GatherBytes(group, payload, root);
+  return comm::GatherBytes(group, payload, root);
 }
 
 std::vector<char> ScatterOrThrow(const comm::ProcessGroupPtr& group, const std::string& root_error,
                                  const std::vector<std::vector<char>>& pieces, int root, const std::string& what) {
   const bool is_root = group == nullptr || group->rank() == root;
-  const std::vector<char> error = BroadcastBytes(
+  const std::vector<char> error = comm::BroadcastBytes(
       group, is_root ? std::vector<char>(root_error.begin(), root_error.end()) : std::vector<char>(), root);
   if (!error.empty()) {
     TORCH_CHECK(!is_root, root_error);
     TORCH_CHECK(false, what, ": rank ", root, " failed: ", std::string(error.begin(), error.end()));
   }
-  return ScatterBytes(group, pieces, root);
+  return comm::ScatterBytes(group, pieces, root);
 }
 
 }  // namespace fsdp::dcp::internal

@@ -25,12 +25,6 @@
 
 namespace fsdp::dcp::internal {
 
-// The byte collectives themselves live in //comm (comm/object_collectives.h).
-using comm::AllGatherBytes;
-using comm::BroadcastBytes;
-using comm::GatherBytes;
-using comm::ScatterBytes;
-
 void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error, const std::string& what);
 
 std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,

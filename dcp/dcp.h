@@ -1,9 +1,9 @@
-// Distributed checkpoints of fully_shard'ed (FSDP2) models in PyTorch's distributed-checkpoint
-// (DCP) format: the C++ counterpart of torch.distributed.checkpoint's save / load together
-// with torch.distributed.checkpoint.state_dict's get/set_model_state_dict and
-// get/set_optimizer_state_dict (PyTorch 2.15). A checkpoint directory holds one
-// `__<rank>_0.distcp` file per writing rank and `.metadata` (checkpoint/dcp_storage.h), and
-// is interchangeable with Python's:
+// Distributed checkpoints of models and optimizers in PyTorch's distributed-checkpoint (DCP)
+// format: the C++ counterpart of torch.distributed.checkpoint's save / load together with
+// torch.distributed.checkpoint.state_dict's get/set_model_state_dict and
+// get/set_optimizer_state_dict (PyTorch 2.15), for fully_shard'ed (FSDP2), wrap_fsdp'ed (FSDP1)
+// and plain modules. A checkpoint directory holds one `__<rank>_0.distcp` file per writing
+// rank and `.metadata` (checkpoint/dcp_storage.h), and is interchangeable with Python's:
 //
 //   dcp::Save(*model, &optim, "/ckpt/step100");          // every rank, collective
 //   dcp::Load(*model, &optim, "/ckpt/step100");          // any world size or mesh
@@ -12,6 +12,12 @@
 // get_optimizer_state_dict(m, o)}, checkpoint_id=dir) and set_*_state_dict; a checkpoint
 // Python saved that way loads here. Keys: "model.<fqn>", "optim.state.<fqn>.<name>",
 // "optim.param_groups.<i>.<option>" (dcp/state_items.h has the details).
+//
+// Linking: this header is //dcp:core's, which handles plain modules itself and each FSDP
+// through an adapter library the binary links: //dcp:fsdp2 (FSDP2), //dcp:fsdp1 (FSDP1), or
+// //dcp for both. An FSDP2-only program links //dcp:fsdp2 and no FSDP1 code. The functions
+// below find the model's adapter themselves (dcp/adapter.h); a model whose adapter is not
+// linked is a c10::Error naming the target to link, on every rank, before anything is written.
 //
 // Contract:
 //  * Collective over the model's world group (the world of its FSDP meshes; a model FSDP
@@ -45,7 +51,7 @@
 //    options PyTorch has and LibTorch lacks are saved with PyTorch's defaults.
 //  * Errors are c10::Errors naming the directory or file and the key or value: a missing or
 //    invalid `.metadata`, a key missing from the checkpoint, a shape mismatch, an unreadable
-//    chunk.
+//    chunk, a model whose adapter is not linked.
 //  * Thread-safety: one call at a time per model; the calls of a rank run on one thread
 //    (AsyncSave's writer thread uses its own group).
 #ifndef FSDP_DCP_DCP_H_

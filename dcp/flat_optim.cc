@@ -1,5 +1,5 @@
 // FSDP1 optimizer state between the optimizer's local form (flat-parameter keys) and DCP's
-// per-original-parameter form (state_items.h FlatOptimToPieces / PiecesToFlatOptim). The
+// per-original-parameter form (flat_pieces.h FlatOptimToPieces / PiecesToFlatOptim). The
 // pieces are this rank's flat ranges of each original parameter, so no communication: a
 // flat shard's state is cut into (and reassembled from) the same ranges as the parameters.
 #include <ATen/ATen.h>
@@ -10,7 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "dcp/state_items.h"
+#include "dcp/flat_pieces.h"
 
 namespace fsdp::dcp::internal {
 namespace {

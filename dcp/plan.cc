@@ -10,33 +10,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dtensor/dtensor_spec.h"
-#include "fsdp/fsdp2/fsdp_param.h"
 
 namespace fsdp::dcp::internal {
-namespace {
-
-using dtensor::Segment;
-
-int64_t Total(const std::vector<Segment>& runs) {
-  int64_t n = 0;
-  for (const Segment& s : runs) n += s.length;
-  return n;
-}
-
-// The positions [start, start + length) of the concatenation of `runs`, as global runs.
-std::vector<Segment> NarrowRuns(const std::vector<Segment>& runs, int64_t start, int64_t length) {
-  std::vector<Segment> out;
-  int64_t pos = 0;  // local position of the current run's first index
-  for (const Segment& s : runs) {
-    const int64_t lo = std::max(start, pos), hi = std::min(start + length, pos + s.length);
-    if (hi > lo) out.push_back({s.start + (lo - pos), hi - lo});
-    pos += s.length;
-  }
-  return out;
-}
-
-}  // namespace
 
 int64_t Box::numel() const {
   int64_t n = 1;
@@ -44,46 +19,26 @@ int64_t Box::numel() const {
   return n;
 }
 
-std::vector<Box> LocalBoxes(const fsdp2::FSDPParam* p, const std::vector<int64_t>& local_sizes) {
-  const size_t dims = local_sizes.size();
-  if (p == nullptr) return {Box{std::vector<int64_t>(dims, 0), std::vector<int64_t>(dims, 0), local_sizes}};
-  const std::vector<int64_t>& global = p->sharding_spec().shape;
-  TORCH_CHECK(global.size() == dims, "LocalBoxes: a tensor of size ", c10::str(c10::IntArrayRef(local_sizes)),
-              " is not laid out like parameter '", p->fqn(), "' of global size ", c10::str(c10::IntArrayRef(global)));
-  int64_t global_numel = 1;
-  for (int64_t s : global) global_numel *= s;
-  if (global_numel == 0) return {Box{std::vector<int64_t>(dims, 0), std::vector<int64_t>(dims, 0), global}};
-  std::vector<std::vector<Segment>> runs;
-  if (const auto& tp = p->tp_spec()) {
-    runs = dtensor::LocalSegments(tp->shape, tp->mesh->shape(), tp->mesh->coordinate(), tp->placements);
-  } else {
-    for (int64_t s : global) runs.push_back({Segment{0, s}});
-  }
-  const DimShardLayout& layout = p->layout();
-  const int64_t d = layout.shard_dim;
-  runs[d] = NarrowRuns(runs[d], layout.offset, layout.sharded_size[d]);
-  for (size_t k = 0; k < dims; ++k) {
-    TORCH_CHECK(Total(runs[k]) == local_sizes[k], "LocalBoxes: parameter '", p->fqn(), "' holds ", Total(runs[k]),
-                " indices of dim ", k, " on this rank, but its local tensor has size ",
-                c10::str(c10::IntArrayRef(local_sizes)));
-  }
+Box WholeBox(const std::vector<int64_t>& sizes) {
+  return Box{std::vector<int64_t>(sizes.size(), 0), std::vector<int64_t>(sizes.size(), 0), sizes};
+}
+
+std::vector<Box> RunBoxes(const std::vector<std::vector<dtensor::Segment>>& runs) {
+  const size_t dims = runs.size();
   std::vector<Box> out;
+  for (const auto& r : runs) {
+    if (r.empty()) return out;
+  }
   std::vector<size_t> pick(dims, 0);  // one run per dim: an odometer over the runs
   while (true) {
     Box box;
-    bool empty = false;
     for (size_t k = 0; k < dims; ++k) {
-      if (runs[k].empty()) {
-        empty = true;
-        break;
-      }
       int64_t local = 0;
       for (size_t j = 0; j < pick[k]; ++j) local += runs[k][j].length;
       box.global_offsets.push_back(runs[k][pick[k]].start);
       box.local_offsets.push_back(local);
       box.sizes.push_back(runs[k][pick[k]].length);
     }
-    if (empty) break;
     if (box.numel() > 0) out.push_back(std::move(box));
     size_t k = dims;
     while (k > 0 && ++pick[k - 1] == runs[k - 1].size()) pick[--k] = 0;

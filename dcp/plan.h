@@ -2,21 +2,20 @@
 // DCP's de-duplication of items several ranks hold (replicated tensors).
 //
 // Contract:
-//  * LocalBoxes: the boxes (one per combination of one index run per dimension) that make up
-//    a rank's local tensor, each with its offsets in the global tensor and in the local
-//    tensor. For an FSDP parameter (or a state tensor shaped like its shard) the local tensor
-//    is FSDP's chunk along its shard dim of the tensor-parallel local tensor (whose runs are
-//    dtensor::LocalSegments of the TP spec; no TP: the whole tensor). This is FSDPParam's
-//    actual layout, also where the StridedShard spec would not describe it (uneven TP). Empty
-//    boxes are left out. Precondition: `p` is resharded (outside forward/backward).
-//  * FlatRangeBoxes: the boxes of a flat range (FSDP1), below.
+//  * A Box is a block of a global tensor a rank holds in its local tensor: its offsets in
+//    the global tensor and where it sits in the local one. The box helpers are pure.
+//  * WholeBox: the whole tensor. RunBoxes: the boxes of a local tensor whose indices along
+//    each dim are the concatenation of index runs (one box per combination of one run per
+//    dim; empty boxes left out): e.g. an FSDP2 shard of a TP local tensor
+//    (dtensor::LocalSegments), or any DTensor's local tensor. FlatRangeBoxes: the boxes of a
+//    flat range (FSDP1), below.
 //  * DedupSavePlans: torch/distributed/checkpoint/_dedup_save_plans.py dedup_save_plans
 //    (PyTorch 2.15, save_to_lowest_rank=False), the default planner's step: every item key
 //    that several plans hold is kept by exactly one of them, the one with the least storage
 //    planned so far (ties: the lowest rank), visiting keys in first-appearance order (plans
 //    in rank order, items in plan order); a bytes item counts 1. Returns, per plan, whether
 //    each of its items stays. Pure; the same answer on every rank given the same plans.
-//  * EncodePlan / DecodePlan: a plan as bytes (for AllGatherBytes) and back; DecodePlan
+//  * EncodePlan / DecodePlan: a plan as bytes (for comm::GatherBytes) and back; DecodePlan
 //    checks every length against the buffer (c10::Error naming `source`).
 #ifndef FSDP_DCP_PLAN_H_
 #define FSDP_DCP_PLAN_H_
@@ -27,9 +26,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::fsdp2 {
-class FSDPParam;
-}
+#include "dtensor/dtensor_spec.h"
 
 namespace fsdp::dcp::internal {
 
@@ -43,8 +40,12 @@ struct Box {
   int64_t numel() const;
 };
 
-// `p` null: one box, the whole tensor of `local_sizes`.
-std::vector<Box> LocalBoxes(const fsdp2::FSDPParam* p, const std::vector<int64_t>& local_sizes);
+// One box: the whole tensor of `sizes`.
+Box WholeBox(const std::vector<int64_t>& sizes);
+
+// `runs[d]`: the global indices of dim d the local tensor holds, in local order. Boxes in
+// row-major order of the runs, local offsets counting along the runs.
+std::vector<Box> RunBoxes(const std::vector<std::vector<dtensor::Segment>>& runs);
 
 // The boxes that make up the elements [flat_start, flat_start + numel) of the row-major
 // flattening of a tensor of `global` size (an FSDP1 flat-shard piece of a parameter): per

@@ -11,7 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -21,12 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/dcp_storage.h"
+#include "comm/object_collectives.h"
+#include "dcp/adapter.h"
 #include "dcp/collectives.h"
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
 #include "dcp/state_items.h"
-#include "fsdp/fsdp2/fsdp_param.h"
-#include "fsdp/fsdp2/state_dict.h"
 
 namespace fsdp::dcp {
 namespace {
@@ -41,6 +41,8 @@ constexpr char kAsyncSave[] = "dcp::AsyncSave";
 
 // This rank's part of the checkpoint after de-duplication.
 struct RankPlan {
+  std::unique_ptr<internal::ModelAdapter> adapter;  // the sources' layouts point into it
+  comm::ProcessGroupPtr world;
   internal::SaveSources sources;
   std::vector<std::pair<size_t, Box>> tensors;  // (source, box), in plan order
   std::vector<size_t> bytes;                    // sources.bytes indices
@@ -63,20 +65,62 @@ std::string DataFilePath(const std::string& dir, int rank) {
   return !dir.empty() && dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
 }
 
-Box WholeBox(const std::vector<int64_t>& size) {
-  return Box{std::vector<int64_t>(size.size(), 0), std::vector<int64_t>(size.size(), 0), size};
+// This rank's candidate items (its plan) in source order: tensor chunks, then bytes.
+struct Candidates {
+  std::vector<PlannedItem> items;
+  std::vector<std::pair<size_t, Box>> tensors;  // (source, box)
+  std::vector<size_t> bytes;
+};
+
+Candidates ListCandidates(RankPlan& plan, StateDictKind kind) {
+  Candidates out;
+  for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
+    const internal::TensorSource& s = plan.sources.tensors[i];
+    plan.paths[s.key] = s.object_path;
+    // A full save writes each tensor whole, from the rank DCP's dedup picks.
+    std::vector<Box> boxes =
+        kind == StateDictKind::kSharded ? s.boxes : std::vector<Box>{internal::WholeBox(s.global_size)};
+    for (Box& box : boxes) {
+      out.items.push_back({internal::ChunkKey(s.key, box.global_offsets),
+                           box.numel() * static_cast<int64_t>(c10::elementSize(s.local.scalar_type())), false});
+      out.tensors.emplace_back(i, std::move(box));
+    }
+  }
+  for (size_t i = 0; i < plan.sources.bytes.size(); ++i) {
+    plan.paths[plan.sources.bytes[i].key] = plan.sources.bytes[i].object_path;
+    out.items.push_back({internal::BytesKey(plan.sources.bytes[i].key), 0, true});
+    out.bytes.push_back(i);
+  }
+  return out;
+}
+
+// DCP's central planning: rank 0 gathers the plans, dedups them and sends each rank what it
+// keeps (no other rank holds the W plans). Collective.
+std::vector<char> Dedup(const RankPlan& plan, const std::string& error, const Candidates& mine, const char* caller) {
+  const auto all = internal::GatherOrThrow(plan.world, error, internal::EncodePlan(mine.items), 0, caller);
+  std::vector<std::vector<char>> keeps;
+  const std::string dedup_error = internal::ErrorOf([&] {
+    if (plan.rank != 0) return;
+    std::vector<std::vector<PlannedItem>> plans;
+    for (size_t r = 0; r < all.size(); ++r) {
+      plans.push_back(r == 0 ? mine.items : internal::DecodePlan(all[r], absl::StrCat("rank ", r, "'s plan")));
+    }
+    for (const std::vector<bool>& k : internal::DedupSavePlans(plans)) keeps.emplace_back(k.begin(), k.end());
+  });
+  std::vector<char> keep = internal::ScatterOrThrow(plan.world, dedup_error, keeps, 0, caller);
+  TORCH_CHECK(keep.size() == mine.items.size(), caller, ": rank 0 sent ", keep.size(), " decisions for ",
+              mine.items.size(), " items");
+  return keep;
 }
 
 // Collective over the model's world group.
 RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
                   const SaveOptions& options, const char* caller) {
   RankPlan plan;
-  plan.sources = internal::CollectSaveSources(model, optimizer);  // reshards: the same on every rank
-  const comm::ProcessGroupPtr& world = plan.sources.world;
-  plan.rank = world ? world->rank() : 0;
-  std::vector<PlannedItem> mine;
-  std::vector<std::pair<size_t, Box>> tensor_candidates;
-  std::vector<size_t> bytes_candidates;
+  plan.adapter = internal::AdapterFor(model, caller);  // reshards: the same on every rank
+  plan.world = plan.adapter->world();
+  plan.rank = plan.world ? plan.world->rank() : 0;
+  Candidates mine;
   const std::string error = internal::ErrorOf([&] {
     // A checkpoint being overwritten stops being complete before any rank writes (the
     // gather below orders this before every write).
@@ -85,54 +129,18 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
       TORCH_CHECK(::unlink(md.c_str()) == 0 || errno == ENOENT, caller, ": cannot remove the old '", md, "' (",
                   std::strerror(errno), ")");
     }
+    if (options.kind != StateDictKind::kSharded) plan.adapter->CheckFullSave(caller);
+    plan.sources = internal::CollectSaveSources(model, *plan.adapter, optimizer);
     internal::AddExtraState(options.extra_state, plan.sources, caller);
     if (options.kind == StateDictKind::kFullRank0 && plan.rank != 0) return;
-    for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
-      const internal::TensorSource& s = plan.sources.tensors[i];
-      plan.paths[s.key] = s.object_path;
-      TORCH_CHECK(s.flat_start < 0 || options.kind == StateDictKind::kSharded, caller,
-                  ": full state dicts (kFull, kFullRank0) of FSDP1 (wrap_fsdp) models are not supported; save "
-                  "kSharded (any world size and FSDP2 load it) or use fsdp1::GetFullStateDict");
-      std::vector<Box> boxes;
-      if (options.kind != StateDictKind::kSharded) {
-        boxes = {WholeBox(s.global_size)};
-      } else if (s.flat_start >= 0) {
-        boxes = internal::FlatRangeBoxes(s.global_size, s.flat_start, s.local.numel());
-      } else {
-        boxes = internal::LocalBoxes(s.fsdp, s.local.sizes().vec());
-      }
-      for (Box& box : boxes) {
-        mine.push_back({internal::ChunkKey(s.key, box.global_offsets),
-                        box.numel() * static_cast<int64_t>(c10::elementSize(s.local.scalar_type())), false});
-        tensor_candidates.emplace_back(i, std::move(box));
-      }
-    }
-    for (size_t i = 0; i < plan.sources.bytes.size(); ++i) {
-      plan.paths[plan.sources.bytes[i].key] = plan.sources.bytes[i].object_path;
-      mine.push_back({internal::BytesKey(plan.sources.bytes[i].key), 0, true});
-      bytes_candidates.push_back(i);
-    }
+    mine = ListCandidates(plan, options.kind);
   });
-  // DCP's central planning: rank 0 gathers the plans, dedups them and sends each rank what
-  // it keeps (no other rank holds the W plans).
-  const auto all = internal::GatherOrThrow(world, error, internal::EncodePlan(mine), 0, caller);
-  std::vector<std::vector<char>> keeps;
-  const std::string dedup_error = internal::ErrorOf([&] {
-    if (plan.rank != 0) return;
-    std::vector<std::vector<PlannedItem>> plans;
-    for (size_t r = 0; r < all.size(); ++r) {
-      plans.push_back(r == 0 ? mine : internal::DecodePlan(all[r], absl::StrCat("rank ", r, "'s plan")));
-    }
-    for (const std::vector<bool>& k : internal::DedupSavePlans(plans)) keeps.emplace_back(k.begin(), k.end());
-  });
-  const std::vector<char> keep = internal::ScatterOrThrow(world, dedup_error, keeps, 0, caller);
-  TORCH_CHECK(keep.size() == tensor_candidates.size() + bytes_candidates.size(), caller, ": rank 0 sent ",
-              keep.size(), " decisions for ", tensor_candidates.size() + bytes_candidates.size(), " items");
-  for (size_t i = 0; i < tensor_candidates.size(); ++i) {
-    if (keep[i]) plan.tensors.push_back(std::move(tensor_candidates[i]));
+  const std::vector<char> keep = Dedup(plan, error, mine, caller);
+  for (size_t i = 0; i < mine.tensors.size(); ++i) {
+    if (keep[i]) plan.tensors.push_back(std::move(mine.tensors[i]));
   }
-  for (size_t i = 0; i < bytes_candidates.size(); ++i) {
-    if (keep[tensor_candidates.size() + i]) plan.bytes.push_back(bytes_candidates[i]);
+  for (size_t i = 0; i < mine.bytes.size(); ++i) {
+    if (keep[mine.tensors.size() + i]) plan.bytes.push_back(mine.bytes[i]);
   }
   return plan;
 }
@@ -161,7 +169,7 @@ RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot) {
     for (const auto& [source, box] : plan.tensors) kept.insert(source);
     for (size_t i = 0; i < plan.sources.tensors.size(); ++i) {
       const internal::TensorSource& s = plan.sources.tensors[i];
-      at::Tensor full = s.fsdp ? fsdp2::GatherLikeParam(*s.fsdp, s.local) : s.local;
+      at::Tensor full = s.sharded ? s.sharded->Gather(s.local) : s.local;
       if (kept.contains(i)) add(s, std::vector<int64_t>(s.global_size.size(), 0), full);
     }
   }
@@ -189,62 +197,6 @@ std::vector<DcpFragment> ParseFragments(const std::vector<std::vector<char>>& al
   return fragments;
 }
 
-// The bytes length of the torch.save archive of a contiguous tensor of `sizes` and `dtype`:
-// it does not depend on the values (data.pkl holds only the storage key, dtype, sizes and
-// strides; the data record is stored uncompressed), so one archive of zeros per shape says.
-int64_t ArchiveLength(at::ScalarType dtype, const std::vector<int64_t>& sizes) {
-  static std::mutex mu;
-  static std::map<std::pair<int, std::vector<int64_t>>, int64_t> cache;
-  const auto key = std::make_pair(static_cast<int>(dtype), sizes);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  const int64_t n = static_cast<int64_t>(checkpoint::WriteCheckpoint(c10::IValue(at::zeros(sizes, dtype))).size());
-  std::lock_guard<std::mutex> lock(mu);
-  cache.emplace(key, n);
-  return n;
-}
-
-// What WriteRankData (checkpoint/dcp_storage.cc) will return for `items` (contiguous CPU
-// snapshots), without writing: bytes items first, then the tensor chunks, back to back.
-DcpFragment PredictFragment(int rank, const RankItems& items) {
-  DcpFragment fragment;
-  const std::string file = checkpoint::DcpDataFileName(rank);
-  absl::flat_hash_map<std::string, size_t> index;
-  int64_t offset = 0;
-  const auto entry = [&](const std::string& fqn) -> std::pair<checkpoint::DcpEntry*, bool> {
-    auto [it, added] = index.emplace(fqn, fragment.entries.size());
-    if (added) {
-      fragment.entries.emplace_back();
-      fragment.entries.back().fqn = fqn;
-      fragment.entries.back().object_path = {fqn};
-    }
-    return {&fragment.entries[it->second], added};
-  };
-  for (const DcpBytesItem& b : items.bytes) {
-    checkpoint::DcpEntry* e = entry(b.fqn).first;
-    e->is_bytes = true;
-    e->bytes_storage = {file, offset, static_cast<int64_t>(b.bytes.size())};
-    offset += static_cast<int64_t>(b.bytes.size());
-  }
-  for (const DcpTensorItem& t : items.tensors) {
-    auto [e, added] = entry(t.fqn);
-    if (added) {
-      e->size = t.global_size;
-      e->properties.dtype = t.dtype;
-      e->properties.requires_grad = t.local.requires_grad();
-      e->properties.pin_memory = t.local.is_pinned();
-      e->properties.strides = t.local.strides().vec();
-    }
-    const int64_t length = ArchiveLength(t.dtype, t.local.sizes().vec());
-    e->chunks.push_back({t.offsets, t.local.sizes().vec(), {file, offset, length}});
-    offset += length;
-  }
-  return fragment;
-}
-
 std::vector<char> FragmentPayload(const DcpFragment& fragment) {
   return fragment.entries.empty() ? std::vector<char>() : checkpoint::SerializeDcpFragment(fragment);
 }
@@ -254,7 +206,7 @@ std::vector<char> FragmentPayload(const DcpFragment& fragment) {
 void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
           const SaveOptions& options) {
   const RankPlan plan = MakePlan(model, optimizer, dir, options, "dcp::Save");
-  const comm::ProcessGroupPtr& world = plan.sources.world;
+  const comm::ProcessGroupPtr& world = plan.world;
   const RankItems items = Materialize(plan, options.kind, /*snapshot=*/false);
   DcpFragment fragment;
   const std::string error = internal::ErrorOf([&] {
@@ -267,7 +219,7 @@ void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, co
   std::string md_error;
   if (plan.rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, ParseFragments(all)); });
   const std::vector<char> root_error =
-      internal::BroadcastBytes(world, std::vector<char>(md_error.begin(), md_error.end()), 0);
+      comm::BroadcastBytes(world, std::vector<char>(md_error.begin(), md_error.end()), 0);
   TORCH_CHECK(md_error.empty(), md_error);
   TORCH_CHECK(root_error.empty(), "dcp::Save: rank 0 failed: ", std::string(root_error.begin(), root_error.end()));
 }
@@ -320,11 +272,11 @@ bool AsyncSaveHandle::done() const { return state_ == nullptr || state_->finishe
 AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
                           const SaveOptions& options, comm::ProcessGroupPtr background_group) {
   RankPlan plan = MakePlan(model, optimizer, dir, options, kAsyncSave);
-  const comm::ProcessGroupPtr world = plan.sources.world;
+  const comm::ProcessGroupPtr world = plan.world;
   auto items = std::make_shared<RankItems>(Materialize(plan, options.kind, /*snapshot=*/true));
   DcpFragment predicted;
   const std::string error = internal::ErrorOf([&] {
-    predicted = PredictFragment(plan.rank, *items);
+    predicted = checkpoint::PredictRankData(plan.rank, items->tensors, items->bytes);
     SetObjectPaths(plan, predicted);
   });
   const auto all = internal::GatherOrThrow(world, error, FragmentPayload(predicted), 0, kAsyncSave);
@@ -341,6 +293,7 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   const int rank = plan.rank;
   auto paths = std::make_shared<RankPlan>(std::move(plan));
   paths->sources = {};  // the thread needs only the object paths; the model's tensors stay here
+  paths->adapter.reset();
   state->thread = std::thread([state, items, paths, predicted = std::move(predicted), fragments = std::move(fragments),
                                dir, rank, group = background_group, on_written = options.on_rank_file_written] {
     std::string err = internal::ErrorOf([&] {
@@ -359,7 +312,7 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
       std::string md_error;
       if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, fragments); });
       const std::vector<char> root =
-          internal::BroadcastBytes(group, std::vector<char>(md_error.begin(), md_error.end()), 0);
+          comm::BroadcastBytes(group, std::vector<char>(md_error.begin(), md_error.end()), 0);
       TORCH_CHECK(md_error.empty(), md_error);
       TORCH_CHECK(root.empty(), kAsyncSave, ": rank 0 failed: ", std::string(root.begin(), root.end()));
     });

@@ -7,24 +7,36 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "fsdp/fsdp1/fsdp_state.h"
-#include "fsdp/fsdp1/fully_sharded_data_parallel.h"
-#include "fsdp/fsdp1/state_dict.h"
-#include "fsdp/fsdp2/fsdp_param.h"
-#include "fsdp/fsdp2/state_dict.h"
-#include "optim_state/fsdp1_optim_state.h"
-#include "optim_state/fsdp2_optim_state.h"
+#include "dcp/adapter.h"
 
 namespace fsdp::dcp::internal {
-namespace {}  // namespace
+namespace {
+
+std::vector<DcpPathElement> ModelPath(const std::string& fqn) { return {std::string("model"), fqn}; }
+
+TensorSource WholeSource(std::string key, std::vector<DcpPathElement> path, const at::Tensor& t) {
+  return {std::move(key), std::move(path), t.detach(), t.sizes().vec(), {WholeBox(t.sizes().vec())}, nullptr};
+}
+
+TensorSource ShardedSource(std::string key, std::vector<DcpPathElement> path, const at::Tensor& local,
+                           const ShardedParam& p) {
+  return {std::move(key), std::move(path), local.detach(), p.global_size(), p.boxes(), &p};
+}
+
+}  // namespace
 
 std::string ModelKey(const std::string& fqn) { return kModelPrefix + fqn; }
+std::string OptimStateKey(const std::string& fqn, const std::string& name) {
+  return absl::StrCat(kOptimStatePrefix, fqn, ".", name);
+}
+std::string ParamGroupKey(size_t group, const std::string& option) {
+  return absl::StrCat(kParamGroupsPrefix, group, ".", option);
+}
 
 void CheckExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, const char* caller) {
   absl::flat_hash_set<std::string> seen;
@@ -50,15 +62,8 @@ std::vector<DcpPathElement> ExtraStatePath(const std::string& key) {
 void AddExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, SaveSources& out, const char* caller) {
   CheckExtraState(extra, caller);
   for (const auto& [key, tensor] : extra) {
-    TensorSource s{key, ExtraStatePath(key), nullptr, tensor.detach(), tensor.sizes().vec()};
-    out.tensors.push_back(std::move(s));
+    out.tensors.push_back(WholeSource(key, ExtraStatePath(key), tensor));
   }
-}
-std::string OptimStateKey(const std::string& fqn, const std::string& name) {
-  return absl::StrCat(kOptimStatePrefix, fqn, ".", name);
-}
-std::string ParamGroupKey(size_t group, const std::string& option) {
-  return absl::StrCat(kParamGroupsPrefix, group, ".", option);
 }
 
 optim_state::OptionMap PythonOnlyOptions(const std::string& optimizer) {
@@ -76,134 +81,88 @@ optim_state::OptionMap PythonOnlyOptions(const std::string& optimizer) {
   return {};
 }
 
-FlatModel CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world, const char* caller) {
-  FlatModel out;
-  fsdp1::FSDPState* state = fsdp1::GetState(model);
-  if (state == nullptr) return out;
-  TORCH_CHECK(state->inter_node_group() == nullptr, caller,
-              ": FSDP1 hybrid sharding strategies are not supported (no one process group spans the replicas); "
-              "use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, or FSDP2's HSDP");
-  const fsdp1::FullyShardedDataParallel root(state);
-  for (fsdp1::LocalFlatPiece& p : fsdp1::LocalFlatPieces(root)) {
-    out.fqns_of_flat_param[p.flat_param_key].push_back(p.fqn);
-    out.by_fqn[p.fqn] =
-        FlatPiece{std::move(p.shape), p.flat_start,     p.local.defined() ? p.local.detach() : at::Tensor(),
-                  p.offset_in_shard,  p.flat_param_key, p.shard_numel};
-  }
-  // Tied parameters: the flat parameter lists the first name; the others share its piece.
-  absl::flat_hash_map<const c10::TensorImpl*, std::string> first_name;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    auto [it, inserted] = first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
-    if (!inserted && out.by_fqn.count(it->second) && !out.by_fqn.count(item.key())) {
-      out.by_fqn[item.key()] = out.by_fqn[it->second];
-    }
-  }
-  *world = state->process_group();
-  return out;
-}
+namespace {
 
-SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) {
-  SaveSources out;
-  const FlatModel flat = CollectFlatPieces(model, &out.world, "dcp");
-  const std::vector<fsdp2::NamedParameter> params = fsdp2::NamedParameters(model);  // reshards
-  absl::flat_hash_map<const c10::TensorImpl*, const fsdp2::FSDPParam*> by_impl;
-  absl::flat_hash_map<std::string, const fsdp2::FSDPParam*> by_fqn;
-  for (const auto& p : params) {
-    by_fqn.emplace(p.fqn, p.fsdp_param);
-    if (p.fsdp_param == nullptr) continue;
-    by_impl.emplace(p.param.unsafeGetTensorImpl(), p.fsdp_param);
-    if (out.world == nullptr) out.world = p.fsdp_param->sharding_spec().mesh->world();
-  }
-  const auto add_tensor = [&](std::string key, std::vector<DcpPathElement> path, const fsdp2::FSDPParam* fsdp,
-                              const at::Tensor& local) {
-    TensorSource s{std::move(key), std::move(path), fsdp, local.detach(), {}};
-    s.global_size = fsdp ? fsdp->sharding_spec().shape : local.sizes().vec();
-    out.tensors.push_back(std::move(s));
-  };
-  // Model: named_parameters then named_buffers (tied parameters under each name, as
-  // state_dict()).
+// The model's entries: this rank's part of each sharded parameter, every other tensor whole.
+void AddModel(torch::nn::Module& model, const ModelAdapter& adapter, SaveSources& out) {
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().defined()) continue;
-    if (auto piece = flat.by_fqn.find(item.key()); piece != flat.by_fqn.end()) {  // FSDP1: this rank's piece
-      if (!piece->second.local.defined()) continue;
-      TensorSource s{ModelKey(item.key()),
-                     {std::string("model"), item.key()},
-                     nullptr,
-                     piece->second.local,
-                     piece->second.shape,
-                     piece->second.flat_start};
-      out.tensors.push_back(std::move(s));
+    if (const ShardedParam* p = adapter.Sharded(item.key())) {
+      if (p->local().defined())
+        out.tensors.push_back(ShardedSource(ModelKey(item.key()), ModelPath(item.key()), p->local(), *p));
       continue;
     }
-    auto it = by_impl.find(item.value().unsafeGetTensorImpl());
-    const fsdp2::FSDPParam* fsdp = it == by_impl.end() ? nullptr : it->second;
-    add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, fsdp,
-               fsdp ? fsdp->ShardedDTensor().to_local() : item.value());
+    out.tensors.push_back(WholeSource(ModelKey(item.key()), ModelPath(item.key()), item.value()));
   }
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
     if (item.value().defined())
-      add_tensor(ModelKey(item.key()), {std::string("model"), item.key()}, nullptr, item.value());
+      out.tensors.push_back(WholeSource(ModelKey(item.key()), ModelPath(item.key()), item.value()));
   }
-  if (optimizer == nullptr) return out;
+}
 
-  const optim_state::OptimStateDict sd =
-      flat.empty()
-          ? optim_state::GetShardedOptimStateDict(model, *optimizer)
-          : FlatOptimToPieces(optim_state::GetShardedOptimStateDict(
-                                  fsdp1::FullyShardedDataParallel(fsdp1::GetState(model)), *optimizer),
-                              flat);
-  for (const auto& [fqn, state] : sd.state) {
-    auto it = by_fqn.find(fqn);
-    TORCH_CHECK(it != by_fqn.end(), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
-    const fsdp2::FSDPParam* fsdp = it->second;
-    for (const auto& [name, value] : state) {
-      const std::string key = OptimStateKey(fqn, name);
-      std::vector<DcpPathElement> path = {std::string("optim"), std::string("state"), fqn, name};
-      if (const at::Tensor* t = std::get_if<at::Tensor>(&value)) {
-        if (auto piece = flat.by_fqn.find(fqn); piece != flat.by_fqn.end() && t->dim() > 0) {  // FSDP1
-          if (t->numel() == 0) continue;  // this rank holds none of it
-          out.tensors.push_back(
-              {key, std::move(path), nullptr, t->detach(), piece->second.shape, piece->second.flat_start});
-          continue;
-        }
-        const bool sharded = fsdp != nullptr && t->dim() > 0;
-        if (sharded) {
-          TORCH_CHECK(t->sizes().vec() == fsdp->sharded_size(), "dcp: optimizer state '", name, "' of '", fqn,
-                      "' has shape ", c10::str(c10::IntArrayRef(t->sizes())), " but the parameter's shard has shape ",
-                      c10::str(c10::IntArrayRef(fsdp->sharded_size())));
-        }
-        add_tensor(key, std::move(path), sharded ? fsdp : nullptr, *t);
-      } else if (const int64_t* i = std::get_if<int64_t>(&value)) {
-        // LibTorch keeps `step` as an int; PyTorch as a 0-d float32 tensor (torch/optim/adam.py
-        // _init_group: torch.tensor(0.0, dtype=_get_scalar_dtype())).
-        if (name == "step") {
-          add_tensor(key, std::move(path), nullptr, at::scalar_tensor(static_cast<double>(*i), at::kFloat));
-        } else {
-          out.bytes.push_back({key, std::move(path), c10::IValue(*i)});
-        }
-      } else {
-        out.bytes.push_back({key, std::move(path), c10::IValue(std::get<double>(value))});
-      }
+// One optimizer state value of parameter `fqn` (sharded: its layout, else null).
+void AddStateValue(const std::string& fqn, const std::string& name, const optim_state::StateValue& value,
+                   const ShardedParam* sharded, SaveSources& out) {
+  const std::string key = OptimStateKey(fqn, name);
+  std::vector<DcpPathElement> path = {std::string("optim"), std::string("state"), fqn, name};
+  if (const at::Tensor* t = std::get_if<at::Tensor>(&value)) {
+    if (sharded == nullptr || t->dim() == 0) {
+      out.tensors.push_back(WholeSource(key, std::move(path), *t));
+      return;
     }
+    TORCH_CHECK(t->sizes().vec() == sharded->local_size(), "dcp: optimizer state '", name, "' of '", fqn,
+                "' has shape ", c10::str(c10::IntArrayRef(t->sizes())), " but the parameter's shard has shape ",
+                c10::str(c10::IntArrayRef(sharded->local_size())));
+    // Even without boxes on this rank: a full save gathers it on every rank.
+    out.tensors.push_back(ShardedSource(key, std::move(path), *t, *sharded));
+  } else if (const int64_t* i = std::get_if<int64_t>(&value)) {
+    // LibTorch keeps `step` as an int; PyTorch as a 0-d float32 tensor (torch/optim/adam.py
+    // _init_group: torch.tensor(0.0, dtype=_get_scalar_dtype())).
+    if (name == "step") {
+      out.tensors.push_back(WholeSource(key, std::move(path), at::scalar_tensor(static_cast<double>(*i), at::kFloat)));
+    } else {
+      out.bytes.push_back({key, std::move(path), c10::IValue(*i)});
+    }
+  } else {
+    out.bytes.push_back({key, std::move(path), c10::IValue(std::get<double>(value))});
   }
+}
+
+// "optim.param_groups.<i>.<option>" for every option (PyTorch's too) and the FQN list.
+void AddParamGroups(const optim_state::OptimStateDict& sd, SaveSources& out) {
   const optim_state::OptionMap extra = PythonOnlyOptions(sd.optimizer);
   for (size_t g = 0; g < sd.param_groups.size(); ++g) {
     const optim_state::ParamGroupState& group = sd.param_groups[g];
     optim_state::OptionMap options = group.options;
     for (const auto& [name, value] : extra) options.emplace(name, value);
+    const auto path = [g](const std::string& option) -> std::vector<DcpPathElement> {
+      return {std::string("optim"), std::string("param_groups"), static_cast<int64_t>(g), option};
+    };
     for (const auto& [name, value] : options) {
       TORCH_CHECK(name != "params", "dcp: param group ", g, " has an option named 'params'");
-      out.bytes.push_back({ParamGroupKey(g, name),
-                           {std::string("optim"), std::string("param_groups"), static_cast<int64_t>(g), name},
-                           value});
+      out.bytes.push_back({ParamGroupKey(g, name), path(name), value});
     }
     c10::List<std::string> fqns;
     for (const std::string& fqn : group.params) fqns.push_back(fqn);
-    out.bytes.push_back(
-        {ParamGroupKey(g, "params"),
-         {std::string("optim"), std::string("param_groups"), static_cast<int64_t>(g), std::string("params")},
-         c10::IValue(fqns)});
+    out.bytes.push_back({ParamGroupKey(g, "params"), path("params"), c10::IValue(fqns)});
   }
+}
+
+}  // namespace
+
+SaveSources CollectSaveSources(torch::nn::Module& model, const ModelAdapter& adapter,
+                               const torch::optim::Optimizer* optimizer) {
+  SaveSources out;
+  AddModel(model, adapter, out);
+  if (optimizer == nullptr) return out;
+  const optim_state::OptimStateDict sd = adapter.GetOptimState(model, *optimizer);
+  absl::flat_hash_set<std::string> params;
+  for (const auto& [fqn, param] : UniqueParameters(model)) params.insert(fqn);
+  for (const auto& [fqn, state] : sd.state) {
+    TORCH_CHECK(params.contains(fqn), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
+    for (const auto& [name, value] : state) AddStateValue(fqn, name, value, adapter.Sharded(fqn), out);
+  }
+  AddParamGroups(sd, out);
   return out;
 }
 

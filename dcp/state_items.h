@@ -1,5 +1,5 @@
-// The flattened state dict of //dcp, internal to it: what a fully_shard'ed model and its
-// optimizer hold, under the keys PyTorch 2.15 gives them when a Python user runs
+// The flattened state dict of //dcp, internal to it: what a model (any kind, through its
+// adapter: dcp/adapter.h) and its optimizer hold, under the keys PyTorch 2.15 gives them when a Python user runs
 //
 //   dcp.save({"model": get_model_state_dict(model),
 //             "optim": get_optimizer_state_dict(model, optim)}, checkpoint_id=dir)
@@ -17,22 +17,22 @@
 // The object paths (planner_data) are ("model", fqn), ("optim", "state", fqn, name) and
 // ("optim", "param_groups", i, option): an FQN is one path element.
 //
-// Contract: CollectSaveSources reshards every FSDP group first (outside forward/backward
-// only); the tensors it returns alias the model's and the optimizer's (detached). Local, no
-// communication. Errors are c10::Errors naming the FQN.
+// Contract: CollectSaveSources gets the layout of each sharded parameter from the model's
+// adapter (dcp/adapter.h; made first, so FSDP groups are resharded); the tensors it returns
+// alias the model's and the optimizer's (detached). Local, no communication. Errors are
+// c10::Errors naming the FQN.
 #ifndef FSDP_DCP_STATE_ITEMS_H_
 #define FSDP_DCP_STATE_ITEMS_H_
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/dcp_metadata.h"
-#include "comm/process_group.h"
+#include "dcp/plan.h"
 #include "optim_state/optim_state_dict.h"
 
 namespace torch::nn {
@@ -40,9 +40,6 @@ class Module;
 }
 namespace torch::optim {
 class Optimizer;
-}
-namespace fsdp::fsdp2 {
-class FSDPParam;
 }
 
 namespace fsdp::dcp::internal {
@@ -56,18 +53,20 @@ inline constexpr char kModelPrefix[] = "model.";
 inline constexpr char kOptimStatePrefix[] = "optim.state.";
 inline constexpr char kParamGroupsPrefix[] = "optim.param_groups.";
 
+class ShardedParam;
+class ModelAdapter;
+
 // One tensor of the flattened state dict, as this rank holds it.
 struct TensorSource {
   std::string key;
   std::vector<DcpPathElement> object_path;
-  // Laid out like this FSDP parameter's shard (null: this rank holds the whole tensor, the
-  // same on every rank: buffers, parameters FSDP does not manage, 0-d state).
-  const fsdp2::FSDPParam* fsdp = nullptr;
   at::Tensor local;
   std::vector<int64_t> global_size;
-  // >= 0: an FSDP1 piece: `local` is 1-D and holds the elements [flat_start, + numel) of the
-  // row-major flattening of the global tensor (internal::FlatRangeBoxes).
-  int64_t flat_start = -1;
+  // The boxes of the global tensor `local` holds (sharded: the parameter's; else the whole).
+  std::vector<Box> boxes;
+  // The parameter `local` is laid out like (null: whole, the same on every rank: buffers,
+  // parameters no adapter shards, 0-d state, extra_state).
+  const ShardedParam* sharded = nullptr;
 };
 
 // One non-tensor value, written as the torch.save bytes of `value`.
@@ -80,40 +79,7 @@ struct BytesSource {
 struct SaveSources {
   std::vector<TensorSource> tensors;
   std::vector<BytesSource> bytes;
-  // The world group of the model's meshes; null when FSDP manages no parameter.
-  comm::ProcessGroupPtr world;
 };
-
-// An FSDP1 (wrap_fsdp) parameter as this rank holds it: its elements [flat_start, +
-// local.numel()) in row-major order (fsdp1::LocalFlatPieces); `local` undefined: none.
-struct FlatPiece {
-  std::vector<int64_t> shape;
-  int64_t flat_start = 0;
-  at::Tensor local;
-  int64_t offset_in_shard = 0;  // of the piece in its flat parameter's local shard
-  std::string flat_param_key;   // the flat parameter's key in the optimizer's local state
-  int64_t shard_numel = 0;      // of that local shard
-};
-
-// The FSDP1 parameters of a wrap_fsdp tree: pieces by parameter name (tied parameters
-// under each name), and each flat parameter's original parameters (primary names) in order.
-struct FlatModel {
-  std::map<std::string, FlatPiece> by_fqn;
-  std::map<std::string, std::vector<std::string>> fqns_of_flat_param;
-  bool empty() const { return by_fqn.empty(); }
-};
-
-// Empty unless `model` is the root of a wrap_fsdp tree; sets *world to the FSDP1 shard
-// group then (hybrid strategies are refused: no one group spans their replicas).
-FlatModel CollectFlatPieces(torch::nn::Module& model, comm::ProcessGroupPtr* world, const char* caller);
-
-// FSDP1 optimizer state between the optimizer's local form (flat-parameter keys, this rank's
-// flat shard: optim_state::GetShardedOptimStateDict) and DCP's (original parameter names;
-// positive-dim tensors as this rank's 1-D piece of each, empty where it holds none; scalars
-// repeated for each original parameter; param groups listing original names). Local.
-optim_state::OptimStateDict FlatOptimToPieces(const optim_state::OptimStateDict& local, const FlatModel& flat);
-optim_state::OptimStateDict PiecesToFlatOptim(const optim_state::OptimStateDict& pieces, const FlatModel& flat,
-                                              const char* caller);
 
 // Checks SaveOptions/LoadOptions::extra_state (dcp.h: keys non-empty, unique, outside
 // "model." and "optim.", tensors defined); throws c10::Error naming `caller` and the key.
@@ -123,8 +89,11 @@ std::vector<DcpPathElement> ExtraStatePath(const std::string& key);
 // Appends each extra tensor as a whole-tensor source (written once, like a buffer).
 void AddExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, SaveSources& out, const char* caller);
 
-// `optimizer` may be null (model only).
-SaveSources CollectSaveSources(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);
+// `optimizer` may be null (model only). Model entries in named_parameters() then
+// named_buffers() order (tied parameters under each name, as state_dict()), then the
+// optimizer's state and param groups.
+SaveSources CollectSaveSources(torch::nn::Module& model, const ModelAdapter& adapter,
+                               const torch::optim::Optimizer* optimizer);
 
 // The param group options PyTorch 2.15's optimizer of this adapter name has and LibTorch's
 // lacks, with their defaults (maximize, foreach, capturable, differentiable, fused,

@@ -1,0 +1,101 @@
+// dcp::Load's phases, private to //dcp:core. load.cc runs them on every rank and makes the
+// ranks agree (every rank fails if one did) before anything changes: after Plan (staging:
+// after Read), after Read in place, and after Apply.
+//   Validate  the metadata, every key the model, extra_state and optimizer need, global
+//             shapes, the non-tensor values and 0-d state (read now: small), the optimizer
+//             state's structure (param groups). Changes nothing.
+//   Plan      per local tensor, where it is read (the live tensor in place, or a staging
+//             tensor) and which boxes of which entry: DcpReader::Prepare checks each box and
+//             opens every chunk file it needs, checking the chunk's byte range. A load in
+//             place also checks that the optimizer state will install.
+//   Read      the planned boxes, each byte CRC-checked (in place: the model now changes).
+//   Apply     optimizer state, model tensors through their adapter, extra_state.
+// Contract: Validate and Plan throw c10::Errors naming the directory, key and value (the
+// messages dcp.h promises); Read throws on a read error or a damaged file; Apply on an
+// optimizer state that does not install (nothing changed then). Not thread-safe.
+#ifndef FSDP_DCP_LOAD_JOB_H_
+#define FSDP_DCP_LOAD_JOB_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/dcp_storage.h"
+#include "dcp/adapter.h"
+#include "dcp/dcp.h"
+#include "dcp/plan.h"
+#include "optim_state/optim_state_dict.h"
+
+namespace fsdp::dcp::internal {
+
+inline constexpr char kLoad[] = "dcp::Load";
+
+// A tensor entry of the checkpoint read into a local tensor.
+struct TensorRead {
+  const checkpoint::DcpEntry* entry = nullptr;
+  std::vector<int64_t> local_size;
+  std::vector<Box> boxes;                    // of the global tensor, in the local tensor
+  at::Tensor live;                           // read into in place when it can be (undefined: never)
+  const ShardedParam* staging_of = nullptr;  // its Staging when not in place (null: at::empty)
+  at::Tensor value;                          // Plan: where it is read
+};
+
+// A parameter or buffer of the model.
+struct ModelTarget {
+  at::Tensor tensor;                      // the live one
+  const ShardedParam* sharded = nullptr;  // installs the value (null: copied into `tensor`)
+  TensorRead read;
+};
+
+// A positive-dim optimizer-state tensor.
+struct StateTarget {
+  std::string fqn, name;
+  TensorRead read;
+};
+
+class LoadJob {
+ public:
+  LoadJob(torch::nn::Module& model, torch::optim::Optimizer* optimizer, std::string dir, const LoadOptions& options,
+          const ModelAdapter& adapter, bool in_place);
+
+  void Validate();
+  void Plan();
+  void Read();
+  void Apply();
+
+ private:
+  void ValidateModel();
+  void ValidateExtraState();
+  void ValidateParamGroups();
+  void ValidateState();
+  void ValidateStateEntry(const checkpoint::DcpEntry& e, const std::string& fqn, const std::string& name,
+                          const at::Tensor& param, const at::Tensor& live);
+  c10::IValue ReadValue(const std::string& key);
+  const checkpoint::DcpEntry& TensorEntry(const std::string& key, const std::vector<int64_t>& want,
+                                          const std::string& what) const;
+  void PlanRead(TensorRead& r);
+  template <class Fn>
+  void ForEachRead(Fn&& fn);
+
+  torch::nn::Module& model_;
+  torch::optim::Optimizer* optimizer_;
+  const std::string dir_;
+  const LoadOptions& options_;
+  const ModelAdapter& adapter_;
+  const bool in_place_;
+
+  checkpoint::DcpMetadata md_;
+  std::unique_ptr<checkpoint::DcpReader> reader_;
+  std::vector<ModelTarget> model_targets_;
+  std::vector<ModelTarget> extra_targets_;  // LoadOptions::extra_state
+  std::vector<StateTarget> state_targets_;
+  bool has_optimizer_state_ = false;
+  // Param groups and every non-tensor and 0-d value after Validate; the tensors after Plan.
+  optim_state::OptimStateDict optim_;
+};
+
+}  // namespace fsdp::dcp::internal
+
+#endif  // FSDP_DCP_LOAD_JOB_H_

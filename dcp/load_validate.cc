@@ -1,0 +1,228 @@
+// dcp::Load's first phase (load_job.h): torch/distributed/checkpoint/default_planner.py
+// create_default_local_load_plan's checks (every key the state dict asks for is in the
+// metadata, with its size) before anything is read or changed.
+#include <ATen/ATen.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "dcp/load_job.h"
+#include "dcp/state_items.h"
+#include "optim_state/optimizer_adapter.h"
+
+namespace fsdp::dcp::internal {
+namespace {
+
+using checkpoint::DcpEntry;
+
+// "'a', 'b', 'c' (and 4 more)".
+std::string ListKeys(const std::vector<std::string>& keys) {
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < keys.size() && i < 5; ++i) shown.push_back("'" + keys[i] + "'");
+  std::string out = absl::StrJoin(shown, ", ");
+  if (keys.size() > shown.size()) absl::StrAppend(&out, " (and ", keys.size() - shown.size(), " more)");
+  return out;
+}
+
+// "optim.param_groups.<i>.<option>" -> (i, option); false for other keys.
+bool ParseGroupKey(const std::string& key, size_t* group, std::string* option) {
+  if (!absl::StartsWith(key, kParamGroupsPrefix)) return false;
+  const std::string rest = key.substr(std::strlen(kParamGroupsPrefix));
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos || !absl::SimpleAtoi(rest.substr(0, dot), group)) return false;
+  *option = rest.substr(dot + 1);
+  return !option->empty();
+}
+
+// The optimizer's current tensor `name` of parameter `fqn` (undefined when it has none).
+at::Tensor LiveState(const optim_state::OptimStateDict& live, const std::string& fqn, const std::string& name) {
+  auto p = live.state.find(fqn);
+  if (p == live.state.end()) return at::Tensor();
+  auto v = p->second.find(name);
+  if (v == p->second.end()) return at::Tensor();
+  const at::Tensor* t = std::get_if<at::Tensor>(&v->second);
+  return t != nullptr ? *t : at::Tensor();
+}
+
+}  // namespace
+
+LoadJob::LoadJob(torch::nn::Module& model, torch::optim::Optimizer* optimizer, std::string dir,
+                 const LoadOptions& options, const ModelAdapter& adapter, bool in_place)
+    : model_(model),
+      optimizer_(optimizer),
+      dir_(std::move(dir)),
+      options_(options),
+      adapter_(adapter),
+      in_place_(in_place) {}
+
+void LoadJob::Validate() {
+  try {
+    md_ = checkpoint::ReadMetadata(dir_);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, kLoad, ": '", dir_, "' holds no complete checkpoint: ", e.what_without_backtrace());
+  }
+  reader_ = std::make_unique<checkpoint::DcpReader>(dir_, md_);
+  ValidateModel();
+  ValidateExtraState();
+  if (optimizer_ == nullptr) return;
+  ValidateParamGroups();
+  if (has_optimizer_state_) ValidateState();
+}
+
+// A tensor entry of the checkpoint with the global size `want`.
+const DcpEntry& LoadJob::TensorEntry(const std::string& key, const std::vector<int64_t>& want,
+                                     const std::string& what) const {
+  const DcpEntry* e = md_.Find(key);
+  TORCH_CHECK(e != nullptr, kLoad, ": the checkpoint '", dir_, "' has no entry '", key, "'");
+  TORCH_CHECK(!e->is_bytes, kLoad, ": '", key, "' in the checkpoint '", dir_, "' is a bytes entry, but ", what,
+              " is a tensor");
+  TORCH_CHECK(e->size == want, kLoad, ": '", key, "' in the checkpoint '", dir_, "' has size ",
+              c10::str(c10::IntArrayRef(e->size)), ", but ", what, " has size ", c10::str(c10::IntArrayRef(want)),
+              " (a checkpoint of another model?)");
+  return *e;
+}
+
+c10::IValue LoadJob::ReadValue(const std::string& key) {
+  const std::vector<char> bytes = reader_->ReadBytes(key);
+  return checkpoint::ReadCheckpoint(bytes.data(), bytes.size(), absl::StrCat("entry '", key, "' of '", dir_, "'"));
+}
+
+// Parameters (a tied tensor under its first name), then buffers.
+void LoadJob::ValidateModel() {
+  std::vector<std::pair<std::string, at::Tensor>> targets = UniqueParameters(model_);
+  const size_t params = targets.size();
+  for (const auto& item : model_.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) targets.emplace_back(item.key(), item.value());
+  }
+  std::vector<std::string> missing;
+  for (const auto& [fqn, tensor] : targets) {
+    if (md_.Find(ModelKey(fqn)) == nullptr) missing.push_back(ModelKey(fqn));
+  }
+  TORCH_CHECK(missing.empty() || options_.allow_partial_load, kLoad, ": the checkpoint '", dir_, "' lacks ",
+              missing.size(), " of the model's ", targets.size(), " keys: ", ListKeys(missing),
+              " (a checkpoint of another model?)");
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const auto& [fqn, tensor] = targets[i];
+    const std::string key = ModelKey(fqn);
+    if (md_.Find(key) == nullptr) continue;  // allow_partial_load
+    const ShardedParam* sharded = i < params ? adapter_.Sharded(fqn) : nullptr;
+    const DcpEntry& e = TensorEntry(key, sharded ? sharded->global_size() : tensor.sizes().vec(),
+                                    absl::StrCat("the model's '", fqn, "'"));
+    if (sharded == nullptr) {
+      const std::vector<int64_t> sizes = tensor.sizes().vec();
+      model_targets_.push_back({tensor, nullptr, {&e, sizes, {WholeBox(sizes)}, tensor, nullptr, {}}});
+    } else if (sharded->live().defined()) {  // else this rank holds none of it
+      model_targets_.push_back(
+          {sharded->live(), sharded, {&e, sharded->local_size(), sharded->boxes(), sharded->live(), sharded, {}}});
+    }
+  }
+}
+
+void LoadJob::ValidateExtraState() {
+  CheckExtraState(options_.extra_state, kLoad);
+  for (const auto& [key, tensor] : options_.extra_state) {
+    const std::vector<int64_t> sizes = tensor.sizes().vec();
+    const DcpEntry& e = TensorEntry(key, sizes, absl::StrCat("extra_state '", key, "'"));
+    extra_targets_.push_back({tensor, nullptr, {&e, sizes, {WholeBox(sizes)}, tensor, nullptr, {}}});
+  }
+}
+
+// Every "optim.param_groups.<i>.<option>" entry (PyTorch writes each option of each group,
+// "params" the FQN list).
+void LoadJob::ValidateParamGroups() {
+  std::map<size_t, optim_state::ParamGroupState> groups;
+  for (const DcpEntry& e : md_.entries) {
+    size_t g;
+    std::string option;
+    if (!ParseGroupKey(e.fqn, &g, &option)) continue;
+    const c10::IValue value = ReadValue(e.fqn);
+    if (option != "params") {
+      groups[g].options[option] = value;
+      continue;
+    }
+    TORCH_CHECK(value.isList(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir_, "' is a ", value.tagKind(),
+                ", not a list of parameter names");
+    for (const c10::IValue& name : value.toListRef()) {
+      TORCH_CHECK(name.isString(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir_, "' lists a ", name.tagKind(),
+                  ", not a parameter name");
+      groups[g].params.push_back(name.toStringRef());
+    }
+  }
+  if (groups.empty()) {
+    TORCH_CHECK(options_.allow_partial_load, kLoad, ": the checkpoint '", dir_, "' has no optimizer state (no entry '",
+                ParamGroupKey(0, "params"), "')");
+    return;
+  }
+  for (auto& [g, group] : groups) {
+    const size_t next = optim_.param_groups.size();  // groups are numbered 0, 1, ...
+    TORCH_CHECK(g == next, kLoad, ": the checkpoint '", dir_, "' has no entry '", ParamGroupKey(next, "params"),
+                "' but has param group ", g);
+    TORCH_CHECK(!group.params.empty() || md_.Find(ParamGroupKey(g, "params")) != nullptr, kLoad, ": the checkpoint '",
+                dir_, "' has no entry '", ParamGroupKey(g, "params"), "'");
+    optim_.param_groups.push_back(std::move(group));
+  }
+  optim_.optimizer = optim_state::OptimizerAdapterFor(*optimizer_)->name();
+  has_optimizer_state_ = true;
+}
+
+// "optim.state.<fqn>.<name>" for the optimizer's parameters (others are ignored).
+void LoadJob::ValidateState() {
+  absl::flat_hash_map<std::string, at::Tensor> param_of;
+  for (auto& [fqn, param] : UniqueParameters(model_)) param_of.emplace(fqn, param);
+  const optim_state::OptimStateDict live =
+      in_place_ ? adapter_.GetOptimState(model_, *optimizer_) : optim_state::OptimStateDict();
+  for (const DcpEntry& e : md_.entries) {
+    if (!absl::StartsWith(e.fqn, kOptimStatePrefix)) continue;
+    const std::string rest = e.fqn.substr(std::strlen(kOptimStatePrefix));
+    const size_t dot = rest.rfind('.');
+    if (dot == std::string::npos) continue;
+    const std::string fqn = rest.substr(0, dot), name = rest.substr(dot + 1);
+    auto it = param_of.find(fqn);
+    if (it == param_of.end()) continue;
+    ValidateStateEntry(e, fqn, name, it->second, LiveState(live, fqn, name));
+  }
+}
+
+// `live`: the optimizer's tensor, read into in place when it can be.
+void LoadJob::ValidateStateEntry(const DcpEntry& e, const std::string& fqn, const std::string& name,
+                                 const at::Tensor& param, const at::Tensor& live) {
+  optim_state::StateValue& value = optim_.state[fqn][name];
+  if (e.is_bytes) {
+    const c10::IValue v = ReadValue(e.fqn);
+    TORCH_CHECK(v.isInt() || v.isDouble(), kLoad, ": '", e.fqn, "' in the checkpoint '", dir_, "' is a ", v.tagKind(),
+                "; optimizer state values are tensors, ints or floats");
+    value = v.isInt() ? optim_state::StateValue(v.toInt()) : optim_state::StateValue(v.toDouble());
+  } else if (!e.size.empty()) {  // laid out like the parameter: read in Plan / Read
+    const ShardedParam* sharded = adapter_.Sharded(fqn);
+    TensorEntry(e.fqn, sharded ? sharded->global_size() : param.sizes().vec(), absl::StrCat("parameter '", fqn, "'"));
+    const std::vector<int64_t> local = sharded ? sharded->local_size() : param.sizes().vec();
+    state_targets_.push_back(
+        {fqn, name, {&e, local, sharded ? sharded->boxes() : std::vector<Box>{WholeBox(local)}, live, nullptr, {}}});
+  } else {  // a 0-d value (`step`): read now, into fresh memory (no live tensor changes)
+    at::Tensor scalar = at::empty({}, at::TensorOptions().dtype(e.properties.dtype));
+    reader_->ReadInto(e.fqn, {}, scalar);
+    if (name == "step") {  // PyTorch's 0-d float tensor; LibTorch's optimizers count in an int
+      const double step = scalar.item<double>();
+      TORCH_CHECK(step >= 0 && std::floor(step) == step, kLoad, ": '", e.fqn, "' in the checkpoint '", dir_, "' is ",
+                  step, ", not a step count");
+      value = static_cast<int64_t>(step);
+    } else {
+      value = scalar;
+    }
+  }
+}
+
+}  // namespace fsdp::dcp::internal
