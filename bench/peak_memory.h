@@ -1,4 +1,4 @@
-// Memory measurements of the end-to-end benchmark, defined so that testing/peer/peer_common.py
+// Memory measurements of the end-to-end benchmark, defined so that tests/peer/peer_common.py
 // measures PyTorch the same way:
 //
 // AllocationWindow: while it lives, this thread's LibTorch CPU allocations are reported to it

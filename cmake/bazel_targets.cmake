@@ -21,6 +21,7 @@
 #   //dtensor: tensor_parallel_test (DTensor under Colwise/Rowwise parallel vs one rank; 1 TU,
 #     dtensor_test is 4)
 #   //optim_state: optimizer_adapter_test (the adapter registry round trip; 1 TU)
+#   //tests/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 #   //examples/llama: no smoke test (trains Hugging Face's Llama under PyTorch FSDP2 in the peer
 #     venv first (~50 s); Bazel runs it, the smoke build still builds the demo)
 #   //examples:restart_test: smoke run without
@@ -431,13 +432,6 @@ fsdp_cc_test(//fsdp/fsdp1:golden_test SIZE small SMOKE
   TAGS float_parity
   DEPS :runtime //comm @libtorch //testing:golden_file @system//:absl @system//:gtest_main)
 
-fsdp_cc_test(//fsdp/fsdp1:pytorch_parity_test SIZE medium TIMEOUT long
-  SRCS pytorch_parity_test.cc
-  DATA ../../testing/peer/fsdp1_peer.py ../../testing/peer/peer_common.py
-  TAGS float_parity
-  DEPS :fsdp1 :fsdp_test_models //fsdp/common:test_models //optim_state:fsdp1 //testing:multi_rank
-       //testing/peer:peer_parity @libtorch @system//:absl @system//:gtest_main)
-
 # ================================================================ //fsdp/fsdp2
 fsdp_cc_library(//fsdp/fsdp2 INSTALL
   SRCS auto_wrap.cc clip_grad_norm.cc fsdp_init.cc fsdp_init.h fully_shard.cc meta_init.cc
@@ -484,13 +478,6 @@ fsdp_cc_test(//fsdp/fsdp2:golden_test SIZE medium SMOKE
   TAGS float_parity
   DEPS :fsdp2 :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//fsdp/fsdp2:pytorch_parity_test SIZE medium
-  SRCS pytorch_parity_test.cc
-  DATA ../../testing/peer/fsdp2_peer.py ../../testing/peer/peer_common.py
-  TAGS float_parity
-  DEPS :fsdp2 :test_models //mesh //optim_state:fsdp2 //testing:multi_rank
-       //testing/peer:peer_parity @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/hooked_module
 fsdp_cc_library(//fsdp/hooked_module INSTALL
@@ -648,13 +635,6 @@ fsdp_cc_test(//testing:float_tolerance_test SIZE small PCH aten
   SRCS float_tolerance_test.cc
   DEPS :expect_error :float_tolerance @libtorch @system//:absl @system//:gtest_main)
 
-# ================================================================ //testing/peer
-fsdp_cc_library(//testing/peer:peer_parity TESTONLY
-  SRCS peer_parity.cc
-  HDRS peer_parity.h
-  DEPS //checkpoint //fsdp/common:test_models //optim_state:core @libtorch @system//:absl
-       @system//:gtest)
-
 # ================================================================ //tests
 fsdp_cc_test(//tests:bad_input_catalogue_test SIZE medium SMOKE
   SRCS bad_input_catalogue_test.cc
@@ -667,6 +647,27 @@ fsdp_cc_test(//tests:one_model_type_test SIZE medium
   TAGS float_parity
   DEPS //comm //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module //mesh
        //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+
+# ================================================================ //tests/peer
+fsdp_cc_library(//tests/peer:peer_parity TESTONLY
+  SRCS peer_parity.cc
+  HDRS peer_parity.h
+  DEPS //checkpoint //fsdp/common:test_models //optim_state:core @libtorch @system//:absl
+       @system//:gtest)
+
+fsdp_cc_test(//tests/peer:pytorch_fsdp2_parity_test SIZE medium
+  SRCS pytorch_fsdp2_parity_test.cc
+  DATA fsdp2_peer.py peer_common.py
+  TAGS float_parity
+  DEPS :peer_parity //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2
+       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+
+fsdp_cc_test(//tests/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
+  SRCS pytorch_fsdp1_parity_test.cc
+  DATA fsdp1_peer.py peer_common.py
+  TAGS float_parity
+  DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
+       //optim_state:fsdp1 //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //tools
 fsdp_cc_library(//tools:fsdp_plan_lib PCH none

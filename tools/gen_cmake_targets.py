@@ -60,6 +60,7 @@ SMOKE_OVERRIDES = {
     "dtensor": ("tensor_parallel_test", "DTensor under Colwise/Rowwise parallel vs one rank; "
                 "1 TU, dtensor_test is 4"),
     "optim_state": ("optimizer_adapter_test", "the adapter registry round trip; 1 TU"),
+    "tests/peer": (None, "runs against the peer PyTorch: skips without it, minutes with it"),
     "examples/llama": (None, "trains Hugging Face's Llama under PyTorch FSDP2 in the peer venv "
                        "first (~50 s); Bazel runs it, the smoke build still builds the demo"),
 }

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-# The helpers the parity tests' peers share (testing/peer/peer_common.py).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testing", "peer"))
+# The helpers the parity tests' peers share (tests/peer/peer_common.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "peer"))
 import peer_common  # noqa: E402
 
 SPECS = {"overhead": (64, 64, 8, True), "compute": (4, 1024, 64, False)}

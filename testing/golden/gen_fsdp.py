@@ -280,7 +280,7 @@ def _layout_worker(rank, world, port, cases, out_path):
     if rank == 0:
         with open(out_path, "wb") as f:
             pickle.dump(gathered, f)
-    dist.barrier()  # leave together: see testing/peer/peer_common.py finish_gloo
+    dist.barrier()  # leave together: see tests/peer/peer_common.py finish_gloo
     dist.destroy_process_group()
 
 

@@ -102,7 +102,7 @@ def sharded_worker(rank, store, directory):
     dcp.save(state, checkpoint_id=directory)
     # Both ranks leave together, with nothing left to do: a rank tearing Gloo down while its
     # peer still worked (rank 0 wrote REF here) sometimes aborted the peer in c10d ("terminate
-    # called without an active exception"); as testing/peer/peer_common.py.
+    # called without an active exception"); as tests/peer/peer_common.py.
     dist.barrier()
     dist.destroy_process_group()
 

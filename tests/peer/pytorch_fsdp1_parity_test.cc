@@ -1,6 +1,6 @@
 // Our FSDP1 (wrap_fsdp, FULL_SHARD, each block then the root) vs PyTorch's own FSDP1
 // (FullyShardedDataParallel from the venv's torch, a separate Python process group over gloo;
-// testing/peer/fsdp1_peer.py) on the same model, initial weights and data: after 10 AdamW steps
+// tests/peer/fsdp1_peer.py) on the same model, initial weights and data: after 10 AdamW steps
 // every parameter and its AdamW state (exp_avg, exp_avg_sq, step) agree within f32 tolerance,
 // at 2 and 4 ranks, with the optimizer on the flat parameters (use_orig_params false) and on
 // the original parameters (use_orig_params true). Skipped, with the reason, when ./x setup
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "testing/peer/peer_parity.h"
+#include "tests/peer/peer_parity.h"
 #include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/state_dict.h"
 #include "optim_state/fsdp1_optim_state.h"

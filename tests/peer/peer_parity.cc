@@ -1,4 +1,4 @@
-#include "testing/peer/peer_parity.h"
+#include "tests/peer/peer_parity.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -56,7 +56,7 @@ TensorDict RunPeer(const std::string& python, const std::string& script, int wor
   input.insert("lr", at::full({1}, kLr));
   const std::string in_path = TempPath("peer_in"), out_path = TempPath("peer_out");
   checkpoint::SaveTensorDict(input, in_path);
-  const std::string command = absl::StrCat(python, " testing/peer/", script, " --world ", world, " --input ", in_path,
+  const std::string command = absl::StrCat(python, " tests/peer/", script, " --world ", world, " --input ", in_path,
                                            " --output ", out_path, " ", extra_args);
   // One retry when the peer process itself fails (a rare Gloo abort at exit was seen once
   // in many runs); its results, once written, are compared once.

@@ -1,5 +1,5 @@
 // Our FSDP2 vs PyTorch's own FSDP2 (the venv's torch, a separate Python process group over
-// gloo; testing/peer/fsdp2_peer.py) on the same model, initial weights and data: after 10 AdamW
+// gloo; tests/peer/fsdp2_peer.py) on the same model, initial weights and data: after 10 AdamW
 // steps every parameter and its AdamW state (exp_avg, exp_avg_sq, step) agree within f32
 // tolerance, at 2 and 4 ranks. Skipped, with the reason, when ./x setup could not provide a
 // Python torch (FSDP_PEER_PYTHON unset or not importable).
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "testing/peer/peer_parity.h"
+#include "tests/peer/peer_parity.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"

@@ -1,14 +1,14 @@
-// Shared by the parity tests against PyTorch itself (//fsdp/fsdp2:pytorch_parity_test,
-// //fsdp/fsdp1:pytorch_parity_test): the peer Python, the exchange files with the peer
-// scripts (testing/peer/fsdp{1,2}_peer.py) and the comparison of the trained results.
+// Shared by the parity tests against PyTorch itself (//tests/peer:pytorch_fsdp2_parity_test,
+// //tests/peer:pytorch_fsdp1_parity_test): the peer Python, the exchange files with the peer
+// scripts (tests/peer/fsdp{1,2}_peer.py) and the comparison of the trained results.
 //
 // One comparison: the C++ side writes the initial full parameters of the shared test model
 // (fsdp/common/test_models.h) and kSteps global batches (test_models::Batch, the batches
 // TrainSteps uses) to a file, the peer script trains PyTorch's FSDP on them on W processes and
 // writes the full parameters and AdamW state by FQN; the C++ side trains its own FSDP on W
 // Gloo ranks and compares.
-#ifndef FSDP_TESTING_PEER_PEER_PARITY_H_
-#define FSDP_TESTING_PEER_PEER_PARITY_H_
+#ifndef FSDP_TESTS_PEER_PEER_PARITY_H_
+#define FSDP_TESTS_PEER_PEER_PARITY_H_
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -30,7 +30,7 @@ using TensorDict = checkpoint::TensorDict;
 // otherwise "" and `why_not` says why (the caller skips with that reason).
 std::string PeerPython(std::string* why_not);
 
-// Runs `python testing/peer/<script> --world W --input in.pt --output out.pt <extra_args>` with
+// Runs `python tests/peer/<script> --world W --input in.pt --output out.pt <extra_args>` with
 // `init`'s parameters (before any sharding) and kSteps batches as input; returns what the
 // script wrote. A script that fails twice in a row fails the calling test (and returns an
 // empty dict).
@@ -44,4 +44,4 @@ void ExpectMatchesPeer(const TensorDict& params, const optim_state::OptimStateDi
 
 }  // namespace fsdp::peer
 
-#endif  // FSDP_TESTING_PEER_PEER_PARITY_H_
+#endif  // FSDP_TESTS_PEER_PEER_PARITY_H_
