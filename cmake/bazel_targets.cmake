@@ -652,22 +652,23 @@ fsdp_cc_test(//tests:one_model_type_test SIZE medium
 fsdp_cc_library(//tests/peer:peer_parity TESTONLY
   SRCS peer_parity.cc
   HDRS peer_parity.h
-  DEPS //checkpoint //fsdp/common:test_models //optim_state:core @libtorch @system//:absl
-       @system//:gtest)
+  DEPS //checkpoint //fsdp/common:test_models //testing:float_tolerance //optim_state:core @libtorch
+       @system//:absl @system//:gtest)
 
 fsdp_cc_test(//tests/peer:pytorch_fsdp2_parity_test SIZE medium
   SRCS pytorch_fsdp2_parity_test.cc
   DATA fsdp2_peer.py peer_common.py
   TAGS float_parity
   DEPS :peer_parity //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2
-       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+       //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//tests/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
   SRCS pytorch_fsdp1_parity_test.cc
   DATA fsdp1_peer.py peer_common.py
   TAGS float_parity
   DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
-       //optim_state:fsdp1 //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+       //optim_state:fsdp1 //testing:multi_rank //testing:peer_python @libtorch @system//:absl
+       @system//:gtest_main)
 
 # ================================================================ //tools
 fsdp_cc_library(//tools:fsdp_plan_lib PCH none

@@ -39,7 +39,7 @@ using fsdp::testing::Backend;
 using fsdp::testing::ScopedAllocationCounter;
 
 constexpr int64_t kDim = 256;
-constexpr int64_t kBlocks = 128;
+constexpr int64_t kBlocks = 64;
 constexpr uint64_t kSeed = 3;
 constexpr double kLr = 0.01;
 constexpr int64_t kParamBytes = kBlocks * (kDim * kDim + kDim) * 4;

@@ -170,7 +170,9 @@ def main():
         sys.exit(f"usage: {sys.argv[0]} load|train DIR PATH")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "store"), sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=WORLD)
+        # fork: the ranks inherit the imported modules (tests/peer/peer_common.py spawn()).
+        mp.start_processes(worker, args=(os.path.join(tmp, "store"), sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=WORLD,
+                           start_method="fork")
     print("OK" if sys.argv[1] == "load" else "SAVED")
 
 

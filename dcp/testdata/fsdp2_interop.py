@@ -1,5 +1,5 @@
 """The Python side of //dcp:interop_test, run with the peer PyTorch (2.15): PyTorch's own
-FSDP2 (torch.distributed.fsdp.fully_shard) on 2 CPU processes (torch.multiprocessing.spawn,
+FSDP2 (torch.distributed.fsdp.fully_shard) on 2 CPU processes (forked by torch.multiprocessing,
 Gloo on 127.0.0.1; the rendezvous is a FileStore, so no TCP port is picked and then raced
 for by other tests) and torch.distributed.checkpoint.
 
@@ -171,7 +171,9 @@ def main():
         sys.exit(f"usage: {sys.argv[0]} load|train DIR PATH")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "store"), sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=WORLD)
+        # fork: the ranks inherit the imported modules (tests/peer/peer_common.py spawn()).
+        mp.start_processes(worker, args=(os.path.join(tmp, "store"), sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=WORLD,
+                           start_method="fork")
     print("OK" if sys.argv[1] == "load" else "SAVED")
 
 

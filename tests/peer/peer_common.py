@@ -1,6 +1,6 @@
 """Helpers shared by the PyTorch peer scripts (fsdp1_peer.py, fsdp2_peer.py, e2e_peer.py).
 
-- spawn(fn, world, *args): runs fn(rank, world, init_file, *args) on `world` processes
+- spawn(fn, world, *args): runs fn(rank, world, init_file, *args) on `world` forked processes
   (torch.multiprocessing), with a fresh FileStore rendezvous file; init_gloo() joins it.
 - The parity model (Net / Block), mirroring fsdp/common/test_models.h, and the exchange with
   the C++ side through torch pickle files: load_input(), build_net(), train(), save_result().
@@ -23,7 +23,10 @@ import torch.nn.functional as F
 
 def spawn(fn, world, *args):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(fn, args=(world, os.path.join(d, "init"), *args), nprocs=world)
+        # fork: the ranks inherit the imported torch (spawn would import it once per rank,
+        # seconds each). Nothing before this runs ATen, so no thread pool is forked.
+        mp.start_processes(fn, args=(world, os.path.join(d, "init"), *args), nprocs=world,
+                           start_method="fork")
 
 
 def init_gloo(rank, world, init_file):

@@ -1,6 +1,7 @@
 // Shared by the parity tests against PyTorch itself (//tests/peer:pytorch_fsdp2_parity_test,
-// //tests/peer:pytorch_fsdp1_parity_test): the peer Python, the exchange files with the peer
-// scripts (tests/peer/fsdp{1,2}_peer.py) and the comparison of the trained results.
+// //tests/peer:pytorch_fsdp1_parity_test; the peer Python is testing/peer_python.h's): the
+// exchange files with the peer scripts (tests/peer/fsdp{1,2}_peer.py) and the comparison of
+// the trained results.
 //
 // One comparison: the C++ side writes the initial full parameters of the shared test model
 // (fsdp/common/test_models.h) and kSteps global batches (test_models::Batch, the batches
@@ -26,10 +27,6 @@ inline constexpr double kLr = 1e-2;
 
 using TensorDict = checkpoint::TensorDict;
 
-// The peer interpreter (FSDP_PEER_PYTHON) if it is set and imports torch.distributed.fsdp;
-// otherwise "" and `why_not` says why (the caller skips with that reason).
-std::string PeerPython(std::string* why_not);
-
 // Runs `python tests/peer/<script> --world W --input in.pt --output out.pt <extra_args>` with
 // `init`'s parameters (before any sharding) and kSteps batches as input; returns what the
 // script wrote. A script that fails twice in a row fails the calling test (and returns an
@@ -38,7 +35,8 @@ TensorDict RunPeer(const std::string& python, const std::string& script, int wor
                    const std::string& extra_args = "");
 
 // Every parameter of `params` and its AdamW state in `optim` (exp_avg, exp_avg_sq, step)
-// equals the peer's within 1e-5 x max(1, |peer value|); exactly `expected_params` compared.
+// equals the peer's within AdamWParityTolerance(kSteps, kLr) x max(1, |peer value|)
+// (testing/float_tolerance.h); exactly `expected_params` compared.
 void ExpectMatchesPeer(const TensorDict& params, const optim_state::OptimStateDict& optim, const TensorDict& theirs,
                        int expected_params, const std::string& label);
 

@@ -18,6 +18,7 @@
 #include "fsdp/fsdp1/state_dict.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "testing/multi_rank.h"
+#include "testing/peer_python.h"
 
 namespace fsdp {
 namespace {
@@ -72,7 +73,7 @@ class PyTorchFsdp1Parity : public ::testing::TestWithParam<bool> {};
 TEST_P(PyTorchFsdp1Parity, ParametersAndAdamWStateMatchAfterTenSteps) {
   const bool use_orig_params = GetParam();
   std::string why_not;
-  const std::string python = peer::PeerPython(&why_not);
+  const std::string python = testing::PeerPython(&why_not);
   if (python.empty()) GTEST_SKIP() << why_not;
   for (int world : {2, 4}) {
     Net init;

@@ -15,6 +15,7 @@
 #include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/multi_rank.h"
+#include "testing/peer_python.h"
 
 namespace fsdp {
 namespace {
@@ -24,7 +25,7 @@ using fsdp2::testing::Net;
 
 TEST(PyTorchFsdp2Parity, ParametersAndAdamWStateMatchAfterTenSteps) {
   std::string why_not;
-  const std::string python = peer::PeerPython(&why_not);
+  const std::string python = testing::PeerPython(&why_not);
   if (python.empty()) GTEST_SKIP() << why_not;
   for (int world : {2, 4}) {
     Net init;

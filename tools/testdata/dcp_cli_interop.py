@@ -112,7 +112,9 @@ def save_sharded(directory, ref):
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(sharded_worker, args=(os.path.join(tmp, "store"), directory), nprocs=2)
+        # fork: the ranks inherit the imported modules (tests/peer/peer_common.py spawn()).
+        mp.start_processes(sharded_worker, args=(os.path.join(tmp, "store"), directory), nprocs=2,
+                           start_method="fork")
     dcp_to_torch_save(directory, ref)  # one process, no group: after both ranks are gone
     print("SAVED")
 

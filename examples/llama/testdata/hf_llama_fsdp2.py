@@ -84,7 +84,9 @@ def main():
         sys.exit(f"WORLD and ROW_PARTS must divide {GLOBAL_BATCH} and STEPS be positive, got {sys.argv[1:]}")
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(world, steps, out_dir, os.path.join(tmp, "store")), nprocs=world)
+        # fork: the ranks inherit the imported modules (tests/peer/peer_common.py spawn()).
+        mp.start_processes(worker, args=(world, steps, out_dir, os.path.join(tmp, "store")), nprocs=world,
+                           start_method="fork")
     # The same training in float64 on one process, the batch's rows split as the ranks split
     # them: the f32 run's own rounding error, from which the C++ side derives its tolerance.
     path = os.path.join(out_dir, "reference.pt")
