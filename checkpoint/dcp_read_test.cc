@@ -26,7 +26,6 @@
 namespace fsdp::checkpoint {
 namespace {
 
-std::string NewDir(const std::string& name) { return fsdp::testing::NewTestPath(name); }
 
 // Writes `full` as the given chunks (offsets, sizes), one "rank" file each, and returns the
 // metadata. `stored` turns each chunk into the tensor actually saved (its strides may differ).
@@ -73,7 +72,7 @@ TEST(DcpRead, EveryReadPathGivesTheIndexedValues) {
       };
   for (bool transposed : {false, true}) {
     for (const auto& [name, chunks] : layouts) {
-      const std::string dir = NewDir("paths");
+      const std::string dir = fsdp::testing::NewTestPath("paths");
       const DcpMetadata md = WriteChunks(dir, full, chunks, transposed ? Transposed : nullptr);
       DcpReader reader(dir, md);
       const std::string what = absl::StrCat(name, transposed ? " (stored column-major)" : "");
@@ -91,7 +90,7 @@ TEST(DcpRead, APartialReadHoldsOneBlockNotTheChunk) {
   testing::ScopedAllocationCounter::Install();
   // One 16 MiB chunk (rows of 4 KiB); the boxes need a row, a row band, and a column strip.
   const at::Tensor full = at::randn({4096, 1024});
-  const std::string dir = NewDir("bounded");
+  const std::string dir = fsdp::testing::NewTestPath("bounded");
   const DcpMetadata md = WriteChunks(dir, full, {{{0, 0}, {4096, 1024}}});
   const int64_t chunk = full.nbytes();
   for (const std::vector<int64_t>& b : std::vector<std::vector<int64_t>>{
@@ -110,7 +109,7 @@ TEST(DcpRead, APartialReadHoldsOneBlockNotTheChunk) {
 
 TEST(DcpRead, EveryByteOfARecordIsChecked) {
   const at::Tensor full = at::arange(4096 * 64, at::kFloat).view({4096, 64});
-  const std::string dir = NewDir("crc");
+  const std::string dir = fsdp::testing::NewTestPath("crc");
   const DcpMetadata md = WriteChunks(dir, full, {{{0, 0}, {4096, 64}}});
   const std::string file = dir + "/__0_0.distcp";
   std::vector<char> bytes = ReadFile(file, "test");
@@ -126,7 +125,7 @@ TEST(DcpRead, EveryByteOfARecordIsChecked) {
 
 TEST(DcpRead, BoolBytesOtherThanZeroOrOneAreAnError) {
   const at::Tensor full = at::rand({300, 40}) > 0.5;
-  const std::string dir = NewDir("bool");
+  const std::string dir = fsdp::testing::NewTestPath("bool");
   const DcpMetadata md = WriteChunks(dir, full, {{{0, 0}, {300, 40}}});
   at::Tensor back = at::empty({300, 40}, at::kBool);
   ReadInto(dir, md, "t", {0, 0}, back);
@@ -163,7 +162,7 @@ TEST(ChunkArchive, StreamsWhatWriteCheckpointBuildsAndReadsBack) {
   };
   for (const at::Tensor& t : tensors) {
     const std::string what = absl::StrCat(c10::toString(t.scalar_type()), " ", c10::str(t.sizes()));
-    const std::string path = NewDir("archive") + ".bin";
+    const std::string path = fsdp::testing::NewTestPath("archive") + ".bin";
     {
       AtomicFile out(path, "test");
       TorchSaveWriter([&out](const char* data, size_t size) { out.Write(data, size); }, "test").Finish(t);
@@ -181,7 +180,7 @@ TEST(ChunkArchive, StreamsWhatWriteCheckpointBuildsAndReadsBack) {
     EXPECT_EQ(located.record_size, t.storage().nbytes()) << what;
     EXPECT_EQ(located.record_offset % 64, 0u) << what;
   }
-  AtomicFile out(NewDir("archive") + ".bin", "test");
+  AtomicFile out(fsdp::testing::NewTestPath("archive") + ".bin", "test");
   EXPECT_ERROR_CONTAINS(TorchSaveWriter([&out](const char* data, size_t size) { out.Write(data, size); }, "test")
                             .Finish(at::zeros({3}, at::kUInt16)),
                         "test: cannot write a UInt16 tensor");

@@ -28,8 +28,6 @@
 namespace fsdp::checkpoint {
 namespace {
 
-std::string NewDir(const std::string& name) { return fsdp::testing::NewTestPath(name); }
-
 void WriteBytes(const std::string& path, const std::vector<char>& bytes) {
   FILE* f = std::fopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;
@@ -56,7 +54,7 @@ at::Tensor ReadBox(const std::string& dir, const DcpMetadata& md, const std::str
 
 // A two-rank-style checkpoint of a 2-D tensor: rows [0, 2) and [2, 4) of `t`.
 std::string SmallCheckpoint(const at::Tensor& t) {
-  const std::string dir = NewDir("small");
+  const std::string dir = fsdp::testing::NewTestPath("small");
   std::vector<DcpFragment> fragments;
   for (int64_t r = 0; r < 2; ++r) {
     fragments.push_back(WriteRankData(dir, r, {{"t", {4, 3}, at::kFloat, {2 * r, 0}, t.narrow(0, 2 * r, 2)}}));
@@ -70,7 +68,7 @@ TEST(Dcp, ChunksOfSeveralRanksReadBackAsAnotherSharding) {
   const at::Tensor v = at::arange(72, at::kLong).reshape({9, 8});
   const at::Tensor b = at::randn({7}).to(at::kBFloat16);
   const at::Tensor s = at::scalar_tensor(2.5, at::kDouble);
-  const std::string dir = NewDir("reshard") + "/nested/ckpt";  // created with its parents
+  const std::string dir = fsdp::testing::NewTestPath("reshard") + "/nested/ckpt";  // created with its parents
   // w: 4 uneven row shards (ranks 0-3); v: 2 column shards (non-contiguous views, ranks 0-1);
   // b: one chunk on each of ranks 0 and 1 plus one more on rank 1; a 0-d tensor and a bytes item.
   const int64_t rows[] = {0, 4, 6, 11, 12};
@@ -367,7 +365,7 @@ TEST(Dcp, StorageErrorsNameTheFileAndTheValue) {
 
 TEST(Dcp, WritersRejectInconsistentChunks) {
   const at::Tensor t = at::randn({4, 3});
-  const std::string dir = NewDir("bad_write");
+  const std::string dir = fsdp::testing::NewTestPath("bad_write");
   EXPECT_ERROR_CONTAINS(WriteRankData(dir, 0, {{"t", {4, 3}, at::kDouble, {0, 0}, t}}),
                         "WriteRankData: the chunk of 't' at offsets [0, 0] is declared Double but its tensor is Float");
   EXPECT_ERROR_CONTAINS(WriteRankData(dir, 0, {{"t", {4, 3}, at::kFloat, {1, 0}, t}}),
@@ -406,7 +404,7 @@ TEST(DcpInterop, CheckpointSavedByPythonReadsHere) {
   std::string why_not;
   const std::string python = PeerPython(&why_not);
   if (python.empty()) GTEST_SKIP() << why_not;
-  const std::string dir = NewDir("py_saved"), ref = dir + "_ref.pt";
+  const std::string dir = fsdp::testing::NewTestPath("py_saved"), ref = dir + "_ref.pt";
   std::string output;
   const int status = RunCommand(absl::StrCat(python, " ", kScript, " save ", dir, " ", ref), &output);
   ASSERT_EQ(status, 0) << output;
@@ -466,7 +464,7 @@ TEST(DcpInterop, CheckpointSavedHereLoadsInPython) {
       {"i", {3, 4}, at::kLong, {0, 1}, i.narrow(1, 1, 3)},
       {"s", {}, at::kDouble, {}, s},
   };
-  const std::string dir = NewDir("cpp_saved"), ref = dir + "_ref.pt";
+  const std::string dir = fsdp::testing::NewTestPath("cpp_saved"), ref = dir + "_ref.pt";
   std::vector<DcpFragment> fragments = {
       WriteRankData(dir, 0, rank0),
       WriteRankData(dir, 1, rank1, {{"step", WriteCheckpoint(c10::IValue(int64_t{3}))}}),

@@ -12,22 +12,23 @@
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
 #     //dtensor:tensor_parallel_test //env:environment_test //examples:restart_test
-#     //fsdp/activation_checkpointing:checkpoint_test //fsdp/common:common_test
+#     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
-#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //optim_state:optimizer_adapter_test
-#     //testing:multi_rank_test //tests:bad_input_catalogue_test //tools:fsdp_memory_test
+#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //testing:testing_test
+#     //tests:cross_package_test //tools:fsdp_memory_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: tensor_parallel_test (DTensor under Colwise/Rowwise parallel vs one rank; 1 TU,
 #     dtensor_test is 4)
-#   //optim_state: optimizer_adapter_test (the adapter registry round trip; 1 TU)
+#   //optim_state: no smoke test (its one test target (6 files) trains both FSDPs at several world
+#     sizes)
 #   //tests/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
 #   //examples/llama: no smoke test (trains Hugging Face's Llama under PyTorch FSDP2 in the peer
 #     venv first (~50 s); Bazel runs it, the smoke build still builds the demo)
 #   //examples:restart_test: smoke run without
 #     TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits (~28 s of demo runs; the
 #     two-launcher and killed-rank cases still run the demo)
-#   //testing:multi_rank_test: smoke run without
+#   //testing:testing_test: smoke run without
 #     MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank* (~35 s of waiting out
 #     deadlines; the Gloo-threads deadline case stays)
 #   //comm:comm_test: smoke run without
@@ -105,26 +106,15 @@ fsdp_cc_library(//checkpoint INSTALL PCH aten
   DEPS :internal @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
-  SRCS checkpoint_test.cc
-  DATA testdata/torch_load_interop.py
-  DEPS :checkpoint :internal //testing:expect_error //testing:peer_python @libtorch @system//:absl
-       @system//:gtest_main)
+  SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc
+  DATA testdata/dcp_interop.py testdata/torch_load_interop.py
+  DEPS :checkpoint :dcp :internal //testing:allocation_counter //testing:expect_error
+       //testing:peer_python //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
   SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_read.cc dcp_storage.cc
   HDRS dcp_metadata.h dcp_storage.h
   DEPS :checkpoint :internal @libtorch @system//:absl)
-
-fsdp_cc_test(//checkpoint:dcp_read_test SIZE small PCH aten
-  SRCS dcp_read_test.cc
-  DEPS //testing:test_dir :checkpoint :dcp //testing:allocation_counter //testing:expect_error
-       @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//checkpoint:dcp_test SIZE medium PCH aten
-  SRCS dcp_test.cc
-  DATA testdata/dcp_interop.py
-  DEPS //testing:test_dir :checkpoint :dcp //testing:expect_error //testing:peer_python @libtorch
-       @system//:absl @system//:gtest_main)
 
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
@@ -166,14 +156,9 @@ fsdp_cc_library(//comm:init_process_group INSTALL PCH aten
   DEPS :comm :gloo :nccl @libtorch)
 
 fsdp_cc_test(//comm:comm_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankRunner.ProcessModeKillsRanksPastTheDeadline:MultiRankRunnerDeathTest.*" PCH aten
-  SRCS comm_test.cc
-  DEPS :c10d :comm :internal :main_guard //testing:expect_error //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//comm:fault_test SIZE medium PCH aten
-  SRCS fault_test.cc
-  DEPS :comm :faulty //testing:expect_error //testing:multi_rank @libtorch @system//:absl
-       @system//:gtest_main)
+  SRCS comm_test.cc fault_test.cc
+  DEPS :c10d :comm :faulty :internal :main_guard //testing:expect_error //testing:multi_rank
+       @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//comm:conformance_test SIZE large PCH aten
   SRCS conformance_test.cc
@@ -220,11 +205,13 @@ fsdp_cc_library(//dcp INSTALL
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
+       large_model_test.cc
   TAGS float_parity
-  DEPS //testing:test_dir :core :dcp :internal //fsdp/common:test_models //fsdp/fsdp1
-       //fsdp/fsdp1:runtime //checkpoint //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel
-       //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //mesh //optim_state:core
-       //optim_state:fsdp2 //testing:expect_error //testing:multi_rank @libtorch @system//:absl
+  DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor
+       //dtensor:tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1
+       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //fsdp/meta
+       //mesh //optim_state:core //optim_state:fsdp2 //testing:allocation_counter
+       //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch @system//:absl
        @system//:gtest_main)
 
 fsdp_cc_test(//dcp:adapter_test SIZE small
@@ -233,28 +220,13 @@ fsdp_cc_test(//dcp:adapter_test SIZE small
        //mesh //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch
        @system//:absl @system//:gtest_main)
 
-fsdp_cc_test(//dcp:large_model_test SIZE medium
-  SRCS large_model_test.cc
-  TAGS float_parity
-  DEPS :core :fsdp2 //checkpoint:dcp //comm //fsdp/common //fsdp/common:test_models //fsdp/fsdp2
-       //fsdp/fsdp2:runtime //fsdp/meta //mesh //testing:allocation_counter //testing:expect_error
-       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
-
 fsdp_cc_test(//dcp:interop_test SIZE medium
-  SRCS interop_common.h interop_test.cc
-  DATA testdata/fsdp2_interop.py
-  TAGS float_parity
-  DEPS :core :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp2 //fsdp/hooked_module //mesh
-       //optim_state:core //optim_state:fsdp2 //testing:multi_rank //testing:peer_python @libtorch
-       @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//dcp:fsdp1_interop_test SIZE medium
-  SRCS fsdp1_interop_test.cc interop_common.h
+  SRCS fsdp1_interop_test.cc interop_common.h interop_test.cc
   DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py
   TAGS float_parity
-  DEPS :core :dcp //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module
-       //mesh //optim_state:core //optim_state:fsdp1 //testing:multi_rank //testing:peer_python
-       @libtorch @system//:absl @system//:gtest_main)
+  DEPS :core :dcp :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2
+       //fsdp/hooked_module //mesh //optim_state:core //optim_state:fsdp1 //optim_state:fsdp2
+       //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //device
 fsdp_cc_library(//device INSTALL PCH aten
@@ -360,17 +332,12 @@ fsdp_cc_library(//fsdp/activation_checkpointing INSTALL
   HDRS checkpoint.h checkpoint_wrapper.h
   DEPS //fsdp/common //fsdp/hooked_module @libtorch)
 
-fsdp_cc_test(//fsdp/activation_checkpointing:checkpoint_test SIZE small SMOKE
-  SRCS checkpoint_test.cc
-  DEPS :activation_checkpointing //fsdp/common //fsdp/common:test_models
-       //testing:allocation_counter //testing:expect_error @libtorch @system//:gtest_main)
-
-fsdp_cc_test(//fsdp/activation_checkpointing:fsdp2_checkpoint_test SIZE medium
-  SRCS fsdp2_checkpoint_test.cc
+fsdp_cc_test(//fsdp/activation_checkpointing:activation_checkpointing_test SIZE medium SMOKE
+  SRCS checkpoint_test.cc fsdp2_checkpoint_test.cc
   TAGS float_parity
   DEPS :activation_checkpointing //comm //fsdp/common //fsdp/common:test_models //fsdp/fsdp1
-       //fsdp/fsdp2 //mesh //testing:float_tolerance //testing:multi_rank @libtorch
-       @system//:gtest_main)
+       //fsdp/fsdp2 //mesh //testing:allocation_counter //testing:expect_error
+       //testing:float_tolerance //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common INSTALL
@@ -560,36 +527,14 @@ fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
   DEPS :core //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch @system//:absl)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium
-  SRCS fsdp1_orig_params_optim_test.cc optim_state_test.cc
+  SRCS fault_test.cc fsdp1_fault_test.cc fsdp1_orig_params_optim_test.cc optim_state_test.cc
+       optimizer_adapter_test.cc param_group_matching_test.cc
   TAGS float_parity
-  DEPS :core :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
-       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh
-       //testing:allocation_counter //testing:expect_error //testing:float_tolerance
-       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//optim_state:fault_test SIZE medium
-  SRCS fault_test.cc
-  DEPS :fsdp2 //comm //comm:faulty //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh
-       //testing:fault_injection //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//optim_state:fsdp1_fault_test SIZE medium
-  SRCS fsdp1_fault_test.cc
-  DEPS :fsdp1 //comm //comm:faulty //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
-       //testing:fault_injection //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//optim_state:optimizer_adapter_test SIZE medium SMOKE
-  SRCS optimizer_adapter_test.cc
-  TAGS float_parity
-  DEPS :core :fsdp1 :fsdp2 //checkpoint //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models //fsdp/fsdp2
-       //fsdp/fsdp2:test_models //mesh //testing:expect_error //testing:multi_rank
-       //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//optim_state:param_group_matching_test SIZE medium
-  SRCS param_group_matching_test.cc
-  TAGS float_parity
-  DEPS :core :fsdp1 :fsdp2 //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime //fsdp/fsdp2
-       //mesh //testing:expect_error //testing:float_tolerance //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
+  DEPS :core :fsdp1 :fsdp2 //checkpoint //comm //comm:faulty //fsdp/common:test_models //fsdp/fsdp1
+       //fsdp/fsdp1:fsdp_test_models //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:test_models
+       //mesh //testing:allocation_counter //testing:expect_error //testing:fault_injection
+       //testing:float_tolerance //testing:multi_rank //testing:test_dir @libtorch @system//:absl
+       @system//:gtest_main)
 
 # ================================================================ //testing
 fsdp_cc_library(//testing:multi_rank TESTONLY PCH aten
@@ -627,26 +572,19 @@ fsdp_cc_library(//testing:allocation_counter TESTONLY PCH none
   HDRS allocation_counter.h
   DEPS @libtorch)
 
-fsdp_cc_test(//testing:multi_rank_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank*" PCH aten
-  SRCS multi_rank_test.cc
-  DEPS :multi_rank //comm //comm:faulty @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//testing:float_tolerance_test SIZE small PCH aten
-  SRCS float_tolerance_test.cc
-  DEPS :expect_error :float_tolerance @libtorch @system//:absl @system//:gtest_main)
+fsdp_cc_test(//testing:testing_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank*" PCH aten
+  SRCS float_tolerance_test.cc multi_rank_test.cc
+  DEPS :expect_error :float_tolerance :multi_rank //comm //comm:faulty @libtorch @system//:absl
+       @system//:gtest_main)
 
 # ================================================================ //tests
-fsdp_cc_test(//tests:bad_input_catalogue_test SIZE medium SMOKE
-  SRCS bad_input_catalogue_test.cc
-  DEPS //comm //comm:faulty //comm:init_process_group //dtensor //fsdp/fsdp2
-       //fsdp/fsdp2:test_models //mesh //optim_state:core //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//tests:one_model_type_test SIZE medium
-  SRCS one_model_type_test.cc
+fsdp_cc_test(//tests:cross_package_test SIZE medium SMOKE
+  SRCS bad_input_catalogue_test.cc one_model_type_test.cc
   TAGS float_parity
-  DEPS //comm //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/hooked_module //mesh
-       //testing:expect_error //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+  DEPS //comm //comm:faulty //comm:init_process_group //dtensor //fsdp/common:test_models
+       //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/fsdp2:test_models //fsdp/hooked_module //mesh
+       //optim_state:core //testing:expect_error //testing:multi_rank @libtorch @system//:absl
+       @system//:gtest_main)
 
 # ================================================================ //tests/peer
 fsdp_cc_library(//tests/peer:peer_parity TESTONLY
@@ -655,20 +593,13 @@ fsdp_cc_library(//tests/peer:peer_parity TESTONLY
   DEPS //checkpoint //fsdp/common:test_models //testing:float_tolerance //optim_state:core @libtorch
        @system//:absl @system//:gtest)
 
-fsdp_cc_test(//tests/peer:pytorch_fsdp2_parity_test SIZE medium
-  SRCS pytorch_fsdp2_parity_test.cc
-  DATA fsdp2_peer.py peer_common.py
-  TAGS float_parity
-  DEPS :peer_parity //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2
-       //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
-
-fsdp_cc_test(//tests/peer:pytorch_fsdp1_parity_test SIZE medium TIMEOUT long
-  SRCS pytorch_fsdp1_parity_test.cc
-  DATA fsdp1_peer.py peer_common.py
+fsdp_cc_test(//tests/peer:pytorch_parity_test SIZE medium TIMEOUT long
+  SRCS pytorch_fsdp1_parity_test.cc pytorch_fsdp2_parity_test.cc
+  DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
   TAGS float_parity
   DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
-       //optim_state:fsdp1 //testing:multi_rank //testing:peer_python @libtorch @system//:absl
-       @system//:gtest_main)
+       //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp1 //optim_state:fsdp2
+       //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //tools
 fsdp_cc_library(//tools:fsdp_plan_lib PCH none

@@ -73,7 +73,7 @@ using Fsdp1Net = Hooked<Fsdp1NetImpl>;
 
 enum class Fsdp { kFlat, kPerParam };
 
-struct Trainee {
+struct Fsdp1Trainee {
   Fsdp1Net model;
   std::unique_ptr<torch::optim::AdamW> opt;
   fsdp1::FullyShardedDataParallel root;  // FSDP1 only
@@ -81,8 +81,8 @@ struct Trainee {
 
 // FSDP1 as the script's (FULL_SHARD, ModuleWrapPolicy({Block}), use_orig_params false: the
 // optimizer holds the flat parameters), or FSDP2 with fully_shard per Block and the root.
-Trainee Build(const comm::ProcessGroupPtr& pg, Fsdp fsdp, double lr) {
-  Trainee t{Fsdp1Net(), nullptr, {}};
+Fsdp1Trainee BuildFsdp1(const comm::ProcessGroupPtr& pg, Fsdp fsdp, double lr) {
+  Fsdp1Trainee t{Fsdp1Net(), nullptr, {}};
   InitWeights(*t.model);
   std::vector<at::Tensor> params;
   if (fsdp == Fsdp::kFlat) {
@@ -103,8 +103,8 @@ Trainee Build(const comm::ProcessGroupPtr& pg, Fsdp fsdp, double lr) {
   return t;
 }
 
-constexpr char kScript[] = "dcp/testdata/fsdp1_interop.py";
-constexpr double kLr = 1e-2;
+constexpr char kFsdp1Script[] = "dcp/testdata/fsdp1_interop.py";
+constexpr double kFsdp1Lr = 1e-2;
 
 TEST(DcpFsdp1Interop, SavedByOurFsdp1AtThreeLoadsIntoPytorchFsdp1AtTwo) {
   std::string why_not;
@@ -112,16 +112,16 @@ TEST(DcpFsdp1Interop, SavedByOurFsdp1AtThreeLoadsIntoPytorchFsdp1AtTwo) {
   if (python.empty()) GTEST_SKIP() << why_not;
   const std::string dir = NewDir("cpp_fsdp1_w3"), ref = dir + "_ref.pt";
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
-    Trainee t = Build(pg, Fsdp::kFlat, kLr);
+    Fsdp1Trainee t = BuildFsdp1(pg, Fsdp::kFlat, kFsdp1Lr);
     Train(t.model, *t.opt, pg, 0, 3);
     Save(*t.model, t.opt.get(), dir);
     // The reference: the full values (FSDP1's own gather and unflattening, not DCP's boxes).
     const fsdp1::FullStateDict model = fsdp1::GetFullStateDict(t.root);
     const optim_state::OptimStateDict optim = optim_state::GetFullOptimStateDict(t.root, *t.opt);
-    if (pg->rank() == 0) fsdp1::SaveFullStateDict(DcpKeyedReference(model, optim, kLr), ref);
+    if (pg->rank() == 0) fsdp1::SaveFullStateDict(DcpKeyedReference(model, optim, kFsdp1Lr), ref);
   });
   std::string output;
-  const int status = RunScript(absl::StrCat(python, " ", kScript, " load ", dir, " ", ref), &output);
+  const int status = RunScript(absl::StrCat(python, " ", kFsdp1Script, " load ", dir, " ", ref), &output);
   EXPECT_EQ(status, 0) << output;
   EXPECT_TRUE(absl::StrContains(output, "OK")) << output;
 }
@@ -132,14 +132,14 @@ TEST(DcpFsdp1Interop, SavedByPytorchFsdp1AtTwoContinuesHereUnderFsdp1AndFsdp2) {
   if (python.empty()) GTEST_SKIP() << why_not;
   const std::string dir = NewDir("py_fsdp1_w2"), out = dir + "_after.pt";
   std::string output;
-  const int status = RunScript(absl::StrCat(python, " ", kScript, " train ", dir, " ", out), &output);
+  const int status = RunScript(absl::StrCat(python, " ", kFsdp1Script, " train ", dir, " ", out), &output);
   ASSERT_EQ(status, 0) << output;
   ASSERT_TRUE(absl::StrContains(output, "SAVED")) << output;
   const fsdp1::FullStateDict expected = fsdp1::LoadFullStateDictFile(out);
   for (const auto& [fsdp, world] : {std::pair{Fsdp::kFlat, 3}, std::pair{Fsdp::kPerParam, 4}}) {
     SCOPED_TRACE(fsdp == Fsdp::kFlat ? "our FSDP1 at W=3" : "our FSDP2 at W=4");
     fsdp::testing::RunOnRanks(Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
-      Trainee t = Build(pg, fsdp, /*lr=*/0.5);  // the checkpoint's lr (1e-2) must replace it
+      Fsdp1Trainee t = BuildFsdp1(pg, fsdp, /*lr=*/0.5);  // the checkpoint's lr (1e-2) must replace it
       {
         at::NoGradGuard no_grad;
         for (auto& group : t.opt->param_groups()) {  // FSDP1: the flat parameters

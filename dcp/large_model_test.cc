@@ -41,7 +41,7 @@ using fsdp::testing::ScopedAllocationCounter;
 constexpr int64_t kDim = 256;
 constexpr int64_t kBlocks = 64;
 constexpr uint64_t kSeed = 3;
-constexpr double kLr = 0.01;
+constexpr double kLargeModelLr = 0.01;
 constexpr int64_t kParamBytes = kBlocks * (kDim * kDim + kDim) * 4;
 constexpr int64_t kRankLimit = kParamBytes / 8;
 constexpr int kSaveWorld = 32;
@@ -130,7 +130,7 @@ TEST(LargeModel, EightTimesARanksMemoryBuildsTrainsSavesAndReloadsAtAnotherWorld
   Stack reference(/*meta=*/false);
   test_models::InitEveryModule(*reference, Init());
   {
-    torch::optim::SGD opt(reference->parameters(), torch::optim::SGDOptions(kLr));
+    torch::optim::SGD opt(reference->parameters(), torch::optim::SGDOptions(kLargeModelLr));
     reference(test_models::Batch(0, kSaveWorld, kDim, 7)).mean().backward();
     opt.step();
   }
@@ -144,7 +144,7 @@ TEST(LargeModel, EightTimesARanksMemoryBuildsTrainsSavesAndReloadsAtAnotherWorld
     counter.set_limit(pg->rank() == 0 ? kRankLimit + kCoordinatorBytes : kRankLimit);
     Stack model = ShardedMetaStack(pg);
     fsdp2::InitMetaParameters(*model, Init());
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLargeModelLr));
     model(InputRow(pg->rank(), kSaveWorld)).mean().backward();
     opt.step();
     opt.zero_grad();
@@ -187,7 +187,7 @@ TEST(LargeModel, ALoadInPlaceHoldsOneReadBlockBeyondTheState) {
     fsdp::testing::RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
       Stack model = ShardedMetaStack(pg);
       fsdp2::InitMetaParameters(*model, Init());
-      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr).momentum(0.9));
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLargeModelLr).momentum(0.9));
       model(InputRow(pg->rank(), kWorld)).mean().backward();
       opt.step();
       opt.zero_grad();

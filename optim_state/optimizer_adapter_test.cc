@@ -157,8 +157,8 @@ struct Fsdp2Run {
   std::unique_ptr<torch::optim::Optimizer> opt;
 };
 
-struct Fsdp1Run {
-  Fsdp1Run(const comm::ProcessGroupPtr& pg, const OptimizerFactory& make, uint64_t seed, double lr) {
+struct Fsdp1AdapterRun {
+  Fsdp1AdapterRun(const comm::ProcessGroupPtr& pg, const OptimizerFactory& make, uint64_t seed, double lr) {
     fsdp1::testing::InitDeterministic(*model, seed);
     fsdp1::FSDPOptions options{.process_group = pg};
     for (auto& b : model->layers) fsdp1::wrap_fsdp(b.ptr(), options);
@@ -274,9 +274,9 @@ TEST(OptimizerAdapter, UserOptimizerRoundTripsThroughFsdp2FullAndShardedStateDic
 
 TEST(OptimizerAdapter, UserOptimizerRoundTripsThroughFsdp1FullAndShardedStateDicts) {
   RegisterVelocitySgdOnce();
-  FullRoundTrip<Fsdp1Run, Fsdp1Run>(VelocitySgdFactory(), 3, 2, "fsdp1_w3_to_w2");
-  FullRoundTrip<Fsdp1Run, Fsdp2Run>(VelocitySgdFactory(), 4, 3, "fsdp1_w4_to_fsdp2_w3");
-  ShardedRoundTrip<Fsdp1Run>(VelocitySgdFactory(), 2, "fsdp1_sharded_w2");
+  FullRoundTrip<Fsdp1AdapterRun, Fsdp1AdapterRun>(VelocitySgdFactory(), 3, 2, "fsdp1_w3_to_w2");
+  FullRoundTrip<Fsdp1AdapterRun, Fsdp2Run>(VelocitySgdFactory(), 4, 3, "fsdp1_w4_to_fsdp2_w3");
+  ShardedRoundTrip<Fsdp1AdapterRun>(VelocitySgdFactory(), 2, "fsdp1_sharded_w2");
 }
 
 TEST(OptimizerAdapter, AdagradAndRmspropRoundTripUnderFsdp2WithPyTorchNames) {

@@ -49,12 +49,12 @@ enum class Groups { kOne, kBlocksFirst, kRestFirst };
 bool InBlock(const std::string& fqn) { return absl::StartsWith(fqn, "block"); }
 
 // Each optimizer parameter with the original FQNs it stands for (several for a flat parameter).
-using Named = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
+using NamedByPath = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
 
 // An AdamW over `named` in `groups`: lr 1e-2 for the blocks' group (or the one group), 2e-2
 // for the rest; with `placeholder` every group starts at lr 0.5, so only a loaded state gives
 // the right ones.
-std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const Named& named, Groups groups, bool placeholder) {
+std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const NamedByPath& named, Groups groups, bool placeholder) {
   std::vector<at::Tensor> blocks, rest;
   for (const auto& [fqns, p] : named) {
     const bool block = groups == Groups::kOne || InBlock(fqns.front());
@@ -79,7 +79,7 @@ struct Wrapped {
 
   Wrapped(Wrap wrap, Groups groups, const comm::ProcessGroupPtr& pg, uint64_t seed, bool placeholder) {
     test_models::InitDeterministic(*model, seed);
-    Named named;
+    NamedByPath named;
     if (wrap == Wrap::kFsdp2) {
       auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
       for (auto& b : model->layers) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
@@ -147,7 +147,7 @@ void SaveUnderOneLoadUnderAnother(const Side& from, const Side& to) {
   const std::string label = Label(from) + " -> " + Label(to);
   Net ref(kNet);
   test_models::InitDeterministic(*ref, 11);
-  Named ref_named;
+  NamedByPath ref_named;
   for (const auto& item : ref->named_parameters()) ref_named.push_back({{item.key()}, item.value()});
   auto ref_opt = MakeOptimizer(ref_named, from.groups, /*placeholder=*/false);
   test_models::TrainSteps(ref, *ref_opt, 0, 8, 1, 0);

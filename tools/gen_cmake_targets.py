@@ -59,7 +59,7 @@ SMOKE_OVERRIDES = {
     "fsdp/fsdp1": ("golden_test", "FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU"),
     "dtensor": ("tensor_parallel_test", "DTensor under Colwise/Rowwise parallel vs one rank; "
                 "1 TU, dtensor_test is 4"),
-    "optim_state": ("optimizer_adapter_test", "the adapter registry round trip; 1 TU"),
+    "optim_state": (None, "its one test target (6 files) trains both FSDPs at several world sizes"),
     "tests/peer": (None, "runs against the peer PyTorch: skips without it, minutes with it"),
     "examples/llama": (None, "trains Hugging Face's Llama under PyTorch FSDP2 in the peer venv "
                        "first (~50 s); Bazel runs it, the smoke build still builds the demo"),
@@ -73,7 +73,7 @@ SMOKE_GTEST_FILTERS = {
     "//examples:restart_test": (
         "-TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits",
         "~28 s of demo runs; the two-launcher and killed-rank cases still run the demo"),
-    "//testing:multi_rank_test": (
+    "//testing:testing_test": (
         "-MultiRankDeadline.ARankProcess*:MultiRankDeadline.AThreadedRank*",
         "~35 s of waiting out deadlines; the Gloo-threads deadline case stays"),
     "//comm:comm_test": (

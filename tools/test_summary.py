@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 
 BAZEL_STATUS = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|"
                           r"FAILED TO BUILD|INCOMPLETE|SKIPPED)\b")
-# ctest: " 3/21 Test  #3: //comm:fault_test ......   Passed   12.34 sec" (or "...***Failed").
+# ctest: " 3/21 Test  #3: //comm:comm_test ......   Passed   12.34 sec" (or "...***Failed").
 CTEST_STATUS = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (\S+) \.*\s*\**(\w+)")
 SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped)?$")
 

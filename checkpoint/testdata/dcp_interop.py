@@ -1,4 +1,4 @@
-"""The Python side of //checkpoint:dcp_test's interop cases, run with the peer PyTorch.
+"""The Python side of //checkpoint:checkpoint_test's interop cases (dcp_test.cc), run with the peer PyTorch.
 
   dcp_interop.py save DIR REF   torch.distributed.checkpoint.save (one process, no process
                                 group) of a state dict with float / bf16 / int64 tensors, a

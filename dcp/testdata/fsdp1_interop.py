@@ -1,4 +1,4 @@
-"""The Python side of //dcp:fsdp1_interop_test, run with the peer PyTorch (2.15): PyTorch's own
+"""The Python side of //dcp:interop_test (fsdp1_interop_test.cc), run with the peer PyTorch (2.15): PyTorch's own
 FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, FULL_SHARD, CPU, Gloo) on 2 processes
 and torch.distributed.checkpoint with torch/distributed/checkpoint/state_dict.py's default
 (sharded) get/set_model_state_dict and get/set_optimizer_state_dict. Processes, rendezvous,

@@ -18,7 +18,7 @@
 //             unsharded gradients -> FSDP post-backward (reduce-scatter) once every
 //             parameter's gradient is accumulated (fsdp/common/autograd_hooks.h).
 // So checkpointing adds no collective: the recomputation reuses the all-gather of the
-// pre-backward (fsdp2_checkpoint_test counts them).
+// pre-backward (fsdp2_checkpoint_test.cc counts them).
 // The other order, checkpoint() around fully_shard'ed modules, trains correctly too: the first
 // forward's FSDP hooks run under no-grad (no pre-backward hooks registered), the recomputation
 // runs FSDP's pre/post-forward again in state IDLE (fsdp_state.cc's PRE_BACKWARD early return

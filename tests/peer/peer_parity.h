@@ -1,5 +1,5 @@
-// Shared by the parity tests against PyTorch itself (//tests/peer:pytorch_fsdp2_parity_test,
-// //tests/peer:pytorch_fsdp1_parity_test; the peer Python is testing/peer_python.h's): the
+// Shared by the parity tests against PyTorch itself (//tests/peer:pytorch_parity_test: its
+// FSDP2 and FSDP1 files; the peer Python is testing/peer_python.h's): the
 // exchange files with the peer scripts (tests/peer/fsdp{1,2}_peer.py) and the comparison of
 // the trained results.
 //
