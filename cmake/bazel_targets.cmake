@@ -94,20 +94,21 @@ fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
 
 # ================================================================ //checkpoint
 fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
-  SRCS crc32.cc dcp_pickle.cc pickle.cc torch_pickle.cc zip_writer.cc
-  HDRS crc32.h dcp_pickle.h pickle.h torch_pickle.h zip_writer.h
+  SRCS crc32.cc dcp_pickle.cc json.cc pickle.cc torch_pickle.cc zip_writer.cc
+  HDRS crc32.h dcp_pickle.h json.h pickle.h torch_pickle.h zip_writer.h
   DEPS @libtorch @system//:absl)
 
 fsdp_cc_library(//checkpoint INSTALL PCH aten
   SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc file_io.cc optim_state_file.cc
-       tensor_dict_file.cc
+       safetensors.cc safetensors_writer.cc tensor_dict_file.cc
   HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h optim_state_file.h
-       tensor_dict_file.h
+       safetensors.h tensor_dict_file.h
   DEPS :internal @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
-  SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc
-  DATA testdata/dcp_interop.py testdata/torch_load_interop.py
+  SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc safetensors_test.cc
+       safetensors_validation_test.cc
+  DATA testdata/dcp_interop.py testdata/safetensors_interop.py testdata/torch_load_interop.py
   DEPS :checkpoint :dcp :internal //testing:allocation_counter //testing:expect_error
        //testing:peer_python //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
