@@ -4,8 +4,8 @@
 # differently from Bazel, with the reasons, is in the tables of that script:
 #   //bench:*: only with FSDP_BUILD_BENCH=ON: benchmarks need Debian's libbenchmark-dev
 #   //fuzz:standalone_driver //fuzz:full_state_dict_fuzz //fuzz:optim_state_fuzz
-#     //fuzz:dcp_metadata_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with
-#     FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
+#     //fuzz:dcp_metadata_fuzz //fuzz:safetensors_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds:
+#     only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
 #     tools/fuzz.sh's)
 # INSTALL: in the CMake package (`cmake --install`): the public libraries, not testonly,
 # and the libraries they link.
@@ -485,6 +485,10 @@ fsdp_cc_binary(//fuzz:dcp_metadata_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS dcp_metadata_fuzz.cc
   DEPS :standalone_driver //checkpoint:dcp @libtorch)
 
+fsdp_cc_binary(//fuzz:safetensors_fuzz OPTION FSDP_BUILD_FUZZ PCH aten
+  SRCS safetensors_fuzz.cc
+  DEPS :standalone_driver //checkpoint @libtorch)
+
 fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS torchrun_env_fuzz.cc
   DEPS :standalone_driver //comm @libtorch)
@@ -496,7 +500,7 @@ fsdp_cc_binary(//fuzz:make_seeds TESTONLY OPTION FSDP_BUILD_FUZZ
 
 fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE SMOKE_FILTER "-CorruptCheckpoint.EveryBitFlipIsAnErrorOrHarmless"
   SRCS corrupt_checkpoint_test.cc
-  DATA testdata/*.pt
+  DATA testdata/*.pt testdata/*.safetensors
   DEPS :fuzz_models //checkpoint //fsdp/fsdp2 //optim_state:core //optim_state:fsdp2
        //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
