@@ -4,8 +4,8 @@
 # differently from Bazel, with the reasons, is in the tables of that script:
 #   //bench:*: only with FSDP_BUILD_BENCH=ON: benchmarks need Debian's libbenchmark-dev
 #   //fuzz:standalone_driver //fuzz:full_state_dict_fuzz //fuzz:optim_state_fuzz
-#     //fuzz:dcp_metadata_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with
-#     FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
+#     //fuzz:dcp_metadata_fuzz //fuzz:safetensors_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds:
+#     only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
 #     tools/fuzz.sh's)
 # INSTALL: in the CMake package (`cmake --install`): the public libraries, not testonly,
 # and the libraries they link.
@@ -94,20 +94,21 @@ fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
 
 # ================================================================ //checkpoint
 fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
-  SRCS crc32.cc dcp_pickle.cc pickle.cc torch_pickle.cc zip_writer.cc
-  HDRS crc32.h dcp_pickle.h pickle.h torch_pickle.h zip_writer.h
+  SRCS crc32.cc dcp_pickle.cc json.cc pickle.cc torch_pickle.cc zip_writer.cc
+  HDRS crc32.h dcp_pickle.h json.h pickle.h torch_pickle.h zip_writer.h
   DEPS @libtorch @system//:absl)
 
 fsdp_cc_library(//checkpoint INSTALL PCH aten
   SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc file_io.cc optim_state_file.cc
-       tensor_dict_file.cc
+       safetensors.cc safetensors_writer.cc tensor_dict_file.cc
   HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h optim_state_file.h
-       tensor_dict_file.h
+       safetensors.h tensor_dict_file.h
   DEPS :internal @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
-  SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc
-  DATA testdata/dcp_interop.py testdata/torch_load_interop.py
+  SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc safetensors_test.cc
+       safetensors_validation_test.cc
+  DATA testdata/dcp_interop.py testdata/safetensors_interop.py testdata/torch_load_interop.py
   DEPS :checkpoint :dcp :internal //testing:allocation_counter //testing:expect_error
        //testing:peer_python //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
@@ -484,6 +485,10 @@ fsdp_cc_binary(//fuzz:dcp_metadata_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS dcp_metadata_fuzz.cc
   DEPS :standalone_driver //checkpoint:dcp @libtorch)
 
+fsdp_cc_binary(//fuzz:safetensors_fuzz OPTION FSDP_BUILD_FUZZ PCH aten
+  SRCS safetensors_fuzz.cc
+  DEPS :standalone_driver //checkpoint @libtorch)
+
 fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS torchrun_env_fuzz.cc
   DEPS :standalone_driver //comm @libtorch)
@@ -495,7 +500,7 @@ fsdp_cc_binary(//fuzz:make_seeds TESTONLY OPTION FSDP_BUILD_FUZZ
 
 fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE SMOKE_FILTER "-CorruptCheckpoint.EveryBitFlipIsAnErrorOrHarmless"
   SRCS corrupt_checkpoint_test.cc
-  DATA testdata/*.pt
+  DATA testdata/*.pt testdata/*.safetensors
   DEPS :fuzz_models //checkpoint //fsdp/fsdp2 //optim_state:core //optim_state:fsdp2
        //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 

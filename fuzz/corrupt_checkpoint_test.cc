@@ -1,7 +1,10 @@
 // Checkpoint files are input: truncated, bit-flipped and crafted files give a c10::Error
 // naming the file and the bad value (never a crash), valid files read exactly as LibTorch's
-// own reader reads them, and files Python's torch.save wrote load too.
+// own reader reads them, and files Python's torch.save wrote load too. Safetensors files
+// Python wrote: every truncation is an error, every bit flip an error or a change of only
+// what it hits (the format has no checksum: see the last tests).
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
@@ -13,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/safetensors.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fuzz/fuzz_models.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -379,6 +384,154 @@ TEST(CorruptCheckpoint, LoadersNameTheFileAndTheValue) {
     EXPECT_EQ(std::get<int64_t>(after.state.at(fqn).at("step")), std::get<int64_t>(values.at("step"))) << fqn;
     EXPECT_TRUE(
         at::equal(std::get<at::Tensor>(after.state.at(fqn).at("exp_avg")), std::get<at::Tensor>(values.at("exp_avg"))));
+  }
+}
+
+// ------------------------------------------------------------------ safetensors files
+// Files Python's safetensors 0.8 wrote (fuzz/testdata/make_testdata.py).
+constexpr const char* kSafetensorsFiles[] = {"python.safetensors", "python_odd.safetensors"};
+
+// What the reader gives for a file: metadata, entries and each tensor's bytes (Read).
+struct SafetensorsContent {
+  std::optional<checkpoint::SafetensorsMetadata> metadata;
+  std::vector<checkpoint::SafetensorsEntry> entries;
+  std::vector<std::string> bytes;
+};
+
+SafetensorsContent ReadSafetensors(const std::vector<char>& file, const std::string& name) {
+  const checkpoint::SafetensorsReader reader(file.data(), file.size(), name);
+  SafetensorsContent c{reader.metadata(), reader.entries(), {}};
+  for (const auto& e : c.entries) {
+    const at::Tensor t = reader.Read(e.name);
+    c.bytes.emplace_back(static_cast<const char*>(t.const_data_ptr()), t.nbytes());
+  }
+  return c;
+}
+
+// Whether each byte of `header` (JSON) lies inside a string, between its quotes.
+std::vector<bool> InsideJsonStrings(const std::string& header) {
+  std::vector<bool> inside(header.size(), false);
+  bool in = false;
+  for (size_t i = 0; i < header.size(); ++i) {
+    if (in && header[i] == '\\') {
+      inside[i] = inside[i + 1] = true;
+      ++i;
+    } else if (header[i] == '"') {
+      in = !in;
+    } else {
+      inside[i] = in;
+    }
+  }
+  return inside;
+}
+
+TEST(CorruptCheckpoint, SafetensorsFilesWrittenByPythonRead) {
+  const std::vector<char> file = FileBytes("fuzz/testdata/python.safetensors");
+  const checkpoint::SafetensorsReader r(file.data(), file.size(), "python.safetensors");
+  EXPECT_EQ(r.metadata(), (checkpoint::SafetensorsMetadata{{"format", "pt"}}));
+  EXPECT_TRUE(at::equal(r.Read("weight"), at::arange(6, at::kFloat).reshape({2, 3})));
+  EXPECT_TRUE(at::equal(r.Read("bf16"), at::arange(4, at::kBFloat16) - 1.5));
+  EXPECT_EQ(r.Read("step").dim(), 0);
+  EXPECT_EQ(r.Read("step").item<int64_t>(), 7);
+  EXPECT_TRUE(at::equal(r.Read("mask"), at::tensor({1, 0, 1}).to(at::kBool)));
+  EXPECT_EQ(r.Read("empty").sizes(), (std::vector<int64_t>{0, 2}));
+  EXPECT_TRUE(at::equal(r.Read("bytes"), at::arange(5, at::kByte)));
+  const std::vector<char> odd = FileBytes("fuzz/testdata/python_odd.safetensors");
+  const checkpoint::SafetensorsReader o(odd.data(), odd.size(), "python_odd.safetensors");
+  EXPECT_EQ(o.metadata(), (checkpoint::SafetensorsMetadata{{"a", "1"}, {"b", "\u00e9\n"}}));
+  EXPECT_TRUE(at::equal(o.Read("caf\u00e9 \"q\"\\\n"), at::arange(3, at::kShort)));
+  EXPECT_TRUE(at::equal(o.Read("f8").to(at::kFloat), at::arange(4, at::kFloat)));
+  EXPECT_EQ(o.Read("e").sizes(), (std::vector<int64_t>{2, 0}));
+}
+
+// A cut anywhere is an error naming the file; once the header is whole, naming the first
+// tensor (in the header) that the cut reaches.
+TEST(CorruptCheckpoint, EverySafetensorsTruncationIsAClearError) {
+  for (const char* name : kSafetensorsFiles) {
+    const std::vector<char> bytes = FileBytes(std::string("fuzz/testdata/") + name);
+    const SafetensorsContent good = ReadSafetensors(bytes, name);
+    const int64_t data_offset = checkpoint::SafetensorsReader(bytes.data(), bytes.size(), name).data_offset();
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      const std::vector<char> cut(bytes.begin(), bytes.begin() + n);
+      std::string expected = std::string("SafetensorsReader: '") + name + "' is not a valid safetensors file: ";
+      if (static_cast<int64_t>(n) >= data_offset) {
+        for (const auto& e : good.entries) {
+          if (e.end > static_cast<int64_t>(n) - data_offset) {
+            expected += "tensor '" + e.name + "' has data_offsets [";
+            break;
+          }
+        }
+      }
+      EXPECT_ERROR_CONTAINS(ReadSafetensors(cut, name), expected);
+      EXPECT_ERROR_CONTAINS(ReadSafetensors(cut, name), "(truncated?)");
+    }
+  }
+}
+
+// Safetensors has no checksum: a flipped bit of tensor data is a different value that no
+// reader can notice. So each flip is an error naming the file, or changes only what it hits:
+// in the data section, the bytes of the one tensor holding it (a BOOL byte must stay 0 or 1:
+// else an error naming the tensor); in the header, only a name or metadata string holding it,
+// or a dimension of an empty tensor ([0, 2] -> [0, 0]: no byte of the file counts it). No
+// flip changes a dtype, where a tensor's bytes are, or the shape of a tensor with elements.
+TEST(CorruptCheckpoint, EverySafetensorsBitFlipIsAnErrorOrChangesOnlyWhatItHits) {
+  for (const char* name : kSafetensorsFiles) {
+    SCOPED_TRACE(name);
+    const std::vector<char> bytes = FileBytes(std::string("fuzz/testdata/") + name);
+    const SafetensorsContent good = ReadSafetensors(bytes, name);
+    const checkpoint::SafetensorsReader reader(bytes.data(), bytes.size(), name);
+    const size_t data_offset = static_cast<size_t>(reader.data_offset());
+    const std::vector<bool> in_string = InsideJsonStrings(std::string(bytes.data() + 8, data_offset - 8));
+    int errors = 0, strings = 0, values = 0, reshaped = 0;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      std::vector<char> flipped = bytes;
+      flipped[i] ^= static_cast<char>(1 << (i % 8));
+      const std::string at = absl::StrCat("flip at byte ", i);
+      // The tensor whose bytes hold byte i, if any.
+      const checkpoint::SafetensorsEntry* hit = nullptr;
+      for (const auto& e : good.entries) {
+        if (i >= data_offset + e.begin && i < data_offset + e.end) hit = &e;
+      }
+      SafetensorsContent got;
+      try {
+        got = ReadSafetensors(flipped, name);
+      } catch (const c10::Error& e) {
+        ++errors;
+        const std::string message = e.what_without_backtrace();
+        EXPECT_TRUE(absl::StrContains(message, std::string("'") + name + "' is not a valid safetensors file: "))
+            << at << ": " << message;
+        if (hit != nullptr) {  // only a BOOL byte can be wrong in the data section
+          EXPECT_TRUE(absl::StrContains(message, "BOOL tensor '" + hit->name + "'")) << at;
+        }
+        continue;
+      }
+      ASSERT_EQ(got.entries.size(), good.entries.size()) << at;
+      for (size_t k = 0; k < good.entries.size(); ++k) {
+        const auto &g = got.entries[k], &w = good.entries[k];
+        EXPECT_EQ(g.dtype, w.dtype) << at;
+        if (g.shape != w.shape) {  // only an empty tensor's: no byte counts its dimensions
+          EXPECT_TRUE(w.begin == w.end && i < data_offset) << at << " reshaped '" << w.name << "'";
+          EXPECT_EQ(c10::multiply_integers(g.shape), 0) << at;
+          ++reshaped;
+        }
+        EXPECT_EQ(g.begin, w.begin) << at;
+        EXPECT_EQ(g.end, w.end) << at;
+        std::string want = good.bytes[k];
+        if (hit == &w) want[i - data_offset - w.begin] ^= static_cast<char>(1 << (i % 8));
+        EXPECT_EQ(got.bytes[k], want) << at << ", tensor " << w.name;
+        if (g.name != w.name) {
+          EXPECT_TRUE(i >= 8 && i < data_offset && in_string[i - 8]) << at << " renamed '" << w.name << "'";
+          ++strings;
+        }
+      }
+      if (got.metadata != good.metadata) {
+        EXPECT_TRUE(i >= 8 && i < data_offset && in_string[i - 8]) << at << " changed the metadata";
+        ++strings;
+      }
+      if (i >= data_offset) ++values;
+    }
+    std::printf("%s: %zu single-bit flips, %d errors, %d in strings, %d in tensor data, %d reshape an empty tensor\n",
+                name, bytes.size(), errors, strings, values, reshaped);
   }
 }
 

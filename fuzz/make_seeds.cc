@@ -1,5 +1,6 @@
 // Writes PyTorch corpora of the fuzz targets from real files: make_seeds DIR creates
-// DIR/full_state_dict/, DIR/optim_state/, DIR/torchrun_env/ and DIR/dcp_metadata/.
+// DIR/full_state_dict/, DIR/optim_state/, DIR/torchrun_env/, DIR/dcp_metadata/ and
+// DIR/safetensors/.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +8,7 @@
 
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_storage.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_dict_file.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fuzz/fuzz_models.h"
@@ -60,5 +62,16 @@ int main(int argc, char** argv) {
   const std::vector<char> metadata = ckpt::SerializeDcpMetadata(ckpt::MergeDcpFragments(fragments, data_dir.string()));
   ckpt::ParseDcpMetadata(metadata.data(), metadata.size(), "seed");  // must load
   Write(dir / "dcp_metadata", {{"ours.metadata", metadata}});
+  // Our writer's safetensors files (tools/fuzz.sh adds Python's, fuzz/testdata/*.safetensors).
+  ckpt::TensorDict tensors;
+  tensors.insert("model.w", at::arange(12, at::kFloat).view({3, 4}));
+  tensors.insert("model.b", at::arange(4, at::kBFloat16));
+  tensors.insert("step", at::scalar_tensor(3, at::kLong));
+  tensors.insert("mask", at::ones({2}, at::kBool));
+  tensors.insert("empty", at::empty({0, 2}, at::kHalf));
+  const std::vector<char> ours = ckpt::SerializeSafetensors(tensors, ckpt::SafetensorsMetadata{{"format", "pt"}});
+  (void)ckpt::SafetensorsReader(ours.data(), ours.size(), "seed");  // must load
+  Write(dir / "safetensors",
+        {{"ours.safetensors", ours}, {"no_metadata.safetensors", ckpt::SerializeSafetensors(tensors)}});
   return 0;
 }

@@ -17,7 +17,7 @@ CACHE="${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/libtorch-fsdp}"
 BASE="$CACHE/bazel-fuzz-output"
 FUZZ_OUT="${FUZZ_OUT:-$CACHE/fuzz}"
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
-TARGETS=(full_state_dict_fuzz optim_state_fuzz torchrun_env_fuzz dcp_metadata_fuzz)
+TARGETS=(full_state_dict_fuzz optim_state_fuzz torchrun_env_fuzz dcp_metadata_fuzz safetensors_fuzz)
 
 command -v clang >/dev/null || { echo "fuzz: clang not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
 [ -e third_party/torch_root/lib/libtorch_cpu.so ] || { echo "fuzz: run ./x setup first (third_party/torch_root)" >&2; exit 1; }
@@ -44,8 +44,10 @@ rm -rf "$FUZZ_OUT/seeds"
 mkdir -p "$FUZZ_OUT"
 echo "==> seed corpora from real files"
 "$BIN/make_seeds" "$FUZZ_OUT/seeds" || { echo "fuzz: make_seeds failed"; echo "0 passed, ${#TARGETS[@]} failed"; exit 1; }
-# A .metadata that Python's dcp.save wrote (pickle protocol 4), beside make_seeds' own.
+# A .metadata that Python's dcp.save wrote (pickle protocol 4), beside make_seeds' own; files
+# Python's safetensors wrote beside our writer's.
 cp fuzz/testdata/dcp_python.metadata "$FUZZ_OUT/seeds/dcp_metadata/"
+cp fuzz/testdata/*.safetensors "$FUZZ_OUT/seeds/safetensors/"
 
 passed=0 failed=0
 for t in "${TARGETS[@]}"; do
@@ -54,8 +56,11 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$corpus" "$FUZZ_OUT/$t/crashes"
   log="$FUZZ_OUT/$t/last.log"
   budget=(-max_total_time="$SECONDS_PER_TARGET")
-  dict=()
-  [ "$t" = torchrun_env_fuzz ] || dict=(-dict=fuzz/checkpoint.dict)
+  case "$t" in
+    torchrun_env_fuzz) dict=() ;;
+    safetensors_fuzz) dict=(-dict=fuzz/safetensors.dict) ;;
+    *) dict=(-dict=fuzz/checkpoint.dict) ;;
+  esac
   [ -n "${FUZZ_RUNS:-}" ] && budget=(-runs="$FUZZ_RUNS")
   echo "==> $t (${budget[*]})"
   "$BIN/$t" "${budget[@]}" "${dict[@]}" -timeout=10 -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \

@@ -43,6 +43,7 @@ OPTIONAL = {
     "//fuzz:full_state_dict_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:optim_state_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:dcp_metadata_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
+    "//fuzz:safetensors_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:torchrun_env_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:make_seeds": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
 }
