@@ -323,7 +323,7 @@ fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
 
 fsdp_cc_binary(//examples/llama:llama_demo
   SRCS llama_demo.cc
-  DEPS :llama_training //checkpoint //comm //comm:gloo //comm:main_guard
+  DEPS :llama_training //checkpoint //comm //comm:gloo //comm:main_guard //dcp:fsdp2
        //examples:training_checkpoints //fsdp/fsdp2 //mesh @libtorch @system//:absl
        @system//:absl_flags)
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""FSDP2-only targets link no FSDP1 code: for each target in FSDP2_ONLY, Bazel's
+"""Checkpoint adapters where they belong, and FSDP2-only targets without FSDP1 code.
+
+1. For each target in FSDP2_ONLY, Bazel's
 `deps(T) intersect (FSDP1)` must hold no cc_library, FSDP1 being //fsdp/fsdp1/... and the FSDP1 halves of
 //optim_state and //dcp. Why: the two FSDPs are siblings (docs/design/architecture.md), and a
 program that uses only fully_shard, even one that checkpoints (//dcp:fsdp2), must not pay
@@ -8,8 +10,14 @@ does not run sh_tests) is not asked to carry it; `./x test` runs it.
 
   python3 tools/check_fsdp2_only.py [ROOT]
 
-Prints each offending target with the FSDP1 labels it reaches, and exits 1 when there is one
-(or when bazel query fails).
+2. Every program (cc_binary, cc_test) that links the DCP core and an FSDP runtime links that
+   FSDP's DCP adapter (//dcp:fsdp2, //dcp:fsdp1; or //dcp, which bundles both): without it,
+   dcp::Save of that FSDP's model is a run-time error ("link //dcp:fsdp2"), which only the
+   program's own run would show. ADAPTER_EXEMPT lists the programs that leave one out on
+   purpose.
+
+Prints each offending target (with the FSDP1 labels it reaches, or the adapter it lacks), and
+exits 1 when there is one (or when bazel query fails).
 """
 import os
 import subprocess
@@ -24,16 +32,33 @@ FSDP2_ONLY = [
     "//optim_state:fsdp2",
 ]
 FSDP1 = "//fsdp/fsdp1/... + //optim_state:fsdp1 + //dcp:fsdp1"
+# (FSDP runtime, its DCP adapter).
+ADAPTERS = [("//fsdp/fsdp2", "//dcp:fsdp2"), ("//fsdp/fsdp1", "//dcp:fsdp1")]
+# Proves that a binary without the FSDP1 adapter names it in its error.
+ADAPTER_EXEMPT = {"//dcp:adapter_test"}
+
+
+def query(root, expression):
+    out = subprocess.run(["bazel", "query", "--noshow_progress", "--output=label", expression], cwd=root,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"bazel query '{expression}' failed:\n{out.stderr.strip()}")
+    # Leave out the unity-build helpers (tools/cc.bzl): each repeats its library.
+    return sorted(label for label in out.stdout.split() if not label.endswith("_unity_sources"))
 
 
 def fsdp1_deps(root, target):
-    query = f"kind(cc_library, deps({target}) intersect ({FSDP1}))"
-    out = subprocess.run(["bazel", "query", "--noshow_progress", "--output=label", query], cwd=root,
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"bazel query '{query}' failed:\n{out.stderr.strip()}")
-    # Leave out the unity-build helpers (tools/cc.bzl): each repeats its library.
-    return sorted(label for label in out.stdout.split() if not label.endswith("_unity_sources"))
+    return query(root, f"kind(cc_library, deps({target}) intersect ({FSDP1}))")
+
+
+def missing_adapters(root):
+    """[(program, runtime, adapter)] for programs linking //dcp:core and a runtime but not its adapter."""
+    found = []
+    for runtime, adapter in ADAPTERS:
+        programs = query(root, f'kind("cc_binary|cc_test", rdeps(//..., //dcp:core) intersect '
+                               f'rdeps(//..., {runtime})) except rdeps(//..., {adapter})')
+        found += [(p, runtime, adapter) for p in programs if p not in ADAPTER_EXEMPT]
+    return found
 
 
 def main(argv):
@@ -50,7 +75,15 @@ def main(argv):
             print(f"{target} links FSDP1 code: {', '.join(found[:8])}"
                   + (f" (and {len(found) - 8} more)" if len(found) > 8 else ""))
     print(f"{len(FSDP2_ONLY)} FSDP2-only targets: {'ok' if not bad else f'{bad} link FSDP1'}")
-    return 1 if bad else 0
+    try:
+        missing = missing_adapters(root)
+    except RuntimeError as e:
+        print(e)
+        return 1
+    for program, runtime, adapter in missing:
+        print(f"{program} links //dcp:core and {runtime} but not {runtime}'s checkpoint adapter {adapter}")
+    print(f"DCP adapters: {'ok' if not missing else f'{len(missing)} program(s) without theirs'}")
+    return 1 if bad or missing else 0
 
 
 if __name__ == "__main__":
