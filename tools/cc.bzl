@@ -37,48 +37,65 @@ load(
     _cc_test = "cc_test",
 )
 
-def _torch_precompiled_header_impl(ctx):
-    cc_toolchain = find_cpp_toolchain(ctx)
-    features = cc_common.configure_features(
+def _features(ctx, cc_toolchain):
+    return cc_common.configure_features(
         ctx = ctx,
         cc_toolchain = cc_toolchain,
         requested_features = ctx.features,
         unsupported_features = ctx.disabled_features,
     )
+
+def _cpp_compile_command(ctx, cc_toolchain, features, context, source, flags, output = None):
+    """(compiler, arguments, environment) of the toolchain's C++ compile of `source` for the
+    current configuration (--copt/--cxxopt, `context`'s include paths and defines, -fPIC),
+    plus `flags`."""
+    variables = cc_common.create_compile_variables(
+        feature_configuration = features,
+        cc_toolchain = cc_toolchain,
+        source_file = source,
+        output_file = output,
+        user_compile_flags = ctx.fragments.cpp.copts + ctx.fragments.cpp.cxxopts + flags,
+        include_directories = context.includes,
+        quote_include_directories = context.quote_includes,
+        system_include_directories = context.system_includes,
+        preprocessor_defines = context.defines,
+        use_pic = True,
+    )
+    return (
+        cc_common.get_tool_for_action(feature_configuration = features, action_name = CPP_COMPILE_ACTION_NAME),
+        cc_common.get_memory_inefficient_command_line(
+            feature_configuration = features,
+            action_name = CPP_COMPILE_ACTION_NAME,
+            variables = variables,
+        ),
+        cc_common.get_environment_variables(
+            feature_configuration = features,
+            action_name = CPP_COMPILE_ACTION_NAME,
+            variables = variables,
+        ),
+    )
+
+def _torch_precompiled_header_impl(ctx):
+    cc_toolchain = find_cpp_toolchain(ctx)
     deps_context = cc_common.merge_cc_infos(
         cc_infos = [d[CcInfo] for d in ctx.attr.deps],
     ).compilation_context
     header = ctx.actions.declare_file(ctx.attr.name + ".h")
     ctx.actions.expand_template(template = ctx.file.src, output = header, substitutions = {})
     pch = ctx.actions.declare_file(ctx.attr.name + ".h.gch/pic.h")
-    variables = cc_common.create_compile_variables(
-        feature_configuration = features,
-        cc_toolchain = cc_toolchain,
-        source_file = header.path,
-        output_file = pch.path,
-        user_compile_flags = ctx.fragments.cpp.copts + ctx.fragments.cpp.cxxopts +
-                             ["-x", "c++-header"],
-        include_directories = deps_context.includes,
-        quote_include_directories = deps_context.quote_includes,
-        system_include_directories = deps_context.system_includes,
-        preprocessor_defines = deps_context.defines,
-        use_pic = True,
+    compiler, arguments, env = _cpp_compile_command(
+        ctx,
+        cc_toolchain,
+        _features(ctx, cc_toolchain),
+        deps_context,
+        header.path,
+        ["-x", "c++-header"],
+        output = pch.path,
     )
     ctx.actions.run(
-        executable = cc_common.get_tool_for_action(
-            feature_configuration = features,
-            action_name = CPP_COMPILE_ACTION_NAME,
-        ),
-        arguments = cc_common.get_memory_inefficient_command_line(
-            feature_configuration = features,
-            action_name = CPP_COMPILE_ACTION_NAME,
-            variables = variables,
-        ),
-        env = cc_common.get_environment_variables(
-            feature_configuration = features,
-            action_name = CPP_COMPILE_ACTION_NAME,
-            variables = variables,
-        ),
+        executable = compiler,
+        arguments = arguments,
+        env = env,
         inputs = depset([header], transitive = [cc_toolchain.all_files, deps_context.headers]),
         outputs = [pch],
         mnemonic = "CppPrecompiledHeader",
@@ -195,58 +212,39 @@ def _with_unity(kwargs):
 # standard includes; --define=torch_pch=off also covers its LibTorch includes.
 def _headers_alone_test_impl(ctx):
     cc_toolchain = find_cpp_toolchain(ctx)
-    features = cc_common.configure_features(
-        ctx = ctx,
-        cc_toolchain = cc_toolchain,
-        requested_features = ctx.features,
-        unsupported_features = ctx.disabled_features,
-    )
+    features = _features(ctx, cc_toolchain)
     lib = ctx.attr.lib[CcInfo].compilation_context
     context = cc_common.merge_cc_infos(
         cc_infos = [ctx.attr.lib[CcInfo]] + ([ctx.attr.pch[CcInfo]] if ctx.attr.pch else []),
     ).compilation_context
     pch_flags = ["-include", "%s/%s.h" % (_PCH_PACKAGE, ctx.attr.pch.label.name)] if ctx.attr.pch else []
-    compiler = cc_common.get_tool_for_action(feature_configuration = features, action_name = CPP_COMPILE_ACTION_NAME)
     verdicts = []
     by_path = {h.short_path: h for h in lib.direct_public_headers}
     for path in sorted(by_path):
-        header = by_path[path]
-        base = "%s/%s" % (ctx.label.name, header.short_path)
+        base = "%s/%s" % (ctx.label.name, path)
         tu = ctx.actions.declare_file(base + ".cc")
-        ctx.actions.write(tu, '#include "%s"\n' % header.short_path)
+        ctx.actions.write(tu, '#include "%s"\n' % path)
         verdict = ctx.actions.declare_file(base + ".verdict")
-        variables = cc_common.create_compile_variables(
-            feature_configuration = features,
-            cc_toolchain = cc_toolchain,
-            source_file = tu.path,
-            user_compile_flags = ctx.fragments.cpp.copts + ctx.fragments.cpp.cxxopts + pch_flags +
-                                 ["-fsyntax-only"],
-            include_directories = context.includes,
-            quote_include_directories = context.quote_includes,
-            system_include_directories = context.system_includes,
-            preprocessor_defines = context.defines,
-            use_pic = True,
+        compiler, arguments, env = _cpp_compile_command(
+            ctx,
+            cc_toolchain,
+            features,
+            context,
+            tu.path,
+            pch_flags + ["-fsyntax-only"],
         )
         ctx.actions.run_shell(
             command = 'out="$1"; shift; if "$@" > "$out.log" 2>&1; then echo ok > "$out"; ' +
-                      'else { echo "%s does not compile on its own:"; cat "$out.log"; } > "$out"; fi; ' % header.short_path +
+                      'else { echo "%s does not compile on its own:"; cat "$out.log"; } > "$out"; fi; ' % path +
                       'rm -f "$out.log"',
-            arguments = [verdict.path, compiler] + cc_common.get_memory_inefficient_command_line(
-                feature_configuration = features,
-                action_name = CPP_COMPILE_ACTION_NAME,
-                variables = variables,
-            ),
-            env = cc_common.get_environment_variables(
-                feature_configuration = features,
-                action_name = CPP_COMPILE_ACTION_NAME,
-                variables = variables,
-            ),
+            arguments = [verdict.path, compiler] + arguments,
+            env = env,
             inputs = depset([tu], transitive = [cc_toolchain.all_files, context.headers]),
             outputs = [verdict],
             mnemonic = "CppHeaderAlone",
-            progress_message = "Compiling %s on its own" % header.short_path,
+            progress_message = "Compiling %s on its own" % path,
         )
-        verdicts.append((verdict, header.short_path))
+        verdicts.append((verdict, path))
     if not verdicts:
         fail("%s exports no header to check" % ctx.attr.lib.label)
     script = ctx.actions.declare_file(ctx.label.name + ".sh")
