@@ -377,6 +377,13 @@ void SafetensorsReader::ReadRowsIntoImpl(const SafetensorsEntry& e, int64_t row_
   }
 }
 
+void SafetensorsReader::ReadDataBytes(const SafetensorsEntry& e, int64_t begin, int64_t end, void* out,
+                                      const char* caller) const {
+  TORCH_CHECK(begin >= 0 && begin <= end && end <= e.end - e.begin, caller, ": bytes [", begin, ", ", end,
+              ") of tensor ", StQuoted(e.name), " in '", source_, "' are not inside its ", e.end - e.begin, " bytes");
+  FetchChecked(e, begin, end - begin, out, caller);
+}
+
 void SafetensorsReader::ReadBytes(const std::string& name, int64_t begin, int64_t end, void* out) const {
   const SafetensorsEntry& e = Entry(name);
   TORCH_CHECK(begin >= 0 && begin <= end && end <= e.end - e.begin, "SafetensorsReader::ReadBytes: bytes [", begin,

@@ -119,6 +119,9 @@ class SafetensorsReader {
   void ReadRowsInto(const std::string& name, int64_t row_begin, int64_t row_end, const at::Tensor& dest) const;
   // Bytes [begin, end) of the tensor's data, raw (BOOL bytes unchecked), into out[0, end - begin).
   void ReadBytes(const std::string& name, int64_t begin, int64_t end, void* out) const;
+  // The same for a tensor of this file (an entry of entries()), BOOL bytes checked (0 or 1):
+  // what a reader of parts of tensors uses. Errors start with `caller`.
+  void ReadDataBytes(const SafetensorsEntry& e, int64_t begin, int64_t end, void* out, const char* caller) const;
 
  private:
   void ParseHeader(const char* caller);
@@ -145,17 +148,35 @@ TensorDict LoadSafetensors(const std::string& path);
 // Takes the file's bytes in order; it takes all of them or throws.
 using SafetensorsSink = std::function<void(const char* data, size_t size)>;
 
+// Where a file of tensors of these names, dtypes and shapes puts each, without the tensors:
+// `head` is the file's first bytes (the length and the padded header), `entries` the tensors
+// in file order with their data ranges (begin / end of the given entries are ignored). What
+// WriteSafetensors writes, so a file can be written in pieces (a consolidated export).
+struct SafetensorsLayout {
+  std::vector<char> head;
+  std::vector<SafetensorsEntry> entries;
+  int64_t file_size() const { return static_cast<int64_t>(head.size()) + (entries.empty() ? 0 : DataBytes()); }
+  int64_t DataBytes() const;
+};
+// Errors as WriteSafetensors' (names, metadata, element counts that overflow).
+SafetensorsLayout LayOutSafetensors(std::vector<SafetensorsEntry> tensors,
+                                    const std::optional<SafetensorsMetadata>& metadata,
+                                    const std::string& caller = "LayOutSafetensors");
+
 // Streams the file of `tensors` (names unique: a TensorDict's keys) and `metadata` (written as
-// __metadata__ when given, even empty, as Python writes metadata={}) to `sink`. Errors start
-// with "<caller>: ".
+// __metadata__ when given, even empty, as Python writes metadata={}) to `sink`. `dtype`: each
+// floating-point tensor is written as this dtype (converted one tensor at a time, as
+// tensor.to(dtype)); others as they are. Errors start with "<caller>: ".
 void WriteSafetensors(const TensorDict& tensors, const std::optional<SafetensorsMetadata>& metadata,
-                      const SafetensorsSink& sink, const std::string& caller = "WriteSafetensors");
+                      const SafetensorsSink& sink, const std::string& caller = "WriteSafetensors",
+                      std::optional<at::ScalarType> dtype = std::nullopt);
 // The file's bytes in memory.
 std::vector<char> SerializeSafetensors(const TensorDict& tensors,
                                        const std::optional<SafetensorsMetadata>& metadata = std::nullopt);
 // The file at `path`, written atomically (a temporary file, fsynced, renamed over `path`).
 void SaveSafetensors(const std::string& path, const TensorDict& tensors,
-                     const std::optional<SafetensorsMetadata>& metadata = std::nullopt);
+                     const std::optional<SafetensorsMetadata>& metadata = std::nullopt,
+                     std::optional<at::ScalarType> dtype = std::nullopt);
 
 }  // namespace fsdp::checkpoint
 

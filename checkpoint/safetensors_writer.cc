@@ -3,9 +3,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/json.h"
@@ -55,34 +57,21 @@ void CheckWritableString(const std::string& s, const std::string& caller, const 
 
 }  // namespace
 
-void WriteSafetensors(const TensorDict& tensors, const std::optional<SafetensorsMetadata>& metadata,
-                      const SafetensorsSink& sink, const std::string& caller) {
-  struct Item {
-    const std::string* name;
-    const at::Tensor* tensor;
-    const char* dtype;
-    int order;
-    int64_t nbytes;
-  };
-  std::vector<Item> items;
-  items.reserve(tensors.size());
-  for (const auto& item : tensors) {
-    const std::string& name = item.key();
-    const at::Tensor& t = item.value();
-    const std::string what = absl::StrCat(caller, ": tensor '", name.substr(0, 200), "'");
-    TORCH_CHECK(name != "__metadata__", caller,
+int64_t SafetensorsLayout::DataBytes() const { return entries.empty() ? 0 : entries.back().end; }
+
+SafetensorsLayout LayOutSafetensors(std::vector<SafetensorsEntry> tensors,
+                                    const std::optional<SafetensorsMetadata>& metadata, const std::string& caller) {
+  for (const SafetensorsEntry& e : tensors) {
+    TORCH_CHECK(e.name != "__metadata__", caller,
                 ": a tensor may not be named '__metadata__' (the header's key for the metadata)");
-    CheckWritableString(name, caller, "the tensor name");
-    TORCH_CHECK(t.defined(), what, " is an undefined tensor");
-    TORCH_CHECK(t.layout() == at::kStrided, what, " has layout ", t.layout(), " (only dense tensors are written)");
-    TORCH_CHECK(!t.is_meta(), what, " is on the meta device: it has no data to write");
-    const char* dtype = SafetensorsDtypeName(t.scalar_type());
-    TORCH_CHECK(dtype != nullptr, what, " has dtype ", t.scalar_type(), ", which safetensors has no dtype for");
-    items.push_back(
-        {&name, &t, dtype, DtypeOrder(t.scalar_type()), t.numel() * static_cast<int64_t>(t.element_size())});
+    CheckWritableString(e.name, caller, "the tensor name");
+    TORCH_CHECK(SafetensorsDtypeName(e.dtype) != nullptr, caller, ": tensor '", e.name.substr(0, 200),
+                "' has dtype ", e.dtype, ", which safetensors has no dtype for");
   }
-  std::sort(items.begin(), items.end(),
-            [](const Item& a, const Item& b) { return a.order != b.order ? a.order > b.order : *a.name < *b.name; });
+  std::stable_sort(tensors.begin(), tensors.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    const int oa = DtypeOrder(a.dtype), ob = DtypeOrder(b.dtype);
+    return oa != ob ? oa > ob : a.name < b.name;
+  });
 
   // serde_json's compact output of the crate's Metadata: __metadata__ first, then the tensors
   // in file order, each {"dtype","shape","data_offsets"}.
@@ -101,28 +90,62 @@ void WriteSafetensors(const TensorDict& tensors, const std::optional<Safetensors
     header += '}';
   }
   int64_t offset = 0;
-  for (const Item& item : items) {
+  for (SafetensorsEntry& e : tensors) {
+    int64_t nbytes = static_cast<int64_t>(c10::elementSize(e.dtype));
+    for (int64_t s : e.shape) {
+      TORCH_CHECK(s >= 0, caller, ": tensor '", e.name.substr(0, 200), "' has a negative size ", s);
+      TORCH_CHECK(!__builtin_mul_overflow(nbytes, s, &nbytes), caller, ": tensor '", e.name.substr(0, 200),
+                  "' has more bytes than fit in 64 bits");
+    }
+    TORCH_CHECK(!__builtin_add_overflow(offset, nbytes, &e.end), caller, ": the tensors' bytes overflow 64 bits");
+    e.begin = offset;
     if (header.size() > 1) header += ',';
-    internal::AppendJsonString(*item.name, &header);
-    absl::StrAppend(&header, ":{\"dtype\":\"", item.dtype, "\",\"shape\":[");
-    for (int64_t d = 0; d < item.tensor->dim(); ++d) absl::StrAppend(&header, d == 0 ? "" : ",", item.tensor->size(d));
-    absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", offset + item.nbytes, "]}");
-    offset += item.nbytes;
+    internal::AppendJsonString(e.name, &header);
+    absl::StrAppend(&header, ":{\"dtype\":\"", SafetensorsDtypeName(e.dtype), "\",\"shape\":[");
+    for (size_t d = 0; d < e.shape.size(); ++d) absl::StrAppend(&header, d == 0 ? "" : ",", e.shape[d]);
+    absl::StrAppend(&header, "],\"data_offsets\":[", e.begin, ",", e.end, "]}");
+    offset = e.end;
   }
   header += '}';
   header.append((8 - header.size() % 8) % 8, ' ');  // the data section starts 8-aligned
 
-  char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((static_cast<uint64_t>(header.size()) >> (8 * i)) & 0xFF);
-  sink(length, sizeof(length));
-  sink(header.data(), header.size());
-  for (const Item& item : items) {
-    if (item.nbytes == 0) continue;
-    // One copy at a time, only for a tensor not already contiguous CPU memory.
-    at::Tensor t = item.tensor->detach();
+  SafetensorsLayout layout;
+  layout.head.resize(8 + header.size());
+  for (int i = 0; i < 8; ++i) {
+    layout.head[i] = static_cast<char>((static_cast<uint64_t>(header.size()) >> (8 * i)) & 0xFF);
+  }
+  std::memcpy(layout.head.data() + 8, header.data(), header.size());
+  layout.entries = std::move(tensors);
+  return layout;
+}
+
+void WriteSafetensors(const TensorDict& tensors, const std::optional<SafetensorsMetadata>& metadata,
+                      const SafetensorsSink& sink, const std::string& caller, std::optional<at::ScalarType> dtype) {
+  std::vector<SafetensorsEntry> specs;
+  absl::flat_hash_map<std::string, const at::Tensor*> by_name;
+  specs.reserve(tensors.size());
+  for (const auto& item : tensors) {
+    const std::string& name = item.key();
+    const at::Tensor& t = item.value();
+    const std::string what = absl::StrCat(caller, ": tensor '", name.substr(0, 200), "'");
+    TORCH_CHECK(t.defined(), what, " is an undefined tensor");
+    TORCH_CHECK(t.layout() == at::kStrided, what, " has layout ", t.layout(), " (only dense tensors are written)");
+    TORCH_CHECK(!t.is_meta(), what, " is on the meta device: it has no data to write");
+    const at::ScalarType type =
+        dtype.has_value() && at::isFloatingType(t.scalar_type()) ? *dtype : t.scalar_type();
+    specs.push_back({name, type, t.sizes().vec(), 0, 0});
+    by_name.emplace(name, &t);
+  }
+  const SafetensorsLayout layout = LayOutSafetensors(std::move(specs), metadata, caller);
+  sink(layout.head.data(), layout.head.size());
+  for (const SafetensorsEntry& e : layout.entries) {
+    if (e.end == e.begin) continue;
+    // One copy at a time, only for a tensor not already contiguous CPU memory of its dtype.
+    at::Tensor t = by_name.at(e.name)->detach();
     if (!t.device().is_cpu()) t = t.to(at::kCPU);
+    if (t.scalar_type() != e.dtype) t = t.to(e.dtype);
     t = t.resolve_conj().resolve_neg().contiguous();
-    sink(static_cast<const char*>(t.const_data_ptr()), static_cast<size_t>(item.nbytes));
+    sink(static_cast<const char*>(t.const_data_ptr()), static_cast<size_t>(e.end - e.begin));
   }
 }
 
@@ -135,10 +158,10 @@ std::vector<char> SerializeSafetensors(const TensorDict& tensors, const std::opt
 }
 
 void SaveSafetensors(const std::string& path, const TensorDict& tensors,
-                     const std::optional<SafetensorsMetadata>& metadata) {
+                     const std::optional<SafetensorsMetadata>& metadata, std::optional<at::ScalarType> dtype) {
   AtomicFile file(path, "SaveSafetensors");
   WriteSafetensors(
-      tensors, metadata, [&](const char* data, size_t size) { file.Write(data, size); }, "SaveSafetensors");
+      tensors, metadata, [&](const char* data, size_t size) { file.Write(data, size); }, "SaveSafetensors", dtype);
   file.Commit();
 }
 

@@ -99,14 +99,15 @@ fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
   DEPS @libtorch @system//:absl)
 
 fsdp_cc_library(//checkpoint INSTALL PCH aten
-  SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc file_io.cc optim_state_file.cc
-       safetensors.cc safetensors_writer.cc tensor_dict_file.cc
-  HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h optim_state_file.h
-       safetensors.h tensor_dict_file.h
+  SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc file_io.cc
+       hf_checkpoint_reader.cc hf_export.cc optim_state_file.cc safetensors.cc safetensors_writer.cc
+       tensor_dict_file.cc
+  HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h hf_checkpoint.h
+       optim_state_file.h safetensors.h tensor_dict_file.h
   DEPS :internal @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
-  SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc safetensors_test.cc
+  SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc hf_checkpoint_test.cc safetensors_test.cc
        safetensors_validation_test.cc
   DATA testdata/dcp_interop.py testdata/safetensors_interop.py testdata/torch_load_interop.py
   DEPS :checkpoint :dcp :internal //testing:allocation_counter //testing:expect_error
@@ -186,8 +187,9 @@ fsdp_cc_library(//dcp:internal INSTALL
        @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:core INSTALL
-  SRCS checkpoint_dirs.cc load.cc load_job.h load_validate.cc save.cc
-  HDRS checkpoint_dirs.h dcp.h
+  SRCS checkpoint_dirs.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc load_job.h
+       load_validate.cc save.cc
+  HDRS checkpoint_dirs.h dcp.h hf.h
   DEPS :internal //checkpoint //checkpoint:dcp //comm //fsdp/meta //optim_state:core @libtorch
        @system//:absl)
 
@@ -206,7 +208,7 @@ fsdp_cc_library(//dcp INSTALL
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
-       large_model_test.cc
+       hf_test.cc large_model_test.cc
   TAGS float_parity
   DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor
        //dtensor:tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1

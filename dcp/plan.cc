@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dcp/collectives.h"
 
 namespace fsdp::dcp::internal {
 
@@ -215,6 +216,25 @@ std::vector<PlannedItem> DecodePlan(const std::vector<char>& bytes, const std::s
   }
   TORCH_CHECK(in.AtEnd(), source, " is not a valid save plan: bytes follow its last item");
   return plan;
+}
+
+std::vector<char> DedupOverWorld(const comm::ProcessGroupPtr& world, const std::string& error,
+                                 const std::vector<PlannedItem>& mine, const char* caller) {
+  const int rank = world ? world->rank() : 0;
+  const auto all = GatherOrThrow(world, error, EncodePlan(mine), 0, caller);
+  std::vector<std::vector<char>> keeps;
+  const std::string dedup_error = ErrorOf([&] {
+    if (rank != 0) return;
+    std::vector<std::vector<PlannedItem>> plans;
+    for (size_t r = 0; r < all.size(); ++r) {
+      plans.push_back(r == 0 ? mine : DecodePlan(all[r], absl::StrCat("rank ", r, "'s plan")));
+    }
+    for (const std::vector<bool>& k : DedupSavePlans(plans)) keeps.emplace_back(k.begin(), k.end());
+  });
+  std::vector<char> keep = ScatterOrThrow(world, dedup_error, keeps, 0, caller);
+  TORCH_CHECK(keep.size() == mine.size(), caller, ": rank 0 sent ", keep.size(), " decisions for ", mine.size(),
+              " items");
+  return keep;
 }
 
 }  // namespace fsdp::dcp::internal

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "dtensor/dtensor_spec.h"
 
 namespace fsdp::dcp::internal {
@@ -69,6 +70,13 @@ std::string ChunkKey(const std::string& fqn, const std::vector<int64_t>& offsets
 std::string BytesKey(const std::string& fqn);
 
 std::vector<std::vector<bool>> DedupSavePlans(const std::vector<std::vector<PlannedItem>>& plans);
+
+// DCP's central planning, collective over `world` (null: one rank): rank 0 gathers every
+// rank's plan, dedups them (DedupSavePlans) and sends each rank its decisions, keep[i] for
+// mine[i] (no other rank holds the W plans). A rank with a non-empty `error` makes every
+// rank throw (collectives.h GatherOrThrow).
+std::vector<char> DedupOverWorld(const comm::ProcessGroupPtr& world, const std::string& error,
+                                 const std::vector<PlannedItem>& mine, const char* caller);
 
 std::vector<char> EncodePlan(const std::vector<PlannedItem>& plan);
 std::vector<PlannedItem> DecodePlan(const std::vector<char>& bytes, const std::string& source);

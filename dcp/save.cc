@@ -94,25 +94,6 @@ Candidates ListCandidates(RankPlan& plan, StateDictKind kind) {
   return out;
 }
 
-// DCP's central planning: rank 0 gathers the plans, dedups them and sends each rank what it
-// keeps (no other rank holds the W plans). Collective.
-std::vector<char> Dedup(const RankPlan& plan, const std::string& error, const Candidates& mine, const char* caller) {
-  const auto all = internal::GatherOrThrow(plan.world, error, internal::EncodePlan(mine.items), 0, caller);
-  std::vector<std::vector<char>> keeps;
-  const std::string dedup_error = internal::ErrorOf([&] {
-    if (plan.rank != 0) return;
-    std::vector<std::vector<PlannedItem>> plans;
-    for (size_t r = 0; r < all.size(); ++r) {
-      plans.push_back(r == 0 ? mine.items : internal::DecodePlan(all[r], absl::StrCat("rank ", r, "'s plan")));
-    }
-    for (const std::vector<bool>& k : internal::DedupSavePlans(plans)) keeps.emplace_back(k.begin(), k.end());
-  });
-  std::vector<char> keep = internal::ScatterOrThrow(plan.world, dedup_error, keeps, 0, caller);
-  TORCH_CHECK(keep.size() == mine.items.size(), caller, ": rank 0 sent ", keep.size(), " decisions for ",
-              mine.items.size(), " items");
-  return keep;
-}
-
 // Collective over the model's world group.
 RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
                   const SaveOptions& options, const char* caller) {
@@ -135,7 +116,7 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
     if (options.kind == StateDictKind::kFullRank0 && plan.rank != 0) return;
     mine = ListCandidates(plan, options.kind);
   });
-  const std::vector<char> keep = Dedup(plan, error, mine, caller);
+  const std::vector<char> keep = internal::DedupOverWorld(plan.world, error, mine.items, caller);
   for (size_t i = 0; i < mine.tensors.size(); ++i) {
     if (keep[i]) plan.tensors.push_back(std::move(mine.tensors[i]));
   }

@@ -1,0 +1,207 @@
+// dcp::SaveHuggingFace and dcp::ConsolidateHuggingFace (hf.h): HuggingFaceStorageWriter(
+// save_distributed=True, enable_consolidation=True) with get_model_state_dict
+// (torch/distributed/checkpoint/hf_storage.py), its consolidation split over the ranks as
+// _consolidate_hf_safetensors.py consolidate_safetensors_files_on_every_rank splits it, but
+// by input file and without a whole tensor in memory: each chunk goes into place a block at a
+// time.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/hf_checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_dict_file.h"
+#include "dcp/adapter.h"
+#include "dcp/collectives.h"
+#include "dcp/hf.h"
+#include "dcp/hf_model.h"
+#include "dcp/plan.h"
+
+namespace fsdp::dcp {
+namespace {
+
+constexpr char kSaveHf[] = "dcp::SaveHuggingFace";
+constexpr char kConsolidateHf[] = "dcp::ConsolidateHuggingFace";
+
+namespace fs = std::filesystem;
+
+void RemoveIfThere(const std::string& path, const char* caller) {
+  TORCH_CHECK(::unlink(path.c_str()) == 0 || errno == ENOENT, caller, ": cannot remove '", path, "' (",
+              std::strerror(errno), ")");
+}
+
+// Rank 0, before any rank writes: `dir` and `dir`/sharded exist, the old index is gone (an
+// export being overwritten stops being complete) and so are old per-rank files (another world
+// size's would join the consolidation).
+void PrepareDirs(const std::string& dir, const char* caller) {
+  std::error_code ec;
+  const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
+  fs::create_directories(sharded, ec);
+  TORCH_CHECK(!ec, caller, ": cannot create '", sharded, "' (", ec.message(), ")");
+  RemoveIfThere(checkpoint::JoinPath(dir, checkpoint::kHfIndexFile), caller);
+  for (const fs::directory_entry& e : fs::directory_iterator(sharded, ec)) {
+    if (absl::EndsWith(e.path().filename().string(), ".safetensors")) RemoveIfThere(e.path().string(), caller);
+  }
+  TORCH_CHECK(!ec, caller, ": cannot list '", sharded, "' (", ec.message(), ")");
+}
+
+// Consolidation of `reader`'s chunks into `layout`'s files under out_dir, collective over
+// `world` (null: one rank): rank 0 creates the files, every rank copies the chunks of input
+// files rank, rank + W, ..., then rank 0 writes the index.
+void Consolidate(const checkpoint::HfCheckpointReader& reader, const checkpoint::HfExportLayout& layout,
+                 const std::string& out_dir, const comm::ProcessGroupPtr& world, const char* caller) {
+  const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
+  std::string error = internal::ErrorOf([&] {
+    for (const checkpoint::HfTensor& t : reader.tensors()) {
+      size_t file = 0;
+      const checkpoint::SafetensorsEntry* e = layout.Find(t.name, &file);
+      TORCH_CHECK(e != nullptr && e->shape == t.size, caller, ": '", reader.dir(), "' holds '", t.name, "'",
+                  e == nullptr ? std::string(", which the export does not")
+                               : absl::StrCat(" of size ", c10::str(c10::IntArrayRef(t.size)), ", the export ",
+                                              c10::str(c10::IntArrayRef(e->shape))));
+    }
+    TORCH_CHECK(reader.tensors().size() == [&] {
+      size_t n = 0;
+      for (size_t f = 0; f < layout.file_count(); ++f) n += layout.file(f).entries.size();
+      return n;
+    }(), caller, ": '", reader.dir(), "' lacks tensors of the export (a rank's file is missing?)");
+    if (rank != 0) return;
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    TORCH_CHECK(!ec, caller, ": cannot create '", out_dir, "' (", ec.message(), ")");
+    RemoveIfThere(checkpoint::JoinPath(out_dir, checkpoint::kHfIndexFile), caller);
+    for (size_t f = 0; f < layout.file_count(); ++f) layout.CreateFile(out_dir, f, caller);
+  });
+  internal::AgreeOrThrow(world, error, caller);
+  error = internal::ErrorOf([&] {
+    checkpoint::HfExportWriter writer(layout, out_dir, caller);
+    for (size_t f = static_cast<size_t>(rank); f < reader.files().size(); f += static_cast<size_t>(size)) {
+      for (const checkpoint::HfTensor& t : reader.tensors()) {
+        for (const checkpoint::HfChunk& c : t.chunks) {
+          if (c.file == f) writer.Copy(reader, t, c);
+        }
+      }
+    }
+    writer.Sync();
+  });
+  internal::AgreeOrThrow(world, error, caller);
+  error = internal::ErrorOf([&] {
+    if (rank != 0) return;
+    const std::string index = layout.IndexJson();
+    checkpoint::WriteFileAtomically(checkpoint::JoinPath(out_dir, checkpoint::kHfIndexFile),
+                                    std::vector<char>(index.begin(), index.end()), caller);
+  });
+  internal::AgreeOrThrow(world, error, caller);
+}
+
+std::vector<checkpoint::HfExportTensor> ExportTensors(const checkpoint::HfCheckpointReader& reader,
+                                                      std::optional<at::ScalarType> dtype) {
+  std::vector<checkpoint::HfExportTensor> out;
+  for (const checkpoint::HfTensor& t : reader.tensors()) {
+    out.push_back({t.name, dtype && at::isFloatingType(t.dtype) ? *dtype : t.dtype, t.size});
+  }
+  return out;
+}
+
+}  // namespace
+
+void SaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfSaveOptions& options) {
+  const std::unique_ptr<internal::ModelAdapter> adapter = internal::AdapterFor(model, kSaveHf);  // reshards
+  const comm::ProcessGroupPtr world = adapter->world();
+  const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
+  std::vector<internal::HfModelTensor> tensors;
+  std::vector<internal::PlannedItem> items;
+  std::vector<std::pair<size_t, internal::Box>> chunks;  // (tensor, box), as items
+  std::vector<checkpoint::HfExportTensor> exported;
+  std::string error = internal::ErrorOf([&] {
+    if (rank == 0) PrepareDirs(dir, kSaveHf);
+    tensors = internal::HfModelTensors(model, *adapter, options.key_of, kSaveHf);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const internal::HfModelTensor& t = tensors[i];
+      const at::ScalarType stored = t.tensor.scalar_type();
+      const at::ScalarType type = options.dtype && at::isFloatingType(stored) ? *options.dtype : stored;
+      exported.push_back({t.keys.front(), type, t.global_size});
+      std::vector<internal::Box> boxes = {internal::WholeBox(t.global_size)};
+      if (t.sharded != nullptr) boxes = t.sharded->local().defined() ? t.sharded->boxes() : std::vector<internal::Box>{};
+      for (internal::Box& box : boxes) {
+        items.push_back({internal::ChunkKey(t.keys.front(), box.global_offsets),
+                         box.numel() * static_cast<int64_t>(c10::elementSize(type)), false});
+        chunks.emplace_back(i, std::move(box));
+      }
+    }
+  });
+  const std::vector<char> keep = internal::DedupOverWorld(world, error, items, kSaveHf);
+  const checkpoint::HfExportLayout layout(exported, options.consolidate ? options.max_shard_size : 0);
+  error = internal::ErrorOf([&] {
+    // This rank's files: one per output file its chunks go to (and per repeated box).
+    std::map<std::pair<int64_t, size_t>, std::pair<checkpoint::TensorDict,
+                                                   std::vector<std::pair<std::string, std::vector<int64_t>>>>>
+        files;
+    absl::flat_hash_map<size_t, int64_t> boxes_of;  // tensor -> boxes written so far
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (!keep[i]) continue;
+      const auto& [ti, box] = chunks[i];
+      const internal::HfModelTensor& t = tensors[ti];
+      const at::Tensor local = t.sharded ? t.sharded->local() : t.tensor.detach();
+      TORCH_CHECK(!local.is_meta(), kSaveHf, ": '", t.keys.front(), "' is on the meta device: it has no data to save");
+      size_t file = 0;
+      layout.Find(t.keys.front(), &file);
+      const int64_t shard = rank + 1 + boxes_of[ti]++ * size;
+      auto& [dict, offsets] = files[{shard, file}];
+      dict.insert(t.keys.front(), internal::BoxOf(local, box));
+      offsets.emplace_back(t.keys.front(), box.global_offsets);
+    }
+    const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
+    const int64_t count = static_cast<int64_t>(layout.file_count());
+    for (const auto& [where, part] : files) {
+      const std::string path = checkpoint::JoinPath(
+          sharded, checkpoint::HfFileName(static_cast<int64_t>(where.second) + 1, count, where.first));
+      checkpoint::SaveSafetensors(path, part.first, checkpoint::HfShardingMetadata(part.second), options.dtype);
+    }
+  });
+  internal::AgreeOrThrow(world, error, kSaveHf);
+  if (!options.consolidate) return;
+  const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
+  std::unique_ptr<checkpoint::HfCheckpointReader> reader;
+  error = internal::ErrorOf([&] { reader = std::make_unique<checkpoint::HfCheckpointReader>(sharded, kSaveHf); });
+  internal::AgreeOrThrow(world, error, kSaveHf);
+  Consolidate(*reader, layout, dir, world, kSaveHf);
+  if (options.keep_sharded) return;
+  error = internal::ErrorOf([&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    fs::remove_all(sharded, ec);
+    TORCH_CHECK(!ec, kSaveHf, ": cannot remove '", sharded, "' (", ec.message(), ")");
+  });
+  internal::AgreeOrThrow(world, error, kSaveHf);
+}
+
+void ConsolidateHuggingFace(const std::string& sharded_dir, const std::string& out_dir,
+                            const HfConsolidateOptions& options, comm::ProcessGroupPtr group) {
+  std::unique_ptr<checkpoint::HfCheckpointReader> reader;
+  std::unique_ptr<checkpoint::HfExportLayout> layout;
+  const std::string error = internal::ErrorOf([&] {
+    reader = std::make_unique<checkpoint::HfCheckpointReader>(sharded_dir, kConsolidateHf);
+    layout = std::make_unique<checkpoint::HfExportLayout>(ExportTensors(*reader, options.dtype),
+                                                          options.max_shard_size);
+  });
+  internal::AgreeOrThrow(group, error, kConsolidateHf);
+  Consolidate(*reader, *layout, out_dir, group, kConsolidateHf);
+}
+
+}  // namespace fsdp::dcp
