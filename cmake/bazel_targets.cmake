@@ -225,7 +225,7 @@ fsdp_cc_test(//dcp:adapter_test SIZE small
 
 fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS fsdp1_interop_test.cc interop_common.h interop_test.cc
-  DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py
+  DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py testdata/hf_interop.py
   TAGS float_parity
   DEPS :core :dcp :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2
        //fsdp/hooked_module //mesh //optim_state:core //optim_state:fsdp1 //optim_state:fsdp2

@@ -2,9 +2,10 @@
 // tensor a Hugging Face checkpoint holds for a model, with its keys and, when the model's
 // adapter shards it, its layout.
 //
-// Contract: HfModelTensors lists the parameters in named_parameters() order, a tied
-// parameter once (at its first name) with every name's key, then the buffers; keys are
-// key_of(fqn) (null: the FQN). Errors (c10::Error starting with `caller`): key_of giving an
+// Contract: HfModelTensors lists the parameters and buffers in PyTorch's state_dict() order
+// (each module in pre-order: its own parameters, then its own buffers), a tied parameter once
+// (at its first name in named_parameters()) with every name's key; keys are key_of(fqn)
+// (null: the FQN). Errors (c10::Error starting with `caller`): key_of giving an
 // empty key, or one key for two tensors. Local, no communication.
 #ifndef FSDP_DCP_HF_MODEL_H_
 #define FSDP_DCP_HF_MODEL_H_
@@ -21,6 +22,7 @@ namespace fsdp::dcp::internal {
 
 struct HfModelTensor {
   std::vector<std::string> keys;  // the first is the tensor's first name's
+  std::vector<std::string> fqns;  // the names, as keys
   at::Tensor tensor;              // the module's (a parameter or buffer)
   const ShardedParam* sharded = nullptr;
   std::vector<int64_t> global_size;

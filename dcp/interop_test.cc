@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "dcp/dcp.h"
+#include "dcp/hf.h"
 #include "dcp/interop_common.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
@@ -120,6 +121,57 @@ TEST(DcpInterop, SavedByPytorchFsdp2AtTwoContinuesHereAtThree) {
     // f32 rounding of another row split and AdamW's formulas (lerp vs mul + add) over 5 steps: a
     // few float32 ulps (2^-23) of a step per step; 1e-5 (~80 ulps at scale 1) is 1000x below a step (lr 1e-2).
     ExpectMatchesPython(losses, fsdp2::GetFullStateDict(*t.model), expected, 6, /*tol=*/1e-5);
+  });
+}
+
+// Hugging Face checkpoints (dcp/hf.h) with PyTorch's HuggingFaceStorageReader / Writer,
+// safetensors and huggingface_hub (dcp/testdata/hf_interop.py).
+constexpr char kHfScript[] = "dcp/testdata/hf_interop.py";
+
+TEST(HfInterop, OurExportIsWhatSafetensorsAndHuggingFaceHubWriteAndPytorchReadsIt) {
+  std::string why_not;
+  const std::string python = PeerPython(&why_not);
+  if (python.empty()) GTEST_SKIP() << why_not;
+  const std::string f32 = NewDir("hf_export_f32"), bf16 = NewDir("hf_export_bf16");
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(pg, kLr);
+    SaveHuggingFace(*t.model, f32, {.max_shard_size = 200});
+    SaveHuggingFace(*t.model, bf16, {.dtype = at::kBFloat16, .max_shard_size = 100});
+  });
+  for (const auto& [dir, args] : {std::pair{f32, "200 float32"}, std::pair{bf16, "100 bfloat16"}}) {
+    std::string output;
+    const int status = RunScript(absl::StrCat(python, " ", kHfScript, " check ", dir, " ", args), &output);
+    EXPECT_EQ(status, 0) << output;
+    EXPECT_TRUE(absl::StrContains(output, "OK")) << output;
+  }
+}
+
+TEST(HfInterop, PytorchsHuggingFaceWriterAtTwoLoadsHereAtThree) {
+  std::string why_not;
+  const std::string python = PeerPython(&why_not);
+  if (python.empty()) GTEST_SKIP() << why_not;
+  const std::string dir = NewDir("hf_from_pytorch"), again = NewDir("hf_consolidated_here");
+  std::string output;
+  const int status = RunScript(absl::StrCat(python, " ", kHfScript, " save ", dir), &output);
+  ASSERT_EQ(status, 0) << output;
+  ASSERT_TRUE(absl::StrContains(output, "SAVED")) << output;
+  InteropNet reference;
+  InitWeights(*reference);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
+    // PyTorch's consolidated files, its per-rank files, and those consolidated here.
+    ConsolidateHuggingFace(dir + "/sharded", again, {}, pg);
+    for (const std::string& from : {dir, dir + "/sharded", again}) {
+      Trainee t = Build(pg, kLr);
+      {
+        at::NoGradGuard no_grad;
+        for (auto& p : t.model->parameters()) p.zero_();
+      }
+      LoadHuggingFace(*t.model, from);
+      const fsdp2::FullStateDict full = fsdp2::GetFullStateDict(*t.model);
+      for (const auto& p : reference->named_parameters()) {
+        EXPECT_TRUE(at::equal(full[p.key()], p.value())) << from << ": " << p.key();
+      }
+    }
   });
 }
 
