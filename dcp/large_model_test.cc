@@ -4,7 +4,8 @@
 // block by block, fully_shard'ed over 32 threaded ranks, initialized one module at a time
 // (InitMetaParameters), trained one SGD step, saved as a DCP checkpoint, and reloaded into a
 // model built the same way at another world size (16), whose shards must equal the
-// single-rank reference after the same step.
+// single-rank reference after the same step. And a float32 Hugging Face checkpoint of the
+// same size loads into a bfloat16 meta-device model at W=8 and exports (dcp/hf.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/activation.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -21,7 +23,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/dcp_storage.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/hf_checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "dcp/dcp.h"
+#include "dcp/hf.h"
 #include "fsdp/common/test_models.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/fully_shard.h"
@@ -204,6 +210,68 @@ TEST(LargeModel, ALoadInPlaceHoldsOneReadBlockBeyondTheState) {
     } else {
       EXPECT_LE(peak, checkpoint::DcpReader::kBlockBytes + 64 * 1024);
     }
+  }
+}
+
+// A float32 Hugging Face checkpoint 8x a rank's allowance, loaded for bfloat16 training at
+// W=8 into a meta-device model (each rank's shards: half the allowance), then exported in
+// Hugging Face's layout: each rank holds its shards plus bounded blocks, never a whole tensor
+// (the largest, a 256 KB weight, is 1/8 of the allowance; the model 8x).
+TEST(LargeModel, AHuggingFaceCheckpointEightTimesARanksMemoryLoadsAndExportsAtEight) {
+  constexpr int kWorld = 8;
+  Stack reference(/*meta=*/false);
+  test_models::InitEveryModule(*reference, Init());
+  const std::string in = CheckpointDir() + "_hf_in", out = CheckpointDir() + "_hf_out";
+  {  // four files and an index, written with the safetensors writer alone
+    std::filesystem::create_directories(in);
+    std::vector<checkpoint::TensorDict> files(4);
+    std::string weight_map;
+    size_t i = 0;
+    for (const auto& p : reference->named_parameters()) {
+      const size_t f = i++ * files.size() / (2 * kBlocks);
+      files[f].insert(p.key(), p.value().detach());
+      absl::StrAppend(&weight_map, weight_map.empty() ? "" : ", ", "\"", p.key(), "\": \"part", f, ".safetensors\"");
+    }
+    for (size_t f = 0; f < files.size(); ++f) {
+      checkpoint::SaveSafetensors(absl::StrCat(in, "/part", f, ".safetensors"), files[f]);
+    }
+    const std::string index = absl::StrCat("{\"weight_map\": {", weight_map, "}}");
+    checkpoint::WriteFileAtomically(absl::StrCat(in, "/", checkpoint::kHfIndexFile),
+                                    std::vector<char>(index.begin(), index.end()), "test");
+  }
+  ScopedAllocationCounter::Install();
+  std::vector<int64_t> peaks(kWorld, 0);
+  std::vector<int> mismatches(kWorld, 0);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
+    ScopedAllocationCounter counter;
+    counter.set_limit(kRankLimit);
+    Stack model(/*meta=*/true);
+    model->to(at::kBFloat16);
+    auto mesh = mesh::DeviceMesh::Create(pg, {pg->size()});
+    for (auto& b : model->blocks) fsdp2::fully_shard(b.ptr(), {.mesh = mesh});
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
+    LoadHuggingFace(*model, in);
+    const auto want = reference->named_parameters();
+    for (const fsdp2::NamedParameter& p : fsdp2::NamedParameters(*model)) {
+      const at::Tensor expected = fsdp2::LocalShardOf(*p.fsdp_param, want[p.fqn]).to(at::kBFloat16);
+      if (!at::equal(p.param, expected)) ++mismatches[pg->rank()];
+    }
+    SaveHuggingFace(*model, out, {.max_shard_size = kParamBytes / 8});
+    peaks[pg->rank()] = counter.peak();
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(mismatches[r], 0) << "rank " << r << " loaded shards unlike tensor.to(bf16)";
+  std::cout << "Hugging Face checkpoint " << kParamBytes << " B (float32), per-rank limit " << kRankLimit
+            << " B, peak at W=" << kWorld << " (build, load, export): "
+            << *std::max_element(peaks.begin(), peaks.end()) << " B\n";
+  // The export: bfloat16, as the model holds it, every tensor equal to the reference's.
+  const checkpoint::HfCheckpointReader exported(out);
+  EXPECT_GE(exported.files().size(), 4u);
+  for (const auto& p : reference->named_parameters()) {
+    const checkpoint::HfTensor* t = exported.Find(p.key());
+    ASSERT_NE(t, nullptr) << p.key();
+    at::Tensor got = at::empty(t->size, t->dtype);
+    exported.ReadInto(p.key(), std::vector<int64_t>(t->size.size(), 0), got);
+    EXPECT_TRUE(at::equal(got, p.value().to(at::kBFloat16))) << p.key();
   }
 }
 
