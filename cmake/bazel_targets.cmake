@@ -627,7 +627,7 @@ fsdp_cc_test(//tools:fsdp_plan_test SIZE small PCH none
   DEPS :fsdp_plan_lib @system//:gtest_main)
 
 fsdp_cc_library(//tools:dcp_cli_lib PCH aten
-  SRCS dcp_cli_lib.cc
+  SRCS dcp_cli_hf.cc dcp_cli_lib.cc
   HDRS dcp_cli_lib.h
   DEPS //checkpoint //checkpoint:dcp @libtorch @system//:absl)
 
@@ -638,8 +638,8 @@ fsdp_cc_binary(//tools:dcp PCH none
 fsdp_cc_test(//tools:dcp_cli_test SIZE medium PCH aten
   SRCS dcp_cli_test.cc
   DATA testdata/dcp_cli_interop.py
-  DEPS :dcp_cli_lib //checkpoint //checkpoint:dcp //testing:expect_error //testing:peer_python
-       @libtorch @system//:absl @system//:gtest_main)
+  DEPS :dcp_cli_lib //checkpoint //checkpoint:dcp //testing:allocation_counter
+       //testing:expect_error //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //torch_compat
 fsdp_cc_library(//torch_compat INSTALL

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <utility>
 #include <variant>
@@ -26,8 +27,22 @@
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_storage.h"
 #include "checkpoint/file_io.h"
+#include "checkpoint/hf_checkpoint.h"
 
 namespace dcp_cli {
+
+std::string Printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 using fsdp::checkpoint::DcpEntry;
@@ -40,6 +55,8 @@ constexpr char kUsageText[] =
     "usage: dcp ls DIR\n"
     "       dcp to-torch [--skip-unreadable] DIR FILE\n"
     "       dcp from-torch FILE DIR\n"
+    "       dcp from-hf [--prefix P] HF_DIR DIR\n"
+    "       dcp to-hf [--prefix P] [--dtype bf16] [--max-shard-size 5GB] DIR HF_DIR\n"
     "\n"
     "PyTorch distributed-checkpoint (torch.distributed.checkpoint) directories:\n"
     "  ls          list the entries of DIR/.metadata: tensors (dtype, shape, chunks and where\n"
@@ -48,7 +65,17 @@ constexpr char kUsageText[] =
     "              format_utils.dcp_to_torch_save writes); --skip-unreadable leaves out bytes\n"
     "              entries holding Python objects this tool cannot read\n"
     "  from-torch  write the state dict in torch.save FILE as a one-rank checkpoint in DIR\n"
-    "              (what format_utils.torch_save_to_dcp writes)\n";
+    "              (what format_utils.torch_save_to_dcp writes)\n"
+    "\n"
+    "Hugging Face directories (model.safetensors, or model-*.safetensors with\n"
+    "model.safetensors.index.json; ls also lists one):\n"
+    "  from-hf     write HF_DIR's tensors as a checkpoint in DIR, each under 'model.<key>' (or\n"
+    "              'P<key>'), streamed: no whole tensor in memory\n"
+    "  to-hf       write DIR's tensors under 'model.' (or P) as HF_DIR, save_pretrained's layout,\n"
+    "              files split at --max-shard-size (default 50GB), --dtype converting floats\n";
+
+constexpr char kCommands[] = "ls, to-torch, from-torch, from-hf or to-hf";
+constexpr const char* kValueFlags[] = {"--prefix", "--dtype", "--max-shard-size"};
 
 // A bad command line (exit status kUsage), as opposed to bad input (a c10::Error).
 struct UsageError : std::runtime_error {
@@ -56,19 +83,6 @@ struct UsageError : std::runtime_error {
 };
 
 std::string Reason(int error) { return std::strerror(error); }
-
-// `s` with control characters escaped, so that every listed name stays on its line.
-std::string Printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
 
 // A planner_data path as Python prints the tuple: ('optim', 'param_groups', 0, 'lr').
 std::string PathRepr(const std::vector<DcpPathElement>& path) {
@@ -143,6 +157,7 @@ void ListEntry(const DcpEntry& e, std::ostream& out) {
 }  // namespace
 
 void List(const std::string& dir, std::ostream& out) {
+  if (IsHuggingFaceDir(dir)) return ListHuggingFace(dir, out);
   const DcpMetadata md = OpenCheckpoint(dir);
   int64_t tensors = 0;
   std::vector<std::string> files;                  // in order of first use
@@ -466,15 +481,29 @@ int Run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
       out << kUsageText;
       return kOk;
     }
-    if (args.empty()) throw UsageError("no subcommand (ls, to-torch or from-torch)");
+    if (args.empty()) throw UsageError("no subcommand (" + std::string(kCommands) + ")");
     const std::string& command = args[0];
     std::vector<std::string> flags, operands;
+    std::map<std::string, std::string> values;  // --flag VALUE or --flag=VALUE
     bool only_operands = false;
     for (size_t i = 1; i < args.size(); ++i) {
       if (!only_operands && args[i] == "--") {
         only_operands = true;
       } else if (!only_operands && args[i].size() > 1 && args[i][0] == '-') {
-        flags.push_back(args[i]);
+        const size_t eq = args[i].find('=');
+        const std::string name = args[i].substr(0, eq);
+        flags.push_back(name);
+        if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
+          if (eq != std::string::npos) throw UsageError(absl::StrCat(command, ": ", name, " takes no value"));
+          continue;
+        }
+        if (eq != std::string::npos) {
+          values[name] = args[i].substr(eq + 1);
+        } else if (i + 1 < args.size()) {
+          values[name] = args[++i];
+        } else {
+          throw UsageError(absl::StrCat(command, ": ", name, " needs a value"));
+        }
       } else {
         operands.push_back(args[i]);
       }
@@ -499,8 +528,20 @@ int Run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     } else if (command == "from-torch") {
       expect("FILE DIR", 2, {});
       FromTorch(operands[0], operands[1], out);
+    } else if (command == "from-hf") {
+      expect("HF_DIR DIR", 2, {"--prefix"});
+      FromHuggingFace(operands[0], operands[1], values.count("--prefix") ? values["--prefix"] : "model.", out);
+    } else if (command == "to-hf") {
+      expect("DIR HF_DIR", 2, {"--prefix", "--dtype", "--max-shard-size"});
+      std::optional<at::ScalarType> dtype;
+      if (values.count("--dtype")) dtype = ParseDtype(values["--dtype"]);
+      const int64_t max_shard_size = values.count("--max-shard-size")
+                                         ? fsdp::checkpoint::ParseHfSize(values["--max-shard-size"], "--max-shard-size")
+                                         : int64_t{50'000'000'000};
+      ToHuggingFace(operands[0], operands[1], values.count("--prefix") ? values["--prefix"] : "model.", dtype,
+                    max_shard_size, out);
     } else {
-      throw UsageError(absl::StrCat("unknown subcommand '", Printable(command), "' (ls, to-torch or from-torch)"));
+      throw UsageError(absl::StrCat("unknown subcommand '", Printable(command), "' (", kCommands, ")"));
     }
     return kOk;
   } catch (const UsageError& e) {

@@ -22,6 +22,19 @@
 //                       or dicts by index; any other value, tuples included, one bytes entry
 //                       torch.save'd), in that order and with those object paths as
 //                       planner_data, each tensor one whole chunk.
+//   ls HF_DIR           a Hugging Face directory (no .metadata; an index or *.safetensors files):
+//                       each tensor's dtype, shape and file (per-rank files: each chunk's).
+//   from-hf HF_DIR DIR  a DCP checkpoint of a Hugging Face directory (checkpoint/hf_checkpoint.h
+//                       reads it, per-rank files included): each tensor under "model.<key>"
+//                       (--prefix P: "P<key>"; the object path nests "model." as
+//                       get_model_state_dict does), so dcp::Load / dcp.load of a model reads it.
+//   to-hf DIR HF_DIR    the tensors under "model." (--prefix P) of a DCP checkpoint as a Hugging
+//                       Face directory: model-0000i-of-0000N.safetensors (split at
+//                       --max-shard-size, default 50GB, as save_pretrained splits) and
+//                       model.safetensors.index.json, written last; --dtype bf16 converts
+//                       floating-point tensors (as tensor.to(bfloat16)).
+//   Both conversions stream: at most kStreamBytes of tensor data in memory at a time (a larger
+//   tensor goes in pieces of rows: several DCP chunks, or several writes into its place).
 //
 // Where this differs from Python:
 //  * to-torch's FILE holds the same values as Python's, bit for bit (tools/dcp_cli_test.cc
@@ -42,6 +55,10 @@
 #ifndef TOOLS_DCP_CLI_LIB_H_
 #define TOOLS_DCP_CLI_LIB_H_
 
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -62,6 +79,18 @@ int Run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
 void List(const std::string& dir, std::ostream& out);
 void ToTorch(const std::string& dir, const std::string& file, bool skip_unreadable, std::ostream& out);
 void FromTorch(const std::string& file, const std::string& dir, std::ostream& out);
+
+inline constexpr int64_t kStreamBytes = int64_t{64} << 20;
+// A directory without .metadata that holds model.safetensors.index.json or *.safetensors.
+bool IsHuggingFaceDir(const std::string& dir);
+void ListHuggingFace(const std::string& dir, std::ostream& out);
+void FromHuggingFace(const std::string& hf_dir, const std::string& dir, const std::string& prefix, std::ostream& out);
+void ToHuggingFace(const std::string& dir, const std::string& hf_dir, const std::string& prefix,
+                   std::optional<at::ScalarType> dtype, int64_t max_shard_size, std::ostream& out);
+// "bf16", "float32", ... (errors name --dtype and the text).
+at::ScalarType ParseDtype(const std::string& name);
+// `s` with control characters escaped, so that every listed name stays on its line.
+std::string Printable(const std::string& s);
 
 }  // namespace dcp_cli
 

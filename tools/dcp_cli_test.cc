@@ -4,7 +4,8 @@
 // (FSDP_PEER_PYTHON; skipped without it), to-torch of a checkpoint Python's dcp.save wrote (from
 // one process, and DTensor-sharded from two) equals Python's own dcp_to_torch_save and loads
 // with torch.load's default weights_only=True, and from-torch writes what dcp.load and
-// torch_save_to_dcp agree with.
+// torch_save_to_dcp agree with. from-hf then to-hf gives a Hugging Face directory's tensors
+// back bitwise (to-hf --dtype bf16: tensor.to(bfloat16)), streamed in bounded memory.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -25,6 +26,9 @@
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_storage.h"
 #include "checkpoint/file_io.h"
+#include "checkpoint/hf_checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "testing/allocation_counter.h"
 #include "testing/peer_python.h"
 #include "tools/dcp_cli_lib.h"
 
@@ -460,6 +464,97 @@ TEST(DcpCliInterop, FromTorchOfPythonsFileLoadsWithDcpLoad) {
   const Result r = Dcp({"from-torch", orig, dir});
   ASSERT_EQ(r.status, 0) << r.err;
   RunScript(python, absl::StrCat("check-dcp ", dir, " ", orig), "OK");
+}
+
+// ------------------------------------------------------------------- Hugging Face (hf)
+
+// A Hugging Face directory written with the safetensors writer alone: bf16, f32 (one tensor
+// larger than kStreamBytes, so conversions go in pieces), i64 and 0-d, in two files + index.
+fsdp::checkpoint::TensorDict WriteHfDir(const std::string& dir) {
+  at::manual_seed(3);
+  fsdp::checkpoint::TensorDict all, a, b;
+  all.insert("model.embed_tokens.weight", at::randn({4200, 4200}));  // 70.6 MB > kStreamBytes + 1 MiB
+  all.insert("model.layers.0.mlp.up_proj.weight", at::randn({24, 16}).to(at::kBFloat16));
+  all.insert("model.norm.weight", at::randn({16}));
+  all.insert("positions", at::arange(7, at::kLong));
+  all.insert("scale", at::scalar_tensor(0.5));
+  std::string map;
+  int i = 0;
+  for (const auto& item : all) {
+    (i % 2 == 0 ? a : b).insert(item.key(), item.value());
+    absl::StrAppend(&map, map.empty() ? "" : ",", "\"", item.key(), "\":\"", i++ % 2 == 0 ? "a" : "b", ".safetensors\"");
+  }
+  ::mkdir(dir.c_str(), 0755);
+  fsdp::checkpoint::SaveSafetensors(dir + "/a.safetensors", a);
+  fsdp::checkpoint::SaveSafetensors(dir + "/b.safetensors", b);
+  WriteBytes(dir + "/model.safetensors.index.json", "{\"weight_map\":{" + map + "}}");
+  return all;
+}
+
+void ExpectHfDirHolds(const std::string& dir, const fsdp::checkpoint::TensorDict& want) {
+  const fsdp::checkpoint::HfCheckpointReader reader(dir);
+  EXPECT_EQ(reader.tensors().size(), want.size()) << dir;
+  for (const auto& item : want) {
+    const fsdp::checkpoint::HfTensor* t = reader.Find(item.key());
+    ASSERT_NE(t, nullptr) << item.key();
+    at::Tensor got = at::empty(t->size, t->dtype);
+    reader.ReadInto(item.key(), std::vector<int64_t>(t->size.size(), 0), got);
+    EXPECT_TRUE(at::equal(got, item.value())) << item.key();
+  }
+}
+
+TEST(DcpCliHf, FromHfThenToHfGivesTheTensorsBackBitwiseStreamed) {
+  const std::string hf = NewPath("hf_src"), ckpt = NewPath("hf_dcp"), back = NewPath("hf_back"),
+                    bf16 = NewPath("hf_bf16");
+  const fsdp::checkpoint::TensorDict want = WriteHfDir(hf);
+  const Result ls = Dcp({"ls", hf});
+  EXPECT_EQ(ls.status, kOk) << ls.err;
+  EXPECT_TRUE(absl::StrContains(ls.out, "Hugging Face checkpoint, 5 tensors")) << ls.out;
+  EXPECT_TRUE(absl::StrContains(ls.out, "model.layers.0.mlp.up_proj.weight: BF16 [24, 16], b.safetensors")) << ls.out;
+  {
+    // Streamed: the 70.6 MB tensor is never whole in memory.
+    fsdp::testing::ScopedAllocationCounter counter;
+    const Result from = Dcp({"from-hf", hf, ckpt});
+    ASSERT_EQ(from.status, kOk) << from.err;
+    const Result to = Dcp({"to-hf", "--max-shard-size", "20MB", ckpt, back});
+    ASSERT_EQ(to.status, kOk) << to.err;
+    EXPECT_LE(counter.peak(), kStreamBytes + (int64_t{1} << 20));
+  }
+  // The DCP checkpoint: dcp::Load's keys, the large tensor in two chunks.
+  const DcpMetadata md = ReadMetadata(ckpt);
+  const fsdp::checkpoint::DcpEntry* embed = md.Find("model.model.embed_tokens.weight");
+  ASSERT_NE(embed, nullptr);
+  EXPECT_EQ(embed->chunks.size(), 2u);
+  EXPECT_EQ(embed->object_path, (std::vector<DcpPathElement>{std::string("model"), std::string("model.embed_tokens.weight")}));
+  ExpectHfDirHolds(back, want);
+  EXPECT_GE(fsdp::checkpoint::HfCheckpointReader(back).files().size(), 2u);  // split at 20 MB
+  const Result to_bf16 = Dcp({"to-hf", "--dtype=bf16", ckpt, bf16});
+  ASSERT_EQ(to_bf16.status, kOk) << to_bf16.err;
+  fsdp::checkpoint::TensorDict converted;
+  for (const auto& item : want) {
+    const at::Tensor& t = item.value();
+    converted.insert(item.key(), at::isFloatingType(t.scalar_type()) ? t.to(at::kBFloat16) : t);
+  }
+  ExpectHfDirHolds(bf16, converted);
+  // --prefix '': every tensor under its own key, and back.
+  const std::string flat = NewPath("hf_flat"), flat_back = NewPath("hf_flat_back");
+  ASSERT_EQ(Dcp({"from-hf", "--prefix", "", hf, flat}).status, kOk);
+  EXPECT_NE(ReadMetadata(flat).Find("positions"), nullptr);
+  ASSERT_EQ(Dcp({"to-hf", "--prefix=", flat, flat_back}).status, kOk);
+  ExpectHfDirHolds(flat_back, want);
+}
+
+TEST(DcpCliHf, BadArgumentsAreOneClearErrorLine) {
+  const std::string hf = NewPath("hf_bad"), ckpt = NewPath("hf_bad_dcp");
+  WriteHfDir(hf);
+  ASSERT_EQ(Dcp({"from-hf", hf, ckpt}).status, kOk);
+  ExpectError({"to-hf", "--dtype", "int8", ckpt, NewPath("x")}, kFailed, "--dtype: 'int8' is not a floating-point dtype");
+  ExpectError({"to-hf", "--max-shard-size", "5GiB", ckpt, NewPath("x")}, kFailed, "--max-shard-size: '5GiB' is not a size");
+  ExpectError({"to-hf", "--prefix", "optim.", ckpt, NewPath("x")}, kFailed, "has no tensor under 'optim.'");
+  ExpectError({"to-hf", ckpt, NewPath("x"), "--dtype"}, kUsage, "--dtype needs a value");
+  ExpectError({"from-hf", "--skip-unreadable", hf, ckpt}, kUsage, "unknown option '--skip-unreadable'");
+  ExpectError({"from-hf", "--dtype=bf16", hf, ckpt}, kUsage, "unknown option '--dtype'");
+  ExpectError({"from-hf", NewPath("missing"), ckpt}, kFailed, "is not a directory");
 }
 
 }  // namespace
