@@ -88,6 +88,10 @@ struct HfSaveOptions {
   int64_t max_shard_size = 50'000'000'000;
   bool consolidate = true;
   bool keep_sharded = true;
+  // A Hugging Face directory whose other files (config.json, generation_config.json, the
+  // tokenizer's: every regular file but *.safetensors and the index) rank 0 copies into the
+  // export first, so that from_pretrained finds the model's config ("": none).
+  std::string copy_files_from;
 };
 
 void LoadHuggingFace(torch::nn::Module& model, const std::string& dir, const HfLoadOptions& options = {});

@@ -47,7 +47,7 @@ void RemoveIfThere(const std::string& path, const char* caller) {
 // Rank 0, before any rank writes: `dir` and `dir`/sharded exist, the old index is gone (an
 // export being overwritten stops being complete) and so are old per-rank files (another world
 // size's would join the consolidation).
-void PrepareDirs(const std::string& dir, const char* caller) {
+void PrepareDirs(const std::string& dir, const std::string& copy_files_from, const char* caller) {
   std::error_code ec;
   const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
   fs::create_directories(sharded, ec);
@@ -57,6 +57,14 @@ void PrepareDirs(const std::string& dir, const char* caller) {
     if (absl::EndsWith(e.path().filename().string(), ".safetensors")) RemoveIfThere(e.path().string(), caller);
   }
   TORCH_CHECK(!ec, caller, ": cannot list '", sharded, "' (", ec.message(), ")");
+  if (copy_files_from.empty()) return;
+  for (const fs::directory_entry& e : fs::directory_iterator(copy_files_from, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file(ec) || absl::EndsWith(name, ".safetensors") || name == checkpoint::kHfIndexFile) continue;
+    fs::copy_file(e.path(), fs::path(dir) / name, fs::copy_options::overwrite_existing, ec);
+    TORCH_CHECK(!ec, caller, ": cannot copy '", e.path().string(), "' into '", dir, "' (", ec.message(), ")");
+  }
+  TORCH_CHECK(!ec, caller, ": cannot list '", copy_files_from, "' (copy_files_from; ", ec.message(), ")");
 }
 
 // Consolidation of `reader`'s chunks into `layout`'s files under out_dir, collective over
@@ -128,7 +136,7 @@ void SaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfS
   std::vector<std::pair<size_t, internal::Box>> chunks;  // (tensor, box), as items
   std::vector<checkpoint::HfExportTensor> exported;
   std::string error = internal::ErrorOf([&] {
-    if (rank == 0) PrepareDirs(dir, kSaveHf);
+    if (rank == 0) PrepareDirs(dir, options.copy_files_from, kSaveHf);
     tensors = internal::HfModelTensors(model, *adapter, options.key_of, kSaveHf);
     for (size_t i = 0; i < tensors.size(); ++i) {
       const internal::HfModelTensor& t = tensors[i];

@@ -2,10 +2,13 @@
 // FSDP2 (fully_shard per decoder layer, then the root), activation checkpointing and gradient
 // clipping on Gloo processes, against the reference nobody here wrote: the same model in
 // Hugging Face transformers trained under PyTorch's own FSDP2 (testdata/hf_llama_fsdp2.py,
-// which also exports the initial weights this demo loads by HF's key names).
+// which also writes the initial weights with save_pretrained: this demo loads that directory
+// into each rank's shards, and with --export_dir exports the trained model in the same layout
+// for transformers to load: testdata/hf_check_export.py).
 //
 //   python examples/llama/testdata/hf_llama_fsdp2.py 4 20 REF 2      # the reference (peer venv)
-//   ./x run -n 4 bazel-bin/examples/llama/llama_demo --reference_dir=REF --checkpoint_dir=CKPT
+//   ./x run -n 4 bazel-bin/examples/llama/llama_demo --reference_dir=REF --checkpoint_dir=CKPT --export_dir=OUT
+//   python examples/llama/testdata/hf_check_export.py OUT OUT_logits.pt   # transformers loads OUT
 //   ./x run -n 2 bazel-bin/examples/llama/llama_demo --reference_dir=REF --checkpoint_dir=CKPT
 //
 // Rank 0 prints per step the loss and grad norm next to the reference's, tokens/s, this rank's
@@ -31,12 +34,17 @@
 #include "comm/comm_trace.h"
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
+#include "dcp/hf.h"
 #include "examples/llama/llama_training.h"
 #include "examples/training_checkpoints.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
 
-ABSL_FLAG(std::string, reference_dir, "", "hf_llama_fsdp2.py's output: init.pt and reference.pt (required)");
+ABSL_FLAG(std::string, reference_dir, "",
+          "hf_llama_fsdp2.py's output: hf_init/ (save_pretrained's) and reference.pt (required)");
+ABSL_FLAG(std::string, export_dir, "",
+          "after training, export the model to DIR in Hugging Face's layout (with hf_init's config.json) and "
+          "write our logits on the first batch to DIR_logits.pt");
 ABSL_FLAG(std::string, checkpoint_dir, "", "save a DCP checkpoint after step 10 to DIR/steps; resume from one there");
 ABSL_FLAG(bool, activation_checkpointing, true, "checkpoint every decoder layer");
 
@@ -77,7 +85,6 @@ int Run() {
   const bool log = world->rank() == 0;
   auto trace = std::make_shared<fsdp::comm::CommTrace>(world);
   auto mesh = fsdp::mesh::DeviceMesh::Create(trace, {world->size()});
-  const auto init = fsdp::checkpoint::LoadTensorDict(ref_dir + "/init.pt");
   const auto ref = fsdp::checkpoint::LoadTensorDict(ref_dir + "/reference.pt");
   const std::string ref_file = ref_dir + "/reference.pt";
   const at::Tensor& tokens = Get(ref, "tokens", ref_file);  // [steps, global batch, seq]
@@ -90,7 +97,7 @@ int Run() {
               tokens.size(1), " rows does not split over ", world->size(), " ranks");
 
   const bool ac = absl::GetFlag(FLAGS_activation_checkpointing);
-  ShardedLlama s = fsdp::examples::llama::BuildShardedLlama(init, mesh, ac);
+  ShardedLlama s = fsdp::examples::llama::BuildShardedLlama(ref_dir + "/hf_init", mesh, ac);
   const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   fsdp::examples::PeriodicCheckpointer checkpoints(ckpt_dir + "/steps", ckpt_dir.empty() ? 0 : kCheckpointEvery,
                                                    world, fsdp::examples::ReadInjectedFault(), log);
@@ -130,6 +137,20 @@ int Run() {
   for (const auto& item : trained) {
     const at::Tensor& want = Get(ref, "final." + item.key(), ref_file);
     worst_param = std::max(worst_param, fsdp::examples::llama::RelDiff(item.value(), want));
+  }
+  const std::string export_dir = absl::GetFlag(FLAGS_export_dir);
+  if (!export_dir.empty()) {
+    fsdp::dcp::SaveHuggingFace(*s.model, export_dir, {.copy_files_from = ref_dir + "/hf_init"});
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = s.model(tokens[0]);  // every rank the whole first batch
+    fsdp::checkpoint::TensorDict ours;
+    ours.insert("tokens", tokens[0]);
+    ours.insert("logits", logits);
+    if (log) {
+      fsdp::checkpoint::SaveTensorDict(ours, export_dir + "_logits.pt");
+      std::printf("exported to %s (Hugging Face's layout), our logits on the first batch in %s_logits.pt\n",
+                  export_dir.c_str(), export_dir.c_str());
+    }
   }
   const bool ok = worst <= tol && worst_param <= tol;
   if (log) {

@@ -8,8 +8,10 @@
 //   (c) FSDP2 at W=2, and at W=4 with activation checkpointing, against HF's model trained
 //       under PyTorch's own FSDP2 at the same world size (testdata/hf_llama_fsdp2.py, Gloo
 //       processes): 20 steps' losses and grad norms, and the final parameters.
-// HF's initial weights reach C++ as a torch.save'd state_dict read by the validating reader,
-// by HF's own key names. Skipped, with the reason, without the peer Python
+// HF's initial weights reach C++ as a torch.save'd state_dict read by the validating reader
+// (one process), and as save_pretrained's safetensors files read by dcp::LoadHuggingFace into
+// each rank's shards (FSDP2, also at W=3); after the W=4 run the model is exported and
+// transformers' from_pretrained of the export gives our logits. Skipped, with the reason, without the peer Python
 // (FSDP_PEER_PYTHON) or without transformers installed in it.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -30,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "dcp/hf.h"
 #include "examples/llama/llama.h"
 #include "examples/llama/llama_training.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
@@ -53,6 +56,7 @@ constexpr int kFsdpSteps = 20;  // given to hf_llama_fsdp2.py
 struct Reference {
   std::string skip_reason;  // non-empty: skip
   TensorDict init, expected;
+  std::string hf_init;  // the initial weights as save_pretrained wrote them (several files)
 };
 
 // Runs `script args` once per test binary and distinct arguments; the script writes init.pt
@@ -94,6 +98,7 @@ const Reference& HfReference(const std::string& script_and_args = "hf_llama_refe
     return r;
   }
   r.init = checkpoint::LoadTensorDict(dir + "/init.pt");
+  r.hf_init = dir + "/hf_init";
   r.expected = checkpoint::LoadTensorDict(dir + "/reference.pt");
   return r;
 }
@@ -212,16 +217,20 @@ TEST(LlamaParity, SingleProcessMatchesHf) {
   PrintAndResetWorst(absl::StrCat("one process, ", kSteps, " steps").c_str(), train_tol);
 }
 
-// FSDP2 on `world` threaded ranks, `steps` steps, against `ref`'s per-step global losses and
-// grad norms and its final parameters, within TrainingTolerance (printed with the largest
-// difference seen, as `test`).
-void ExpectFsdp2Matches(const Reference& ref, int world, int steps, bool activation_checkpointing, const char* test) {
+// FSDP2 on `world` threaded ranks, `steps` steps, from `ref`'s save_pretrained directory,
+// against `ref`'s per-step global losses and grad norms and its final parameters, within
+// TrainingTolerance (printed with the largest difference seen, as `test`). With
+// `export_dir`: then exported (dcp::SaveHuggingFace), and transformers' from_pretrained of the
+// export must give our logits (testdata/hf_check_export.py).
+void ExpectFsdp2Matches(const Reference& ref, int world, int steps, bool activation_checkpointing, const char* test,
+                        const std::string& export_dir = "") {
   const double tol = TrainingTolerance(ref.expected, world);
   ASSERT_LT(tol, kBugSize);
   const at::Tensor& tokens = Get(ref.expected, "tokens");  // [steps, global batch, seq]
   ASSERT_EQ(tokens.size(0), steps);
   fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
-    ShardedLlama s = BuildShardedLlama(ref.init, mesh::DeviceMesh::Create(pg, {pg->size()}), activation_checkpointing);
+    ShardedLlama s =
+        BuildShardedLlama(ref.hf_init, mesh::DeviceMesh::Create(pg, {pg->size()}), activation_checkpointing);
     for (int step = 0; step < steps; ++step) {
       const StepResult r = TrainStep(s, tokens[step]);
       ExpectScalarNear(r.loss, Get(ref.expected, "losses")[step].item<double>(), tol,
@@ -230,8 +239,25 @@ void ExpectFsdp2Matches(const Reference& ref, int world, int steps, bool activat
                        absl::StrCat("rank ", pg->rank(), " grad norm ", step));
     }
     ExpectFinalParams(fsdp2::GetFullStateDict(*s.model), ref.expected, tol);
+    if (export_dir.empty()) return;
+    dcp::SaveHuggingFace(*s.model, export_dir, {.copy_files_from = ref.hf_init});
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = s.model(tokens[0]);  // every rank the whole batch
+    TensorDict ours;
+    ours.insert("tokens", tokens[0]);
+    ours.insert("logits", logits);
+    if (pg->rank() == 0) checkpoint::SaveTensorDict(ours, export_dir + "_logits.pt");
   });
   PrintAndResetWorst(test, tol);
+  if (export_dir.empty()) return;
+  std::string why_not, output;
+  const std::string python = fsdp::testing::PeerPython(&why_not);
+  const int status = fsdp::testing::RunCommand(
+      absl::StrCat(python, " examples/llama/testdata/hf_check_export.py ", export_dir, " ", export_dir, "_logits.pt"),
+      &output);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("PASS"), std::string::npos) << output;
+  std::printf("%s", output.c_str());
 }
 
 TEST(LlamaParity, Fsdp2TwoThreadedRanksMatchHfSingleProcess) {
@@ -252,8 +278,27 @@ TEST(LlamaParity, Fsdp2AtTwoMatchesHfUnderPytorchFsdp2) {
 TEST(LlamaParity, Fsdp2AtFourWithActivationCheckpointingMatchesHfUnderPytorchFsdp2) {
   const Reference& ref = HfReference(absl::StrCat("hf_llama_fsdp2.py 4 ", kFsdpSteps));
   if (!ref.skip_reason.empty()) GTEST_SKIP() << ref.skip_reason;
+  const char* tmp = std::getenv("TEST_TMPDIR");
   ExpectFsdp2Matches(ref, 4, kFsdpSteps, /*activation_checkpointing=*/true,
-                     "FSDP2 W=4 + activation checkpointing vs HF under PyTorch FSDP2 W=4, 20 steps");
+                     "FSDP2 W=4 + activation checkpointing vs HF under PyTorch FSDP2 W=4, 20 steps",
+                     absl::StrCat(tmp ? tmp : "/tmp", "/llama_export_", getpid()));
+}
+
+// save_pretrained's files (split at 20KB) load at a world size that splits no dimension
+// evenly: every rank reads its rows, and the gathered parameters are HF's, bitwise.
+TEST(LlamaParity, SavePretrainedShardsLoadIntoFsdp2AtThree) {
+  const Reference& ref = HfReference(absl::StrCat("hf_llama_fsdp2.py 2 ", kFsdpSteps));
+  if (!ref.skip_reason.empty()) GTEST_SKIP() << ref.skip_reason;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
+    ShardedLlama s = BuildShardedLlama(ref.hf_init, mesh::DeviceMesh::Create(pg, {pg->size()}), false);
+    const TensorDict full = fsdp2::GetFullStateDict(*s.model);
+    EXPECT_EQ(full.size(), ref.init.size());
+    for (const auto& item : ref.init) {
+      const at::Tensor* got = full.find(item.key());
+      ASSERT_NE(got, nullptr) << item.key();
+      EXPECT_TRUE(at::equal(*got, item.value())) << item.key();
+    }
+  });
 }
 
 }  // namespace

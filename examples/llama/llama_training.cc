@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "dcp/hf.h"
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fully_shard.h"
@@ -39,14 +40,14 @@ void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& in
   }
 }
 
-ShardedLlama BuildShardedLlama(const checkpoint::TensorDict& init, const mesh::DeviceMeshPtr& mesh,
+ShardedLlama BuildShardedLlama(const std::string& hf_dir, const mesh::DeviceMeshPtr& mesh,
                                bool activation_checkpointing) {
   ShardedLlama s;
   s.model = LlamaForCausalLM(HfReferenceConfig());
-  LoadHfWeights(*s.model, init);  // every rank the full weights; fully_shard keeps its shard
   activation_checkpointing::apply_activation_checkpointing(*s.model, nullptr, activation_checkpointing);
   for (auto& layer : s.model->model->decoder_layers) fsdp2::fully_shard(layer.ptr(), {.mesh = mesh});
   fsdp2::fully_shard(s.model.ptr(), {.mesh = mesh});
+  dcp::LoadHuggingFace(*s.model, hf_dir);
   s.opt = std::make_unique<torch::optim::AdamW>(s.model->parameters(),
                                                 torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
   s.world = mesh->world();

@@ -32,9 +32,11 @@ struct ShardedLlama {
   comm::ProcessGroupPtr world;               // the mesh's world group
 };
 
-// HfReferenceConfig's model with `init`'s weights, fully_shard'ed per decoder layer and then
-// the root on `mesh` (1-D), decoder layers checkpointed when `activation_checkpointing`.
-ShardedLlama BuildShardedLlama(const checkpoint::TensorDict& init, const mesh::DeviceMeshPtr& mesh,
+// HfReferenceConfig's model fully_shard'ed per decoder layer and then the root on `mesh`
+// (1-D), decoder layers checkpointed when `activation_checkpointing`, then loaded from the
+// Hugging Face directory `hf_dir` (save_pretrained's output; dcp::LoadHuggingFace: each rank
+// reads only its shards). Collective over the mesh.
+ShardedLlama BuildShardedLlama(const std::string& hf_dir, const mesh::DeviceMeshPtr& mesh,
                                bool activation_checkpointing);
 
 struct StepResult {

@@ -9,6 +9,7 @@ torch.nn.utils.clip_grad_norm_ (on FSDP2's DTensor gradients: the global norm), 
 its GLOBAL_BATCH / WORLD rows of tokens_for(step, GLOBAL_BATCH). Rank 0 writes (torch.save,
 plain dicts of plain tensors):
   OUT_DIR/init.pt       the initial state_dict, HF's keys
+  OUT_DIR/hf_init/      the same as save_pretrained writes it (hf_llama_reference.save_hf_init)
   OUT_DIR/reference.pt  "tokens" [STEPS, GLOBAL_BATCH, SEQ]; per step the global loss (the
                         mean of the ranks' equal-sized slice losses) and the total grad norm
                         ("losses", "grad_norms", float64[STEPS]); "final.<fqn>" the full
@@ -31,7 +32,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_llama_reference import LR, MAX_NORM, WEIGHT_DECAY, build_model, tokens_for, train  # noqa: E402
+from hf_llama_reference import (LR, MAX_NORM, WEIGHT_DECAY, build_model, save_hf_init, tokens_for,  # noqa: E402
+                                train)
 
 GLOBAL_BATCH = 8  # divisible by 1, 2, 4 and 8
 
@@ -43,6 +45,7 @@ def worker(rank, world, steps, out_dir, store):
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
                    os.path.join(out_dir, "init.pt"))
+        save_hf_init(model, out_dir)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)

@@ -8,6 +8,9 @@ Usage: hf_llama_reference.py OUT_DIR
 Writes, with torch.save (plain dicts of plain tensors, which our validating reader,
 checkpoint::LoadTensorDict, accepts):
   OUT_DIR/init.pt       the initial state_dict, HF's own keys (model.layers.0.self_attn.q_proj.weight, ...)
+  OUT_DIR/hf_init/      the same model as save_pretrained writes it (config.json and the weights
+                        split at 20KB into model-0000i-of-0000N.safetensors + the index), what
+                        the C++ FSDP runs load (dcp::LoadHuggingFace)
   OUT_DIR/reference.pt  tokens [K, B, T] (int64); step 0's logits, loss and every parameter's
                         gradient ("grad.<fqn>", before clipping); per step k = 0..K-1 the loss
                         and the total grad norm clip_grad_norm_ returns ("losses", "grad_norms",
@@ -96,10 +99,18 @@ def train(steps, batch, dtype=torch.float32, row_parts=1, record_step0=False):
     return out
 
 
+def save_hf_init(model, out_dir):
+    """`model` as save_pretrained writes it, in several files (max_shard_size) and an index."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    model.save_pretrained(os.path.join(out_dir, "hf_init"), max_shard_size="20KB")
+
+
 def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    torch.save({k: v.detach().clone() for k, v in build_model().state_dict().items()},
-               os.path.join(out_dir, "init.pt"))
+    model = build_model()
+    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.path.join(out_dir, "init.pt"))
+    save_hf_init(model, out_dir)
     out = {"tokens": torch.stack([tokens_for(s) for s in range(STEPS)])}
     out.update(train(STEPS, BATCH, record_step0=True))
     out.update({"f64." + k: v for k, v in train(STEPS, BATCH, torch.float64, record_step0=True).items()})
