@@ -30,4 +30,16 @@ std::vector<char> ScatterOrThrow(const comm::ProcessGroupPtr& group, const std::
   return comm::ScatterBytes(group, pieces, root);
 }
 
+comm::ProcessGroupPtr BackgroundGroup(const comm::ProcessGroupPtr& world, comm::ProcessGroupPtr given,
+                                      const char* caller) {
+  if (given == nullptr && world != nullptr && world->size() > 1) {
+    std::vector<int> ranks(world->size());
+    for (int r = 0; r < world->size(); ++r) ranks[r] = r;
+    given = world->new_subgroup(ranks);
+  }
+  TORCH_CHECK(world == nullptr || given == nullptr || given->size() == world->size(), caller,
+              ": background_group has ", given->size(), " ranks, the model's world ", world->size());
+  return given;
+}
+
 }  // namespace fsdp::dcp::internal

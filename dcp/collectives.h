@@ -33,6 +33,12 @@ std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group,
 std::vector<char> ScatterOrThrow(const comm::ProcessGroupPtr& group, const std::string& root_error,
                                  const std::vector<std::vector<char>>& pieces, int root, const std::string& what);
 
+// The group an async save's background thread communicates over: `given` (checked to have
+// the world's size), or, when null, a new subgroup of all of `world`'s ranks (collective over
+// `world`; null for a world of one). PyTorch's async_save advises a separate Gloo group too.
+comm::ProcessGroupPtr BackgroundGroup(const comm::ProcessGroupPtr& world, comm::ProcessGroupPtr given,
+                                      const char* caller);
+
 // The message of the exception `fn` throws ("" when it returns): std::exception's what()
 // (c10::Error's without its backtrace), so a failure can go through AgreeOrThrow.
 template <class Fn>

@@ -135,7 +135,14 @@ void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, co
 void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const std::string& dir,
           const LoadOptions& options = {});
 
-// The handle of an AsyncSave. wait() blocks until this rank's files are written and the
+class AsyncSaveHandle;
+namespace internal {
+// For //dcp's async saves: runs `body` on a new thread; the handle reports the message of what
+// it throws.
+AsyncSaveHandle StartAsyncSave(std::function<void()> body);
+}  // namespace internal
+
+// The handle of an AsyncSave (and of AsyncSaveHuggingFace, hf.h). wait() blocks until this rank's files are written and the
 // checkpoint is complete (rank 0 wrote `.metadata`), or throws the save's error (every rank
 // throws when any rank's write failed). Later waits return or throw the same. Local: no
 // collective on the model's group. The destructor waits; a failure nobody waited for is
@@ -155,8 +162,7 @@ class AsyncSaveHandle {
 
  private:
   explicit AsyncSaveHandle(std::shared_ptr<State> state);
-  friend AsyncSaveHandle AsyncSave(torch::nn::Module&, const torch::optim::Optimizer*, const std::string&,
-                                   const SaveOptions&, comm::ProcessGroupPtr);
+  friend AsyncSaveHandle internal::StartAsyncSave(std::function<void()> body);
   std::shared_ptr<State> state_;
 };
 

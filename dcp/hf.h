@@ -57,6 +57,7 @@
 #include <string>
 
 #include "comm/process_group.h"
+#include "dcp/dcp.h"
 
 namespace torch::nn {
 class Module;
@@ -97,6 +98,13 @@ struct HfSaveOptions {
 void LoadHuggingFace(torch::nn::Module& model, const std::string& dir, const HfLoadOptions& options = {});
 
 void SaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfSaveOptions& options = {});
+
+// SaveHuggingFace split as dcp::AsyncSave splits dcp::Save (dcp.h): the plan (collective over
+// the model's world) and a CPU snapshot of this rank's boxes now, then a background thread
+// writes the per-rank files and consolidates, communicating over `background_group` (null: a
+// new subgroup of the world's ranks). The export is complete once wait() returns.
+AsyncSaveHandle AsyncSaveHuggingFace(torch::nn::Module& model, const std::string& dir,
+                                     const HfSaveOptions& options = {}, comm::ProcessGroupPtr background_group = nullptr);
 
 void ConsolidateHuggingFace(const std::string& sharded_dir, const std::string& out_dir,
                             const HfConsolidateOptions& options = {}, comm::ProcessGroupPtr group = nullptr);

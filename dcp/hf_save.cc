@@ -36,6 +36,7 @@ namespace {
 
 constexpr char kSaveHf[] = "dcp::SaveHuggingFace";
 constexpr char kConsolidateHf[] = "dcp::ConsolidateHuggingFace";
+constexpr char kAsyncSaveHf[] = "dcp::AsyncSaveHuggingFace";
 
 namespace fs = std::filesystem;
 
@@ -125,19 +126,34 @@ std::vector<checkpoint::HfExportTensor> ExportTensors(const checkpoint::HfCheckp
   return out;
 }
 
-}  // namespace
+// What a rank writes, planned (collective over the model's world): its per-rank files, each
+// tensor a box of the model's (a view, or a CPU snapshot for an async save), and the export's
+// layout.
+struct HfSavePlan {
+  comm::ProcessGroupPtr world;
+  int rank = 0, size = 1;
+  checkpoint::HfExportLayout layout{{}, 0};
+  struct RankFile {
+    checkpoint::TensorDict tensors;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> offsets;
+  };
+  std::map<std::pair<int64_t, size_t>, RankFile> files;  // (shard index, export file) -> file
+};
 
-void SaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfSaveOptions& options) {
-  const std::unique_ptr<internal::ModelAdapter> adapter = internal::AdapterFor(model, kSaveHf);  // reshards
-  const comm::ProcessGroupPtr world = adapter->world();
-  const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
+HfSavePlan PlanHfSave(torch::nn::Module& model, const std::string& dir, const HfSaveOptions& options, bool snapshot,
+                      const char* caller) {
+  const std::unique_ptr<internal::ModelAdapter> adapter = internal::AdapterFor(model, caller);  // reshards
+  HfSavePlan plan;
+  plan.world = adapter->world();
+  plan.rank = plan.world ? plan.world->rank() : 0;
+  plan.size = plan.world ? plan.world->size() : 1;
   std::vector<internal::HfModelTensor> tensors;
   std::vector<internal::PlannedItem> items;
   std::vector<std::pair<size_t, internal::Box>> chunks;  // (tensor, box), as items
   std::vector<checkpoint::HfExportTensor> exported;
   std::string error = internal::ErrorOf([&] {
-    if (rank == 0) PrepareDirs(dir, options.copy_files_from, kSaveHf);
-    tensors = internal::HfModelTensors(model, *adapter, options.key_of, kSaveHf);
+    if (plan.rank == 0) PrepareDirs(dir, options.copy_files_from, caller);
+    tensors = internal::HfModelTensors(model, *adapter, options.key_of, caller);
     for (size_t i = 0; i < tensors.size(); ++i) {
       const internal::HfModelTensor& t = tensors[i];
       const at::ScalarType stored = t.tensor.scalar_type();
@@ -152,51 +168,76 @@ void SaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfS
       }
     }
   });
-  const std::vector<char> keep = internal::DedupOverWorld(world, error, items, kSaveHf);
-  const checkpoint::HfExportLayout layout(exported, options.consolidate ? options.max_shard_size : 0);
+  const std::vector<char> keep = internal::DedupOverWorld(plan.world, error, items, caller);
   error = internal::ErrorOf([&] {
-    // This rank's files: one per output file its chunks go to (and per repeated box).
-    std::map<std::pair<int64_t, size_t>, std::pair<checkpoint::TensorDict,
-                                                   std::vector<std::pair<std::string, std::vector<int64_t>>>>>
-        files;
-    absl::flat_hash_map<size_t, int64_t> boxes_of;  // tensor -> boxes written so far
+    plan.layout = checkpoint::HfExportLayout(exported, options.consolidate ? options.max_shard_size : 0);
+    absl::flat_hash_map<size_t, int64_t> boxes_of;  // tensor -> boxes planned so far
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (!keep[i]) continue;
       const auto& [ti, box] = chunks[i];
       const internal::HfModelTensor& t = tensors[ti];
       const at::Tensor local = t.sharded ? t.sharded->local() : t.tensor.detach();
-      TORCH_CHECK(!local.is_meta(), kSaveHf, ": '", t.keys.front(), "' is on the meta device: it has no data to save");
+      TORCH_CHECK(!local.is_meta(), caller, ": '", t.keys.front(), "' is on the meta device: it has no data to save");
       size_t file = 0;
-      layout.Find(t.keys.front(), &file);
-      const int64_t shard = rank + 1 + boxes_of[ti]++ * size;
-      auto& [dict, offsets] = files[{shard, file}];
-      dict.insert(t.keys.front(), internal::BoxOf(local, box));
-      offsets.emplace_back(t.keys.front(), box.global_offsets);
-    }
-    const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
-    const int64_t count = static_cast<int64_t>(layout.file_count());
-    for (const auto& [where, part] : files) {
-      const std::string path = checkpoint::JoinPath(
-          sharded, checkpoint::HfFileName(static_cast<int64_t>(where.second) + 1, count, where.first));
-      checkpoint::SaveSafetensors(path, part.first, checkpoint::HfShardingMetadata(part.second), options.dtype);
+      plan.layout.Find(t.keys.front(), &file);
+      const int64_t shard = plan.rank + 1 + boxes_of[ti]++ * plan.size;
+      HfSavePlan::RankFile& f = plan.files[{shard, file}];
+      const at::Tensor part = internal::BoxOf(local, box);
+      // A snapshot: training may change the model as soon as AsyncSaveHuggingFace returns.
+      f.tensors.insert(t.keys.front(), snapshot ? part.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                                                        .contiguous()
+                                                  : part);
+      f.offsets.emplace_back(t.keys.front(), box.global_offsets);
     }
   });
-  internal::AgreeOrThrow(world, error, kSaveHf);
+  internal::AgreeOrThrow(plan.world, error, caller);
+  return plan;
+}
+
+// Writes the planned per-rank files, then consolidates (collective over `group`, the world's
+// ranks), then removes the per-rank files unless kept.
+void FinishHfSave(HfSavePlan& plan, const std::string& dir, const HfSaveOptions& options,
+                  const comm::ProcessGroupPtr& group, const char* caller) {
+  std::string error = internal::ErrorOf([&] {
+    const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
+    const int64_t count = static_cast<int64_t>(plan.layout.file_count());
+    for (const auto& [where, part] : plan.files) {
+      const std::string path = checkpoint::JoinPath(
+          sharded, checkpoint::HfFileName(static_cast<int64_t>(where.second) + 1, count, where.first));
+      checkpoint::SaveSafetensors(path, part.tensors, checkpoint::HfShardingMetadata(part.offsets), options.dtype);
+    }
+  });
+  plan.files.clear();  // on disk: an async save's snapshot is freed before waiting for the others
+  internal::AgreeOrThrow(group, error, caller);
   if (!options.consolidate) return;
   const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
   std::unique_ptr<checkpoint::HfCheckpointReader> reader;
-  error = internal::ErrorOf([&] { reader = std::make_unique<checkpoint::HfCheckpointReader>(sharded, kSaveHf); });
-  internal::AgreeOrThrow(world, error, kSaveHf);
-  Consolidate(*reader, layout, dir, world, kSaveHf);
+  error = internal::ErrorOf([&] { reader = std::make_unique<checkpoint::HfCheckpointReader>(sharded, caller); });
+  internal::AgreeOrThrow(group, error, caller);
+  Consolidate(*reader, plan.layout, dir, group, caller);
   if (options.keep_sharded) return;
   error = internal::ErrorOf([&] {
-    if (rank != 0) return;
+    if (plan.rank != 0) return;
     std::error_code ec;
     fs::remove_all(sharded, ec);
-    TORCH_CHECK(!ec, kSaveHf, ": cannot remove '", sharded, "' (", ec.message(), ")");
+    TORCH_CHECK(!ec, caller, ": cannot remove '", sharded, "' (", ec.message(), ")");
   });
-  internal::AgreeOrThrow(world, error, kSaveHf);
+  internal::AgreeOrThrow(group, error, caller);
+}
+
+}  // namespace
+
+void SaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfSaveOptions& options) {
+  HfSavePlan plan = PlanHfSave(model, dir, options, /*snapshot=*/false, kSaveHf);
+  FinishHfSave(plan, dir, options, plan.world, kSaveHf);
+}
+
+AsyncSaveHandle AsyncSaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfSaveOptions& options,
+                                     comm::ProcessGroupPtr background_group) {
+  auto plan = std::make_shared<HfSavePlan>(PlanHfSave(model, dir, options, /*snapshot=*/true, kAsyncSaveHf));
+  const comm::ProcessGroupPtr group = internal::BackgroundGroup(plan->world, background_group, kAsyncSaveHf);
+  return internal::StartAsyncSave([plan, dir, options, group] { FinishHfSave(*plan, dir, options, group, kAsyncSaveHf); });
 }
 
 void ConsolidateHuggingFace(const std::string& sharded_dir, const std::string& out_dir,

@@ -263,20 +263,13 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   const auto all = internal::GatherOrThrow(world, error, FragmentPayload(predicted), 0, kAsyncSave);
   std::vector<DcpFragment> fragments;
   if (plan.rank == 0) fragments = ParseFragments(all);
-  if (background_group == nullptr && world != nullptr && world->size() > 1) {
-    std::vector<int> ranks(world->size());
-    for (int r = 0; r < world->size(); ++r) ranks[r] = r;
-    background_group = world->new_subgroup(ranks);
-  }
-  TORCH_CHECK(world == nullptr || background_group == nullptr || background_group->size() == world->size(), kAsyncSave,
-              ": background_group has ", background_group->size(), " ranks, the model's world ", world->size());
-  auto state = std::make_shared<AsyncSaveHandle::State>();
+  const comm::ProcessGroupPtr group = internal::BackgroundGroup(world, std::move(background_group), kAsyncSave);
   const int rank = plan.rank;
   auto paths = std::make_shared<RankPlan>(std::move(plan));
   paths->sources = {};  // the thread needs only the object paths; the model's tensors stay here
   paths->adapter.reset();
-  state->thread = std::thread([state, items, paths, predicted = std::move(predicted), fragments = std::move(fragments),
-                               dir, rank, group = background_group, on_written = options.on_rank_file_written] {
+  return internal::StartAsyncSave([items, paths, predicted = std::move(predicted), fragments = std::move(fragments),
+                                   dir, rank, group, on_written = options.on_rank_file_written] {
     std::string err = internal::ErrorOf([&] {
       if (items->empty()) return;
       DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
@@ -288,19 +281,26 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
       if (on_written) on_written(DataFilePath(dir, rank));
     });
     items->tensors.clear();  // the snapshot is on disk: free it before waiting for the others
-    const std::string outcome = internal::ErrorOf([&] {
-      internal::AgreeOrThrow(group, err, kAsyncSave);
-      std::string md_error;
-      if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, fragments); });
-      const std::vector<char> root =
-          comm::BroadcastBytes(group, std::vector<char>(md_error.begin(), md_error.end()), 0);
-      TORCH_CHECK(md_error.empty(), md_error);
-      TORCH_CHECK(root.empty(), kAsyncSave, ": rank 0 failed: ", std::string(root.begin(), root.end()));
-    });
-    state->error = outcome;
+    internal::AgreeOrThrow(group, err, kAsyncSave);
+    std::string md_error;
+    if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, fragments); });
+    const std::vector<char> root = comm::BroadcastBytes(group, std::vector<char>(md_error.begin(), md_error.end()), 0);
+    TORCH_CHECK(md_error.empty(), md_error);
+    TORCH_CHECK(root.empty(), kAsyncSave, ": rank 0 failed: ", std::string(root.begin(), root.end()));
+  });
+}
+
+namespace internal {
+
+AsyncSaveHandle StartAsyncSave(std::function<void()> body) {
+  auto state = std::make_shared<AsyncSaveHandle::State>();
+  state->thread = std::thread([state, body = std::move(body)] {
+    state->error = ErrorOf(body);
     state->finished.store(true);
   });
   return AsyncSaveHandle(std::move(state));
 }
+
+}  // namespace internal
 
 }  // namespace fsdp::dcp
