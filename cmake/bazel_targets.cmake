@@ -86,6 +86,12 @@ fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard //fsdp/fsdp2 //fsdp/fsdp2:runtime //mesh
        //optim_state:fsdp2 @libtorch @system//:absl @system//:benchmark)
 
+fsdp_cc_binary(//bench:hf_bench TESTONLY OPTION FSDP_BUILD_BENCH
+  SRCS hf_bench.cc
+  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp:core //dcp:fsdp2 //fsdp/fsdp2
+       //fsdp/hooked_module //mesh //testing:peer_python @libtorch @system//:absl
+       @system//:benchmark)
+
 fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS dcp_bench.cc
   DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp:core //dcp:fsdp2 //fsdp/fsdp2

@@ -37,8 +37,9 @@
 //    writes for its tensors) and `model.safetensors.index.json`: rank 0 creates the files,
 //    each rank copies the chunks of every world-size-th per-rank file into place, a block at
 //    a time (no rank holds a whole tensor), and rank 0 writes the index last: the export is
-//    complete only once it exists (an old one is removed first). Without keep_sharded the
-//    per-rank files are removed at the end.
+//    complete only once it exists (an old one is removed first). Without keep_sharded no
+//    per-rank files are written (old ones are removed): each rank writes its boxes straight
+//    into their places in the export files, the same bytes, once instead of twice.
 //  * ConsolidateHuggingFace: that consolidation alone, of per-rank files written by
 //    SaveHuggingFace or by PyTorch's HuggingFaceStorageWriter(save_distributed=True) at any
 //    world size, collective over `group` (null: this process does all of it). Tensors are

@@ -114,10 +114,9 @@ class HfLoadJob {
   void Apply() {
     at::NoGradGuard no_grad;
     for (const Target& t : targets_) {
-      if (t.in_place) continue;
       if (t.tensor->sharded != nullptr) {
-        t.tensor->sharded->Commit(t.value);
-      } else {
+        t.tensor->sharded->Commit(t.value);  // in place too: the adapter's post-load step
+      } else if (!t.in_place) {
         ::fsdp::MaterializeEmpty(t.tensor->tensor, adapter_.device());
         t.tensor->tensor.data().copy_(t.value);
       }

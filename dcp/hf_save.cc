@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,16 +49,24 @@ void RemoveIfThere(const std::string& path, const char* caller) {
 // Rank 0, before any rank writes: `dir` and `dir`/sharded exist, the old index is gone (an
 // export being overwritten stops being complete) and so are old per-rank files (another world
 // size's would join the consolidation).
-void PrepareDirs(const std::string& dir, const std::string& copy_files_from, const char* caller) {
+void PrepareDirs(const std::string& dir, const HfSaveOptions& options, const char* caller) {
   std::error_code ec;
   const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
-  fs::create_directories(sharded, ec);
-  TORCH_CHECK(!ec, caller, ": cannot create '", sharded, "' (", ec.message(), ")");
+  fs::create_directories(dir, ec);
+  TORCH_CHECK(!ec, caller, ": cannot create '", dir, "' (", ec.message(), ")");
   RemoveIfThere(checkpoint::JoinPath(dir, checkpoint::kHfIndexFile), caller);
-  for (const fs::directory_entry& e : fs::directory_iterator(sharded, ec)) {
-    if (absl::EndsWith(e.path().filename().string(), ".safetensors")) RemoveIfThere(e.path().string(), caller);
+  if (options.consolidate && !options.keep_sharded) {
+    fs::remove_all(sharded, ec);  // none are written, and old ones must not stay
+    TORCH_CHECK(!ec, caller, ": cannot remove '", sharded, "' (", ec.message(), ")");
+  } else {
+    fs::create_directories(sharded, ec);
+    TORCH_CHECK(!ec, caller, ": cannot create '", sharded, "' (", ec.message(), ")");
+    for (const fs::directory_entry& e : fs::directory_iterator(sharded, ec)) {
+      if (absl::EndsWith(e.path().filename().string(), ".safetensors")) RemoveIfThere(e.path().string(), caller);
+    }
+    TORCH_CHECK(!ec, caller, ": cannot list '", sharded, "' (", ec.message(), ")");
   }
-  TORCH_CHECK(!ec, caller, ": cannot list '", sharded, "' (", ec.message(), ")");
+  const std::string& copy_files_from = options.copy_files_from;
   if (copy_files_from.empty()) return;
   for (const fs::directory_entry& e : fs::directory_iterator(copy_files_from, ec)) {
     const std::string name = e.path().filename().string();
@@ -68,26 +77,15 @@ void PrepareDirs(const std::string& dir, const std::string& copy_files_from, con
   TORCH_CHECK(!ec, caller, ": cannot list '", copy_files_from, "' (copy_files_from; ", ec.message(), ")");
 }
 
-// Consolidation of `reader`'s chunks into `layout`'s files under out_dir, collective over
-// `world` (null: one rank): rank 0 creates the files, every rank copies the chunks of input
-// files rank, rank + W, ..., then rank 0 writes the index.
-void Consolidate(const checkpoint::HfCheckpointReader& reader, const checkpoint::HfExportLayout& layout,
-                 const std::string& out_dir, const comm::ProcessGroupPtr& world, const char* caller) {
-  const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
+// Writes the export of `layout` under out_dir, collective over `world` (null: one rank): every
+// rank runs `check`, rank 0 creates the files, every rank writes its part (`write_part`),
+// fsyncs what it wrote, and rank 0 writes the index last.
+void WriteExport(const checkpoint::HfExportLayout& layout, const std::string& out_dir,
+                 const comm::ProcessGroupPtr& world, const char* caller, const std::function<void()>& check,
+                 const std::function<void(checkpoint::HfExportWriter&)>& write_part) {
+  const int rank = world ? world->rank() : 0;
   std::string error = internal::ErrorOf([&] {
-    for (const checkpoint::HfTensor& t : reader.tensors()) {
-      size_t file = 0;
-      const checkpoint::SafetensorsEntry* e = layout.Find(t.name, &file);
-      TORCH_CHECK(e != nullptr && e->shape == t.size, caller, ": '", reader.dir(), "' holds '", t.name, "'",
-                  e == nullptr ? std::string(", which the export does not")
-                               : absl::StrCat(" of size ", c10::str(c10::IntArrayRef(t.size)), ", the export ",
-                                              c10::str(c10::IntArrayRef(e->shape))));
-    }
-    TORCH_CHECK(reader.tensors().size() == [&] {
-      size_t n = 0;
-      for (size_t f = 0; f < layout.file_count(); ++f) n += layout.file(f).entries.size();
-      return n;
-    }(), caller, ": '", reader.dir(), "' lacks tensors of the export (a rank's file is missing?)");
+    check();
     if (rank != 0) return;
     std::error_code ec;
     fs::create_directories(out_dir, ec);
@@ -98,13 +96,7 @@ void Consolidate(const checkpoint::HfCheckpointReader& reader, const checkpoint:
   internal::AgreeOrThrow(world, error, caller);
   error = internal::ErrorOf([&] {
     checkpoint::HfExportWriter writer(layout, out_dir, caller);
-    for (size_t f = static_cast<size_t>(rank); f < reader.files().size(); f += static_cast<size_t>(size)) {
-      for (const checkpoint::HfTensor& t : reader.tensors()) {
-        for (const checkpoint::HfChunk& c : t.chunks) {
-          if (c.file == f) writer.Copy(reader, t, c);
-        }
-      }
-    }
+    write_part(writer);
     writer.Sync();
   });
   internal::AgreeOrThrow(world, error, caller);
@@ -115,6 +107,37 @@ void Consolidate(const checkpoint::HfCheckpointReader& reader, const checkpoint:
                                     std::vector<char>(index.begin(), index.end()), caller);
   });
   internal::AgreeOrThrow(world, error, caller);
+}
+
+// Consolidation of `reader`'s chunks into `layout`'s files: each rank copies the chunks of
+// input files rank, rank + W, ...
+void Consolidate(const checkpoint::HfCheckpointReader& reader, const checkpoint::HfExportLayout& layout,
+                 const std::string& out_dir, const comm::ProcessGroupPtr& world, const char* caller) {
+  const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
+  const auto check = [&] {
+    size_t listed = 0;
+    for (const checkpoint::HfTensor& t : reader.tensors()) {
+      size_t file = 0;
+      const checkpoint::SafetensorsEntry* e = layout.Find(t.name, &file);
+      TORCH_CHECK(e != nullptr && e->shape == t.size, caller, ": '", reader.dir(), "' holds '", t.name, "'",
+                  e == nullptr ? std::string(", which the export does not")
+                               : absl::StrCat(" of size ", c10::str(c10::IntArrayRef(t.size)), ", the export ",
+                                              c10::str(c10::IntArrayRef(e->shape))));
+      ++listed;
+    }
+    size_t wanted = 0;
+    for (size_t f = 0; f < layout.file_count(); ++f) wanted += layout.file(f).entries.size();
+    TORCH_CHECK(listed == wanted, caller, ": '", reader.dir(), "' lacks tensors of the export (a rank's file is missing?)");
+  };
+  WriteExport(layout, out_dir, world, caller, check, [&](checkpoint::HfExportWriter& writer) {
+    for (size_t f = static_cast<size_t>(rank); f < reader.files().size(); f += static_cast<size_t>(size)) {
+      for (const checkpoint::HfTensor& t : reader.tensors()) {
+        for (const checkpoint::HfChunk& c : t.chunks) {
+          if (c.file == f) writer.Copy(reader, t, c);
+        }
+      }
+    }
+  });
 }
 
 std::vector<checkpoint::HfExportTensor> ExportTensors(const checkpoint::HfCheckpointReader& reader,
@@ -152,7 +175,7 @@ HfSavePlan PlanHfSave(torch::nn::Module& model, const std::string& dir, const Hf
   std::vector<std::pair<size_t, internal::Box>> chunks;  // (tensor, box), as items
   std::vector<checkpoint::HfExportTensor> exported;
   std::string error = internal::ErrorOf([&] {
-    if (plan.rank == 0) PrepareDirs(dir, options.copy_files_from, caller);
+    if (plan.rank == 0) PrepareDirs(dir, options, caller);
     tensors = internal::HfModelTensors(model, *adapter, options.key_of, caller);
     for (size_t i = 0; i < tensors.size(); ++i) {
       const internal::HfModelTensor& t = tensors[i];
@@ -199,6 +222,18 @@ HfSavePlan PlanHfSave(torch::nn::Module& model, const std::string& dir, const Hf
 // ranks), then removes the per-rank files unless kept.
 void FinishHfSave(HfSavePlan& plan, const std::string& dir, const HfSaveOptions& options,
                   const comm::ProcessGroupPtr& group, const char* caller) {
+  const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
+  if (options.consolidate && !options.keep_sharded) {
+    // No per-rank files wanted: each rank writes its boxes straight into their places, the
+    // bytes the consolidation of its per-rank files would copy there.
+    WriteExport(plan.layout, dir, group, caller, [] {}, [&](checkpoint::HfExportWriter& writer) {
+      for (const auto& [where, part] : plan.files) {
+        for (const auto& [key, offsets] : part.offsets) writer.Write(key, offsets, part.tensors[key]);
+      }
+    });
+    plan.files.clear();
+    return;
+  }
   std::string error = internal::ErrorOf([&] {
     const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
     const int64_t count = static_cast<int64_t>(plan.layout.file_count());
@@ -211,19 +246,10 @@ void FinishHfSave(HfSavePlan& plan, const std::string& dir, const HfSaveOptions&
   plan.files.clear();  // on disk: an async save's snapshot is freed before waiting for the others
   internal::AgreeOrThrow(group, error, caller);
   if (!options.consolidate) return;
-  const std::string sharded = checkpoint::JoinPath(dir, checkpoint::kHfShardedDir);
   std::unique_ptr<checkpoint::HfCheckpointReader> reader;
   error = internal::ErrorOf([&] { reader = std::make_unique<checkpoint::HfCheckpointReader>(sharded, caller); });
   internal::AgreeOrThrow(group, error, caller);
   Consolidate(*reader, plan.layout, dir, group, caller);
-  if (options.keep_sharded) return;
-  error = internal::ErrorOf([&] {
-    if (plan.rank != 0) return;
-    std::error_code ec;
-    fs::remove_all(sharded, ec);
-    TORCH_CHECK(!ec, caller, ": cannot remove '", sharded, "' (", ec.message(), ")");
-  });
-  internal::AgreeOrThrow(group, error, caller);
 }
 
 }  // namespace
