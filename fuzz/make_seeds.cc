@@ -1,13 +1,16 @@
 // Writes PyTorch corpora of the fuzz targets from real files: make_seeds DIR creates
 // DIR/full_state_dict/, DIR/optim_state/, DIR/torchrun_env/, DIR/dcp_metadata/ and
 // DIR/safetensors/.
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_storage.h"
+#include "checkpoint/hf_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_dict_file.h"
 #include "fsdp/fsdp2/state_dict.h"
@@ -73,5 +76,23 @@ int main(int argc, char** argv) {
   (void)ckpt::SafetensorsReader(ours.data(), ours.size(), "seed");  // must load
   Write(dir / "safetensors",
         {{"ours.safetensors", ours}, {"no_metadata.safetensors", ckpt::SerializeSafetensors(tensors)}});
+  // Hugging Face directories (hf_checkpoint_fuzz's input: a 4-byte index length, the index,
+  // the file): with an index; and a per-rank file with DCP_SHARDING_INFO (whole tensors).
+  const auto hf_input = [](const std::string& index, const std::vector<char>& file) {
+    std::vector<char> input(4);
+    const uint32_t n = static_cast<uint32_t>(index.size());
+    std::memcpy(input.data(), &n, 4);
+    input.insert(input.end(), index.begin(), index.end());
+    input.insert(input.end(), file.begin(), file.end());
+    return input;
+  };
+  const std::vector<char> sharded = ckpt::SerializeSafetensors(
+      tensors, ckpt::HfShardingMetadata({{"empty", {0, 0}}, {"mask", {0}}, {"model.b", {0}}, {"model.w", {0, 0}},
+                                         {"step", {}}}));
+  Write(dir / "hf_checkpoint",
+        {{"index", hf_input(R"({"metadata": {"total_size": 80}, "weight_map": {"model.w": "a.safetensors", )"
+                            R"("model.b": "a.safetensors"}})",
+                            ours)},
+         {"sharded", hf_input("", sharded)}});
   return 0;
 }

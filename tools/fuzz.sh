@@ -17,7 +17,7 @@ CACHE="${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/libtorch-fsdp}"
 BASE="$CACHE/bazel-fuzz-output"
 FUZZ_OUT="${FUZZ_OUT:-$CACHE/fuzz}"
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
-TARGETS=(full_state_dict_fuzz optim_state_fuzz torchrun_env_fuzz dcp_metadata_fuzz safetensors_fuzz)
+TARGETS=(full_state_dict_fuzz optim_state_fuzz torchrun_env_fuzz dcp_metadata_fuzz safetensors_fuzz hf_checkpoint_fuzz)
 
 command -v clang >/dev/null || { echo "fuzz: clang not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
 [ -e third_party/torch_root/lib/libtorch_cpu.so ] || { echo "fuzz: run ./x setup first (third_party/torch_root)" >&2; exit 1; }
@@ -58,7 +58,7 @@ for t in "${TARGETS[@]}"; do
   budget=(-max_total_time="$SECONDS_PER_TARGET")
   case "$t" in
     torchrun_env_fuzz) dict=() ;;
-    safetensors_fuzz) dict=(-dict=fuzz/safetensors.dict) ;;
+    safetensors_fuzz | hf_checkpoint_fuzz) dict=(-dict=fuzz/safetensors.dict) ;;
     *) dict=(-dict=fuzz/checkpoint.dict) ;;
   esac
   [ -n "${FUZZ_RUNS:-}" ] && budget=(-runs="$FUZZ_RUNS")
