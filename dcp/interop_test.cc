@@ -128,9 +128,23 @@ TEST(DcpInterop, SavedByPytorchFsdp2AtTwoContinuesHereAtThree) {
 // safetensors and huggingface_hub (dcp/testdata/hf_interop.py).
 constexpr char kHfScript[] = "dcp/testdata/hf_interop.py";
 
+// The peer Python when it has safetensors and huggingface_hub (transformers' dependencies),
+// else "" with the reason.
+std::string HfPeerPython(std::string* why_not) {
+  const std::string python = PeerPython(why_not);
+  if (python.empty()) return python;
+  std::string output;
+  if (fsdp::testing::RunCommand(absl::StrCat(python, " -c 'import safetensors, huggingface_hub'"), &output) != 0) {
+    *why_not = absl::StrCat("safetensors or huggingface_hub is not importable by ", python,
+                            " (./x setup installs transformers, which brings both): ", output);
+    return "";
+  }
+  return python;
+}
+
 TEST(HfInterop, OurExportIsWhatSafetensorsAndHuggingFaceHubWriteAndPytorchReadsIt) {
   std::string why_not;
-  const std::string python = PeerPython(&why_not);
+  const std::string python = HfPeerPython(&why_not);
   if (python.empty()) GTEST_SKIP() << why_not;
   const std::string f32 = NewDir("hf_export_f32"), bf16 = NewDir("hf_export_bf16");
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
@@ -148,7 +162,7 @@ TEST(HfInterop, OurExportIsWhatSafetensorsAndHuggingFaceHubWriteAndPytorchReadsI
 
 TEST(HfInterop, PytorchsHuggingFaceWriterAtTwoLoadsHereAtThree) {
   std::string why_not;
-  const std::string python = PeerPython(&why_not);
+  const std::string python = HfPeerPython(&why_not);
   if (python.empty()) GTEST_SKIP() << why_not;
   const std::string dir = NewDir("hf_from_pytorch"), again = NewDir("hf_consolidated_here");
   std::string output;
