@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_join.h"
+#include "dcp/tp_adapter.h"
 #include "fsdp/common/fsdp_state_base.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
@@ -100,7 +101,10 @@ std::unique_ptr<ModelAdapter> AdapterFor(torch::nn::Module& model, const char* c
   const std::set<std::string> kinds = ModelKindsOf(model);
   TORCH_CHECK(kinds.size() <= 1, caller, ": the model mixes ", absl::StrJoin(kinds, " and "),
               " modules; a checkpoint covers models of one kind");
-  if (kinds.empty()) return std::make_unique<PlainAdapter>();
+  if (kinds.empty()) {
+    if (HasTensorParallelModules(model)) return MakeTensorParallelAdapter(model, caller);
+    return std::make_unique<PlainAdapter>();
+  }
   AdapterFactory factory = nullptr;
   {
     Registry& registry = GetRegistry();

@@ -11,6 +11,8 @@
 // Kinds and their adapters (torch/distributed/checkpoint/state_dict.py does the same per
 // FSDP flavour in _get_model_state_dict / _load_model_state_dict):
 //   plain module (no FSDP)    the core's own (whole tensors), always linked
+//   tensor parallel, no FSDP  the core's own (dcp/tp_adapter.h: DistributedParameterModule
+//                             parameters as their DTensor boxes), always linked
 //   "fully_shard" (FSDP2)     //dcp:fsdp2 (dcp/fsdp2_adapter.cc)
 //   "wrap_fsdp" (FSDP1)       //dcp:fsdp1 (dcp/fsdp1_adapter.cc)
 // The kind is the api_name() of the FSDPStateBase hooks in the model's tree
@@ -41,13 +43,13 @@
 //    tensors alias the optimizer's; LoadOptimState may adopt the given tensors.
 //  * Not thread-safe: one call at a time per model, as dcp.h's.
 //
-// A new source, e.g. tensor-parallel parameters without FSDP (DTensors on a TP mesh):
-// (1) teach ModelKindOf (adapter.cc) to recognize it and kKnownKinds the Bazel target of its
-// adapter; (2) implement ShardedParam per parameter: boxes from RunBoxes of
-// dtensor::LocalSegments of the parameter's DTensorSpec (plan.h), Gather a redistribute to
-// Replicate, Commit a copy into the local tensor; the optimizer functions as the defaults
-// here (the optimizer holds the local tensors); (3) register its factory from an alwayslink
-// cc_library in this package and add it to the //dcp bundle.
+// A new source of sharded parameters: (1) teach ModelKindOf (adapter.cc) to recognize it and
+// kKnownKinds the Bazel target of its adapter; (2) implement ShardedParam per parameter (the
+// tensor-parallel adapter, dcp/tp_adapter.cc, is the smallest example: boxes from RunBoxes of
+// dtensor::LocalSegments of the parameter's DTensorSpec, Gather a redistribute to Replicate,
+// Commit a copy into the local tensor; the optimizer functions as the defaults here); (3)
+// register its factory from an alwayslink cc_library in this package and add it to the //dcp
+// bundle.
 #ifndef FSDP_DCP_ADAPTER_H_
 #define FSDP_DCP_ADAPTER_H_
 

@@ -20,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/process_group.h"
+#include "dtensor/dtensor_spec.h"
+#include "dtensor/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 
@@ -28,11 +30,28 @@ namespace {
 
 constexpr const char* kCaller = "clip_grad_norm_";
 
-// One parameter to clip: FSDP's (sharded gradient) or a whole one (fsdp_param null).
+// One parameter to clip: FSDP's (sharded gradient), a tensor-parallel one no fully_shard
+// manages (its local gradient, laid out by its module's spec), or a whole one.
 struct Target {
   at::Tensor param;
   FSDPParam* fsdp_param = nullptr;
+  const dtensor::DTensorSpec* tp_spec = nullptr;
 };
+
+// The DTensor spec of each parameter of a DistributedParameterModule in root's tree (e.g.
+// TensorParallelLinear), by tensor.
+absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> TensorParallelSpecs(torch::nn::Module& root) {
+  absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> out;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    const auto* tp = dynamic_cast<const dtensor::DistributedParameterModule*>(m.get());
+    if (tp == nullptr) continue;
+    const auto own = m->named_parameters(/*recurse=*/false);
+    for (const auto& [name, spec] : tp->named_parameter_specs()) {
+      if (const at::Tensor* p = own.find(name); p != nullptr && p->defined()) out.emplace(p->unsafeGetTensorImpl(), spec);
+    }
+  }
+  return out;
+}
 
 // The gradients whose norms reduce over the same process groups, and the value to reduce:
 // sum |g|^p over this rank's elements (p finite) or max |g| (p = inf), as a 0-d tensor.
@@ -69,9 +88,17 @@ absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> ManagedParams(torch::nn:
   return by_impl;
 }
 
-Target MakeTarget(const absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*>& managed, const at::Tensor& t) {
-  auto it = managed.find(t.unsafeGetTensorImpl());
-  return {t, it == managed.end() ? nullptr : it->second};
+// The parameters' layouts: FSDP's (which include a TP layout under fully_shard), then the
+// tensor-parallel specs of parameters no fully_shard manages.
+struct Layouts {
+  absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*> managed;
+  absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> tp;
+};
+
+Target MakeTarget(const Layouts& layouts, const at::Tensor& t) {
+  if (auto it = layouts.managed.find(t.unsafeGetTensorImpl()); it != layouts.managed.end()) return {t, it->second};
+  if (auto it = layouts.tp.find(t.unsafeGetTensorImpl()); it != layouts.tp.end()) return {t, nullptr, &it->second};
+  return {t};
 }
 
 // The gradient to clip: FSDP's sharded gradient (wherever the runtime keeps it: param.grad()
@@ -96,12 +123,11 @@ c10::ScalarType ParamDtype(const Target& t) {
 // The groups of the mesh dims that shard the gradient (Shard / StridedShard), skipping
 // one-rank dims (nothing to reduce). Replicate dims (HSDP's replicate dim, TP-replicated
 // parameters on the tp dim) hold the same value on every rank: no reduction.
-std::vector<comm::ProcessGroupPtr> ShardingGroups(const FSDPParam& p) {
-  const dtensor::DTensorSpec& spec = p.sharding_spec();
+std::vector<comm::ProcessGroupPtr> ShardingGroups(const dtensor::DTensorSpec& spec, const std::string& what) {
   std::vector<comm::ProcessGroupPtr> groups;
   for (size_t d = 0; d < spec.placements.size(); ++d) {
     const dtensor::Placement& placement = spec.placements[d];
-    TORCH_CHECK(!placement.is_partial(), kCaller, ": the gradient of '", p.fqn(), "' has placements ",
+    TORCH_CHECK(!placement.is_partial(), kCaller, ": the gradient of ", what, " has placements ",
                 dtensor::ToString(spec.placements), "; a Partial gradient has no norm until it is reduced");
     if (placement.is_shard() && spec.mesh->size(static_cast<int>(d)) > 1) {
       groups.push_back(spec.mesh->group(static_cast<int>(d)));
@@ -197,8 +223,11 @@ Grouped GroupByLayout(const std::vector<Target>& targets) {
     std::vector<comm::ProcessGroupPtr> groups;
     c10::Device device(c10::kCPU);
     if (t.fsdp_param != nullptr) {
-      groups = ShardingGroups(*t.fsdp_param);
+      groups = ShardingGroups(t.fsdp_param->sharding_spec(), "'" + t.fsdp_param->fqn() + "'");
       device = t.fsdp_param->device();
+    } else if (t.tp_spec != nullptr) {
+      groups = ShardingGroups(*t.tp_spec, "a tensor-parallel parameter of shape " + t.tp_spec->ToString());
+      device = t.param.device();
     }
     // Whole gradients (no sharding group) share one layout whatever their device: they are
     // never communicated.
@@ -304,12 +333,12 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
 at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm_type, bool error_if_nonfinite,
                            std::optional<bool> foreach) {
   CheckArguments(max_norm, norm_type);
-  const auto managed = ManagedParams(root);
+  const Layouts layouts{ManagedParams(root), TensorParallelSpecs(root)};
   std::vector<Target> targets;
   absl::flat_hash_set<const c10::TensorImpl*> seen;
   for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
     // Tied parameters are listed under each name; their one gradient is clipped once.
-    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(managed, p));
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(layouts, p));
   }
   return ClipGradNorm(targets, max_norm, norm_type, error_if_nonfinite, foreach);
 }
@@ -317,7 +346,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm
 at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor>& parameters, double max_norm,
                            double norm_type, bool error_if_nonfinite, std::optional<bool> foreach) {
   CheckArguments(max_norm, norm_type);
-  const auto managed = ManagedParams(root);
+  const Layouts layouts{ManagedParams(root), TensorParallelSpecs(root)};
   absl::flat_hash_set<const c10::TensorImpl*> in_root;
   for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
     if (p.defined()) in_root.insert(p.unsafeGetTensorImpl());
@@ -331,7 +360,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor
     // as whole would be the silent local-norm bug this function exists to avoid.
     TORCH_CHECK(in_root.contains(p.unsafeGetTensorImpl()), kCaller, ": parameters[", i, "] (shape ",
                 c10::str(c10::IntArrayRef(p.sizes())), ") is not a parameter of the root module");
-    if (seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(managed, p));
+    if (seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(layouts, p));
   }
   return ClipGradNorm(targets, max_norm, norm_type, error_if_nonfinite, foreach);
 }

@@ -241,6 +241,35 @@ TEST(ClipGradNorm, FsdpPlusTensorParallelReducesOverBothDims) {
   }
 }
 
+// A tensor-parallel model that no fully_shard manages (TensorParallelLinear blocks, plain in /
+// head / extra): the TP-sharded gradients reduce over tp, the replicated ones (in, head, extra,
+// the rowwise biases) count once, so the total is one rank's; one all-reduce per clip.
+TEST(ClipGradNorm, TensorParallelWithoutFsdpMatchesSingleRank) {
+  for (double p : {1.0, 2.0, kInf}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+      auto trace = std::make_shared<comm::CommTrace>(pg);
+      auto mesh = mesh::DeviceMesh::Create(trace, {2}, {"tp"});
+      Net ref(NetOptions{.hidden = 8});
+      InitDeterministic(*ref);
+      TPNet model(*ref, mesh);
+      Backward(ref);
+      Backward(model);
+      trace->clear();
+      const std::string label = absl::StrCat("tp-only p=", p, " rank ", pg->rank());
+      const at::Tensor total = clip_grad_norm_(*model, kClip, p);
+      const double want = torch::nn::utils::clip_grad_norm_(UniqueParameters(*ref), kClip, p);
+      EXPECT_NEAR(total.item<double>(), want, kTol * want) << label;
+      std::vector<std::string> records;
+      for (const auto& r : trace->records()) records.push_back(absl::StrCat(r.op, ":", r.reduce_op, ":", r.group_size));
+      EXPECT_EQ(records, std::vector<std::string>{absl::StrCat("all_reduce:", ReduceOpName(p), ":2")}) << label;
+      // Clipped by the same coefficient: a replicated gradient equals the reference's.
+      const at::Tensor got = model->in->weight.grad(), expected = ref->in->weight.grad();
+      EXPECT_LE((got - expected).abs().max().item<double>(), kTol * std::max(1e-3, expected.abs().max().item<double>()))
+          << label;
+    });
+  }
+}
+
 // in and extra are the root's ignored_params: whole gradients on every rank, counted once and
 // not reduced, next to the sharded ones. Frozen parameters have no gradient: skipped.
 // (Ignored parameters rather than an unsharded root: blocks that are roots of their own issue

@@ -1,0 +1,23 @@
+// The checkpoint adapter of tensor-parallel models without FSDP (dcp/tp_adapter.cc), internal
+// to //dcp: AdapterFor (adapter.h) uses it for a model whose tree holds
+// dtensor::DistributedParameterModule modules and no FSDP state. Each such module's
+// parameters are saved and loaded as the boxes of the global tensor their DTensor spec gives
+// this rank (so a TP checkpoint reshards: TP 2 -> 4, TP <-> FSDP + TP, one rank); the rest of
+// the model is whole. world(): the meshes' world group (all must share it). Errors
+// (c10::Error starting with `caller`): a parameter whose shape is not its spec's local shape,
+// meshes of different worlds.
+#ifndef FSDP_DCP_TP_ADAPTER_H_
+#define FSDP_DCP_TP_ADAPTER_H_
+
+#include <memory>
+
+#include "dcp/adapter.h"
+
+namespace fsdp::dcp::internal {
+
+bool HasTensorParallelModules(torch::nn::Module& model);
+std::unique_ptr<ModelAdapter> MakeTensorParallelAdapter(torch::nn::Module& model, const char* caller);
+
+}  // namespace fsdp::dcp::internal
+
+#endif  // FSDP_DCP_TP_ADAPTER_H_
