@@ -4,9 +4,9 @@
 # differently from Bazel, with the reasons, is in the tables of that script:
 #   //bench:*: only with FSDP_BUILD_BENCH=ON: benchmarks need Debian's libbenchmark-dev
 #   //fuzz:standalone_driver //fuzz:full_state_dict_fuzz //fuzz:optim_state_fuzz
-#     //fuzz:dcp_metadata_fuzz //fuzz:safetensors_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds:
-#     only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
-#     tools/fuzz.sh's)
+#     //fuzz:dcp_metadata_fuzz //fuzz:safetensors_fuzz //fuzz:hf_checkpoint_fuzz
+#     //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on
+#     the standalone driver (the libFuzzer build is tools/fuzz.sh's)
 # INSTALL: in the CMake package (`cmake --install`): the public libraries, not testonly,
 # and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
@@ -187,10 +187,10 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
 
 # ================================================================ //dcp
 fsdp_cc_library(//dcp:internal INSTALL
-  SRCS adapter.cc collectives.cc plan.cc state_items.cc
-  HDRS adapter.h collectives.h plan.h state_items.h
-  DEPS //checkpoint:dcp //comm //dtensor //fsdp/common //fsdp/hooked_module //optim_state:core
-       @libtorch @system//:absl)
+  SRCS adapter.cc collectives.cc plan.cc state_items.cc tp_adapter.cc
+  HDRS adapter.h collectives.h plan.h state_items.h tp_adapter.h
+  DEPS //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/common
+       //fsdp/hooked_module //optim_state:core @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:core INSTALL
   SRCS checkpoint_dirs.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc load_job.h
@@ -214,7 +214,7 @@ fsdp_cc_library(//dcp INSTALL
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
-       hf_test.cc large_model_test.cc
+       hf_test.cc large_model_test.cc tp_test.cc
   TAGS float_parity
   DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor
        //dtensor:tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1
@@ -496,6 +496,10 @@ fsdp_cc_binary(//fuzz:dcp_metadata_fuzz OPTION FSDP_BUILD_FUZZ PCH none
 
 fsdp_cc_binary(//fuzz:safetensors_fuzz OPTION FSDP_BUILD_FUZZ PCH aten
   SRCS safetensors_fuzz.cc
+  DEPS :standalone_driver //checkpoint @libtorch)
+
+fsdp_cc_binary(//fuzz:hf_checkpoint_fuzz OPTION FSDP_BUILD_FUZZ PCH aten
+  SRCS hf_checkpoint_fuzz.cc
   DEPS :standalone_driver //checkpoint @libtorch)
 
 fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ PCH none
