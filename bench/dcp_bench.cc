@@ -56,6 +56,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
+#include "bench/threaded_io.h"
 #include "comm/main_guard.h"
 #include "comm/threaded_process_group.h"
 #include "dcp/dcp.h"
@@ -97,42 +98,17 @@ World& TheWorld() {
   return world;
 }
 
-[[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "dcp_bench: %s\n", message.c_str());
-  std::abort();  // a rank thread cannot leave its peers waiting in a collective or the barrier
-}
+constexpr char kProgram[] = "dcp_bench";
 
+[[noreturn]] void Die(const std::string& message) { fsdp::bench::Die(kProgram, message); }
 void CheckErrno(bool ok, const char* what, const std::string& path) {
-  if (!ok) Die(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+  fsdp::bench::CheckErrno(kProgram, ok, what, path);
 }
 
-// The plain-IO save: one write() loop of the buffer, fsync, close (dcp_storage's writer does
-// the same per file, plus a rename).
-void RawWrite(const Rank& r) {
-  const int fd = ::open(r.raw_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  CheckErrno(fd >= 0, "open", r.raw_file);
-  for (size_t done = 0; done < r.raw.size();) {
-    const ssize_t n = ::write(fd, r.raw.data() + done, r.raw.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    CheckErrno(n > 0, "write", r.raw_file);
-    done += static_cast<size_t>(n);
-  }
-  CheckErrno(::fsync(fd) == 0, "fsync", r.raw_file);
-  CheckErrno(::close(fd) == 0, "close", r.raw_file);
-}
-
-// The plain-IO load: the whole file into the buffer with pread (as dcp_storage's reader).
-void RawRead(Rank& r) {
-  const int fd = ::open(r.raw_file.c_str(), O_RDONLY | O_CLOEXEC);
-  CheckErrno(fd >= 0, "open", r.raw_file);
-  for (size_t done = 0; done < r.raw.size();) {
-    const ssize_t n = ::pread(fd, r.raw.data() + done, r.raw.size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    CheckErrno(n > 0, "pread", r.raw_file);
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-}
+// The plain-IO save and load: the whole buffer (dcp_storage's writer does the same per file,
+// plus a rename; its reader preads).
+void RawWrite(const Rank& r) { fsdp::bench::WriteAndFsync(kProgram, r.raw_file, r.raw); }
+void RawRead(Rank& r) { fsdp::bench::PreadRange(kProgram, r.raw_file, 0, r.raw.size(), r.raw.data()); }
 
 // Every file under `dir` out of the page cache (they are fsync'ed: clean pages, dropped).
 void DropFromPageCache(const std::string& dir) {
@@ -145,20 +121,7 @@ void DropFromPageCache(const std::string& dir) {
   }
 }
 
-// Runs `body` for every rank on its own thread (setup: collectives need all ranks at once).
-void OnRanks(const std::function<void(Rank&)>& body) {
-  std::vector<std::thread> threads;
-  for (Rank& r : TheWorld().ranks) {
-    threads.emplace_back([&body, &r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        Die(absl::StrCat("rank ", r.group->rank(), ": ", e.what()));
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+void OnRanks(const std::function<void(Rank&)>& body) { fsdp::bench::OnRanks(kProgram, TheWorld().ranks, body); }
 
 // The sharded model with AdamW state, one checkpoint of it, and the plain-IO side's buffers
 // sized from that checkpoint's files.
@@ -226,30 +189,15 @@ void BM_Checkpoint(benchmark::State& state, Op op, bool ours) {
     }
     w.barrier->arrive_and_wait();
   };
-  auto guarded = [&] {
-    try {
-      body();
-    } catch (const std::exception& e) {
-      Die(absl::StrCat(OpName(op), " on rank ", r.group->rank(), ": ", e.what()));
-    }
-  };
-  // One untimed call first, on both sides: the first save or load after another benchmark
-  // pays the allocator's growth (glibc's heap and mmap threshold adapt to the chunk sizes).
-  guarded();
-  for (auto _ : state) {
-    if (op == Op::kLoadCold) {
-      state.PauseTiming();
+  std::function<void()> drop;
+  if (op == Op::kLoadCold) {
+    drop = [&] {
       if (state.thread_index() == 0) DropFromPageCache(w.dir);
       w.barrier->arrive_and_wait();  // no rank reads before the drop
-      state.ResumeTiming();
-    }
-    guarded();
+    };
   }
-  // Every thread counts its rank's share. Google Benchmark sums counters and real times over
-  // the threads, so the rate is the bytes per second of one rank.
-  state.counters["rank_bytes/s"] =
-      benchmark::Counter(static_cast<double>(w.checkpoint_bytes) / kWorld * static_cast<double>(state.iterations()),
-                         benchmark::Counter::kIsRate);
+  fsdp::bench::RunRankLoop(kProgram, state, absl::StrCat(OpName(op), " on rank ", r.group->rank()),
+                           static_cast<double>(w.checkpoint_bytes) / kWorld, body, drop);
 }
 
 void RegisterAll(int pair_repetitions) {
@@ -356,16 +304,8 @@ std::optional<PeerTimes> RunPeer(int iterations) {
 }
 
 // The usual console output; also keeps every run's time (ms) for the summary.
-class SummaryReporter : public benchmark::ConsoleReporter {
+class SummaryReporter : public fsdp::bench::MedianReporter {
  public:
-  SummaryReporter() : ConsoleReporter(OO_None) {}
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (!run.error_occurred) times_[run.run_name.function_name].push_back(run.GetAdjustedRealTime());
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-
   void PrintSummary(const std::optional<PeerTimes>& peer) {
     const double rank_mib = TheWorld().checkpoint_bytes / double(kWorld) / (1 << 20);
     std::printf("\ndcp_bench: %d ranks (threads), checkpoint %.1f MiB (%.1f MiB per rank), medians:\n", kWorld,
@@ -387,14 +327,6 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         peer->save_ms / save, peer->load_ms / load);
   }
 
- private:
-  double Median(const std::string& name) {
-    std::vector<double> v = times_[name];
-    if (v.empty()) return std::nan("");
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  }
-  std::map<std::string, std::vector<double>> times_;
 };
 
 }  // namespace

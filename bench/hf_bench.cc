@@ -45,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
+#include "bench/threaded_io.h"
 #include "comm/main_guard.h"
 #include "comm/threaded_process_group.h"
 #include "dcp/hf.h"
@@ -85,62 +86,26 @@ World& TheWorld() {
   return world;
 }
 
-[[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "hf_bench: %s\n", message.c_str());
-  std::abort();  // a rank thread cannot leave its peers waiting in a collective or the barrier
-}
+constexpr char kProgram[] = "hf_bench";
 
-void CheckErrno(bool ok, const char* what, const std::string& path) {
-  if (!ok) Die(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
-}
+[[noreturn]] void Die(const std::string& message) { fsdp::bench::Die(kProgram, message); }
 
-void RawWrite(const Rank& r) {
-  const int fd = ::open(r.raw_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  CheckErrno(fd >= 0, "open", r.raw_file);
-  for (size_t done = 0; done < r.raw.size();) {
-    const ssize_t n = ::write(fd, r.raw.data() + done, r.raw.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    CheckErrno(n > 0, "write", r.raw_file);
-    done += static_cast<size_t>(n);
-  }
-  CheckErrno(::fsync(fd) == 0, "fsync", r.raw_file);
-  CheckErrno(::close(fd) == 0, "close", r.raw_file);
-}
+void RawWrite(const Rank& r) { fsdp::bench::WriteAndFsync(kProgram, r.raw_file, r.raw); }
 
 // This rank's half of every file of the checkpoint, pread into the buffer.
 void RawRead(Rank& r) {
   size_t at = 0;
   const int rank = r.group->rank();
   for (const std::string& path : TheWorld().files) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    CheckErrno(fd >= 0, "open", path);
     const int64_t size = static_cast<int64_t>(fs::file_size(path));
     const int64_t begin = size * rank / kWorld, end = size * (rank + 1) / kWorld;
-    for (int64_t done = begin; done < end;) {
-      const size_t want = std::min<size_t>(static_cast<size_t>(end - done), r.raw.size() - at);
-      const ssize_t n = ::pread(fd, r.raw.data() + at, want, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      CheckErrno(n > 0, "pread", path);
-      done += n;
-      at += static_cast<size_t>(n);
-    }
-    ::close(fd);
+    const size_t n = std::min<size_t>(static_cast<size_t>(end - begin), r.raw.size() - at);
+    fsdp::bench::PreadRange(kProgram, path, begin, n, r.raw.data() + at);
+    at += n;
   }
 }
 
-void OnRanks(const std::function<void(Rank&)>& body) {
-  std::vector<std::thread> threads;
-  for (Rank& r : TheWorld().ranks) {
-    threads.emplace_back([&body, &r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        Die(absl::StrCat("rank ", r.group->rank(), ": ", e.what()));
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+void OnRanks(const std::function<void(Rank&)>& body) { fsdp::bench::OnRanks(kProgram, TheWorld().ranks, body); }
 
 const fsdp::dcp::HfSaveOptions kSave{.max_shard_size = kShardSize, .keep_sharded = false};
 
@@ -208,18 +173,8 @@ void BM_HuggingFace(benchmark::State& state, Op op, bool ours) {
     }
     w.barrier->arrive_and_wait();
   };
-  auto guarded = [&] {
-    try {
-      body();
-    } catch (const std::exception& e) {
-      Die(absl::StrCat(OpName(op), " on rank ", r.group->rank(), ": ", e.what()));
-    }
-  };
-  guarded();  // untimed: the allocator's growth and the page cache warmed on both sides
-  for (auto _ : state) guarded();
-  state.counters["rank_bytes/s"] =
-      benchmark::Counter(static_cast<double>(w.checkpoint_bytes) / kWorld * static_cast<double>(state.iterations()),
-                         benchmark::Counter::kIsRate);
+  fsdp::bench::RunRankLoop(kProgram, state, absl::StrCat(OpName(op), " on rank ", r.group->rank()),
+                           static_cast<double>(w.checkpoint_bytes) / kWorld, body);
 }
 
 void RegisterAll(int pair_repetitions) {
@@ -279,16 +234,8 @@ std::optional<double> RunPeer(int iterations) {
   return seconds * 1e3;
 }
 
-class SummaryReporter : public benchmark::ConsoleReporter {
+class SummaryReporter : public fsdp::bench::MedianReporter {
  public:
-  SummaryReporter() : ConsoleReporter(OO_None) {}
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (!run.error_occurred) times_[run.run_name.function_name].push_back(run.GetAdjustedRealTime());
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-
   void PrintSummary(const std::optional<double>& peer_ms) {
     const double rank_mib = TheWorld().checkpoint_bytes / double(kWorld) / (1 << 20);
     std::printf("\nhf_bench: %d ranks (threads), checkpoint %.1f MiB in %zu files (%.1f MiB per rank), medians:\n",
@@ -310,14 +257,6 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         *peer_ms, kWorld, load, *peer_ms / load);
   }
 
- private:
-  double Median(const std::string& name) {
-    std::vector<double> v = times_[name];
-    if (v.empty()) return std::nan("");
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  }
-  std::map<std::string, std::vector<double>> times_;
 };
 
 }  // namespace

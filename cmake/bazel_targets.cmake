@@ -50,6 +50,10 @@ fsdp_cc_library(//bench:linear_stack OPTION FSDP_BUILD_BENCH
   HDRS linear_stack.h
   DEPS @libtorch @system//:absl)
 
+fsdp_cc_library(//bench:threaded_io TESTONLY OPTION FSDP_BUILD_BENCH
+  HDRS threaded_io.h
+  DEPS @system//:absl @system//:benchmark)
+
 fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
   SRCS comm_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:benchmark)
@@ -88,14 +92,14 @@ fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_binary(//bench:hf_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS hf_bench.cc
-  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp:core //dcp:fsdp2 //fsdp/fsdp2
-       //fsdp/hooked_module //mesh //testing:peer_python @libtorch @system//:absl
+  DEPS :linear_stack :pair_flags :threaded_io //comm //comm:main_guard //dcp:core //dcp:fsdp2
+       //fsdp/fsdp2 //fsdp/hooked_module //mesh //testing:peer_python @libtorch @system//:absl
        @system//:benchmark)
 
 fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS dcp_bench.cc
-  DEPS :linear_stack :pair_flags //comm //comm:main_guard //dcp:core //dcp:fsdp2 //fsdp/fsdp2
-       //fsdp/hooked_module //mesh //testing:peer_python @libtorch @system//:absl
+  DEPS :linear_stack :pair_flags :threaded_io //comm //comm:main_guard //dcp:core //dcp:fsdp2
+       //fsdp/fsdp2 //fsdp/hooked_module //mesh //testing:peer_python @libtorch @system//:absl
        @system//:benchmark)
 
 # ================================================================ //checkpoint

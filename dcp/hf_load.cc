@@ -22,6 +22,7 @@
 #include "dcp/collectives.h"
 #include "dcp/hf.h"
 #include "dcp/hf_model.h"
+#include "dcp/load_job.h"
 #include "dcp/plan.h"
 #include "fsdp/meta/meta.h"
 
@@ -29,15 +30,6 @@ namespace fsdp::dcp {
 namespace {
 
 constexpr char kLoadHf[] = "dcp::LoadHuggingFace";
-
-// "'a', 'b', 'c' (and 4 more)".
-std::string ListKeys(const std::vector<std::string>& keys) {
-  std::vector<std::string> shown;
-  for (size_t i = 0; i < keys.size() && i < 8; ++i) shown.push_back("'" + keys[i] + "'");
-  std::string out = absl::StrJoin(shown, ", ");
-  if (keys.size() > shown.size()) absl::StrAppend(&out, " (and ", keys.size() - shown.size(), " more)");
-  return out;
-}
 
 struct Target {
   const internal::HfModelTensor* tensor = nullptr;
@@ -92,11 +84,11 @@ class HfLoadJob {
     if (!options_.allow_partial_load && (!missing.empty() || !unexpected.empty())) {
       std::string what;
       if (!missing.empty()) {
-        absl::StrAppend(&what, "the model's ", ListKeys(missing), " (", missing.size(), " of ", tensors_.size(),
+        absl::StrAppend(&what, "the model's ", internal::ListKeys(missing), " (", missing.size(), " of ", tensors_.size(),
                         ") are missing");
       }
       if (!unexpected.empty()) {
-        absl::StrAppend(&what, what.empty() ? "" : "; ", ListKeys(unexpected), " (", unexpected.size(), " of ",
+        absl::StrAppend(&what, what.empty() ? "" : "; ", internal::ListKeys(unexpected), " (", unexpected.size(), " of ",
                         reader_->tensors().size(), ") are unexpected (no model tensor has that key)");
       }
       TORCH_CHECK(false, kLoadHf, ": '", dir_, "' does not match the model: ", what,
@@ -156,22 +148,13 @@ void LoadHuggingFace(torch::nn::Module& model, const std::string& dir, const HfL
   const comm::ProcessGroupPtr world = adapter->world();
   const bool in_place = !options.all_or_nothing && adapter->CanLoadInPlace();
   HfLoadJob job(model, dir, options, *adapter, in_place);
-  std::string error = internal::ErrorOf([&] {
-    job.Validate();
-    if (!in_place) job.Read();
-  });
-  internal::AgreeOrThrow(world, error, kLoadHf);
-  if (in_place) {
-    error = internal::ErrorOf([&] { job.Read(); });
-    if (!error.empty()) {
-      absl::StrAppend(&error, " [", kLoadHf,
-                      " was reading in place: the model is now partly loaded; load a checkpoint again before "
-                      "training (HfLoadOptions::all_or_nothing reads into fresh memory first)]");
-    }
-    internal::AgreeOrThrow(world, error, kLoadHf);
-  }
-  error = internal::ErrorOf([&] { job.Apply(); });
-  internal::AgreeOrThrow(world, error, kLoadHf);
+  internal::RunLoadPhases(
+      world, in_place,
+      [&] {
+        job.Validate();
+        if (!in_place) job.Read();
+      },
+      [&] { job.Read(); }, [&] { job.Apply(); }, kLoadHf, "the model is", "HfLoadOptions::all_or_nothing");
 }
 
 }  // namespace fsdp::dcp

@@ -77,6 +77,24 @@ void LoadJob::Apply() {
   }
 }
 
+void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std::function<void()>& prepare,
+                   const std::function<void()>& read, const std::function<void()>& apply, const char* caller,
+                   const char* what, const char* option) {
+  std::string error = ErrorOf(prepare);
+  AgreeOrThrow(world, error, caller);
+  if (in_place) {
+    error = ErrorOf(read);
+    if (!error.empty()) {
+      absl::StrAppend(&error, " [", caller, " was reading in place: ", what,
+                      " now partly loaded; load a checkpoint again before training (", option,
+                      " reads into fresh memory first)]");
+    }
+    AgreeOrThrow(world, error, caller);
+  }
+  error = ErrorOf(apply);
+  AgreeOrThrow(world, error, caller);
+}
+
 }  // namespace internal
 
 // Everything that needs no tensor bytes is checked on every rank first, and nothing changes
@@ -90,23 +108,14 @@ void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const st
   const comm::ProcessGroupPtr world = adapter->world();
   const bool in_place = !options.all_or_nothing && adapter->CanLoadInPlace();
   internal::LoadJob job(model, optimizer, dir, options, *adapter, in_place);
-  std::string error = internal::ErrorOf([&] {
-    job.Validate();
-    job.Plan();
-    if (!in_place) job.Read();
-  });
-  internal::AgreeOrThrow(world, error, kLoad);
-  if (in_place) {
-    error = internal::ErrorOf([&] { job.Read(); });
-    if (!error.empty()) {
-      absl::StrAppend(&error, " [", kLoad,
-                      " was reading in place: the model and optimizer are now partly loaded; load a checkpoint "
-                      "again before training (LoadOptions::all_or_nothing reads into fresh memory first)]");
-    }
-    internal::AgreeOrThrow(world, error, kLoad);
-  }
-  error = internal::ErrorOf([&] { job.Apply(); });
-  internal::AgreeOrThrow(world, error, kLoad);
+  internal::RunLoadPhases(
+      world, in_place,
+      [&] {
+        job.Validate();
+        job.Plan();
+        if (!in_place) job.Read();
+      },
+      [&] { job.Read(); }, [&] { job.Apply(); }, kLoad, "the model and optimizer are", "LoadOptions::all_or_nothing");
 }
 
 }  // namespace fsdp::dcp

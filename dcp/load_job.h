@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,17 @@
 namespace fsdp::dcp::internal {
 
 inline constexpr char kLoad[] = "dcp::Load";
+
+// "'a', 'b', 'c' (and 4 more)": the first five keys, for errors.
+std::string ListKeys(const std::vector<std::string>& keys);
+
+// The agreement of a load, on every rank (collective over `world`): `prepare` (every check,
+// and the reads too when not in place), agree; in place, `read`, agree (a failure there says
+// the model, `what` ("the model and optimizer are"), is now partly loaded and that `option`
+// reads into fresh memory first); then `apply`, agree.
+void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std::function<void()>& prepare,
+                   const std::function<void()>& read, const std::function<void()>& apply, const char* caller,
+                   const char* what, const char* option);
 
 // A tensor entry of the checkpoint read into a local tensor.
 struct TensorRead {

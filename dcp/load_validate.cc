@@ -28,15 +28,6 @@ namespace {
 
 using checkpoint::DcpEntry;
 
-// "'a', 'b', 'c' (and 4 more)".
-std::string ListKeys(const std::vector<std::string>& keys) {
-  std::vector<std::string> shown;
-  for (size_t i = 0; i < keys.size() && i < 5; ++i) shown.push_back("'" + keys[i] + "'");
-  std::string out = absl::StrJoin(shown, ", ");
-  if (keys.size() > shown.size()) absl::StrAppend(&out, " (and ", keys.size() - shown.size(), " more)");
-  return out;
-}
-
 // "optim.param_groups.<i>.<option>" -> (i, option); false for other keys.
 bool ParseGroupKey(const std::string& key, size_t* group, std::string* option) {
   if (!absl::StartsWith(key, kParamGroupsPrefix)) return false;
@@ -58,6 +49,14 @@ at::Tensor LiveState(const optim_state::OptimStateDict& live, const std::string&
 }
 
 }  // namespace
+
+std::string ListKeys(const std::vector<std::string>& keys) {
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < keys.size() && i < 5; ++i) shown.push_back("'" + keys[i] + "'");
+  std::string out = absl::StrJoin(shown, ", ");
+  if (keys.size() > shown.size()) absl::StrAppend(&out, " (and ", keys.size() - shown.size(), " more)");
+  return out;
+}
 
 LoadJob::LoadJob(torch::nn::Module& model, torch::optim::Optimizer* optimizer, std::string dir,
                  const LoadOptions& options, const ModelAdapter& adapter, bool in_place)
