@@ -50,30 +50,27 @@ class TensorParallelParam : public ShardedParam {
 class TensorParallelAdapter : public ModelAdapter {
  public:
   TensorParallelAdapter(torch::nn::Module& model, const char* caller) {
-    std::map<const c10::TensorImpl*, std::pair<std::string, const TensorParallelParam*>> by_impl;
-    for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-      const auto* tp = dynamic_cast<const dtensor::DistributedParameterModule*>(item.value().get());
-      if (tp == nullptr) continue;
-      const auto own = item.value()->named_parameters(/*recurse=*/false);
-      for (const auto& [name, spec] : tp->named_parameter_specs()) {
-        const at::Tensor* p = own.find(name);
-        if (p == nullptr || !p->defined()) continue;
-        const std::string fqn = item.key().empty() ? name : absl::StrCat(item.key(), ".", name);
-        TORCH_CHECK(p->sizes() == c10::IntArrayRef(spec.local_shape()), caller, ": tensor-parallel parameter '", fqn,
-                    "' has shape ", p->sizes(), ", but its spec ", spec.ToString(), " gives this rank ",
-                    c10::IntArrayRef(spec.local_shape()));
-        const comm::ProcessGroupPtr w = spec.mesh->world();
-        TORCH_CHECK(world_ == nullptr || world_.get() == w.get(), caller,
-                    ": the model's tensor-parallel parameters live on meshes of different worlds ('", fqn, "')");
-        world_ = w;
-        params_.push_back(std::make_unique<TensorParallelParam>(spec, *p));
-        by_impl.emplace(p->unsafeGetTensorImpl(), std::make_pair(fqn, params_.back().get()));
-      }
-    }
-    // Every name of each parameter (tied ones too).
+    const auto specs = dtensor::DistributedParameterSpecs(model);
+    std::map<const c10::TensorImpl*, const TensorParallelParam*> made;  // tied: one per tensor
     for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-      const auto it = by_impl.find(item.value().unsafeGetTensorImpl());
-      if (it != by_impl.end()) by_name_.emplace(item.key(), it->second.second);
+      const at::Tensor& p = item.value();
+      const auto spec = p.defined() ? specs.find(p.unsafeGetTensorImpl()) : specs.end();
+      if (spec == specs.end()) continue;
+      auto [it, added] = made.emplace(p.unsafeGetTensorImpl(), nullptr);
+      if (added) {
+        const dtensor::DTensorSpec& s = spec->second;
+        TORCH_CHECK(p.sizes() == c10::IntArrayRef(s.local_shape()), caller, ": tensor-parallel parameter '",
+                    item.key(), "' has shape ", p.sizes(), ", but its spec ", s.ToString(), " gives this rank ",
+                    c10::IntArrayRef(s.local_shape()));
+        const comm::ProcessGroupPtr& w = s.mesh->world();
+        TORCH_CHECK(world_ == nullptr || world_.get() == w.get(), caller,
+                    ": the model's tensor-parallel parameters live on meshes of different worlds ('", item.key(),
+                    "')");
+        world_ = w;
+        params_.push_back(std::make_unique<TensorParallelParam>(s, p));
+        it->second = params_.back().get();
+      }
+      by_name_.emplace(item.key(), it->second);
     }
   }
 
@@ -91,12 +88,7 @@ class TensorParallelAdapter : public ModelAdapter {
 
 }  // namespace
 
-bool HasTensorParallelModules(torch::nn::Module& model) {
-  for (const auto& m : model.modules(/*include_self=*/true)) {
-    if (dynamic_cast<const dtensor::DistributedParameterModule*>(m.get()) != nullptr) return true;
-  }
-  return false;
-}
+bool HasTensorParallelModules(torch::nn::Module& model) { return !dtensor::DistributedParameterSpecs(model).empty(); }
 
 std::unique_ptr<ModelAdapter> MakeTensorParallelAdapter(torch::nn::Module& model, const char* caller) {
   return std::make_unique<TensorParallelAdapter>(model, caller);

@@ -132,4 +132,17 @@ TensorParallelLinear ParallelizeLinear(const torch::nn::Linear& linear, mesh::De
   return TensorParallelLinear(linear, std::move(tp_mesh), style);
 }
 
+absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root) {
+  absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> out;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    const auto* tp = dynamic_cast<const DistributedParameterModule*>(m.get());
+    if (tp == nullptr) continue;
+    const auto own = m->named_parameters(/*recurse=*/false);
+    for (const auto& [name, spec] : tp->named_parameter_specs()) {
+      if (const at::Tensor* p = own.find(name); p != nullptr && p->defined()) out.emplace(p->unsafeGetTensorImpl(), spec);
+    }
+  }
+  return out;
+}
+
 }  // namespace fsdp::dtensor

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "dtensor/dtensor_spec.h"
 #include "mesh/device_mesh.h"
 
@@ -29,6 +30,11 @@ class DistributedParameterModule {
   // in named_parameters(/*recurse=*/false).
   virtual std::vector<std::pair<std::string, DTensorSpec>> named_parameter_specs() const = 0;
 };
+
+// The spec of every parameter of a DistributedParameterModule in root's module tree (root
+// included), by tensor: how a state dict, a checkpoint or a gradient clip that sees only
+// root finds the layout of a tensor-parallel parameter no fully_shard manages.
+absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root);
 
 enum class TensorParallelStyle {
   // Weight and bias Shard(0): input replicated [*, in], output this rank's Shard(-1) of

@@ -38,21 +38,6 @@ struct Target {
   const dtensor::DTensorSpec* tp_spec = nullptr;
 };
 
-// The DTensor spec of each parameter of a DistributedParameterModule in root's tree (e.g.
-// TensorParallelLinear), by tensor.
-absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> TensorParallelSpecs(torch::nn::Module& root) {
-  absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> out;
-  for (const auto& m : root.modules(/*include_self=*/true)) {
-    const auto* tp = dynamic_cast<const dtensor::DistributedParameterModule*>(m.get());
-    if (tp == nullptr) continue;
-    const auto own = m->named_parameters(/*recurse=*/false);
-    for (const auto& [name, spec] : tp->named_parameter_specs()) {
-      if (const at::Tensor* p = own.find(name); p != nullptr && p->defined()) out.emplace(p->unsafeGetTensorImpl(), spec);
-    }
-  }
-  return out;
-}
-
 // The gradients whose norms reduce over the same process groups, and the value to reduce:
 // sum |g|^p over this rank's elements (p finite) or max |g| (p = inf), as a 0-d tensor.
 struct Layout {
@@ -333,7 +318,7 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
 at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm_type, bool error_if_nonfinite,
                            std::optional<bool> foreach) {
   CheckArguments(max_norm, norm_type);
-  const Layouts layouts{ManagedParams(root), TensorParallelSpecs(root)};
+  const Layouts layouts{ManagedParams(root), dtensor::DistributedParameterSpecs(root)};
   std::vector<Target> targets;
   absl::flat_hash_set<const c10::TensorImpl*> seen;
   for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
@@ -346,7 +331,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm
 at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor>& parameters, double max_norm,
                            double norm_type, bool error_if_nonfinite, std::optional<bool> foreach) {
   CheckArguments(max_norm, norm_type);
-  const Layouts layouts{ManagedParams(root), TensorParallelSpecs(root)};
+  const Layouts layouts{ManagedParams(root), dtensor::DistributedParameterSpecs(root)};
   absl::flat_hash_set<const c10::TensorImpl*> in_root;
   for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
     if (p.defined()) in_root.insert(p.unsafeGetTensorImpl());

@@ -6,6 +6,8 @@
 #include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -13,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "dtensor/dtensor.h"
+#include "dtensor/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/meta/meta.h"
 
@@ -25,9 +29,12 @@ struct Entry {
   std::string fqn;
   FSDPParam* fsdp_param = nullptr;
   at::Tensor tensor;
+  // A tensor-parallel parameter no fully_shard manages: `tensor` is its local shard.
+  std::optional<dtensor::DTensorSpec> tp_spec;
 
   std::vector<int64_t> global_shape() const {
-    return fsdp_param ? fsdp_param->sharding_spec().shape : tensor.sizes().vec();
+    if (fsdp_param) return fsdp_param->sharding_spec().shape;
+    return tp_spec ? tp_spec->shape : tensor.sizes().vec();
   }
 };
 
@@ -56,9 +63,15 @@ FSDPParam* Find(const absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*>& b
 // The model's keys in named_parameters() then named_buffers() order.
 std::vector<Entry> ModelEntries(torch::nn::Module& root, const char* caller) {
   const auto by_impl = ReshardedParams(root, caller);
+  const auto tp_specs = dtensor::DistributedParameterSpecs(root);
   std::vector<Entry> entries;
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
-    if (item.value().defined()) entries.push_back({item.key(), Find(by_impl, item.value()), item.value()});
+    if (!item.value().defined()) continue;
+    Entry e{item.key(), Find(by_impl, item.value()), item.value()};
+    if (e.fsdp_param == nullptr) {
+      if (auto it = tp_specs.find(item.value().unsafeGetTensorImpl()); it != tp_specs.end()) e.tp_spec = it->second;
+    }
+    entries.push_back(std::move(e));
   }
   for (const auto& item : root.named_buffers(/*recurse=*/true)) {
     if (item.value().defined()) entries.push_back({item.key(), nullptr, item.value()});
@@ -84,11 +97,19 @@ void CopyIntoShard(FSDPParam& p, const at::Tensor& full) {
   p.MarkInitialized();    // deferred init (meta_init.h)
 }
 
-// A tensor built on the meta device is allocated on FSDP's device first.
+// A tensor built on the meta device is allocated on FSDP's device first. A tensor-parallel
+// parameter takes its box of `value` (the global tensor).
 void CopyIntoPlain(const Entry& e, const at::Tensor& value, c10::Device device) {
   at::NoGradGuard no_grad;
   ::fsdp::MaterializeEmpty(e.tensor, device);
-  e.tensor.data().copy_(value);
+  at::Tensor box = value;
+  if (e.tp_spec) {
+    const dtensor::LocalShapeAndOffset local = e.tp_spec->local_shape_and_offset();
+    for (size_t d = 0; d < local.shape.size(); ++d) {
+      box = box.narrow(static_cast<int64_t>(d), local.offset[d], local.shape[d]);
+    }
+  }
+  e.tensor.data().copy_(box);
 }
 
 // rank0_only loads of a plain FSDP parameter (1-D mesh over the whole world, dim-0 shards,
@@ -314,6 +335,10 @@ FullStateDict GetFullStateDict(torch::nn::Module& root, const FullStateDictOptio
         it = gathered.emplace(e.fsdp_param, keep ? full : at::Tensor()).first;
       }
       value = it->second;
+    } else if (e.tp_spec) {  // collective over its mesh, in entry order on every rank
+      value = dtensor::RedistributeLocal(
+          e.tensor.detach(), *e.tp_spec,
+          dtensor::Placements(e.tp_spec->placements.size(), dtensor::Placement::Replicate()));
     } else {
       value = e.tensor.detach();
     }

@@ -78,11 +78,14 @@ struct FullStateDictOptions {
   bool cpu_offload = false;
 };
 
-// All-gathers every parameter; FSDP-managed ones come back unpadded in the original shape.
+// All-gathers every parameter; FSDP-managed ones come back unpadded in the original shape,
+// and so do tensor-parallel parameters no fully_shard manages (a DistributedParameterModule's,
+// gathered over its mesh).
 FullStateDict GetFullStateDict(torch::nn::Module& root, const FullStateDictOptions& options = {});
 
 // Takes this rank's shard of each full tensor (torch.chunk on the shard dim; for FSDP + TP
-// the tensor-parallel chunk first). Shapes must equal the parameters' global shapes.
+// the tensor-parallel chunk first; for a tensor-parallel parameter no fully_shard manages,
+// its spec's box). Shapes must equal the parameters' global shapes.
 void LoadFullStateDict(torch::nn::Module& root, const FullStateDict& state_dict,
                        const FullStateDictOptions& options = {});
 

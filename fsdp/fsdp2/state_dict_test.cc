@@ -148,6 +148,31 @@ TEST(FullStateDict, RankZeroOnlyLeavesOtherRanksEmpty) {
   });
 }
 
+// A tensor-parallel model that no fully_shard manages: its full state dict is the global
+// tensors (gathered over tp), and loading one takes each parameter's box.
+TEST(FullStateDict, TensorParallelWithoutFsdpGathersAndSlicesByTheSpec) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2}, {"tp"});
+    Net reference(NetOptions{.hidden = 8});
+    InitDeterministic(*reference);
+    testing::TPNet model(*reference, mesh);
+    const FullStateDict full = GetFullStateDict(*model);
+    EXPECT_EQ(full.size(), reference->named_parameters().size());
+    for (const auto& item : reference->named_parameters()) {
+      ASSERT_NE(full.find(item.key()), nullptr) << item.key();
+      EXPECT_TRUE(at::equal(full[item.key()], item.value())) << item.key();
+    }
+    Net other(NetOptions{.hidden = 8});
+    InitDeterministic(*other, /*seed=*/5);
+    testing::TPNet loaded(*other, mesh);
+    LoadFullStateDict(*loaded, full);
+    const FullStateDict again = GetFullStateDict(*loaded);
+    for (const auto& item : reference->named_parameters()) {
+      EXPECT_TRUE(at::equal(again[item.key()], item.value())) << item.key();
+    }
+  });
+}
+
 TEST(StateDictErrors, LoadNamesMissingUnexpectedAndMisshapenKeys) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2});
