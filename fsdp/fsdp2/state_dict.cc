@@ -253,6 +253,8 @@ ShardedStateDict GetShardedStateDict(torch::nn::Module& root) {
   for (const Entry& e : ModelEntries(root, "GetShardedStateDict")) {
     if (e.fsdp_param) {
       out.dtensors.insert(e.fqn, e.fsdp_param->ShardedDTensor());
+    } else if (e.tp_spec) {
+      out.dtensors.insert(e.fqn, dtensor::DTensor::FromSpec(e.tensor.detach(), *e.tp_spec));
     } else {
       out.tensors.insert(e.fqn, e.tensor.detach());
     }
@@ -272,17 +274,19 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
       errors.missing.push_back(e.fqn);
     } else if (e.fsdp_param && d == nullptr) {
       errors.problems.push_back(absl::StrCat(e.fqn, " is sharded by FSDP and needs a DTensor, got a plain tensor."));
-    } else if (!e.fsdp_param && t == nullptr) {
-      errors.problems.push_back(
-          absl::StrCat(e.fqn, " is not managed by FSDP and needs a plain tensor, got a DTensor."));
+    } else if (e.tp_spec && d == nullptr) {
+      errors.problems.push_back(absl::StrCat(e.fqn, " is tensor-parallel and needs a DTensor, got a plain tensor."));
+    } else if (!e.fsdp_param && !e.tp_spec && t == nullptr) {
+      errors.problems.push_back(absl::StrCat(e.fqn, " is not sharded and needs a plain tensor, got a DTensor."));
     } else {
       const std::vector<int64_t> have = d ? d->sizes() : t->sizes().vec();
+      const dtensor::DTensorSpec* spec = e.fsdp_param ? &e.fsdp_param->sharding_spec() : e.tp_spec ? &*e.tp_spec : nullptr;
       if (have != e.global_shape()) {
         errors.SizeMismatch(e.fqn, have, e.global_shape());
-      } else if (d && !dtensor::SameMesh(*d->device_mesh(), *e.fsdp_param->sharding_spec().mesh)) {
-        errors.problems.push_back(absl::StrCat(
-            e.fqn, ": the checkpoint's mesh ", d->device_mesh()->ToString(), " differs from the parameter's mesh ",
-            e.fsdp_param->sharding_spec().mesh->ToString(), " (load a full state dict to change the world size)."));
+      } else if (d && !dtensor::SameMesh(*d->device_mesh(), *spec->mesh)) {
+        errors.problems.push_back(absl::StrCat(e.fqn, ": the checkpoint's mesh ", d->device_mesh()->ToString(),
+                                               " differs from the parameter's mesh ", spec->mesh->ToString(),
+                                               " (load a full state dict to change the world size)."));
       }
     }
   }
@@ -296,6 +300,19 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
   TORCH_CHECK(error.empty(), "LoadShardedStateDict: Error(s) in loading state_dict: ", error);
 
   for (const Entry& e : entries) {
+    if (e.tp_spec) {  // its local block, in the parameter's placements
+      const dtensor::DTensor& d = state_dict.dtensors[e.fqn];
+      at::NoGradGuard no_grad;
+      at::Tensor local = d.to_local().detach();
+      if (dtensor::ToString(d.placements()) != dtensor::ToString(e.tp_spec->placements)) {
+        local = dtensor::RedistributeLocal(local, d.spec(), e.tp_spec->placements);
+      }
+      TORCH_CHECK(local.sizes() == e.tensor.sizes(), "LoadShardedStateDict: ", e.fqn, ": local block of shape ",
+                  c10::str(c10::IntArrayRef(local.sizes())), " but this rank holds ",
+                  c10::str(c10::IntArrayRef(e.tensor.sizes())));
+      e.tensor.data().copy_(local);
+      continue;
+    }
     if (!e.fsdp_param) {
       CopyIntoPlain(e, state_dict.tensors[e.fqn], ComputeDevice(entries));
       continue;

@@ -53,10 +53,12 @@ using FullStateDict = checkpoint::TensorDict;
 
 struct ShardedStateDict {
   // FSDP-managed parameters as DTensors (the sharded parameter: Shard(dim) on the FSDP
-  // mesh, (Replicate, Shard) for HSDP, (StridedShard, TP placements) for FSDP + TP). The
-  // local tensors alias the live parameters: clone them to keep a snapshot.
+  // mesh, (Replicate, Shard) for HSDP, (StridedShard, TP placements) for FSDP + TP), and
+  // tensor-parallel parameters no fully_shard manages (their module's spec). The local
+  // tensors alias the live parameters: clone them to keep a snapshot.
   torch::OrderedDict<std::string, dtensor::DTensor> dtensors;
-  // Buffers and parameters FSDP does not manage (ignored_params), as this rank holds them.
+  // Buffers and other parameters FSDP does not manage (ignored_params), as this rank holds
+  // them.
   FullStateDict tensors;
 };
 

@@ -149,7 +149,8 @@ TEST(FullStateDict, RankZeroOnlyLeavesOtherRanksEmpty) {
 }
 
 // A tensor-parallel model that no fully_shard manages: its full state dict is the global
-// tensors (gathered over tp), and loading one takes each parameter's box.
+// tensors (gathered over tp), and loading one takes each parameter's box; its sharded state
+// dict holds each such parameter as a DTensor.
 TEST(FullStateDict, TensorParallelWithoutFsdpGathersAndSlicesByTheSpec) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(pg, {2}, {"tp"});
@@ -169,6 +170,19 @@ TEST(FullStateDict, TensorParallelWithoutFsdpGathersAndSlicesByTheSpec) {
     const FullStateDict again = GetFullStateDict(*loaded);
     for (const auto& item : reference->named_parameters()) {
       EXPECT_TRUE(at::equal(again[item.key()], item.value())) << item.key();
+    }
+    // The sharded state dict: a DTensor per tensor-parallel parameter, with its spec; it loads
+    // back into another init bitwise.
+    const ShardedStateDict sharded = GetShardedStateDict(*model);
+    const dtensor::DTensor* fc1 = sharded.dtensors.find("block0.fc1.weight");
+    ASSERT_NE(fc1, nullptr);
+    EXPECT_EQ(fc1->sizes(), reference->named_parameters()["block0.fc1.weight"].sizes().vec());
+    EXPECT_NE(sharded.tensors.find("in.weight"), nullptr);
+    testing::TPNet reloaded(*other, mesh);
+    LoadShardedStateDict(*reloaded, sharded);
+    const FullStateDict third = GetFullStateDict(*reloaded);
+    for (const auto& item : reference->named_parameters()) {
+      EXPECT_TRUE(at::equal(third[item.key()], item.value())) << item.key();
     }
   });
 }
