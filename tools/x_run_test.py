@@ -69,10 +69,13 @@ class XRun(unittest.TestCase):
 
     def launch(self, args, env=None):
         # A new session: the signal goes to ./x alone, as a terminal's Ctrl-C would reach a
-        # launcher whose ranks ignore SIGINT (background jobs of a script).
+        # launcher whose ranks ignore SIGINT (background jobs of a script). SIGINT back to its
+        # default first: started as a background job of a script (`./x test &`, CI), this
+        # test inherits SIGINT ignored, and bash cannot trap a signal ignored on entry.
         return subprocess.Popen([X, "run"] + args, cwd=ROOT, env={**os.environ, **(env or {})},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def rank_pids(self, n):
         files = [os.path.join(self.dir, f"rank{r}") for r in range(n)]
