@@ -1,10 +1,10 @@
 // Hugging Face checkpoints of sharded models (dcp/hf.h): a directory of bf16 safetensors
 // written straight from a reference Net loads into FSDP2 on 1-D, HSDP, FSDP + TP and SPMD
-// meshes and into FSDP1 (tied weights) as tensor.to(float32) of the reference, bitwise; the
-// export of those models is, file by file, the bytes safetensors writes for the reference
-// converted to bf16 (AsyncSaveHuggingFace: as they were at the call); missing, unexpected and mis-shaped keys fail every rank before anything
-// changes; and a model 8x a rank's allowance loads into meta-initialized FSDP2 at W=8 and
-// exports within the allowance.
+// meshes and into FSDP1 at W=3 (tied weights; several boxes of a tensor per rank) as
+// tensor.to(float32) of the reference, bitwise; the export of those models is, file by file,
+// the bytes safetensors writes for the reference converted to bf16 (AsyncSaveHuggingFace: as
+// they were at the call); missing, unexpected and mis-shaped keys fail every rank before
+// anything changes. (The model 8x a rank's allowance is in large_model_test.cc.)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -130,7 +130,7 @@ TEST(HuggingFace, Fsdp1WithTiedWeightsLoadsAndSavesOneCopyOfATiedTensor) {
   for (const auto& p : reference->named_parameters()) names.push_back(p.key());
   ASSERT_GT(names.size(), stored.size()) << "the Net ties a weight";
   const std::string out = NewDir("hf_fsdp1_out"), sharded_only = NewDir("hf_fsdp1_sharded");
-  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
     test_models::Net model(test_models::NetOptions{.tie = true});
     test_models::InitDeterministic(*model, 3);
     fsdp1::FSDPOptions options;
@@ -150,7 +150,11 @@ TEST(HuggingFace, Fsdp1WithTiedWeightsLoadsAndSavesOneCopyOfATiedTensor) {
     SaveHuggingFace(*model, out, {.dtype = at::kBFloat16});
     SaveHuggingFace(*model, sharded_only, {.consolidate = false});
   });
-  ExpectExportEquals(out, AsBf16(stored), "FSDP1 W=2");
+  ExpectExportEquals(out, AsBf16(stored), "FSDP1 W=3");
+  // FSDP1's flat shards end inside rows at W=3: a rank holds several boxes of one tensor, and
+  // its second ones go to shard index rank + 1 + W (PyTorch's layout has one box per key).
+  EXPECT_TRUE(std::filesystem::exists(checkpoint::JoinPath(
+      checkpoint::JoinPath(sharded_only, checkpoint::kHfShardedDir), checkpoint::HfFileName(1, 1, 4))));
   // Without consolidation: only per-rank files, which read back as the fp32 tensors.
   EXPECT_FALSE(std::filesystem::exists(checkpoint::JoinPath(sharded_only, checkpoint::kHfIndexFile)));
   checkpoint::TensorDict fp32;
