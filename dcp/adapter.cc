@@ -102,7 +102,7 @@ std::unique_ptr<ModelAdapter> AdapterFor(torch::nn::Module& model, const char* c
   TORCH_CHECK(kinds.size() <= 1, caller, ": the model mixes ", absl::StrJoin(kinds, " and "),
               " modules; a checkpoint covers models of one kind");
   if (kinds.empty()) {
-    if (HasTensorParallelModules(model)) return MakeTensorParallelAdapter(model, caller);
+    if (std::unique_ptr<ModelAdapter> tp = MakeTensorParallelAdapter(model, caller)) return tp;
     return std::make_unique<PlainAdapter>();
   }
   AdapterFactory factory = nullptr;

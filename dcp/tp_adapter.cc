@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "dcp/adapter.h"
 #include "dcp/plan.h"
@@ -33,8 +34,7 @@ class TensorParallelParam : public ShardedParam {
         spec_(spec) {}
 
   at::Tensor Gather(const at::Tensor& local) const override {
-    return dtensor::RedistributeLocal(local, spec_, dtensor::Placements(spec_.placements.size(),
-                                                                        dtensor::Placement::Replicate()));
+    return dtensor::DTensor::FromSpec(local, spec_).full_tensor();
   }
 
   void Commit(const at::Tensor& value) const override {
@@ -49,8 +49,9 @@ class TensorParallelParam : public ShardedParam {
 
 class TensorParallelAdapter : public ModelAdapter {
  public:
-  TensorParallelAdapter(torch::nn::Module& model, const char* caller) {
-    const auto specs = dtensor::DistributedParameterSpecs(model);
+  TensorParallelAdapter(torch::nn::Module& model,
+                        const absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec>& specs,
+                        const char* caller) {
     std::map<const c10::TensorImpl*, const TensorParallelParam*> made;  // tied: one per tensor
     for (const auto& item : model.named_parameters(/*recurse=*/true)) {
       const at::Tensor& p = item.value();
@@ -88,10 +89,10 @@ class TensorParallelAdapter : public ModelAdapter {
 
 }  // namespace
 
-bool HasTensorParallelModules(torch::nn::Module& model) { return !dtensor::DistributedParameterSpecs(model).empty(); }
-
 std::unique_ptr<ModelAdapter> MakeTensorParallelAdapter(torch::nn::Module& model, const char* caller) {
-  return std::make_unique<TensorParallelAdapter>(model, caller);
+  const auto specs = dtensor::DistributedParameterSpecs(model);
+  if (specs.empty()) return nullptr;
+  return std::make_unique<TensorParallelAdapter>(model, specs, caller);
 }
 
 }  // namespace fsdp::dcp::internal

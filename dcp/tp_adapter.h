@@ -15,7 +15,7 @@
 
 namespace fsdp::dcp::internal {
 
-bool HasTensorParallelModules(torch::nn::Module& model);
+// Null when the model has no such parameters.
 std::unique_ptr<ModelAdapter> MakeTensorParallelAdapter(torch::nn::Module& model, const char* caller);
 
 }  // namespace fsdp::dcp::internal

@@ -300,35 +300,24 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
   TORCH_CHECK(error.empty(), "LoadShardedStateDict: Error(s) in loading state_dict: ", error);
 
   for (const Entry& e : entries) {
-    if (e.tp_spec) {  // its local block, in the parameter's placements
-      const dtensor::DTensor& d = state_dict.dtensors[e.fqn];
-      at::NoGradGuard no_grad;
-      at::Tensor local = d.to_local().detach();
-      if (dtensor::ToString(d.placements()) != dtensor::ToString(e.tp_spec->placements)) {
-        local = dtensor::RedistributeLocal(local, d.spec(), e.tp_spec->placements);
-      }
-      TORCH_CHECK(local.sizes() == e.tensor.sizes(), "LoadShardedStateDict: ", e.fqn, ": local block of shape ",
-                  c10::str(c10::IntArrayRef(local.sizes())), " but this rank holds ",
-                  c10::str(c10::IntArrayRef(e.tensor.sizes())));
-      e.tensor.data().copy_(local);
-      continue;
-    }
-    if (!e.fsdp_param) {
+    if (!e.fsdp_param && !e.tp_spec) {
       CopyIntoPlain(e, state_dict.tensors[e.fqn], ComputeDevice(entries));
       continue;
     }
+    // This rank's block of the DTensor in the parameter's placements.
     const dtensor::DTensor& d = state_dict.dtensors[e.fqn];
-    const dtensor::DTensorSpec& want = e.fsdp_param->sharding_spec();
-    at::Tensor local = d.to_local();
-    if (dtensor::ToString(d.placements()) != dtensor::ToString(want.placements)) {
-      at::NoGradGuard no_grad;
-      local = dtensor::RedistributeLocal(local.detach(), d.spec(), want.placements);
-    }
-    TORCH_CHECK(local.sizes() == c10::IntArrayRef(e.fsdp_param->sharded_size()), "LoadShardedStateDict: ", e.fqn,
-                ": local shard of shape ", c10::str(c10::IntArrayRef(local.sizes())), " but this rank holds ",
-                c10::str(c10::IntArrayRef(e.fsdp_param->sharded_size())));
+    const dtensor::DTensorSpec& want = e.fsdp_param ? e.fsdp_param->sharding_spec() : *e.tp_spec;
+    const at::Tensor param = e.fsdp_param ? e.fsdp_param->param() : e.tensor;
     at::NoGradGuard no_grad;
-    e.fsdp_param->param().data().copy_(local);
+    at::Tensor local = d.to_local().detach();
+    if (dtensor::ToString(d.placements()) != dtensor::ToString(want.placements)) {
+      local = dtensor::RedistributeLocal(local, d.spec(), want.placements);
+    }
+    const std::vector<int64_t> holds = e.fsdp_param ? e.fsdp_param->sharded_size() : e.tensor.sizes().vec();
+    TORCH_CHECK(local.sizes() == c10::IntArrayRef(holds), "LoadShardedStateDict: ", e.fqn, ": local shard of shape ",
+                c10::str(c10::IntArrayRef(local.sizes())), " but this rank holds ", c10::str(c10::IntArrayRef(holds)));
+    param.data().copy_(local);
+    if (!e.fsdp_param) continue;
     e.fsdp_param->ResetShardedParam();
     e.fsdp_param->MarkInitialized();
   }
@@ -353,9 +342,7 @@ FullStateDict GetFullStateDict(torch::nn::Module& root, const FullStateDictOptio
       }
       value = it->second;
     } else if (e.tp_spec) {  // collective over its mesh, in entry order on every rank
-      value = dtensor::RedistributeLocal(
-          e.tensor.detach(), *e.tp_spec,
-          dtensor::Placements(e.tp_spec->placements.size(), dtensor::Placement::Replicate()));
+      value = dtensor::DTensor::FromSpec(e.tensor.detach(), *e.tp_spec).full_tensor();
     } else {
       value = e.tensor.detach();
     }
