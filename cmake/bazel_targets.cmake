@@ -268,15 +268,17 @@ fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
        @system//:gtest_main)
 
 fsdp_cc_library(//dtensor:tensor_parallel INSTALL
-  SRCS tensor_parallel.cc
-  HDRS tensor_parallel.h
-  DEPS :dtensor //comm //mesh @libtorch @system//:absl)
+  SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
+       tensor_parallel.cc
+  HDRS local_annotation.h loss_parallel.h parallel_style.h parallelize_module.h tensor_parallel.h
+  DEPS :dtensor //comm //fsdp/hooked_module //mesh @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:tensor_parallel_test SIZE medium SMOKE
-  SRCS tensor_parallel_test.cc
+  SRCS parallel_style_test.cc tensor_parallel_test.cc
+  DATA testdata/golden_tensor_parallel.txt
   TAGS float_parity
-  DEPS :dtensor :tensor_parallel //comm //mesh //testing:expect_error //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
+  DEPS :dtensor :tensor_parallel //comm //fsdp/hooked_module //mesh //testing:expect_error
+       //testing:golden_file //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //env
 fsdp_cc_library(//env INSTALL PCH none

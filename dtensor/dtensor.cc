@@ -90,29 +90,33 @@ DTensor DTensor::from_local(at::Tensor local, mesh::DeviceMeshPtr mesh, Placemen
 
 DTensor DTensor::FromSpec(at::Tensor local, DTensorSpec spec) { return DTensor(std::move(local), std::move(spec)); }
 
-at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) {
+at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
+                             const RedistributeGradLayouts& grad_layouts) {
   const auto plan = PlanRedistribute(src, dst);
-  if (plan->steps.empty()) return local;
+  const auto replicate_partials = [](Placements placements) {
+    for (Placement& p : placements) {
+      if (p.is_partial()) p = Placement::Replicate();
+    }
+    return placements;
+  };
+  // The gradient of a Partial output is Replicate (each partial term's gradient is the
+  // whole output gradient), as torch/distributed/tensor/_redistribute.py's backward.
+  Placements grad_src = grad_layouts.output_grad ? *grad_layouts.output_grad : replicate_partials(plan->dst);
+  Placements grad_dst = grad_layouts.input_grad ? *grad_layouts.input_grad : replicate_partials(src.placements);
+  const bool backward_moves = grad_src != grad_dst;
+  const bool records_grad = local.requires_grad() && at::GradMode::is_enabled();
+  if (plan->steps.empty() && (!backward_moves || !records_grad)) return local;
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = RunRedistributePlan(local, src, *plan);
+    // An unchanged forward whose backward moves: an alias made without grad (as a custom
+    // autograd Function returning its input), whose history is the backward alone.
+    out = plan->steps.empty() ? local.view_as(local) : RunRedistributePlan(local, src, *plan);
   }
-  if (local.requires_grad() && at::GradMode::is_enabled()) {
+  if (records_grad) {
     // A fresh tensor carries the new grad_fn; a view of the input would rebase its history.
-    if (out.is_view() || out.is_alias_of(local)) out = out.clone();
-    Placements grad_dst = src.placements;
-    for (Placement& p : grad_dst) {
-      if (p.is_partial()) p = Placement::Replicate();
-    }
-    // The gradient of a Partial output is Replicate (each partial term's gradient is the
-    // whole output gradient), as torch/distributed/tensor/_redistribute.py's backward.
-    Placements grad_src = plan->dst;
-    for (Placement& p : grad_src) {
-      if (p.is_partial()) p = Placement::Replicate();
-    }
-    auto node =
-        torch_compat::MakeNode<RedistributeBackward>(src.WithPlacements(std::move(grad_src)), std::move(grad_dst));
+    if (!plan->steps.empty() && (out.is_view() || out.is_alias_of(local))) out = out.clone();
+    auto node = torch_compat::MakeNode<RedistributeBackward>(src.WithPlacements(std::move(grad_src)), std::move(grad_dst));
     node->set_next_edges(torch::autograd::collect_next_edges(local));
     torch::autograd::set_history(out, node);
   }

@@ -72,9 +72,22 @@ class DTensor {
 DTensor distribute_tensor(const at::Tensor& tensor, const mesh::DeviceMeshPtr& mesh, const Placements& placements,
                           std::optional<int> src_data_rank = 0);
 
+// The layouts a redistribute's gradient travels between, backwards. By default (PyTorch's
+// rule, torch/distributed/tensor/_redistribute.py) the output's gradient arrives laid out
+// as the output and leaves laid out as the input, Partial taken as Replicate on both
+// sides. Tensor-parallel styles override them where the computation between two
+// redistributes changes the gradient's layout (a column-sharded Linear's input gradient
+// is Partial where its input was Replicate), so one collective serves both.
+struct RedistributeGradLayouts {
+  std::optional<Placements> output_grad;  // how the output's gradient arrives
+  std::optional<Placements> input_grad;   // how the input's gradient must leave
+};
+
 // Redistributes a local tensor from `src` to `dst` placements, recording autograd when
-// `local` requires grad (the building block of DTensor::redistribute).
-at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, const Placements& dst);
+// `local` requires grad (the building block of DTensor::redistribute). With gradient
+// layouts that differ, an unchanged forward still records the backward redistribute.
+at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
+                             const RedistributeGradLayouts& grad_layouts = {});
 
 // Whether two meshes lay out the same ranks in the same shape.
 bool SameMesh(const mesh::DeviceMesh& a, const mesh::DeviceMesh& b);

@@ -31,6 +31,10 @@ class DistributedParameterModule {
   virtual std::vector<std::pair<std::string, DTensorSpec>> named_parameter_specs() const = 0;
 };
 
+// The DistributedParameterModule of `module`: the module itself, or the forward hook a
+// parallel style attached to it (dtensor/parallel_style.h); null if neither.
+const DistributedParameterModule* FindDistributedParameters(torch::nn::Module& module);
+
 // The spec of every parameter of a DistributedParameterModule in root's module tree (root
 // included), by tensor: how a state dict, a checkpoint or a gradient clip that sees only
 // root finds the layout of a tensor-parallel parameter no fully_shard manages.

@@ -59,8 +59,8 @@ absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> ManagedBelow(const
 }
 
 // The tensor-parallel spec of module m's parameter `name`, if m is a TP module.
-std::optional<dtensor::DTensorSpec> TensorParallelSpec(const torch::nn::Module& m, const std::string& name) {
-  const auto* tp = dynamic_cast<const dtensor::DistributedParameterModule*>(&m);
+std::optional<dtensor::DTensorSpec> TensorParallelSpec(torch::nn::Module& m, const std::string& name) {
+  const auto* tp = dtensor::FindDistributedParameters(m);
   if (tp == nullptr) return std::nullopt;
   for (const auto& [param, spec] : tp->named_parameter_specs()) {
     if (param == name) return spec;

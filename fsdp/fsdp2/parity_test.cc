@@ -9,12 +9,15 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/optim/adamw.h>
 
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
+#include "dtensor/parallel_style.h"
+#include "dtensor/parallelize_module.h"
 #include "dtensor/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
@@ -358,6 +361,87 @@ TEST(FsdpTpParity, UnevenTensorParallelShardsRoundTripBitwise) {
     LoadFullStateDict(*other, full);
     const FullStateDict again = GetFullStateDict(*other);
     for (const auto& item : full) EXPECT_TRUE(at::equal(*again.find(item.key()), item.value())) << item.key();
+  });
+}
+
+// Sequence parallel blocks planned with parallelize_module on mesh["tp"] of a (dp, tp)
+// mesh, then fully_shard per block and on the root over mesh["dp"] (torchtitan's 2-D
+// recipe): AdamW steps equal one rank's training of the unsharded model.
+using HLinear = Hooked<torch::nn::LinearImpl>;
+using HLayerNorm = Hooked<torch::nn::LayerNormImpl>;
+
+struct SeqFFNImpl : torch::nn::Module {
+  SeqFFNImpl()
+      : w1(register_module("w1", HLinear(8, 16))),
+        w2(register_module("w2", HLinear(8, 16))),
+        w3(register_module("w3", HLinear(16, 8))) {}
+  at::Tensor forward(const at::Tensor& x) { return w3(at::silu(w1(x)) * w2(x)); }
+  HLinear w1, w2, w3;
+};
+
+struct SeqBlockImpl : torch::nn::Module {
+  SeqBlockImpl()
+      : norm(register_module("norm", HLayerNorm(torch::nn::LayerNormOptions({8})))),
+        ffn(register_module("ffn", Hooked<SeqFFNImpl>())) {}
+  at::Tensor forward(const at::Tensor& x) { return x + ffn(norm(x)); }
+  HLayerNorm norm;
+  Hooked<SeqFFNImpl> ffn;
+};
+using SeqBlock = Hooked<SeqBlockImpl>;
+
+struct SeqNetImpl : torch::nn::Module {
+  SeqNetImpl() : norm(register_module("norm", HLayerNorm(torch::nn::LayerNormOptions({8})))) {
+    for (int i = 0; i < 2; ++i) blocks.push_back(register_module(absl::StrCat("block", i), SeqBlock()));
+    at::NoGradGuard no_grad;
+    int k = 0;
+    for (auto& p : parameters()) {  // the same values on every rank and in the reference
+      p.copy_(at::sin(at::arange(p.numel(), at::kFloat) * 0.37 + (++k)).view(p.sizes()) * 0.5);
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& b : blocks) x = b(x);
+    return norm(x);
+  }
+  std::vector<SeqBlock> blocks;
+  HLayerNorm norm;
+};
+using SeqNet = Hooked<SeqNetImpl>;
+
+TEST(FsdpTpParity, SequenceParallelPlanWithFullyShardEqualsOneRank) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
+    auto dp = (*mesh)["dp"], tp = (*mesh)["tp"];
+    SeqNet ref, model;
+    using dtensor::Placement;
+    dtensor::parallelize_module(
+        *model, tp,
+        {{"block*.norm", dtensor::SequenceParallel()},
+         {"block*.ffn", dtensor::PrepareModuleInput({{Placement::Shard(1)}, {Placement::Replicate()}})},
+         {"block*.ffn.w[12]", dtensor::ColwiseParallel()},
+         {"block*.ffn.w3", dtensor::RowwiseParallel({.output_layouts = Placement::Shard(1)})},
+         {"norm", dtensor::SequenceParallel({.use_local_output = true})}});
+    for (auto& b : model->blocks) fully_shard(b.ptr(), {.mesh = dp});
+    fully_shard(model.ptr(), {.mesh = dp});
+    torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    const int64_t d = mesh->coordinate()[0], t = mesh->coordinate()[1];
+    for (int step = 0; step < kSteps; ++step) {
+      // [batch 4, sequence 6, 8]: dp rank d takes batch half d, tp rank t sequence half t.
+      const at::Tensor x = at::cos(at::arange(4 * 6 * 8, at::kFloat) * 0.11 + step).view({4, 6, 8});
+      // The reference's loss is the mean over the dp halves of each half's sum of squares
+      // (FSDP averages the dp gradients); each rank's loss is its own slice's part.
+      ref_opt.zero_grad();
+      (ref(x).pow(2).sum() / 2).backward();
+      ref_opt.step();
+      opt.zero_grad();
+      model(x.chunk(2, 0)[d].chunk(2, 1)[t].contiguous()).pow(2).sum().backward();
+      opt.step();
+    }
+    // Gradient sums in other orders (sequence slices, tp reductions) through kSteps AdamW
+    // steps at lr 1e-2.
+    EXPECT_EQ(ExpectMatchesReference(*model, *ref, fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2),
+                                     "sequence parallel + fsdp", pg->rank()),
+              static_cast<int>(ref->parameters().size()));
   });
 }
 

@@ -329,25 +329,6 @@ def redistribute_cases():
     return unique
 
 
-COMM_KINDS = {  # CommDebugMode's op names -> the golden file's kinds
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "all_reduce": "all_reduce",
-    "all_to_all_single": "all_to_all",
-    "shard_dim_alltoall": "all_to_all",
-    "broadcast": "broadcast",
-}
-
-
-def comm_counts(mode):
-    counts = {}
-    for op, n in mode.get_comm_counts().items():
-        name = str(op).split(".")[-1]
-        kind = COMM_KINDS.get(name, name)
-        counts[kind] = counts.get(kind, 0) + n
-    return " ".join(f"{k}={counts[k]}" for k in sorted(counts) if counts[k]) or "-"
-
-
 class StepRecorder:
     """Records the transform steps redistribute_local_tensor runs: it passes them through
     _optimize_transform_infos (torch/distributed/tensor/_redistribute.py), so wrapping
@@ -428,7 +409,7 @@ def run_redistributes(world, cases, inputs):
                 with comm_debug_mode() as cm:
                     local = d.redistribute(mesh, dst).to_local()
                 outs = [gc.rank_tensor(local, r).clone() for r in range(world)]
-                outcomes.append(("ok", recorder.text(), comm_counts(cm), outs))
+                outcomes.append(("ok", recorder.text(), gc.comm_counts(cm), outs))
             except Exception as e:  # PyTorch's refusals are part of the corpus
                 outcomes.append((classify_failure(e), type(e).__name__, gc.one_line(e)))
     return outcomes
@@ -529,7 +510,7 @@ def _gloo_rank(rank, world, port, jobs, result_dir):
         try:
             with comm_debug_mode() as cm:
                 out = d.redistribute(mesh, dst).to_local()
-            result = ("ok", comm_counts(cm), out.clone())
+            result = ("ok", gc.comm_counts(cm), out.clone())
         except Exception as e:
             result = (classify_failure(e), type(e).__name__, gc.one_line(e))
         torch.save(result, gc.result_path(result_dir, index, rank))

@@ -57,6 +57,25 @@ def import_comm_debug_mode():
         return sys.modules["torch.distributed.tensor.debug._comm_mode"].CommDebugMode
 
 
+COMM_KINDS = {  # CommDebugMode's op names -> the golden file's kinds
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_reduce": "all_reduce",
+    "all_to_all_single": "all_to_all",
+    "shard_dim_alltoall": "all_to_all",
+    "broadcast": "broadcast",
+}
+
+
+def comm_counts(mode):
+    counts = {}
+    for op, n in mode.get_comm_counts().items():
+        name = str(op).split(".")[-1]
+        kind = COMM_KINDS.get(name, name)
+        counts[kind] = counts.get(kind, 0) + n
+    return " ".join(f"{k}={counts[k]}" for k in sorted(counts) if counts[k]) or "-"
+
+
 @contextlib.contextmanager
 def simulated_world(world_size):
     """All `world_size` ranks in this process: PyTorch's fake process group (the default
@@ -79,6 +98,8 @@ def simulated_world(world_size):
 def rank_tensor(local, rank):
     """Rank `rank`'s tensor of a LocalTensor (or the tensor itself when every rank holds
     the same plain tensor)."""
+    if hasattr(local, "trigger_wait"):  # an AsyncCollectiveTensor (a style's async_op output)
+        local = local.trigger_wait()
     tensors = getattr(local, "_local_tensors", None)
     return tensors[rank] if tensors is not None else local
 
