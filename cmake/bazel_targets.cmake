@@ -326,12 +326,13 @@ fsdp_cc_library(//examples/llama
 fsdp_cc_library(//examples/llama:llama_training
   SRCS llama_training.cc
   HDRS llama_training.h
-  DEPS :llama //checkpoint //comm //dcp:core //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh
-       @libtorch)
+  DEPS :llama //checkpoint //comm //dcp:core //dtensor //dtensor:tensor_parallel
+       //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh @libtorch)
 
 fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
   SRCS llama_parity_test.cc
-  DATA testdata/hf_check_export.py testdata/hf_llama_fsdp2.py testdata/hf_llama_reference.py
+  DATA testdata/hf_check_export.py testdata/hf_llama_2d.py testdata/hf_llama_fsdp2.py
+       ../../testing/golden/golden_common.py testdata/hf_llama_reference.py
   TAGS float_parity
   DEPS :llama :llama_training //checkpoint //comm //dcp:core //dcp:fsdp2 //fsdp/fsdp2 //mesh
        //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)

@@ -14,8 +14,8 @@
 namespace fsdp::examples::llama {
 namespace {
 
-torch::nn::Linear NoBiasLinear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+Linear NoBiasLinear(int64_t in, int64_t out) {
+  return Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 
 // HF's rotate_half: [x1, x2] -> [-x2, x1] over the two halves of the last dim (the "half
@@ -117,7 +117,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const at::Tensor&
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     decoder_layers.emplace_back(c);

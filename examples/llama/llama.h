@@ -53,6 +53,11 @@ struct LlamaConfig {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
 
+// The layers are fsdp::Hooked modules so that parallel styles (dtensor/parallel_style.h) and
+// FSDP can attach to them; with no hooks each is exactly its torch::nn module.
+using Linear = Hooked<torch::nn::LinearImpl>;
+using Embedding = Hooked<torch::nn::EmbeddingImpl>;
+
 // LlamaRMSNorm: y = weight * (x * rsqrt(mean(x^2) + eps)), normalized in float32, with eps
 // inside the square root.
 struct RMSNormImpl : torch::nn::Module {
@@ -61,27 +66,28 @@ struct RMSNormImpl : torch::nn::Module {
   at::Tensor weight;
   double eps;
 };
-TORCH_MODULE(RMSNorm);
+using RMSNorm = Hooked<RMSNormImpl>;
 
 // LlamaAttention with the eager attention path (eager_attention_forward): rotary embeddings on
 // q and k, kv heads repeated to the query heads (repeat_kv), scores scaled by head_dim^-0.5,
 // causal mask, softmax in float32.
 struct AttentionImpl : torch::nn::Module {
   explicit AttentionImpl(const LlamaConfig& config);
-  // x [batch, seq, hidden]; cos, sin [1, seq, head_dim] -> [batch, seq, hidden].
+  // x [batch, seq, hidden]; cos, sin [1, seq, head_dim] -> [batch, seq, hidden]. Under
+  // tensor parallelism q/k/v hold this rank's heads and the output is o_proj's partial sum.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   LlamaConfig config;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
-TORCH_MODULE(Attention);
+using Attention = Hooked<AttentionImpl>;
 
 // LlamaMLP (SwiGLU): down(silu(gate(x)) * up(x)).
 struct MLPImpl : torch::nn::Module {
   explicit MLPImpl(const LlamaConfig& config);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
-TORCH_MODULE(MLP);
+using MLP = Hooked<MLPImpl>;
 
 // LlamaDecoderLayer: pre-norm attention and MLP, each added to its residual.
 struct DecoderLayerImpl : torch::nn::Module {
@@ -104,7 +110,7 @@ struct LlamaModelImpl : torch::nn::Module {
   // tokens [batch, seq] (int64) -> last hidden state [batch, seq, hidden].
   at::Tensor forward(const at::Tensor& tokens);
   LlamaConfig config;
-  torch::nn::Embedding embed_tokens{nullptr};
+  Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};     // DecoderLayer each; children named "0", "1", ...
   std::vector<DecoderLayer> decoder_layers;  // the same modules, typed (for forward and fully_shard)
   RMSNorm norm{nullptr};
@@ -118,7 +124,7 @@ struct LlamaForCausalLMImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& tokens);
   LlamaConfig config;
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  Linear lm_head{nullptr};
 };
 using LlamaForCausalLM = Hooked<LlamaForCausalLMImpl>;
 

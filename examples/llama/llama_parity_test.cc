@@ -38,6 +38,8 @@
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
+#include "comm/comm_trace.h"
+#include "dcp/dcp.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
 
@@ -52,6 +54,7 @@ LlamaConfig HfConfig() { return HfReferenceConfig(); }
 constexpr double kBugSize = 1e-3;
 constexpr int kSteps = 5;       // hf_llama_reference.py's STEPS
 constexpr int kFsdpSteps = 20;  // given to hf_llama_fsdp2.py
+constexpr int kTwoDSteps = 8;   // given to hf_llama_2d.py; checkpointed after half
 
 struct Reference {
   std::string skip_reason;  // non-empty: skip
@@ -282,6 +285,148 @@ TEST(LlamaParity, Fsdp2AtFourWithActivationCheckpointingMatchesHfUnderPytorchFsd
   ExpectFsdp2Matches(ref, 4, kFsdpSteps, /*activation_checkpointing=*/true,
                      "FSDP2 W=4 + activation checkpointing vs HF under PyTorch FSDP2 W=4, 20 steps",
                      absl::StrCat(tmp ? tmp : "/tmp", "/llama_export_", getpid()));
+}
+
+// The 2-D Llama: ParallelizeLlama on mesh["tp"] and fully_shard per layer and root over
+// mesh["dp"] on dp 2 x tp 2, against Hugging Face's LlamaForCausalLM under PyTorch 2.15's own
+// parallelize_module (the same plan) + fully_shard (testdata/hf_llama_2d.py): every step's
+// loss and grad norm, the tensor-parallel collectives of each forward + backward (kind and
+// count: PyTorch's CommDebugMode sees those, not FSDP's), and the final parameters. A DCP
+// checkpoint after half the steps resumes at dp 4 x tp 1 and dp 1 x tp 4 and continues the
+// same trajectory.
+std::map<std::string, int64_t> TensorParallelCollectives(const comm::CommTrace& trace) {
+  std::map<std::string, int64_t> counts;
+  for (const auto& r : trace.records()) {
+    ++counts[r.op == "all_gather_into_tensor" ? "all_gather" : r.op == "reduce_scatter_tensor" ? "reduce_scatter" : r.op];
+  }
+  return counts;
+}
+
+// One 2-D run's results as rank 0 saw them (every rank computes the same).
+struct Trajectory {
+  std::map<int, double> losses, norms;  // by step
+  TensorDict final_params;
+};
+
+// Steps [first, last) on a (dp, tp) = `shape` mesh of 4 threaded ranks in `dtype`, from
+// hf_init, or from the DCP checkpoint `load_dir`; saved to `save_dir` after step `save_after`
+// when set. In float32 on tp > 1 each step's tensor-parallel collectives must be PyTorch's.
+Trajectory RunTwoD(const Reference& ref, const std::vector<int64_t>& shape, c10::ScalarType dtype, int first,
+                   int last, const std::string& load_dir, const std::string& save_dir = "", int save_after = -1) {
+  Trajectory out;
+  std::mutex mu;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(std::make_shared<comm::CommTrace>(pg), shape, {"dp", "tp"});
+    ShardedLlama s = BuildShardedLlama(ref.hf_init, mesh, /*activation_checkpointing=*/false,
+                                       TwoDReferenceConfig(), dtype);
+    if (!load_dir.empty()) dcp::Load(*s.model, s.opt.get(), load_dir);
+    auto trace = std::dynamic_pointer_cast<comm::CommTrace>(s.tp_mesh->group(0));
+    ASSERT_NE(trace, nullptr);
+    const at::Tensor& tokens = Get(ref.expected, "tokens");
+    for (int step = first; step < last; ++step) {
+      trace->clear();
+      const at::Tensor loss = ForwardBackward(s, tokens[step]);
+      if (dtype == at::kFloat && s.tp_mesh->size() > 1) {
+        const auto ours = TensorParallelCollectives(*trace);
+        for (const char* kind : {"all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast"}) {
+          const auto it = ours.find(kind);
+          EXPECT_EQ(it == ours.end() ? 0 : it->second,
+                    Get(ref.expected, absl::StrCat("comms.", kind))[step].item<int64_t>())
+              << "rank " << pg->rank() << " step " << step << ": " << kind << " on the tp group";
+        }
+      }
+      const StepResult r = FinishStep(s, loss);
+      if (pg->rank() == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        out.losses[step] = r.loss;
+        out.norms[step] = r.grad_norm;
+      }
+      if (step == save_after) dcp::Save(*s.model, s.opt.get(), save_dir);
+    }
+    TensorDict full = fsdp2::GetFullStateDict(*s.model);
+    if (pg->rank() == 0) out.final_params = std::move(full);
+  });
+  return out;
+}
+
+// The largest RelDiff between two runs, or a run and the reference under `prefix`.
+double TrajectoryDiff(const Trajectory& a, const Trajectory& b) {
+  double d = 0;
+  for (const auto& [step, v] : a.losses) d = std::max(d, std::abs(v - b.losses.at(step)) / std::max(1.0, std::abs(v)));
+  for (const auto& [step, v] : a.norms) d = std::max(d, std::abs(v - b.norms.at(step)) / std::max(1.0, std::abs(v)));
+  for (const auto& item : a.final_params) d = std::max(d, RelDiff(item.value(), *b.final_params.find(item.key())));
+  return d;
+}
+double TrajectoryDiff(const Trajectory& a, const TensorDict& ref, const std::string& prefix) {
+  double d = 0;
+  const auto rel = [](double got, double want) { return std::abs(got - want) / std::max(1.0, std::abs(want)); };
+  for (const auto& [step, v] : a.losses) d = std::max(d, rel(v, Get(ref, prefix + "losses")[step].item<double>()));
+  for (const auto& [step, v] : a.norms) d = std::max(d, rel(v, Get(ref, prefix + "grad_norms")[step].item<double>()));
+  for (const auto& item : a.final_params) d = std::max(d, RelDiff(item.value(), Get(ref, prefix + "final." + item.key())));
+  return d;
+}
+
+TEST(LlamaParity, TwoDMatchesHfUnderPytorchTensorParallelAndFsdp2) {
+  const Reference& ref = HfReference(absl::StrCat("hf_llama_2d.py 2 2 ", kTwoDSteps));
+  if (!ref.skip_reason.empty()) GTEST_SKIP() << ref.skip_reason;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/llama_2d_", getpid());
+  const int half = kTwoDSteps / 2;
+  // The tolerance, by the triangle inequality through the float64 runs of both sides:
+  //   |ours32 - theirs32| <= |ours32 - ours64| + |ours64 - theirs64| + |theirs64 - theirs32|
+  // Each term is measured on this machine: our own float32 error E_ours (this run against
+  // the same run in float64), the float64 runs' distance D (checked below against its own
+  // bound: the two compute the same thing), and PyTorch's float32 error E_theirs ("tp64.").
+  // TP and FSDP sum in orders that a row-split reference does not see, and AdamW amplifies
+  // an order's rounding in near-zero gradients, so each run's error is measured, not assumed.
+  const double e_theirs = ReferenceSpread(ref.expected, "tp64.");
+  // Both float64 runs take HF's loss on float32 logits (ForCausalLMLoss's .float()), the
+  // same loss-parallel ops on the same values: they differ by float64 rounding in the model
+  // (2^-29 of float32's) and by any difference in the order of those float32 loss ops, which
+  // is at most float32's rounding of the loss, amplified as E_theirs is amplified.
+  const double d_bound = e_theirs;
+  struct Run {
+    std::string where;
+    std::vector<int64_t> shape;
+    int first, last;
+  };
+  const Run runs[] = {{"dp 2 x tp 2", {2, 2}, 0, kTwoDSteps},
+                      {"resumed at dp 4 x tp 1", {4, 1}, half, kTwoDSteps},
+                      {"resumed at dp 1 x tp 4", {1, 4}, half, kTwoDSteps}};
+  for (const Run& run : runs) {
+    const bool resumed = run.first > 0;
+    Trajectory ours[2];
+    for (int i = 0; i < 2; ++i) {  // float64, then float32
+      const c10::ScalarType dtype = i == 0 ? at::kDouble : at::kFloat;
+      const std::string ckpt = absl::StrCat(dir, "_", c10::toString(dtype));
+      ours[i] = resumed ? RunTwoD(ref, run.shape, dtype, run.first, run.last, ckpt)
+                        : RunTwoD(ref, run.shape, dtype, run.first, run.last, "", ckpt, half - 1);
+    }
+    const double e_ours = TrajectoryDiff(ours[1], ours[0]);
+    const double d = TrajectoryDiff(ours[0], ref.expected, "tp64.");
+    EXPECT_LE(d, d_bound) << run.where << ": our float64 run is " << d << " from the reference's float64 run";
+    const double tol = e_ours + d + e_theirs;
+    ASSERT_LT(tol, kBugSize) << run.where;
+    const double diff = TrajectoryDiff(ours[1], ref.expected, "");
+    EXPECT_LE(diff, tol) << run.where << ": " << diff << " from HF under PyTorch TP + FSDP2";
+    std::printf("2-D Llama %s vs HF under PyTorch TP + FSDP2: largest difference %.3g, tolerance %.3g "
+                "(ours f32 vs f64 %.3g, f64 runs %.3g, PyTorch's f32 vs f64 %.3g)\n",
+                run.where.c_str(), diff, tol, e_ours, d, e_theirs);
+  }
+}
+
+TEST(LlamaParity, ParallelizeLlamaNamesAHeadCountTpDoesNotDivide) {
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    LlamaForCausalLM model(HfReferenceConfig());  // 2 kv heads
+    try {
+      ParallelizeLlama(*model, mesh::DeviceMesh::Create(pg, {4}));
+      ADD_FAILURE() << "ParallelizeLlama accepted 2 kv heads over tp 4";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("num_key_value_heads=2 is not divisible"),
+                std::string::npos)
+          << e.what_without_backtrace();
+    }
+  });
 }
 
 // save_pretrained's files (split at 20KB) load at a world size that splits no dimension

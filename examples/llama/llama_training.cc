@@ -7,6 +7,10 @@
 #include <string>
 
 #include "dcp/hf.h"
+#include "dtensor/local_annotation.h"
+#include "dtensor/loss_parallel.h"
+#include "dtensor/parallel_style.h"
+#include "dtensor/parallelize_module.h"
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fully_shard.h"
@@ -26,6 +30,61 @@ LlamaConfig HfReferenceConfig() {
   return c;
 }
 
+LlamaConfig TwoDReferenceConfig() {
+  LlamaConfig c = HfReferenceConfig();
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  return c;
+}
+
+void ParallelizeLlama(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr& tp_mesh) {
+  TORCH_CHECK(tp_mesh != nullptr, "ParallelizeLlama: tp_mesh is null");
+  const int64_t tp = tp_mesh->size();
+  const LlamaConfig& c = model.config;
+  TORCH_CHECK(c.num_attention_heads % tp == 0, "ParallelizeLlama: num_attention_heads=", c.num_attention_heads,
+              " is not divisible by the tensor-parallel size ", tp, " (each rank computes whole heads)");
+  TORCH_CHECK(c.num_key_value_heads % tp == 0, "ParallelizeLlama: num_key_value_heads=", c.num_key_value_heads,
+              " is not divisible by the tensor-parallel size ", tp, " (each rank computes whole heads)");
+  using dtensor::Placement;
+  const Placement seq = Placement::Shard(1), rep = Placement::Replicate();
+  const auto colwise = [] { return dtensor::ColwiseParallel(); };
+  const auto rowwise_to_seq = [&] { return dtensor::RowwiseParallel({.output_layouts = seq}); };
+  dtensor::parallelize_module(
+      model, tp_mesh,
+      {{"model.embed_tokens", dtensor::RowwiseParallel({.input_layouts = rep, .output_layouts = seq})},
+       {"model.norm", dtensor::SequenceParallel()},
+       {"lm_head", dtensor::ColwiseParallel(
+                       {.input_layouts = seq, .output_layouts = Placement::Shard(-1), .use_local_output = false})},
+       {"model.layers.*.input_layernorm", dtensor::SequenceParallel()},
+       // forward(hidden, cos, sin): only the hidden states are sharded.
+       {"model.layers.*.self_attn", dtensor::PrepareModuleInput({{seq, std::nullopt, std::nullopt},
+                                                                 {rep, std::nullopt, std::nullopt}})},
+       {"model.layers.*.self_attn.q_proj", colwise()},
+       {"model.layers.*.self_attn.k_proj", colwise()},
+       {"model.layers.*.self_attn.v_proj", colwise()},
+       {"model.layers.*.self_attn.o_proj", rowwise_to_seq()},
+       {"model.layers.*.post_attention_layernorm", dtensor::SequenceParallel()},
+       {"model.layers.*.mlp", dtensor::PrepareModuleInput({{seq}, {rep}})},
+       {"model.layers.*.mlp.gate_proj", colwise()},
+       {"model.layers.*.mlp.up_proj", colwise()},
+       {"model.layers.*.mlp.down_proj", rowwise_to_seq()}});
+}
+
+at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels) {
+  const std::optional<dtensor::DTensor> d = dtensor::AsDTensor(logits);
+  TORCH_CHECK(d.has_value(), "CausalLMLossParallel: the logits carry no DTensor layout (lm_head must be "
+                             "ColwiseParallel with use_local_output = false, as ParallelizeLlama makes it)");
+  const int64_t vocab = d->sizes().back();
+  constexpr int64_t kIgnore = -100;
+  const at::Tensor padded = at::constant_pad_nd(labels, {0, 1}, kIgnore);
+  const at::Tensor shifted = padded.narrow(-1, 1, labels.size(-1)).contiguous();
+  // HF's ForCausalLMLoss: float32 logits viewed [batch * seq, vocab], the vocab dim sharded.
+  const at::Tensor local = logits.to(at::kFloat).reshape({-1, logits.size(-1)});
+  const dtensor::DTensor flat = dtensor::DTensor::from_local(local, d->device_mesh(), {dtensor::Placement::Shard(1)},
+                                                             std::vector<int64_t>{local.size(0), vocab});
+  return dtensor::loss_parallel_cross_entropy(flat, shifted.view({-1}), {dtensor::LossReduction::kMean, kIgnore});
+}
+
 void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& init) {
   at::NoGradGuard no_grad;
   const auto params = model.named_parameters();
@@ -41,12 +100,21 @@ void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& in
 }
 
 ShardedLlama BuildShardedLlama(const std::string& hf_dir, const mesh::DeviceMeshPtr& mesh,
-                               bool activation_checkpointing) {
+                               bool activation_checkpointing, const LlamaConfig& config, c10::ScalarType dtype) {
+  TORCH_CHECK(mesh != nullptr && (mesh->ndim() == 1 || mesh->ndim() == 2),
+              "BuildShardedLlama: the mesh must be 1-D (FSDP) or 2-D (\"dp\", \"tp\")");
   ShardedLlama s;
-  s.model = LlamaForCausalLM(HfReferenceConfig());
+  s.model = LlamaForCausalLM(config);
+  s.model->to(dtype);
   activation_checkpointing::apply_activation_checkpointing(*s.model, nullptr, activation_checkpointing);
-  for (auto& layer : s.model->model->decoder_layers) fsdp2::fully_shard(layer.ptr(), {.mesh = mesh});
-  fsdp2::fully_shard(s.model.ptr(), {.mesh = mesh});
+  s.dp_mesh = mesh;
+  if (mesh->ndim() == 2) {
+    s.dp_mesh = (*mesh)["dp"];
+    s.tp_mesh = (*mesh)["tp"];
+    ParallelizeLlama(*s.model, s.tp_mesh);
+  }
+  for (auto& layer : s.model->model->decoder_layers) fsdp2::fully_shard(layer.ptr(), {.mesh = s.dp_mesh});
+  fsdp2::fully_shard(s.model.ptr(), {.mesh = s.dp_mesh});
   dcp::LoadHuggingFace(*s.model, hf_dir);
   s.opt = std::make_unique<torch::optim::AdamW>(s.model->parameters(),
                                                 torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
@@ -54,24 +122,33 @@ ShardedLlama BuildShardedLlama(const std::string& hf_dir, const mesh::DeviceMesh
   return s;
 }
 
-StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens) {
-  const int world = s.world->size();
-  TORCH_CHECK(global_tokens.dim() == 2 && global_tokens.size(0) % world == 0, "TrainStep: a batch of ",
-              global_tokens.sizes(), " does not split into ", world, " equal slices");
-  const int64_t rows = global_tokens.size(0) / world;
-  // Equal slices hold equally many (unignored) label positions, so the mean of the ranks'
+at::Tensor ForwardBackward(ShardedLlama& s, const at::Tensor& global_tokens) {
+  const int64_t dp = s.dp_mesh->size();
+  TORCH_CHECK(global_tokens.dim() == 2 && global_tokens.size(0) % dp == 0, "TrainStep: a batch of ",
+              global_tokens.sizes(), " does not split into ", dp, " equal slices");
+  const int64_t rows = global_tokens.size(0) / dp;
+  // Equal slices hold equally many (unignored) label positions, so the mean of the dp ranks'
   // mean losses, and FSDP's averaged gradients, are the global batch's.
-  const at::Tensor ids = global_tokens.narrow(0, s.world->rank() * rows, rows);
-  const at::Tensor loss = CausalLMLoss(s.model(ids), ids);
+  const at::Tensor ids = global_tokens.narrow(0, s.dp_mesh->coordinate()[0] * rows, rows);
+  const at::Tensor logits = s.model(ids);
+  const at::Tensor loss = s.tp_mesh ? CausalLMLossParallel(logits, ids) : CausalLMLoss(logits, ids);
   loss.backward();
+  return loss;
+}
+
+StepResult FinishStep(ShardedLlama& s, const at::Tensor& loss) {
   StepResult result;
   result.grad_norm = fsdp2::clip_grad_norm_(*s.model, kMaxNorm).item<double>();
   s.opt->step();
   s.opt->zero_grad();
   at::Tensor total = loss.detach().clone().reshape({1});
-  s.world->all_reduce(total)->wait();
-  result.loss = total.item<double>() / world;
+  s.dp_mesh->group(0)->all_reduce(total)->wait();
+  result.loss = total.item<double>() / static_cast<double>(s.dp_mesh->size());
   return result;
+}
+
+StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens) {
+  return FinishStep(s, ForwardBackward(s, global_tokens));
 }
 
 double RelDiff(const at::Tensor& got, const at::Tensor& want) {

@@ -42,12 +42,13 @@ def tokens_for(step, batch=BATCH):
     return (step * 7 + b * 13 + t * 5 + (b * t) % 3) % VOCAB
 
 
-def build_model():
-    """The tiny random LlamaForCausalLM both references train (seeded: the same on every rank)."""
+def build_model(heads=HEADS, kv_heads=KV_HEADS):
+    """The tiny random LlamaForCausalLM the references train (seeded: the same on every rank);
+    hf_llama_2d.py gives 8 and 4 heads, so that tensor parallelism over 4 ranks keeps whole heads."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        num_hidden_layers=LAYERS, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=64, rms_norm_eps=RMS_EPS,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
@@ -63,7 +64,7 @@ def build_model():
     return model
 
 
-def train(steps, batch, dtype=torch.float32, row_parts=1, record_step0=False):
+def train(steps, batch, dtype=torch.float32, row_parts=1, record_step0=False, heads=HEADS, kv_heads=KV_HEADS):
     """`steps` AdamW + clip_grad_norm_ steps of build_model() in `dtype` on tokens_for(step, batch).
 
     Each batch's rows are split into `row_parts` equal parts (as FSDP's ranks split them) whose
@@ -71,7 +72,7 @@ def train(steps, batch, dtype=torch.float32, row_parts=1, record_step0=False):
     mean loss, summed in the order FSDP at W=row_parts sums it. Returns the reference.pt keys
     (losses, grad_norms, final.<fqn>; with record_step0 also logits0, loss0, grad.<fqn>).
     """
-    model = build_model().to(dtype)
+    model = build_model(heads, kv_heads).to(dtype)
     params = dict(model.named_parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     out, losses, norms = {}, [], []
