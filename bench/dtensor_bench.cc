@@ -1,5 +1,7 @@
 // bench/dtensor: DTensor redistribute vs the raw collective it runs (same bytes, same
-// Gloo group), and the planner's CPU cost per call with a cached plan.
+// Gloo group), the planner's CPU cost per call with a cached plan, and a sequence-parallel
+// MLP's forward under the tensor-parallel styles vs the same ops and collectives written
+// out by hand (TPSequenceMLP: all-gather, colwise and rowwise Linear, reduce-scatter).
 //
 // Two ranks are two threads of this process over Gloo (a FileStore rendezvous), so the
 // binary runs standalone: rank 0 runs Google Benchmark on the main thread, rank 1 mirrors
@@ -14,6 +16,7 @@
 //   python3 tools/bench_ratio.py bench/out/dtensor.json
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
+#include <torch/nn/modules/linear.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,7 +37,10 @@
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
 #include "dtensor/dtensor.h"
+#include "dtensor/parallel_style.h"
+#include "dtensor/parallelize_module.h"
 #include "dtensor/redistribute.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 
 namespace {
@@ -69,7 +75,23 @@ enum class Op {
   kAllGatherRawFreshOutput,  // raw, but a new output per call as redistribute allocates
   kReduceScatterOurs,
   kReduceScatterRaw,
+  kSequenceMLPOurs,
+  kSequenceMLPRaw,
 };
+
+// The sequence-parallel MLP: PrepareModuleInput Shard(1) -> Replicate, w1 colwise, w2
+// rowwise to Shard(1); [1, seq, kCols] activations, a narrow hidden layer (2 columns per
+// rank) so that the collectives, not the matmuls, are the cost.
+using HookedLinear = fsdp::Hooked<torch::nn::LinearImpl>;
+constexpr int64_t kHidden = 2 * kWorld;
+struct SequenceMLPImpl : torch::nn::Module {
+  SequenceMLPImpl()
+      : w1(register_module("w1", HookedLinear(torch::nn::LinearOptions(kCols, kHidden).bias(false)))),
+        w2(register_module("w2", HookedLinear(torch::nn::LinearOptions(kHidden, kCols).bias(false)))) {}
+  at::Tensor forward(const at::Tensor& x) { return w2(w1(x)); }
+  HookedLinear w1, w2;
+};
+using SequenceMLP = fsdp::Hooked<SequenceMLPImpl>;
 
 // Sets up op's tensors for `bytes`, lines the ranks up, then calls loop(step): the timed
 // part is only what step does. Both ranks run this with the same arguments.
@@ -114,6 +136,36 @@ void RunOp(Op op, const Rank& r, int64_t bytes, Loop&& loop) {
       const at::Tensor out = at::empty({rows / kWorld, kCols});
       sync();
       loop([&] { r.group->reduce_scatter_tensor(out, in)->wait(); });
+      break;
+    }
+    case Op::kSequenceMLPOurs: {  // rows = the global sequence length
+      SequenceMLP mlp;
+      using fsdp::dtensor::ColwiseParallel;
+      using fsdp::dtensor::RowwiseParallel;
+      fsdp::dtensor::parallelize_module(
+          *mlp, r.mesh,
+          {{"", fsdp::dtensor::PrepareModuleInput({{Placement::Shard(1)}, {Placement::Replicate()}})},
+           {"w1", ColwiseParallel()},
+           {"w2", RowwiseParallel({.output_layouts = Placement::Shard(1)})}});
+      const at::Tensor x = at::ones({1, rows / kWorld, kCols});
+      at::NoGradGuard no_grad;
+      sync();
+      loop([&] { benchmark::DoNotOptimize(mlp(x).data_ptr()); });
+      break;
+    }
+    case Op::kSequenceMLPRaw: {
+      const at::Tensor w1 = at::ones({kHidden / kWorld, kCols}), w2 = at::ones({kCols, kHidden / kWorld});
+      const at::Tensor x = at::ones({1, rows / kWorld, kCols});
+      at::NoGradGuard no_grad;
+      sync();
+      loop([&] {
+        const at::Tensor full = at::empty({1, rows, kCols});
+        r.group->all_gather_into_tensor(full, x)->wait();
+        const at::Tensor partial = at::linear(at::linear(full, w1), w2);
+        const at::Tensor out = at::empty({1, rows / kWorld, kCols});
+        r.group->reduce_scatter_tensor(out, partial)->wait();
+        benchmark::DoNotOptimize(out.data_ptr());
+      });
       break;
     }
   }
@@ -225,7 +277,8 @@ void RegisterAll(int pair_repetitions) {
     for (int rep = 0; rep < pair_repetitions; ++rep) {
       for (auto [name, ours, raw] :
            {std::tuple{"RedistShardToReplicate", Op::kAllGatherOurs, Op::kAllGatherRaw},
-            std::tuple{"RedistPartialToShard", Op::kReduceScatterOurs, Op::kReduceScatterRaw}}) {
+            std::tuple{"RedistPartialToShard", Op::kReduceScatterOurs, Op::kReduceScatterRaw},
+            std::tuple{"TPSequenceMLP", Op::kSequenceMLPOurs, Op::kSequenceMLPRaw}}) {
         for (auto [side, op] : {std::pair{"ours", ours}, std::pair{"raw", raw}}) {
           benchmark::RegisterBenchmark(absl::StrCat(name, "/", side).c_str(), BM_Collective, op)
               ->Arg(bytes)

@@ -50,6 +50,7 @@
 #include "bench/callgrind_loop.h"
 #include "bench/linear_stack.h"
 #include "bench/pair_flags.h"
+#include "bench/step_slope.h"
 #include "comm/fake_process_group.h"
 #include "comm/main_guard.h"
 #include "comm/process_group.h"
@@ -107,52 +108,6 @@ void BM_Step(benchmark::State& state, bool ours) {
   fsdp::fsdp2::fully_shard(net, options);
   RunSteps(state, *net, label);
 }
-
-// The usual console output; also keeps every Step run's time (us) for the summary.
-class StepReporter : public benchmark::ConsoleReporter {
- public:
-  StepReporter() : ConsoleReporter(OO_None) {}
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      const std::string& name = run.run_name.function_name;
-      if (name.rfind("Step/", 0) == 0 && !run.error_occurred) {
-        times_[{std::stoll(run.run_name.args), name == "Step/ours"}].push_back(run.GetAdjustedRealTime());
-      }
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-
-  // Median ours - raw per block count, and the slope over block counts per parameter; then
-  // PyTorch's slope (us per fully_shard'ed Linear) and the ratio, when it ran.
-  void PrintSummary(std::optional<double> peer_slope) {
-    std::map<int64_t, double> overhead;
-    for (auto& [key, times] : times_) {
-      if (!key.second || !times_.count({key.first, false})) continue;
-      const double ours = Median(times), raw = Median(times_[{key.first, false}]);
-      overhead[key.first] = ours - raw;
-      std::printf("fsdp2 step, %3lld blocks (%3lld params): ours %8.1f us, raw %8.1f us, overhead %.2f us/param\n",
-                  static_cast<long long>(key.first), static_cast<long long>(2 * key.first), ours, raw,
-                  (ours - raw) / static_cast<double>(2 * key.first));
-    }
-    if (overhead.size() < 2) return;
-    // The slope drops per-step fixed costs (root, autograd engine).
-    const auto lo = *overhead.begin(), hi = *overhead.rbegin();
-    const double per_block = (hi.second - lo.second) / static_cast<double>(hi.first - lo.first);
-    std::printf("fsdp2 step overhead slope: %.2f us per parameter per step (%.2f us per fully_shard'ed Linear)\n",
-                per_block / 2, per_block);
-    if (peer_slope) {
-      std::printf("PyTorch 2.15 FSDP2 (fake group) slope: %.1f us per fully_shard'ed Linear; PyTorch / ours = %.1f\n",
-                  *peer_slope, *peer_slope / per_block);
-    }
-  }
-
- private:
-  static double Median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  }
-  std::map<std::pair<int64_t, bool>, std::vector<double>> times_;
-};
 
 // ---- 2. copy-in / copy-out bandwidth ----
 
@@ -277,39 +232,6 @@ void BM_CopyOut(benchmark::State& state, Side side) {
 
 // ---- 3. PyTorch's twin ----
 
-// PyTorch's overhead slope (us per fully_shard'ed Linear, between 16 and 64 blocks), or
-// nullopt with the reason printed.
-std::optional<double> RunPeer(int repetitions) {
-  std::string why_not;
-  const std::string python = fsdp::testing::PeerPythonOrCacheDefault(&why_not);
-  const char* script = "bench/peer/fsdp2_step_peer.py";  // from the repository or runfiles root
-  if (python.empty() || ::access(script, R_OK) != 0) {
-    std::printf("PyTorch FSDP2 twin: skipped (%s)\n",
-                python.empty() ? why_not.c_str() : "bench/peer/fsdp2_step_peer.py is not under the working directory");
-    return std::nullopt;
-  }
-  std::string output;
-  const int status = fsdp::testing::RunCommand(
-      absl::StrCat("'", python, "' ", script, " 16,64 ", std::max(3, repetitions)), &output);
-  std::map<std::pair<std::string, int>, double> seconds;
-  for (size_t at = output.find("PEER "); at != std::string::npos; at = output.find("PEER ", at + 1)) {
-    char side[8] = {};
-    int blocks = 0;
-    double s = 0;
-    if (std::sscanf(output.c_str() + at, "PEER %7s %d %lf", side, &blocks, &s) == 3) seconds[{side, blocks}] = s;
-  }
-  if (status != 0 || seconds.size() != 4) {
-    std::printf("PyTorch FSDP2 twin: FAILED (status %d): %s\n", status, output.c_str());
-    return std::nullopt;
-  }
-  auto overhead = [&](int blocks) { return seconds[{"fsdp", blocks}] - seconds[{"raw", blocks}]; };
-  for (int blocks : {16, 64}) {
-    std::printf("PyTorch 2.15 FSDP2 step, %3d blocks: fsdp %8.1f us, raw %8.1f us\n", blocks,
-                seconds[{"fsdp", blocks}] * 1e6, seconds[{"raw", blocks}] * 1e6);
-  }
-  return (overhead(64) - overhead(16)) / 48 * 1e6;
-}
-
 // iterations > 0: each benchmark runs exactly that many iterations (for instruction counts).
 void RegisterAll(int pair_repetitions, int iterations) {
   auto fixed = [iterations](benchmark::internal::Benchmark* b) {
@@ -359,9 +281,13 @@ int main(int argc, char** argv) {
     int args_count = static_cast<int>(args.size());
     benchmark::Initialize(&args_count, args.data());
     RegisterAll(pair_repetitions, callgrind_iterations);
-    StepReporter reporter;
+    fsdp::bench::StepSlopeReporter reporter("fsdp2 step", "fully_shard'ed Linear");
     benchmark::RunSpecifiedBenchmarks(&reporter);
-    reporter.PrintSummary(peer ? RunPeer(pair_repetitions) : std::nullopt);
+    const char* twin = "PyTorch 2.15 FSDP2 (fake group)";
+    reporter.PrintSummary(
+        peer ? fsdp::bench::RunPeerStepSlope("bench/peer/fsdp2_step_peer.py", "fsdp", twin, pair_repetitions)
+             : std::nullopt,
+        twin);
     benchmark::Shutdown();
     return 0;
   });

@@ -60,12 +60,21 @@ fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
 
 fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH PCH aten
   SRCS dtensor_bench.cc
-  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //mesh @libtorch @system//:absl
-       @system//:benchmark)
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //dtensor:tensor_parallel
+       //fsdp/hooked_module //mesh @libtorch @system//:absl @system//:benchmark)
+
+fsdp_cc_library(//bench:step_slope TESTONLY OPTION FSDP_BUILD_BENCH
+  HDRS step_slope.h
+  DEPS //testing:peer_python @system//:absl @system//:benchmark)
+
+fsdp_cc_binary(//bench:tp_bench TESTONLY OPTION FSDP_BUILD_BENCH
+  SRCS tp_bench.cc
+  DEPS :linear_stack :pair_flags :step_slope //comm //comm:main_guard //dtensor:tensor_parallel
+       //fsdp/hooked_module //mesh @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:fsdp2_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS fsdp2_bench.cc
-  DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/fsdp2
+  DEPS :callgrind_loop :linear_stack :pair_flags :step_slope //comm //comm:main_guard //fsdp/fsdp2
        //fsdp/fsdp2:runtime //mesh //testing:peer_python @libtorch @system//:absl
        @system//:benchmark)
 
@@ -549,15 +558,17 @@ fsdp_cc_library(//optim_state:fsdp1 INSTALL
 fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
-  DEPS :core //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch @system//:absl)
+  DEPS :core //dtensor //dtensor:tensor_parallel //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
+       @system//:absl)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   SRCS fault_test.cc fsdp1_fault_test.cc fsdp1_orig_params_optim_test.cc optim_state_test.cc
-       optimizer_adapter_test.cc param_group_matching_test.cc
+       optimizer_adapter_test.cc param_group_matching_test.cc tensor_parallel_optim_test.cc
   TAGS float_parity
-  DEPS :core :fsdp1 :fsdp2 //checkpoint //comm //comm:faulty //fsdp/common:test_models //fsdp/fsdp1
-       //fsdp/fsdp1:fsdp_test_models //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:test_models
-       //mesh //testing:allocation_counter //testing:expect_error //testing:fault_injection
+  DEPS :core :fsdp1 :fsdp2 //checkpoint //comm //comm:faulty //dtensor:tensor_parallel
+       //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models //fsdp/fsdp1:runtime
+       //fsdp/fsdp2 //fsdp/fsdp2:test_models //fsdp/hooked_module //mesh
+       //testing:allocation_counter //testing:expect_error //testing:fault_injection
        //testing:float_tolerance //testing:multi_rank //testing:test_dir @libtorch @system//:absl
        @system//:gtest_main)
 

@@ -202,9 +202,8 @@ class RowwiseHook : public ParameterStyleHook {
   void Partition(std::optional<int> src_data_rank) {
     if (kind_ == ModuleKind::kLinear) {
       Distribute(*module_, "weight", {Placement::Shard(1)}, mesh_, src_data_rank);
-      if (OwnParameter(*module_, "bias").defined()) {
-        Distribute(*module_, "bias", {Placement::Replicate()}, mesh_, src_data_rank);
-      }
+      bias_ = OwnParameter(*module_, "bias");
+      if (bias_.defined()) Distribute(*module_, "bias", {Placement::Replicate()}, mesh_, src_data_rank);
       return;
     }
     auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(module_);
@@ -223,7 +222,7 @@ class RowwiseHook : public ParameterStyleHook {
       const Placements desired{Placement::Shard(args[0].dim() - 1)};
       args[0] = RedistributeLocal(args[0], in.spec, desired, {.input_grad = in.grad_placements});
       // The bias joins the partial sums in PostForward, once over the ranks.
-      if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(module_)) linear->bias = at::Tensor();
+      if (bias_.defined()) dynamic_cast<torch::nn::LinearImpl*>(module_)->bias = at::Tensor();
       return args;
     }
     at::Tensor ids = RedistributeLocal(args[0], in.spec, {Placement::Replicate()});
@@ -238,7 +237,8 @@ class RowwiseHook : public ParameterStyleHook {
     RequireOneOutput(outputs, fqn_, "RowwiseParallel");
     at::Tensor partial = *outputs[0];
     if (kind_ == ModuleKind::kLinear) {
-      const at::Tensor bias = OwnParameter(*module_, "bias");
+      // The parameter itself (set_data and FSDP's unshard change its data, not the tensor).
+      const at::Tensor& bias = bias_;
       if (bias.defined()) {
         dynamic_cast<torch::nn::LinearImpl*>(module_)->bias = bias;
         // Replicate -> Partial divides by the group size (Partial._partition_value); its
@@ -267,6 +267,7 @@ class RowwiseHook : public ParameterStyleHook {
   int64_t row_begin_ = 0;
   int64_t row_end_ = 0;
   at::Tensor mask_;
+  at::Tensor bias_;  // Linear: the bias parameter, or undefined
 };
 
 // ---------------------------------------------------------------------------- Sequence

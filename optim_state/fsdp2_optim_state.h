@@ -16,16 +16,17 @@ namespace fsdp::optim_state {
 NamedParams NamedOptimizerParams(torch::nn::Module& root);
 
 // Collective over the model's meshes, on every rank. Positive-dim state tensors of FSDP
-// parameters are all-gathered (tied parameters under their first FQN); zero-dim and
+// parameters, and of tensor-parallel parameters no fully_shard manages (laid out as their
+// parameter's DTensor), are all-gathered (tied parameters under their first FQN); zero-dim and
 // non-tensor state is taken as this rank has it. Every rank must hold state for the same
 // parameters (else every rank fails naming the first differing FQN). rank0_only: the other
 // ranks return an empty dict (they still take part in the gathers).
 OptimStateDict GetFullOptimStateDict(torch::nn::Module& root, const torch::optim::Optimizer& optimizer,
                                      bool rank0_only = false);
 
-// Loads a full state (from any world size): each positive-dim tensor of an FSDP parameter is
-// chunked like the parameter; then SetOptimStateDict with its checks. Local, no
-// communication.
+// Loads a full state (from any world size or tensor-parallel degree): each positive-dim
+// tensor of an FSDP or tensor-parallel parameter is chunked like the parameter; then
+// SetOptimStateDict with its checks. Local, no communication.
 void LoadFullOptimStateDict(torch::nn::Module& root, torch::optim::Optimizer& optimizer, const OptimStateDict& full);
 
 // The sharded state: this rank's own state, FQN-keyed, each positive-dim tensor its shard of

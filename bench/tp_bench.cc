@@ -1,0 +1,107 @@
+// bench/tp: the tensor-parallel styles' CPU cost per step that communication does not hide,
+// single process.
+//
+// Step/{ours,raw}/<blocks>: one training step (forward, backward, SGD step, zero_grad) of
+// <blocks> Linear(8, 8) layers, alternately ColwiseParallel and RowwiseParallel under
+// parallelize_module (ours) or plain (raw), as rank 0 of a Fake tp group of 4 (the Fake
+// collectives are a few small copies). Compute is ~nothing, so ours - raw is the styles'
+// bookkeeping (hooks, redistribute plans, autograd nodes); the slope over block counts is
+// its cost per tensor-parallel Linear. In the same run, PyTorch 2.15's twin
+// (bench/peer/tp_step_peer.py: the same model and plan under parallelize_module on its fake
+// process group, DTensor dispatch and all; --peer=0 skips it). Issue goal: PyTorch / ours
+// >= 20. The communication side (a sequence-parallel MLP's forward against the same
+// collectives by hand, 2 ranks over Gloo) is bench/dtensor's TPSequenceMLP.
+//
+//   bazel build --config=opt //bench:tp_bench
+//   bazel-bin/bench/tp_bench [--pair_repetitions=3] [--peer=0] --benchmark_out=bench/out/tp.json
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/linear_stack.h"
+#include "bench/pair_flags.h"
+#include "bench/step_slope.h"
+#include "comm/fake_process_group.h"
+#include "comm/main_guard.h"
+#include "dtensor/parallel_style.h"
+#include "dtensor/parallelize_module.h"
+#include "fsdp/hooked_module/hooked_module.h"
+#include "mesh/device_mesh.h"
+
+namespace {
+
+constexpr int kTp = 4;  // this process is rank 0 of 4
+constexpr int64_t kDim = 8;
+constexpr int64_t kBatch = 8;
+
+using RawNet = fsdp::bench::LinearStackImpl<torch::nn::Linear>;
+using TpNet = fsdp::bench::LinearStackImpl<fsdp::Hooked<torch::nn::LinearImpl>>;
+
+template <class Net>
+void RunSteps(benchmark::State& state, Net& net) {
+  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(1e-4));
+  const at::Tensor x = at::randn({kBatch, kDim});
+  auto step = [&] {
+    net.forward(x).sum().backward();
+    opt.step();
+    opt.zero_grad();
+  };
+  for (int i = 0; i < 3; ++i) step();  // plan caches, allocator warm-up
+  for (auto _ : state) step();
+}
+
+void BM_Step(benchmark::State& state, bool ours) {
+  const int64_t blocks = state.range(0);
+  if (!ours) {
+    RawNet net(blocks, kDim);
+    return RunSteps(state, net);
+  }
+  TpNet net(blocks, kDim);
+  auto mesh = fsdp::mesh::DeviceMesh::Create(fsdp::comm::CreateFakeProcessGroup(0, kTp), {kTp});
+  fsdp::dtensor::ParallelizePlan plan;
+  for (int64_t i = 0; i < blocks; ++i) {  // Megatron pairs: colwise, then rowwise back to Replicate
+    plan.emplace_back(absl::StrCat("l", i),
+                      i % 2 == 0 ? fsdp::dtensor::ColwiseParallel() : fsdp::dtensor::RowwiseParallel());
+  }
+  fsdp::dtensor::parallelize_module(net, mesh, plan);
+  RunSteps(state, net);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;
+    at::set_num_threads(1);  // as bench/fsdp2: repeatable on a shared 2-core machine
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    // Ours and raw alternate, repeated as pairs, so machine noise hits both alike.
+    for (int rep = 0; rep < pair_repetitions; ++rep) {
+      for (int64_t blocks : {16, 64}) {
+        for (bool ours : {true, false}) {
+          benchmark::RegisterBenchmark(ours ? "Step/ours" : "Step/raw", BM_Step, ours)
+              ->Arg(blocks)
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
+      }
+    }
+    fsdp::bench::StepSlopeReporter reporter("tp step", "tensor-parallel Linear");
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    const char* twin = "PyTorch 2.15 tensor parallel (fake group)";
+    reporter.PrintSummary(
+        peer ? fsdp::bench::RunPeerStepSlope("bench/peer/tp_step_peer.py", "tp", twin, pair_repetitions)
+             : std::nullopt,
+        twin);
+    benchmark::Shutdown();
+    return 0;
+  });
+}
