@@ -140,10 +140,10 @@ fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
   SRCS comm_trace.cc fake_process_group.cc forwarding_process_group.cc internal/reduce_math.cc
-       internal/reduce_math.h object_collectives.cc process_group.cc threaded_process_group.cc
-       torchrun_env.cc
+       internal/reduce_math.h object_collectives.cc process_group.cc profiler_range.cc
+       threaded_process_group.cc torchrun_env.cc
   HDRS comm_trace.h fake_process_group.h forwarding_process_group.h object_collectives.h
-       process_group.h reduce_op.h threaded_process_group.h torchrun_env.h work.h
+       process_group.h profiler_range.h reduce_op.h threaded_process_group.h torchrun_env.h work.h
   DEPS //env @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:main_guard INSTALL PCH none
@@ -615,12 +615,12 @@ fsdp_cc_test(//testing:testing_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankDe
 
 # ================================================================ //tests
 fsdp_cc_test(//tests:cross_package_test SIZE medium SMOKE
-  SRCS bad_input_catalogue_test.cc one_model_type_test.cc
+  SRCS bad_input_catalogue_test.cc one_model_type_test.cc profiler_ranges_test.cc
   TAGS float_parity
-  DEPS //comm //comm:faulty //comm:init_process_group //dtensor //fsdp/common:test_models
-       //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/fsdp2:test_models //fsdp/hooked_module //mesh
-       //optim_state:core //testing:expect_error //testing:multi_rank @libtorch @system//:absl
-       @system//:gtest_main)
+  DEPS //comm //comm:faulty //comm:init_process_group //dcp //dcp:core //dtensor
+       //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/fsdp2:test_models
+       //fsdp/hooked_module //mesh //optim_state:core //testing:expect_error //testing:multi_rank
+       //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //tests/peer
 fsdp_cc_library(//tests/peer:peer_parity TESTONLY

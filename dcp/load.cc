@@ -11,9 +11,12 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "comm/profiler_range.h"
 #include "dcp/collectives.h"
 #include "dcp/dcp.h"
 #include "dcp/load_job.h"
@@ -80,9 +83,15 @@ void LoadJob::Apply() {
 void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std::function<void()>& prepare,
                    const std::function<void()>& read, const std::function<void()>& apply, const char* caller,
                    const char* what, const char* option) {
+  // Profiler ranges of the phases (torch/distributed/checkpoint/state_dict_loader.py's
+  // local_step / read_data): dcp.load.plan, dcp.load.read, dcp.load.apply.
+  static const std::string kPlan = "dcp.load.plan", kRead = "dcp.load.read", kApply = "dcp.load.apply";
+  std::optional<comm::ProfilerRange> phase(std::in_place, kPlan);
   std::string error = ErrorOf(prepare);
   AgreeOrThrow(world, error, caller);
+  phase.reset();
   if (in_place) {
+    phase.emplace(kRead);
     error = ErrorOf(read);
     if (!error.empty()) {
       absl::StrAppend(&error, " [", caller, " was reading in place: ", what,
@@ -90,7 +99,9 @@ void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std:
                       " reads into fresh memory first)]");
     }
     AgreeOrThrow(world, error, caller);
+    phase.reset();
   }
+  phase.emplace(kApply);
   error = ErrorOf(apply);
   AgreeOrThrow(world, error, caller);
 }
@@ -104,6 +115,8 @@ void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std:
 void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const std::string& dir,
           const LoadOptions& options) {
   using internal::kLoad;
+  static const std::string kLabel = "dcp.load";
+  comm::ProfilerRange load_range(kLabel);
   const std::unique_ptr<internal::ModelAdapter> adapter = internal::AdapterFor(model, kLoad);  // reshards
   const comm::ProcessGroupPtr world = adapter->world();
   const bool in_place = !options.all_or_nothing && adapter->CanLoadInPlace();

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -22,6 +24,7 @@
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/dcp_storage.h"
 #include "comm/object_collectives.h"
+#include "comm/profiler_range.h"
 #include "dcp/adapter.h"
 #include "dcp/collectives.h"
 #include "dcp/dcp.h"
@@ -184,11 +187,21 @@ std::vector<char> FragmentPayload(const DcpFragment& fragment) {
 
 }  // namespace
 
+// Profiler ranges: dcp.save around the phases dcp.save.plan (the plan and the tensors it
+// writes), dcp.save.write (this rank's data file) and dcp.save.finish (the fragments to rank
+// 0, `.metadata`), after torch/distributed/checkpoint/state_dict_saver.py's local_step /
+// write_data / finish_checkpoint.
 void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
           const SaveOptions& options) {
+  static const std::string kSave = "dcp.save", kPlan = "dcp.save.plan", kWrite = "dcp.save.write",
+                           kFinish = "dcp.save.finish";
+  comm::ProfilerRange save_range(kSave);
+  std::optional<comm::ProfilerRange> phase(std::in_place, kPlan);
   const RankPlan plan = MakePlan(model, optimizer, dir, options, "dcp::Save");
   const comm::ProcessGroupPtr& world = plan.world;
   const RankItems items = Materialize(plan, options.kind, /*snapshot=*/false);
+  phase.reset();
+  phase.emplace(kWrite);
   DcpFragment fragment;
   const std::string error = internal::ErrorOf([&] {
     if (items.empty()) return;
@@ -196,6 +209,8 @@ void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, co
     SetObjectPaths(plan, fragment);
     if (options.on_rank_file_written) options.on_rank_file_written(DataFilePath(dir, plan.rank));
   });
+  phase.reset();
+  phase.emplace(kFinish);
   const auto all = internal::GatherOrThrow(world, error, FragmentPayload(fragment), 0, "dcp::Save");
   std::string md_error;
   if (plan.rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, ParseFragments(all)); });

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/profiler_range.h"
 #include "dtensor/redistribute.h"
 #include "torch_compat/autograd_node.h"
 
@@ -26,7 +27,8 @@ class RedistributeBackward : public torch::autograd::Node {
     const auto plan = PlanRedistribute(grad_src_, grad_dst_);
     return {RunRedistributePlan(grads[0], grad_src_, *plan)};
   }
-  std::string name() const override { return "fsdp::dtensor::RedistributeBackward"; }
+  // PyTorch's name of the node (its autograd Function's backward), as traces show it.
+  std::string name() const override { return "RedistributeBackward"; }
 
  private:
   DTensorSpec grad_src_;
@@ -106,6 +108,10 @@ at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, co
   const bool backward_moves = grad_src != grad_dst;
   const bool records_grad = local.requires_grad() && at::GradMode::is_enabled();
   if (plan->steps.empty() && (!backward_moves || !records_grad)) return local;
+  // PyTorch's trace shows its autograd Function (torch/distributed/tensor/_redistribute.py
+  // Redistribute) under its class name.
+  static const std::string kLabel = "Redistribute";
+  comm::ProfilerRange range(kLabel);
   at::Tensor out;
   {
     at::NoGradGuard no_grad;

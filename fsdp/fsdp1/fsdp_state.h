@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/profiler_range.h"
 #include "fsdp/common/autograd_hooks.h"
 #include "fsdp/common/fsdp_state_base.h"
 #include "fsdp/fsdp1/exec_order.h"
@@ -188,6 +189,9 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   // Post-backward nodes registered in forward and not yet run in backward (where an
   // original parameter is frozen).
   int pending_post_backward_ = 0;
+  // "FullyShardedDataParallel.forward" (PyTorch's wrapper forward): open from the
+  // pre-forward hook to the post-forward hook, around the module's own forward.
+  std::optional<comm::ProfilerRange> forward_range_;
   // A flat parameter whose originals all require grad post-backwards once autograd has
   // accumulated the gradient of each (installed by the first forward, armed by the
   // pre-backward): PyTorch's FSDP1 hooks its flat parameter's AccumulateGrad, whose original

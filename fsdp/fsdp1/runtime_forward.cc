@@ -203,16 +203,26 @@ std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
               "FSDP forward of '", name(), "' inside SummonFullParams: forward and backward cannot be started while ",
               "the full parameters are summoned; leave the scope first");
   std::vector<at::Tensor> out;
+  static const std::string kForward = "FullyShardedDataParallel.forward";
+  forward_range_.reset();  // a forward that threw before its post-forward
+  forward_range_.emplace(kForward);
   Guard("pre-forward", [&] { out = PreForwardImpl(std::move(args)); });
   return out;
 }
 
 void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
-  Guard("post-forward", [&] { PostForwardImpl(outputs); });
+  Guard("post-forward", [&] {
+    static const std::string kPostForward = "FullyShardedDataParallel._post_forward";
+    comm::ProfilerRange range(kPostForward);
+    PostForwardImpl(outputs);
+  });
+  forward_range_.reset();
 }
 
 std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) {
   args = RootPreForward(std::move(args));
+  static const std::string kPreForward = "FullyShardedDataParallel._pre_forward";
+  comm::ProfilerRange range(kPreForward);
   FlatParamHandle* handle = handle_.get();
   // Activation checkpointing's recomputed forward: the pre-backward unsharded already.
   if (handle && handle->training_state() == HandleTrainingState::BACKWARD_PRE) return args;
@@ -233,6 +243,8 @@ std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) 
 }
 
 std::vector<at::Tensor> FSDPState::RootPreForward(std::vector<at::Tensor> args) {
+  static const std::string kLabel = "FullyShardedDataParallel._root_pre_forward";
+  comm::ProfilerRange range(kLabel);
   LazyInit();
   TORCH_INTERNAL_ASSERT(is_root_.has_value(), "Expects a root FSDP to have been set");
   if (!*is_root_) return args;  // the wrapper path: non-roots do not cast here
@@ -273,6 +285,8 @@ void FSDPState::PreForwardUnshard() {
   // The forward reads the unsharded flat parameter (prefetched or just gathered); waiting
   // before the next prefetch keeps that all-gather overlapping with this forward.
   handle->WaitForUnshard();
+  static const std::string kLabel = "FullyShardedDataParallel._pre_forward_prefetch";
+  comm::ProfilerRange range(kLabel);
   PrefetchHandle(handle, PrefetchMode::FORWARD);
 }
 
@@ -336,6 +350,8 @@ void FSDPState::Unshard(FlatParamHandle& handle) {
     // The rate limiter: the host blocks until the oldest queued free happened on the device,
     // so that no more than two unsharded flat parameters' memory is in flight.
     if (device::EventPtr event = ctx_->free_event_queue.DequeueIfNeeded()) {
+      static const std::string kLabel = "FullyShardedDataParallel.rate_limiter";
+      comm::ProfilerRange range(kLabel);
       event->Synchronize(streams().timeout);
       ctx_->free_event_queue.CountSynchronized();
     }

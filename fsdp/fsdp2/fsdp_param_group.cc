@@ -8,7 +8,9 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/profiler_range.h"
 #include "fsdp/common/autograd_hooks.h"
 
 namespace fsdp::fsdp2 {
@@ -27,6 +29,23 @@ FSDPParamGroup::FSDPParamGroup(std::vector<at::Tensor> params, std::vector<Param
                                                        shard_dims[i], mp_policy_, offload_policy, tp_specs[i], device));
     fsdp_param_ptrs_.push_back(fsdp_params_.back().get());
   }
+  set_module_fqn("");
+}
+
+void FSDPParamGroup::set_module_fqn(std::string fqn) {
+  module_fqn_ = std::move(fqn);
+  const auto with_fqn = [&](const char* label) {
+    return module_fqn_.empty() ? std::string(label) : absl::StrCat(label, " (", module_fqn_, ")");
+  };
+  labels_.pre_forward = with_fqn("FSDP::pre_forward");
+  labels_.post_forward = with_fqn("FSDP::post_forward");
+  labels_.pre_backward = with_fqn("FSDP::pre_backward");
+  labels_.all_gather = with_fqn("FSDP::all_gather");
+  labels_.all_gather_copy_out = with_fqn("FSDP::all_gather_copy_out");
+  labels_.post_backward_reshard = with_fqn("FSDP::post_backward_reshard");
+  labels_.post_backward_reduce = with_fqn("FSDP::post_backward_reduce");
+  labels_.forward_prefetch = absl::StrCat("FSDP::forward_prefetch for ", module_fqn_);
+  labels_.backward_prefetch = absl::StrCat("FSDP::backward_prefetch for ", module_fqn_);
 }
 
 void FSDPParamGroup::InitMixedPrecisionDtypes() {
@@ -101,6 +120,7 @@ void FSDPParamGroup::Unshard(bool async_op) {
   // the all-gather streams; an explicit async_op unshard stays on the compute stream.
   const bool side_streams =
       !async_op && (training_state_ == TrainingState::kForward || training_state_ == TrainingState::kPreBackward);
+  comm::ProfilerRange range(labels_.all_gather);
   // DDP has no shard group: the "sharded" data is the full parameter, copied locally.
   all_gather_result_ =
       ForeachAllGather(fsdp_param_ptrs(), mesh_info_.shards() ? all_gather_group() : nullptr,
@@ -115,6 +135,7 @@ void FSDPParamGroup::Unshard(bool async_op) {
 
 void FSDPParamGroup::WaitForUnshard() {
   if (!all_gather_result_.has_value()) return;  // no preceding unshard
+  comm::ProfilerRange range(labels_.all_gather_copy_out);
   ForeachAllGatherCopyOut(*all_gather_result_, fsdp_param_ptrs(), *streams().current);
   for (const auto& p : fsdp_params_) p->InitUnshardedParam();
   ToUnsharded();
@@ -133,12 +154,14 @@ void FSDPParamGroup::Reshard() {
 }
 
 void FSDPParamGroup::PreForward() {
+  comm::ProfilerRange range(labels_.pre_forward);
   training_state_ = TrainingState::kForward;
   Unshard(unshard_async_op);
   WaitForUnshard();
 }
 
 void FSDPParamGroup::PostForward() {
+  comm::ProfilerRange range(labels_.post_forward);
   Reshard();
   post_forward_indices_.push_back(static_cast<int>(comm_ctx_->post_forward_order.size()));
   comm_ctx_->post_forward_order.push_back(this);
@@ -147,6 +170,7 @@ void FSDPParamGroup::PostForward() {
 
 void FSDPParamGroup::PreBackward(bool default_prefetch) {
   if (training_state_ == TrainingState::kPreBackward) return;
+  comm::ProfilerRange range(labels_.pre_backward);
   training_state_ = TrainingState::kPreBackward;
   // Counted only where the forward chose the gradient hooks (RegisterPostBackward); Arm
   // re-reads the requires_grad flags, as the user may have frozen a parameter since.
@@ -165,6 +189,7 @@ void FSDPParamGroup::PostBackward() {
   grad_countdown_.Disarm();  // when the end-of-backward callback runs it instead
   for (const auto& p : fsdp_params_) p->AccumulateUnshardedGradIfNeeded();
   if (!reduce_grads) {
+    comm::ProfilerRange range(labels_.post_backward_reshard);
     if (reshard_after_backward) Reshard();
     for (const auto& p : fsdp_params_) p->ToAccumulatedGradIfNeeded();
     return;
@@ -181,8 +206,12 @@ void FSDPParamGroup::PostBackward() {
     with_grad.push_back(p.get());
     grads.push_back(std::move(g));
   }
-  if (reshard_after_backward) Reshard();
+  if (reshard_after_backward) {
+    comm::ProfilerRange range(labels_.post_backward_reshard);
+    Reshard();
+  }
   if (with_grad.empty()) return;
+  comm::ProfilerRange range(labels_.post_backward_reduce);
   const CommStreams& s = streams();
   if (comm_ctx_) comm_ctx_->WaitForLastReduceScatter();
   WaitForPostBackward();  // an earlier backward's reduction of these gradients
@@ -236,6 +265,8 @@ void FSDPParamGroup::BackwardPrefetch() {
 }
 
 void FSDPParamGroup::PrefetchUnshard(FSDPParamGroup* target, TrainingState state) {
+  comm::ProfilerRange range(state == TrainingState::kForward ? target->labels_.forward_prefetch
+                                                             : target->labels_.backward_prefetch);
   const TrainingState old = target->training_state_;
   target->training_state_ = state;
   try {

@@ -117,7 +117,16 @@ class FSDPParamGroup {
   const std::string& module_fqn() const { return module_fqn_; }
   // Shared by the groups under one root (null before lazy init).
   FSDPCommContext* comm_ctx() const { return comm_ctx_.get(); }
-  void set_module_fqn(std::string fqn) { module_fqn_ = std::move(fqn); }
+  void set_module_fqn(std::string fqn);
+
+  // PyTorch's record_function labels of this group (_fsdp_param_group.py _with_fqn):
+  // "FSDP::pre_forward (layers.0)", without the parenthesis for the root's "".
+  struct ProfilerLabels {
+    std::string pre_forward, post_forward, pre_backward, all_gather, all_gather_copy_out, post_backward_reshard,
+        post_backward_reduce;
+    std::string forward_prefetch, backward_prefetch;  // "FSDP::forward_prefetch for layers.0": as the target
+  };
+  const ProfilerLabels& profiler_labels() const { return labels_; }
 
  private:
   void ToSharded();
@@ -142,6 +151,7 @@ class FSDPParamGroup {
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::string module_fqn_;
+  ProfilerLabels labels_;
   bool reset_sharded_params_ = false;
   c10::ScalarType orig_dtype_ = c10::ScalarType::Float;
   std::optional<c10::ScalarType> reduce_dtype_;

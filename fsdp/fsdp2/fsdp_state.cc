@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "comm/profiler_range.h"
 #include "fsdp/common/autograd_hooks.h"
 #include "fsdp/meta/meta.h"
 
@@ -140,6 +141,8 @@ void FSDPState::RootPreForward() {
   LazyInit();
   if (state_ctx_->iter_forward_root != nullptr) return;
   state_ctx_->iter_forward_root = this;
+  static const std::string kLabel = "FSDP::root_pre_forward";
+  comm::ProfilerRange range(kLabel);
   // The copy-ins read what the optimizer step wrote: on the compute stream, or where the
   // user's post-optimizer event says (set_post_optim_event; used once, as PyTorch's
   // _root_pre_forward).
@@ -206,6 +209,8 @@ std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) 
   training_state_ = TrainingState::kForward;
   if (first_in_pass) RootPreForward();
   if (mp_policy_.cast_forward_inputs && mp_policy_.param_dtype) {
+    static const std::string kLabel = "FSDP::cast_forward_inputs";
+    comm::ProfilerRange range(kLabel);
     for (auto& t : args) t = CastFloating(t, *mp_policy_.param_dtype);
   }
   if (param_group_) {
@@ -237,6 +242,8 @@ void FSDPState::RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs
 
 void FSDPState::CastOutputs(const std::vector<at::Tensor*>& outputs) const {
   if (!mp_policy_.output_dtype) return;
+  static const std::string kLabel = "FSDP::cast_forward_outputs";
+  comm::ProfilerRange range(kLabel);
   for (at::Tensor* t : outputs) *t = CastFloating(*t, *mp_policy_.output_dtype);
 }
 
@@ -290,6 +297,8 @@ void FSDPState::RegisterRootPostBackwardFinalCallback() {
 }
 
 void FSDPState::RootPostBackwardFinalCallback() {
+  static const std::string kLabel = "FSDP::root_post_backward_callback";
+  comm::ProfilerRange range(kLabel);
   FSDPStateContext& ctx = *state_ctx_;
   ctx.post_backward_final_callback_queued = false;
   // A group left incomplete by standalone calls after the forward (chunked loss) starts the

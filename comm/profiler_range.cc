@@ -1,0 +1,40 @@
+#include "comm/profiler_range.h"
+
+#include <utility>
+
+namespace fsdp::comm {
+namespace {
+
+thread_local const std::string* innermost = nullptr;
+// Whether the innermost open range found no profiler listening: ranges nested in it (an
+// FSDP pre-forward's all-gather and copy-out) skip the check, which costs as much as ATen's
+// per-op one (docs/development/benchmarks.md, instruction counts).
+thread_local bool innermost_unprofiled = false;
+
+}  // namespace
+
+// USER_SCOPE: the scope torch.profiler.record_function records under. A RecordFunction is
+// built only when callbacks want this scope (its constructor and destructor cost more than
+// the check).
+ProfilerRange::ProfilerRange(const std::string& name)
+    : enclosing_(innermost), enclosing_unprofiled_(innermost_unprofiled) {
+  bool unprofiled = true;
+  if (innermost == nullptr || !innermost_unprofiled) {
+    if (std::optional<at::StepCallbacks> callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE)) {
+      record_.emplace(std::move(*callbacks));
+      if (record_->isActive()) record_->before(name);
+      unprofiled = false;
+    }
+  }
+  innermost = &name;
+  innermost_unprofiled = unprofiled;
+}
+
+ProfilerRange::~ProfilerRange() {
+  innermost = enclosing_;
+  innermost_unprofiled = enclosing_unprofiled_;
+}
+
+const std::string* CurrentProfilerRange() { return innermost; }
+
+}  // namespace fsdp::comm
