@@ -214,8 +214,8 @@ fsdp_cc_library(//dcp:core INSTALL
 
 fsdp_cc_library(//dcp:fsdp2 ALWAYSLINK INSTALL
   SRCS fsdp2_adapter.cc
-  DEPS :core :internal //dtensor //fsdp/common //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
-       @system//:absl)
+  DEPS :core :internal //dtensor //dtensor:tensor_parallel //fsdp/common //fsdp/fsdp2
+       //fsdp/fsdp2:runtime @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:fsdp1 ALWAYSLINK INSTALL
   SRCS flat_optim.cc flat_pieces.h fsdp1_adapter.cc
@@ -231,10 +231,10 @@ fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   TAGS float_parity
   DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor
        //dtensor:tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1
-       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //fsdp/meta
-       //mesh //optim_state:core //optim_state:fsdp2 //testing:allocation_counter
-       //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch @system//:absl
-       @system//:gtest_main)
+       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models
+       //fsdp/hooked_module //fsdp/meta //mesh //optim_state:core //optim_state:fsdp2
+       //testing:allocation_counter //testing:expect_error //testing:multi_rank //testing:test_dir
+       @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:adapter_test SIZE small
   SRCS adapter_test.cc

@@ -20,7 +20,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "dcp/adapter.h"
 #include "dcp/plan.h"
+#include "dcp/tp_adapter.h"
 #include "dtensor/dtensor_spec.h"
+#include "dtensor/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/state_dict.h"
 
@@ -118,12 +120,21 @@ class Fsdp2Param : public ShardedParam {
   fsdp2::FSDPParam& p_;
 };
 
+// Tensor-parallel parameters outside every fully_shard (e.g. a parallelized head next to
+// fully_shard'ed blocks) are their DTensor boxes, as a TP-only model's (tp_adapter.h).
 class Fsdp2Adapter : public ModelAdapter {
  public:
-  explicit Fsdp2Adapter(torch::nn::Module& model) {
-    absl::flat_hash_map<const c10::TensorImpl*, const Fsdp2Param*> by_impl;
+  Fsdp2Adapter(torch::nn::Module& model, const char* caller) {
+    absl::flat_hash_map<const c10::TensorImpl*, const ShardedParam*> by_impl;
+    const auto tp_specs = dtensor::DistributedParameterSpecs(model);
     for (const fsdp2::NamedParameter& p : fsdp2::NamedParameters(model)) {  // reshards
-      if (p.fsdp_param == nullptr) continue;
+      if (p.fsdp_param == nullptr) {
+        const auto spec = tp_specs.find(p.param.unsafeGetTensorImpl());
+        if (spec == tp_specs.end() || by_impl.contains(p.param.unsafeGetTensorImpl())) continue;
+        params_.push_back(MakeTensorParallelParam(spec->second, p.param, p.fqn, caller));
+        by_impl.emplace(p.param.unsafeGetTensorImpl(), params_.back().get());
+        continue;
+      }
       if (world_ == nullptr) {
         world_ = p.fsdp_param->sharding_spec().mesh->world();
         device_ = p.fsdp_param->device();
@@ -148,12 +159,12 @@ class Fsdp2Adapter : public ModelAdapter {
  private:
   comm::ProcessGroupPtr world_;
   c10::Device device_{c10::kCPU};
-  std::vector<std::unique_ptr<Fsdp2Param>> params_;
-  std::map<std::string, const Fsdp2Param*> by_fqn_;
+  std::vector<std::unique_ptr<ShardedParam>> params_;
+  std::map<std::string, const ShardedParam*> by_fqn_;
 };
 
 std::unique_ptr<ModelAdapter> MakeFsdp2Adapter(torch::nn::Module& model, const char* caller) {
-  return std::make_unique<Fsdp2Adapter>(model);
+  return std::make_unique<Fsdp2Adapter>(model, caller);
 }
 
 const bool kFsdp2AdapterRegistered = RegisterModelAdapter("fully_shard", &MakeFsdp2Adapter);

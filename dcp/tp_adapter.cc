@@ -52,7 +52,7 @@ class TensorParallelAdapter : public ModelAdapter {
   TensorParallelAdapter(torch::nn::Module& model,
                         const absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec>& specs,
                         const char* caller) {
-    std::map<const c10::TensorImpl*, const TensorParallelParam*> made;  // tied: one per tensor
+    std::map<const c10::TensorImpl*, const ShardedParam*> made;  // tied: one per tensor
     for (const auto& item : model.named_parameters(/*recurse=*/true)) {
       const at::Tensor& p = item.value();
       const auto spec = p.defined() ? specs.find(p.unsafeGetTensorImpl()) : specs.end();
@@ -60,15 +60,12 @@ class TensorParallelAdapter : public ModelAdapter {
       auto [it, added] = made.emplace(p.unsafeGetTensorImpl(), nullptr);
       if (added) {
         const dtensor::DTensorSpec& s = spec->second;
-        TORCH_CHECK(p.sizes() == c10::IntArrayRef(s.local_shape()), caller, ": tensor-parallel parameter '",
-                    item.key(), "' has shape ", p.sizes(), ", but its spec ", s.ToString(), " gives this rank ",
-                    c10::IntArrayRef(s.local_shape()));
+        params_.push_back(MakeTensorParallelParam(s, p, item.key(), caller));
         const comm::ProcessGroupPtr& w = s.mesh->world();
         TORCH_CHECK(world_ == nullptr || world_.get() == w.get(), caller,
                     ": the model's tensor-parallel parameters live on meshes of different worlds ('", item.key(),
                     "')");
         world_ = w;
-        params_.push_back(std::make_unique<TensorParallelParam>(s, p));
         it->second = params_.back().get();
       }
       by_name_.emplace(item.key(), it->second);
@@ -83,11 +80,19 @@ class TensorParallelAdapter : public ModelAdapter {
 
  private:
   comm::ProcessGroupPtr world_;
-  std::vector<std::unique_ptr<TensorParallelParam>> params_;
+  std::vector<std::unique_ptr<ShardedParam>> params_;
   std::map<std::string, const ShardedParam*> by_name_;
 };
 
 }  // namespace
+
+std::unique_ptr<ShardedParam> MakeTensorParallelParam(const dtensor::DTensorSpec& spec, const at::Tensor& param,
+                                                      const std::string& fqn, const char* caller) {
+  TORCH_CHECK(param.sizes() == c10::IntArrayRef(spec.local_shape()), caller, ": tensor-parallel parameter '", fqn,
+              "' has shape ", param.sizes(), ", but its spec ", spec.ToString(), " gives this rank ",
+              c10::IntArrayRef(spec.local_shape()));
+  return std::make_unique<TensorParallelParam>(spec, param);
+}
 
 std::unique_ptr<ModelAdapter> MakeTensorParallelAdapter(torch::nn::Module& model, const char* caller) {
   const auto specs = dtensor::DistributedParameterSpecs(model);

@@ -9,14 +9,25 @@
 #ifndef FSDP_DCP_TP_ADAPTER_H_
 #define FSDP_DCP_TP_ADAPTER_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <memory>
+#include <string>
 
 #include "dcp/adapter.h"
+#include "dtensor/dtensor_spec.h"
 
 namespace fsdp::dcp::internal {
 
 // Null when the model has no such parameters.
 std::unique_ptr<ModelAdapter> MakeTensorParallelAdapter(torch::nn::Module& model, const char* caller);
+
+// One tensor-parallel parameter (`fqn`, laid out by `spec`) as the boxes it holds of the
+// global tensor: for FSDP adapters, whose models may hold tensor-parallel modules outside
+// every fully_shard. Throws (starting with `caller`) when its shape is not the spec's
+// local shape.
+std::unique_ptr<ShardedParam> MakeTensorParallelParam(const dtensor::DTensorSpec& spec, const at::Tensor& param,
+                                                      const std::string& fqn, const char* caller);
 
 }  // namespace fsdp::dcp::internal
 

@@ -4,6 +4,14 @@
 // spec's offsets) and into one plain Net (every tensor whole, equal to the reference).
 #include "dcp/dcp_test_trainees.h"
 
+#include <torch/nn/modules/linear.h>
+
+#include <mutex>
+
+#include "dtensor/parallel_style.h"
+#include "dtensor/parallelize_module.h"
+#include "fsdp/hooked_module/hooked_module.h"
+
 namespace fsdp::dcp {
 namespace {
 
@@ -125,6 +133,61 @@ TEST(DcpTensorParallel, OptimizerStateReshardsWithTheParameters) {
     }
     EXPECT_GT(sharded, 0);
   });
+}
+
+// An FSDP model with a tensor-parallel module outside every fully_shard (fully_shard'ed
+// blocks, a parallelized head, no root fully_shard) on dp 2 x tp 2: the head is saved as its
+// DTensor boxes (not as each rank's local columns under the global name) and the checkpoint
+// loads at dp 1 x tp 4 and dp 4 x tp 1, every full tensor equal bitwise.
+struct HeadNetImpl : torch::nn::Module {
+  HeadNetImpl()
+      : block(register_module("block", Hooked<torch::nn::LinearImpl>(8, 8))),
+        head(register_module("head", Hooked<torch::nn::LinearImpl>(8, 6))) {}
+  at::Tensor forward(const at::Tensor& x) { return head(block(x)); }
+  Hooked<torch::nn::LinearImpl> block, head;
+};
+using HeadNet = Hooked<HeadNetImpl>;
+
+HeadNet MakeHeadNet(const mesh::DeviceMeshPtr& mesh, double seed) {
+  HeadNet model;
+  {
+    at::NoGradGuard no_grad;
+    int k = 0;
+    for (auto& p : model->parameters()) p.copy_(at::sin(at::arange(p.numel(), at::kFloat) * seed + (++k)).view(p.sizes()));
+  }
+  dtensor::parallelize_module(*model, (*mesh)["tp"], {{"head", dtensor::ColwiseParallel()}});
+  fsdp2::fully_shard(model->block.ptr(), {.mesh = (*mesh)["dp"]});
+  return model;
+}
+
+TEST(DcpTensorParallel, AModuleOutsideFullyShardKeepsItsLayout) {
+  const std::string dir = NewDir("fsdp_with_tp_head");
+  checkpoint::TensorDict saved;
+  std::mutex mu;
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+    HeadNet model = MakeHeadNet(mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"}), 0.3);
+    checkpoint::TensorDict full = fsdp2::GetFullStateDict(*model);
+    Save(*model, nullptr, dir);
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg->rank() == 0) saved = std::move(full);
+  });
+  const checkpoint::DcpMetadata md = checkpoint::ReadMetadata(dir);
+  const checkpoint::DcpEntry* head = md.Find("model.head.weight");
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->size, (std::vector<int64_t>{6, 8}));
+  ASSERT_EQ(saved.find("head.weight")->sizes(), (c10::IntArrayRef{6, 8}));
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1, 4}, std::vector<int64_t>{4, 1}}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+      HeadNet model = MakeHeadNet(mesh::DeviceMesh::Create(pg, shape, {"dp", "tp"}), -1.7);
+      Load(*model, nullptr, dir);
+      const checkpoint::TensorDict full = fsdp2::GetFullStateDict(*model);
+      for (const auto& item : saved) {
+        ASSERT_NE(full.find(item.key()), nullptr) << item.key();
+        EXPECT_TRUE(at::equal(*full.find(item.key()), item.value()))
+            << item.key() << " at dp " << shape[0] << " x tp " << shape[1];
+      }
+    });
+  }
 }
 
 }  // namespace
