@@ -447,9 +447,9 @@ fsdp_cc_library(//fsdp/fsdp2:fsdp2_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
        meta_init_test.cc parity_test.cc state_dict_test.cc
   DEPS :fsdp2 :runtime :test_models //comm //comm:faulty //device //dtensor
-       //dtensor:tensor_parallel //fsdp/common //fsdp/meta //mesh //testing:allocation_counter
-       //testing:expect_error //testing:float_tolerance //testing:multi_rank //testing:test_dir
-       @libtorch @system//:absl @system//:gtest)
+       //dtensor:tensor_parallel //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh
+       //testing:allocation_counter //testing:expect_error //testing:float_tolerance
+       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/fsdp2:fsdp2_test SIZE medium
   TAGS float_parity

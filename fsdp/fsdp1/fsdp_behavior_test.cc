@@ -7,6 +7,7 @@
 #include <torch/optim/adamw.h>
 
 #include <compare>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -467,6 +468,24 @@ TEST(Fsdp1Behavior, ErrorPaths) {
       EXPECT_ERROR_CONTAINS(root.register_comm_hook([](auto&, auto&, auto&) {}),
                             "Communication hook is not supported for hybrid strategies: HYBRID_SHARD");
     }
+  });
+}
+
+// The non-finite sentinel (FSDPOptions::detect_nonfinite_grads): an Inf in rank 0's input
+// makes rank 0's unreduced gradients non-finite from the input layer on; both ranks' backward
+// fails with one line naming the first such parameter in module order (the root's `in`), the
+// rank and the step; the clean step before it passes.
+TEST(Fsdp1Behavior, NonfiniteSentinelNamesTheParameterTheRankAndTheStep) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    Net model;
+    InitDeterministic(*model);
+    WrapNested(model, {.process_group = pg, .detect_nonfinite_grads = true});
+    const at::Tensor x = Batch(0, 4, 3, 1);
+    model(x).sum().backward();  // step 1: finite
+    at::Tensor bad = x.clone();
+    if (pg->rank() == 0) bad[0][0] = std::numeric_limits<float>::infinity();
+    EXPECT_ERROR_CONTAINS(model(bad).sum().backward(),
+                          "'in.weight' held NaN or Inf in its unreduced gradient on rank(s) 0 at backward step 2");
   });
 }
 

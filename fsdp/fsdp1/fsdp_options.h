@@ -115,6 +115,13 @@ struct FSDPOptions {
   // wrapped (children first), so one unit is whole at a time. Required when meta tensors are
   // present (LibTorch modules share no reset_parameters(), which PyTorch falls back to).
   std::function<void(torch::nn::Module&)> param_init_fn;
+  // The non-finite gradient sentinel (no PyTorch counterpart; off by default). On: before
+  // reducing, each original parameter's part of the unreduced flat gradient gets a NaN/Inf
+  // flag, and the root's end-of-backward callback all-gathers the flags over its process
+  // group once; any flag fails every rank's backward with one c10::Error naming the first
+  // such parameter (module order), the group ranks whose unreduced gradient held it, and the
+  // backward step. Give every wrap_fsdp of a tree the same value.
+  bool detect_nonfinite_grads = false;
   // PyTorch's sync_module_states (torch/distributed/fsdp/_init_utils.py,
   // _sync_module_params_and_buffers): at wrap time, after deferred init and before
   // flattening, rank 0 of the process group broadcasts the parameters this FSDP module manages

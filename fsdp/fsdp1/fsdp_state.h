@@ -76,6 +76,8 @@ struct FSDPRuntimeContext {
   // flat parameters may be unsharded and gradients partially reduced, so every later FSDP
   // call of the tree fails with it (fsdp::FSDPStateBase::Guard / CheckNotPoisoned).
   std::string poisoned_by;
+  // End-of-backward callbacks run so far (the step the non-finite sentinel names, from 1).
+  int64_t backward_steps = 0;
 };
 
 // Attached to its module as a forward hook (fsdp/hooked_module/hooked_module.h); the module's hook
@@ -163,6 +165,10 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   void OnPostBackwardFunction();
   void PostBackwardHook();
   void PostBackwardReshard();
+  // FSDPOptions::detect_nonfinite_grads: flags `fp`'s unreduced gradient per original
+  // parameter; the root's final callback all-gathers every state's flags and throws on any.
+  void FlagNonfiniteGradients(const FlatParameter& fp);
+  void CheckNonfiniteGradients();
   bool ShouldFreeInBackward() const;
   void ReduceGrad();
   void RegisterPostBackwardFinalCallback();
@@ -192,6 +198,9 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   // "FullyShardedDataParallel.forward" (PyTorch's wrapper forward): open from the
   // pre-forward hook to the post-forward hook, around the module's own forward.
   std::optional<comm::ProfilerRange> forward_range_;
+  // FSDPOptions::detect_nonfinite_grads: one flag per original parameter of the last
+  // unreduced gradient (undefined when none was reduced since the last check).
+  at::Tensor nonfinite_flags_;
   // A flat parameter whose originals all require grad post-backwards once autograd has
   // accumulated the gradient of each (installed by the first forward, armed by the
   // pre-backward): PyTorch's FSDP1 hooks its flat parameter's AccumulateGrad, whose original

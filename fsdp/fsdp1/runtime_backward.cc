@@ -6,6 +6,10 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
 #include "fsdp/common/autograd_hooks.h"
 #include "fsdp/fsdp1/fsdp_state.h"
 
@@ -93,12 +97,59 @@ void FSDPState::PostBackwardHook() {
   if (!fp.param.grad().defined()) return;  // the catch-all reshard in the final callback
   fp.post_backward_called = true;
   TORCH_CHECK(!fp.param.grad().requires_grad(), "FSDP does not support gradients of gradients");
+  if (sync_gradients && options_.detect_nonfinite_grads) FlagNonfiniteGradients(fp);
   PostBackwardReshard();
   if (!sync_gradients) {
     if (handle->use_orig_params()) handle->UseUnshardedGradViews();
     return;
   }
   ReduceGrad();
+}
+
+void FSDPState::FlagNonfiniteGradients(const FlatParameter& fp) {
+  // The unsharded flat gradient's segments, padding skipped: one per original parameter.
+  const at::Tensor grad = fp.param.grad().reshape({-1});
+  std::vector<at::Tensor> flags;
+  int64_t offset = 0;
+  for (size_t i = 0; i < fp.numels_with_padding.size(); ++i) {
+    const int64_t n = fp.numels_with_padding[i];
+    // A NaN or Inf element makes the sum non-finite; one read, no per-element flags.
+    if (!fp.is_padding_mask[i]) flags.push_back(at::logical_not(at::isfinite(grad.narrow(0, offset, n).sum())));
+    offset += n;
+  }
+  nonfinite_flags_ = at::stack(flags);
+}
+
+void FSDPState::CheckNonfiniteGradients() {
+  std::vector<std::string> fqns;
+  std::vector<at::Tensor> flags;
+  for (FSDPState* s : ctx_->all_states) {
+    FlatParamHandle* h = s->handle_.get();
+    if (h == nullptr || !s->options_.detect_nonfinite_grads) continue;
+    const FlatParameter& fp = h->flat_param();
+    at::Tensor f = std::move(s->nonfinite_flags_);
+    s->nonfinite_flags_ = at::Tensor();
+    const int64_t n = static_cast<int64_t>(fp.fqns.size());
+    flags.push_back(f.defined() ? f.to(at::kCPU).to(at::kByte) : at::zeros({n}, at::kByte));
+    // The root's FQNs are its module's own (its state's name is "<root>").
+    const bool root = s->is_root_.value_or(false) || s->fqn_.empty();
+    for (const std::string& fqn : fp.fqns) fqns.push_back(root ? fqn : s->fqn_ + "." + fqn);
+  }
+  if (fqns.empty()) return;
+  const at::Tensor mine = at::cat(flags).contiguous();
+  at::Tensor all = at::empty({process_group_->size(), mine.numel()}, mine.options());
+  process_group_->all_gather_into_tensor(all, mine)->wait();
+  const at::Tensor any = all.sum(0) > 0;
+  const int64_t affected = any.sum().item<int64_t>();
+  if (affected == 0) return;
+  const int64_t first = any.nonzero()[0][0].item<int64_t>();
+  std::vector<std::string> ranks;
+  for (int64_t r = 0; r < process_group_->size(); ++r) {
+    if (all[r][first].item<uint8_t>() != 0) ranks.push_back(std::to_string(r));
+  }
+  TORCH_CHECK(false, "Non-finite gradient (FSDPOptions::detect_nonfinite_grads): '", fqns[first],
+              "' held NaN or Inf in its unreduced gradient on rank(s) ", absl::StrJoin(ranks, ", "), " at backward step ",
+              ctx_->backward_steps, " (the first in module order of ", affected, " such parameter(s))");
 }
 
 void FSDPState::PostBackwardReshard() {
@@ -150,6 +201,7 @@ void FSDPState::PostBackwardFinalCallback() {
   }
   // The sharded gradients are read from here on (accumulation, optimizer).
   WaitForPostBackwardStreams();
+  ++ctx_->backward_steps;
   for (FSDPState* s : ctx_->all_states) {
     FlatParamHandle* h = s->handle_.get();
     s->pending_post_backward_ = 0;
@@ -168,6 +220,7 @@ void FSDPState::PostBackwardFinalCallback() {
   }
   // Reset for cases like one forward and several backwards.
   post_backward_callback_queued_ = false;
+  CheckNonfiniteGradients();  // last: the states are idle, the gradients final
 }
 
 void FSDPState::WaitForPostBackwardStreams() {

@@ -4,9 +4,11 @@
 // optimizer) into a new model on new groups continues exactly as uninterrupted training.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include <chrono>
+#include <limits>
 #include <mutex>
 
 #include "absl/strings/match.h"
@@ -14,6 +16,7 @@
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -124,6 +127,47 @@ INSTANTIATE_TEST_SUITE_P(
                                 true,
                                 "injected fault"}),
     [](const ::testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.name); });
+
+// The non-finite sentinel (FullyShardOptions::detect_nonfinite_grads): a NaN put into rank
+// 1's unreduced gradient of one parameter (a tensor hook on it, which runs before FSDP takes
+// the gradient) fails both ranks' backward with one line naming the parameter, the rank and
+// the step; a clean step before it passes, and without the option nothing is checked.
+struct PairImpl : torch::nn::Module {
+  PairImpl()
+      : l0(register_module("l0", Hooked<torch::nn::LinearImpl>(4, 4))),
+        l1(register_module("l1", Hooked<torch::nn::LinearImpl>(4, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return l1(l0(x)); }
+  Hooked<torch::nn::LinearImpl> l0, l1;
+};
+using Pair = Hooked<PairImpl>;
+
+TEST(NonfiniteSentinel, NamesTheParameterTheRankAndTheStep) {
+  for (const bool detect : {true, false}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+      Pair model;
+      const FullyShardOptions options{.mesh = mesh::DeviceMesh::Create(pg, {2}), .detect_nonfinite_grads = detect};
+      fully_shard(model->l0.ptr(), options);
+      fully_shard(model->l1.ptr(), options);
+      fully_shard(model.ptr(), options);
+      const at::Tensor x = at::ones({2, 4});
+      model(x).sum().backward();  // step 1: finite
+      bool poison = false;
+      model->l1->bias.register_hook([&](const at::Tensor& g) {
+        if (!poison || pg->rank() != 1) return g;
+        at::Tensor bad = g.clone();
+        bad[0] = std::numeric_limits<float>::quiet_NaN();
+        return bad;
+      });
+      poison = true;
+      if (!detect) {
+        model(x).sum().backward();  // nothing is checked
+        return;
+      }
+      EXPECT_ERROR_CONTAINS(model(x).sum().backward(),
+                            "'l1.bias' held NaN or Inf in its unreduced gradient on rank(s) 1 at backward step 2");
+    });
+  }
+}
 
 }  // namespace
 }  // namespace fsdp::fsdp2

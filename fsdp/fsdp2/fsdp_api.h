@@ -74,6 +74,14 @@ struct FullyShardOptions {
   // FSDP_CPU_STREAMS ("inline", "async", "async:<microseconds>") overrides it, for debugging
   // (device::ApplyStreamEnvOverride).
   device::StreamOptions stream_options;
+  // The non-finite gradient sentinel (no PyTorch counterpart; off by default). On: before
+  // reducing, each parameter's unreduced gradient gets a NaN/Inf flag (on its device, no host
+  // sync), and the end-of-backward callback, where the host already waits for the
+  // reductions, all-gathers the flags over the world once; any flag fails every rank's
+  // backward with one c10::Error naming the first such parameter (module order), the ranks
+  // whose unreduced gradient held it, and the backward step. Set it on every fully_shard
+  // call alike (it is per parameter group).
+  bool detect_nonfinite_grads = false;
 };
 
 }  // namespace fsdp::fsdp2

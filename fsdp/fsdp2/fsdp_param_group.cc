@@ -206,6 +206,20 @@ void FSDPParamGroup::PostBackward() {
     with_grad.push_back(p.get());
     grads.push_back(std::move(g));
   }
+  if (detect_nonfinite_grads && !with_grad.empty()) {
+    std::vector<at::Tensor> flags;
+    flags.reserve(fsdp_params_.size());
+    size_t k = 0;
+    for (const auto& p : fsdp_params_) {
+      if (k < with_grad.size() && with_grad[k] == p.get()) {
+        // A NaN or Inf element makes the sum non-finite; one read, no per-element flags.
+        flags.push_back(at::logical_not(at::isfinite(grads[k++].sum())));
+      } else {
+        flags.push_back(at::zeros({}, grads[0].options().dtype(at::kBool)));
+      }
+    }
+    nonfinite_flags_ = at::stack(flags);
+  }
   if (reshard_after_backward) {
     comm::ProfilerRange range(labels_.post_backward_reshard);
     Reshard();

@@ -96,6 +96,11 @@ class FSDPParamGroup {
   bool all_reduce_grads = true;
   bool reshard_after_backward = true;
   bool unshard_in_backward = true;
+  // FullyShardOptions::detect_nonfinite_grads.
+  bool detect_nonfinite_grads = false;
+  // One flag per FSDP parameter (bool, the gradients' device): whether its last unreduced
+  // gradient held a NaN or Inf; undefined when no reduction ran since the last take.
+  at::Tensor TakeNonfiniteFlags() { return std::move(nonfinite_flags_); }
   bool unshard_async_op = false;
   std::optional<double> gradient_divide_factor;
   bool force_sum_reduction_for_comms = false;
@@ -158,6 +163,7 @@ class FSDPParamGroup {
   std::vector<int> post_forward_indices_;
   std::optional<AllGatherResult> all_gather_result_;
   at::Tensor partial_reduce_output_;
+  at::Tensor nonfinite_flags_;
   device::EventPtr post_reduce_event_;
   // The post-backward trigger: the parameters' gradient countdown (installed by the first
   // RegisterPostBackward in grad mode) and whether the last forward chose it over the node.

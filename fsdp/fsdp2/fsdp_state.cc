@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_join.h"
 #include "comm/profiler_range.h"
 #include "fsdp/common/autograd_hooks.h"
 #include "fsdp/meta/meta.h"
@@ -317,6 +318,39 @@ void FSDPState::RootPostBackwardFinalCallback() {
     comm_ctx_->post_forward_order.clear();
     comm_ctx_->WaitForLastReduceScatter();
   }
+  ++ctx.backward_steps;
+  CheckNonfiniteGradients();
+}
+
+void FSDPState::CheckNonfiniteGradients() {
+  std::vector<std::string> fqns;
+  std::vector<at::Tensor> flags;
+  comm::ProcessGroupPtr world;
+  for (FSDPState* state : state_ctx_->all_states) {
+    FSDPParamGroup* group = state->param_group_.get();
+    if (group == nullptr || !group->detect_nonfinite_grads) continue;
+    at::Tensor f = group->TakeNonfiniteFlags();
+    const int64_t n = static_cast<int64_t>(group->fsdp_params().size());
+    // The host waits here once per backward (on a GPU, for the flags of every group).
+    flags.push_back(f.defined() ? f.to(at::kCPU).to(at::kByte) : at::zeros({n}, at::kByte));
+    for (const auto& p : group->fsdp_params()) fqns.push_back(p->fqn());
+    if (world == nullptr) world = group->mesh_info().mesh->world();
+  }
+  if (fqns.empty()) return;
+  const at::Tensor mine = at::cat(flags).contiguous();
+  at::Tensor all = at::empty({world->size(), mine.numel()}, mine.options());
+  world->all_gather_into_tensor(all, mine)->wait();
+  const at::Tensor any = all.sum(0);
+  const int64_t affected = (any > 0).sum().item<int64_t>();
+  if (affected == 0) return;
+  const int64_t first = (any > 0).nonzero()[0][0].item<int64_t>();
+  std::vector<std::string> ranks;
+  for (int64_t r = 0; r < world->size(); ++r) {
+    if (all[r][first].item<uint8_t>() != 0) ranks.push_back(std::to_string(r));
+  }
+  TORCH_CHECK(false, "Non-finite gradient (FullyShardOptions::detect_nonfinite_grads): '", fqns[first],
+              "' held NaN or Inf in its unreduced gradient on rank(s) ", absl::StrJoin(ranks, ", "), " at backward step ",
+              state_ctx_->backward_steps, " (the first in module order of ", affected, " such parameter(s))");
 }
 
 }  // namespace fsdp::fsdp2

@@ -27,6 +27,8 @@ struct FSDPStateContext {
   // FSDPModule::set_post_optim_event: the next root pre-forward waits the all-gather
   // streams on it instead of on the compute stream, then clears it (_fsdp_state.py).
   device::EventPtr post_optim_event;
+  // End-of-backward callbacks run so far (the step the non-finite sentinel names, from 1).
+  int64_t backward_steps = 0;
 };
 
 // Attached to its module as a forward hook (fsdp/hooked_module/hooked_module.h); the module's hook
@@ -84,6 +86,8 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
   void PreBackward();
   void RegisterRootPostBackwardFinalCallback();
   void RootPostBackwardFinalCallback();
+  // FullyShardOptions::detect_nonfinite_grads: all-gathers the groups' flags, throws on any.
+  void CheckNonfiniteGradients();
   void RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs);
   void CastOutputs(const std::vector<at::Tensor*>& outputs) const;
   void ForceCompleteIncompleteStates(const std::vector<at::Tensor*>& outputs);

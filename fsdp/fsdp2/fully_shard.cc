@@ -31,6 +31,7 @@ FSDPState* FullyShardImpl(const std::vector<std::shared_ptr<torch::nn::Module>>&
                                                   params.shard_dims, options.mp_policy, options.offload_policy,
                                                   params.tp_specs, options.device);
     internal::InitAllGatherExtensions(*group, options.mp_policy);
+    group->detect_nonfinite_grads = options.detect_nonfinite_grads;
     state->set_param_group(std::move(group));
   }
   internal::RegisterForwardHooks(roots, state);
