@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,7 @@ struct Target {
   at::Tensor param;
   FSDPParam* fsdp_param = nullptr;
   const dtensor::DTensorSpec* tp_spec = nullptr;
+  std::string name;  // its first FQN under the root, for errors
 };
 
 // The gradients whose norms reduce over the same process groups, and the value to reduce:
@@ -291,6 +293,45 @@ void ScaleGrads(const std::vector<at::Tensor>& grads, const at::Tensor& total, d
   }
 }
 
+// PyTorch's error_if_nonfinite message, and (a sentinel PyTorch lacks) the first parameter
+// whose gradient is non-finite and the ranks holding it: collective over the world of the
+// first sharded parameter (every rank gets here: they share the total).
+[[noreturn]] void ThrowNonfinite(const std::vector<Target>& targets, double value, double norm_type) {
+  const int64_t n = static_cast<int64_t>(targets.size());
+  at::Tensor flags = at::zeros({n}, at::kByte);
+  comm::ProcessGroupPtr world;
+  for (int64_t i = 0; i < n; ++i) {
+    const Target& t = targets[i];
+    if (world == nullptr && t.fsdp_param != nullptr) world = t.fsdp_param->sharding_spec().mesh->world();
+    if (world == nullptr && t.tp_spec != nullptr) world = t.tp_spec->mesh->world();
+    const at::Tensor g = GradOf(t);
+    // A NaN or Inf element makes the sum non-finite.
+    if (g.defined() && !at::isfinite(g.sum()).item<bool>()) flags[i] = 1;
+  }
+  at::Tensor all = flags.unsqueeze(0);
+  if (world != nullptr && world->size() > 1) {
+    all = at::empty({world->size(), n}, at::kByte);
+    world->all_gather_into_tensor(all, flags)->wait();
+  }
+  std::string culprit;
+  const at::Tensor any = all.sum(0) > 0;
+  if (any.any().item<bool>()) {
+    const int64_t first = any.nonzero()[0][0].item<int64_t>();
+    std::vector<std::string> ranks;
+    for (int64_t r = 0; r < all.size(0); ++r) {
+      if (all[r][first].item<uint8_t>() != 0) ranks.push_back(world ? std::to_string(r) : "this rank");
+    }
+    culprit = absl::StrCat(" The first parameter with a non-finite gradient: '", targets[first].name, "' (rank(s) ",
+                           absl::StrJoin(ranks, ", "), " hold it).");
+  }
+  TORCH_CHECK(false, kCaller, ": the total norm of order ", norm_type, " for gradients from `parameters` is non-finite (",
+              value,
+              "), so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
+              "anyway, set error_if_nonfinite=false.",
+              culprit);
+  std::abort();  // unreachable
+}
+
 at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, double norm_type, bool error_if_nonfinite,
                         std::optional<bool> foreach) {
   at::NoGradGuard no_grad;
@@ -304,10 +345,7 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
   if (error_if_nonfinite) {
     // Every rank holds the same total, so every rank throws (no rank is left in a collective).
     const double value = total.item<double>();
-    TORCH_CHECK(std::isfinite(value), kCaller, ": the total norm of order ", norm_type,
-                " for gradients from `parameters` is non-finite (", value,
-                "), so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
-                "anyway, set error_if_nonfinite=false");
+    if (!std::isfinite(value)) ThrowNonfinite(targets, value, norm_type);
   }
   ScaleGrads(grouped.grads, total, max_norm, foreach);
   return total;
@@ -321,9 +359,13 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm
   const Layouts layouts{ManagedParams(root), dtensor::DistributedParameterSpecs(root)};
   std::vector<Target> targets;
   absl::flat_hash_set<const c10::TensorImpl*> seen;
-  for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
     // Tied parameters are listed under each name; their one gradient is clipped once.
-    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(layouts, p));
+    const at::Tensor& p = item.value();
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) {
+      targets.push_back(MakeTarget(layouts, p));
+      targets.back().name = item.key();
+    }
   }
   return ClipGradNorm(targets, max_norm, norm_type, error_if_nonfinite, foreach);
 }
@@ -332,9 +374,9 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor
                            double norm_type, bool error_if_nonfinite, std::optional<bool> foreach) {
   CheckArguments(max_norm, norm_type);
   const Layouts layouts{ManagedParams(root), dtensor::DistributedParameterSpecs(root)};
-  absl::flat_hash_set<const c10::TensorImpl*> in_root;
-  for (const at::Tensor& p : root.parameters(/*recurse=*/true)) {
-    if (p.defined()) in_root.insert(p.unsafeGetTensorImpl());
+  absl::flat_hash_map<const c10::TensorImpl*, std::string> in_root;  // first names
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    if (item.value().defined()) in_root.emplace(item.value().unsafeGetTensorImpl(), item.key());
   }
   std::vector<Target> targets;
   absl::flat_hash_set<const c10::TensorImpl*> seen;
@@ -345,7 +387,10 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor
     // as whole would be the silent local-norm bug this function exists to avoid.
     TORCH_CHECK(in_root.contains(p.unsafeGetTensorImpl()), kCaller, ": parameters[", i, "] (shape ",
                 c10::str(c10::IntArrayRef(p.sizes())), ") is not a parameter of the root module");
-    if (seen.insert(p.unsafeGetTensorImpl()).second) targets.push_back(MakeTarget(layouts, p));
+    if (seen.insert(p.unsafeGetTensorImpl()).second) {
+      targets.push_back(MakeTarget(layouts, p));
+      targets.back().name = in_root.at(p.unsafeGetTensorImpl());
+    }
   }
   return ClipGradNorm(targets, max_norm, norm_type, error_if_nonfinite, foreach);
 }

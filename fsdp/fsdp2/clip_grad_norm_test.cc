@@ -387,6 +387,9 @@ TEST(ClipGradNorm, Errors) {
     EXPECT_ERROR_CONTAINS(clip_grad_norm_(*model, kClip, 2.0, /*error_if_nonfinite=*/true),
                           "clip_grad_norm_: the total norm of order 2 for gradients from `parameters` is non-finite "
                           "(nan), so it cannot be clipped");
+    // ... and names the parameter and the rank whose shard holds the NaN.
+    EXPECT_ERROR_CONTAINS(clip_grad_norm_(*model, kClip, 2.0, /*error_if_nonfinite=*/true),
+                          "The first parameter with a non-finite gradient: 'block0.fc2.weight' (rank(s) 1 hold it)");
     const auto after = model->parameters();
     for (size_t i = 0; i < after.size(); ++i) {
       EXPECT_TRUE(at::allclose(after[i].grad(), before[i], 0, 0, /*equal_nan=*/true)) << i;
