@@ -8,15 +8,15 @@ plain (raw), batch 8, one intra-op thread, as rank 0 of 4 on PyTorch's fake proc
 Prints one line per block count and side, "PEER <fsdp|raw> <blocks> <median step seconds>",
 taking the median over REPETITIONS timed runs of enough steps for ~0.2 s each.
 """
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from step_timing import median_step_seconds
 
 WORLD, DIM, BATCH = 4, 4, 8
 
@@ -28,26 +28,7 @@ def step_seconds(blocks, fsdp, repetitions):
         for layer in net:
             fully_shard(layer)
         fully_shard(net)
-    opt = torch.optim.SGD(net.parameters(), lr=1e-4)
-    x = torch.randn(BATCH, DIM)
-
-    def step():
-        net(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
-
-    for _ in range(3):  # lazy init, allocator warm-up
-        step()
-    t0 = time.perf_counter()
-    step()
-    steps = max(1, int(0.2 / max(time.perf_counter() - t0, 1e-6)))
-    times = []
-    for _ in range(repetitions):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        times.append((time.perf_counter() - t0) / steps)
-    return statistics.median(times)
+    return median_step_seconds(net, torch.randn(BATCH, DIM), repetitions)
 
 
 def main():

@@ -8,9 +8,7 @@ as rank 0 of a tp mesh of 4 on PyTorch's fake process group
 
 Prints one line per block count and side, "PEER <tp|raw> <blocks> <median step seconds>".
 """
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +16,8 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from step_timing import median_step_seconds
 
 TP, DIM, BATCH = 4, 8, 8
 
@@ -41,26 +41,7 @@ def step_seconds(blocks, tp, repetitions, mesh):
     if tp:
         parallelize_module(net, mesh, {f"l{i}": ColwiseParallel() if i % 2 == 0 else RowwiseParallel()
                                        for i in range(blocks)})
-    opt = torch.optim.SGD(net.parameters(), lr=1e-4)
-    x = torch.randn(BATCH, DIM)
-
-    def step():
-        net(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
-
-    for _ in range(3):
-        step()
-    t0 = time.perf_counter()
-    step()
-    steps = max(1, int(0.2 / max(time.perf_counter() - t0, 1e-6)))
-    times = []
-    for _ in range(repetitions):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        times.append((time.perf_counter() - t0) / steps)
-    return statistics.median(times)
+    return median_step_seconds(net, torch.randn(BATCH, DIM), repetitions)
 
 
 def main():

@@ -36,8 +36,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "testing", "golden"))
 import golden_common as gc  # noqa: E402
-from hf_llama_reference import (LR, MAX_NORM, WEIGHT_DECAY, build_model, save_hf_init, tokens_for,  # noqa: E402
-                                train)
+from hf_llama_reference import (LR, WEIGHT_DECAY, build_model, distributed_reference, finish_step,  # noqa: E402
+                                save_hf_init, tokens_for, train)
 
 GLOBAL_BATCH = 8
 HEADS, KV_HEADS = 8, 4  # llama_training.h TwoDReferenceConfig: whole heads at tp = 4
@@ -98,21 +98,11 @@ def worker(rank, dp, tp, steps, out_dir, store, dtype):
             counts[kind] = counts.get(kind, 0) + n
         for k in KINDS:
             comms[k].append(counts.get(k, 0))
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        opt.step()
-        opt.zero_grad()
-        total = (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).detach().clone()
-        dist.all_reduce(total)
-        losses.append(total.item() / world)
-        norms.append(norm.item())
+        finish_step(model, opt, loss, losses, norms)
     final = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
-        out = {"tokens": torch.stack([tokens_for(s, GLOBAL_BATCH) for s in range(steps)]),
-               "losses": torch.tensor(losses, dtype=torch.float64),
-               "grad_norms": torch.tensor(norms, dtype=torch.float64)}
+        out = distributed_reference(steps, GLOBAL_BATCH, losses, norms, final)
         out.update({"comms." + k: torch.tensor(v, dtype=torch.int64) for k, v in comms.items()})
-        out.update({"final." + k: v.detach().clone() for k, v in final.items()})
         torch.save(out, os.path.join(out_dir, f"reference_{str(dtype).split('.')[-1]}.pt"))
         print("losses", losses)
         print("grad_norms", norms)

@@ -32,8 +32,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_llama_reference import (LR, MAX_NORM, WEIGHT_DECAY, build_model, save_hf_init, tokens_for,  # noqa: E402
-                                train)
+from hf_llama_reference import (LR, WEIGHT_DECAY, build_model, distributed_reference, finish_step,  # noqa: E402
+                                save_hf_init, tokens_for, train)
 
 GLOBAL_BATCH = 8  # divisible by 1, 2, 4 and 8
 
@@ -57,21 +57,10 @@ def worker(rank, world, steps, out_dir, store):
         ids = tokens_for(step, GLOBAL_BATCH)[rank * rows:(rank + 1) * rows]
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        opt.step()
-        opt.zero_grad()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(total.item() / world)
-        norms.append(norm.item())
+        finish_step(model, opt, loss, losses, norms)
     final = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
-        out = {"tokens": torch.stack([tokens_for(s, GLOBAL_BATCH) for s in range(steps)]),
-               "losses": torch.tensor(losses, dtype=torch.float64),
-               "grad_norms": torch.tensor(norms, dtype=torch.float64)}
-        out.update({"final." + k: v.detach().clone() for k, v in final.items()})
-        torch.save(out, os.path.join(out_dir, "reference.pt"))
+        torch.save(distributed_reference(steps, GLOBAL_BATCH, losses, norms, final), os.path.join(out_dir, "reference.pt"))
         print("losses", losses)
         print("grad_norms", norms)
     dist.barrier()  # both ranks done before either tears its group down (as dcp/testdata/*_interop.py)

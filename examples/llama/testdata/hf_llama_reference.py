@@ -100,6 +100,32 @@ def train(steps, batch, dtype=torch.float32, row_parts=1, record_step0=False, he
     return out
 
 
+
+def finish_step(model, opt, loss, losses, norms):
+    """A distributed rank's end of a step: clip_grad_norm_ (on DTensor gradients: the global
+    norm), the AdamW step, zero_grad; appends the global loss (the mean of every rank's,
+    which for tensor-parallel ranks of one batch slice is that slice's) and the norm."""
+    import torch.distributed as dist
+
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    opt.step()
+    opt.zero_grad()
+    total = (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).detach().clone()
+    dist.all_reduce(total)
+    losses.append(total.item() / dist.get_world_size())
+    norms.append(norm.item())
+
+
+def distributed_reference(steps, global_batch, losses, norms, final):
+    """The reference.pt keys of a distributed run: its tokens, per-step losses and grad norms,
+    and the final full state dict."""
+    out = {"tokens": torch.stack([tokens_for(s, global_batch) for s in range(steps)]),
+           "losses": torch.tensor(losses, dtype=torch.float64),
+           "grad_norms": torch.tensor(norms, dtype=torch.float64)}
+    out.update({"final." + k: v.detach().clone() for k, v in final.items()})
+    return out
+
 def save_hf_init(model, out_dir):
     """`model` as save_pretrained writes it, in several files (max_shard_size) and an index."""
     from transformers.utils import logging as hf_logging
