@@ -367,8 +367,9 @@ fsdp_cc_test(//fsdp/activation_checkpointing:activation_checkpointing_test SIZE 
 
 # ================================================================ //fsdp/common
 fsdp_cc_library(//fsdp/common INSTALL
-  SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc sharding.cc storage.cc
-  HDRS autograd_hooks.h flat_layout.h fsdp_state_base.h grad_divide.h sharding.h storage.h
+  SRCS autograd_hooks.cc flat_layout.cc fsdp_state_base.cc nonfinite.cc sharding.cc storage.cc
+  HDRS autograd_hooks.h flat_layout.h fsdp_state_base.h grad_divide.h nonfinite.h sharding.h
+       storage.h
   DEPS //fsdp/hooked_module //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/common:test_models TESTONLY

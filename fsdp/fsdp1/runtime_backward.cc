@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_join.h"
 #include "fsdp/common/autograd_hooks.h"
+#include "fsdp/common/nonfinite.h"
 #include "fsdp/fsdp1/fsdp_state.h"
 
 namespace fsdp::fsdp1 {
@@ -139,17 +139,11 @@ void FSDPState::CheckNonfiniteGradients() {
   const at::Tensor mine = at::cat(flags).contiguous();
   at::Tensor all = at::empty({process_group_->size(), mine.numel()}, mine.options());
   process_group_->all_gather_into_tensor(all, mine)->wait();
-  const at::Tensor any = all.sum(0) > 0;
-  const int64_t affected = any.sum().item<int64_t>();
-  if (affected == 0) return;
-  const int64_t first = any.nonzero()[0][0].item<int64_t>();
-  std::vector<std::string> ranks;
-  for (int64_t r = 0; r < process_group_->size(); ++r) {
-    if (all[r][first].item<uint8_t>() != 0) ranks.push_back(std::to_string(r));
-  }
-  TORCH_CHECK(false, "Non-finite gradient (FSDPOptions::detect_nonfinite_grads): '", fqns[first],
-              "' held NaN or Inf in its unreduced gradient on rank(s) ", absl::StrJoin(ranks, ", "), " at backward step ",
-              ctx_->backward_steps, " (the first in module order of ", affected, " such parameter(s))");
+  const std::optional<NonfiniteVerdict> verdict = JudgeNonfinite(all, fqns);
+  TORCH_CHECK(!verdict, "Non-finite gradient (FSDPOptions::detect_nonfinite_grads): ",
+              verdict->Describe("held NaN or Inf in its unreduced gradient"), " at backward step ",
+              ctx_->backward_steps, " (the first in module order of ", verdict->flagged_parameters,
+              " such parameter(s))");
 }
 
 void FSDPState::PostBackwardReshard() {

@@ -19,10 +19,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "comm/process_group.h"
 #include "dtensor/dtensor_spec.h"
 #include "dtensor/tensor_parallel.h"
+#include "fsdp/common/nonfinite.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 
@@ -313,16 +313,13 @@ void ScaleGrads(const std::vector<at::Tensor>& grads, const at::Tensor& total, d
     all = at::empty({world->size(), n}, at::kByte);
     world->all_gather_into_tensor(all, flags)->wait();
   }
+  std::vector<std::string> names;
+  for (const Target& t : targets) names.push_back(t.name);
   std::string culprit;
-  const at::Tensor any = all.sum(0) > 0;
-  if (any.any().item<bool>()) {
-    const int64_t first = any.nonzero()[0][0].item<int64_t>();
-    std::vector<std::string> ranks;
-    for (int64_t r = 0; r < all.size(0); ++r) {
-      if (all[r][first].item<uint8_t>() != 0) ranks.push_back(world ? std::to_string(r) : "this rank");
-    }
-    culprit = absl::StrCat(" The first parameter with a non-finite gradient: '", targets[first].name, "' (rank(s) ",
-                           absl::StrJoin(ranks, ", "), " hold it).");
+  if (const std::optional<NonfiniteVerdict> verdict = JudgeNonfinite(all, names)) {
+    culprit = world ? absl::StrCat(" The first parameter with a non-finite gradient: ",
+                                   verdict->Describe("(its shard)"), ".")
+                    : absl::StrCat(" The first parameter with a non-finite gradient: '", verdict->fqn, "'.");
   }
   TORCH_CHECK(false, kCaller, ": the total norm of order ", norm_type, " for gradients from `parameters` is non-finite (",
               value,

@@ -389,7 +389,7 @@ TEST(ClipGradNorm, Errors) {
                           "(nan), so it cannot be clipped");
     // ... and names the parameter and the rank whose shard holds the NaN.
     EXPECT_ERROR_CONTAINS(clip_grad_norm_(*model, kClip, 2.0, /*error_if_nonfinite=*/true),
-                          "The first parameter with a non-finite gradient: 'block0.fc2.weight' (rank(s) 1 hold it)");
+                          "The first parameter with a non-finite gradient: 'block0.fc2.weight' (its shard) on rank(s) 1");
     const auto after = model->parameters();
     for (size_t i = 0; i < after.size(); ++i) {
       EXPECT_TRUE(at::allclose(after[i].grad(), before[i], 0, 0, /*equal_nan=*/true)) << i;

@@ -10,9 +10,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/str_join.h"
 #include "comm/profiler_range.h"
 #include "fsdp/common/autograd_hooks.h"
+#include "fsdp/common/nonfinite.h"
 #include "fsdp/meta/meta.h"
 
 namespace fsdp::fsdp2 {
@@ -340,17 +340,11 @@ void FSDPState::CheckNonfiniteGradients() {
   const at::Tensor mine = at::cat(flags).contiguous();
   at::Tensor all = at::empty({world->size(), mine.numel()}, mine.options());
   world->all_gather_into_tensor(all, mine)->wait();
-  const at::Tensor any = all.sum(0);
-  const int64_t affected = (any > 0).sum().item<int64_t>();
-  if (affected == 0) return;
-  const int64_t first = (any > 0).nonzero()[0][0].item<int64_t>();
-  std::vector<std::string> ranks;
-  for (int64_t r = 0; r < world->size(); ++r) {
-    if (all[r][first].item<uint8_t>() != 0) ranks.push_back(std::to_string(r));
-  }
-  TORCH_CHECK(false, "Non-finite gradient (FullyShardOptions::detect_nonfinite_grads): '", fqns[first],
-              "' held NaN or Inf in its unreduced gradient on rank(s) ", absl::StrJoin(ranks, ", "), " at backward step ",
-              state_ctx_->backward_steps, " (the first in module order of ", affected, " such parameter(s))");
+  const std::optional<NonfiniteVerdict> verdict = JudgeNonfinite(all, fqns);
+  TORCH_CHECK(!verdict, "Non-finite gradient (FullyShardOptions::detect_nonfinite_grads): ",
+              verdict->Describe("held NaN or Inf in its unreduced gradient"), " at backward step ",
+              state_ctx_->backward_steps, " (the first in module order of ", verdict->flagged_parameters,
+              " such parameter(s))");
 }
 
 }  // namespace fsdp::fsdp2
