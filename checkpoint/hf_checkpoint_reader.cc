@@ -115,6 +115,7 @@ int64_t ParseHfSize(const std::string& text, const std::string& what) {
     return static_cast<int64_t>(value * scale);
   }
   TORCH_CHECK(false, what, ": '", text, "' is not a size (a number and one of TB, GB, MB, KB, or a byte count)");
+  return 0;  // unreachable: TORCH_CHECK(false) throws
 }
 
 HfCheckpointReader::HfCheckpointReader(std::string dir, std::string caller)

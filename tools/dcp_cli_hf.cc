@@ -77,6 +77,7 @@ at::ScalarType ParseDtype(const std::string& name) {
   if (n == "f32" || n == "fp32" || n == "float32" || n == "float") return at::kFloat;
   if (n == "f64" || n == "fp64" || n == "float64" || n == "double") return at::kDouble;
   TORCH_CHECK(false, "--dtype: '", name, "' is not a floating-point dtype (bf16, f16, f32, f64)");
+  return at::kFloat;  // unreachable: TORCH_CHECK(false) throws
 }
 
 void ListHuggingFace(const std::string& dir, std::ostream& out) {
