@@ -28,8 +28,8 @@
 #include "bench/step_slope.h"
 #include "comm/fake_process_group.h"
 #include "comm/main_guard.h"
-#include "dtensor/parallel_style.h"
-#include "dtensor/parallelize_module.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 

@@ -11,15 +11,15 @@
 # and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
-#     //dtensor:tensor_parallel_test //env:environment_test //examples:restart_test
+#     //env:environment_test //examples:restart_test
 #     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
-#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //testing:testing_test
-#     //tests:cross_package_test //tools:fsdp_memory_test
+#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //tensor_parallel:tensor_parallel_test
+#     //testing:testing_test //tests:cross_package_test //tools:fsdp_memory_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
-#   //dtensor: tensor_parallel_test (DTensor under Colwise/Rowwise parallel vs one rank; 1 TU,
-#     dtensor_test is 4)
+#   //dtensor: no smoke test (dtensor_test is 4 TUs; //tensor_parallel's smoke test runs DTensor's
+#     redistributes under the parallel styles)
 #   //optim_state: no smoke test (its one test target (6 files) trains both FSDPs at several world
 #     sizes)
 #   //tests/peer: no smoke test (runs against the peer PyTorch: skips without it, minutes with it)
@@ -60,7 +60,7 @@ fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
 
 fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH PCH aten
   SRCS dtensor_bench.cc
-  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //dtensor:tensor_parallel
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //tensor_parallel
        //fsdp/hooked_module //mesh @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_library(//bench:step_slope TESTONLY OPTION FSDP_BUILD_BENCH
@@ -69,7 +69,7 @@ fsdp_cc_library(//bench:step_slope TESTONLY OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_binary(//bench:tp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS tp_bench.cc
-  DEPS :linear_stack :pair_flags :step_slope //comm //comm:main_guard //dtensor:tensor_parallel
+  DEPS :linear_stack :pair_flags :step_slope //comm //comm:main_guard //tensor_parallel
        //fsdp/hooked_module //mesh @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:fsdp2_bench TESTONLY OPTION FSDP_BUILD_BENCH
@@ -202,8 +202,8 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
 fsdp_cc_library(//dcp:internal INSTALL
   SRCS adapter.cc collectives.cc plan.cc state_items.cc tp_adapter.cc
   HDRS adapter.h collectives.h plan.h state_items.h tp_adapter.h
-  DEPS //checkpoint:dcp //comm //dtensor //dtensor:tensor_parallel //fsdp/common
-       //fsdp/hooked_module //optim_state:core @libtorch @system//:absl)
+  DEPS //checkpoint:dcp //comm //dtensor //tensor_parallel //fsdp/common //fsdp/hooked_module
+       //optim_state:core @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:core INSTALL
   SRCS checkpoint_dirs.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc load_job.h
@@ -214,8 +214,8 @@ fsdp_cc_library(//dcp:core INSTALL
 
 fsdp_cc_library(//dcp:fsdp2 ALWAYSLINK INSTALL
   SRCS fsdp2_adapter.cc
-  DEPS :core :internal //dtensor //dtensor:tensor_parallel //fsdp/common //fsdp/fsdp2
-       //fsdp/fsdp2:runtime @libtorch @system//:absl)
+  DEPS :core :internal //dtensor //tensor_parallel //fsdp/common //fsdp/fsdp2 //fsdp/fsdp2:runtime
+       @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:fsdp1 ALWAYSLINK INSTALL
   SRCS flat_optim.cc flat_pieces.h fsdp1_adapter.cc
@@ -229,12 +229,11 @@ fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
        hf_test.cc large_model_test.cc tp_test.cc
   TAGS float_parity
-  DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor
-       //dtensor:tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1
-       //fsdp/fsdp1:runtime //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models
-       //fsdp/hooked_module //fsdp/meta //mesh //optim_state:core //optim_state:fsdp2
-       //testing:allocation_counter //testing:expect_error //testing:multi_rank //testing:test_dir
-       @libtorch @system//:absl @system//:gtest_main)
+  DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor //tensor_parallel
+       //fsdp/common //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime //fsdp/fsdp2
+       //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //fsdp/hooked_module //fsdp/meta //mesh
+       //optim_state:core //optim_state:fsdp2 //testing:allocation_counter //testing:expect_error
+       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:adapter_test SIZE small
   SRCS adapter_test.cc
@@ -275,19 +274,6 @@ fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
   TAGS float_parity
   DEPS :dtensor //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
-
-fsdp_cc_library(//dtensor:tensor_parallel INSTALL
-  SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
-       tensor_parallel.cc
-  HDRS local_annotation.h loss_parallel.h parallel_style.h parallelize_module.h tensor_parallel.h
-  DEPS :dtensor //comm //fsdp/hooked_module //mesh @libtorch @system//:absl)
-
-fsdp_cc_test(//dtensor:tensor_parallel_test SIZE medium SMOKE
-  SRCS parallel_style_test.cc tensor_parallel_test.cc
-  DATA testdata/golden_tensor_parallel.txt
-  TAGS float_parity
-  DEPS :dtensor :tensor_parallel //comm //fsdp/hooked_module //mesh //testing:expect_error
-       //testing:golden_file //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //env
 fsdp_cc_library(//env INSTALL PCH none
@@ -335,7 +321,7 @@ fsdp_cc_library(//examples/llama
 fsdp_cc_library(//examples/llama:llama_training
   SRCS llama_training.cc
   HDRS llama_training.h
-  DEPS :llama //checkpoint //comm //dcp:core //dtensor //dtensor:tensor_parallel
+  DEPS :llama //checkpoint //comm //dcp:core //dtensor //tensor_parallel
        //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh @libtorch)
 
 fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
@@ -431,7 +417,7 @@ fsdp_cc_library(//fsdp/fsdp2 INSTALL
   SRCS auto_wrap.cc clip_grad_norm.cc fsdp_init.cc fsdp_init.h fully_shard.cc meta_init.cc
        state_dict.cc
   HDRS auto_wrap.h clip_grad_norm.h fully_shard.h meta_init.h state_dict.h
-  DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:tensor_parallel //fsdp/common
+  DEPS :api :runtime //checkpoint //comm //dtensor //tensor_parallel //fsdp/common
        //fsdp/hooked_module //fsdp/meta //mesh @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/fsdp2:api INSTALL
@@ -441,16 +427,16 @@ fsdp_cc_library(//fsdp/fsdp2:api INSTALL
 fsdp_cc_library(//fsdp/fsdp2:runtime INSTALL
   SRCS fsdp_collectives.cc fsdp_param.cc fsdp_param_group.cc fsdp_state.cc mesh_info.cc
   HDRS fsdp_collectives.h fsdp_param.h fsdp_param_group.h fsdp_state.h mesh_info.h training_state.h
-  DEPS :api //comm //device //dtensor //dtensor:tensor_parallel //fsdp/common //fsdp/hooked_module
+  DEPS :api //comm //device //dtensor //tensor_parallel //fsdp/common //fsdp/hooked_module
        //fsdp/meta //mesh @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/fsdp2:fsdp2_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
        meta_init_test.cc parity_test.cc state_dict_test.cc
-  DEPS :fsdp2 :runtime :test_models //comm //comm:faulty //device //dtensor
-       //dtensor:tensor_parallel //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh
-       //testing:allocation_counter //testing:expect_error //testing:float_tolerance
-       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
+  DEPS :fsdp2 :runtime :test_models //comm //comm:faulty //device //dtensor //tensor_parallel
+       //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh //testing:allocation_counter
+       //testing:expect_error //testing:float_tolerance //testing:multi_rank //testing:test_dir
+       @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/fsdp2:fsdp2_test SIZE medium
   TAGS float_parity
@@ -463,14 +449,13 @@ fsdp_cc_test(//fsdp/fsdp2:fsdp2_async_streams_test SIZE medium
 
 fsdp_cc_library(//fsdp/fsdp2:test_models TESTONLY
   HDRS test_models.h
-  DEPS //dtensor //dtensor:tensor_parallel //fsdp/common:test_models //mesh :fsdp2 @libtorch
-       @system//:absl)
+  DEPS //dtensor //tensor_parallel //fsdp/common:test_models //mesh :fsdp2 @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/fsdp2:golden_test SIZE medium SMOKE
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
   DATA testdata/*.txt
   TAGS float_parity
-  DEPS :fsdp2 :runtime //comm //dtensor //dtensor:tensor_parallel //mesh //testing:golden_file
+  DEPS :fsdp2 :runtime //comm //dtensor //tensor_parallel //mesh //testing:golden_file
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/hooked_module
@@ -559,19 +544,32 @@ fsdp_cc_library(//optim_state:fsdp1 INSTALL
 fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
-  DEPS :core //dtensor //dtensor:tensor_parallel //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
-       @system//:absl)
+  DEPS :core //dtensor //tensor_parallel //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch @system//:absl)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   SRCS fault_test.cc fsdp1_fault_test.cc fsdp1_orig_params_optim_test.cc optim_state_test.cc
        optimizer_adapter_test.cc param_group_matching_test.cc tensor_parallel_optim_test.cc
   TAGS float_parity
-  DEPS :core :fsdp1 :fsdp2 //checkpoint //comm //comm:faulty //dtensor:tensor_parallel
+  DEPS :core :fsdp1 :fsdp2 //checkpoint //comm //comm:faulty //tensor_parallel
        //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models //fsdp/fsdp1:runtime
        //fsdp/fsdp2 //fsdp/fsdp2:test_models //fsdp/hooked_module //mesh
        //testing:allocation_counter //testing:expect_error //testing:fault_injection
        //testing:float_tolerance //testing:multi_rank //testing:test_dir @libtorch @system//:absl
        @system//:gtest_main)
+
+# ================================================================ //tensor_parallel
+fsdp_cc_library(//tensor_parallel INSTALL
+  SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
+       tensor_parallel.cc
+  HDRS local_annotation.h loss_parallel.h parallel_style.h parallelize_module.h tensor_parallel.h
+  DEPS //comm //dtensor //fsdp/hooked_module //mesh @libtorch @system//:absl)
+
+fsdp_cc_test(//tensor_parallel:tensor_parallel_test SIZE medium SMOKE
+  SRCS parallel_style_test.cc tensor_parallel_test.cc
+  DATA testdata/golden_tensor_parallel.txt
+  TAGS float_parity
+  DEPS :tensor_parallel //comm //dtensor //fsdp/hooked_module //mesh //testing:expect_error
+       //testing:golden_file //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //testing
 fsdp_cc_library(//testing:multi_rank TESTONLY PCH aten

@@ -28,7 +28,7 @@
 #include "checkpoint/file_io.h"
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp2_optim_state.h"

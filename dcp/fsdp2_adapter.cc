@@ -22,7 +22,7 @@
 #include "dcp/plan.h"
 #include "dcp/tp_adapter.h"
 #include "dtensor/dtensor_spec.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/state_dict.h"
 

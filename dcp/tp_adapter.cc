@@ -19,7 +19,7 @@
 #include "dcp/plan.h"
 #include "dcp/tp_adapter.h"
 #include "dtensor/dtensor.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 
 namespace fsdp::dcp::internal {
 namespace {

@@ -8,8 +8,8 @@
 
 #include <mutex>
 
-#include "dtensor/parallel_style.h"
-#include "dtensor/parallelize_module.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp::dcp {

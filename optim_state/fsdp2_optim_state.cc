@@ -5,7 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "dtensor/dtensor.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/state_dict.h"
 

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <string>
 
-#include "dtensor/parallel_style.h"
-#include "dtensor/parallelize_module.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp2_optim_state.h"

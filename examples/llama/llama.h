@@ -53,7 +53,7 @@ struct LlamaConfig {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
 
-// The layers are fsdp::Hooked modules so that parallel styles (dtensor/parallel_style.h) and
+// The layers are fsdp::Hooked modules so that parallel styles (tensor_parallel/parallel_style.h) and
 // FSDP can attach to them; with no hooks each is exactly its torch::nn module.
 using Linear = Hooked<torch::nn::LinearImpl>;
 using Embedding = Hooked<torch::nn::EmbeddingImpl>;

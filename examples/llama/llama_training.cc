@@ -7,10 +7,10 @@
 #include <string>
 
 #include "dcp/hf.h"
-#include "dtensor/local_annotation.h"
-#include "dtensor/loss_parallel.h"
-#include "dtensor/parallel_style.h"
-#include "dtensor/parallelize_module.h"
+#include "tensor_parallel/local_annotation.h"
+#include "tensor_parallel/loss_parallel.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fully_shard.h"

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
 #include "dtensor/dtensor_spec.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/common/nonfinite.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/fsdp_state.h"

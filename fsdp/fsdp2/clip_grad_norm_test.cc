@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/fully_shard.h"

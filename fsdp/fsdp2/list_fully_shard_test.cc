@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/test_models.h"

@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
-#include "dtensor/parallel_style.h"
-#include "dtensor/parallelize_module.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"

@@ -16,7 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/tensor_dict_file.h"
 #include "dtensor/dtensor.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/meta/meta.h"
 

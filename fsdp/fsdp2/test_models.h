@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/common/test_models.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "mesh/device_mesh.h"

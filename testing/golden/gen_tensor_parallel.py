@@ -4,9 +4,9 @@ Run with the peer venv's python (`./x golden` does): CPU only, all ranks simulat
 process by LocalTensorMode over PyTorch's fake process group (golden_common.simulated_world),
 so the styles, redistributes and collectives are PyTorch's own code. Writes
 
-  dtensor/testdata/golden_tensor_parallel.txt   read by dtensor/parallel_style_test.cc
+  tensor_parallel/testdata/golden_tensor_parallel.txt   read by tensor_parallel/parallel_style_test.cc
 
-Each case builds a small float64 model (the same models in C++: dtensor/parallel_style_test.cc),
+Each case builds a small float64 model (the same models in C++: tensor_parallel/parallel_style_test.cc),
 sets its parameters by the rule below, applies a plan with parallelize_module, runs one
 forward and one backward, and records what every rank sees. Regenerating reproduces the file
 byte for byte.
@@ -64,7 +64,7 @@ A loss case (F.cross_entropy under loss_parallel(), logits DTensor Shard(1) of [
   ingrad <rank> <shape> <values>      the logits' local gradient (backward of loss.sum())
 """
 
-GOLDEN = "dtensor/testdata/golden_tensor_parallel.txt"
+GOLDEN = "tensor_parallel/testdata/golden_tensor_parallel.txt"
 
 
 def P(token):

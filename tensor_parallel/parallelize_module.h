@@ -13,8 +13,8 @@
 // matches no module is an error naming it (PyTorch warns and skips the entry; a typo in a
 // plan would leave a block unsharded), raised before any module changes; a module a style
 // cannot take is an error naming its FQN and the style.
-#ifndef FSDP_DTENSOR_PARALLELIZE_MODULE_H_
-#define FSDP_DTENSOR_PARALLELIZE_MODULE_H_
+#ifndef FSDP_TENSOR_PARALLEL_PARALLELIZE_MODULE_H_
+#define FSDP_TENSOR_PARALLEL_PARALLELIZE_MODULE_H_
 
 #include <torch/nn/module.h>
 
@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/parallel_style.h"
+#include "tensor_parallel/parallel_style.h"
 #include "mesh/device_mesh.h"
 
 namespace fsdp::dtensor {
@@ -45,4 +45,4 @@ bool FnMatch(const std::string& pattern, const std::string& name);
 
 }  // namespace fsdp::dtensor
 
-#endif  // FSDP_DTENSOR_PARALLELIZE_MODULE_H_
+#endif  // FSDP_TENSOR_PARALLEL_PARALLELIZE_MODULE_H_

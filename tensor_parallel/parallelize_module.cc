@@ -1,4 +1,4 @@
-#include "dtensor/parallelize_module.h"
+#include "tensor_parallel/parallelize_module.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

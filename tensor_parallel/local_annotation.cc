@@ -1,4 +1,4 @@
-#include "dtensor/local_annotation.h"
+#include "tensor_parallel/local_annotation.h"
 
 #include <c10/util/intrusive_ptr.h>
 

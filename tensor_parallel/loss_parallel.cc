@@ -1,4 +1,4 @@
-#include "dtensor/loss_parallel.h"
+#include "tensor_parallel/loss_parallel.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

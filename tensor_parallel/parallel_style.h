@@ -12,7 +12,7 @@
 // forward sees and returns local tensors; what PyTorch carries in a DTensor travels beside
 // them:
 //   * with use_local_output = false a style's output is a local tensor annotated with its
-//     DTensor layout (dtensor/local_annotation.h); a later style treats an annotated input
+//     DTensor layout (tensor_parallel/local_annotation.h); a later style treats an annotated input
 //     as PyTorch treats a DTensor input (its own layout wins over input_layouts), and
 //     AsDTensor(tensor) returns it (e.g. for LossParallelCrossEntropy);
 //   * the gradient layout is fixed per style, as DTensor's sharding rules make it: the
@@ -34,8 +34,8 @@
 // name the module's FQN: a module that runs no hooks, a module type a style cannot take,
 // a mesh that is not 1-D, an input or output count that differs from the layouts given.
 // The hooks are not thread-safe (one module, one forward at a time), as FSDP's.
-#ifndef FSDP_DTENSOR_PARALLEL_STYLE_H_
-#define FSDP_DTENSOR_PARALLEL_STYLE_H_
+#ifndef FSDP_TENSOR_PARALLEL_PARALLEL_STYLE_H_
+#define FSDP_TENSOR_PARALLEL_PARALLEL_STYLE_H_
 
 #include <torch/nn/module.h>
 
@@ -121,4 +121,4 @@ ParallelStylePtr PrepareModuleInputOutput(PrepareModuleInputOutputOptions option
 
 }  // namespace fsdp::dtensor
 
-#endif  // FSDP_DTENSOR_PARALLEL_STYLE_H_
+#endif  // FSDP_TENSOR_PARALLEL_PARALLEL_STYLE_H_

@@ -19,8 +19,8 @@
 // reduction kMean is defined on a 1-D mesh only (PyTorch's restriction). Errors
 // (c10::Error) name the argument and its bad value; a target index out of [0, C) other
 // than ignore_index is an error. Collective over the class dim's group.
-#ifndef FSDP_DTENSOR_LOSS_PARALLEL_H_
-#define FSDP_DTENSOR_LOSS_PARALLEL_H_
+#ifndef FSDP_TENSOR_PARALLEL_LOSS_PARALLEL_H_
+#define FSDP_TENSOR_PARALLEL_LOSS_PARALLEL_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -43,4 +43,4 @@ at::Tensor loss_parallel_cross_entropy(const DTensor& logits, const at::Tensor& 
 
 }  // namespace fsdp::dtensor
 
-#endif  // FSDP_DTENSOR_LOSS_PARALLEL_H_
+#endif  // FSDP_TENSOR_PARALLEL_LOSS_PARALLEL_H_

@@ -23,11 +23,11 @@
 #include "absl/strings/str_split.h"
 #include "comm/comm_trace.h"
 #include "dtensor/dtensor.h"
-#include "dtensor/local_annotation.h"
-#include "dtensor/loss_parallel.h"
-#include "dtensor/parallel_style.h"
-#include "dtensor/parallelize_module.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/local_annotation.h"
+#include "tensor_parallel/loss_parallel.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
@@ -202,7 +202,7 @@ RankValues Values(const GoldenFields& f, size_t at) { return {GoldenInts(f.at(at
 
 std::vector<Case> ReadCorpus() {
   std::vector<Case> cases;
-  for (const GoldenFields& f : ::fsdp::testing::ReadGoldenFile("dtensor/testdata/golden_tensor_parallel.txt")) {
+  for (const GoldenFields& f : ::fsdp::testing::ReadGoldenFile("tensor_parallel/testdata/golden_tensor_parallel.txt")) {
     const std::string& kind = f.at(0);
     if (kind == "case") {
       Case c;
@@ -325,7 +325,7 @@ class CaseRun {
     auto backward = Counts(*trace_);
     CheckComms("forward", forward, c_.forward_comms);
     // PyTorch leaves a Partial parameter gradient to be reduced later (optimizer, clip,
-    // FSDP); ours is reduced as it accumulates (dtensor/parallel_style.h).
+    // FSDP); ours is reduced as it accumulates (tensor_parallel/parallel_style.h).
     auto expected_backward = c_.backward_comms;
     for (const auto& p : c_.pgrads) expected_backward["all_reduce"] += p.placement == "P(sum)" ? 1 : 0;
     CheckComms("backward", backward, expected_backward);

@@ -1,7 +1,7 @@
 // Tensor parallelism for torch::nn::Linear: PyTorch's ColwiseParallel / RowwiseParallel
 // (torch/distributed/tensor/parallel/style.py) as a module that holds this rank's shard.
-#ifndef FSDP_DTENSOR_TENSOR_PARALLEL_H_
-#define FSDP_DTENSOR_TENSOR_PARALLEL_H_
+#ifndef FSDP_TENSOR_PARALLEL_TENSOR_PARALLEL_H_
+#define FSDP_TENSOR_PARALLEL_TENSOR_PARALLEL_H_
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -32,7 +32,7 @@ class DistributedParameterModule {
 };
 
 // The DistributedParameterModule of `module`: the module itself, or the forward hook a
-// parallel style attached to it (dtensor/parallel_style.h); null if neither.
+// parallel style attached to it (tensor_parallel/parallel_style.h); null if neither.
 const DistributedParameterModule* FindDistributedParameters(torch::nn::Module& module);
 
 // The spec of every parameter of a DistributedParameterModule in root's module tree (root
@@ -102,4 +102,4 @@ TensorParallelLinear ParallelizeLinear(const torch::nn::Linear& linear, mesh::De
 
 }  // namespace fsdp::dtensor
 
-#endif  // FSDP_DTENSOR_TENSOR_PARALLEL_H_
+#endif  // FSDP_TENSOR_PARALLEL_TENSOR_PARALLEL_H_

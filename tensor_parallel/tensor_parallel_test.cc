@@ -2,7 +2,7 @@
 // output, input gradient and every parameter gradient (each rank's local gradient is its
 // torch.chunk of the full one), on real multi-rank backends with even, uneven and empty
 // shards.
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/tensor_parallel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

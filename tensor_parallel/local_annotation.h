@@ -5,8 +5,8 @@
 // Contract: an annotation lives as long as its tensor (weakly held) and only on the thread
 // that made it (each rank's forward runs on one thread; the ranks of the threaded backend
 // are threads, and must not see each other's). Not an owner of anything.
-#ifndef FSDP_DTENSOR_LOCAL_ANNOTATION_H_
-#define FSDP_DTENSOR_LOCAL_ANNOTATION_H_
+#ifndef FSDP_TENSOR_PARALLEL_LOCAL_ANNOTATION_H_
+#define FSDP_TENSOR_PARALLEL_LOCAL_ANNOTATION_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -32,4 +32,4 @@ std::optional<DTensor> AsDTensor(const at::Tensor& local);
 
 }  // namespace fsdp::dtensor
 
-#endif  // FSDP_DTENSOR_LOCAL_ANNOTATION_H_
+#endif  // FSDP_TENSOR_PARALLEL_LOCAL_ANNOTATION_H_

@@ -1,6 +1,6 @@
 // The styles of torch/distributed/tensor/parallel/style.py as forward hooks over local
-// tensors (the layout rules: dtensor/parallel_style.h).
-#include "dtensor/parallel_style.h"
+// tensors (the layout rules: tensor_parallel/parallel_style.h).
+#include "tensor_parallel/parallel_style.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dtensor/dtensor.h"
-#include "dtensor/local_annotation.h"
-#include "dtensor/tensor_parallel.h"
+#include "tensor_parallel/local_annotation.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp::dtensor {
