@@ -6,7 +6,7 @@
 //   comm_ms     the step's collectives replayed raw: the same ops, sizes and reductions,
 //               recorded by a CommTrace during a step, issued directly on the process group;
 //   overhead_ms step - compute - comm: FSDP's own CPU cost (bookkeeping, copies, hooks).
-// Memory (max over ranks, bytes; see bench/peak_memory.h), measured as bench/peer/e2e_peer.py
+// Memory (max over ranks, bytes; see metrics/allocation_window.h), measured as bench/peer/e2e_peer.py
 // measures PyTorch:
 //   rss_base / rss_peak  resident set before building the model / high-water mark after the
 //                        timed steps (getrusage ru_maxrss);
@@ -48,13 +48,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "bench/peak_memory.h"
 #include "comm/comm_trace.h"
 #include "comm/init_process_group.h"
 #include "comm/main_guard.h"
 #include "fsdp/fsdp1/fully_sharded_data_parallel.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/hooked_module/hooked_module.h"
+#include "metrics/allocation_window.h"
 #include "tools/fsdp_memory.h"
 #include "tools/fsdp_plan_lib.h"
 
@@ -232,11 +232,11 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version, c10::Device device, 
   };
   auto max_over_ranks = [&](double v) { return MaxOverRanks(*world, v, device); };
 
-  const double rss_base = max_over_ranks(fsdp::bench::RssBytes());
+  const double rss_base = max_over_ranks(fsdp::metrics::RssBytes());
   auto model = Build(spec, device);
   torch::optim::AdamW opt(Shard(model, trace, fsdp_version, device), torch::optim::AdamWOptions(1e-3));
   const double step_ms = max_over_ranks(MedianMs(steps, world.get(), [&] { step(model, opt); }));
-  const double rss_peak = max_over_ranks(fsdp::bench::RssPeakBytes());
+  const double rss_peak = max_over_ranks(fsdp::metrics::RssPeakBytes());
   const std::string trace_prefix = absl::GetFlag(FLAGS_trace);
   if (!trace_prefix.empty()) TraceStep(trace_prefix, world->rank(), device, [&] { step(model, opt); });
 
@@ -268,7 +268,7 @@ int Run(const ModelSpec& spec, int steps, int fsdp_version, c10::Device device, 
   // Memory: a second model, counted from before it is built (CPU allocations only: -1 on a GPU).
   double alloc_peak = -1, alloc_end = -1;
   if (device.is_cpu()) {
-    fsdp::bench::AllocationWindow window;
+    fsdp::metrics::AllocationWindow window;
     auto mem_model = Build(spec, device);
     torch::optim::AdamW mem_opt(Shard(mem_model, world, fsdp_version, device), torch::optim::AdamWOptions(1e-3));
     window.Mark();  // the training peak, not the full model before sharding

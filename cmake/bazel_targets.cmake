@@ -4,9 +4,10 @@
 # differently from Bazel, with the reasons, is in the tables of that script:
 #   //bench:*: only with FSDP_BUILD_BENCH=ON: benchmarks need Debian's libbenchmark-dev
 #   //fuzz:standalone_driver //fuzz:full_state_dict_fuzz //fuzz:optim_state_fuzz
-#     //fuzz:dcp_metadata_fuzz //fuzz:safetensors_fuzz //fuzz:hf_checkpoint_fuzz
-#     //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on
-#     the standalone driver (the libFuzzer build is tools/fuzz.sh's)
+#     //fuzz:dcp_metadata_fuzz //fuzz:safetensors_fuzz //fuzz:fr_trace_fuzz
+#     //fuzz:hf_checkpoint_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with
+#     FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
+#     tools/fuzz.sh's)
 # INSTALL: in the CMake package (`cmake --install`): the public libraries, not testonly,
 # and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
@@ -14,8 +15,9 @@
 #     //env:environment_test //examples:restart_test
 #     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
-#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //tensor_parallel:tensor_parallel_test
-#     //testing:testing_test //tests:cross_package_test //tools:fsdp_memory_test
+#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //metrics:step_metrics_test
+#     //tensor_parallel:tensor_parallel_test //testing:testing_test //tests:cross_package_test
+#     //tools:fsdp_memory_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: no smoke test (dtensor_test is 4 TUs; //tensor_parallel's smoke test runs DTensor's
@@ -83,15 +85,10 @@ fsdp_cc_binary(//bench:fsdp1_bench OPTION FSDP_BUILD_BENCH
   DEPS :callgrind_loop :linear_stack :pair_flags //comm //comm:main_guard //fsdp/fsdp1
        //fsdp/fsdp1:runtime //fsdp/fsdp2 //mesh @libtorch @system//:absl @system//:benchmark)
 
-fsdp_cc_library(//bench:peak_memory OPTION FSDP_BUILD_BENCH PCH aten
-  SRCS peak_memory.cc
-  HDRS peak_memory.h
-  DEPS @libtorch)
-
 fsdp_cc_binary(//bench:e2e_bench OPTION FSDP_BUILD_BENCH
   SRCS e2e_bench.cc
-  DEPS :peak_memory //comm //comm:init_process_group //comm:main_guard //fsdp/fsdp1 //fsdp/fsdp2
-       //fsdp/hooked_module //mesh //tools:fsdp_plan_lib @libtorch @system//:absl
+  DEPS //comm //comm:init_process_group //comm:main_guard //fsdp/fsdp1 //fsdp/fsdp2
+       //fsdp/hooked_module //mesh //metrics //tools:fsdp_plan_lib @libtorch @system//:absl
        @system//:absl_flags)
 
 fsdp_cc_binary(//bench:optim_state_bench OPTION FSDP_BUILD_BENCH
@@ -139,17 +136,18 @@ fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
 
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
-  SRCS comm_trace.cc fake_process_group.cc forwarding_process_group.cc internal/reduce_math.cc
-       internal/reduce_math.h object_collectives.cc process_group.cc profiler_range.cc
-       threaded_process_group.cc torchrun_env.cc
-  HDRS comm_trace.h fake_process_group.h forwarding_process_group.h object_collectives.h
-       process_group.h profiler_range.h reduce_op.h threaded_process_group.h torchrun_env.h work.h
+  SRCS comm_trace.cc fake_process_group.cc flight_recorder.cc forwarding_process_group.cc
+       internal/pickle_writer.h internal/reduce_math.cc internal/reduce_math.h object_collectives.cc
+       process_group.cc profiler_range.cc threaded_process_group.cc torchrun_env.cc
+  HDRS comm_trace.h fake_process_group.h flight_recorder.h forwarding_process_group.h
+       object_collectives.h process_group.h profiler_range.h reduce_op.h threaded_process_group.h
+       torchrun_env.h work.h
   DEPS //env @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:main_guard INSTALL PCH none
   SRCS main_guard.cc
   HDRS main_guard.h
-  DEPS //env @libtorch @system//:absl)
+  DEPS :comm //env @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:faulty TESTONLY PCH aten
   SRCS faulty_process_group.cc
@@ -293,7 +291,8 @@ fsdp_cc_binary(//examples:collectives_demo PCH aten
 fsdp_cc_binary(//examples:fsdp2_demo
   SRCS fsdp2_demo.cc
   DEPS :training_checkpoints //comm //comm:init_process_group //comm:main_guard //dcp:core
-       //dcp:fsdp2 //fsdp/fsdp2 //mesh @libtorch @system//:absl @system//:absl_flags)
+       //dcp:fsdp2 //fsdp/fsdp2 //mesh //metrics //tools:fsdp_plan_lib @libtorch @system//:absl
+       @system//:absl_flags)
 
 fsdp_cc_binary(//examples:readme_example
   SRCS readme_example.cc
@@ -335,7 +334,7 @@ fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
 fsdp_cc_binary(//examples/llama:llama_demo
   SRCS llama_demo.cc
   DEPS :llama_training //checkpoint //comm //comm:gloo //comm:main_guard //dcp:core //dcp:fsdp2
-       //examples:training_checkpoints //fsdp/fsdp2 //mesh @libtorch @system//:absl
+       //examples:training_checkpoints //fsdp/fsdp2 //mesh //metrics @libtorch @system//:absl
        @system//:absl_flags)
 
 # ================================================================ //fsdp/activation_checkpointing
@@ -508,9 +507,13 @@ fsdp_cc_binary(//fuzz:torchrun_env_fuzz OPTION FSDP_BUILD_FUZZ PCH none
   SRCS torchrun_env_fuzz.cc
   DEPS :standalone_driver //comm @libtorch)
 
+fsdp_cc_binary(//fuzz:fr_trace_fuzz OPTION FSDP_BUILD_FUZZ PCH none
+  SRCS fr_trace_fuzz.cc
+  DEPS :standalone_driver //tools:fr_trace_lib @libtorch)
+
 fsdp_cc_binary(//fuzz:make_seeds TESTONLY OPTION FSDP_BUILD_FUZZ
   SRCS make_seeds.cc
-  DEPS :fuzz_models //checkpoint //checkpoint:dcp //fsdp/fsdp2 //optim_state:core
+  DEPS :fuzz_models //checkpoint //checkpoint:dcp //comm //fsdp/fsdp2 //optim_state:core
        //optim_state:fsdp2)
 
 fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE SMOKE_FILTER "-CorruptCheckpoint.EveryBitFlipIsAnErrorOrHarmless"
@@ -528,6 +531,17 @@ fsdp_cc_library(//mesh INSTALL PCH aten
 fsdp_cc_test(//mesh:device_mesh_test SIZE medium SMOKE PCH aten
   SRCS device_mesh_test.cc
   DEPS :mesh //testing:expect_error //testing:multi_rank @libtorch @system//:absl
+       @system//:gtest_main)
+
+# ================================================================ //metrics
+fsdp_cc_library(//metrics INSTALL PCH aten
+  SRCS allocation_window.cc step_metrics.cc
+  HDRS allocation_window.h step_metrics.h
+  DEPS //comm @libtorch @system//:absl)
+
+fsdp_cc_test(//metrics:step_metrics_test SIZE small SMOKE PCH aten
+  SRCS step_metrics_test.cc
+  DEPS :metrics //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
 
 # ================================================================ //optim_state
@@ -614,12 +628,15 @@ fsdp_cc_test(//testing:testing_test SIZE medium SMOKE SMOKE_FILTER "-MultiRankDe
 
 # ================================================================ //tests
 fsdp_cc_test(//tests:cross_package_test SIZE medium SMOKE
-  SRCS bad_input_catalogue_test.cc one_model_type_test.cc profiler_ranges_test.cc
+  SRCS bad_input_catalogue_test.cc flight_recorder_test.cc one_model_type_test.cc
+       profiler_ranges_test.cc
+  DATA testdata/pytorch_gloo_fr_dump_rank_0
   TAGS float_parity
   DEPS //comm //comm:faulty //comm:init_process_group //dcp //dcp:core //dtensor
        //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/fsdp2:test_models
        //fsdp/hooked_module //mesh //optim_state:core //testing:expect_error //testing:multi_rank
-       //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
+       //testing:peer_python //testing:test_dir //tools:fr_trace_lib @libtorch @system//:absl
+       @system//:gtest_main)
 
 # ================================================================ //tests/peer
 fsdp_cc_library(//tests/peer:peer_parity TESTONLY
@@ -653,6 +670,15 @@ fsdp_cc_test(//tools:fsdp_memory_test SIZE small SMOKE PCH none
 fsdp_cc_test(//tools:fsdp_plan_test SIZE small PCH none
   SRCS fsdp_plan_test.cc
   DEPS :fsdp_plan_lib @system//:gtest_main)
+
+fsdp_cc_library(//tools:fr_trace_lib PCH none
+  SRCS fr_trace_lib.cc
+  HDRS fr_trace_lib.h
+  DEPS @libtorch @system//:absl)
+
+fsdp_cc_binary(//tools:fr_trace PCH none
+  SRCS fr_trace.cc
+  DEPS :fr_trace_lib //comm:main_guard)
 
 fsdp_cc_library(//tools:dcp_cli_lib PCH aten
   SRCS dcp_cli_hf.cc dcp_cli_lib.cc

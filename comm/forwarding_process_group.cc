@@ -12,6 +12,7 @@ ForwardingProcessGroup::ForwardingProcessGroup(ProcessGroupPtr inner, const char
     : ProcessGroup(inner ? inner->rank() : 0, inner ? inner->size() : 1, inner ? inner->timeout() : Timeout(1)),
       inner_(std::move(inner)) {
   TORCH_CHECK(inner_ != nullptr, type_name, ": inner group is null");
+  SetFlightGroup(inner_->flight_group());
 }
 
 WorkPtr ForwardingProcessGroup::DoAllGather(const at::Tensor& output, const at::Tensor& input) {

@@ -63,6 +63,7 @@ class ForwardingProcessGroup : public ProcessGroup {
   WorkPtr DoBarrier() override;
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
   c10::Device DoObjectCollectiveDevice() const override { return inner_->object_collective_device(); }
+  ProcessGroup* DoInnerGroup() const override { return inner_.get(); }
 
  private:
   ProcessGroupPtr inner_;

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <csignal>
 #include <mutex>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "comm/flight_recorder.h"
 #include "env/environment.h"
 
 namespace fsdp::comm {
@@ -56,6 +58,8 @@ std::string OneLine(const std::string& text) {
     }
   }
   std::fflush(stdout);
+  // What each rank of this process issued last, for fr_trace (comm/flight_recorder.h).
+  DumpFlightRecordersAfterFailure("error exit");
   std::fputs((line + "\n").c_str(), stderr);
   std::fflush(stderr);
   if (const int64_t grace = exit_grace_ms.load(); grace > 0) {
@@ -93,6 +97,7 @@ void SetExitGraceAfterError(std::chrono::milliseconds grace) { exit_grace_ms.sto
 
 int RunMain(const std::function<int()>& body) {
   std::set_terminate([] { Die(std::current_exception()); });
+  InstallFlightRecorderDumpSignal(SIGUSR1);
   try {
     return body();
   } catch (...) {

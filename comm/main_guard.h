@@ -19,6 +19,9 @@
 //    read to tell a lost rank from one that stopped after its own error) waits the grace set
 //    by SetExitGraceAfterError between the line and the exit; the TCPStore connection sets it
 //    on the rank that serves the store.
+//  * Before the line, every rank of the process writes its flight recorder dump (what it
+//    issued last: comm/flight_recorder.h); while `body` runs, SIGUSR1 writes them on request
+//    (installed where the signal's disposition was the default).
 //  * Not re-entrant; call once, from main's thread.
 #ifndef FSDP_COMM_MAIN_GUARD_H_
 #define FSDP_COMM_MAIN_GUARD_H_

@@ -34,10 +34,15 @@ void Work::wait(Timeout timeout) {
   if (waited_) return;
   if (!WaitFor(timeout)) {
     std::string detail = TimeoutDetail();
+    OnWaitFailed(absl::StrCat(description(), " timed out"));
     TORCH_CHECK_WITH(DistBackendError, false, description(), " timed out after ", timeout.count(), " ms",
                      detail.empty() ? "" : ": ", detail);
   }
-  if (std::exception_ptr error = exception()) std::rethrow_exception(error);
+  if (std::exception_ptr error = exception()) {
+    OnWaitFailed(absl::StrCat(description(), " failed"));
+    std::rethrow_exception(error);
+  }
+  if (recorder_ != nullptr) recorder_->Complete(record_id_);
   if (completion_step_ && !completion_step_done_) {
     completion_step_done_ = true;
     completion_step_();
@@ -45,6 +50,10 @@ void Work::wait(Timeout timeout) {
   }
   waited_ = true;
   ReleaseAfterWait();
+}
+
+void Work::OnWaitFailed(const std::string& reason) {
+  if (recorder_ != nullptr) recorder_->DumpAfterFailure(reason);
 }
 
 void Work::AddCompletionStep(std::function<void()> fn) {
@@ -140,6 +149,41 @@ ProcessGroup::ProcessGroup(int rank, int size, Timeout timeout) : rank_(rank), s
   TORCH_CHECK(size >= 1, "ProcessGroup: size must be >= 1, got ", size);
   TORCH_CHECK(rank >= 0 && rank < size, "ProcessGroup: rank must be in [0, ", size, "), got ", rank);
   TORCH_CHECK(timeout.count() > 0, "ProcessGroup: timeout must be positive, got ", timeout.count(), " ms");
+  // A backend's own group is a root until new_subgroup says otherwise (PyTorch's default
+  // group is "0", "default_pg").
+  FlightGroup root{"0", "default_pg", std::vector<int>(size)};
+  std::iota(root.ranks.begin(), root.ranks.end(), 0);
+  identity_ = std::make_shared<const FlightGroup>(std::move(root));
+}
+
+void ProcessGroup::SetFlightGroup(const FlightGroup& group) {
+  TORCH_CHECK(static_cast<int>(group.ranks.size()) == size_, "SetFlightGroup: ", group.ranks.size(),
+              " global ranks for a group of size ", size_);
+  for (ProcessGroup* g = this; g != nullptr; g = g->DoInnerGroup()) {
+    g->identity_ = std::make_shared<const FlightGroup>(group);
+    g->recorder_ = nullptr;  // registers the new identity on the next collective
+  }
+}
+
+template <typename Issue>
+WorkPtr ProcessGroup::Recorded(FlightOp op, const at::Tensor* input, const at::Tensor* output,
+                               const at::Tensor* traffic, Issue&& issue) {
+  if (DoInnerGroup() != nullptr) return issue();
+  if (recorder_ == nullptr) {
+    recorder_ = &FlightRecorder::ForRank(identity_->ranks[rank_]);
+    recorder_slot_ = recorder_->Register(identity_, backend_name());
+  }
+  if (traffic != nullptr) recorder_->AddTraffic(op, traffic->numel() * static_cast<int64_t>(traffic->element_size()));
+  if (FlightRecorder::Capacity() == 0) return issue();
+  const FlightTensor in{input ? input->scalar_type() : c10::ScalarType::Undefined, input ? input->sizes() : c10::IntArrayRef()};
+  const FlightTensor out{output ? output->scalar_type() : c10::ScalarType::Undefined,
+                         output ? output->sizes() : c10::IntArrayRef()};
+  const int64_t id = recorder_->Record(recorder_slot_, ++collectives_issued_, op, input ? &in : nullptr,
+                                       output ? &out : nullptr, timeout_);
+  WorkPtr work = issue();
+  work->recorder_ = recorder_;
+  work->record_id_ = id;
+  return work;
 }
 
 void ProcessGroup::CheckShardedPair(const char* op, const at::Tensor& output, const at::Tensor& input,
@@ -160,27 +204,27 @@ std::string ProcessGroup::WhoAmI() const { return absl::StrCat(backend_name(), "
 
 WorkPtr ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
   CheckShardedPair("all_gather_into_tensor", output, input, /*output_is_full=*/true);
-  return DoAllGather(output, input);
+  return Recorded(FlightOp::kAllGather, &input, &output, &output, [&] { return DoAllGather(output, input); });
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   CheckShardedPair("reduce_scatter_tensor", output, input, /*output_is_full=*/false);
   CheckReduceOp("reduce_scatter_tensor", input, op);
-  return DoReduceScatter(output, input, op);
+  return Recorded(FlightOp::kReduceScatter, &input, &output, &input, [&] { return DoReduceScatter(output, input, op); });
 }
 
 WorkPtr ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   constexpr const char* kOp = "all_reduce";
   CheckTensor(kOp, "tensor", tensor);
   CheckReduceOp(kOp, tensor, op);
-  return DoAllReduce(tensor, op);
+  return Recorded(FlightOp::kAllReduce, &tensor, &tensor, &tensor, [&] { return DoAllReduce(tensor, op); });
 }
 
 WorkPtr ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
   constexpr const char* kOp = "broadcast";
   CheckTensor(kOp, "tensor", tensor);
   TORCH_CHECK(root >= 0 && root < size_, kOp, ": root must be in [0, ", size_, "), got ", root);
-  return DoBroadcast(tensor, root);
+  return Recorded(FlightOp::kBroadcast, &tensor, &tensor, &tensor, [&] { return DoBroadcast(tensor, root); });
 }
 
 WorkPtr ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
@@ -211,13 +255,17 @@ WorkPtr ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tens
   TORCH_CHECK(output.sizes().slice(1) == input.sizes().slice(1), kOp,
               ": output and input must agree beyond dim 0, got output ", DescribeTensor(output), " and input ",
               DescribeTensor(input));
-  return DoAllToAll(output, input, ResolveSplits(output_split_sizes, output, size_),
-                    ResolveSplits(input_split_sizes, input, size_));
+  return Recorded(FlightOp::kAllToAll, &input, &output, &input, [&] {
+    return DoAllToAll(output, input, ResolveSplits(output_split_sizes, output, size_),
+                      ResolveSplits(input_split_sizes, input, size_));
+  });
 }
 
-WorkPtr ProcessGroup::barrier() { return DoBarrier(); }
+WorkPtr ProcessGroup::barrier() {
+  return Recorded(FlightOp::kBarrier, nullptr, nullptr, nullptr, [&] { return DoBarrier(); });
+}
 
-std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks) {
+std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks, const std::string& desc) {
   TORCH_CHECK(!ranks.empty(), "new_subgroup: ranks must not be empty");
   for (size_t i = 0; i < ranks.size(); ++i) {
     TORCH_CHECK(ranks[i] >= 0 && ranks[i] < size_, "new_subgroup: ranks[", i, "] = ", ranks[i],
@@ -225,7 +273,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&
     TORCH_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_subgroup: ranks must be sorted and unique, got [",
                 absl::StrJoin(ranks, ", "), "]");
   }
-  return DoNewSubgroup(ranks);
+  std::shared_ptr<ProcessGroup> child = DoNewSubgroup(ranks);
+  // Counted on every rank of this group, members or not, so each member names it alike.
+  const int index = ++subgroups_created_;
+  if (child != nullptr) {
+    FlightGroup group{absl::StrCat(identity_->name, ".", index), desc.empty() ? "undefined" : desc, {}};
+    for (int r : ranks) group.ranks.push_back(identity_->ranks[r]);
+    child->SetFlightGroup(group);
+  }
+  return child;
 }
 
 }  // namespace fsdp::comm

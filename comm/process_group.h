@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "comm/reduce_op.h"
 #include "comm/work.h"
 
@@ -62,8 +63,15 @@ class ProcessGroup {
 
   // Creates the group of `ranks` (of this group; sorted, unique). Collective over THIS
   // group: every rank calls it with the same `ranks`, in the same order of calls.
-  // Returns nullptr on ranks that are not members.
-  std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks);
+  // Returns nullptr on ranks that are not members. `desc` describes it in flight recorder
+  // dumps (PyTorch's group_desc, e.g. "mesh_dp"; "undefined" when empty).
+  std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks, const std::string& desc = "");
+
+  // The group as flight recorder dumps name it (comm/flight_recorder.h): "0" and
+  // "default_pg" for a group a backend made, "<parent>.<k>" for the k-th subgroup created
+  // from a parent, with its description and its members' global ranks (those of the root
+  // group it descends from).
+  const FlightGroup& flight_group() const { return *identity_; }
 
  protected:
   ProcessGroup(int rank, int size, Timeout timeout);
@@ -81,6 +89,12 @@ class ProcessGroup {
   virtual std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) = 0;
   // The CPU unless the backend needs another device (see object_collective_device()).
   virtual c10::Device DoObjectCollectiveDevice() const { return c10::Device(c10::kCPU); }
+  // The group a decorator forwards to, or nullptr for a backend. Only backends record in the
+  // flight recorder (a decorator's inner group records what really ran).
+  virtual ProcessGroup* DoInnerGroup() const { return nullptr; }
+
+  // Gives this group (and the groups it forwards to) the flight recorder identity `group`.
+  void SetFlightGroup(const FlightGroup& group);
 
   // "<backend> rank r/W" for messages.
   std::string WhoAmI() const;
@@ -88,10 +102,21 @@ class ProcessGroup {
  private:
   // Validates an all-gather / reduce-scatter pair: the full buffer holds size() shards.
   void CheckShardedPair(const char* op, const at::Tensor& output, const at::Tensor& input, bool output_is_full) const;
+  // Runs `issue` (the backend's Do* call), counted in this rank's traffic and recorded in the
+  // flight recorder as `op` with its tensors when this group is a backend.
+  template <typename Issue>
+  // `traffic`: the tensor whose bytes count as the op's traffic (CollectiveTraffic).
+  WorkPtr Recorded(FlightOp op, const at::Tensor* input, const at::Tensor* output, const at::Tensor* traffic,
+                   Issue&& issue);
 
   int rank_;
   int size_;
   Timeout timeout_;
+  std::shared_ptr<const FlightGroup> identity_;
+  int subgroups_created_ = 0;  // names the next subgroup
+  int64_t collectives_issued_ = 0;  // the flight recorder's collective_seq_id
+  FlightRecorder* recorder_ = nullptr;  // this rank's, on the first recorded collective
+  FlightRecorder::GroupSlot* recorder_slot_ = nullptr;  // identity_ registered there
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

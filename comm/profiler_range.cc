@@ -5,7 +5,7 @@
 namespace fsdp::comm {
 namespace {
 
-thread_local const std::string* innermost = nullptr;
+thread_local const ProfilerRange* innermost = nullptr;
 // Whether the innermost open range found no profiler listening: ranges nested in it (an
 // FSDP pre-forward's all-gather and copy-out) skip the check, which costs as much as ATen's
 // per-op one (docs/development/benchmarks.md, instruction counts).
@@ -17,7 +17,7 @@ thread_local bool innermost_unprofiled = false;
 // built only when callbacks want this scope (its constructor and destructor cost more than
 // the check).
 ProfilerRange::ProfilerRange(const std::string& name)
-    : enclosing_(innermost), enclosing_unprofiled_(innermost_unprofiled) {
+    : name_(&name), enclosing_(innermost), enclosing_unprofiled_(innermost_unprofiled) {
   bool unprofiled = true;
   if (innermost == nullptr || !innermost_unprofiled) {
     if (std::optional<at::StepCallbacks> callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE)) {
@@ -26,7 +26,7 @@ ProfilerRange::ProfilerRange(const std::string& name)
       unprofiled = false;
     }
   }
-  innermost = &name;
+  innermost = this;
   innermost_unprofiled = unprofiled;
 }
 
@@ -35,6 +35,14 @@ ProfilerRange::~ProfilerRange() {
   innermost_unprofiled = enclosing_unprofiled_;
 }
 
-const std::string* CurrentProfilerRange() { return innermost; }
+const std::string* CurrentProfilerRange() { return innermost != nullptr ? innermost->name_ : nullptr; }
+
+int OpenProfilerRanges(const std::string** names, int max) {
+  int n = 0;
+  for (const ProfilerRange* range = innermost; range != nullptr && n < max; range = range->enclosing_) {
+    names[n++] = range->name_;
+  }
+  return n;
+}
 
 }  // namespace fsdp::comm

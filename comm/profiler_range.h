@@ -26,13 +26,21 @@ class ProfilerRange {
   ProfilerRange& operator=(const ProfilerRange&) = delete;
 
  private:
+  friend int OpenProfilerRanges(const std::string** names, int max);
+  friend const std::string* CurrentProfilerRange();
+
   std::optional<at::RecordFunction> record_;  // only while a profiler listens
-  const std::string* enclosing_;
+  const std::string* name_;
+  const ProfilerRange* enclosing_;
   bool enclosing_unprofiled_;
 };
 
 // The name of the innermost ProfilerRange open on this thread, or nullptr.
 const std::string* CurrentProfilerRange();
+
+// Up to `max` names of the ranges open on this thread, innermost first, into `names`;
+// returns how many (what the flight recorder lists as the issuer of a collective).
+int OpenProfilerRanges(const std::string** names, int max);
 
 }  // namespace fsdp::comm
 

@@ -3,12 +3,16 @@
 #define FSDP_COMM_WORK_H_
 
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <string>
 
 namespace fsdp::comm {
+
+class FlightRecorder;
+class ProcessGroup;
 
 using Timeout = std::chrono::milliseconds;
 
@@ -66,6 +70,12 @@ class Work {
   virtual void ReleaseAfterWait() {}
 
  private:
+  friend class ProcessGroup;
+  // Failures dump, and success completes, the collective's flight recorder entry.
+  void OnWaitFailed(const std::string& reason);
+
+  FlightRecorder* recorder_ = nullptr;  // the entry's ring, when recorded
+  int64_t record_id_ = -1;
   mutable std::string description_;
   mutable std::function<std::string()> describe_;  // until description() ran
   Timeout default_timeout_;

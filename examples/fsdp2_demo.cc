@@ -52,6 +52,9 @@
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
+#include "metrics/step_metrics.h"
+#include "tools/fsdp_memory.h"
+#include "tools/fsdp_plan_lib.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "after training, save a DCP checkpoint to DIR/dcp and the full model to DIR/full.pt (empty: none)");
@@ -213,8 +216,34 @@ struct World {
   fsdp::mesh::DeviceMeshPtr mesh;
   c10::Device device = c10::Device(c10::kCPU);  // model, batches and the reference
   int size = 0, rank = 0;
+  double peak_flops = 0;       // the measured matmul rate (CPU); 0 on a GPU (no MFU)
+  double flops_per_token = 0;  // of the unsharded model
+  int64_t predicted_peak = -1;  // fsdp_plan --memory for this model and world
   bool log() const { return rank == 0; }
 };
+
+// torchtitan's count: embeddings (embed, pos) excluded, attention over kSeq tokens.
+double FlopsPerToken(DecoderImpl& model) {
+  int64_t params = 0;
+  for (const auto& p : model.parameters()) params += p.numel();
+  params -= model.embed->weight.numel() + model.pos.numel();
+  return fsdp::metrics::DecoderFlopsPerToken(params, kBlocks, /*heads=*/1, /*head_dim=*/kDim, kSeq);
+}
+
+// fsdp_plan --memory's allocation peak per rank for kBlocks blocks sharded over `world` ranks
+// with AdamW: parameters, gradients, optimizer state and the unsharded block; activations are
+// not modeled here (0), nor the root's embedding and LayerNorm.
+int64_t PredictedPeak(DecoderImpl& model, int world) {
+  std::vector<std::string> shapes;
+  for (const auto& p : model.blocks[0]->parameters()) shapes.push_back(absl::StrJoin(p.sizes(), "x"));
+  fsdp_plan::RawFlags flags;
+  flags.shapes = absl::StrJoin(shapes, ",");
+  flags.world = std::to_string(world);
+  fsdp_plan::PlanOptions options;
+  const std::string error = fsdp_plan::ParseOptions(flags, &options);
+  TORCH_CHECK(error.empty(), "PredictedPeak: ", error);
+  return fsdp_plan::EstimateMemory(fsdp_plan::MakePlan(options), {.units = kBlocks}).peak;
+}
 
 // Full model on every rank (same values), then shard it: blocks first, the root last, so the
 // root's group gets what no block claims (embedding = tied head, pos, final LayerNorm).
@@ -243,15 +272,25 @@ ShardedRun TrainSharded(const World& w, Decoder& model, torch::optim::AdamW& opt
                 "reduce-scatter KiB");
   }
   const int64_t local = kGlobalBatch / w.size;
+  // Rank 0 prints the metrics line every 10 steps (metrics/step_metrics.h).
+  fsdp::metrics::StepMetrics metrics({.rank = w.rank,
+                                      .device = w.device,
+                                      .tokens_per_step = local * kSeq,
+                                      .flops_per_token = w.flops_per_token,
+                                      .peak_flops = w.peak_flops,
+                                      .predicted_peak_bytes = w.predicted_peak,
+                                      .print_every = w.log() ? 10 : 0});
   ShardedRun run;
   for (int step = first; step < first + steps; ++step) {
     if (checkpoints != nullptr) checkpoints->fault().MaybeKillAt(w.rank, step);
     const at::Tensor seqs = Sequences(step, kGlobalBatch).narrow(0, w.rank * local, local).to(w.device);  // my slice
     w.trace->clear();
     const auto t0 = std::chrono::steady_clock::now();
+    metrics.BeginStep();
     at::Tensor loss = Loss(model, seqs);
     loss.backward();  // blocks re-gather their weights; gradients are reduce-scattered (averaged)
     opt.step();
+    metrics.EndStep();
     run.step_ms.push_back(Ms(t0));                       // the first step includes FSDP's lazy initialization
     run.sharded = CountBytes(model->parameters(), opt);  // before zero_grad: gradients still there
     opt.zero_grad();
@@ -490,6 +529,12 @@ int main(int argc, char** argv) {
     // trace (a 1-D mesh over the whole world reuses the group it is given).
     w.trace = std::make_shared<fsdp::comm::CommTrace>(w.group);
     w.mesh = fsdp::mesh::DeviceMesh::Create(w.trace, {w.size});
+    {
+      Decoder probe;  // unsharded: what the metrics count per token and the memory model plans
+      w.flops_per_token = FlopsPerToken(*probe);
+      w.predicted_peak = PredictedPeak(*probe, w.size);
+      if (w.device.is_cpu()) w.peak_flops = fsdp::metrics::MeasureMatmulPeakFlops();
+    }
     const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
     const int64_t every = absl::GetFlag(FLAGS_checkpoint_every);
     if ((every != 0 && dir.empty()) || every < 0 || (every != 0 && absl::GetFlag(FLAGS_resume))) {

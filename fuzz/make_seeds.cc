@@ -13,6 +13,9 @@
 #include "checkpoint/hf_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "comm/fake_process_group.h"
+#include "comm/flight_recorder.h"
+#include "comm/profiler_range.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fuzz/fuzz_models.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -65,6 +68,19 @@ int main(int argc, char** argv) {
   const std::vector<char> metadata = ckpt::SerializeDcpMetadata(ckpt::MergeDcpFragments(fragments, data_dir.string()));
   ckpt::ParseDcpMetadata(metadata.data(), metadata.size(), "seed");  // must load
   Write(dir / "dcp_metadata", {{"ours.metadata", metadata}});
+  // A flight recorder dump of three collectives, one of them inside a profiler range.
+  {
+    auto pg = fsdp::comm::CreateFakeProcessGroup(0, 2);
+    at::Tensor t = at::ones({2, 3});
+    const std::string range = "FSDP::all_gather (layers.0)";
+    {
+      fsdp::comm::ProfilerRange issuer(range);
+      pg->all_gather_into_tensor(at::empty({4, 3}), t)->wait();
+    }
+    pg->all_reduce(t)->wait();
+    pg->new_subgroup({0, 1}, "mesh_dp")->barrier();
+    Write(dir / "fr_trace", {{"ours.dump", text(fsdp::comm::FlightRecorder::ForRank(0).Pickle())}});
+  }
   // Our writer's safetensors files (tools/fuzz.sh adds Python's, fuzz/testdata/*.safetensors).
   ckpt::TensorDict tensors;
   tensors.insert("model.w", at::arange(12, at::kFloat).view({3, 4}));

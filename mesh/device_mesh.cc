@@ -54,8 +54,9 @@ std::vector<int64_t> CoordinateOf(int64_t rank, const std::vector<int64_t>& shap
 }
 
 // Creates, collectively over `world`, one group per line along `dims`; returns this rank's.
+// `desc` names them in flight recorder dumps, as PyTorch's DeviceMesh does ("mesh_dp").
 comm::ProcessGroupPtr CreateLineGroups(const comm::ProcessGroupPtr& world, const std::vector<int64_t>& shape,
-                                       const std::vector<int>& dims) {
+                                       const std::vector<int>& dims, const std::string& desc) {
   // Every world rank walks all lines in the same order (rank order of the line's first rank).
   std::set<std::vector<int>> lines;
   for (int r = 0; r < world->size(); ++r) {
@@ -69,7 +70,7 @@ comm::ProcessGroupPtr CreateLineGroups(const comm::ProcessGroupPtr& world, const
       if (std::binary_search(line.begin(), line.end(), world->rank())) mine = world;
       continue;  // the whole world: reuse it
     }
-    auto group = world->new_subgroup(line);
+    auto group = world->new_subgroup(line, desc);
     if (group) mine = group;
   }
   return mine;
@@ -147,7 +148,8 @@ std::shared_ptr<DeviceMesh> DeviceMesh::Create(comm::ProcessGroupPtr world, std:
   root->coordinate = CoordinateOf(world->rank(), shape);
   std::vector<std::vector<int>> root_dims;
   for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
-    root->groups[{d}] = CreateLineGroups(world, shape, {d});
+    root->groups[{d}] =
+        CreateLineGroups(world, shape, {d}, dim_names.empty() ? absl::StrCat("mesh_dim_", d) : "mesh_" + dim_names[d]);
     root_dims.push_back({d});
   }
   root->world = std::move(world);
@@ -223,7 +225,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::flatten(const std::vector<std::string>& 
               "], out of the root mesh's order; flatten dimensions in root order");
   if (root_->groups.count(flat) == 0) {
     // Insert only after creation succeeded: a failed attempt must not look cached.
-    auto group = CreateLineGroups(root_->world, root_->shape, flat);
+    auto group = CreateLineGroups(root_->world, root_->shape, flat, "mesh_" + new_name);
     root_->groups.emplace(flat, std::move(group));
   }
   return FromRoot(root_, {flat}, {new_name});

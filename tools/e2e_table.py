@@ -8,7 +8,7 @@ into compute, raw communication and FSDP overhead (step - compute - comm). PyTor
 is estimated with our compute and comm numbers (the same LibTorch kernels and Gloo
 collectives).
 
-Memory (MiB, max over ranks; both sides measured alike, see bench/peak_memory.h):
+Memory (MiB, max over ranks; both sides measured alike, see metrics/allocation_window.h):
   alloc peak / end  LibTorch CPU allocations counted from before the model is built: the most
                     live at once during 3 training steps, and what stays live after them;
   ZeRO-3            the estimate 4 * P / W floats (sharded parameters, gradients and AdamW's

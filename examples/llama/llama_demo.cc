@@ -39,6 +39,7 @@
 #include "examples/training_checkpoints.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "mesh/device_mesh.h"
+#include "metrics/step_metrics.h"
 
 ABSL_FLAG(std::string, reference_dir, "",
           "hf_llama_fsdp2.py's output: hf_init/ (save_pretrained's) and reference.pt (required)");
@@ -114,12 +115,27 @@ int Run() {
     std::printf("%4s %9s %9s %9s %9s %9s %13s %11s %11s\n", "step", "loss", "HF loss", "norm", "HF norm", "tokens/s",
                 "P+G+O KiB/rk", "AG KiB", "RS KiB");
   }
+  // Rank 0 prints the metrics line every 5 steps (metrics/step_metrics.h); FLOPs as torchtitan
+  // counts them (the embedding table excluded; the untied LM head counted).
+  const auto c = fsdp::examples::llama::HfReferenceConfig();
+  const int64_t h = c.hidden_size, kv = c.num_key_value_heads * c.head_dim();
+  const int64_t layer_params = 2 * h * h + 2 * h * kv + 3 * h * c.intermediate_size + 2 * h;
+  fsdp::metrics::StepMetrics metrics(
+      {.rank = world->rank(),
+       .tokens_per_step = tokens.size(1) / world->size() * tokens.size(2),
+       .flops_per_token = fsdp::metrics::DecoderFlopsPerToken(c.num_hidden_layers * layer_params + h + h * c.vocab_size,
+                                                              c.num_hidden_layers, c.num_attention_heads, c.head_dim(),
+                                                              tokens.size(2)),
+       .peak_flops = fsdp::metrics::MeasureMatmulPeakFlops(),
+       .print_every = log ? 5 : 0});
   double worst = 0;
   for (int64_t step = first; step < steps; ++step) {
     checkpoints.fault().MaybeKillAt(world->rank(), step);
     trace->clear();
     const auto t0 = std::chrono::steady_clock::now();
+    metrics.BeginStep();
     const StepResult r = fsdp::examples::llama::TrainStep(s, tokens[step]);
+    metrics.EndStep();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double want_loss = ref_losses[step].item<double>(), want_norm = ref_norms[step].item<double>();
     worst = std::max({worst, Rel(r.loss, want_loss), Rel(r.grad_norm, want_norm)});

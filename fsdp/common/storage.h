@@ -16,7 +16,7 @@ namespace fsdp {
 // step (docs/design/measured-choices.md). The small blocks are 16-byte aligned (malloc's;
 // every dtype's alignment, ATen's vector kernels load unaligned) and reported to c10's CPU
 // memory reporter as DefaultCPUAllocator reports its own, so the profiler and
-// caffe2_report_cpu_memory_usage count them (bench/peak_memory.h).
+// caffe2_report_cpu_memory_usage count them (metrics/allocation_window.h).
 // Returns c10's CPU allocator itself when the process replaced it (c10::SetCPUAllocator) or
 // asked it to zero- or junk-fill. Thread-safe; the allocator lives as long as the process.
 c10::Allocator* CpuBufferAllocator();

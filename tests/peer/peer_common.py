@@ -6,7 +6,7 @@
   the C++ side through torch pickle files: load_input(), build_net(), train(), save_result().
 - Memory: rss_bytes() / rss_peak_bytes() (this process), AllocationWindow (the peak of
   LibTorch's CPU allocations in a region, from the profiler's memory events: the same c10
-  counter bench/peak_memory.h reads on the C++ side) and owned_bytes() (distinct storages of
+  counter metrics/allocation_window.h reads on the C++ side) and owned_bytes() (distinct storages of
   parameters and optimizer state).
 """
 import os
@@ -124,13 +124,13 @@ def rss_peak_bytes():
 
 
 class AllocationWindow:
-    """LibTorch CPU allocations made inside the `with` block, as bench/peak_memory.h counts them.
+    """LibTorch CPU allocations made inside the `with` block, as metrics/allocation_window.h counts them.
 
     While memory profiling is on, c10's CPU allocator reports every allocation and free with
     its running total of the bytes allocated since profiling started and not yet freed.
     `peak`: the largest total after mark() (or the start); `current`: the total at the end.
     The total covers every thread (c10's caffe2_report_cpu_memory_usage flag, set here as
-    bench/peak_memory.cc sets it): the profiler alone counts only this thread's frees, so
+    metrics/allocation_window.cc sets it): the profiler alone counts only this thread's frees, so
     memory freed on a backend's thread would count as live forever.
     """
 

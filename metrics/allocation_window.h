@@ -1,4 +1,5 @@
-// Memory measurements of the end-to-end benchmark, defined so that tests/peer/peer_common.py
+// Memory measurements of training steps (metrics/step_metrics.h) and of the end-to-end
+// benchmark, defined so that tests/peer/peer_common.py
 // measures PyTorch the same way:
 //
 // AllocationWindow: while it lives, this thread's LibTorch CPU allocations are reported to it
@@ -19,15 +20,15 @@
 //
 // RssBytes / RssPeakBytes: this process's resident set now (/proc/self/statm) and its
 // high-water mark (getrusage ru_maxrss).
-#ifndef FSDP_BENCH_PEAK_MEMORY_H_
-#define FSDP_BENCH_PEAK_MEMORY_H_
+#ifndef FSDP_METRICS_ALLOCATION_WINDOW_H_
+#define FSDP_METRICS_ALLOCATION_WINDOW_H_
 
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <cstdint>
 #include <memory>
 
-namespace fsdp::bench {
+namespace fsdp::metrics {
 
 class AllocationWindow {
  public:
@@ -50,6 +51,6 @@ class AllocationWindow {
 int64_t RssBytes();
 int64_t RssPeakBytes();
 
-}  // namespace fsdp::bench
+}  // namespace fsdp::metrics
 
-#endif  // FSDP_BENCH_PEAK_MEMORY_H_
+#endif  // FSDP_METRICS_ALLOCATION_WINDOW_H_

@@ -1,4 +1,4 @@
-#include "bench/peak_memory.h"
+#include "metrics/allocation_window.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-namespace fsdp::bench {
+namespace fsdp::metrics {
 namespace {
 
 // FSDP_PEAK_BLOCKS: the large blocks live now, and those live at the highest total since
@@ -148,4 +148,4 @@ int64_t RssPeakBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux: KiB
 }
 
-}  // namespace fsdp::bench
+}  // namespace fsdp::metrics

@@ -1,0 +1,508 @@
+#include "comm/flight_recorder.h"
+
+#include <c10/util/Exception.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string_view>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/internal/pickle_writer.h"
+#include "comm/profiler_range.h"
+
+namespace fsdp::comm {
+namespace {
+
+// PyTorch's defaults (torch/csrc/distributed/c10d/FlightRecorder.hpp, ProcessGroupNCCL.cpp).
+constexpr int64_t kDefaultCapacity = 2000;
+constexpr const char* kDefaultPrefix = "/tmp/nccl_trace_rank_";
+// The dump format version torch/distributed/flight_recorder/components/loader.py reads.
+constexpr const char* kVersion = "2.10";
+// Innermost profiler ranges kept per entry: the collective's own range and its phase.
+constexpr int kMaxFrames = 2;
+
+
+int64_t ReadCapacity() {
+  const char* value = std::getenv("TORCH_FR_BUFFER_SIZE");
+  if (value == nullptr || *value == '\0') return kDefaultCapacity;
+  char* end = nullptr;
+  const long long parsed = std::strtoll(value, &end, 10);
+  TORCH_CHECK(end != nullptr && *end == '\0' && parsed >= 0 && parsed <= (int64_t{1} << 24),
+              "TORCH_FR_BUFFER_SIZE must be an entry count in [0, 16777216], got '", value, "'");
+  return parsed;
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// This thread's name, interned for the life of the process (an entry keeps the pointer; the
+// thread may end before the dump). Names repeat (pools), so the set stays small.
+const std::string* ThisThreadName() {
+  thread_local const std::string* name = [] {
+    char buffer[64] = {0};
+    if (pthread_getname_np(pthread_self(), buffer, sizeof(buffer)) != 0) buffer[0] = '\0';
+    static std::mutex mu;
+    static auto* names = new std::set<std::string>();  // never destroyed: entries point into it
+    std::lock_guard<std::mutex> lock(mu);
+    return &*names->insert(buffer).first;
+  }();
+  return name;
+}
+
+}  // namespace
+
+namespace internal {
+
+// The ring's lock: held for a few stores per collective by the rank's thread(s), rarely
+// contended (a dump, a second thread of the same rank); a pthread mutex costs more
+// instructions than the rest of the recording (docs/development/benchmarks.md).
+class SpinLock {
+ public:
+  void lock() {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      while (locked_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    }
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+// A frame's text, inline up to kInline characters (FSDP's labels with their module FQN):
+// copied with one memcpy; longer names go to a string that then stays allocated.
+struct FrameText {
+  static constexpr size_t kInline = 88;
+  char text[kInline];
+  size_t size = 0;
+  std::string spill;
+
+  void Assign(const std::string& s) {
+    size = s.size();
+    if (size <= kInline) {
+      std::memcpy(text, s.data(), size);
+    } else {
+      spill.assign(s);
+    }
+  }
+  std::string_view view() const { return size <= kInline ? std::string_view(text, size) : std::string_view(spill); }
+};
+
+// One tensor argument as recorded: inline, so a ring entry is rewritten without allocating
+// (dims beyond kInlineDims spill to a vector that then stays allocated).
+struct TensorRecord {
+  static constexpr int kInlineDims = 6;
+  bool present = false;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int dim = 0;
+  int64_t sizes[kInlineDims] = {};
+  std::vector<int64_t> more;
+
+  void Assign(const FlightTensor* t) {
+    present = t != nullptr;
+    if (!present) return;
+    dtype = t->dtype;
+    dim = static_cast<int>(t->sizes.size());
+    const int inline_dims = std::min(dim, kInlineDims);
+    std::copy(t->sizes.begin(), t->sizes.begin() + inline_dims, sizes);
+    if (dim > kInlineDims) more.assign(t->sizes.begin() + kInlineDims, t->sizes.end());
+  }
+  void WriteSizes(PickleWriter& w) const {
+    w.BeginList();
+    if (present) {
+      w.BeginList();
+      for (int i = 0; i < dim; ++i) w.Int(i < kInlineDims ? sizes[i] : more[i - kInlineDims]);
+      w.EndList();
+    }
+    w.EndList();
+  }
+  void WriteDtypes(PickleWriter& w) const {
+    w.BeginList();
+    if (present) w.String(c10::toString(dtype));
+    w.EndList();
+  }
+};
+
+}  // namespace internal
+
+// The per-group state a ring keeps for pg_config / pg_status.
+struct FlightRecorder::GroupSlot {
+  std::shared_ptr<const FlightGroup> group;
+  std::string backend;
+  int64_t last_enqueued = -1;
+  int64_t last_completed = -1;
+};
+
+struct FlightRecorder::Ring {
+  struct Entry {
+    int64_t id = -1;
+    GroupSlot* group = nullptr;
+    int64_t seq = 0;
+    FlightOp op = FlightOp::kBarrier;
+    internal::TensorRecord input;
+    internal::TensorRecord output;
+    internal::FrameText frames[kMaxFrames];
+    int frame_count = 0;
+    int64_t time_created_ns = 0;
+    int64_t time_completed_ns = 0;  // 0 while not completed
+    int64_t timeout_ms = 0;
+    uint64_t thread_id = 0;
+    const std::string* thread_name = nullptr;
+  };
+
+  mutable internal::SpinLock mu;
+  std::vector<Entry> entries;  // capacity slots, allocated on first record
+  int64_t next_id = 0;
+  // In registration order; never erased before Reset (entries point to them).
+  std::vector<std::unique_ptr<GroupSlot>> groups;
+};
+
+FlightRecorder::FlightRecorder(int rank) : rank_(rank), ring_(std::make_unique<Ring>()) {}
+FlightRecorder::~FlightRecorder() = default;
+
+namespace {
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+// Never destroyed: recorders are referenced by process groups that may outlive statics.
+std::map<int, std::unique_ptr<FlightRecorder>>& Registry() {
+  static auto* registry = new std::map<int, std::unique_ptr<FlightRecorder>>();
+  return *registry;
+}
+}  // namespace
+
+FlightRecorder& FlightRecorder::ForRank(int rank) {
+  TORCH_CHECK(rank >= 0, "FlightRecorder::ForRank: rank must be >= 0, got ", rank);
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto& slot = Registry()[rank];
+  if (!slot) slot = std::make_unique<FlightRecorder>(rank);
+  return *slot;
+}
+
+int64_t FlightRecorder::Capacity() {
+  static const int64_t capacity = ReadCapacity();
+  return capacity;
+}
+
+std::string FlightRecorder::DumpPrefix() {
+  const char* value = std::getenv("TORCH_FR_DUMP_TEMP_FILE");
+  return value != nullptr && *value != '\0' ? value : kDefaultPrefix;
+}
+
+FlightRecorder::GroupSlot* FlightRecorder::Register(std::shared_ptr<const FlightGroup> group,
+                                                    const std::string& backend) {
+  std::lock_guard<internal::SpinLock> lock(ring_->mu);
+  ring_->groups.push_back(std::make_unique<GroupSlot>());
+  ring_->groups.back()->group = std::move(group);
+  ring_->groups.back()->backend = backend;
+  return ring_->groups.back().get();
+}
+
+int64_t FlightRecorder::Record(GroupSlot* group, int64_t seq, FlightOp op, const FlightTensor* input,
+                               const FlightTensor* output, std::chrono::milliseconds timeout) {
+  const int64_t capacity = Capacity();
+  if (capacity == 0) return -1;
+  const std::string* ranges[kMaxFrames];
+  const int frame_count = OpenProfilerRanges(ranges, kMaxFrames);
+  const int64_t now = NowNs();
+  const std::string* thread_name = ThisThreadName();
+  std::lock_guard<internal::SpinLock> lock(ring_->mu);
+  // Allocated once: from the first collective on recording does not allocate.
+  if (ring_->entries.empty()) ring_->entries.resize(capacity);
+  group->last_enqueued = seq;
+  const int64_t id = ring_->next_id++;
+  Ring::Entry& e = ring_->entries[id % capacity];
+  e.id = id;
+  e.group = group;
+  e.seq = seq;
+  e.op = op;
+  e.input.Assign(input);
+  e.output.Assign(output);
+  for (int i = 0; i < frame_count; ++i) e.frames[i].Assign(*ranges[i]);
+  e.frame_count = frame_count;
+  e.time_created_ns = now;
+  e.time_completed_ns = 0;
+  e.timeout_ms = timeout.count();
+  e.thread_id = static_cast<uint64_t>(pthread_self());
+  e.thread_name = thread_name;
+  return id;
+}
+
+const char* FlightOpName(FlightOp op) {
+  switch (op) {
+    case FlightOp::kAllGather: return "_all_gather_base";
+    case FlightOp::kReduceScatter: return "_reduce_scatter_base";
+    case FlightOp::kAllReduce: return "all_reduce";
+    case FlightOp::kBroadcast: return "broadcast";
+    case FlightOp::kAllToAll: return "all_to_all";
+    case FlightOp::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+void FlightRecorder::AddTraffic(FlightOp op, int64_t bytes) {
+  traffic_[static_cast<int>(op)].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+CollectiveTraffic FlightRecorder::traffic() const {
+  auto get = [&](FlightOp op) { return traffic_[static_cast<int>(op)].load(std::memory_order_relaxed); };
+  return {get(FlightOp::kAllGather), get(FlightOp::kReduceScatter), get(FlightOp::kAllReduce),
+          get(FlightOp::kBroadcast), get(FlightOp::kAllToAll)};
+}
+
+void FlightRecorder::Complete(int64_t id) {
+  if (id < 0) return;
+  const int64_t now = NowNs();
+  std::lock_guard<internal::SpinLock> lock(ring_->mu);
+  if (ring_->entries.empty()) return;
+  Ring::Entry& e = ring_->entries[id % static_cast<int64_t>(ring_->entries.size())];
+  if (e.id != id || e.time_completed_ns != 0) return;
+  e.time_completed_ns = now;
+  e.group->last_completed = std::max(e.group->last_completed, e.seq);
+}
+
+int64_t FlightRecorder::recorded() const {
+  std::lock_guard<internal::SpinLock> lock(ring_->mu);
+  return ring_->next_id;
+}
+
+void FlightRecorder::Reset() {
+  std::lock_guard<internal::SpinLock> lock(ring_->mu);
+  ring_->entries.clear();
+  ring_->next_id = 0;
+  // Process groups keep their slots: a slot stays, unlisted until its group records again.
+  for (auto& slot : ring_->groups) slot->last_enqueued = slot->last_completed = -1;
+}
+
+std::string FlightRecorder::Pickle() const {
+  internal::PickleWriter w;
+  std::lock_guard<internal::SpinLock> lock(ring_->mu);
+  w.BeginDict();
+  w.String("version");
+  w.String(kVersion);
+  w.String("pg_config");
+  w.BeginDict();
+  for (const auto& slot : ring_->groups) {
+    if (slot->last_enqueued < 0) continue;  // nothing recorded since registration or Reset
+    const FlightGroup& g = *slot->group;
+    w.String(g.name);
+    w.BeginDict();
+    w.String("name");
+    w.String(g.name);
+    w.String("desc");
+    w.String(g.desc);
+    // A string, as PyTorch writes it (the analyzer literal_evals it).
+    w.String("ranks");
+    w.String(absl::StrCat("[", absl::StrJoin(g.ranks, ", "), "]"));
+    w.EndDict();
+  }
+  w.EndDict();
+  w.String("comm_lib_version");
+  w.String("");
+  w.String("pg_status");
+  w.BeginDict();
+  for (const auto& slot : ring_->groups) {
+    if (slot->last_enqueued < 0) continue;
+    w.String(slot->group->name);
+    w.BeginDict();
+    w.String("last_enqueued_collective");
+    w.Int(slot->last_enqueued);
+    w.String("last_started_collective");
+    w.Int(-1);  // no backend here reports a start apart from completion
+    w.String("last_completed_collective");
+    w.Int(slot->last_completed);
+    w.EndDict();
+  }
+  w.EndDict();
+  w.String("entries");
+  w.BeginList();
+  const int64_t capacity = static_cast<int64_t>(ring_->entries.size());
+  for (int64_t id = std::max<int64_t>(0, ring_->next_id - capacity); id < ring_->next_id; ++id) {
+    const Ring::Entry& e = ring_->entries[id % capacity];
+    const FlightGroup& g = *e.group->group;
+    w.BeginDict();
+    w.String("record_id");
+    w.Int(e.id);
+    w.String("pg_id");
+    w.Int(0);  // ProcessGroupNCCL's uid_, which no analysis reads; the group is process_group
+    w.String("process_group");
+    w.Tuple2(g.name, g.desc);
+    w.String("collective_seq_id");
+    w.Int(e.seq);
+    w.String("p2p_seq_id");
+    w.Int(0);
+    w.String("op_id");
+    w.Int(e.seq);
+    w.String("profiling_name");
+    w.String(absl::StrCat(e.group->backend, ":", FlightOpName(e.op)));
+    w.String("time_created_ns");
+    w.Int(e.time_created_ns);
+    w.String("input_sizes");
+    e.input.WriteSizes(w);
+    w.String("input_dtypes");
+    e.input.WriteDtypes(w);
+    w.String("output_sizes");
+    e.output.WriteSizes(w);
+    w.String("output_dtypes");
+    e.output.WriteDtypes(w);
+    w.String("state");
+    w.String(e.time_completed_ns != 0 ? "completed" : "scheduled");
+    w.String("time_discovered_started_ns");
+    w.None();
+    w.String("time_discovered_completed_ns");
+    if (e.time_completed_ns != 0) {
+      w.Int(e.time_completed_ns);
+    } else {
+      w.None();
+    }
+    w.String("retired");
+    w.Bool(e.time_completed_ns != 0);
+    w.String("timeout_ms");
+    w.Int(e.timeout_ms);
+    w.String("is_p2p");
+    w.Bool(false);
+    w.String("thread_id");
+    w.String(std::to_string(e.thread_id));
+    w.String("thread_name");
+    w.String(*e.thread_name);
+    // Who issued it: the open profiler ranges, innermost first (PyTorch: the Python stack).
+    w.String("frames");
+    w.BeginList();
+    for (int i = 0; i < e.frame_count; ++i) {
+      w.BeginDict();
+      w.String("name");
+      w.String(e.frames[i].view());
+      w.String("filename");
+      w.String("");
+      w.String("line");
+      w.Int(0);
+      w.EndDict();
+    }
+    w.EndList();
+    w.EndDict();
+  }
+  w.EndList();
+  w.EndDict();
+  return w.Finish();
+}
+
+std::string FlightRecorder::Dump() const {
+  const std::string path = DumpPrefix() + std::to_string(rank_);
+  const std::string bytes = Pickle();
+  // Written beside the target, then renamed: a reader never sees half a dump.
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    TORCH_CHECK(out.good(), "flight recorder: cannot open ", partial, " for writing: ", std::strerror(errno));
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    TORCH_CHECK(out.good(), "flight recorder: cannot write ", partial, ": ", std::strerror(errno));
+  }
+  TORCH_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, "flight recorder: cannot rename ", partial, " to ",
+              path, ": ", std::strerror(errno));
+  return path;
+}
+
+namespace {
+// PyTorch's knob for the dump after a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, default on); "0"
+// turns the dumps after failures off (the test suite does: it injects failures by the
+// hundred). Read at each failure, so a program may change it.
+bool DumpAfterFailureEnabled() {
+  const char* value = std::getenv("TORCH_NCCL_DUMP_ON_TIMEOUT");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+}  // namespace
+
+void FlightRecorder::DumpAfterFailure(const std::string& reason) const {
+  if (Capacity() == 0 || recorded() == 0 || !DumpAfterFailureEnabled()) return;
+  try {
+    const std::string path = Dump();
+    std::fprintf(stderr, "[rank %d] flight recorder: %s; wrote %s\n", rank_, reason.c_str(), path.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d] flight recorder: %s; no dump: %s\n", rank_, reason.c_str(), e.what());
+  }
+}
+
+namespace {
+std::vector<FlightRecorder*> RecordersWithEntries() {
+  std::vector<FlightRecorder*> out;
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  for (auto& [_, recorder] : Registry()) {
+    if (recorder->recorded() > 0) out.push_back(recorder.get());
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<std::string> DumpFlightRecorders() {
+  std::vector<std::string> paths;
+  for (FlightRecorder* recorder : RecordersWithEntries()) paths.push_back(recorder->Dump());
+  return paths;
+}
+
+void DumpFlightRecordersAfterFailure(const std::string& reason) {
+  try {
+    for (FlightRecorder* recorder : RecordersWithEntries()) recorder->DumpAfterFailure(reason);
+  } catch (...) {
+    // Never let a dump turn an error exit into another error.
+  }
+}
+
+namespace {
+int signal_pipe[2] = {-1, -1};
+
+void OnDumpSignal(int) {
+  const char byte = 1;
+  // Async-signal-safe: the helper thread does the work.
+  [[maybe_unused]] ssize_t n = ::write(signal_pipe[1], &byte, 1);
+}
+}  // namespace
+
+bool InstallFlightRecorderDumpSignal(int signo) {
+  static std::mutex mu;
+  static std::map<int, bool> installed;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = installed.find(signo); it != installed.end()) return it->second;
+  struct sigaction current {};
+  TORCH_CHECK(::sigaction(signo, nullptr, &current) == 0, "InstallFlightRecorderDumpSignal: signo ", signo,
+              " is not a signal: ", std::strerror(errno));
+  if (current.sa_handler != SIG_DFL || (current.sa_flags & SA_SIGINFO) != 0) return installed[signo] = false;
+  if (signal_pipe[0] < 0) {
+    TORCH_CHECK(::pipe(signal_pipe) == 0, "InstallFlightRecorderDumpSignal: pipe failed: ", std::strerror(errno));
+    std::thread([] {
+      char byte;
+      while (::read(signal_pipe[0], &byte, 1) == 1) {
+        try {
+          for (const std::string& path : DumpFlightRecorders()) {
+            std::fprintf(stderr, "flight recorder: on request, wrote %s\n", path.c_str());
+          }
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "flight recorder: on request, no dump: %s\n", e.what());
+        }
+      }
+    }).detach();
+  }
+  struct sigaction action {};
+  action.sa_handler = OnDumpSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  TORCH_CHECK(::sigaction(signo, &action, nullptr) == 0, "InstallFlightRecorderDumpSignal: sigaction(", signo,
+              ") failed: ", std::strerror(errno));
+  return installed[signo] = true;
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,581 @@
+#include "tools/fr_trace_lib.h"
+
+#include <c10/util/Exception.h>
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdp::tools {
+namespace {
+
+// Bounds on untrusted dumps: far above what a ring of PyTorch's maximum size holds.
+constexpr size_t kMaxDumpBytes = size_t{1} << 30;
+constexpr size_t kMaxStackDepth = 1 << 20;
+constexpr size_t kMaxMemo = 1 << 24;
+
+// ------------------------------------------------------------------ pickle values
+
+struct Value {
+  enum class Kind { kNone, kBool, kInt, kFloat, kStr, kList, kTuple, kDict, kMark };
+  Kind kind = Kind::kNone;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;
+  std::vector<Value*> items;                     // list, tuple
+  std::vector<std::pair<Value*, Value*>> pairs;  // dict
+};
+
+const char* KindName(Value::Kind kind) {
+  switch (kind) {
+    case Value::Kind::kNone: return "None";
+    case Value::Kind::kBool: return "bool";
+    case Value::Kind::kInt: return "int";
+    case Value::Kind::kFloat: return "float";
+    case Value::Kind::kStr: return "str";
+    case Value::Kind::kList: return "list";
+    case Value::Kind::kTuple: return "tuple";
+    case Value::Kind::kDict: return "dict";
+    case Value::Kind::kMark: return "mark";
+  }
+  return "?";
+}
+
+// Values live in an arena owned by the parser: memo references (BINGET) may share and even
+// cycle, which neither leaks nor recurses here (readers below walk a fixed depth).
+class Unpickler {
+ public:
+  Unpickler(std::string_view bytes, const std::string& what) : bytes_(bytes), what_(what) {}
+
+  const Value* Parse() {
+    TORCH_CHECK(bytes_.size() <= kMaxDumpBytes, what_, ": ", bytes_.size(), " bytes is more than a dump holds");
+    while (true) {
+      TORCH_CHECK(pos_ < bytes_.size(), what_, ": truncated pickle (no STOP) at byte ", pos_);
+      const size_t at = pos_;
+      const uint8_t op = Byte();
+      switch (op) {
+        case 0x80: Byte(); break;        // PROTO
+        case 0x95: Bytes(8); break;      // FRAME
+        case '.': {                      // STOP
+          TORCH_CHECK(stack_.size() == 1 && stack_[0]->kind != Value::Kind::kMark, what_,
+                      ": pickle ends with ", stack_.size(), " values on the stack, expected 1");
+          return stack_[0];
+        }
+        case '(': Push(New(Value::Kind::kMark)); break;
+        case '}': Push(New(Value::Kind::kDict)); break;
+        case ']': Push(New(Value::Kind::kList)); break;
+        case ')': Push(New(Value::Kind::kTuple)); break;
+        case 'N': Push(New(Value::Kind::kNone)); break;
+        case 0x88: case 0x89: {
+          Value* v = New(Value::Kind::kBool);
+          v->i = op == 0x88;
+          Push(v);
+          break;
+        }
+        case 'J': PushInt(static_cast<int32_t>(Little(4)));  break;
+        case 'K': PushInt(static_cast<int64_t>(Little(1))); break;
+        case 'M': PushInt(static_cast<int64_t>(Little(2))); break;
+        case 0x8a: {  // LONG1
+          const size_t n = Byte();
+          TORCH_CHECK(n <= 8, what_, ": integer of ", n, " bytes at byte ", at, " does not fit 64 bits");
+          uint64_t v = n == 0 ? 0 : Little(n);
+          if (n > 0 && n < 8 && (v >> (8 * n - 1)) != 0) v |= ~uint64_t{0} << (8 * n);  // sign-extend
+          PushInt(static_cast<int64_t>(v));
+          break;
+        }
+        case 'G': {  // BINFLOAT, big-endian
+          const std::string_view b = Bytes(8);
+          uint64_t bits = 0;
+          for (char c : b) bits = (bits << 8) | static_cast<uint8_t>(c);
+          Value* v = New(Value::Kind::kFloat);
+          std::memcpy(&v->f, &bits, sizeof(double));
+          Push(v);
+          break;
+        }
+        case 'X': PushStr(Bytes(Little(4))); break;     // BINUNICODE
+        case 0x8c: PushStr(Bytes(Byte())); break;       // SHORT_BINUNICODE
+        case 0x8d: PushStr(Bytes(Little(8))); break;    // BINUNICODE8
+        case 't': {                                     // TUPLE
+          Value* t = New(Value::Kind::kTuple);
+          t->items = PopToMark(at);
+          Push(t);
+          break;
+        }
+        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+          const size_t n = op - 0x84;
+          TORCH_CHECK(stack_.size() >= n, what_, ": TUPLE", n, " at byte ", at, " with ", stack_.size(), " values");
+          Value* t = New(Value::Kind::kTuple);
+          t->items.assign(stack_.end() - n, stack_.end());
+          for (Value* item : t->items) CheckNotMark(item, at);
+          stack_.resize(stack_.size() - n);
+          Push(t);
+          break;
+        }
+        case 'a': {  // APPEND
+          Value* item = Pop(at);
+          Container(Value::Kind::kList, at)->items.push_back(item);
+          break;
+        }
+        case 'e': {  // APPENDS
+          std::vector<Value*> items = PopToMark(at);
+          Value* list = Container(Value::Kind::kList, at);
+          list->items.insert(list->items.end(), items.begin(), items.end());
+          break;
+        }
+        case 's': {  // SETITEM
+          Value* value = Pop(at);
+          Value* key = Pop(at);
+          Container(Value::Kind::kDict, at)->pairs.emplace_back(key, value);
+          break;
+        }
+        case 'u': {  // SETITEMS
+          std::vector<Value*> items = PopToMark(at);
+          TORCH_CHECK(items.size() % 2 == 0, what_, ": SETITEMS at byte ", at, " with an odd count ", items.size());
+          Value* dict = Container(Value::Kind::kDict, at);
+          for (size_t k = 0; k < items.size(); k += 2) dict->pairs.emplace_back(items[k], items[k + 1]);
+          break;
+        }
+        case 'q': Memo(Byte(), at); break;               // BINPUT
+        case 'r': Memo(Little(4), at); break;            // LONG_BINPUT
+        case 0x94: Memo(memo_.size(), at); break;        // MEMOIZE
+        case 'h': Push(MemoGet(Byte(), at)); break;      // BINGET
+        case 'j': Push(MemoGet(Little(4), at)); break;   // LONG_BINGET
+        default:
+          TORCH_CHECK(false, what_, ": unsupported pickle opcode 0x", std::hex, static_cast<int>(op), std::dec,
+                      " at byte ", at, " (a flight recorder dump holds dicts, lists, strings and numbers only)");
+      }
+    }
+  }
+
+ private:
+  uint8_t Byte() {
+    TORCH_CHECK(pos_ < bytes_.size(), what_, ": truncated at byte ", pos_);
+    return static_cast<uint8_t>(bytes_[pos_++]);
+  }
+  std::string_view Bytes(uint64_t n) {
+    TORCH_CHECK(n <= bytes_.size() - pos_, what_, ": ", n, " bytes wanted at byte ", pos_, " but only ",
+                bytes_.size() - pos_, " remain");
+    std::string_view out = bytes_.substr(pos_, n);
+    pos_ += n;
+    return out;
+  }
+  uint64_t Little(size_t n) {
+    const std::string_view b = Bytes(n);
+    uint64_t v = 0;
+    for (size_t k = 0; k < n; ++k) v |= static_cast<uint64_t>(static_cast<uint8_t>(b[k])) << (8 * k);
+    return v;
+  }
+  Value* New(Value::Kind kind) {
+    arena_.push_back(std::make_unique<Value>());
+    arena_.back()->kind = kind;
+    return arena_.back().get();
+  }
+  void Push(Value* v) {
+    TORCH_CHECK(stack_.size() < kMaxStackDepth, what_, ": more than ", kMaxStackDepth, " values on the stack");
+    stack_.push_back(v);
+  }
+  void PushInt(int64_t i) {
+    Value* v = New(Value::Kind::kInt);
+    v->i = i;
+    Push(v);
+  }
+  void PushStr(std::string_view s) {
+    Value* v = New(Value::Kind::kStr);
+    v->s = std::string(s);
+    Push(v);
+  }
+  void CheckNotMark(const Value* v, size_t at) const {
+    TORCH_CHECK(v->kind != Value::Kind::kMark, what_, ": a MARK used as a value at byte ", at);
+  }
+  Value* Pop(size_t at) {
+    TORCH_CHECK(!stack_.empty(), what_, ": pop from an empty stack at byte ", at);
+    Value* v = stack_.back();
+    stack_.pop_back();
+    CheckNotMark(v, at);
+    return v;
+  }
+  std::vector<Value*> PopToMark(size_t at) {
+    size_t k = stack_.size();
+    while (k > 0 && stack_[k - 1]->kind != Value::Kind::kMark) --k;
+    TORCH_CHECK(k > 0, what_, ": no MARK for the opcode at byte ", at);
+    std::vector<Value*> items(stack_.begin() + k, stack_.end());
+    stack_.resize(k - 1);
+    return items;
+  }
+  Value* Container(Value::Kind kind, size_t at) {
+    TORCH_CHECK(!stack_.empty() && stack_.back()->kind == kind, what_, ": expected a ", KindName(kind),
+                " on the stack at byte ", at, ", found ", stack_.empty() ? "nothing" : KindName(stack_.back()->kind));
+    return stack_.back();
+  }
+  void Memo(uint64_t index, size_t at) {
+    TORCH_CHECK(!stack_.empty(), what_, ": memo put from an empty stack at byte ", at);
+    TORCH_CHECK(index < kMaxMemo, what_, ": memo index ", index, " at byte ", at, " is out of range");
+    if (memo_.size() <= index) memo_.resize(index + 1, nullptr);
+    memo_[index] = stack_.back();
+  }
+  Value* MemoGet(uint64_t index, size_t at) {
+    TORCH_CHECK(index < memo_.size() && memo_[index] != nullptr, what_, ": memo get of unset index ", index,
+                " at byte ", at);
+    return memo_[index];
+  }
+
+  std::string_view bytes_;
+  const std::string& what_;
+  size_t pos_ = 0;
+  std::vector<Value*> stack_;
+  std::vector<Value*> memo_;
+  std::vector<std::unique_ptr<Value>> arena_;
+
+ public:
+  // The arena outlives Parse()'s result: the parser object owns it.
+};
+
+// ------------------------------------------------------------------ typed access
+
+class Reader {
+ public:
+  explicit Reader(const std::string& what) : what_(what) {}
+
+  // nullptr when `dict` has no `key`.
+  const Value* FieldOrNull(const Value* dict, const char* key, const std::string& where) const {
+    TORCH_CHECK(dict->kind == Value::Kind::kDict, what_, ": ", where, " is a ", KindName(dict->kind),
+                ", expected a dict");
+    for (const auto& [k, v] : dict->pairs) {
+      if (k->kind == Value::Kind::kStr && k->s == key) return v;
+    }
+    return nullptr;
+  }
+  const Value* Field(const Value* dict, const char* key, const std::string& where) const {
+    const Value* v = FieldOrNull(dict, key, where);
+    TORCH_CHECK(v != nullptr, what_, ": ", where, " has no '", key, "'");
+    return v;
+  }
+  const Value* Typed(const Value* v, Value::Kind kind, const std::string& where) const {
+    TORCH_CHECK(v->kind == kind, what_, ": ", where, " is a ", KindName(v->kind), ", expected a ", KindName(kind));
+    return v;
+  }
+  std::string Str(const Value* dict, const char* key, const std::string& where) const {
+    return Typed(Field(dict, key, where), Value::Kind::kStr, absl::StrCat(where, ".", key))->s;
+  }
+  int64_t Int(const Value* dict, const char* key, const std::string& where) const {
+    return Typed(Field(dict, key, where), Value::Kind::kInt, absl::StrCat(where, ".", key))->i;
+  }
+  const std::vector<Value*>& Items(const Value* v, const std::string& where) const {
+    TORCH_CHECK(v->kind == Value::Kind::kList || v->kind == Value::Kind::kTuple, what_, ": ", where, " is a ",
+                KindName(v->kind), ", expected a list");
+    return v->items;
+  }
+  std::vector<std::vector<int64_t>> Sizes(const Value* dict, const char* key, const std::string& where) const {
+    std::vector<std::vector<int64_t>> out;
+    const std::string field = absl::StrCat(where, ".", key);
+    for (const Value* shape : Items(Field(dict, key, where), field)) {
+      out.emplace_back();
+      for (const Value* d : Items(shape, field)) out.back().push_back(Typed(d, Value::Kind::kInt, field)->i);
+    }
+    return out;
+  }
+  std::vector<std::string> Strs(const Value* dict, const char* key, const std::string& where) const {
+    std::vector<std::string> out;
+    const std::string field = absl::StrCat(where, ".", key);
+    for (const Value* s : Items(Field(dict, key, where), field)) out.push_back(Typed(s, Value::Kind::kStr, field)->s);
+    return out;
+  }
+
+ private:
+  const std::string& what_;
+};
+
+// pg_config ranks: the string "[0, 1, 2]" (as PyTorch writes it) or a list of ints.
+std::vector<int> ParseRanks(const Value* v, const std::string& what, const std::string& where) {
+  std::vector<int> ranks;
+  if (v->kind == Value::Kind::kList || v->kind == Value::Kind::kTuple) {
+    for (const Value* r : v->items) {
+      TORCH_CHECK(r->kind == Value::Kind::kInt && r->i >= 0 && r->i <= INT32_MAX, what, ": ", where,
+                  " holds a rank that is not a non-negative int");
+      ranks.push_back(static_cast<int>(r->i));
+    }
+    return ranks;
+  }
+  TORCH_CHECK(v->kind == Value::Kind::kStr, what, ": ", where, " is a ", KindName(v->kind), ", expected '[0, 1, ...]'");
+  const std::string& s = v->s;
+  TORCH_CHECK(s.size() >= 2 && s.front() == '[' && s.back() == ']', what, ": ", where, " = '", s,
+              "' is not a list of ranks");
+  std::string body = s.substr(1, s.size() - 2);
+  std::stringstream in(body);
+  std::string token;
+  while (std::getline(in, token, ',')) {
+    const size_t b = token.find_first_not_of(' ');
+    const size_t e = token.find_last_not_of(' ');
+    TORCH_CHECK(b != std::string::npos, what, ": ", where, " = '", s, "' has an empty rank");
+    token = token.substr(b, e - b + 1);
+    TORCH_CHECK(!token.empty() && token.size() <= 9 && token.find_first_not_of("0123456789") == std::string::npos,
+                what, ": ", where, " = '", s, "' holds '", token, "', not a rank");
+    ranks.push_back(std::stoi(token));
+  }
+  return ranks;
+}
+
+std::string FormatSizes(const std::vector<std::vector<int64_t>>& sizes) {
+  std::vector<std::string> parts;
+  for (const auto& s : sizes) parts.push_back(absl::StrCat("[", absl::StrJoin(s, ", "), "]"));
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+std::string FormatRanks(const std::set<int>& ranks) { return absl::StrCat("{", absl::StrJoin(ranks, ", "), "}"); }
+
+}  // namespace
+
+std::string FlightEntry::op() const {
+  const size_t colon = profiling_name.rfind(':');
+  std::string name = colon == std::string::npos ? profiling_name : profiling_name.substr(colon + 1);
+  return name.substr(0, name.find(' '));
+}
+
+FlightDump ParseFlightDump(std::string_view bytes, int rank, const std::string& what) {
+  Unpickler unpickler(bytes, what);
+  const Value* root = unpickler.Parse();
+  Reader r(what);
+  FlightDump dump;
+  dump.rank = rank;
+  dump.version = r.Str(root, "version", "the dump");
+  const Value* config = r.Typed(r.Field(root, "pg_config", "the dump"), Value::Kind::kDict, "pg_config");
+  for (const auto& [key, group] : config->pairs) {
+    const std::string name = r.Typed(key, Value::Kind::kStr, "a pg_config key")->s;
+    const std::string where = absl::StrCat("pg_config['", name, "']");
+    FlightGroupConfig g;
+    g.desc = r.Str(group, "desc", where);
+    g.ranks = ParseRanks(r.Field(group, "ranks", where), what, where + ".ranks");
+    dump.groups[name] = std::move(g);
+  }
+  const auto& entries = r.Items(r.Field(root, "entries", "the dump"), "entries");
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const Value* e = entries[k];
+    const std::string where = absl::StrCat("entries[", k, "]");
+    FlightEntry entry;
+    entry.record_id = r.Int(e, "record_id", where);
+    const auto& pg = r.Items(r.Field(e, "process_group", where), where + ".process_group");
+    TORCH_CHECK(pg.size() == 2, what, ": ", where, ".process_group has ", pg.size(), " items, expected (name, desc)");
+    entry.group_name = r.Typed(pg[0], Value::Kind::kStr, where + ".process_group[0]")->s;
+    entry.group_desc = r.Typed(pg[1], Value::Kind::kStr, where + ".process_group[1]")->s;
+    entry.seq = r.Int(e, "collective_seq_id", where);
+    entry.profiling_name = r.Str(e, "profiling_name", where);
+    entry.input_sizes = r.Sizes(e, "input_sizes", where);
+    entry.output_sizes = r.Sizes(e, "output_sizes", where);
+    entry.input_dtypes = r.Strs(e, "input_dtypes", where);
+    entry.output_dtypes = r.Strs(e, "output_dtypes", where);
+    entry.state = r.Str(e, "state", where);
+    // Absent from PyTorch's dumps without stack traces.
+    const Value* frames_value = r.FieldOrNull(e, "frames", where);
+    static const std::vector<Value*> kNoFrames;
+    const auto& frames = frames_value == nullptr ? kNoFrames : r.Items(frames_value, where + ".frames");
+    for (size_t f = 0; f < frames.size(); ++f) {
+      const std::string fw = absl::StrCat(where, ".frames[", f, "]");
+      std::string frame = r.Str(frames[f], "name", fw);
+      const std::string file = r.Str(frames[f], "filename", fw);
+      if (!file.empty()) absl::StrAppend(&frame, " at ", file, ":", r.Int(frames[f], "line", fw));
+      entry.frames.push_back(std::move(frame));
+    }
+    dump.entries.push_back(std::move(entry));
+  }
+  return dump;
+}
+
+std::vector<FlightDump> ReadFlightDumps(const std::string& dir, const std::string& prefix_in) {
+  DIR* d = ::opendir(dir.c_str());
+  TORCH_CHECK(d != nullptr, "fr_trace: cannot read directory ", dir, ": ", std::strerror(errno));
+  std::vector<std::string> files;
+  while (const dirent* ent = ::readdir(d)) {
+    const std::string name = ent->d_name;
+    if (name != "." && name != "..") files.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(files.begin(), files.end());
+  // A dump's name is <prefix><rank>.
+  auto split = [](const std::string& name) -> std::pair<std::string, std::string> {
+    size_t k = name.size();
+    while (k > 0 && std::isdigit(static_cast<unsigned char>(name[k - 1]))) --k;
+    return {name.substr(0, k), name.substr(k)};
+  };
+  std::string prefix = prefix_in;
+  if (prefix.empty()) {
+    std::set<std::string> prefixes;
+    for (const auto& f : files) {
+      auto [p, digits] = split(f);
+      if (!digits.empty()) prefixes.insert(p);
+    }
+    TORCH_CHECK(prefixes.size() == 1, "fr_trace: cannot infer the dump file prefix in ", dir, " (candidates: [",
+                absl::StrJoin(prefixes, ", "), "]); pass --prefix");
+    prefix = *prefixes.begin();
+  }
+  std::vector<FlightDump> dumps;
+  for (const auto& f : files) {
+    auto [p, digits] = split(f);
+    if (p != prefix || digits.empty()) continue;
+    TORCH_CHECK(digits.size() <= 9, "fr_trace: ", f, ": rank ", digits, " is out of range");
+    const std::string path = dir + "/" + f;
+    std::ifstream in(path, std::ios::binary);
+    TORCH_CHECK(in.good(), "fr_trace: cannot open ", path);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    dumps.push_back(ParseFlightDump(bytes, std::stoi(digits), path));
+  }
+  TORCH_CHECK(!dumps.empty(), "fr_trace: no dump named ", prefix, "<rank> in ", dir);
+  return dumps;
+}
+
+namespace {
+
+void DescribeEntry(std::ostringstream& out, const FlightEntry& e, const std::string& group_name,
+                   const FlightGroupConfig& group) {
+  out << "internal record id: " << e.record_id << "\n";
+  out << "group info: " << group_name << ":" << group.desc << "\n";
+  out << "collective: " << e.profiling_name << "\n";
+}
+
+void DescribeTail(std::ostringstream& out, const FlightEntry& e, const FlightGroupConfig& group) {
+  out << "input sizes: " << FormatSizes(e.input_sizes) << "\n";
+  out << "output sizes: " << FormatSizes(e.output_sizes) << "\n";
+  out << "world size: " << group.ranks.size() << "\n";
+  out << "expected ranks: " << FormatRanks(std::set<int>(group.ranks.begin(), group.ranks.end())) << "\n";
+  out << "collective state: " << e.state << "\n";
+  out << "collective stack trace: \n " << absl::StrJoin(e.frames, "\n") << "\n";
+}
+
+// What makes two ranks' entries the same collective.
+std::string Signature(const FlightEntry& e) {
+  return absl::StrCat(e.op(), " in ", FormatSizes(e.input_sizes), " out ", FormatSizes(e.output_sizes), " ",
+                      absl::StrJoin(e.input_dtypes, ","), "/", absl::StrJoin(e.output_dtypes, ","));
+}
+
+const char* MismatchType(const FlightEntry& expected, const FlightEntry& found) {
+  if (expected.op() != found.op()) return "COLLECTIVE_TYPE_MISMATCH";
+  if (expected.input_sizes != found.input_sizes || expected.output_sizes != found.output_sizes) {
+    return "SIZE_OR_SYNTAX_MISMATCH";
+  }
+  return "COLLECTIVE_DTYPE_MISMATCH";
+}
+
+}  // namespace
+
+std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
+  std::ostringstream out;
+  std::map<int, const FlightDump*> by_rank;
+  for (const FlightDump& d : dumps) {
+    TORCH_CHECK(by_rank.emplace(d.rank, &d).second, "fr_trace: two dumps of rank ", d.rank);
+  }
+  // Groups by name and members (PyTorch's analyzer keys them so too).
+  std::map<std::pair<std::string, std::vector<int>>, FlightGroupConfig> groups;
+  for (const FlightDump& d : dumps) {
+    for (const auto& [name, g] : d.groups) groups.emplace(std::make_pair(name, g.ranks), g);
+  }
+  int problems = 0;
+  for (const auto& [key, group] : groups) {
+    const std::string& name = key.first;
+    // Each member's entries in this group, by sequence number.
+    std::map<int, std::map<int64_t, const FlightEntry*>> seqs;
+    std::set<int> without_dump;
+    for (int r : group.ranks) {
+      auto it = by_rank.find(r);
+      if (it == by_rank.end()) {
+        without_dump.insert(r);
+        continue;
+      }
+      // A member that never issued in the group has no pg_config entry for it: still a member.
+      auto& mine = seqs[r];
+      auto config = it->second->groups.find(name);
+      if (config != it->second->groups.end() && config->second.ranks != group.ranks) continue;
+      for (const FlightEntry& e : it->second->entries) {
+        if (e.group_name == name) mine[e.seq] = &e;
+      }
+    }
+    if (!without_dump.empty()) {
+      out << "group " << name << ":" << group.desc << ": no dump from ranks " << FormatRanks(without_dump)
+          << " (analysis of the others only)\n";
+      ++problems;
+    }
+    if (seqs.empty()) continue;
+    // The ring may have dropped early entries: start where every rank still has them.
+    int64_t first = 0, last = 0;
+    for (const auto& [r, m] : seqs) {
+      if (m.empty()) continue;
+      first = std::max(first, m.begin()->first);
+      last = std::max(last, m.rbegin()->first);
+    }
+    for (int64_t seq = first; seq <= last; ++seq) {
+      std::map<std::string, std::set<int>> by_signature;
+      std::set<int> missing;
+      const FlightEntry* example = nullptr;
+      for (const auto& [r, m] : seqs) {
+        auto it = m.find(seq);
+        if (it == m.end()) {
+          missing.insert(r);
+          continue;
+        }
+        by_signature[Signature(*it->second)].insert(r);
+        if (example == nullptr) example = it->second;
+      }
+      if (example == nullptr) continue;
+      if (!missing.empty()) {
+        out << "Not all ranks joining collective, sequence number: " << seq << "\n";
+        DescribeEntry(out, *example, name, group);
+        out << "missing ranks: " << FormatRanks(missing) << "\n";
+        DescribeTail(out, *example, group);
+        for (int r : missing) {
+          const auto& m = seqs[r];
+          if (m.empty()) {
+            out << "rank " << r << " issued nothing in this group\n";
+          } else {
+            const FlightEntry& e = *m.rbegin()->second;
+            out << "rank " << r << " last issued sequence number " << e.seq << ": " << e.profiling_name << " ("
+                << e.state << ")" << (e.frames.empty() ? "" : " from " + e.frames.front()) << "\n";
+          }
+        }
+        ++problems;
+        break;
+      }
+      if (by_signature.size() > 1) {
+        // The culprits: the ranks outside the largest agreeing set.
+        auto majority = std::max_element(by_signature.begin(), by_signature.end(),
+                                         [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+        const FlightEntry* expected = seqs[*majority->second.begin()][seq];
+        std::set<int> culprits;
+        const FlightEntry* found = nullptr;
+        for (const auto& [signature, ranks] : by_signature) {
+          if (signature == majority->first) continue;
+          culprits.insert(ranks.begin(), ranks.end());
+          if (found == nullptr) found = seqs[*ranks.begin()][seq];
+        }
+        out << "Collective sequence number: " << seq << " has errors\n";
+        DescribeEntry(out, *expected, name, group);
+        DescribeTail(out, *expected, group);
+        out << "error msg: Culprit rank " << absl::StrJoin(culprits, ", ") << "; Error type: "
+            << MismatchType(*expected, *found) << ", Expected '" << Signature(*expected) << "' does not match found '"
+            << Signature(*found) << "'" << (found->frames.empty() ? "" : " from " + found->frames.front()) << "\n";
+        ++problems;
+        break;
+      }
+    }
+  }
+  // Where each rank stands.
+  for (const FlightDump& d : dumps) {
+    if (d.entries.empty()) {
+      out << "rank " << d.rank << ": no collectives recorded\n";
+      continue;
+    }
+    const FlightEntry& e = d.entries.back();
+    out << "rank " << d.rank << ": last collective " << e.profiling_name << " #" << e.seq << " in group "
+        << e.group_name << " (" << e.state << ")" << (e.frames.empty() ? "" : " from " + e.frames.front()) << "\n";
+  }
+  out << (problems == 0 ? "no mismatch: every group's collectives agree on all ranks that dumped"
+                        : absl::StrCat(problems, " group(s) with a mismatch or a missing rank"))
+      << "\n";
+  return out.str();
+}
+
+}  // namespace fsdp::tools
