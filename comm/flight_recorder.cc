@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,8 +68,8 @@ const std::string* ThisThreadName() {
 namespace internal {
 
 // The ring's lock: held for a few stores per collective by the rank's thread(s), rarely
-// contended (a dump, a second thread of the same rank); a pthread mutex costs more
-// instructions than the rest of the recording (docs/development/benchmarks.md).
+// contended (a dump, a second thread of the same rank); a pthread mutex's lock and unlock
+// cost several times its instructions (docs/development/benchmarks.md).
 class SpinLock {
  public:
   void lock() {
@@ -164,7 +165,21 @@ struct FlightRecorder::Ring {
   };
 
   mutable internal::SpinLock mu;
-  std::vector<Entry> entries;  // capacity slots, allocated on first record
+  // Capacity() slots, mapped on the first record and never freed (entries outlive threads and
+  // groups). Mapped apart from the heap: a megabyte taken from malloc's heap would move the
+  // allocations of everything else (see docs/development/benchmarks.md).
+  Entry* entries = nullptr;
+  int64_t capacity = 0;
+
+  Entry& Slot(int64_t id) { return entries[id % capacity]; }
+  void Map(int64_t n) {
+    void* memory = ::mmap(nullptr, sizeof(Entry) * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(memory != MAP_FAILED, "flight recorder: cannot map ", n, " entries (TORCH_FR_BUFFER_SIZE): ",
+                std::strerror(errno));
+    entries = static_cast<Entry*>(memory);
+    for (int64_t k = 0; k < n; ++k) new (&entries[k]) Entry();
+    capacity = n;
+  }
   int64_t next_id = 0;
   // In registration order; never erased before Reset (entries point to them).
   std::vector<std::unique_ptr<GroupSlot>> groups;
@@ -222,10 +237,10 @@ int64_t FlightRecorder::Record(GroupSlot* group, int64_t seq, FlightOp op, const
   const std::string* thread_name = ThisThreadName();
   std::lock_guard<internal::SpinLock> lock(ring_->mu);
   // Allocated once: from the first collective on recording does not allocate.
-  if (ring_->entries.empty()) ring_->entries.resize(capacity);
+  if (ring_->entries == nullptr) ring_->Map(capacity);
   group->last_enqueued = seq;
   const int64_t id = ring_->next_id++;
-  Ring::Entry& e = ring_->entries[id % capacity];
+  Ring::Entry& e = ring_->Slot(id);
   e.id = id;
   e.group = group;
   e.seq = seq;
@@ -268,8 +283,8 @@ void FlightRecorder::Complete(int64_t id) {
   if (id < 0) return;
   const int64_t now = NowNs();
   std::lock_guard<internal::SpinLock> lock(ring_->mu);
-  if (ring_->entries.empty()) return;
-  Ring::Entry& e = ring_->entries[id % static_cast<int64_t>(ring_->entries.size())];
+  if (ring_->entries == nullptr) return;
+  Ring::Entry& e = ring_->Slot(id);
   if (e.id != id || e.time_completed_ns != 0) return;
   e.time_completed_ns = now;
   e.group->last_completed = std::max(e.group->last_completed, e.seq);
@@ -282,7 +297,7 @@ int64_t FlightRecorder::recorded() const {
 
 void FlightRecorder::Reset() {
   std::lock_guard<internal::SpinLock> lock(ring_->mu);
-  ring_->entries.clear();
+  for (int64_t k = 0; k < ring_->capacity; ++k) ring_->entries[k].id = -1;
   ring_->next_id = 0;
   // Process groups keep their slots: a slot stays, unlisted until its group records again.
   for (auto& slot : ring_->groups) slot->last_enqueued = slot->last_completed = -1;
@@ -330,9 +345,9 @@ std::string FlightRecorder::Pickle() const {
   w.EndDict();
   w.String("entries");
   w.BeginList();
-  const int64_t capacity = static_cast<int64_t>(ring_->entries.size());
+  const int64_t capacity = ring_->capacity;
   for (int64_t id = std::max<int64_t>(0, ring_->next_id - capacity); id < ring_->next_id; ++id) {
-    const Ring::Entry& e = ring_->entries[id % capacity];
+    const Ring::Entry& e = ring_->Slot(id);
     const FlightGroup& g = *e.group->group;
     w.BeginDict();
     w.String("record_id");
