@@ -169,6 +169,15 @@ TEST(FlightRecorderReader, BadBytesAreErrorsNeverCrashes) {
       EXPECT_TRUE(absl::StrContains(e.what(), "flipped.dump")) << e.what();
     }
   }
+  // Sequence numbers are data: a dump with #1 and #2^62 is analyzed at once, not walked.
+  std::string far = good;
+  const std::string key = "collective_seq_id";
+  const size_t at = far.rfind(key) + key.size();
+  ASSERT_EQ(far[at], 'J') << "BININT after the last entry's key";
+  far.replace(at, 5, std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40", 10));  // LONG1 2^62
+  const tools::FlightDump far_dump = tools::ParseFlightDump(far, 0);
+  EXPECT_EQ(far_dump.entries[1].seq, int64_t{1} << 62);
+  EXPECT_TRUE(absl::StrContains(tools::DiagnoseFlightDumps({far_dump}), "no dump from ranks {1}"));
   EXPECT_ERROR_CONTAINS(tools::ParseFlightDump("\x80\x02" "cos\nsystem\n.", 0, "global.dump"),
                         "unsupported pickle opcode 0x63 at byte 2");
   // A list holding itself, then read as the dump's dict.

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -19,7 +20,7 @@ namespace {
 // Bounds on untrusted dumps: far above what a ring of PyTorch's maximum size holds.
 constexpr size_t kMaxDumpBytes = size_t{1} << 30;
 constexpr size_t kMaxStackDepth = 1 << 20;
-constexpr size_t kMaxMemo = 1 << 24;
+constexpr size_t kMaxListedRanks = size_t{1} << 22;
 
 // ------------------------------------------------------------------ pickle values
 
@@ -144,7 +145,7 @@ class Unpickler {
         }
         case 'q': Memo(Byte(), at); break;               // BINPUT
         case 'r': Memo(Little(4), at); break;            // LONG_BINPUT
-        case 0x94: Memo(memo_.size(), at); break;        // MEMOIZE
+        case 0x94: Memo(memo_.size(), at); break;        // MEMOIZE: the next index
         case 'h': Push(MemoGet(Byte(), at)); break;      // BINGET
         case 'j': Push(MemoGet(Little(4), at)); break;   // LONG_BINGET
         default:
@@ -216,21 +217,19 @@ class Unpickler {
   }
   void Memo(uint64_t index, size_t at) {
     TORCH_CHECK(!stack_.empty(), what_, ": memo put from an empty stack at byte ", at);
-    TORCH_CHECK(index < kMaxMemo, what_, ": memo index ", index, " at byte ", at, " is out of range");
-    if (memo_.size() <= index) memo_.resize(index + 1, nullptr);
     memo_[index] = stack_.back();
   }
   Value* MemoGet(uint64_t index, size_t at) {
-    TORCH_CHECK(index < memo_.size() && memo_[index] != nullptr, what_, ": memo get of unset index ", index,
-                " at byte ", at);
-    return memo_[index];
+    auto it = memo_.find(index);
+    TORCH_CHECK(it != memo_.end(), what_, ": memo get of unset index ", index, " at byte ", at);
+    return it->second;
   }
 
   std::string_view bytes_;
   const std::string& what_;
   size_t pos_ = 0;
   std::vector<Value*> stack_;
-  std::vector<Value*> memo_;
+  absl::flat_hash_map<uint64_t, Value*> memo_;
   std::vector<std::unique_ptr<Value>> arena_;
 
  public:
@@ -346,12 +345,21 @@ FlightDump ParseFlightDump(std::string_view bytes, int rank, const std::string& 
   dump.rank = rank;
   dump.version = r.Str(root, "version", "the dump");
   const Value* config = r.Typed(r.Field(root, "pg_config", "the dump"), Value::Kind::kDict, "pg_config");
+  // Parsed once per value: a pickle may reference one ranks string from every group (memo).
+  std::map<const Value*, std::vector<int>> parsed_ranks;
+  size_t total_ranks = 0;
   for (const auto& [key, group] : config->pairs) {
     const std::string name = r.Typed(key, Value::Kind::kStr, "a pg_config key")->s;
     const std::string where = absl::StrCat("pg_config['", name, "']");
     FlightGroupConfig g;
     g.desc = r.Str(group, "desc", where);
-    g.ranks = ParseRanks(r.Field(group, "ranks", where), what, where + ".ranks");
+    const Value* ranks = r.Field(group, "ranks", where);
+    auto it = parsed_ranks.find(ranks);
+    if (it == parsed_ranks.end()) it = parsed_ranks.emplace(ranks, ParseRanks(ranks, what, where + ".ranks")).first;
+    g.ranks = it->second;
+    total_ranks += g.ranks.size();
+    TORCH_CHECK(total_ranks <= kMaxListedRanks, what, ": pg_config lists more than ", kMaxListedRanks,
+                " ranks in all groups (a rank is in a few groups of at most the world)");
     dump.groups[name] = std::move(g);
   }
   const auto& entries = r.Items(r.Field(root, "entries", "the dump"), "entries");
@@ -474,40 +482,50 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
   for (const FlightDump& d : dumps) {
     for (const auto& [name, g] : d.groups) groups.emplace(std::make_pair(name, g.ranks), g);
   }
+  // Each dump's entries by group name, in record order.
+  std::map<int, std::map<std::string, std::vector<const FlightEntry*>>> by_group;
+  for (const FlightDump& d : dumps) {
+    for (const FlightEntry& e : d.entries) by_group[d.rank][e.group_name].push_back(&e);
+  }
   int problems = 0;
   for (const auto& [key, group] : groups) {
     const std::string& name = key.first;
     // Each member's entries in this group, by sequence number.
     std::map<int, std::map<int64_t, const FlightEntry*>> seqs;
-    std::set<int> without_dump;
+    std::set<int> without_dump;  // the first few
+    size_t without_dump_count = 0;
     for (int r : group.ranks) {
       auto it = by_rank.find(r);
       if (it == by_rank.end()) {
-        without_dump.insert(r);
+        if (++without_dump_count <= 16) without_dump.insert(r);
         continue;
       }
       // A member that never issued in the group has no pg_config entry for it: still a member.
       auto& mine = seqs[r];
       auto config = it->second->groups.find(name);
       if (config != it->second->groups.end() && config->second.ranks != group.ranks) continue;
-      for (const FlightEntry& e : it->second->entries) {
-        if (e.group_name == name) mine[e.seq] = &e;
-      }
+      for (const FlightEntry* e : by_group[r][name]) mine[e->seq] = e;
     }
-    if (!without_dump.empty()) {
+    if (without_dump_count > 0) {
       out << "group " << name << ":" << group.desc << ": no dump from ranks " << FormatRanks(without_dump)
+          << (without_dump_count > without_dump.size() ? absl::StrCat(" and ", without_dump_count - without_dump.size(),
+                                                                      " more")
+                                                       : "")
           << " (analysis of the others only)\n";
       ++problems;
     }
     if (seqs.empty()) continue;
-    // The ring may have dropped early entries: start where every rank still has them.
-    int64_t first = 0, last = 0;
+    // The ring may have dropped early entries: start where every rank still has them. Only
+    // the sequence numbers some rank recorded are visited (a dump's numbers are untrusted).
+    int64_t first = INT64_MIN;
+    std::set<int64_t> recorded;
     for (const auto& [r, m] : seqs) {
       if (m.empty()) continue;
       first = std::max(first, m.begin()->first);
-      last = std::max(last, m.rbegin()->first);
+      for (const auto& [seq, _] : m) recorded.insert(seq);
     }
-    for (int64_t seq = first; seq <= last; ++seq) {
+    for (auto it = recorded.lower_bound(first); it != recorded.end(); ++it) {
+      const int64_t seq = *it;
       std::map<std::string, std::set<int>> by_signature;
       std::set<int> missing;
       const FlightEntry* example = nullptr;
