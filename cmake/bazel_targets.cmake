@@ -632,7 +632,7 @@ fsdp_cc_test(//tests:cross_package_test SIZE medium SMOKE
        profiler_ranges_test.cc
   DATA testdata/pytorch_gloo_fr_dump_rank_0
   TAGS float_parity
-  DEPS //comm //comm:faulty //comm:init_process_group //dcp //dcp:core //dtensor
+  DEPS //comm //comm:faulty //comm:init_process_group //comm:main_guard //dcp //dcp:core //dtensor
        //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/fsdp2:test_models
        //fsdp/hooked_module //mesh //optim_state:core //testing:expect_error //testing:multi_rank
        //testing:peer_python //testing:test_dir //tools:fr_trace_lib @libtorch @system//:absl

@@ -4,9 +4,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -16,6 +22,7 @@
 #include "comm/fake_process_group.h"
 #include "comm/faulty_process_group.h"
 #include "comm/flight_recorder.h"
+#include "comm/main_guard.h"
 #include "comm/profiler_range.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/hooked_module/hooked_module.h"
@@ -185,6 +192,61 @@ TEST(FlightRecorderReader, BadBytesAreErrorsNeverCrashes) {
                         "the dump is a list, expected a dict");
   EXPECT_ERROR_CONTAINS(tools::ParseFlightDump(std::string("\x80\x02X\xff\xff\xff\xff", 7), 0, "long.dump"),
                         "4294967295 bytes wanted at byte 7");
+}
+
+// How long a dump on request may take to appear: generous, a named bound, never a timing check.
+constexpr auto kDumpDeadline = std::chrono::seconds(60);
+
+bool WaitForFile(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + kDumpDeadline;
+  while (::access(path.c_str(), R_OK) != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// On request: SIGUSR1 (the handler RunMain installs) and the API write every rank's dump.
+TEST(FlightRecorder, SignalAndApiDumpEveryRankOfTheProcess) {
+  const std::string prefix = testing::NewTestPath("fr_signal") + "_rank_";
+  ::setenv("TORCH_FR_DUMP_TEMP_FILE", prefix.c_str(), 1);
+  auto pg = comm::CreateFakeProcessGroup(3, 4);
+  comm::FlightRecorder::ForRank(3).Reset();
+  at::Tensor t = at::ones({2});
+  pg->all_reduce(t)->wait();
+  ASSERT_TRUE(comm::InstallFlightRecorderDumpSignal(SIGUSR1)) << "SIGUSR1 had its default action";
+  ASSERT_EQ(::raise(SIGUSR1), 0);
+  ASSERT_TRUE(WaitForFile(prefix + "3")) << "no dump at " << prefix << "3";
+  const tools::FlightDump dump = tools::ParseFlightDump(ReadFile(prefix + "3"), 3);
+  ASSERT_FALSE(dump.entries.empty());
+  EXPECT_EQ(dump.entries.back().profiling_name, "fake:all_reduce");
+  std::remove((prefix + "3").c_str());
+  const std::vector<std::string> paths = comm::DumpFlightRecorders();
+  EXPECT_NE(std::find(paths.begin(), paths.end(), prefix + "3"), paths.end());
+  EXPECT_TRUE(WaitForFile(prefix + "3"));
+  ::unsetenv("TORCH_FR_DUMP_TEMP_FILE");
+}
+
+// RunMain's error exit writes the dump before its one line.
+TEST(FlightRecorderDeathTest, RunMainErrorExitDumps) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // The same path in the death test's child, which runs this body again in another process.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string prefix = std::string(tmp != nullptr ? tmp : "/tmp") + "/fr_exit_rank_";
+  ::setenv("TORCH_FR_DUMP_TEMP_FILE", prefix.c_str(), 1);
+  ::setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "1", 1);
+  EXPECT_EXIT(comm::RunMain([]() -> int {
+                auto pg = comm::CreateFakeProcessGroup(1, 2);
+                at::Tensor t = at::ones({2});
+                pg->broadcast(t, 0)->wait();
+                TORCH_CHECK(false, "the body failed");
+              }),
+              ::testing::ExitedWithCode(1), "flight recorder: error exit; wrote .*fr_exit.*_rank_1");
+  ::setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", 1);
+  ::unsetenv("TORCH_FR_DUMP_TEMP_FILE");
+  const tools::FlightDump dump = tools::ParseFlightDump(ReadFile(prefix + "1"), 1);
+  ASSERT_FALSE(dump.entries.empty());
+  EXPECT_EQ(dump.entries.back().profiling_name, "fake:broadcast");
 }
 
 // Three FSDP2 blocks on four Gloo processes; rank 2's all-gather of block l1 in the first
