@@ -233,8 +233,11 @@ def _headers_alone_test_impl(ctx):
             tu.path,
             pch_flags + ["-fsyntax-only"],
         )
+        # A verdict is cached like any action output, also one from a compile that failed for
+        # another reason than the header (a checkout deleted under a running build); the
+        # leading no-op names the verdicts' version: bump it to drop every cached verdict.
         ctx.actions.run_shell(
-            command = 'out="$1"; shift; if "$@" > "$out.log" 2>&1; then echo ok > "$out"; ' +
+            command = ': verdicts v2; out="$1"; shift; if "$@" > "$out.log" 2>&1; then echo ok > "$out"; ' +
                       'else { echo "%s does not compile on its own:"; cat "$out.log"; } > "$out"; fi; ' % path +
                       'rm -f "$out.log"',
             arguments = [verdict.path, compiler] + arguments,
