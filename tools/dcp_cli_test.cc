@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -273,7 +274,8 @@ TEST(DcpCli, ToTorchAssemblesTensorsFromTheChunksOfEveryRank) {
                                  "  __1_0.distcp: ", size1, " bytes, data up to byte ", size1, "\n"));
   EXPECT_EQ(md.Find("step")->bytes_storage.offset, 0);  // bytes first in the file, as DCP writes
 
-  ASSERT_EQ(Dcp({"to-torch", dir, out}).status, 0);
+  const Result to = Dcp({"to-torch", dir, out});
+  ASSERT_EQ(to.status, kOk) << to.err;
   PyDict want = NewDict();
   want.insert("step", int64_t{9});  // the entries in metadata order: rank 0's first
   want.insert("w", w);
@@ -528,6 +530,7 @@ TEST(DcpCliHf, FromHfThenToHfGivesTheTensorsBackBitwiseStreamed) {
   EXPECT_EQ(embed->object_path, (std::vector<DcpPathElement>{std::string("model"), std::string("model.embed_tokens.weight")}));
   ExpectHfDirHolds(back, want);
   EXPECT_GE(fsdp::checkpoint::HfCheckpointReader(back).files().size(), 2u);  // split at 20 MB
+  std::filesystem::remove_all(back);  // each copy holds 70 MB: keep the test's disk use small
   const Result to_bf16 = Dcp({"to-hf", "--dtype=bf16", ckpt, bf16});
   ASSERT_EQ(to_bf16.status, kOk) << to_bf16.err;
   fsdp::checkpoint::TensorDict converted;
@@ -536,18 +539,23 @@ TEST(DcpCliHf, FromHfThenToHfGivesTheTensorsBackBitwiseStreamed) {
     converted.insert(item.key(), at::isFloatingType(t.scalar_type()) ? t.to(at::kBFloat16) : t);
   }
   ExpectHfDirHolds(bf16, converted);
+  std::filesystem::remove_all(bf16);
+  std::filesystem::remove_all(ckpt);
   // --prefix '': every tensor under its own key, and back.
   const std::string flat = NewPath("hf_flat"), flat_back = NewPath("hf_flat_back");
-  ASSERT_EQ(Dcp({"from-hf", "--prefix", "", hf, flat}).status, kOk);
+  const Result from_flat = Dcp({"from-hf", "--prefix", "", hf, flat});
+  ASSERT_EQ(from_flat.status, kOk) << from_flat.err;
   EXPECT_NE(ReadMetadata(flat).Find("positions"), nullptr);
-  ASSERT_EQ(Dcp({"to-hf", "--prefix=", flat, flat_back}).status, kOk);
+  const Result to_flat = Dcp({"to-hf", "--prefix=", flat, flat_back});
+  ASSERT_EQ(to_flat.status, kOk) << to_flat.err;
   ExpectHfDirHolds(flat_back, want);
 }
 
 TEST(DcpCliHf, BadArgumentsAreOneClearErrorLine) {
   const std::string hf = NewPath("hf_bad"), ckpt = NewPath("hf_bad_dcp");
   WriteHfDir(hf);
-  ASSERT_EQ(Dcp({"from-hf", hf, ckpt}).status, kOk);
+  const Result from = Dcp({"from-hf", hf, ckpt});
+  ASSERT_EQ(from.status, kOk) << from.err;
   ExpectError({"to-hf", "--dtype", "int8", ckpt, NewPath("x")}, kFailed, "--dtype: 'int8' is not a floating-point dtype");
   ExpectError({"to-hf", "--max-shard-size", "5GiB", ckpt, NewPath("x")}, kFailed, "--max-shard-size: '5GiB' is not a size");
   ExpectError({"to-hf", "--prefix", "optim.", ckpt, NewPath("x")}, kFailed, "has no tensor under 'optim.'");
