@@ -2,10 +2,14 @@
 
 #include <c10/util/Exception.h>
 #include <pthread.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +20,8 @@
 #include <set>
 #include <string_view>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -44,9 +50,33 @@ int64_t ReadCapacity() {
   return parsed;
 }
 
-int64_t NowNs() {
+int64_t WallNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// Whether the time-stamp counter can stand for the wall clock: the kernel keeps time with it
+// (its clocksource is "tsc" only while it finds the counter invariant and synchronized across
+// CPUs, and it demotes it otherwise). x86-64 only; elsewhere entries read the wall clock.
+bool TscKeepsTime() {
+#if defined(__x86_64__)
+  static const bool tsc = [] {
+    std::ifstream f("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+    std::string source;
+    return static_cast<bool>(f >> source) && source == "tsc";
+  }();
+  return tsc;
+#else
+  return false;
+#endif
+}
+
+int64_t Tsc() {
+#if defined(__x86_64__)
+  return static_cast<int64_t>(__rdtsc());
+#else
+  return 0;
+#endif
 }
 
 // This thread's name, interned for the life of the process (an entry keeps the pointer; the
@@ -81,25 +111,6 @@ class SpinLock {
 
  private:
   std::atomic<bool> locked_{false};
-};
-
-// A frame's text, inline up to kInline characters (FSDP's labels with their module FQN):
-// copied with one memcpy; longer names go to a string that then stays allocated.
-struct FrameText {
-  static constexpr size_t kInline = 88;
-  char text[kInline];
-  size_t size = 0;
-  std::string spill;
-
-  void Assign(const std::string& s) {
-    size = s.size();
-    if (size <= kInline) {
-      std::memcpy(text, s.data(), size);
-    } else {
-      spill.assign(s);
-    }
-  }
-  std::string_view view() const { return size <= kInline ? std::string_view(text, size) : std::string_view(spill); }
 };
 
 // One tensor argument as recorded: inline, so a ring entry is rewritten without allocating
@@ -155,16 +166,35 @@ struct FlightRecorder::Ring {
     FlightOp op = FlightOp::kBarrier;
     internal::TensorRecord input;
     internal::TensorRecord output;
-    internal::FrameText frames[kMaxFrames];
+    const std::string* frames[kMaxFrames] = {};  // interned profiler labels: never freed
     int frame_count = 0;
-    int64_t time_created_ns = 0;
-    int64_t time_completed_ns = 0;  // 0 while not completed
+    int64_t created_ticks = 0;    // Ring::Ticks()
+    int64_t completed_ticks = 0;  // 0 while not completed
     int64_t timeout_ms = 0;
     uint64_t thread_id = 0;
     const std::string* thread_name = nullptr;
   };
 
   mutable internal::SpinLock mu;
+  // Entry times in ticks: the TSC where it keeps time (reading it is one instruction, a clock
+  // read a library call; docs/development/benchmarks.md), else the wall clock's ns. A dump
+  // converts TSC ticks to wall-clock ns through two (ticks, ns) pairs: `base`, read when the
+  // ring was mapped, and one read at the dump; the error is that of two clock reads.
+  bool tsc = false;
+  int64_t base_ticks = 0, base_ns = 0;
+  int64_t Ticks() const { return tsc ? Tsc() : WallNs(); }
+  // {Ticks(), WallNs()} read as close together as a few tries get them (a preemption between
+  // the two reads would shift every converted time by its length).
+  std::pair<int64_t, int64_t> ClockPair() const {
+    std::pair<int64_t, int64_t> best{Ticks(), WallNs()};
+    if (!tsc) return best;
+    int64_t best_gap = INT64_MAX;
+    for (int attempt = 0; attempt < 5 && best_gap > 10'000; ++attempt) {
+      const int64_t before = WallNs(), ticks = Ticks(), after = WallNs();
+      if (after - before < best_gap) best = {ticks, before + (after - before) / 2}, best_gap = after - before;
+    }
+    return best;
+  }
   // Capacity() slots, mapped on the first record and never freed (entries outlive threads and
   // groups). Mapped apart from the heap: a megabyte taken from malloc's heap would move the
   // allocations of everything else (see docs/development/benchmarks.md).
@@ -179,6 +209,16 @@ struct FlightRecorder::Ring {
     entries = static_cast<Entry*>(memory);
     for (int64_t k = 0; k < n; ++k) new (&entries[k]) Entry();
     capacity = n;
+    tsc = TscKeepsTime();
+    std::tie(base_ticks, base_ns) = ClockPair();
+  }
+  // Converts ticks to wall-clock ns; `now` = ClockPair() at the dump.
+  int64_t ToNs(int64_t ticks, std::pair<int64_t, int64_t> now) const {
+    if (!tsc) return ticks;
+    const int64_t span = now.first - base_ticks;
+    if (span <= 0) return base_ns;
+    const long double ns_per_tick = static_cast<long double>(now.second - base_ns) / span;
+    return base_ns + static_cast<int64_t>(std::llround(static_cast<long double>(ticks - base_ticks) * ns_per_tick));
   }
   int64_t next_id = 0;
   // In registration order; never erased before Reset (entries point to them).
@@ -232,12 +272,12 @@ int64_t FlightRecorder::Record(GroupSlot* group, int64_t seq, FlightOp op, const
   const int64_t capacity = Capacity();
   if (capacity == 0) return -1;
   const std::string* ranges[kMaxFrames];
-  const int frame_count = OpenProfilerRanges(ranges, kMaxFrames);
-  const int64_t now = NowNs();
+  const int frame_count = OpenProfilerRanges(ranges, kMaxFrames);  // interned: kept by pointer
   const std::string* thread_name = ThisThreadName();
   std::lock_guard<internal::SpinLock> lock(ring_->mu);
   // Allocated once: from the first collective on recording does not allocate.
   if (ring_->entries == nullptr) ring_->Map(capacity);
+  const int64_t now = ring_->Ticks();
   group->last_enqueued = seq;
   const int64_t id = ring_->next_id++;
   Ring::Entry& e = ring_->Slot(id);
@@ -247,10 +287,10 @@ int64_t FlightRecorder::Record(GroupSlot* group, int64_t seq, FlightOp op, const
   e.op = op;
   e.input.Assign(input);
   e.output.Assign(output);
-  for (int i = 0; i < frame_count; ++i) e.frames[i].Assign(*ranges[i]);
+  for (int i = 0; i < frame_count; ++i) e.frames[i] = ranges[i];
   e.frame_count = frame_count;
-  e.time_created_ns = now;
-  e.time_completed_ns = 0;
+  e.created_ticks = now;
+  e.completed_ticks = 0;
   e.timeout_ms = timeout.count();
   e.thread_id = static_cast<uint64_t>(pthread_self());
   e.thread_name = thread_name;
@@ -281,12 +321,11 @@ CollectiveTraffic FlightRecorder::traffic() const {
 
 void FlightRecorder::Complete(int64_t id) {
   if (id < 0) return;
-  const int64_t now = NowNs();
   std::lock_guard<internal::SpinLock> lock(ring_->mu);
   if (ring_->entries == nullptr) return;
   Ring::Entry& e = ring_->Slot(id);
-  if (e.id != id || e.time_completed_ns != 0) return;
-  e.time_completed_ns = now;
+  if (e.id != id || e.completed_ticks != 0) return;
+  e.completed_ticks = ring_->Ticks();
   e.group->last_completed = std::max(e.group->last_completed, e.seq);
 }
 
@@ -306,6 +345,7 @@ void FlightRecorder::Reset() {
 std::string FlightRecorder::Pickle() const {
   internal::PickleWriter w;
   std::lock_guard<internal::SpinLock> lock(ring_->mu);
+  const std::pair<int64_t, int64_t> now = ring_->ClockPair();
   w.BeginDict();
   w.String("version");
   w.String(kVersion);
@@ -365,7 +405,7 @@ std::string FlightRecorder::Pickle() const {
     w.String("profiling_name");
     w.String(absl::StrCat(e.group->backend, ":", FlightOpName(e.op)));
     w.String("time_created_ns");
-    w.Int(e.time_created_ns);
+    w.Int(ring_->ToNs(e.created_ticks, now));
     w.String("input_sizes");
     e.input.WriteSizes(w);
     w.String("input_dtypes");
@@ -375,17 +415,17 @@ std::string FlightRecorder::Pickle() const {
     w.String("output_dtypes");
     e.output.WriteDtypes(w);
     w.String("state");
-    w.String(e.time_completed_ns != 0 ? "completed" : "scheduled");
+    w.String(e.completed_ticks != 0 ? "completed" : "scheduled");
     w.String("time_discovered_started_ns");
     w.None();
     w.String("time_discovered_completed_ns");
-    if (e.time_completed_ns != 0) {
-      w.Int(e.time_completed_ns);
+    if (e.completed_ticks != 0) {
+      w.Int(ring_->ToNs(e.completed_ticks, now));
     } else {
       w.None();
     }
     w.String("retired");
-    w.Bool(e.time_completed_ns != 0);
+    w.Bool(e.completed_ticks != 0);
     w.String("timeout_ms");
     w.Int(e.timeout_ms);
     w.String("is_p2p");
@@ -400,7 +440,7 @@ std::string FlightRecorder::Pickle() const {
     for (int i = 0; i < e.frame_count; ++i) {
       w.BeginDict();
       w.String("name");
-      w.String(e.frames[i].view());
+      w.String(*e.frames[i]);
       w.String("filename");
       w.String("");
       w.String("line");

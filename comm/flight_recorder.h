@@ -20,8 +20,9 @@
 // Configuration (read once per process): TORCH_FR_BUFFER_SIZE entries per rank (default
 // 2000, PyTorch's; 0 turns recording off), TORCH_FR_DUMP_TEMP_FILE (the prefix).
 //
-// Thread-safety: every function is thread-safe (one mutex per rank's ring; the recording
-// path takes it once per collective, without allocating once the ring is warm).
+// Thread-safety: every function is thread-safe (one spin lock per rank's ring; the recording
+// path takes it once per collective, without allocating once the ring is warm: it keeps the
+// interned profiler labels by pointer and the time-stamp counter as the time).
 #ifndef FSDP_COMM_FLIGHT_RECORDER_H_
 #define FSDP_COMM_FLIGHT_RECORDER_H_
 

@@ -1,5 +1,7 @@
 #include "comm/profiler_range.h"
 
+#include <mutex>
+#include <unordered_set>
 #include <utility>
 
 namespace fsdp::comm {
@@ -13,16 +15,25 @@ thread_local bool innermost_unprofiled = false;
 
 }  // namespace
 
+ProfilerLabel::ProfilerLabel() : ProfilerLabel(std::string_view()) {}
+
+ProfilerLabel::ProfilerLabel(std::string_view name) {
+  static std::mutex mu;
+  static auto* names = new std::unordered_set<std::string>();  // never destroyed: labels point into it
+  std::lock_guard<std::mutex> lock(mu);
+  name_ = &*names->emplace(name).first;  // node-based: the address is stable across rehashes
+}
+
 // USER_SCOPE: the scope torch.profiler.record_function records under. A RecordFunction is
 // built only when callbacks want this scope (its constructor and destructor cost more than
 // the check).
-ProfilerRange::ProfilerRange(const std::string& name)
-    : name_(&name), enclosing_(innermost), enclosing_unprofiled_(innermost_unprofiled) {
+ProfilerRange::ProfilerRange(const ProfilerLabel& label)
+    : name_(&label.str()), enclosing_(innermost), enclosing_unprofiled_(innermost_unprofiled) {
   bool unprofiled = true;
   if (innermost == nullptr || !innermost_unprofiled) {
     if (std::optional<at::StepCallbacks> callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE)) {
       record_.emplace(std::move(*callbacks));
-      if (record_->isActive()) record_->before(name);
+      if (record_->isActive()) record_->before(label.str());
       unprofiled = false;
     }
   }

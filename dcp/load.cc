@@ -85,7 +85,7 @@ void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std:
                    const char* what, const char* option) {
   // Profiler ranges of the phases (torch/distributed/checkpoint/state_dict_loader.py's
   // local_step / read_data): dcp.load.plan, dcp.load.read, dcp.load.apply.
-  static const std::string kPlan = "dcp.load.plan", kRead = "dcp.load.read", kApply = "dcp.load.apply";
+  static const comm::ProfilerLabel kPlan("dcp.load.plan"), kRead("dcp.load.read"), kApply("dcp.load.apply");
   std::optional<comm::ProfilerRange> phase(std::in_place, kPlan);
   std::string error = ErrorOf(prepare);
   AgreeOrThrow(world, error, caller);
@@ -115,7 +115,7 @@ void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std:
 void Load(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const std::string& dir,
           const LoadOptions& options) {
   using internal::kLoad;
-  static const std::string kLabel = "dcp.load";
+  static const comm::ProfilerLabel kLabel("dcp.load");
   comm::ProfilerRange load_range(kLabel);
   const std::unique_ptr<internal::ModelAdapter> adapter = internal::AdapterFor(model, kLoad);  // reshards
   const comm::ProcessGroupPtr world = adapter->world();

@@ -193,8 +193,8 @@ std::vector<char> FragmentPayload(const DcpFragment& fragment) {
 // write_data / finish_checkpoint.
 void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
           const SaveOptions& options) {
-  static const std::string kSave = "dcp.save", kPlan = "dcp.save.plan", kWrite = "dcp.save.write",
-                           kFinish = "dcp.save.finish";
+  static const comm::ProfilerLabel kSave("dcp.save"), kPlan("dcp.save.plan"), kWrite("dcp.save.write"),
+      kFinish("dcp.save.finish");
   comm::ProfilerRange save_range(kSave);
   std::optional<comm::ProfilerRange> phase(std::in_place, kPlan);
   const RankPlan plan = MakePlan(model, optimizer, dir, options, "dcp::Save");

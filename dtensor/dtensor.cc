@@ -110,7 +110,7 @@ at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, co
   if (plan->steps.empty() && (!backward_moves || !records_grad)) return local;
   // PyTorch's trace shows its autograd Function (torch/distributed/tensor/_redistribute.py
   // Redistribute) under its class name.
-  static const std::string kLabel = "Redistribute";
+  static const comm::ProfilerLabel kLabel("Redistribute");
   comm::ProfilerRange range(kLabel);
   at::Tensor out;
   {

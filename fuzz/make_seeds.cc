@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   {
     auto pg = fsdp::comm::CreateFakeProcessGroup(0, 2);
     at::Tensor t = at::ones({2, 3});
-    const std::string range = "FSDP::all_gather (layers.0)";
+    const fsdp::comm::ProfilerLabel range("FSDP::all_gather (layers.0)");
     {
       fsdp::comm::ProfilerRange issuer(range);
       pg->all_gather_into_tensor(at::empty({4, 3}), t)->wait();

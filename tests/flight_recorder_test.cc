@@ -48,6 +48,11 @@ struct ThreeBlocksImpl : torch::nn::Module {
 };
 using ThreeBlocks = Hooked<ThreeBlocksImpl>;
 
+int64_t WallNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 tools::FlightDump Dumped(int rank) {
   return tools::ParseFlightDump(comm::FlightRecorder::ForRank(rank).Pickle(), rank);
 }
@@ -55,8 +60,9 @@ tools::FlightDump Dumped(int rank) {
 TEST(FlightRecorder, RecordsWhatEachRankIssuedWithGroupsAndIssuer) {
   testing::RunOnRanks(testing::Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     comm::FlightRecorder::ForRank(pg->rank()).Reset();
-    const std::string phase = "FSDP::pre_forward (l0)", collective = "FSDP::all_gather (l0)";
+    const comm::ProfilerLabel phase("FSDP::pre_forward (l0)"), collective("FSDP::all_gather (l0)");
     at::Tensor shard = at::ones({2, 3}), full = at::empty({4, 3});
+    const int64_t before_ns = WallNs();
     {
       comm::ProfilerRange outer(phase);
       comm::ProfilerRange inner(collective);
@@ -67,6 +73,7 @@ TEST(FlightRecorder, RecordsWhatEachRankIssuedWithGroupsAndIssuer) {
     at::Tensor d = at::ones({5}, at::kDouble);
     sub->all_reduce(d)->wait();
     const tools::FlightDump dump = Dumped(pg->rank());
+    const int64_t after_ns = WallNs();
     pending->wait();
 
     EXPECT_EQ(dump.version, "2.10");
@@ -84,7 +91,7 @@ TEST(FlightRecorder, RecordsWhatEachRankIssuedWithGroupsAndIssuer) {
     EXPECT_EQ(ag.output_sizes, (std::vector<std::vector<int64_t>>{{4, 3}}));
     EXPECT_EQ(ag.input_dtypes, std::vector<std::string>{"Float"});
     EXPECT_EQ(ag.state, "completed");
-    EXPECT_EQ(ag.frames, (std::vector<std::string>{collective, phase})) << "innermost range first";
+    EXPECT_EQ(ag.frames, (std::vector<std::string>{collective.str(), phase.str()})) << "innermost range first";
     const tools::FlightEntry& rs = dump.entries[1];
     EXPECT_EQ(rs.op(), "_reduce_scatter_base");
     EXPECT_EQ(rs.seq, 2);
@@ -96,6 +103,18 @@ TEST(FlightRecorder, RecordsWhatEachRankIssuedWithGroupsAndIssuer) {
     EXPECT_EQ(ar.group_desc, "mesh_dp");
     EXPECT_EQ(ar.seq, 1) << "sequence ids count per group";
     EXPECT_EQ(ar.input_dtypes, std::vector<std::string>{"Double"});
+    // Wall-clock times inside the span they happened in. Entries may hold TSC ticks that the
+    // dump converts through two (TSC, clock) pairs: exact but for the gap between the two reads
+    // of a pair, which a preemption on a loaded machine stretches to a scheduler slice.
+    constexpr int64_t kClockPairSlackNs = 50'000'000;
+    EXPECT_GE(ag.time_created_ns, before_ns - kClockPairSlackNs);
+    ASSERT_TRUE(ag.time_completed_ns.has_value());
+    EXPECT_GE(*ag.time_completed_ns, ag.time_created_ns);
+    EXPECT_LE(ag.time_created_ns, rs.time_created_ns);
+    EXPECT_LE(rs.time_created_ns, ar.time_created_ns);
+    EXPECT_FALSE(rs.time_completed_ns.has_value());
+    ASSERT_TRUE(ar.time_completed_ns.has_value());
+    EXPECT_LE(*ar.time_completed_ns, after_ns + kClockPairSlackNs);
   });
 }
 

@@ -166,15 +166,15 @@ TEST(ProfilerRanges, DTensorRedistributeAndDcpPhases) {
 
 TEST(ProfilerRanges, InnermostRangeNamesTheIssuer) {
   EXPECT_EQ(comm::CurrentProfilerRange(), nullptr);
-  const std::string outer = "outer", inner = "inner";
+  const comm::ProfilerLabel outer("outer"), inner("inner");
   {
     comm::ProfilerRange a(outer);
-    EXPECT_EQ(comm::CurrentProfilerRange(), &outer);
+    EXPECT_EQ(comm::CurrentProfilerRange(), &outer.str());
     {
       comm::ProfilerRange b(inner);
-      EXPECT_EQ(comm::CurrentProfilerRange(), &inner);
+      EXPECT_EQ(comm::CurrentProfilerRange(), &inner.str());
     }
-    EXPECT_EQ(comm::CurrentProfilerRange(), &outer);
+    EXPECT_EQ(comm::CurrentProfilerRange(), &outer.str());
   }
   EXPECT_EQ(comm::CurrentProfilerRange(), nullptr);
 }

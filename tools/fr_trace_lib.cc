@@ -379,6 +379,11 @@ FlightDump ParseFlightDump(std::string_view bytes, int rank, const std::string& 
     entry.input_dtypes = r.Strs(e, "input_dtypes", where);
     entry.output_dtypes = r.Strs(e, "output_dtypes", where);
     entry.state = r.Str(e, "state", where);
+    entry.time_created_ns = r.Int(e, "time_created_ns", where);
+    const Value* completed = r.Field(e, "time_discovered_completed_ns", where);
+    if (completed->kind != Value::Kind::kNone) {
+      entry.time_completed_ns = r.Typed(completed, Value::Kind::kInt, where + ".time_discovered_completed_ns")->i;
+    }
     // Absent from PyTorch's dumps without stack traces.
     const Value* frames_value = r.FieldOrNull(e, "frames", where);
     static const std::vector<Value*> kNoFrames;

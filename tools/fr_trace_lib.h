@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,8 @@ struct FlightEntry {
   std::vector<std::vector<int64_t>> input_sizes, output_sizes;
   std::vector<std::string> input_dtypes, output_dtypes;
   std::string state;  // scheduled, started, completed
+  int64_t time_created_ns = 0;                      // wall clock, ns since the epoch
+  std::optional<int64_t> time_completed_ns;         // time_discovered_completed_ns, None until then
   std::vector<std::string> frames;  // "name" or "name at file:line", innermost first
 
   // The op after the last ':' and any " peer" suffix ("_all_gather_base").

@@ -19,7 +19,7 @@ void FSDPState::PreBackwardHook() {
   FlatParamHandle* handle = handle_.get();
   // Once per handle per backward, however many outputs carry the hook.
   if (handle && handle->runtime().ran_pre_backward_hook) return;
-  static const std::string kLabel = "FullyShardedDataParallel._pre_backward_hook";
+  static const comm::ProfilerLabel kLabel("FullyShardedDataParallel._pre_backward_hook");
   comm::ProfilerRange range(kLabel);
   if (*is_root_ && !post_backward_callback_queued_) {
     // Attach the final callback to the outermost backward.
@@ -42,7 +42,7 @@ void FSDPState::PreBackwardHook() {
   // A mistargeted prefetch must not unshard this handle again.
   handle->runtime().needs_pre_backward_unshard = false;
   {
-    static const std::string kPrefetch = "FullyShardedDataParallel._pre_backward_prefetch";
+    static const comm::ProfilerLabel kPrefetch("FullyShardedDataParallel._pre_backward_prefetch");
     comm::ProfilerRange prefetch(kPrefetch);
     PrefetchHandle(handle, PrefetchMode::BACKWARD);
   }
@@ -66,14 +66,14 @@ void FSDPState::PostBackwardHook() {
   if (!fp.param.requires_grad()) {
     // _post_backward_reshard_only_hook: frozen parameters only reshard (the pre-backward may
     // not have run if the outputs needed no gradient).
-    static const std::string kReshardOnly = "FullyShardedDataParallel._post_backward_hook_reshard_only";
+    static const comm::ProfilerLabel kReshardOnly("FullyShardedDataParallel._post_backward_hook_reshard_only");
     comm::ProfilerRange range(kReshardOnly);
     training_state_ = FSDPTrainingState::FORWARD_BACKWARD;
     handle->set_training_state(HandleTrainingState::BACKWARD_POST);
     PostBackwardReshard();
     return;
   }
-  static const std::string kLabel = "FullyShardedDataParallel._post_backward_hook";
+  static const comm::ProfilerLabel kLabel("FullyShardedDataParallel._post_backward_hook");
   comm::ProfilerRange range(kLabel);
   TORCH_CHECK(training_state_ == FSDPTrainingState::FORWARD_BACKWARD, "Expects the FSDP state of ", name(),
               " to be FORWARD_BACKWARD in its post-backward but got ", ToString(training_state_));
@@ -148,7 +148,7 @@ void FSDPState::CheckNonfiniteGradients() {
 
 void FSDPState::PostBackwardReshard() {
   Reshard(*handle_, ShouldFreeInBackward());
-  static const std::string kLabel = "FullyShardedDataParallel._post_backward_prefetch";
+  static const comm::ProfilerLabel kLabel("FullyShardedDataParallel._post_backward_prefetch");
   comm::ProfilerRange range(kLabel);
   PrefetchHandle(handle_.get(), PrefetchMode::BACKWARD);
 }

@@ -203,7 +203,7 @@ std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
               "FSDP forward of '", name(), "' inside SummonFullParams: forward and backward cannot be started while ",
               "the full parameters are summoned; leave the scope first");
   std::vector<at::Tensor> out;
-  static const std::string kForward = "FullyShardedDataParallel.forward";
+  static const comm::ProfilerLabel kForward("FullyShardedDataParallel.forward");
   forward_range_.reset();  // a forward that threw before its post-forward
   forward_range_.emplace(kForward);
   Guard("pre-forward", [&] { out = PreForwardImpl(std::move(args)); });
@@ -212,7 +212,7 @@ std::vector<at::Tensor> FSDPState::PreForward(std::vector<at::Tensor> args) {
 
 void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
   Guard("post-forward", [&] {
-    static const std::string kPostForward = "FullyShardedDataParallel._post_forward";
+    static const comm::ProfilerLabel kPostForward("FullyShardedDataParallel._post_forward");
     comm::ProfilerRange range(kPostForward);
     PostForwardImpl(outputs);
   });
@@ -221,7 +221,7 @@ void FSDPState::PostForward(const std::vector<at::Tensor*>& outputs) {
 
 std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) {
   args = RootPreForward(std::move(args));
-  static const std::string kPreForward = "FullyShardedDataParallel._pre_forward";
+  static const comm::ProfilerLabel kPreForward("FullyShardedDataParallel._pre_forward");
   comm::ProfilerRange range(kPreForward);
   FlatParamHandle* handle = handle_.get();
   // Activation checkpointing's recomputed forward: the pre-backward unsharded already.
@@ -243,7 +243,7 @@ std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) 
 }
 
 std::vector<at::Tensor> FSDPState::RootPreForward(std::vector<at::Tensor> args) {
-  static const std::string kLabel = "FullyShardedDataParallel._root_pre_forward";
+  static const comm::ProfilerLabel kLabel("FullyShardedDataParallel._root_pre_forward");
   comm::ProfilerRange range(kLabel);
   LazyInit();
   TORCH_INTERNAL_ASSERT(is_root_.has_value(), "Expects a root FSDP to have been set");
@@ -285,7 +285,7 @@ void FSDPState::PreForwardUnshard() {
   // The forward reads the unsharded flat parameter (prefetched or just gathered); waiting
   // before the next prefetch keeps that all-gather overlapping with this forward.
   handle->WaitForUnshard();
-  static const std::string kLabel = "FullyShardedDataParallel._pre_forward_prefetch";
+  static const comm::ProfilerLabel kLabel("FullyShardedDataParallel._pre_forward_prefetch");
   comm::ProfilerRange range(kLabel);
   PrefetchHandle(handle, PrefetchMode::FORWARD);
 }
@@ -350,7 +350,7 @@ void FSDPState::Unshard(FlatParamHandle& handle) {
     // The rate limiter: the host blocks until the oldest queued free happened on the device,
     // so that no more than two unsharded flat parameters' memory is in flight.
     if (device::EventPtr event = ctx_->free_event_queue.DequeueIfNeeded()) {
-      static const std::string kLabel = "FullyShardedDataParallel.rate_limiter";
+      static const comm::ProfilerLabel kLabel("FullyShardedDataParallel.rate_limiter");
       comm::ProfilerRange range(kLabel);
       event->Synchronize(streams().timeout);
       ctx_->free_event_queue.CountSynchronized();

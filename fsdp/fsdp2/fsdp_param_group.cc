@@ -35,7 +35,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<at::Tensor> params, std::vector<Param
 void FSDPParamGroup::set_module_fqn(std::string fqn) {
   module_fqn_ = std::move(fqn);
   const auto with_fqn = [&](const char* label) {
-    return module_fqn_.empty() ? std::string(label) : absl::StrCat(label, " (", module_fqn_, ")");
+    return comm::ProfilerLabel(module_fqn_.empty() ? std::string(label) : absl::StrCat(label, " (", module_fqn_, ")"));
   };
   labels_.pre_forward = with_fqn("FSDP::pre_forward");
   labels_.post_forward = with_fqn("FSDP::post_forward");
@@ -44,8 +44,8 @@ void FSDPParamGroup::set_module_fqn(std::string fqn) {
   labels_.all_gather_copy_out = with_fqn("FSDP::all_gather_copy_out");
   labels_.post_backward_reshard = with_fqn("FSDP::post_backward_reshard");
   labels_.post_backward_reduce = with_fqn("FSDP::post_backward_reduce");
-  labels_.forward_prefetch = absl::StrCat("FSDP::forward_prefetch for ", module_fqn_);
-  labels_.backward_prefetch = absl::StrCat("FSDP::backward_prefetch for ", module_fqn_);
+  labels_.forward_prefetch = comm::ProfilerLabel(absl::StrCat("FSDP::forward_prefetch for ", module_fqn_));
+  labels_.backward_prefetch = comm::ProfilerLabel(absl::StrCat("FSDP::backward_prefetch for ", module_fqn_));
 }
 
 void FSDPParamGroup::InitMixedPrecisionDtypes() {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/profiler_range.h"
 #include "fsdp/common/autograd_hooks.h"
 #include "fsdp/fsdp2/fsdp_collectives.h"
 #include "fsdp/fsdp2/fsdp_param.h"
@@ -127,9 +128,9 @@ class FSDPParamGroup {
   // PyTorch's record_function labels of this group (_fsdp_param_group.py _with_fqn):
   // "FSDP::pre_forward (layers.0)", without the parenthesis for the root's "".
   struct ProfilerLabels {
-    std::string pre_forward, post_forward, pre_backward, all_gather, all_gather_copy_out, post_backward_reshard,
-        post_backward_reduce;
-    std::string forward_prefetch, backward_prefetch;  // "FSDP::forward_prefetch for layers.0": as the target
+    comm::ProfilerLabel pre_forward, post_forward, pre_backward, all_gather, all_gather_copy_out,
+        post_backward_reshard, post_backward_reduce;
+    comm::ProfilerLabel forward_prefetch, backward_prefetch;  // "FSDP::forward_prefetch for layers.0": as the target
   };
   const ProfilerLabels& profiler_labels() const { return labels_; }
 

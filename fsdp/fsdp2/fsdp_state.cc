@@ -142,7 +142,7 @@ void FSDPState::RootPreForward() {
   LazyInit();
   if (state_ctx_->iter_forward_root != nullptr) return;
   state_ctx_->iter_forward_root = this;
-  static const std::string kLabel = "FSDP::root_pre_forward";
+  static const comm::ProfilerLabel kLabel("FSDP::root_pre_forward");
   comm::ProfilerRange range(kLabel);
   // The copy-ins read what the optimizer step wrote: on the compute stream, or where the
   // user's post-optimizer event says (set_post_optim_event; used once, as PyTorch's
@@ -210,7 +210,7 @@ std::vector<at::Tensor> FSDPState::PreForwardImpl(std::vector<at::Tensor> args) 
   training_state_ = TrainingState::kForward;
   if (first_in_pass) RootPreForward();
   if (mp_policy_.cast_forward_inputs && mp_policy_.param_dtype) {
-    static const std::string kLabel = "FSDP::cast_forward_inputs";
+    static const comm::ProfilerLabel kLabel("FSDP::cast_forward_inputs");
     comm::ProfilerRange range(kLabel);
     for (auto& t : args) t = CastFloating(t, *mp_policy_.param_dtype);
   }
@@ -243,7 +243,7 @@ void FSDPState::RegisterPreBackwardHooks(const std::vector<at::Tensor*>& outputs
 
 void FSDPState::CastOutputs(const std::vector<at::Tensor*>& outputs) const {
   if (!mp_policy_.output_dtype) return;
-  static const std::string kLabel = "FSDP::cast_forward_outputs";
+  static const comm::ProfilerLabel kLabel("FSDP::cast_forward_outputs");
   comm::ProfilerRange range(kLabel);
   for (at::Tensor* t : outputs) *t = CastFloating(*t, *mp_policy_.output_dtype);
 }
@@ -298,7 +298,7 @@ void FSDPState::RegisterRootPostBackwardFinalCallback() {
 }
 
 void FSDPState::RootPostBackwardFinalCallback() {
-  static const std::string kLabel = "FSDP::root_post_backward_callback";
+  static const comm::ProfilerLabel kLabel("FSDP::root_post_backward_callback");
   comm::ProfilerRange range(kLabel);
   FSDPStateContext& ctx = *state_ctx_;
   ctx.post_backward_final_callback_queued = false;
