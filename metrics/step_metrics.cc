@@ -58,10 +58,7 @@ void StepMetrics::BeginStep() {
   } else {
     c10::getDeviceAllocator(options_.device.type())->resetPeakStats(options_.device.index());
   }
-  const comm::CollectiveTraffic t = comm::FlightRecorder::ForRank(options_.rank).traffic();
-  traffic_at_start_[0] = t.all_gather;
-  traffic_at_start_[1] = t.reduce_scatter;
-  traffic_at_start_[2] = t.all_reduce;
+  traffic_at_start_ = comm::FlightRecorder::ForRank(options_.rank).traffic();
   start_ = std::chrono::steady_clock::now();
 }
 
@@ -84,9 +81,9 @@ const StepReport& StepMetrics::EndStep() {
     r.peak_bytes = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
   const comm::CollectiveTraffic t = comm::FlightRecorder::ForRank(options_.rank).traffic();
-  r.all_gather_bytes = t.all_gather - traffic_at_start_[0];
-  r.reduce_scatter_bytes = t.reduce_scatter - traffic_at_start_[1];
-  r.all_reduce_bytes = t.all_reduce - traffic_at_start_[2];
+  const comm::CollectiveTraffic& s = traffic_at_start_;
+  r.traffic = {t.all_gather - s.all_gather, t.reduce_scatter - s.reduce_scatter, t.all_reduce - s.all_reduce,
+               t.broadcast - s.broadcast, t.all_to_all - s.all_to_all};
   last_ = r;
   if (options_.print_every > 0 && (r.step + 1) % options_.print_every == 0) {
     std::printf("%s\n", Format(r).c_str());
@@ -101,8 +98,8 @@ std::string StepMetrics::Format(const StepReport& r) const {
   if (r.mfu >= 0) absl::StrAppend(&line, absl::StrFormat(", MFU %.1f%% of %s", 100 * r.mfu, Flops(options_.peak_flops)));
   absl::StrAppend(&line, ", peak ", options_.device.is_cpu() ? "CPU " : "CUDA ", Bytes(r.peak_bytes));
   if (options_.predicted_peak_bytes >= 0) absl::StrAppend(&line, " (model ", Bytes(options_.predicted_peak_bytes), ")");
-  absl::StrAppend(&line, ", all-gather ", Bytes(r.all_gather_bytes), ", reduce-scatter ", Bytes(r.reduce_scatter_bytes),
-                  ", all-reduce ", Bytes(r.all_reduce_bytes));
+  absl::StrAppend(&line, ", all-gather ", Bytes(r.traffic.all_gather), ", reduce-scatter ", Bytes(r.traffic.reduce_scatter),
+                  ", all-reduce ", Bytes(r.traffic.all_reduce));
   return line;
 }
 

@@ -23,6 +23,8 @@
 #include <memory>
 #include <string>
 
+#include "comm/flight_recorder.h"
+
 namespace fsdp::metrics {
 
 class AllocationWindow;
@@ -43,9 +45,9 @@ struct StepReport {
   double tokens_per_second = -1;  // -1 without tokens_per_step
   double mfu = -1;                // fraction of peak_flops; -1 without flops_per_token / peak_flops
   int64_t peak_bytes = -1;        // this rank's allocation peak during the step
-  int64_t all_gather_bytes = 0;   // all-gather outputs
-  int64_t reduce_scatter_bytes = 0;  // reduce-scatter inputs
-  int64_t all_reduce_bytes = 0;
+  // Bytes this rank moved in the step: all-gather outputs, reduce-scatter inputs, all-reduce,
+  // broadcast and all-to-all tensors.
+  comm::CollectiveTraffic traffic;
 };
 
 class StepMetrics {
@@ -72,7 +74,7 @@ class StepMetrics {
   bool in_step_ = false;
   int64_t steps_ = 0;
   std::chrono::steady_clock::time_point start_;
-  int64_t traffic_at_start_[3] = {0, 0, 0};
+  comm::CollectiveTraffic traffic_at_start_;
   StepReport last_;
 };
 

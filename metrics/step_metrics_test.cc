@@ -28,14 +28,17 @@ TEST(StepMetrics, CountsTheStepsCollectiveBytesPeakAndRates) {
     pg->all_gather_into_tensor(full, shard)->wait();   // output: 12 floats
     pg->reduce_scatter_tensor(shard, full)->wait();    // input: 12 floats
     pg->all_reduce(d)->wait();                         // 5 doubles
+    pg->broadcast(d, 0)->wait();                       // 5 doubles
     const int64_t kAllocated = 1 << 20;
     at::Tensor big = at::empty({kAllocated}, at::kByte);
     big.fill_(1);
     const StepReport& r = m.EndStep();
     EXPECT_EQ(r.step, 0);
-    EXPECT_EQ(r.all_gather_bytes, 12 * 4);
-    EXPECT_EQ(r.reduce_scatter_bytes, 12 * 4);
-    EXPECT_EQ(r.all_reduce_bytes, 5 * 8);
+    EXPECT_EQ(r.traffic.all_gather, 12 * 4);
+    EXPECT_EQ(r.traffic.reduce_scatter, 12 * 4);
+    EXPECT_EQ(r.traffic.all_reduce, 5 * 8);
+    EXPECT_EQ(r.traffic.broadcast, 5 * 8);
+    EXPECT_EQ(r.traffic.all_to_all, 0);
     EXPECT_GE(r.peak_bytes, kAllocated) << "the step held a 1 MiB tensor";
     ASSERT_GT(r.seconds, 0);
     EXPECT_DOUBLE_EQ(r.tokens_per_second, 1000 / r.seconds);
@@ -46,7 +49,7 @@ TEST(StepMetrics, CountsTheStepsCollectiveBytesPeakAndRates) {
       EXPECT_TRUE(absl::StrContains(line, part)) << part << " not in: " << line;
     }
     m.BeginStep();
-    EXPECT_EQ(m.EndStep().all_gather_bytes, 0) << "a step without collectives";
+    EXPECT_EQ(m.EndStep().traffic.all_gather, 0) << "a step without collectives";
   });
 }
 
