@@ -672,7 +672,7 @@ fsdp_cc_test(//tools:fsdp_plan_test SIZE small PCH none
   DEPS :fsdp_plan_lib @system//:gtest_main)
 
 fsdp_cc_library(//tools:fr_trace_lib PCH none
-  SRCS fr_trace_lib.cc
+  SRCS fr_trace_diagnosis.cc fr_trace_lib.cc
   HDRS fr_trace_lib.h
   DEPS @libtorch @system//:absl)
 
