@@ -137,8 +137,9 @@ fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
   SRCS comm_trace.cc fake_process_group.cc flight_recorder.cc forwarding_process_group.cc
-       internal/pickle_writer.h internal/reduce_math.cc internal/reduce_math.h object_collectives.cc
-       process_group.cc profiler_range.cc threaded_process_group.cc torchrun_env.cc
+       internal/interned_string.h internal/pickle_writer.h internal/reduce_math.cc
+       internal/reduce_math.h object_collectives.cc process_group.cc profiler_range.cc
+       threaded_process_group.cc torchrun_env.cc
   HDRS comm_trace.h fake_process_group.h flight_recorder.h forwarding_process_group.h
        object_collectives.h process_group.h profiler_range.h reduce_op.h threaded_process_group.h
        torchrun_env.h work.h

@@ -17,7 +17,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string_view>
 #include <thread>
 #include <tuple>
@@ -25,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/internal/interned_string.h"
 #include "comm/internal/pickle_writer.h"
 #include "comm/profiler_range.h"
 
@@ -85,10 +85,7 @@ const std::string* ThisThreadName() {
   thread_local const std::string* name = [] {
     char buffer[64] = {0};
     if (pthread_getname_np(pthread_self(), buffer, sizeof(buffer)) != 0) buffer[0] = '\0';
-    static std::mutex mu;
-    static auto* names = new std::set<std::string>();  // never destroyed: entries point into it
-    std::lock_guard<std::mutex> lock(mu);
-    return &*names->insert(buffer).first;
+    return internal::InternString(buffer);
   }();
   return name;
 }

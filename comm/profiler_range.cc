@@ -1,8 +1,8 @@
 #include "comm/profiler_range.h"
 
-#include <mutex>
-#include <unordered_set>
 #include <utility>
+
+#include "comm/internal/interned_string.h"
 
 namespace fsdp::comm {
 namespace {
@@ -17,12 +17,7 @@ thread_local bool innermost_unprofiled = false;
 
 ProfilerLabel::ProfilerLabel() : ProfilerLabel(std::string_view()) {}
 
-ProfilerLabel::ProfilerLabel(std::string_view name) {
-  static std::mutex mu;
-  static auto* names = new std::unordered_set<std::string>();  // never destroyed: labels point into it
-  std::lock_guard<std::mutex> lock(mu);
-  name_ = &*names->emplace(name).first;  // node-based: the address is stable across rehashes
-}
+ProfilerLabel::ProfilerLabel(std::string_view name) : name_(internal::InternString(name)) {}
 
 // USER_SCOPE: the scope torch.profiler.record_function records under. A RecordFunction is
 // built only when callbacks want this scope (its constructor and destructor cost more than
