@@ -126,6 +126,7 @@ fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
   SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc hf_checkpoint_test.cc safetensors_test.cc
        safetensors_validation_test.cc
   DATA testdata/dcp_interop.py testdata/safetensors_interop.py testdata/torch_load_interop.py
+  TAGS peer_python
   DEPS :checkpoint :dcp :internal //testing:allocation_counter //testing:expect_error
        //testing:peer_python //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
@@ -243,7 +244,7 @@ fsdp_cc_test(//dcp:adapter_test SIZE small
 fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS fsdp1_interop_test.cc interop_common.h interop_test.cc
   DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py testdata/hf_interop.py
-  TAGS float_parity
+  TAGS float_parity peer_python
   DEPS :core :dcp :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2
        //fsdp/hooked_module //mesh //optim_state:core //optim_state:fsdp1 //optim_state:fsdp2
        //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
@@ -308,7 +309,7 @@ fsdp_cc_library(//examples:training_checkpoints PCH aten
 fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits" PCH aten
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
-  TAGS float_parity
+  TAGS float_parity peer_python
   DEPS //testing:test_dir //fsdp/fsdp2 //testing:multi_rank //testing:peer_python @libtorch
        @system//:absl @system//:gtest)
 
@@ -328,7 +329,7 @@ fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
   SRCS llama_parity_test.cc
   DATA testdata/hf_check_export.py testdata/hf_llama_2d.py testdata/hf_llama_fsdp2.py
        ../../testing/golden/golden_common.py testdata/hf_llama_reference.py
-  TAGS float_parity
+  TAGS float_parity peer_python
   DEPS :llama :llama_training //checkpoint //comm //dcp:core //dcp:fsdp2 //fsdp/fsdp2 //mesh
        //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
@@ -632,7 +633,7 @@ fsdp_cc_test(//tests:cross_package_test SIZE medium SMOKE
   SRCS bad_input_catalogue_test.cc flight_recorder_test.cc one_model_type_test.cc
        profiler_ranges_test.cc
   DATA testdata/pytorch_gloo_fr_dump_rank_0
-  TAGS float_parity
+  TAGS float_parity peer_python
   DEPS //comm //comm:faulty //comm:init_process_group //comm:main_guard //dcp //dcp:core //dtensor
        //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp2 //fsdp/fsdp2:test_models
        //fsdp/hooked_module //mesh //optim_state:core //testing:expect_error //testing:multi_rank
@@ -649,7 +650,7 @@ fsdp_cc_library(//tests/peer:peer_parity TESTONLY
 fsdp_cc_test(//tests/peer:pytorch_parity_test SIZE medium TIMEOUT long
   SRCS pytorch_fsdp1_parity_test.cc pytorch_fsdp2_parity_test.cc
   DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
-  TAGS float_parity
+  TAGS float_parity peer_python
   DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
        //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp1 //optim_state:fsdp2
        //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
@@ -693,6 +694,7 @@ fsdp_cc_binary(//tools:dcp PCH none
 fsdp_cc_test(//tools:dcp_cli_test SIZE medium PCH aten
   SRCS dcp_cli_test.cc
   DATA testdata/dcp_cli_interop.py
+  TAGS peer_python
   DEPS :dcp_cli_lib //checkpoint //checkpoint:dcp //testing:allocation_counter
        //testing:expect_error //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
