@@ -17,9 +17,9 @@ does not run sh_tests) is not asked to carry it; `./x test` runs it.
    purpose.
 
 3. A test target depends on the peer Python (//testing:peer_python) if and only if it has the
-   tag peer_python: on a fresh machine `./x test` runs the tests without that tag while the
-   peer venv installs, and those with it once the venv is ready, so an untagged peer test
-   would find no peer Python and report its cases skipped.
+   tag peer_python: on a fresh machine whose peer venv is still installing when the tests are
+   built, `./x test` runs the tests without that tag meanwhile and those with it once the venv
+   is ready, so an untagged peer test would find no peer Python and report its cases skipped.
 
 Prints each offending target (with the FSDP1 labels it reaches, or the adapter it lacks), and
 exits 1 when there is one (or when bazel query fails).
@@ -41,7 +41,7 @@ FSDP1 = "//fsdp/fsdp1/... + //optim_state:fsdp1 + //dcp:fsdp1"
 ADAPTERS = [("//fsdp/fsdp2", "//dcp:fsdp2"), ("//fsdp/fsdp1", "//dcp:fsdp1")]
 # Proves that a binary without the FSDP1 adapter names it in its error.
 ADAPTER_EXEMPT = {"//dcp:adapter_test"}
-# The tag of tests that run scripts with the peer venv's Python (./x test's second part).
+# The tag of tests that run scripts with the peer venv's Python (rule 3).
 PEER_TAG = "peer_python"
 
 
