@@ -112,14 +112,32 @@ def statuses(log_path, pattern):
     return found
 
 
+# A test's XML: <target>/test.xml, or one per shard and / or run (shard_count,
+# --runs_per_test): <target>/shard_1_of_3/test.xml, <target>/run_2_of_3/test.xml,
+# <target>/shard_1_of_3_run_2_of_3/test.xml. The group's key is its layout (the "of" counts).
+XML_DIR = re.compile(r"^(?:shard_\d+_of_(\d+))?_?(?:run_\d+_of_(\d+))?$")
+
+
+def latest_xmls(target_dir):
+    """The XML files of the target's latest run. Earlier runs with another layout (sharded
+    differently, or with --runs_per_test) leave theirs beside it, which Bazel does not delete:
+    of the layouts present, the one with the newest file is this run's."""
+    groups = {}
+    for xml in glob.glob(os.path.join(target_dir, "*", "test.xml")) + [os.path.join(target_dir, "test.xml")]:
+        layout = os.path.relpath(os.path.dirname(xml), target_dir)
+        m = XML_DIR.match("" if layout == "." else layout)
+        if m and os.path.exists(xml):
+            groups.setdefault(m.groups(), []).append(xml)
+    if not groups:
+        return [os.path.join(target_dir, "test.xml")]
+    return sorted(max(groups.values(), key=lambda xmls: max(os.path.getmtime(x) for x in xmls)))
+
+
 def bazel(log_path, testlogs):
     tally = Tally()
     for target, status in sorted(statuses(log_path, BAZEL_STATUS).items()):
         pkg, _, name = target[2:].partition(":")
-        # A sharded test (shard_count) writes one XML per shard; the target's own test.xml is
-        # then a leftover of an earlier unsharded run, if any.
-        xmls = sorted(glob.glob(os.path.join(testlogs, pkg, name, "shard_*_of_*", "test.xml"))) or \
-            [os.path.join(testlogs, pkg, name, "test.xml")]
+        xmls = latest_xmls(os.path.join(testlogs, pkg, name))
         usable = status in ("PASSED", "FAILED", "FLAKY")
         tally.add_target(target, status, status == "PASSED", xmls if usable else None)
     return tally.report("bazel")
