@@ -326,7 +326,6 @@ class SummaryReporter : public fsdp::bench::MedianReporter {
         peer->save_ms, rank_mib / peer->save_ms * 1e3, peer->load_ms, rank_mib / peer->load_ms * 1e3,
         peer->save_ms / save, peer->load_ms / load);
   }
-
 };
 
 }  // namespace

@@ -37,11 +37,11 @@
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
 #include "dtensor/dtensor.h"
-#include "tensor_parallel/parallel_style.h"
-#include "tensor_parallel/parallelize_module.h"
 #include "dtensor/redistribute.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 
 namespace {
 
@@ -275,10 +275,9 @@ void RegisterAll(int pair_repetitions) {
     // Ours and raw alternate, repeated as pairs, so machine noise hits both alike;
     // bench_ratio.py takes the median of each side.
     for (int rep = 0; rep < pair_repetitions; ++rep) {
-      for (auto [name, ours, raw] :
-           {std::tuple{"RedistShardToReplicate", Op::kAllGatherOurs, Op::kAllGatherRaw},
-            std::tuple{"RedistPartialToShard", Op::kReduceScatterOurs, Op::kReduceScatterRaw},
-            std::tuple{"TPSequenceMLP", Op::kSequenceMLPOurs, Op::kSequenceMLPRaw}}) {
+      for (auto [name, ours, raw] : {std::tuple{"RedistShardToReplicate", Op::kAllGatherOurs, Op::kAllGatherRaw},
+                                     std::tuple{"RedistPartialToShard", Op::kReduceScatterOurs, Op::kReduceScatterRaw},
+                                     std::tuple{"TPSequenceMLP", Op::kSequenceMLPOurs, Op::kSequenceMLPRaw}}) {
         for (auto [side, op] : {std::pair{"ours", ours}, std::pair{"raw", raw}}) {
           benchmark::RegisterBenchmark(absl::StrCat(name, "/", side).c_str(), BM_Collective, op)
               ->Arg(bytes)

@@ -152,9 +152,10 @@ void Sync(c10::Device device) {
 // optimizer gets.
 std::vector<at::Tensor> Shard(Net& m, const ProcessGroupPtr& group, int fsdp_version, c10::Device device) {
   if (fsdp_version == 1) {
-    const fsdp::fsdp1::FSDPOptions options{
-        .process_group = group, .sharding_strategy = fsdp::fsdp1::ShardingStrategy::FULL_SHARD, .device = device,
-        .detect_nonfinite_grads = absl::GetFlag(FLAGS_detect_nonfinite_grads)};
+    const fsdp::fsdp1::FSDPOptions options{.process_group = group,
+                                           .sharding_strategy = fsdp::fsdp1::ShardingStrategy::FULL_SHARD,
+                                           .device = device,
+                                           .detect_nonfinite_grads = absl::GetFlag(FLAGS_detect_nonfinite_grads)};
     for (auto& b : m->layers) fsdp::fsdp1::wrap_fsdp(b.ptr(), options);
     return fsdp::fsdp1::wrap_fsdp(m.ptr(), options).parameters();
   }

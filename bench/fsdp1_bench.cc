@@ -198,7 +198,10 @@ void RegisterAll(int pair_repetitions, int iterations) {
     for (int64_t blocks : {8, 32}) {
       for (auto [name, side] : {std::pair{"Step/ours", StepSide::kFsdp1}, std::pair{"Step/fsdp2", StepSide::kFsdp2},
                                 std::pair{"Plain/raw", StepSide::kPlain}}) {
-        fixed(benchmark::RegisterBenchmark(name, BM_Step, side)->Arg(blocks)->Unit(benchmark::kMicrosecond)->UseRealTime());
+        fixed(benchmark::RegisterBenchmark(name, BM_Step, side)
+                  ->Arg(blocks)
+                  ->Unit(benchmark::kMicrosecond)
+                  ->UseRealTime());
       }
     }
   }

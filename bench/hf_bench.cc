@@ -256,7 +256,6 @@ class SummaryReporter : public fsdp::bench::MedianReporter {
         "ranks: %.1f ms (Python / ours: %.2f)\n",
         *peer_ms, kWorld, load, *peer_ms / load);
   }
-
 };
 
 }  // namespace

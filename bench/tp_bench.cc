@@ -28,10 +28,10 @@
 #include "bench/step_slope.h"
 #include "comm/fake_process_group.h"
 #include "comm/main_guard.h"
-#include "tensor_parallel/parallel_style.h"
-#include "tensor_parallel/parallelize_module.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 
 namespace {
 
@@ -98,8 +98,7 @@ int main(int argc, char** argv) {
     benchmark::RunSpecifiedBenchmarks(&reporter);
     const char* twin = "PyTorch 2.15 tensor parallel (fake group)";
     reporter.PrintSummary(
-        peer ? fsdp::bench::RunPeerStepSlope("bench/peer/tp_step_peer.py", "tp", twin, pair_repetitions)
-             : std::nullopt,
+        peer ? fsdp::bench::RunPeerStepSlope("bench/peer/tp_step_peer.py", "tp", twin, pair_repetitions) : std::nullopt,
         twin);
     benchmark::Shutdown();
     return 0;

@@ -26,7 +26,6 @@
 namespace fsdp::checkpoint {
 namespace {
 
-
 // Writes `full` as the given chunks (offsets, sizes), one "rank" file each, and returns the
 // metadata. `stored` turns each chunk into the tensor actually saved (its strides may differ).
 DcpMetadata WriteChunks(const std::string& dir, const at::Tensor& full,

@@ -131,8 +131,8 @@ HfCheckpointReader::HfCheckpointReader(std::string dir, std::string caller)
     const std::vector<char> bytes = ReadFile(index_path, caller_);
     const std::string what = absl::StrCat(caller_, ": '", index_path, "'");
     size_t end = 0;
-    const JsonValue index = internal::ParseJson(std::string_view(bytes.data(), bytes.size()), internal::JsonLimits{},
-                                                what, &end);
+    const JsonValue index =
+        internal::ParseJson(std::string_view(bytes.data(), bytes.size()), internal::JsonLimits{}, what, &end);
     TORCH_CHECK(index.kind == Kind::kObject, what, " is ", internal::JsonKindName(index.kind), ", not an object");
     const JsonValue* map = Member(index, "weight_map");
     TORCH_CHECK(map != nullptr && map->kind == Kind::kObject, what, " has no \"weight_map\" object");
@@ -188,10 +188,10 @@ HfCheckpointReader::HfCheckpointReader(std::string dir, std::string caller)
         const SafetensorsEntry& first = *t.chunks.front().entry;
         TORCH_CHECK(sharded && first.dtype == e.dtype && first.shape.size() == e.shape.size(), caller_, ": ",
                     Quoted(e.name), " is in both '", files_[t.chunks.front().file]->source(), "' and '", f.source(),
-                    "'", sharded ? absl::StrCat(" with another dtype or rank (", c10::toString(first.dtype), " ",
-                                                Shape(first.shape), " vs ", c10::toString(e.dtype), " ",
-                                                Shape(e.shape), ")")
-                                 : std::string(" (only per-rank files with DCP_SHARDING_INFO may split a tensor)"));
+                    "'",
+                    sharded ? absl::StrCat(" with another dtype or rank (", c10::toString(first.dtype), " ",
+                                           Shape(first.shape), " vs ", c10::toString(e.dtype), " ", Shape(e.shape), ")")
+                            : std::string(" (only per-rank files with DCP_SHARDING_INFO may split a tensor)"));
       }
       t.chunks.push_back(std::move(chunk));
     }
@@ -204,14 +204,13 @@ HfCheckpointReader::HfCheckpointReader(std::string dir, std::string caller)
     for (const HfChunk& c : t.chunks) {
       for (size_t d = 0; d < dims; ++d) {
         int64_t extent = 0;
-        TORCH_CHECK(!__builtin_add_overflow(c.offsets[d], c.entry->shape[d], &extent), caller_, ": ",
-                    Quoted(t.name), " in '", files_[c.file]->source(), "' has offsets ", Shape(c.offsets),
-                    " that overflow");
+        TORCH_CHECK(!__builtin_add_overflow(c.offsets[d], c.entry->shape[d], &extent), caller_, ": ", Quoted(t.name),
+                    " in '", files_[c.file]->source(), "' has offsets ", Shape(c.offsets), " that overflow");
         t.size[d] = std::max(t.size[d], extent);
       }
     }
-    if (t.chunks.size() == 1 && std::all_of(t.chunks[0].offsets.begin(), t.chunks[0].offsets.end(),
-                                            [](int64_t o) { return o == 0; })) {
+    if (t.chunks.size() == 1 &&
+        std::all_of(t.chunks[0].offsets.begin(), t.chunks[0].offsets.end(), [](int64_t o) { return o == 0; })) {
       continue;
     }
     int64_t volume = 0, numel = 1;
@@ -281,8 +280,7 @@ void HfCheckpointReader::ReadInto(const std::string& key, const std::vector<int6
 // The overlap `dst` (sizes: the overlap's) starts at src_lo in the chunk. Dims after k are
 // whole in the overlap, so for each index of dims [0, k) the overlap is one contiguous run of
 // the chunk's bytes.
-void HfCheckpointReader::ReadChunk(const HfChunk& c, const std::vector<int64_t>& src_lo,
-                                   const at::Tensor& dst) const {
+void HfCheckpointReader::ReadChunk(const HfChunk& c, const std::vector<int64_t>& src_lo, const at::Tensor& dst) const {
   const SafetensorsReader& f = *files_[c.file];
   const SafetensorsEntry& e = *c.entry;
   const int64_t item = static_cast<int64_t>(c10::elementSize(e.dtype));

@@ -85,7 +85,8 @@ TEST(HfCheckpoint, ExportFilesAreTheBytesSaveFileWritesAndSplitBySize) {
     for (const auto& [k, t] : sd) {
       if (std::find(groups[f].begin(), groups[f].end(), k) != groups[f].end()) part.insert(k, t);
     }
-    EXPECT_EQ(Bytes(JoinPath(dir, layout.file_name(f))), SerializeSafetensors(part, SafetensorsMetadata{{"format", "pt"}}))
+    EXPECT_EQ(Bytes(JoinPath(dir, layout.file_name(f))),
+              SerializeSafetensors(part, SafetensorsMetadata{{"format", "pt"}}))
         << layout.file_name(f);
   }
   const std::vector<char> index_bytes = Bytes(JoinPath(dir, kHfIndexFile));
@@ -117,7 +118,7 @@ TEST(HfCheckpoint, AnyBoxReadsAsTheSliceInAnyDtype) {
     reader.ReadInto(k, std::vector<int64_t>(t.dim(), 0), whole);
     EXPECT_TRUE(at::equal(whole, t)) << k;
   }
-  const at::Tensor w = sd[1].second;  // 6x6
+  const at::Tensor w = sd[1].second;    // 6x6
   at::Tensor cols = at::empty({6, 2});  // a column shard (tensor parallel): one run per row
   reader.ReadInto("layers.0.attn.weight", {0, 3}, cols);
   EXPECT_TRUE(at::equal(cols, w.narrow(1, 3, 2)));
@@ -279,14 +280,17 @@ TEST(HfCheckpoint, BrokenDirectoriesAreClearErrors) {
   const std::string overlap = sharded_dir("hf_overlap", {{0, 0}, {1, 0}}, {w.narrow(0, 0, 2), w.narrow(0, 1, 3)});
   EXPECT_ERROR_CONTAINS(HfCheckpointReader{overlap}, "(offsets [1, 0]) and '");
   const std::string gap = sharded_dir("hf_gap", {{0, 0}, {3, 0}}, {w.narrow(0, 0, 2), w.narrow(0, 3, 1)});
-  EXPECT_ERROR_CONTAINS(HfCheckpointReader{gap}, "hold 6 of the 8 elements of its size [4, 2] (a rank's file is missing?)");
+  EXPECT_ERROR_CONTAINS(HfCheckpointReader{gap},
+                        "hold 6 of the 8 elements of its size [4, 2] (a rank's file is missing?)");
   const std::string rank = sharded_dir("hf_rank", {{0}}, {w});
   EXPECT_ERROR_CONTAINS(HfCheckpointReader{rank}, "the offsets [0]");
   const std::string bad_info = NewTestPath("hf_bad_info");
   std::filesystem::create_directories(bad_info);
-  save(JoinPath(bad_info, "x.safetensors"), "w", w, SafetensorsMetadata{{kHfShardingInfoKey, R"({"v": {"saved_offsets": [0, 0]}})"}});
+  save(JoinPath(bad_info, "x.safetensors"), "w", w,
+       SafetensorsMetadata{{kHfShardingInfoKey, R"({"v": {"saved_offsets": [0, 0]}})"}});
   EXPECT_ERROR_CONTAINS(HfCheckpointReader{bad_info}, "has no entry for its tensor 'w'");
-  save(JoinPath(bad_info, "x.safetensors"), "w", w, SafetensorsMetadata{{kHfShardingInfoKey, R"({"w": {"saved_offsets": [0, -1]}})"}});
+  save(JoinPath(bad_info, "x.safetensors"), "w", w,
+       SafetensorsMetadata{{kHfShardingInfoKey, R"({"w": {"saved_offsets": [0, -1]}})"}});
   EXPECT_ERROR_CONTAINS(HfCheckpointReader{bad_info}, "'w' has saved offset -1");
   save(JoinPath(bad_info, "x.safetensors"), "w", w, SafetensorsMetadata{{kHfShardingInfoKey, "[]"}});
   EXPECT_ERROR_CONTAINS(HfCheckpointReader{bad_info}, "is an array, not an object");

@@ -86,7 +86,8 @@ const SafetensorsEntry* HfExportLayout::Find(const std::string& key, size_t* fil
 std::string HfExportLayout::IndexJson() const {
   // json.dump(..., indent=2) of PyTorch's _write_overall_metadata_file: keys in the order
   // given (its dict follows the fqn mapping's order).
-  std::string out = absl::StrCat("{\n  \"metadata\": {\n    \"total_size\": ", total_size_, "\n  },\n  \"weight_map\": {");
+  std::string out =
+      absl::StrCat("{\n  \"metadata\": {\n    \"total_size\": ", total_size_, "\n  },\n  \"weight_map\": {");
   for (size_t i = 0; i < order_.size(); ++i) {
     out += i == 0 ? "\n    " : ",\n    ";
     internal::AppendJsonString(order_[i], &out);

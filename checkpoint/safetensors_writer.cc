@@ -65,8 +65,8 @@ SafetensorsLayout LayOutSafetensors(std::vector<SafetensorsEntry> tensors,
     TORCH_CHECK(e.name != "__metadata__", caller,
                 ": a tensor may not be named '__metadata__' (the header's key for the metadata)");
     CheckWritableString(e.name, caller, "the tensor name");
-    TORCH_CHECK(SafetensorsDtypeName(e.dtype) != nullptr, caller, ": tensor '", e.name.substr(0, 200),
-                "' has dtype ", e.dtype, ", which safetensors has no dtype for");
+    TORCH_CHECK(SafetensorsDtypeName(e.dtype) != nullptr, caller, ": tensor '", e.name.substr(0, 200), "' has dtype ",
+                e.dtype, ", which safetensors has no dtype for");
   }
   std::stable_sort(tensors.begin(), tensors.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
     const int oa = DtypeOrder(a.dtype), ob = DtypeOrder(b.dtype);
@@ -131,8 +131,7 @@ void WriteSafetensors(const TensorDict& tensors, const std::optional<Safetensors
     TORCH_CHECK(t.defined(), what, " is an undefined tensor");
     TORCH_CHECK(t.layout() == at::kStrided, what, " has layout ", t.layout(), " (only dense tensors are written)");
     TORCH_CHECK(!t.is_meta(), what, " is on the meta device: it has no data to write");
-    const at::ScalarType type =
-        dtype.has_value() && at::isFloatingType(t.scalar_type()) ? *dtype : t.scalar_type();
+    const at::ScalarType type = dtype.has_value() && at::isFloatingType(t.scalar_type()) ? *dtype : t.scalar_type();
     specs.push_back({name, type, t.sizes().vec(), 0, 0});
     by_name.emplace(name, &t);
   }

@@ -202,8 +202,8 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
 fsdp_cc_library(//dcp:internal INSTALL
   SRCS adapter.cc collectives.cc plan.cc state_items.cc tp_adapter.cc
   HDRS adapter.h collectives.h plan.h state_items.h tp_adapter.h
-  DEPS //checkpoint:dcp //comm //dtensor //tensor_parallel //fsdp/common //fsdp/hooked_module
-       //optim_state:core @libtorch @system//:absl)
+  DEPS //checkpoint:dcp //comm //dtensor //dtensor:distributed_parameters //fsdp/common
+       //fsdp/hooked_module //optim_state:core @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:core INSTALL
   SRCS checkpoint_dirs.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc load_job.h
@@ -214,8 +214,8 @@ fsdp_cc_library(//dcp:core INSTALL
 
 fsdp_cc_library(//dcp:fsdp2 ALWAYSLINK INSTALL
   SRCS fsdp2_adapter.cc
-  DEPS :core :internal //dtensor //tensor_parallel //fsdp/common //fsdp/fsdp2 //fsdp/fsdp2:runtime
-       @libtorch @system//:absl)
+  DEPS :core :internal //dtensor //dtensor:distributed_parameters //fsdp/common //fsdp/fsdp2
+       //fsdp/fsdp2:runtime @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:fsdp1 ALWAYSLINK INSTALL
   SRCS flat_optim.cc flat_pieces.h fsdp1_adapter.cc
@@ -267,6 +267,11 @@ fsdp_cc_library(//dtensor INSTALL PCH aten
   SRCS dtensor.cc dtensor_spec.cc large_output_cache.cc placement.cc redistribute.cc
   HDRS dtensor.h dtensor_spec.h large_output_cache.h placement.h redistribute.h
   DEPS //comm //mesh //torch_compat @libtorch @system//:absl)
+
+fsdp_cc_library(//dtensor:distributed_parameters INSTALL
+  SRCS distributed_parameters.cc
+  HDRS distributed_parameters.h
+  DEPS :dtensor //fsdp/hooked_module @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
   SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
@@ -364,8 +369,8 @@ fsdp_cc_library(//fsdp/common:test_models TESTONLY
   DEPS :common //fsdp/hooked_module @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/common:common_test SIZE small SMOKE
-  SRCS autograd_hooks_test.cc grad_divide_test.cc storage_test.cc
-  DEPS :common //testing:expect_error @libtorch @system//:gtest_main)
+  SRCS autograd_hooks_test.cc fsdp_state_base_test.cc grad_divide_test.cc storage_test.cc
+  DEPS :common //fsdp/hooked_module //testing:expect_error @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/fsdp1
 fsdp_cc_library(//fsdp/fsdp1 INSTALL
@@ -418,7 +423,7 @@ fsdp_cc_library(//fsdp/fsdp2 INSTALL
   SRCS auto_wrap.cc clip_grad_norm.cc fsdp_init.cc fsdp_init.h fully_shard.cc meta_init.cc
        state_dict.cc
   HDRS auto_wrap.h clip_grad_norm.h fully_shard.h meta_init.h state_dict.h
-  DEPS :api :runtime //checkpoint //comm //dtensor //tensor_parallel //fsdp/common
+  DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:distributed_parameters //fsdp/common
        //fsdp/hooked_module //fsdp/meta //mesh @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/fsdp2:api INSTALL
@@ -428,8 +433,8 @@ fsdp_cc_library(//fsdp/fsdp2:api INSTALL
 fsdp_cc_library(//fsdp/fsdp2:runtime INSTALL
   SRCS fsdp_collectives.cc fsdp_param.cc fsdp_param_group.cc fsdp_state.cc mesh_info.cc
   HDRS fsdp_collectives.h fsdp_param.h fsdp_param_group.h fsdp_state.h mesh_info.h training_state.h
-  DEPS :api //comm //device //dtensor //tensor_parallel //fsdp/common //fsdp/hooked_module
-       //fsdp/meta //mesh @libtorch @system//:absl)
+  DEPS :api //comm //device //dtensor //dtensor:distributed_parameters //fsdp/common
+       //fsdp/hooked_module //fsdp/meta //mesh @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/fsdp2:fsdp2_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
@@ -467,7 +472,7 @@ fsdp_cc_library(//fsdp/hooked_module INSTALL
 
 fsdp_cc_test(//fsdp/hooked_module:hooked_module_test SIZE small SMOKE
   SRCS hooked_module_test.cc
-  DEPS :hooked_module //fsdp/common //testing:expect_error @libtorch @system//:gtest_main)
+  DEPS :hooked_module //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/meta
 fsdp_cc_library(//fsdp/meta INSTALL
@@ -539,7 +544,7 @@ fsdp_cc_test(//mesh:device_mesh_test SIZE medium SMOKE PCH aten
 fsdp_cc_library(//metrics INSTALL PCH aten
   SRCS allocation_window.cc step_metrics.cc
   HDRS allocation_window.h step_metrics.h
-  DEPS //comm @libtorch @system//:absl)
+  DEPS //comm //env @libtorch @system//:absl)
 
 fsdp_cc_test(//metrics:step_metrics_test SIZE small SMOKE PCH aten
   SRCS step_metrics_test.cc
@@ -560,7 +565,8 @@ fsdp_cc_library(//optim_state:fsdp1 INSTALL
 fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
-  DEPS :core //dtensor //tensor_parallel //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch @system//:absl)
+  DEPS :core //dtensor //dtensor:distributed_parameters //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
+       @system//:absl)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium
   SRCS fault_test.cc fsdp1_fault_test.cc fsdp1_orig_params_optim_test.cc optim_state_test.cc
@@ -578,7 +584,8 @@ fsdp_cc_library(//tensor_parallel INSTALL
   SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
        tensor_parallel.cc
   HDRS local_annotation.h loss_parallel.h parallel_style.h parallelize_module.h tensor_parallel.h
-  DEPS //comm //dtensor //fsdp/hooked_module //mesh @libtorch @system//:absl)
+  DEPS //comm //dtensor //dtensor:distributed_parameters //fsdp/hooked_module //mesh @libtorch
+       @system//:absl)
 
 fsdp_cc_test(//tensor_parallel:tensor_parallel_test SIZE medium SMOKE
   SRCS parallel_style_test.cc tensor_parallel_test.cc

@@ -27,6 +27,7 @@
 #include "comm/internal/interned_string.h"
 #include "comm/internal/pickle_writer.h"
 #include "comm/profiler_range.h"
+#include "env/environment.h"
 
 namespace fsdp::comm {
 namespace {
@@ -39,10 +40,10 @@ constexpr const char* kVersion = "2.10";
 // Innermost profiler ranges kept per entry: the collective's own range and its phase.
 constexpr int kMaxFrames = 2;
 
-
 int64_t ReadCapacity() {
-  const char* value = std::getenv("TORCH_FR_BUFFER_SIZE");
-  if (value == nullptr || *value == '\0') return kDefaultCapacity;
+  const std::optional<std::string> set = env::Get(env::kTorchFrBufferSize);
+  if (!set || set->empty()) return kDefaultCapacity;
+  const char* value = set->c_str();
   char* end = nullptr;
   const long long parsed = std::strtoll(value, &end, 10);
   TORCH_CHECK(end != nullptr && *end == '\0' && parsed >= 0 && parsed <= (int64_t{1} << 24),
@@ -201,8 +202,8 @@ struct FlightRecorder::Ring {
   Entry& Slot(int64_t id) { return entries[id % capacity]; }
   void Map(int64_t n) {
     void* memory = ::mmap(nullptr, sizeof(Entry) * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(memory != MAP_FAILED, "flight recorder: cannot map ", n, " entries (TORCH_FR_BUFFER_SIZE): ",
-                std::strerror(errno));
+    TORCH_CHECK(memory != MAP_FAILED, "flight recorder: cannot map ", n,
+                " entries (TORCH_FR_BUFFER_SIZE): ", std::strerror(errno));
     entries = static_cast<Entry*>(memory);
     for (int64_t k = 0; k < n; ++k) new (&entries[k]) Entry();
     capacity = n;
@@ -251,8 +252,8 @@ int64_t FlightRecorder::Capacity() {
 }
 
 std::string FlightRecorder::DumpPrefix() {
-  const char* value = std::getenv("TORCH_FR_DUMP_TEMP_FILE");
-  return value != nullptr && *value != '\0' ? value : kDefaultPrefix;
+  const std::optional<std::string> value = env::Get(env::kTorchFrDumpTempFile);
+  return value && !value->empty() ? *value : kDefaultPrefix;
 }
 
 FlightRecorder::GroupSlot* FlightRecorder::Register(std::shared_ptr<const FlightGroup> group,
@@ -464,8 +465,8 @@ std::string FlightRecorder::Dump() const {
     out.close();
     TORCH_CHECK(out.good(), "flight recorder: cannot write ", partial, ": ", std::strerror(errno));
   }
-  TORCH_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, "flight recorder: cannot rename ", partial, " to ",
-              path, ": ", std::strerror(errno));
+  TORCH_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, "flight recorder: cannot rename ", partial, " to ", path,
+              ": ", std::strerror(errno));
   return path;
 }
 
@@ -473,10 +474,7 @@ namespace {
 // PyTorch's knob for the dump after a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, default on); "0"
 // turns the dumps after failures off (the test suite does: it injects failures by the
 // hundred). Read at each failure, so a program may change it.
-bool DumpAfterFailureEnabled() {
-  const char* value = std::getenv("TORCH_NCCL_DUMP_ON_TIMEOUT");
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}
+bool DumpAfterFailureEnabled() { return env::Get(env::kTorchNcclDumpOnTimeout) != std::optional<std::string>("0"); }
 }  // namespace
 
 void FlightRecorder::DumpAfterFailure(const std::string& reason) const {

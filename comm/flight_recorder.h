@@ -11,7 +11,7 @@
 // A rank's ring is written to `<prefix><rank>` (prefix: TORCH_FR_DUMP_TEMP_FILE, default
 // PyTorch's /tmp/nccl_trace_rank_) when one of its collectives times out or fails (a lost peer
 // included), when RunMain ends the process after an error (comm/main_guard.h), on SIGUSR1
-// where RunMain installed the handler, and on request (DumpFlightRecorder). The bytes are
+// where RunMain installed the handler, and on request (DumpFlightRecorders). The bytes are
 // the pickle PyTorch 2.15's flight recorder writes (version "2.10": version, pg_config,
 // pg_status, entries with PyTorch's field names), so
 //   python -m torch.distributed.flight_recorder.fr_trace <dir>

@@ -4,9 +4,9 @@
 
 #include <atomic>
 #include <csignal>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <vector>
 

@@ -175,7 +175,8 @@ WorkPtr ProcessGroup::Recorded(FlightOp op, const at::Tensor* input, const at::T
   }
   if (traffic != nullptr) recorder_->AddTraffic(op, traffic->numel() * static_cast<int64_t>(traffic->element_size()));
   if (FlightRecorder::Capacity() == 0) return issue();
-  const FlightTensor in{input ? input->scalar_type() : c10::ScalarType::Undefined, input ? input->sizes() : c10::IntArrayRef()};
+  const FlightTensor in{input ? input->scalar_type() : c10::ScalarType::Undefined,
+                        input ? input->sizes() : c10::IntArrayRef()};
   const FlightTensor out{output ? output->scalar_type() : c10::ScalarType::Undefined,
                          output ? output->sizes() : c10::IntArrayRef()};
   const int64_t id = recorder_->Record(recorder_slot_, ++collectives_issued_, op, input ? &in : nullptr,
@@ -210,7 +211,8 @@ WorkPtr ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at:
 WorkPtr ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   CheckShardedPair("reduce_scatter_tensor", output, input, /*output_is_full=*/false);
   CheckReduceOp("reduce_scatter_tensor", input, op);
-  return Recorded(FlightOp::kReduceScatter, &input, &output, &input, [&] { return DoReduceScatter(output, input, op); });
+  return Recorded(FlightOp::kReduceScatter, &input, &output, &input,
+                  [&] { return DoReduceScatter(output, input, op); });
 }
 
 WorkPtr ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {

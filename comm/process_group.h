@@ -113,9 +113,9 @@ class ProcessGroup {
   int size_;
   Timeout timeout_;
   std::shared_ptr<const FlightGroup> identity_;
-  int subgroups_created_ = 0;  // names the next subgroup
-  int64_t collectives_issued_ = 0;  // the flight recorder's collective_seq_id
-  FlightRecorder* recorder_ = nullptr;  // this rank's, on the first recorded collective
+  int subgroups_created_ = 0;                           // names the next subgroup
+  int64_t collectives_issued_ = 0;                      // the flight recorder's collective_seq_id
+  FlightRecorder* recorder_ = nullptr;                  // this rank's, on the first recorded collective
   FlightRecorder::GroupSlot* recorder_slot_ = nullptr;  // identity_ registered there
 };
 

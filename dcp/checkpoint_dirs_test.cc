@@ -53,8 +53,9 @@ TEST(DcpExtraState, SavedOnceAndLoadedInPlaceAtAnotherWorldSize) {
     EXPECT_EQ(untouched.item<int64_t>(), -1);
     options.extra_state = {{"train.step", at::zeros({2}, at::kLong)}};
     EXPECT_ERROR_CONTAINS(Load(*t.module, t.opt.get(), dir, options),
-                          "'train.step' in the checkpoint '" + dir + "' has size [1], but extra_state 'train.step' has "
-                          "size [2]");
+                          "'train.step' in the checkpoint '" + dir +
+                              "' has size [1], but extra_state 'train.step' has "
+                              "size [2]");
   });
 }
 

@@ -37,8 +37,8 @@ comm::ProcessGroupPtr BackgroundGroup(const comm::ProcessGroupPtr& world, comm::
     for (int r = 0; r < world->size(); ++r) ranks[r] = r;
     given = world->new_subgroup(ranks);
   }
-  TORCH_CHECK(world == nullptr || given == nullptr || given->size() == world->size(), caller,
-              ": background_group has ", given->size(), " ranks, the model's world ", world->size());
+  TORCH_CHECK(world == nullptr || given == nullptr || given->size() == world->size(), caller, ": background_group has ",
+              given->size(), " ranks, the model's world ", world->size());
   return given;
 }
 

@@ -143,11 +143,10 @@ namespace internal {
 AsyncSaveHandle StartAsyncSave(std::function<void()> body);
 }  // namespace internal
 
-// The handle of an AsyncSave (and of AsyncSaveHuggingFace, hf.h). wait() blocks until this rank's files are written and the
-// checkpoint is complete (rank 0 wrote `.metadata`), or throws the save's error (every rank
-// throws when any rank's write failed). Later waits return or throw the same. Local: no
-// collective on the model's group. The destructor waits; a failure nobody waited for is
-// reported on stderr (TORCH_WARN) since a destructor cannot throw. Movable.
+// The handle of an AsyncSave (and of AsyncSaveHuggingFace, hf.h). wait() blocks until this rank's files are written and
+// the checkpoint is complete (rank 0 wrote `.metadata`), or throws the save's error (every rank throws when any rank's
+// write failed). Later waits return or throw the same. Local: no collective on the model's group. The destructor waits;
+// a failure nobody waited for is reported on stderr (TORCH_WARN) since a destructor cannot throw. Movable.
 class AsyncSaveHandle {
  public:
   AsyncSaveHandle();

@@ -146,9 +146,9 @@ TEST(DcpFsdp1, TrainingContinuesAcrossFsdp1AndFsdp2WithAdamW) {
   // FSDP1 (use_orig_params false): the optimizer holds the flat parameters.
   const auto adamw = [](Net& m) {
     fsdp1::FSDPState* fsdp1 = fsdp1::GetState(*m);
-    return torch::optim::AdamW(fsdp1 ? fsdp1::FullyShardedDataParallel(fsdp1).parameters()
-                                     : test_models::UniqueParameters(*m),
-                               torch::optim::AdamWOptions(1e-2));
+    return torch::optim::AdamW(
+        fsdp1 ? fsdp1::FullyShardedDataParallel(fsdp1).parameters() : test_models::UniqueParameters(*m),
+        torch::optim::AdamWOptions(1e-2));
   };
   for (bool fsdp1_first : {true, false}) {
     const std::string dir = Dir(fsdp1_first ? "adamw_1to2" : "adamw_2to1");

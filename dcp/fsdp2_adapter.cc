@@ -21,8 +21,8 @@
 #include "dcp/adapter.h"
 #include "dcp/plan.h"
 #include "dcp/tp_adapter.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor_spec.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/state_dict.h"
 

@@ -105,7 +105,8 @@ void SaveHuggingFace(torch::nn::Module& model, const std::string& dir, const HfS
 // writes the per-rank files and consolidates, communicating over `background_group` (null: a
 // new subgroup of the world's ranks). The export is complete once wait() returns.
 AsyncSaveHandle AsyncSaveHuggingFace(torch::nn::Module& model, const std::string& dir,
-                                     const HfSaveOptions& options = {}, comm::ProcessGroupPtr background_group = nullptr);
+                                     const HfSaveOptions& options = {},
+                                     comm::ProcessGroupPtr background_group = nullptr);
 
 void ConsolidateHuggingFace(const std::string& sharded_dir, const std::string& out_dir,
                             const HfConsolidateOptions& options = {}, comm::ProcessGroupPtr group = nullptr);

@@ -71,9 +71,12 @@ class HfLoadJob {
         continue;
       }
       if (t.sharded != nullptr && !t.sharded->live().defined()) continue;  // this rank holds none of it
-      Target target{&t, found->name, t.sharded ? t.sharded->local_size() : t.global_size,
+      Target target{&t,
+                    found->name,
+                    t.sharded ? t.sharded->local_size() : t.global_size,
                     t.sharded ? t.sharded->boxes() : std::vector<internal::Box>{internal::WholeBox(t.global_size)},
-                    {}, false};
+                    {},
+                    false};
       targets_.push_back(std::move(target));
     }
     for (const checkpoint::HfTensor& h : reader_->tensors()) {
@@ -84,12 +87,12 @@ class HfLoadJob {
     if (!options_.allow_partial_load && (!missing.empty() || !unexpected.empty())) {
       std::string what;
       if (!missing.empty()) {
-        absl::StrAppend(&what, "the model's ", internal::ListKeys(missing), " (", missing.size(), " of ", tensors_.size(),
-                        ") are missing");
+        absl::StrAppend(&what, "the model's ", internal::ListKeys(missing), " (", missing.size(), " of ",
+                        tensors_.size(), ") are missing");
       }
       if (!unexpected.empty()) {
-        absl::StrAppend(&what, what.empty() ? "" : "; ", internal::ListKeys(unexpected), " (", unexpected.size(), " of ",
-                        reader_->tensors().size(), ") are unexpected (no model tensor has that key)");
+        absl::StrAppend(&what, what.empty() ? "" : "; ", internal::ListKeys(unexpected), " (", unexpected.size(),
+                        " of ", reader_->tensors().size(), ") are unexpected (no model tensor has that key)");
       }
       TORCH_CHECK(false, kLoadHf, ": '", dir_, "' does not match the model: ", what,
                   " (a checkpoint of another model, or key_of maps names wrongly? allow_partial_load accepts it)");

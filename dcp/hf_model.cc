@@ -10,8 +10,8 @@
 
 namespace fsdp::dcp::internal {
 
-std::vector<HfModelTensor> HfModelTensors(torch::nn::Module& model, const ModelAdapter& adapter,
-                                          const HfKeyFn& key_of, const char* caller) {
+std::vector<HfModelTensor> HfModelTensors(torch::nn::Module& model, const ModelAdapter& adapter, const HfKeyFn& key_of,
+                                          const char* caller) {
   std::vector<HfModelTensor> out;
   absl::flat_hash_map<const void*, size_t> by_impl;  // a tied parameter's tensor -> its entry
   absl::flat_hash_map<std::string, std::string> fqn_of_key;
@@ -35,15 +35,18 @@ std::vector<HfModelTensor> HfModelTensors(torch::nn::Module& model, const ModelA
     out.push_back({{key(item.key())}, {item.key()}, p, sharded, sharded ? sharded->global_size() : p.sizes().vec()});
   }
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) out.push_back({{key(item.key())}, {item.key()}, item.value(), nullptr, item.value().sizes().vec()});
+    if (item.value().defined())
+      out.push_back({{key(item.key())}, {item.key()}, item.value(), nullptr, item.value().sizes().vec()});
   }
   // PyTorch's state_dict() order (what save_pretrained splits files by): each module in
   // pre-order, its own parameters, then its own buffers. Names it does not list stay last.
   absl::flat_hash_map<std::string, size_t> position;
   for (const auto& m : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
     const std::string prefix = m.key().empty() ? "" : m.key() + ".";
-    for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) position.emplace(prefix + p.key(), position.size());
-    for (const auto& b : m.value()->named_buffers(/*recurse=*/false)) position.emplace(prefix + b.key(), position.size());
+    for (const auto& p : m.value()->named_parameters(/*recurse=*/false))
+      position.emplace(prefix + p.key(), position.size());
+    for (const auto& b : m.value()->named_buffers(/*recurse=*/false))
+      position.emplace(prefix + b.key(), position.size());
   }
   std::vector<size_t> rank(out.size());
   for (size_t i = 0; i < out.size(); ++i) {

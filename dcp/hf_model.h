@@ -28,8 +28,8 @@ struct HfModelTensor {
   std::vector<int64_t> global_size;
 };
 
-std::vector<HfModelTensor> HfModelTensors(torch::nn::Module& model, const ModelAdapter& adapter,
-                                          const HfKeyFn& key_of, const char* caller);
+std::vector<HfModelTensor> HfModelTensors(torch::nn::Module& model, const ModelAdapter& adapter, const HfKeyFn& key_of,
+                                          const char* caller);
 
 }  // namespace fsdp::dcp::internal
 

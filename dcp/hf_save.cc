@@ -127,7 +127,8 @@ void Consolidate(const checkpoint::HfCheckpointReader& reader, const checkpoint:
     }
     size_t wanted = 0;
     for (size_t f = 0; f < layout.file_count(); ++f) wanted += layout.file(f).entries.size();
-    TORCH_CHECK(listed == wanted, caller, ": '", reader.dir(), "' lacks tensors of the export (a rank's file is missing?)");
+    TORCH_CHECK(listed == wanted, caller, ": '", reader.dir(),
+                "' lacks tensors of the export (a rank's file is missing?)");
   };
   WriteExport(layout, out_dir, world, caller, check, [&](checkpoint::HfExportWriter& writer) {
     for (size_t f = static_cast<size_t>(rank); f < reader.files().size(); f += static_cast<size_t>(size)) {
@@ -183,7 +184,8 @@ HfSavePlan PlanHfSave(torch::nn::Module& model, const std::string& dir, const Hf
       const at::ScalarType type = options.dtype && at::isFloatingType(stored) ? *options.dtype : stored;
       exported.push_back({t.keys.front(), type, t.global_size});
       std::vector<internal::Box> boxes = {internal::WholeBox(t.global_size)};
-      if (t.sharded != nullptr) boxes = t.sharded->local().defined() ? t.sharded->boxes() : std::vector<internal::Box>{};
+      if (t.sharded != nullptr)
+        boxes = t.sharded->local().defined() ? t.sharded->boxes() : std::vector<internal::Box>{};
       for (internal::Box& box : boxes) {
         items.push_back({internal::ChunkKey(t.keys.front(), box.global_offsets),
                          box.numel() * static_cast<int64_t>(c10::elementSize(type)), false});
@@ -208,9 +210,8 @@ HfSavePlan PlanHfSave(torch::nn::Module& model, const std::string& dir, const Hf
       HfSavePlan::RankFile& f = plan.files[{shard, file}];
       const at::Tensor part = internal::BoxOf(local, box);
       // A snapshot: training may change the model as soon as AsyncSaveHuggingFace returns.
-      f.tensors.insert(t.keys.front(), snapshot ? part.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)
-                                                        .contiguous()
-                                                  : part);
+      f.tensors.insert(t.keys.front(),
+                       snapshot ? part.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous() : part);
       f.offsets.emplace_back(t.keys.front(), box.global_offsets);
     }
   });
@@ -226,11 +227,13 @@ void FinishHfSave(HfSavePlan& plan, const std::string& dir, const HfSaveOptions&
   if (options.consolidate && !options.keep_sharded) {
     // No per-rank files wanted: each rank writes its boxes straight into their places, the
     // bytes the consolidation of its per-rank files would copy there.
-    WriteExport(plan.layout, dir, group, caller, [] {}, [&](checkpoint::HfExportWriter& writer) {
-      for (const auto& [where, part] : plan.files) {
-        for (const auto& [key, offsets] : part.offsets) writer.Write(key, offsets, part.tensors[key]);
-      }
-    });
+    WriteExport(
+        plan.layout, dir, group, caller, [] {},
+        [&](checkpoint::HfExportWriter& writer) {
+          for (const auto& [where, part] : plan.files) {
+            for (const auto& [key, offsets] : part.offsets) writer.Write(key, offsets, part.tensors[key]);
+          }
+        });
     plan.files.clear();
     return;
   }
@@ -263,7 +266,8 @@ AsyncSaveHandle AsyncSaveHuggingFace(torch::nn::Module& model, const std::string
                                      comm::ProcessGroupPtr background_group) {
   auto plan = std::make_shared<HfSavePlan>(PlanHfSave(model, dir, options, /*snapshot=*/true, kAsyncSaveHf));
   const comm::ProcessGroupPtr group = internal::BackgroundGroup(plan->world, background_group, kAsyncSaveHf);
-  return internal::StartAsyncSave([plan, dir, options, group] { FinishHfSave(*plan, dir, options, group, kAsyncSaveHf); });
+  return internal::StartAsyncSave(
+      [plan, dir, options, group] { FinishHfSave(*plan, dir, options, group, kAsyncSaveHf); });
 }
 
 void ConsolidateHuggingFace(const std::string& sharded_dir, const std::string& out_dir,
@@ -272,8 +276,8 @@ void ConsolidateHuggingFace(const std::string& sharded_dir, const std::string& o
   std::unique_ptr<checkpoint::HfExportLayout> layout;
   const std::string error = internal::ErrorOf([&] {
     reader = std::make_unique<checkpoint::HfCheckpointReader>(sharded_dir, kConsolidateHf);
-    layout = std::make_unique<checkpoint::HfExportLayout>(ExportTensors(*reader, options.dtype),
-                                                          options.max_shard_size);
+    layout =
+        std::make_unique<checkpoint::HfExportLayout>(ExportTensors(*reader, options.dtype), options.max_shard_size);
   });
   internal::AgreeOrThrow(group, error, kConsolidateHf);
   Consolidate(*reader, *layout, out_dir, group, kConsolidateHf);

@@ -61,7 +61,8 @@ checkpoint::TensorDict HfReference(const torch::nn::Module& reference, const std
 checkpoint::TensorDict AsBf16(const checkpoint::TensorDict& d) {
   checkpoint::TensorDict out;
   for (const auto& item : d) {
-    out.insert(item.key(), at::isFloatingType(item.value().scalar_type()) ? item.value().to(at::kBFloat16) : item.value());
+    out.insert(item.key(),
+               at::isFloatingType(item.value().scalar_type()) ? item.value().to(at::kBFloat16) : item.value());
   }
   return out;
 }
@@ -187,9 +188,9 @@ TEST(HuggingFace, KeyMismatchesFailEveryRankBeforeAnythingChanges) {
     const FullState after = GetFull(t);
     ExpectSameState(after, before, "after failed loads");
     // allow_partial_load: a mapping that finds only the buffer loads it and keeps the rest.
-    LoadHuggingFace(*t.module, in,
-                    {.key_of = [](const std::string& f) { return f == "scale" ? f : "x." + f; },
-                     .allow_partial_load = true});
+    LoadHuggingFace(
+        *t.module, in,
+        {.key_of = [](const std::string& f) { return f == "scale" ? f : "x." + f; }, .allow_partial_load = true});
     const FullState partial = GetFull(t);
     EXPECT_TRUE(at::equal(*partial.model.find("scale"), at::arange(4, at::kFloat)));
     for (const auto& item : before.model) {

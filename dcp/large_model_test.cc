@@ -259,10 +259,11 @@ TEST(LargeModel, AHuggingFaceCheckpointEightTimesARanksMemoryLoadsAndExportsAtEi
     SaveHuggingFace(*model, out, {.max_shard_size = kParamBytes / 8});
     peaks[pg->rank()] = counter.peak();
   });
-  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(mismatches[r], 0) << "rank " << r << " loaded shards unlike tensor.to(bf16)";
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_EQ(mismatches[r], 0) << "rank " << r << " loaded shards unlike tensor.to(bf16)";
   std::cout << "Hugging Face checkpoint " << kParamBytes << " B (float32), per-rank limit " << kRankLimit
-            << " B, peak at W=" << kWorld << " (build, load, export): "
-            << *std::max_element(peaks.begin(), peaks.end()) << " B\n";
+            << " B, peak at W=" << kWorld << " (build, load, export): " << *std::max_element(peaks.begin(), peaks.end())
+            << " B\n";
   // The export: bfloat16, as the model holds it, every tensor equal to the reference's.
   const checkpoint::HfCheckpointReader exported(out);
   EXPECT_GE(exported.files().size(), 4u);

@@ -18,8 +18,8 @@
 #include "dcp/adapter.h"
 #include "dcp/plan.h"
 #include "dcp/tp_adapter.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor.h"
-#include "tensor_parallel/tensor_parallel.h"
 
 namespace fsdp::dcp::internal {
 namespace {
@@ -27,10 +27,10 @@ namespace {
 class TensorParallelParam : public ShardedParam {
  public:
   TensorParallelParam(const dtensor::DTensorSpec& spec, const at::Tensor& param)
-      : ShardedParam(spec.shape, param.sizes().vec(),
-                     RunBoxes(dtensor::LocalSegments(spec.shape, spec.mesh->shape(), spec.mesh->coordinate(),
-                                                     spec.placements)),
-                     param.detach(), param),
+      : ShardedParam(
+            spec.shape, param.sizes().vec(),
+            RunBoxes(dtensor::LocalSegments(spec.shape, spec.mesh->shape(), spec.mesh->coordinate(), spec.placements)),
+            param.detach(), param),
         spec_(spec) {}
 
   at::Tensor Gather(const at::Tensor& local) const override {
@@ -63,8 +63,7 @@ class TensorParallelAdapter : public ModelAdapter {
         params_.push_back(MakeTensorParallelParam(s, p, item.key(), caller));
         const comm::ProcessGroupPtr& w = s.mesh->world();
         TORCH_CHECK(world_ == nullptr || world_.get() == w.get(), caller,
-                    ": the model's tensor-parallel parameters live on meshes of different worlds ('", item.key(),
-                    "')");
+                    ": the model's tensor-parallel parameters live on meshes of different worlds ('", item.key(), "')");
         world_ = w;
         it->second = params_.back().get();
       }

@@ -8,9 +8,9 @@
 
 #include <mutex>
 
+#include "fsdp/hooked_module/hooked_module.h"
 #include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/parallelize_module.h"
-#include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp::dcp {
 namespace {
@@ -89,14 +89,16 @@ TEST(DcpTensorParallel, OptimizerStateReshardsWithTheParameters) {
   Net reference(kNet);
   InitDeterministic(*reference, 11);
   torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(kLr));
-  AdamWStep(*reference, [&](const at::Tensor& x) { return reference(x); }, ref_opt);
+  AdamWStep(
+      *reference, [&](const at::Tensor& x) { return reference(x); }, ref_opt);
   const std::string dir = NewDir("tp_only_optim");
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Net plain(kNet);
     InitDeterministic(*plain, 11);
     TPNet model(*plain, mesh::DeviceMesh::Create(pg, {2}, {"tp"}));
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(kLr));
-    AdamWStep(*model, [&](const at::Tensor& x) { return model(x); }, opt);
+    AdamWStep(
+        *model, [&](const at::Tensor& x) { return model(x); }, opt);
     Save(*model, &opt, dir);
   });
   // One plain rank: every moment whole, equal to the reference's up to the rounding of TP's
@@ -153,7 +155,8 @@ HeadNet MakeHeadNet(const mesh::DeviceMeshPtr& mesh, double seed) {
   {
     at::NoGradGuard no_grad;
     int k = 0;
-    for (auto& p : model->parameters()) p.copy_(at::sin(at::arange(p.numel(), at::kFloat) * seed + (++k)).view(p.sizes()));
+    for (auto& p : model->parameters())
+      p.copy_(at::sin(at::arange(p.numel(), at::kFloat) * seed + (++k)).view(p.sizes()));
   }
   dtensor::parallelize_module(*model, (*mesh)["tp"], {{"head", dtensor::ColwiseParallel()}});
   fsdp2::fully_shard(model->block.ptr(), {.mesh = (*mesh)["dp"]});

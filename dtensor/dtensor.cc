@@ -122,7 +122,8 @@ at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, co
   if (records_grad) {
     // A fresh tensor carries the new grad_fn; a view of the input would rebase its history.
     if (!plan->steps.empty() && (out.is_view() || out.is_alias_of(local))) out = out.clone();
-    auto node = torch_compat::MakeNode<RedistributeBackward>(src.WithPlacements(std::move(grad_src)), std::move(grad_dst));
+    auto node =
+        torch_compat::MakeNode<RedistributeBackward>(src.WithPlacements(std::move(grad_src)), std::move(grad_dst));
     node->set_next_edges(torch::autograd::collect_next_edges(local));
     torch::autograd::set_history(out, node);
   }

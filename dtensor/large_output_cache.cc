@@ -107,8 +107,8 @@ at::Tensor EmptyOutput(c10::IntArrayRef shape, const at::TensorOptions& options)
   // Resizable with the CPU allocator, as at::empty's: growing it frees this block back here.
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), c10::GetCPUAllocator(),
                        /*resizable=*/true);
-  const c10::DispatchKeySet keys(c10::computeDispatchKey(options.dtype().toScalarType(), c10::kStrided,
-                                                         c10::Device(c10::kCPU)));
+  const c10::DispatchKeySet keys(
+      c10::computeDispatchKey(options.dtype().toScalarType(), c10::kStrided, c10::Device(c10::kCPU)));
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, options.dtype());
   out.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
   return out;

@@ -116,20 +116,20 @@ TEST(LayoutTest, StridedShardThenShardIsFsdpOfATensorParallelShard) {
   for (int64_t d_size : {2, 3}) {
     for (int64_t t_size : {2, 3}) {
       for (int64_t n : {d_size * t_size * 2, int64_t{9}, int64_t{18}, int64_t{27}}) {
-      for (int64_t d = 0; d < d_size; ++d) {
-        for (int64_t t = 0; t < t_size; ++t) {
-          const auto tp_rows = ChunkRows(n, t_size, t);
-          std::vector<int64_t> expected;
-          const auto within = ChunkRows(static_cast<int64_t>(tp_rows.size()), d_size, d);
-          for (int64_t i : within) expected.push_back(tp_rows[i]);
-          const auto got = ComputeLocalShapeAndGlobalOffset({n, 4}, {d_size, t_size}, {d, t},
-                                                            {P::StridedShard(0, t_size), P::Shard(0)});
-          EXPECT_EQ(got.shape[0], static_cast<int64_t>(expected.size()));
-          EXPECT_EQ(got.offset[0], expected.empty() ? n : expected.front());
-          EXPECT_EQ(Rows({n, 4}, {d_size, t_size}, {d, t}, {P::StridedShard(0, t_size), P::Shard(0)}, 0), expected)
-              << "n=" << n << " dp=" << d_size << " tp=" << t_size << " at [" << d << ", " << t << "]";
+        for (int64_t d = 0; d < d_size; ++d) {
+          for (int64_t t = 0; t < t_size; ++t) {
+            const auto tp_rows = ChunkRows(n, t_size, t);
+            std::vector<int64_t> expected;
+            const auto within = ChunkRows(static_cast<int64_t>(tp_rows.size()), d_size, d);
+            for (int64_t i : within) expected.push_back(tp_rows[i]);
+            const auto got = ComputeLocalShapeAndGlobalOffset({n, 4}, {d_size, t_size}, {d, t},
+                                                              {P::StridedShard(0, t_size), P::Shard(0)});
+            EXPECT_EQ(got.shape[0], static_cast<int64_t>(expected.size()));
+            EXPECT_EQ(got.offset[0], expected.empty() ? n : expected.front());
+            EXPECT_EQ(Rows({n, 4}, {d_size, t_size}, {d, t}, {P::StridedShard(0, t_size), P::Shard(0)}, 0), expected)
+                << "n=" << n << " dp=" << d_size << " tp=" << t_size << " at [" << d << ", " << t << "]";
+          }
         }
-      }
       }
     }
   }

@@ -121,7 +121,8 @@ void AppendTransform(const DTensorSpec& src, const Placements& current, int m, c
       add(cur, tgt, TransformKind::kAllToAll);
     }
   } else {  // through Replicate: a StridedShard on either side
-    if (!cur.is_replicate()) add(cur, replicate, cur.is_partial() ? TransformKind::kAllReduce : TransformKind::kAllGather);
+    if (!cur.is_replicate())
+      add(cur, replicate, cur.is_partial() ? TransformKind::kAllReduce : TransformKind::kAllGather);
     add(replicate, tgt, TransformKind::kLocalChunk);
   }
 }

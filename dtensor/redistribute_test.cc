@@ -260,7 +260,9 @@ TEST(PyTorchConformance, ThreeDimensionalMeshRedistributes) {
         {{P::Shard(0), P::Shard(1), P::Shard(0)},
          {P::Shard(1), P::Shard(0), P::Shard(0)},
          {"all_gather", "all_gather", "all_to_all"}},
-        {{P::Shard(0), P::Shard(1), P::Shard(2)}, {P::Shard(2), P::Shard(1), P::Shard(0)}, {"all_gather", "all_to_all"}},
+        {{P::Shard(0), P::Shard(1), P::Shard(2)},
+         {P::Shard(2), P::Shard(1), P::Shard(0)},
+         {"all_gather", "all_to_all"}},
     };
     for (const Case& c : cases) {
       const std::string what = absl::StrCat(ToString(c.src), " -> ", ToString(c.dst));
@@ -305,9 +307,9 @@ TEST(PyTorchConformance, FromLocalInfersTheGlobalStrideFromTheLocalLayout) {
     // S(0): (8, 1, 128), S(1): (32, 1, 128), S(2): (8, 1, 32), Replicate: (8, 1, 32).
     const at::Tensor local = at::empty_strided({8, 4, 8}, {8, 1, 32});
     const std::vector<std::pair<P, std::vector<int64_t>>> expected = {{P::Shard(0), {8, 1, 128}},
-                                                                       {P::Shard(1), {32, 1, 128}},
-                                                                       {P::Shard(2), {8, 1, 32}},
-                                                                       {P::Replicate(), {8, 1, 32}}};
+                                                                      {P::Shard(1), {32, 1, 128}},
+                                                                      {P::Shard(2), {8, 1, 32}},
+                                                                      {P::Replicate(), {8, 1, 32}}};
     for (const auto& [placement, stride] : expected) {
       EXPECT_EQ(DTensor::from_local(local, mesh, {placement}).spec().stride, stride) << placement.ToString();
     }

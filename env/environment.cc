@@ -7,9 +7,21 @@
 namespace fsdp::env {
 
 const std::vector<Variable>& All() {
-  static const auto* all = new std::vector<Variable>{
-      kRank,      kWorldSize,  kLocalRank,         kMasterAddr,          kMasterPort,        kTorchelasticUseAgentStore,
-      kTorchelasticRestartCount, kGlooSocketIfname, kCpuStreams, kUseFullPrecInEval, kSkipWritebackCheck};
+  static const auto* all = new std::vector<Variable>{kRank,
+                                                     kWorldSize,
+                                                     kLocalRank,
+                                                     kMasterAddr,
+                                                     kMasterPort,
+                                                     kTorchelasticUseAgentStore,
+                                                     kTorchelasticRestartCount,
+                                                     kGlooSocketIfname,
+                                                     kTorchFrBufferSize,
+                                                     kTorchFrDumpTempFile,
+                                                     kTorchNcclDumpOnTimeout,
+                                                     kPeakBlocks,
+                                                     kCpuStreams,
+                                                     kUseFullPrecInEval,
+                                                     kSkipWritebackCheck};
   return *all;
 }
 

@@ -43,7 +43,16 @@ inline constexpr Variable kTorchelasticUseAgentStore{"TORCHELASTIC_USE_AGENT_STO
 inline constexpr Variable kTorchelasticRestartCount{"TORCHELASTIC_RESTART_COUNT", "torchrun's restart attempt"};
 // Communication (as PyTorch's ProcessGroupGloo reads it).
 inline constexpr Variable kGlooSocketIfname{"GLOO_SOCKET_IFNAME", "network interfaces Gloo binds to"};
+// The flight recorder (comm/flight_recorder.h), as PyTorch's ProcessGroupNCCL names them.
+inline constexpr Variable kTorchFrBufferSize{"TORCH_FR_BUFFER_SIZE", "flight recorder entries kept per rank (0: off)"};
+inline constexpr Variable kTorchFrDumpTempFile{"TORCH_FR_DUMP_TEMP_FILE",
+                                               "flight recorder dump path prefix (the rank is appended)"};
+inline constexpr Variable kTorchNcclDumpOnTimeout{"TORCH_NCCL_DUMP_ON_TIMEOUT",
+                                                  "0: no flight recorder dump after a failed collective"};
 // Debugging overrides.
+inline constexpr Variable kPeakBlocks{"FSDP_PEAK_BLOCKS",
+                                      "R: rank R lists the blocks live at its allocation peak (metrics)",
+                                      /*test_only=*/true};
 inline constexpr Variable kCpuStreams{
     "FSDP_CPU_STREAMS", "CPU stream mode: inline, async, async:<us> (async:<us> delays each task)", /*test_only=*/true};
 // PyTorch's FSDP1 variables (torch/distributed/fsdp/_flat_param.py), overriding FSDPOptions.

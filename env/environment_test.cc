@@ -41,7 +41,23 @@ TEST(Environment, AnUnknownNameIsAnError) {
 TEST(Environment, EveryVariableIsListedOnce) {
   std::set<std::string> names;
   for (const Variable& v : All()) EXPECT_TRUE(names.insert(v.name).second) << v.name << " is in All() twice";
-  EXPECT_EQ(names.size(), 11u);  // the constants in environment.h
+  // The constants of environment.h, spelled out here: a new one must be added to All() too.
+  const std::set<std::string> expected = {kRank.name,
+                                          kWorldSize.name,
+                                          kLocalRank.name,
+                                          kMasterAddr.name,
+                                          kMasterPort.name,
+                                          kTorchelasticUseAgentStore.name,
+                                          kTorchelasticRestartCount.name,
+                                          kGlooSocketIfname.name,
+                                          kTorchFrBufferSize.name,
+                                          kTorchFrDumpTempFile.name,
+                                          kTorchNcclDumpOnTimeout.name,
+                                          kPeakBlocks.name,
+                                          kCpuStreams.name,
+                                          kUseFullPrecInEval.name,
+                                          kSkipWritebackCheck.name};
+  EXPECT_EQ(names, expected);
 }
 
 }  // namespace

@@ -104,12 +104,14 @@ int main(int argc, char** argv) {
     pg.all_reduce(all_ok, ReduceOp::Min())->wait();
 
     if (me == 0) {
-      std::printf("\nlibtorch-fsdp collectives demo: %d ranks as processes, Gloo over TCPStore on %s\n", W, "127.0.0.1");
+      std::printf("\nlibtorch-fsdp collectives demo: %d ranks as processes, Gloo over TCPStore on %s\n", W,
+                  "127.0.0.1");
       std::printf("payload %lld MiB per rank, %d timed iterations each\n\n",
                   static_cast<long long>(absl::GetFlag(FLAGS_mib)), iters);
       std::printf("%-28s %-8s %10s %12s\n", "collective", "result", "ms/iter", "GiB/s (alg)");
       for (const Row& row : rows) {
-        std::printf("%-28s %-8s %10.2f %12.2f\n", row.name.c_str(), row.correct ? "ok" : "WRONG", row.ms, row.gib_per_s);
+        std::printf("%-28s %-8s %10.2f %12.2f\n", row.name.c_str(), row.correct ? "ok" : "WRONG", row.ms,
+                    row.gib_per_s);
       }
       std::printf("\nall ranks correct: %s; collectives issued by rank 0: %zu (%.1f MiB in)\n",
                   all_ok.item<int64_t>() == 1 ? "yes" : "NO", trace->records().size(),

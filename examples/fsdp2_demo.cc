@@ -216,8 +216,8 @@ struct World {
   fsdp::mesh::DeviceMeshPtr mesh;
   c10::Device device = c10::Device(c10::kCPU);  // model, batches and the reference
   int size = 0, rank = 0;
-  double peak_flops = 0;       // the measured matmul rate (CPU); 0 on a GPU (no MFU)
-  double flops_per_token = 0;  // of the unsharded model
+  double peak_flops = 0;        // the measured matmul rate (CPU); 0 on a GPU (no MFU)
+  double flops_per_token = 0;   // of the unsharded model
   int64_t predicted_peak = -1;  // fsdp_plan --memory for this model and world
   bool log() const { return rank == 0; }
 };
@@ -432,8 +432,8 @@ int TrainFromScratch(const World& w, const std::string& checkpoint_dir, int64_t 
       const bool root = group.module_fqns.front().empty();
       std::string names;
       for (const auto& p : group.params) {
-        names += absl::StrCat(" ", p.fqn, " [", absl::StrJoin(p.shape, ","), "]->[", absl::StrJoin(p.shard_shape, ","),
-                              "]");
+        names +=
+            absl::StrCat(" ", p.fqn, " [", absl::StrJoin(p.shape, ","), "]->[", absl::StrJoin(p.shard_shape, ","), "]");
       }
       std::printf("fully_shard(%s): %zu tensors%s\n", root ? "root" : group.module_fqns.front().c_str(),
                   group.params.size(), root ? (":" + names).c_str() : "");
@@ -451,9 +451,8 @@ int TrainFromScratch(const World& w, const std::string& checkpoint_dir, int64_t 
         "%.1f (%.2fx)\n",
         Kib(sharded.params), Kib(sharded.grads), Kib(sharded.optim), Kib(sharded.total()), Kib(full.params),
         Kib(full.grads), Kib(full.optim), Kib(full.total()), double(full.total()) / double(sharded.total()));
-    std::printf(
-        "vs single-rank reference: max loss diff %.1e, max param diff %.1e (tol %.1e), %zu tensors\n", agree.loss,
-        agree.param, agree.tol, trained.size());
+    std::printf("vs single-rank reference: max loss diff %.1e, max param diff %.1e (tol %.1e), %zu tensors\n",
+                agree.loss, agree.param, agree.tol, trained.size());
     std::printf("%s\n", ok ? "PASS" : "FAIL");
   }
   if (!ok) return 1;
@@ -493,9 +492,8 @@ int Resume(const World& w, const std::string& dir) {
   if (w.log()) {
     std::printf("\nloss: %.4f -> %.4f over steps %d-%d\n", run.losses.front(), run.losses.back(), kSteps,
                 kSteps + kResumeSteps - 1);
-    std::printf(
-        "vs uninterrupted single-rank run of %d steps: max loss diff %.1e, max param diff %.1e (tol %.1e)\n",
-        kSteps + kResumeSteps, agree.loss, agree.param, agree.tol);
+    std::printf("vs uninterrupted single-rank run of %d steps: max loss diff %.1e, max param diff %.1e (tol %.1e)\n",
+                kSteps + kResumeSteps, agree.loss, agree.param, agree.tol);
     std::printf("%s: checkpoint saved after %d steps, resumed on %d ranks for %d more steps, %s\n",
                 ok ? "PASS" : "FAIL", kSteps, w.size, kResumeSteps,
                 ok     ? "matches the uninterrupted run"

@@ -44,15 +44,13 @@ struct InjectedFault {
   void MaybeKillAt(int this_rank, int64_t step_now) const;
   void MaybeKillInSave(int this_rank, int64_t save_step) const;
 };
-InjectedFault ReadInjectedFault(
-    const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
+InjectedFault ReadInjectedFault(const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
 
 class PeriodicCheckpointer {
  public:
   // every == 0: no periodic checkpoints (Resume returns 0, AfterStep does nothing).
   // `world`: the model's world group, untraced (the saves' own collectives).
-  PeriodicCheckpointer(std::string root, int64_t every, comm::ProcessGroupPtr world, InjectedFault fault,
-                       bool log);
+  PeriodicCheckpointer(std::string root, int64_t every, comm::ProcessGroupPtr world, InjectedFault fault, bool log);
   ~PeriodicCheckpointer();
 
   // Loads the latest complete checkpoint under root (dcp::Load: any world size) and returns

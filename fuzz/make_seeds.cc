@@ -42,8 +42,7 @@ int main(int argc, char** argv) {
   fsdp::fuzz::Target& target = fsdp::fuzz::SharedTarget();
   const fsdp::fuzz::NamedBytes full = fsdp::fuzz::FullStateDictSeeds(), optim = fsdp::fuzz::OptimStateSeeds();
   for (const auto& [name, bytes] : full) fsdp::checkpoint::DeserializeTensorDict(bytes, name);
-  fsdp::fsdp2::LoadFullStateDict(*target.model,
-                                     fsdp::checkpoint::DeserializeTensorDict(full[0].second, full[0].first));
+  fsdp::fsdp2::LoadFullStateDict(*target.model, fsdp::checkpoint::DeserializeTensorDict(full[0].second, full[0].first));
   for (const auto& [name, bytes] : optim) {
     const auto sd = fsdp::optim_state::DeserializeOptimStateDict(bytes, name);
     fsdp::optim_state::LoadFullOptimStateDict(
@@ -61,9 +60,9 @@ int main(int argc, char** argv) {
   std::vector<ckpt::DcpFragment> fragments;
   for (int64_t rank = 0; rank < 2; ++rank) {
     const at::Tensor rows = w.narrow(0, rank * 2, rank == 0 ? 2 : 1).contiguous();
-    fragments.push_back(ckpt::WriteRankData(data_dir.string(), rank, {{"model.w", {3, 4}, at::kFloat, {rank * 2, 0}, rows}},
-                                            rank == 0 ? std::vector<ckpt::DcpBytesItem>{{"optim.lr", text("0.01")}}
-                                                      : std::vector<ckpt::DcpBytesItem>{}));
+    fragments.push_back(ckpt::WriteRankData(
+        data_dir.string(), rank, {{"model.w", {3, 4}, at::kFloat, {rank * 2, 0}, rows}},
+        rank == 0 ? std::vector<ckpt::DcpBytesItem>{{"optim.lr", text("0.01")}} : std::vector<ckpt::DcpBytesItem>{}));
   }
   const std::vector<char> metadata = ckpt::SerializeDcpMetadata(ckpt::MergeDcpFragments(fragments, data_dir.string()));
   ckpt::ParseDcpMetadata(metadata.data(), metadata.size(), "seed");  // must load
@@ -103,8 +102,8 @@ int main(int argc, char** argv) {
     return input;
   };
   const std::vector<char> sharded = ckpt::SerializeSafetensors(
-      tensors, ckpt::HfShardingMetadata({{"empty", {0, 0}}, {"mask", {0}}, {"model.b", {0}}, {"model.w", {0, 0}},
-                                         {"step", {}}}));
+      tensors, ckpt::HfShardingMetadata(
+                   {{"empty", {0, 0}}, {"mask", {0}}, {"model.b", {0}}, {"model.w", {0, 0}}, {"step", {}}}));
   Write(dir / "hf_checkpoint",
         {{"index", hf_input(R"({"metadata": {"total_size": 80}, "weight_map": {"model.w": "a.safetensors", )"
                             R"("model.b": "a.safetensors"}})",

@@ -14,10 +14,13 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "env/environment.h"
 
 namespace fsdp::metrics {
 namespace {
@@ -82,9 +85,8 @@ class LiveBlocks {
 };
 
 bool PeakBlocksWanted() {
-  const char* wanted = std::getenv("FSDP_PEAK_BLOCKS");
-  const char* rank = std::getenv("RANK");
-  return wanted != nullptr && std::string(wanted) == (rank != nullptr ? rank : "0");
+  const std::optional<std::string> wanted = env::Get(env::kPeakBlocks);
+  return wanted && *wanted == env::Get(env::kRank).value_or("0");
 }
 
 }  // namespace

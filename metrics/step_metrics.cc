@@ -41,8 +41,8 @@ StepMetrics::StepMetrics(StepMetricsOptions options) : options_(std::move(option
               options_.flops_per_token);
   TORCH_CHECK(options_.peak_flops >= 0, "StepMetrics: peak_flops must be >= 0, got ", options_.peak_flops);
   TORCH_CHECK(options_.print_every >= 0, "StepMetrics: print_every must be >= 0, got ", options_.print_every);
-  TORCH_CHECK(options_.device.is_cpu() || options_.device.is_cuda(),
-              "StepMetrics: device must be cpu or cuda, got ", options_.device.str());
+  TORCH_CHECK(options_.device.is_cpu() || options_.device.is_cuda(), "StepMetrics: device must be cpu or cuda, got ",
+              options_.device.str());
   TORCH_CHECK(options_.device.is_cpu() || options_.device.has_index(),
               "StepMetrics: a cuda device needs an index, got ", options_.device.str());
   if (options_.device.is_cpu()) cpu_window_ = std::make_unique<AllocationWindow>();
@@ -95,11 +95,12 @@ const StepReport& StepMetrics::EndStep() {
 std::string StepMetrics::Format(const StepReport& r) const {
   std::string line = absl::StrFormat("[rank %d] step %d: %.1f ms", options_.rank, r.step, r.seconds * 1e3);
   if (r.tokens_per_second >= 0) absl::StrAppend(&line, absl::StrFormat(", %.0f tokens/s", r.tokens_per_second));
-  if (r.mfu >= 0) absl::StrAppend(&line, absl::StrFormat(", MFU %.1f%% of %s", 100 * r.mfu, Flops(options_.peak_flops)));
+  if (r.mfu >= 0)
+    absl::StrAppend(&line, absl::StrFormat(", MFU %.1f%% of %s", 100 * r.mfu, Flops(options_.peak_flops)));
   absl::StrAppend(&line, ", peak ", options_.device.is_cpu() ? "CPU " : "CUDA ", Bytes(r.peak_bytes));
   if (options_.predicted_peak_bytes >= 0) absl::StrAppend(&line, " (model ", Bytes(options_.predicted_peak_bytes), ")");
-  absl::StrAppend(&line, ", all-gather ", Bytes(r.traffic.all_gather), ", reduce-scatter ", Bytes(r.traffic.reduce_scatter),
-                  ", all-reduce ", Bytes(r.traffic.all_reduce));
+  absl::StrAppend(&line, ", all-gather ", Bytes(r.traffic.all_gather), ", reduce-scatter ",
+                  Bytes(r.traffic.reduce_scatter), ", all-reduce ", Bytes(r.traffic.all_reduce));
   return line;
 }
 

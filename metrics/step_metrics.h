@@ -30,13 +30,13 @@ namespace fsdp::metrics {
 class AllocationWindow;
 
 struct StepMetricsOptions {
-  int rank = 0;                               // this process's global rank (its traffic counters)
+  int rank = 0;                                 // this process's global rank (its traffic counters)
   c10::Device device = c10::Device(c10::kCPU);  // where the step allocates (CPU or CUDA)
-  int64_t tokens_per_step = 0;                // tokens this rank processes per step; 0: no tokens/s
-  double flops_per_token = 0;                 // model FLOPs per token, forward + backward; 0: no MFU
-  double peak_flops = 0;                      // this device's peak FLOP/s; 0: no MFU
-  int64_t predicted_peak_bytes = -1;          // the memory model's peak for this rank; -1: none
-  int64_t print_every = 0;                    // EndStep prints every N-th step on stdout; 0: never
+  int64_t tokens_per_step = 0;                  // tokens this rank processes per step; 0: no tokens/s
+  double flops_per_token = 0;                   // model FLOPs per token, forward + backward; 0: no MFU
+  double peak_flops = 0;                        // this device's peak FLOP/s; 0: no MFU
+  int64_t predicted_peak_bytes = -1;            // the memory model's peak for this rank; -1: none
+  int64_t print_every = 0;                      // EndStep prints every N-th step on stdout; 0: never
 };
 
 struct StepReport {

@@ -19,16 +19,19 @@ namespace {
 
 TEST(StepMetrics, CountsTheStepsCollectiveBytesPeakAndRates) {
   testing::RunOnRanks(testing::Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
-    StepMetrics m({.rank = pg->rank(), .tokens_per_step = 1000, .flops_per_token = 6e6, .peak_flops = 1e12,
+    StepMetrics m({.rank = pg->rank(),
+                   .tokens_per_step = 1000,
+                   .flops_per_token = 6e6,
+                   .peak_flops = 1e12,
                    .predicted_peak_bytes = 3 << 20});
     at::Tensor shard = at::ones({2, 3}), full = at::empty({4, 3});
     at::Tensor d = at::ones({5}, at::kDouble);
     pg->all_reduce(d)->wait();  // before the step: not counted
     m.BeginStep();
-    pg->all_gather_into_tensor(full, shard)->wait();   // output: 12 floats
-    pg->reduce_scatter_tensor(shard, full)->wait();    // input: 12 floats
-    pg->all_reduce(d)->wait();                         // 5 doubles
-    pg->broadcast(d, 0)->wait();                       // 5 doubles
+    pg->all_gather_into_tensor(full, shard)->wait();  // output: 12 floats
+    pg->reduce_scatter_tensor(shard, full)->wait();   // input: 12 floats
+    pg->all_reduce(d)->wait();                        // 5 doubles
+    pg->broadcast(d, 0)->wait();                      // 5 doubles
     const int64_t kAllocated = 1 << 20;
     at::Tensor big = at::empty({kAllocated}, at::kByte);
     big.fill_(1);

@@ -39,8 +39,7 @@ std::string TypeKey(const StateValue& v) {
 
 }  // namespace
 
-std::map<std::string, StateMap> UnflattenOptimState(const fsdp1::FlatParamHandle& handle,
-                                                    const StateMap& flat_state,
+std::map<std::string, StateMap> UnflattenOptimState(const fsdp1::FlatParamHandle& handle, const StateMap& flat_state,
                                                     const comm::ProcessGroupPtr& shard_group,
                                                     const std::string& prefix) {
   const fsdp1::FlatParameter& fp = handle.flat_param();
@@ -137,7 +136,7 @@ struct FlatModelParams {
   std::vector<fsdp1::FlatParamHandle*> handles;
   std::vector<std::string> prefixes;
   std::map<std::string, std::vector<std::string>> fqns_of;  // key -> original FQNs
-  std::vector<fsdp1::FlatParamHandle*> orig_handles;   // use_orig_params, sharded
+  std::vector<fsdp1::FlatParamHandle*> orig_handles;        // use_orig_params, sharded
   std::vector<std::string> orig_prefixes;
   std::set<std::string> orig_fqns;  // the original FQNs of orig_handles
   const std::string& key(size_t i) const { return named[i].first; }

@@ -24,8 +24,7 @@ namespace fsdp::optim_state {
 // Positive-dim tensors are all-gathered over `shard_group` (null or size 1: the shard is
 // the whole flat parameter); collective over that group. Zero-dim and non-tensor state is
 // given to every original parameter.
-std::map<std::string, StateMap> UnflattenOptimState(const fsdp1::FlatParamHandle& handle,
-                                                    const StateMap& flat_state,
+std::map<std::string, StateMap> UnflattenOptimState(const fsdp1::FlatParamHandle& handle, const StateMap& flat_state,
                                                     const comm::ProcessGroupPtr& shard_group,
                                                     const std::string& prefix = "");
 

@@ -4,8 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/state_dict.h"
 

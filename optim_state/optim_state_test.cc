@@ -392,9 +392,8 @@ void CheckpointAcrossFsdps(const Continuation& c) {
         // Only rank 0 reads the files: the model state by rank0_only broadcast, the optimizer
         // state by BroadcastOptimStateDict (PyTorch's scatter from rank 0).
         const bool reader = pg->rank() == 0;
-        fsdp2::LoadFullStateDict(*model,
-                                     reader ? fsdp2::LoadFullStateDictFile(model_path) : fsdp2::FullStateDict(),
-                                     {.rank0_only = true});
+        fsdp2::LoadFullStateDict(*model, reader ? fsdp2::LoadFullStateDictFile(model_path) : fsdp2::FullStateDict(),
+                                 {.rank0_only = true});
         LoadFullOptimStateDict(*model, opt,
                                BroadcastOptimStateDict(reader ? LoadOptimStateDict(optim_path) : OptimStateDict{}, pg));
         TrainSteps(model, opt, 3, 5, c.to_world, pg->rank());

@@ -10,12 +10,12 @@
 #include <mutex>
 #include <string>
 
-#include "tensor_parallel/parallel_style.h"
-#include "tensor_parallel/parallelize_module.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "optim_state/optim_state_dict.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::optim_state {
@@ -39,7 +39,8 @@ constexpr int kSteps = 3;
 // kSteps AdamW steps on the same batch; with `tp_mesh` the Megatron pair a colwise, b rowwise.
 std::unique_ptr<torch::optim::AdamW> Train(TwoLayer& model, const mesh::DeviceMeshPtr& tp_mesh) {
   if (tp_mesh) {
-    dtensor::parallelize_module(*model, tp_mesh, {{"a", dtensor::ColwiseParallel()}, {"b", dtensor::RowwiseParallel()}});
+    dtensor::parallelize_module(*model, tp_mesh,
+                                {{"a", dtensor::ColwiseParallel()}, {"b", dtensor::RowwiseParallel()}});
   }
   auto opt = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
   const at::Tensor x = at::cos(at::arange(5 * 8, at::kFloat)).view({5, 8});
@@ -95,7 +96,8 @@ TEST(Fsdp2OptimState, TensorParallelOnlyStateIsFullAndReshards) {
     EXPECT_TRUE(at::equal(shard, whole.narrow(0, 3 * pg->rank(), 3)));
     // b.weight is Shard(1): columns 3r .. 3r+2 of [8, 12].
     const at::Tensor& cols = std::get<at::Tensor>(local.state.at("b.weight").at("exp_avg_sq"));
-    EXPECT_TRUE(at::equal(cols, std::get<at::Tensor>(saved.state.at("b.weight").at("exp_avg_sq")).narrow(1, 3 * pg->rank(), 3)));
+    EXPECT_TRUE(at::equal(
+        cols, std::get<at::Tensor>(saved.state.at("b.weight").at("exp_avg_sq")).narrow(1, 3 * pg->rank(), 3)));
     const OptimStateDict again = GetFullOptimStateDict(*model, opt);
     for (const auto& [fqn, values] : saved.state) {
       for (const auto& [name, value] : values) {

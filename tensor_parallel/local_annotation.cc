@@ -31,9 +31,10 @@ void AnnotateLocal(const at::Tensor& local, LocalAnnotation annotation) {
   if (map.size() >= kPruneAbove) {
     absl::erase_if(map, [](const auto& item) { return item.second.tensor.expired(); });
   }
-  map.insert_or_assign(local.unsafeGetTensorImpl(),
-                       Entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(local.getIntrusivePtr()),
-                             std::move(annotation)});
+  map.insert_or_assign(
+      local.unsafeGetTensorImpl(),
+      Entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(local.getIntrusivePtr()),
+            std::move(annotation)});
 }
 
 std::optional<LocalAnnotation> FindLocalAnnotation(const at::Tensor& local) {

@@ -40,7 +40,8 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
       at::Tensor max = AllReduceOverClasses(at::amax(x, {class_dim}, /*keepdim=*/true), group, comm::ReduceOp::Max());
       shifted = x - max;
     }
-    at::Tensor sumexp = AllReduceOverClasses(at::sum(at::exp(shifted), {class_dim}, /*keepdim=*/true), group, comm::ReduceOp::Sum());
+    at::Tensor sumexp =
+        AllReduceOverClasses(at::sum(at::exp(shifted), {class_dim}, /*keepdim=*/true), group, comm::ReduceOp::Sum());
     at::Tensor log_softmax = (shifted - at::log(sumexp)).to(result_dtype);
 
     const at::Tensor valid = target != ignore_index;
@@ -76,15 +77,20 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
     at::Tensor grad = grads[0];
     if (ctx->saved_data["reduction"].toInt() == static_cast<int64_t>(LossReduction::kMean)) grad = grad / saved[2];
     const at::Tensor valid = (target != ignore_index).unsqueeze(class_dim);
-    const LocalTarget local = Localize(at::where(target != ignore_index, target, 0), class_begin,
-                                       log_softmax.size(class_dim));
+    const LocalTarget local =
+        Localize(at::where(target != ignore_index, target, 0), class_begin, log_softmax.size(class_dim));
     at::Tensor one_hot = at::zeros_like(log_softmax);
     one_hot.scatter_(class_dim, local.index.unsqueeze(class_dim),
                      at::where(local.mask, 0.0, -1.0).unsqueeze(class_dim).to(one_hot.scalar_type()));
     if (grad.dim() > 0 && log_softmax.dim() > grad.dim()) grad = grad.unsqueeze(class_dim);
     grad = at::where(valid, grad, 0);
-    return {(one_hot + at::exp(log_softmax)) * grad, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+    return {(one_hot + at::exp(log_softmax)) * grad,
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -128,9 +134,8 @@ at::Tensor loss_parallel_cross_entropy(const DTensor& logits, const at::Tensor& 
               " but logits of shape ", c10::IntArrayRef(logits.sizes()), " need ", c10::IntArrayRef(expected));
   const int64_t classes = logits.sizes()[class_dim];
   const at::Tensor bad = at::logical_and(target != options.ignore_index, at::logical_or(target < 0, target >= classes));
-  TORCH_CHECK(!bad.any().item<bool>(), "loss_parallel_cross_entropy: target holds class indices outside [0, ",
-              classes, ") (ignore_index=", options.ignore_index, "), e.g. ",
-              target.masked_select(bad)[0].item<int64_t>());
+  TORCH_CHECK(!bad.any().item<bool>(), "loss_parallel_cross_entropy: target holds class indices outside [0, ", classes,
+              ") (ignore_index=", options.ignore_index, "), e.g. ", target.masked_select(bad)[0].item<int64_t>());
   const int64_t class_begin = logits.spec().local_shape_and_offset().offset[class_dim];
   return CrossEntropy::apply(local, target.to(local.device()), logits.device_mesh()->group(mesh_dim), class_dim,
                              class_begin, static_cast<int64_t>(options.reduction), options.ignore_index);

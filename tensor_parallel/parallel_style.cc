@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dtensor/dtensor.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "tensor_parallel/local_annotation.h"
 #include "tensor_parallel/tensor_parallel.h"
-#include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp::dtensor {
 namespace {
@@ -103,8 +103,8 @@ class ParameterStyleHook : public ForwardHook, public DistributedParameterModule
 };
 
 bool RequireOneOutput(const std::vector<at::Tensor*>& outputs, const std::string& fqn, const char* style) {
-  TORCH_CHECK(outputs.size() == 1 && outputs[0]->defined(), style, ": module '", fqn,
-              "' must return one tensor, got ", outputs.size());
+  TORCH_CHECK(outputs.size() == 1 && outputs[0]->defined(), style, ": module '", fqn, "' must return one tensor, got ",
+              outputs.size());
   return true;
 }
 
@@ -170,8 +170,8 @@ class ColwiseHook : public ParameterStyleHook {
     std::vector<int64_t> shape = out.sizes().vec();
     TORCH_CHECK(!shape.empty(), "ColwiseParallel: module '", fqn_, "' returned a 0-D tensor");
     shape.back() = global_columns_;
-    const DTensorSpec spec = DTensorSpec::Make(mesh_, {Placement::Shard(out.dim() - 1)}, std::move(shape),
-                                               out.scalar_type(), {});
+    const DTensorSpec spec =
+        DTensorSpec::Make(mesh_, {Placement::Shard(out.dim() - 1)}, std::move(shape), out.scalar_type(), {});
     out = PrepareOutput(out, spec, output_layout_, use_local_output_);
   }
 
@@ -275,14 +275,17 @@ class RowwiseHook : public ParameterStyleHook {
 class SequenceHook : public ParameterStyleHook {
  public:
   SequenceHook(int64_t sequence_dim, bool use_local_output, mesh::DeviceMeshPtr mesh, std::string fqn)
-      : sequence_dim_(sequence_dim), use_local_output_(use_local_output), mesh_(std::move(mesh)), fqn_(std::move(fqn)) {}
+      : sequence_dim_(sequence_dim),
+        use_local_output_(use_local_output),
+        mesh_(std::move(mesh)),
+        fqn_(std::move(fqn)) {}
 
   void Partition(torch::nn::Module& module) {
     for (const auto& item : module.named_parameters(/*recurse=*/false)) {
       at::Tensor param = item.value();
       if (!param.defined()) continue;
-      specs_.emplace_back(item.key(), DTensorSpec::Make(mesh_, {Placement::Replicate()}, param.sizes().vec(),
-                                                         param.scalar_type(), {}));
+      specs_.emplace_back(
+          item.key(), DTensorSpec::Make(mesh_, {Placement::Replicate()}, param.sizes().vec(), param.scalar_type(), {}));
       if (!param.requires_grad() || mesh_->size() == 1) continue;
       // Each rank's gradient covers its slice of the sequence: Partial, summed here.
       comm::ProcessGroupPtr group = mesh_->group(0);
@@ -327,8 +330,7 @@ class SequenceHook : public ParameterStyleHook {
 
 using Layouts = std::vector<std::optional<Placement>>;
 
-void CheckLayoutCounts(const Layouts& given, const Layouts& desired, const char* style, const char* a,
-                       const char* b) {
+void CheckLayoutCounts(const Layouts& given, const Layouts& desired, const char* style, const char* a, const char* b) {
   TORCH_CHECK(given.size() == desired.size(), style, ": ", a, " and ", b, " should have same length, got ",
               LayoutTuple(given), " and ", LayoutTuple(desired));
 }
@@ -350,8 +352,8 @@ class PrepareInputHook : public ForwardHook {
     for (size_t i = 0; i < args.size(); ++i) {
       if (!input_layouts_[i]) continue;
       const LocalAnnotation in = InputLayout(args[i], mesh_, *input_layouts_[i], fqn_, "PrepareModuleInput");
-      const Placements dst =
-          desired_[i] ? ValidatePlacements({*desired_[i]}, 1, args[i].dim(), "desired_input_layouts") : in.spec.placements;
+      const Placements dst = desired_[i] ? ValidatePlacements({*desired_[i]}, 1, args[i].dim(), "desired_input_layouts")
+                                         : in.spec.placements;
       const Placements grad = use_local_output_ ? ReplicatePartials(dst) : PartialsForReplicates(dst);
       args[i] = RedistributeLocal(args[i], in.spec, dst, {.output_grad = grad, .input_grad = in.grad_placements});
       if (!use_local_output_) AnnotateLocal(args[i], {in.spec.WithPlacements(dst), grad});
@@ -421,8 +423,9 @@ class ColwiseStyle : public ParallelStyle {
     hooked.AddForwardHook(std::move(hook));
   }
   std::string ToString() const override {
-    return absl::StrCat("ColwiseParallel(input_layouts=", LayoutTuple(input()), ", output_layouts=",
-                        LayoutTuple(output()), ", use_local_output=", PyBool(o_.use_local_output), ")");
+    return absl::StrCat("ColwiseParallel(input_layouts=", LayoutTuple(input()),
+                        ", output_layouts=", LayoutTuple(output()), ", use_local_output=", PyBool(o_.use_local_output),
+                        ")");
   }
 
  private:
@@ -540,8 +543,12 @@ class PrepareInputOutputStyle : public ParallelStyle {
 
 }  // namespace
 
-ParallelStylePtr ColwiseParallel(LinearStyleOptions options) { return std::make_shared<ColwiseStyle>(std::move(options)); }
-ParallelStylePtr RowwiseParallel(LinearStyleOptions options) { return std::make_shared<RowwiseStyle>(std::move(options)); }
+ParallelStylePtr ColwiseParallel(LinearStyleOptions options) {
+  return std::make_shared<ColwiseStyle>(std::move(options));
+}
+ParallelStylePtr RowwiseParallel(LinearStyleOptions options) {
+  return std::make_shared<RowwiseStyle>(std::move(options));
+}
 ParallelStylePtr SequenceParallel(SequenceParallelOptions options) { return std::make_shared<SequenceStyle>(options); }
 ParallelStylePtr PrepareModuleInput(PrepareModuleInputOptions options) {
   return std::make_shared<PrepareInputStyle>(std::move(options));

@@ -23,13 +23,13 @@
 #include "absl/strings/str_split.h"
 #include "comm/comm_trace.h"
 #include "dtensor/dtensor.h"
+#include "fsdp/hooked_module/hooked_module.h"
+#include "mesh/device_mesh.h"
 #include "tensor_parallel/local_annotation.h"
 #include "tensor_parallel/loss_parallel.h"
 #include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/parallelize_module.h"
 #include "tensor_parallel/tensor_parallel.h"
-#include "fsdp/hooked_module/hooked_module.h"
-#include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
 #include "testing/golden_file.h"
 #include "testing/multi_rank.h"
@@ -60,7 +60,8 @@ using FFN = ::fsdp::Hooked<FFNImpl>;
 
 struct SPBlockImpl : torch::nn::Module {
   SPBlockImpl()
-      : norm(register_module("norm", LayerNorm(torch::nn::LayerNormOptions({4})))), ffn(register_module("ffn", FFN())) {}
+      : norm(register_module("norm", LayerNorm(torch::nn::LayerNormOptions({4})))),
+        ffn(register_module("ffn", FFN())) {}
   at::Tensor forward(const at::Tensor& x) { return x + ffn(norm(x)); }
   LayerNorm norm;
   FFN ffn;
@@ -117,7 +118,8 @@ Model MakeModel(const std::string& name) {
   for (auto& item : m.root->named_parameters()) {
     const int64_t n = item.value().numel();
     const at::Tensor rule =
-        ((at::arange(n, at::kLong) * 7 + static_cast<int64_t>(item.key().size())).remainder(13) - 6).to(at::kDouble) / 8;
+        ((at::arange(n, at::kLong) * 7 + static_cast<int64_t>(item.key().size())).remainder(13) - 6).to(at::kDouble) /
+        8;
     item.value().copy_(rule.view(item.value().sizes()));
   }
   return m;
@@ -152,8 +154,8 @@ ParallelStylePtr ParseStyle(const std::string& token) {
   if (a[0] == "input") return PrepareModuleInput({ParseLayouts(a.at(1)), ParseLayouts(a.at(2)), flag(3)});
   if (a[0] == "output") return PrepareModuleOutput({ParseLayouts(a.at(1)), ParseLayouts(a.at(2)), flag(3)});
   if (a[0] == "inout") {
-    return PrepareModuleInputOutput({ParseLayouts(a.at(1)), ParseLayouts(a.at(2)), flag(3), ParseLayouts(a.at(4)),
-                                     ParseLayouts(a.at(5)), flag(6)});
+    return PrepareModuleInputOutput(
+        {ParseLayouts(a.at(1)), ParseLayouts(a.at(2)), flag(3), ParseLayouts(a.at(4)), ParseLayouts(a.at(5)), flag(6)});
   }
   throw std::runtime_error("unknown style " + token);
 }
@@ -220,7 +222,9 @@ std::vector<Case> ReadCorpus() {
       c.world = static_cast<int>(GoldenInt(f.at(1)));
       c.n = GoldenInt(f.at(2));
       c.classes = GoldenInt(f.at(3));
-      c.reduction = f.at(4) == "mean" ? LossReduction::kMean : f.at(4) == "sum" ? LossReduction::kSum : LossReduction::kNone;
+      c.reduction = f.at(4) == "mean"  ? LossReduction::kMean
+                    : f.at(4) == "sum" ? LossReduction::kSum
+                                       : LossReduction::kNone;
       c.ignore_index = GoldenInt(f.at(5));
       cases.push_back(std::move(c));
       continue;
@@ -354,7 +358,8 @@ class CaseRun {
 
   void RunLossCase() {
     at::Tensor local = Tensor(c_.in.at(rank_), false).requires_grad_();
-    const DTensor logits = DTensor::from_local(local, mesh_, {Placement::Shard(1)}, std::vector<int64_t>{c_.n, c_.classes});
+    const DTensor logits =
+        DTensor::from_local(local, mesh_, {Placement::Shard(1)}, std::vector<int64_t>{c_.n, c_.classes});
     const at::Tensor target = at::tensor(c_.target, at::kLong);
     trace_->clear();
     at::Tensor loss = loss_parallel_cross_entropy(logits, target, {c_.reduction, c_.ignore_index});
@@ -413,9 +418,10 @@ TEST(TensorParallelPlan, BadPlansNameTheKeyOrModule) {
               (std::vector<std::string>{"layers.0.w1", "layers.0.w2", "layers.1.w1", "layers.1.w2"}));
     const at::Tensor before = stack.root->named_parameters()["layers.0.w1.weight"].clone();
     // Nothing applies when a later key fails: the first entry would otherwise have sharded.
-    EXPECT_ERROR_CONTAINS(parallelize_module(*stack.root, mesh,
-                                             {{"layers.*.w1", ColwiseParallel()}, {"layers.*.q_proj", ColwiseParallel()}}),
-                          "plan key 'layers.*.q_proj' matches no submodule");
+    EXPECT_ERROR_CONTAINS(
+        parallelize_module(*stack.root, mesh,
+                           {{"layers.*.w1", ColwiseParallel()}, {"layers.*.q_proj", ColwiseParallel()}}),
+        "plan key 'layers.*.q_proj' matches no submodule");
     EXPECT_TRUE(at::equal(stack.root->named_parameters()["layers.0.w1.weight"], before));
     EXPECT_ERROR_CONTAINS(parallelize_module(*stack.root, mesh, {{"layers", ColwiseParallel()}}),
                           "ColwiseParallel currently only supports torch::nn::Linear and torch::nn::Embedding; module "

@@ -23,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "tensor_parallel/parallel_style.h"
 #include "mesh/device_mesh.h"
+#include "tensor_parallel/parallel_style.h"
 
 namespace fsdp::dtensor {
 

@@ -12,7 +12,6 @@
 #include "absl/strings/str_join.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/placement.h"
-#include "fsdp/hooked_module/hooked_module.h"
 
 namespace fsdp::dtensor {
 namespace {
@@ -131,24 +130,6 @@ void TensorParallelLinearImpl::pretty_print(std::ostream& stream) const {
 TensorParallelLinear ParallelizeLinear(const torch::nn::Linear& linear, mesh::DeviceMeshPtr tp_mesh,
                                        TensorParallelStyle style) {
   return TensorParallelLinear(linear, std::move(tp_mesh), style);
-}
-
-const DistributedParameterModule* FindDistributedParameters(torch::nn::Module& module) {
-  if (const auto* tp = dynamic_cast<const DistributedParameterModule*>(&module)) return tp;
-  return FindForwardHook<DistributedParameterModule>(module).get();
-}
-
-absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root) {
-  absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> out;
-  for (const auto& m : root.modules(/*include_self=*/true)) {
-    const auto* tp = FindDistributedParameters(*m);
-    if (tp == nullptr) continue;
-    const auto own = m->named_parameters(/*recurse=*/false);
-    for (const auto& [name, spec] : tp->named_parameter_specs()) {
-      if (const at::Tensor* p = own.find(name); p != nullptr && p->defined()) out.emplace(p->unsafeGetTensorImpl(), spec);
-    }
-  }
-  return out;
 }
 
 }  // namespace fsdp::dtensor

@@ -14,31 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor_spec.h"
 #include "mesh/device_mesh.h"
 
 namespace fsdp::dtensor {
-
-// A module whose registered parameters are local shards of DTensors. LibTorch parameters
-// cannot carry a DTensorSpec, so wrappers that shard further (FSDP over a TP mesh) find
-// the layouts by dynamic_cast-ing modules to this interface.
-class DistributedParameterModule {
- public:
-  virtual ~DistributedParameterModule() = default;
-  // (name, spec) for each of this module's own parameters that is a DTensor shard, named as
-  // in named_parameters(/*recurse=*/false).
-  virtual std::vector<std::pair<std::string, DTensorSpec>> named_parameter_specs() const = 0;
-};
-
-// The DistributedParameterModule of `module`: the module itself, or the forward hook a
-// parallel style attached to it (tensor_parallel/parallel_style.h); null if neither.
-const DistributedParameterModule* FindDistributedParameters(torch::nn::Module& module);
-
-// The spec of every parameter of a DistributedParameterModule in root's module tree (root
-// included), by tensor: how a state dict, a checkpoint or a gradient clip that sees only
-// root finds the layout of a tensor-parallel parameter no fully_shard manages.
-absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root);
 
 enum class TensorParallelStyle {
   // Weight and bias Shard(0): input replicated [*, in], output this rank's Shard(-1) of

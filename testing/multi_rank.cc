@@ -1,9 +1,6 @@
 #include "testing/multi_rank.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -12,6 +9,9 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -82,7 +82,6 @@ std::string TempDir() {
   const char* dir = std::getenv("TEST_TMPDIR");
   return dir ? dir : "/tmp";
 }
-
 
 // ------------------------------------------------------------------ threads
 

@@ -181,8 +181,7 @@ std::vector<Case> Catalogue(const comm::ProcessGroupPtr& pg) {
                  fsdp2::fully_shard(l.ptr(), o);
                },
                "uneven sharding on dim 1"});
-  c.push_back({"0-D parameter",
-               [mesh] { fsdp2::fully_shard(Hooked<ScalarParamImpl>().ptr(), {.mesh = mesh}); },
+  c.push_back({"0-D parameter", [mesh] { fsdp2::fully_shard(Hooked<ScalarParamImpl>().ptr(), {.mesh = mesh}); },
                "0-D parameters"});
   c.push_back({"HSDP mesh without dim names",
                [pg] {
@@ -202,7 +201,7 @@ std::vector<Case> Catalogue(const comm::ProcessGroupPtr& pg) {
                [pg] {
                  Leaf l;
                  fsdp2::fully_shard(l.ptr(), {.mesh = mesh::DeviceMesh::Create(pg, {2, 1}, {"dp", "tp"}),
-                                                  .dp_mesh_dims = fsdp2::DataParallelMeshDims{"dp"}});
+                                              .dp_mesh_dims = fsdp2::DataParallelMeshDims{"dp"}});
                },
                "all parameters must be DTensors on the full SPMD mesh"});
   c.push_back({"gradient divide factor 0",

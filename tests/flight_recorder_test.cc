@@ -4,18 +4,18 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <torch/nn/modules/linear.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -204,10 +204,15 @@ TEST(FlightRecorderReader, BadBytesAreErrorsNeverCrashes) {
   const tools::FlightDump far_dump = tools::ParseFlightDump(far, 0);
   EXPECT_EQ(far_dump.entries[1].seq, int64_t{1} << 62);
   EXPECT_TRUE(absl::StrContains(tools::DiagnoseFlightDumps({far_dump}), "no dump from ranks {1}"));
-  EXPECT_ERROR_CONTAINS(tools::ParseFlightDump("\x80\x02" "cos\nsystem\n.", 0, "global.dump"),
+  EXPECT_ERROR_CONTAINS(tools::ParseFlightDump("\x80\x02"
+                                               "cos\nsystem\n.",
+                                               0, "global.dump"),
                         "unsupported pickle opcode 0x63 at byte 2");
   // A list holding itself, then read as the dump's dict.
-  EXPECT_ERROR_CONTAINS(tools::ParseFlightDump(std::string("\x80\x02]q\x00h\x00" "a.", 9), 0, "cycle.dump"),
+  EXPECT_ERROR_CONTAINS(tools::ParseFlightDump(std::string("\x80\x02]q\x00h\x00"
+                                                           "a.",
+                                                           9),
+                                               0, "cycle.dump"),
                         "the dump is a list, expected a dict");
   EXPECT_ERROR_CONTAINS(tools::ParseFlightDump(std::string("\x80\x02X\xff\xff\xff\xff", 7), 0, "long.dump"),
                         "4294967295 bytes wanted at byte 7");
@@ -286,8 +291,8 @@ TEST(FlightRecorder, HangOfFourGlooRanksNamesTheRankThatSkippedTheAllGather) {
       testing::Backend::kGlooProcesses, 4,
       [](const comm::ProcessGroupPtr& gloo) {
         std::vector<comm::Fault> faults;
-        if (gloo->rank() == 2) faults.push_back({.kind = comm::Fault::Kind::kFail, .index = 1,
-                                                 .op = "all_gather_into_tensor"});
+        if (gloo->rank() == 2)
+          faults.push_back({.kind = comm::Fault::Kind::kFail, .index = 1, .op = "all_gather_into_tensor"});
         auto pg = std::make_shared<comm::FaultyProcessGroup>(gloo, faults);
         auto mesh = mesh::DeviceMesh::Create(pg, {4});
         ThreeBlocks model;

@@ -16,9 +16,9 @@
 
 #include "absl/strings/match.h"
 #include "comm/fake_process_group.h"
+#include "comm/profiler_range.h"
 #include "dcp/dcp.h"
 #include "dtensor/dtensor.h"
-#include "comm/profiler_range.h"
 #include "fsdp/fsdp1/fully_sharded_data_parallel.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/hooked_module/hooked_module.h"

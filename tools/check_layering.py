@@ -14,8 +14,12 @@ another build (CMake, a consumer). This check closes that gap:
    public default visibility: each public target says so itself.
 3. Internals stay home. A target named `internal` (or `*_internal`) is visible to its own
    package only (`:__pkg__`, or `:__subpackages__` of its package).
-4. The dependency table in docs/design/architecture.md (between EDGES_BEGIN and EDGES_END)
-   is the library targets' edges as the BUILD files have them (--fix rewrites it).
+4. Declared package edges. docs/design/architecture.md declares by hand, per Bazel package,
+   the packages its libraries may depend on and those its tests (and testonly support) may
+   depend on besides. A target's edge to another package must be declared; the declared
+   library edges form no cycle; a test may not reach into a package that depends on its own
+   (TEST_SUPPORT excepted); a declared edge no target uses is stale. --fix never writes the
+   table: a new edge is a design decision.
 
 Targets come from cmake/bazel_build_files.py (the BUILD files evaluated as Python).
 """
@@ -29,8 +33,11 @@ import bazel_build_files as bbf  # noqa: E402
 # Packages whose targets are programs, tests or test support, not libraries users link.
 NON_LIBRARY_PACKAGES = ("examples", "bench", "tools", "fuzz", "tests", "third_party")
 EDGES_DOC = os.path.join("docs", "design", "architecture.md")
-EDGES_BEGIN = "<!-- dependency table: tools/check_layering.py --fix writes it -->"
-EDGES_END = "<!-- end of dependency table -->"
+ALLOWED_BEGIN = "<!-- allowed package edges: tools/check_layering.py checks the BUILD files against them -->"
+ALLOWED_END = "<!-- end of allowed package edges -->"
+# Test support every package's tests use although it stands on comm (the multi-rank runner):
+# a test edge into it is no reach up.
+TEST_SUPPORT = ("testing",)
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 PUBLIC = "//visibility:public"
 
@@ -120,44 +127,124 @@ def check(root):
     return violations, missing, targets
 
 
-def short(label):
-    pkg, _, name = label[2:].partition(":")
-    return f"//{pkg}" if pkg.rsplit("/", 1)[-1] == name else label
+def package_of(label):
+    return label[2:].partition(":")[0]
 
 
-def edges_table(targets):
-    """The markdown table of each library target's dependencies inside this repository."""
-    rows = ["| target | depends on |", "|---|---|"]
-    def order(item):
-        pkg, _, name = item[0][2:].partition(":")
-        return (pkg, name != pkg.rsplit("/", 1)[-1], name)
+def is_test_side(kind, kw):
+    """Tests, programs and testonly support: nothing a library links."""
+    return kind != "cc_library" or bool(kw.get("testonly"))
 
-    for label, (kind, pkg, kw) in sorted(targets.items(), key=order):
-        if kind != "cc_library" or kw.get("testonly") or not is_library_package(pkg) or pkg == "testing":
+
+def actual_edges(targets):
+    """{(package, dependency package): [labels]} for the libraries, and the same for the rest."""
+    lib, test = {}, {}
+    for label, (kind, pkg, kw) in targets.items():
+        for dep in deps_of(kw, pkg):
+            if not dep.startswith("//") or package_of(dep) == pkg:
+                continue
+            (test if is_test_side(kind, kw) else lib).setdefault((pkg, package_of(dep)), []).append(label)
+    return lib, test
+
+
+def parse_allowed(text):
+    """The hand-written table: {package: (library deps, extra test deps)}, or an error string."""
+    begin, end = text.find(ALLOWED_BEGIN), text.find(ALLOWED_END)
+    if begin < 0 or end < begin:
+        return f"{EDGES_DOC}: no allowed-edges table ({ALLOWED_BEGIN} ... {ALLOWED_END})"
+    allowed = {}
+    for line in text[begin + len(ALLOWED_BEGIN):end].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
             continue
-        deps = sorted(short(d) for d in deps_of(kw, pkg) if d.startswith("//"))
-        rows.append(f"| `{short(label)}` | {', '.join(f'`{d}`' for d in deps) or 'nothing in this repository'} |")
-    return "\n".join(rows)
+        pkg = cells[0].strip("`")
+        allowed[pkg] = tuple(set(re.findall(r"`([^`]+)`", c)) for c in cells[1:])
+    return allowed
 
 
-def check_edges_doc(root, targets, fix):
+def find_cycle(graph):
+    """One cycle of the directed graph {node: set(nodes)} as a list of nodes, or None."""
+    state = {}
+
+    def visit(node, path):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt, path)
+                if found:
+                    return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node, [])
+            if found:
+                return found
+    return None
+
+
+def reaches(graph, src, dst):
+    seen, todo = set(), [src]
+    while todo:
+        node = todo.pop()
+        if node == dst:
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return False
+
+
+def check_allowed_edges(root, targets):
+    """Rule 4: the package edges the BUILD files have against the ones declared by hand."""
     path = os.path.join(root, EDGES_DOC)
     if not os.path.isfile(path):
-        return []
+        return [f"{EDGES_DOC}: missing (it declares the allowed package edges)"]
     with open(path) as fh:
-        text = fh.read()
-    begin, end = text.find(EDGES_BEGIN), text.find(EDGES_END)
-    if begin < 0 or end < begin:
-        return [f"{EDGES_DOC}: no dependency table markers ({EDGES_BEGIN} ... {EDGES_END})"]
-    table = "\n" + edges_table(targets) + "\n"
-    if text[begin + len(EDGES_BEGIN):end] == table:
-        return []
-    if fix:
-        with open(path, "w") as fh:
-            fh.write(text[:begin + len(EDGES_BEGIN)] + table + text[end:])
-        print(f"--fix: rewrote the dependency table in {EDGES_DOC}")
-        return []
-    return [f"{EDGES_DOC}: the dependency table differs from the BUILD files (run tools/check_layering.py --fix)"]
+        allowed = parse_allowed(fh.read())
+    if isinstance(allowed, str):
+        return [allowed]
+    out = []
+    packages = {pkg for _, pkg, _ in targets.values()}
+    for pkg in sorted(packages - set(allowed)):
+        out.append(f"{EDGES_DOC}: package {pkg or '(root)'} is not in the allowed-edges table: declare what it "
+                   "may depend on")
+    for pkg in sorted(set(allowed) - packages):
+        out.append(f"{EDGES_DOC}: the allowed-edges table names {pkg}, which has no BUILD file")
+    library_graph = {pkg: set(libs) for pkg, (libs, _) in allowed.items()}
+    cycle = find_cycle(library_graph)
+    if cycle:
+        out.append(f"{EDGES_DOC}: the allowed library edges have a cycle: {' -> '.join(cycle)}")
+    lib, test = actual_edges(targets)
+    for (pkg, dep), labels in sorted(lib.items()):
+        if dep not in allowed.get(pkg, (set(), set()))[0]:
+            out.append(f"{labels[0]}: the library edge {pkg} -> {dep} is not allowed ({EDGES_DOC}); "
+                       f"{'it reaches up: ' + dep + ' depends on ' + pkg if reaches(library_graph, dep, pkg) else 'declare it there if the design wants it'}")
+    for (pkg, dep), labels in sorted(test.items()):
+        libs, tests = allowed.get(pkg, (set(), set()))
+        if dep not in libs | tests:
+            out.append(f"{labels[0]}: the test edge {pkg} -> {dep} is not allowed ({EDGES_DOC}); declare it there "
+                       "if the design wants it")
+        elif dep not in TEST_SUPPORT and reaches(library_graph, dep, pkg):
+            out.append(f"{labels[0]}: a test of {pkg} reaches up into {dep}, which depends on {pkg}: "
+                       f"move the test above both (e.g. //tests)")
+    used = set(lib) | set(test)
+    for pkg, (libs, tests) in sorted(allowed.items()):
+        for dep in sorted(libs | tests):
+            if (pkg, dep) not in used:
+                out.append(f"{EDGES_DOC}: the allowed edge {pkg} -> {dep} is used by no target: remove it")
+        for dep in sorted(libs & tests):
+            out.append(f"{EDGES_DOC}: {pkg} -> {dep} is declared for libraries and again for tests")
+    for pkg, (libs, _) in sorted(allowed.items()):
+        for dep in sorted(libs):
+            if dep in allowed and is_library_package(pkg) and not is_library_package(dep) and dep != "testing":
+                out.append(f"{EDGES_DOC}: library package {pkg} may not depend on the program package {dep}")
+    return out
 
 
 def written_label(dep, pkg):
@@ -201,7 +288,7 @@ def main():
     if fix and missing:
         add_deps(root, missing)
         violations, missing, targets = check(root)
-    violations += check_edges_doc(root, targets, fix)
+    violations += check_allowed_edges(root, targets)
     for v in violations:
         print(v)
     print(f"layering: {len(violations)} violation(s)")

@@ -1,5 +1,6 @@
-"""tools/check_layering.py against a planted tree: each rule catches its violation, --fix adds
-the one missing dependency it can, and a clean tree passes.
+"""tools/check_layering.py against a planted tree: each rule catches its violation (an
+undeclared edge, a cycle among the declared edges, a test reaching up, a stale declaration
+among them), --fix adds the one missing dependency it can, and a clean tree passes.
 
 Usage: check_layering_test.py   (prints 'N passed, N failed'; exit status 1 on a failure)
 """
@@ -44,8 +45,19 @@ cc_binary(
 '''
 
 
-def plant(root, internal_visibility, app_deps, app_includes, open_package):
+# The allowed edges of the planted tree: lib at the bottom, examples above it.
+ALLOWED = """<!-- allowed package edges: tools/check_layering.py checks the BUILD files against them -->
+| package | its libraries may depend on | its tests may also depend on |
+|---|---|---|
+{rows}
+<!-- end of allowed package edges -->
+"""
+CLEAN_ROWS = "| `lib` | - | - |\n| `examples` | - | `lib` |"
+
+
+def plant(root, internal_visibility, app_deps, app_includes, open_package, rows=CLEAN_ROWS):
     files = {
+        "docs/design/architecture.md": ALLOWED.format(rows=rows + ("\n| `open` | - | - |" if open_package else "")),
         "lib/BUILD.bazel": LIB_BUILD.format(internal_visibility=internal_visibility),
         "lib/lib.h": "#pragma once\n",
         "lib/lib_detail.h": "#pragma once\n",
@@ -97,6 +109,38 @@ def main():
         plant(root, '["//lib:__pkg__"]', '"//lib"', ["lib/lib.h"], open_package=False)
         rc, out = run(root)
         expect("a clean tree passes", rc == 0 and "layering: 0 violation(s)" in out, out)
+    with tempfile.TemporaryDirectory() as root:
+        plant(root, '["//lib:__pkg__"]', '"//lib"', ["lib/lib.h"], open_package=False,
+              rows="| `lib` | - | - |\n| `examples` | - | - |")
+        rc, out = run(root)
+        expect("an undeclared edge fails", rc == 1 and "the test edge examples -> lib is not allowed" in out, out)
+    with tempfile.TemporaryDirectory() as root:
+        # lib's library may depend on examples and examples' on lib: a cycle; and lib's edge is unused.
+        plant(root, '["//lib:__pkg__"]', '"//lib"', ["lib/lib.h"], open_package=False,
+              rows="| `lib` | `examples` | - |\n| `examples` | `lib` | - |")
+        rc, out = run(root)
+        expect("a cycle among the declared edges fails",
+               rc == 1 and "have a cycle: examples -> lib -> examples" in out, out)
+        expect("a declared edge no target uses fails", "the allowed edge lib -> examples is used by no target" in out,
+               out)
+        expect("an edge declared for libraries serves the tests too",
+               "the test edge examples -> lib" not in out, out)
+    with tempfile.TemporaryDirectory() as root:
+        # A test of lib that depends on examples, which depends on lib: a reach up.
+        plant(root, '["//lib:__pkg__"]', '"//lib"', ["lib/lib.h"], open_package=False,
+              rows="| `lib` | - | `examples` |\n| `examples` | `lib` | - |")
+        with open(os.path.join(root, "lib/BUILD.bazel"), "a") as fh:
+            fh.write('\ncc_test(\n    name = "lib_test",\n    srcs = ["lib_test.cc"],\n'
+                     '    deps = [":lib", "//examples:app"],\n)\n')
+        with open(os.path.join(root, "lib/lib_test.cc"), "w") as fh:
+            fh.write('#include "lib/lib.h"\n')
+        with open(os.path.join(root, "examples/BUILD.bazel")) as fh:
+            text = fh.read()
+        with open(os.path.join(root, "examples/BUILD.bazel"), "w") as fh:
+            fh.write(text.replace("cc_binary", "cc_library").replace('"app"', '"app",\n    visibility = ["//lib:__pkg__"]'))
+        rc, out = run(root)
+        expect("a test reaching into a package above its own fails",
+               rc == 1 and "a test of lib reaches up into examples, which depends on lib" in out, out)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

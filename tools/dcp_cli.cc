@@ -9,7 +9,6 @@
 
 int main(int argc, char** argv) {
   // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
-  return fsdp::comm::RunMain([&]() -> int {
-    return dcp_cli::Run(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
-  });
+  return fsdp::comm::RunMain(
+      [&]() -> int { return dcp_cli::Run(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr); });
 }

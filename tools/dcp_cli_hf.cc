@@ -117,8 +117,7 @@ void FromHuggingFace(const std::string& hf_dir, const std::string& dir, const st
   int64_t pending_bytes = 0, tensors = 0, data_bytes = 0;
   const auto flush = [&] {
     if (pending.empty()) return;
-    fragments.push_back(
-        fsdp::checkpoint::WriteRankData(dir, static_cast<int64_t>(fragments.size()), pending));
+    fragments.push_back(fsdp::checkpoint::WriteRankData(dir, static_cast<int64_t>(fragments.size()), pending));
     pending.clear();
     pending_bytes = 0;
   };
@@ -204,8 +203,7 @@ void ToHuggingFace(const std::string& dir, const std::string& hf_dir, const std:
   const std::string index = layout.IndexJson();
   fsdp::checkpoint::WriteFileAtomically(index_path, std::vector<char>(index.begin(), index.end()), "to-hf");
   out << "wrote '" << Printable(hf_dir) << "': " << layout.file_count() << " safetensors files and "
-      << fsdp::checkpoint::kHfIndexFile << ", " << entries.size() << " tensors (" << layout.total_size()
-      << " bytes)\n";
+      << fsdp::checkpoint::kHfIndexFile << ", " << entries.size() << " tensors (" << layout.total_size() << " bytes)\n";
 }
 
 }  // namespace dcp_cli

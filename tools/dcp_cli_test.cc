@@ -104,7 +104,8 @@ void ExpectSameValue(const c10::IValue& got, const c10::IValue& want, const std:
     ASSERT_EQ(g.sizes(), w.sizes()) << where;
     // memcmp of empty tensors would pass null pointers (undefined, UBSan's complaint).
     if (w.nbytes() > 0) {
-      EXPECT_EQ(std::memcmp(g.const_data_ptr(), w.const_data_ptr(), w.nbytes()), 0) << where << ": " << g << " vs " << w;
+      EXPECT_EQ(std::memcmp(g.const_data_ptr(), w.const_data_ptr(), w.nbytes()), 0)
+          << where << ": " << g << " vs " << w;
     }
   } else if (want.isDouble()) {
     const double g = got.toDouble(), w = want.toDouble();
@@ -484,7 +485,8 @@ fsdp::checkpoint::TensorDict WriteHfDir(const std::string& dir) {
   int i = 0;
   for (const auto& item : all) {
     (i % 2 == 0 ? a : b).insert(item.key(), item.value());
-    absl::StrAppend(&map, map.empty() ? "" : ",", "\"", item.key(), "\":\"", i++ % 2 == 0 ? "a" : "b", ".safetensors\"");
+    absl::StrAppend(&map, map.empty() ? "" : ",", "\"", item.key(), "\":\"", i++ % 2 == 0 ? "a" : "b",
+                    ".safetensors\"");
   }
   ::mkdir(dir.c_str(), 0755);
   fsdp::checkpoint::SaveSafetensors(dir + "/a.safetensors", a);
@@ -527,7 +529,8 @@ TEST(DcpCliHf, FromHfThenToHfGivesTheTensorsBackBitwiseStreamed) {
   const fsdp::checkpoint::DcpEntry* embed = md.Find("model.model.embed_tokens.weight");
   ASSERT_NE(embed, nullptr);
   EXPECT_EQ(embed->chunks.size(), 2u);
-  EXPECT_EQ(embed->object_path, (std::vector<DcpPathElement>{std::string("model"), std::string("model.embed_tokens.weight")}));
+  EXPECT_EQ(embed->object_path,
+            (std::vector<DcpPathElement>{std::string("model"), std::string("model.embed_tokens.weight")}));
   ExpectHfDirHolds(back, want);
   EXPECT_GE(fsdp::checkpoint::HfCheckpointReader(back).files().size(), 2u);  // split at 20 MB
   std::filesystem::remove_all(back);  // each copy holds 70 MB: keep the test's disk use small
@@ -556,8 +559,10 @@ TEST(DcpCliHf, BadArgumentsAreOneClearErrorLine) {
   WriteHfDir(hf);
   const Result from = Dcp({"from-hf", hf, ckpt});
   ASSERT_EQ(from.status, kOk) << from.err;
-  ExpectError({"to-hf", "--dtype", "int8", ckpt, NewPath("x")}, kFailed, "--dtype: 'int8' is not a floating-point dtype");
-  ExpectError({"to-hf", "--max-shard-size", "5GiB", ckpt, NewPath("x")}, kFailed, "--max-shard-size: '5GiB' is not a size");
+  ExpectError({"to-hf", "--dtype", "int8", ckpt, NewPath("x")}, kFailed,
+              "--dtype: 'int8' is not a floating-point dtype");
+  ExpectError({"to-hf", "--max-shard-size", "5GiB", ckpt, NewPath("x")}, kFailed,
+              "--max-shard-size: '5GiB' is not a size");
   ExpectError({"to-hf", "--prefix", "optim.", ckpt, NewPath("x")}, kFailed, "has no tensor under 'optim.'");
   ExpectError({"to-hf", ckpt, NewPath("x"), "--dtype"}, kUsage, "--dtype needs a value");
   ExpectError({"from-hf", "--skip-unreadable", hf, ckpt}, kUsage, "unknown option '--skip-unreadable'");

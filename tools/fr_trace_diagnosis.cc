@@ -94,9 +94,9 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
     }
     if (without_dump_count > 0) {
       out << "group " << name << ":" << group.desc << ": no dump from ranks " << FormatRanks(without_dump)
-          << (without_dump_count > without_dump.size() ? absl::StrCat(" and ", without_dump_count - without_dump.size(),
-                                                                      " more")
-                                                       : "")
+          << (without_dump_count > without_dump.size()
+                  ? absl::StrCat(" and ", without_dump_count - without_dump.size(), " more")
+                  : "")
           << " (analysis of the others only)\n";
       ++problems;
     }
@@ -145,8 +145,9 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
       }
       if (by_signature.size() > 1) {
         // The culprits: the ranks outside the largest agreeing set.
-        auto majority = std::max_element(by_signature.begin(), by_signature.end(),
-                                         [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+        auto majority = std::max_element(by_signature.begin(), by_signature.end(), [](const auto& a, const auto& b) {
+          return a.second.size() < b.second.size();
+        });
         const FlightEntry* expected = seqs[*majority->second.begin()][seq];
         std::set<int> culprits;
         const FlightEntry* found = nullptr;
@@ -158,9 +159,10 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
         out << "Collective sequence number: " << seq << " has errors\n";
         DescribeEntry(out, *expected, name, group);
         DescribeTail(out, *expected, group);
-        out << "error msg: Culprit rank " << absl::StrJoin(culprits, ", ") << "; Error type: "
-            << MismatchType(*expected, *found) << ", Expected '" << Signature(*expected) << "' does not match found '"
-            << Signature(*found) << "'" << (found->frames.empty() ? "" : " from " + found->frames.front()) << "\n";
+        out << "error msg: Culprit rank " << absl::StrJoin(culprits, ", ")
+            << "; Error type: " << MismatchType(*expected, *found) << ", Expected '" << Signature(*expected)
+            << "' does not match found '" << Signature(*found) << "'"
+            << (found->frames.empty() ? "" : " from " + found->frames.front()) << "\n";
         ++problems;
         break;
       }

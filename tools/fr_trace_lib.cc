@@ -62,11 +62,11 @@ class Unpickler {
       const size_t at = pos_;
       const uint8_t op = Byte();
       switch (op) {
-        case 0x80: Byte(); break;        // PROTO
-        case 0x95: Bytes(8); break;      // FRAME
-        case '.': {                      // STOP
-          TORCH_CHECK(stack_.size() == 1 && stack_[0]->kind != Value::Kind::kMark, what_,
-                      ": pickle ends with ", stack_.size(), " values on the stack, expected 1");
+        case 0x80: Byte(); break;    // PROTO
+        case 0x95: Bytes(8); break;  // FRAME
+        case '.': {                  // STOP
+          TORCH_CHECK(stack_.size() == 1 && stack_[0]->kind != Value::Kind::kMark, what_, ": pickle ends with ",
+                      stack_.size(), " values on the stack, expected 1");
           return stack_[0];
         }
         case '(': Push(New(Value::Kind::kMark)); break;
@@ -74,13 +74,14 @@ class Unpickler {
         case ']': Push(New(Value::Kind::kList)); break;
         case ')': Push(New(Value::Kind::kTuple)); break;
         case 'N': Push(New(Value::Kind::kNone)); break;
-        case 0x88: case 0x89: {
+        case 0x88:
+        case 0x89: {
           Value* v = New(Value::Kind::kBool);
           v->i = op == 0x88;
           Push(v);
           break;
         }
-        case 'J': PushInt(static_cast<int32_t>(Little(4)));  break;
+        case 'J': PushInt(static_cast<int32_t>(Little(4))); break;
         case 'K': PushInt(static_cast<int64_t>(Little(1))); break;
         case 'M': PushInt(static_cast<int64_t>(Little(2))); break;
         case 0x8a: {  // LONG1
@@ -100,16 +101,18 @@ class Unpickler {
           Push(v);
           break;
         }
-        case 'X': PushStr(Bytes(Little(4))); break;     // BINUNICODE
-        case 0x8c: PushStr(Bytes(Byte())); break;       // SHORT_BINUNICODE
-        case 0x8d: PushStr(Bytes(Little(8))); break;    // BINUNICODE8
-        case 't': {                                     // TUPLE
+        case 'X': PushStr(Bytes(Little(4))); break;   // BINUNICODE
+        case 0x8c: PushStr(Bytes(Byte())); break;     // SHORT_BINUNICODE
+        case 0x8d: PushStr(Bytes(Little(8))); break;  // BINUNICODE8
+        case 't': {                                   // TUPLE
           Value* t = New(Value::Kind::kTuple);
           t->items = PopToMark(at);
           Push(t);
           break;
         }
-        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        case 0x85:
+        case 0x86:
+        case 0x87: {  // TUPLE1..3
           const size_t n = op - 0x84;
           TORCH_CHECK(stack_.size() >= n, what_, ": TUPLE", n, " at byte ", at, " with ", stack_.size(), " values");
           Value* t = New(Value::Kind::kTuple);
@@ -143,11 +146,11 @@ class Unpickler {
           for (size_t k = 0; k < items.size(); k += 2) dict->pairs.emplace_back(items[k], items[k + 1]);
           break;
         }
-        case 'q': Memo(Byte(), at); break;               // BINPUT
-        case 'r': Memo(Little(4), at); break;            // LONG_BINPUT
-        case 0x94: Memo(memo_.size(), at); break;        // MEMOIZE: the next index
-        case 'h': Push(MemoGet(Byte(), at)); break;      // BINGET
-        case 'j': Push(MemoGet(Little(4), at)); break;   // LONG_BINGET
+        case 'q': Memo(Byte(), at); break;              // BINPUT
+        case 'r': Memo(Little(4), at); break;           // LONG_BINPUT
+        case 0x94: Memo(memo_.size(), at); break;       // MEMOIZE: the next index
+        case 'h': Push(MemoGet(Byte(), at)); break;     // BINGET
+        case 'j': Push(MemoGet(Little(4), at)); break;  // LONG_BINGET
         default:
           TORCH_CHECK(false, what_, ": unsupported pickle opcode 0x", std::hex, static_cast<int>(op), std::dec,
                       " at byte ", at, " (a flight recorder dump holds dicts, lists, strings and numbers only)");
@@ -314,8 +317,8 @@ std::vector<int> ParseRanks(const Value* v, const std::string& what, const std::
     const size_t e = token.find_last_not_of(' ');
     TORCH_CHECK(b != std::string::npos, what, ": ", where, " = '", s, "' has an empty rank");
     token = token.substr(b, e - b + 1);
-    TORCH_CHECK(!token.empty() && token.size() <= 9 && token.find_first_not_of("0123456789") == std::string::npos,
-                what, ": ", where, " = '", s, "' holds '", token, "', not a rank");
+    TORCH_CHECK(!token.empty() && token.size() <= 9 && token.find_first_not_of("0123456789") == std::string::npos, what,
+                ": ", where, " = '", s, "' holds '", token, "', not a rank");
     ranks.push_back(std::stoi(token));
   }
   return ranks;

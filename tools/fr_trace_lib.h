@@ -21,16 +21,16 @@ namespace fsdp::tools {
 // One collective of one rank's dump.
 struct FlightEntry {
   int64_t record_id = 0;
-  std::string group_name;  // process_group[0]
-  std::string group_desc;  // process_group[1]
-  int64_t seq = 0;         // collective_seq_id
+  std::string group_name;      // process_group[0]
+  std::string group_desc;      // process_group[1]
+  int64_t seq = 0;             // collective_seq_id
   std::string profiling_name;  // "gloo:_all_gather_base"
   std::vector<std::vector<int64_t>> input_sizes, output_sizes;
   std::vector<std::string> input_dtypes, output_dtypes;
-  std::string state;  // scheduled, started, completed
-  int64_t time_created_ns = 0;                      // wall clock, ns since the epoch
-  std::optional<int64_t> time_completed_ns;         // time_discovered_completed_ns, None until then
-  std::vector<std::string> frames;  // "name" or "name at file:line", innermost first
+  std::string state;                         // scheduled, started, completed
+  int64_t time_created_ns = 0;               // wall clock, ns since the epoch
+  std::optional<int64_t> time_completed_ns;  // time_discovered_completed_ns, None until then
+  std::vector<std::string> frames;           // "name" or "name at file:line", innermost first
 
   // The op after the last ':' and any " peer" suffix ("_all_gather_base").
   std::string op() const;

@@ -36,8 +36,7 @@ class PeerLiveness {
   // `addresses` indexed by group rank; `self` this process's rank; probes last at most
   // min(timeout, 1 s). `registry`: the job's root store (shared by every group of the job,
   // so a failure recorded on one group is seen from all); may be null.
-  PeerLiveness(std::vector<std::string> addresses, int self, Timeout timeout,
-               c10::intrusive_ptr<c10d::Store> registry);
+  PeerLiveness(std::vector<std::string> addresses, int self, Timeout timeout, c10::intrusive_ptr<c10d::Store> registry);
 
   // Records this process's first failure (later calls keep it); never throws (a store that is
   // gone too is ignored).

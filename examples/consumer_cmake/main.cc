@@ -43,10 +43,13 @@ int main(int argc, char** argv) {
       std::printf("\n");
       for (const auto& p : c.problems) std::printf("problem: %s\n", p.c_str());
     }
-    std::printf("[rank %d] holds %ld of %ld parameter elements; max loss diff %.1e, max param diff %.1e "
-                "(tol %.1e) over %zu tensors: %s\n",
-                rank, long(held), long(fsdp.full_numel), c.max_loss_diff, c.max_param_diff,
-                tol, ref.params.size(), ok ? "PASS" : sharded ? "FAIL" : "FAIL (not sharded)");
+    std::printf(
+        "[rank %d] holds %ld of %ld parameter elements; max loss diff %.1e, max param diff %.1e "
+        "(tol %.1e) over %zu tensors: %s\n",
+        rank, long(held), long(fsdp.full_numel), c.max_loss_diff, c.max_param_diff, tol, ref.params.size(),
+        ok        ? "PASS"
+        : sharded ? "FAIL"
+                  : "FAIL (not sharded)");
     return ok ? 0 : 1;
   });
 }

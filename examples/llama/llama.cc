@@ -14,9 +14,7 @@
 namespace fsdp::examples::llama {
 namespace {
 
-Linear NoBiasLinear(int64_t in, int64_t out) {
-  return Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
+Linear NoBiasLinear(int64_t in, int64_t out) { return Linear(torch::nn::LinearOptions(in, out).bias(false)); }
 
 // HF's rotate_half: [x1, x2] -> [-x2, x1] over the two halves of the last dim (the "half
 // split" RoPE convention, not the interleaved pairs of Meta's original code; HF's conversion

@@ -100,8 +100,8 @@ int Run() {
   const bool ac = absl::GetFlag(FLAGS_activation_checkpointing);
   ShardedLlama s = fsdp::examples::llama::BuildShardedLlama(ref_dir + "/hf_init", mesh, ac);
   const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  fsdp::examples::PeriodicCheckpointer checkpoints(ckpt_dir + "/steps", ckpt_dir.empty() ? 0 : kCheckpointEvery,
-                                                   world, fsdp::examples::ReadInjectedFault(), log);
+  fsdp::examples::PeriodicCheckpointer checkpoints(ckpt_dir + "/steps", ckpt_dir.empty() ? 0 : kCheckpointEvery, world,
+                                                   fsdp::examples::ReadInjectedFault(), log);
   const int64_t first = checkpoints.Resume(*s.model, s.opt.get());
   if (log) {
     const auto c = fsdp::examples::llama::HfReferenceConfig();
@@ -120,14 +120,13 @@ int Run() {
   const auto c = fsdp::examples::llama::HfReferenceConfig();
   const int64_t h = c.hidden_size, kv = c.num_key_value_heads * c.head_dim();
   const int64_t layer_params = 2 * h * h + 2 * h * kv + 3 * h * c.intermediate_size + 2 * h;
-  fsdp::metrics::StepMetrics metrics(
-      {.rank = world->rank(),
-       .tokens_per_step = tokens.size(1) / world->size() * tokens.size(2),
-       .flops_per_token = fsdp::metrics::DecoderFlopsPerToken(c.num_hidden_layers * layer_params + h + h * c.vocab_size,
-                                                              c.num_hidden_layers, c.num_attention_heads, c.head_dim(),
-                                                              tokens.size(2)),
-       .peak_flops = fsdp::metrics::MeasureMatmulPeakFlops(),
-       .print_every = log ? 5 : 0});
+  fsdp::metrics::StepMetrics metrics({.rank = world->rank(),
+                                      .tokens_per_step = tokens.size(1) / world->size() * tokens.size(2),
+                                      .flops_per_token = fsdp::metrics::DecoderFlopsPerToken(
+                                          c.num_hidden_layers * layer_params + h + h * c.vocab_size,
+                                          c.num_hidden_layers, c.num_attention_heads, c.head_dim(), tokens.size(2)),
+                                      .peak_flops = fsdp::metrics::MeasureMatmulPeakFlops(),
+                                      .print_every = log ? 5 : 0});
   double worst = 0;
   for (int64_t step = first; step < steps; ++step) {
     checkpoints.fault().MaybeKillAt(world->rank(), step);

@@ -32,14 +32,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "comm/comm_trace.h"
+#include "dcp/dcp.h"
 #include "dcp/hf.h"
 #include "examples/llama/llama.h"
 #include "examples/llama/llama_training.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
-#include "comm/comm_trace.h"
-#include "dcp/dcp.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
 
@@ -193,8 +193,7 @@ TEST(LlamaParity, SingleProcessMatchesHf) {
     ExpectScalarNear(loss.item<double>(), Get(ref.expected, "loss0").item<double>(), step0_tol, "loss");
     loss.backward();
     for (const auto& item : model->named_parameters()) {
-      EXPECT_LE(TrackedRelDiff(item.value().grad(), Get(ref.expected, "grad." + item.key())), step0_tol)
-          << item.key();
+      EXPECT_LE(TrackedRelDiff(item.value().grad(), Get(ref.expected, "grad." + item.key())), step0_tol) << item.key();
     }
     PrintAndResetWorst("one process, step 0's logits, loss and gradients", step0_tol);
   }
@@ -297,7 +296,9 @@ TEST(LlamaParity, Fsdp2AtFourWithActivationCheckpointingMatchesHfUnderPytorchFsd
 std::map<std::string, int64_t> TensorParallelCollectives(const comm::CommTrace& trace) {
   std::map<std::string, int64_t> counts;
   for (const auto& r : trace.records()) {
-    ++counts[r.op == "all_gather_into_tensor" ? "all_gather" : r.op == "reduce_scatter_tensor" ? "reduce_scatter" : r.op];
+    ++counts[r.op == "all_gather_into_tensor"  ? "all_gather"
+             : r.op == "reduce_scatter_tensor" ? "reduce_scatter"
+                                               : r.op];
   }
   return counts;
 }
@@ -311,14 +312,14 @@ struct Trajectory {
 // Steps [first, last) on a (dp, tp) = `shape` mesh of 4 threaded ranks in `dtype`, from
 // hf_init, or from the DCP checkpoint `load_dir`; saved to `save_dir` after step `save_after`
 // when set. In float32 on tp > 1 each step's tensor-parallel collectives must be PyTorch's.
-Trajectory RunTwoD(const Reference& ref, const std::vector<int64_t>& shape, c10::ScalarType dtype, int first,
-                   int last, const std::string& load_dir, const std::string& save_dir = "", int save_after = -1) {
+Trajectory RunTwoD(const Reference& ref, const std::vector<int64_t>& shape, c10::ScalarType dtype, int first, int last,
+                   const std::string& load_dir, const std::string& save_dir = "", int save_after = -1) {
   Trajectory out;
   std::mutex mu;
   fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
     auto mesh = mesh::DeviceMesh::Create(std::make_shared<comm::CommTrace>(pg), shape, {"dp", "tp"});
-    ShardedLlama s = BuildShardedLlama(ref.hf_init, mesh, /*activation_checkpointing=*/false,
-                                       TwoDReferenceConfig(), dtype);
+    ShardedLlama s =
+        BuildShardedLlama(ref.hf_init, mesh, /*activation_checkpointing=*/false, TwoDReferenceConfig(), dtype);
     if (!load_dir.empty()) dcp::Load(*s.model, s.opt.get(), load_dir);
     auto trace = std::dynamic_pointer_cast<comm::CommTrace>(s.tp_mesh->group(0));
     ASSERT_NE(trace, nullptr);
@@ -362,7 +363,8 @@ double TrajectoryDiff(const Trajectory& a, const TensorDict& ref, const std::str
   const auto rel = [](double got, double want) { return std::abs(got - want) / std::max(1.0, std::abs(want)); };
   for (const auto& [step, v] : a.losses) d = std::max(d, rel(v, Get(ref, prefix + "losses")[step].item<double>()));
   for (const auto& [step, v] : a.norms) d = std::max(d, rel(v, Get(ref, prefix + "grad_norms")[step].item<double>()));
-  for (const auto& item : a.final_params) d = std::max(d, RelDiff(item.value(), Get(ref, prefix + "final." + item.key())));
+  for (const auto& item : a.final_params)
+    d = std::max(d, RelDiff(item.value(), Get(ref, prefix + "final." + item.key())));
   return d;
 }
 
@@ -409,9 +411,10 @@ TEST(LlamaParity, TwoDMatchesHfUnderPytorchTensorParallelAndFsdp2) {
     ASSERT_LT(tol, kBugSize) << run.where;
     const double diff = TrajectoryDiff(ours[1], ref.expected, "");
     EXPECT_LE(diff, tol) << run.where << ": " << diff << " from HF under PyTorch TP + FSDP2";
-    std::printf("2-D Llama %s vs HF under PyTorch TP + FSDP2: largest difference %.3g, tolerance %.3g "
-                "(ours f32 vs f64 %.3g, f64 runs %.3g, PyTorch's f32 vs f64 %.3g)\n",
-                run.where.c_str(), diff, tol, e_ours, d, e_theirs);
+    std::printf(
+        "2-D Llama %s vs HF under PyTorch TP + FSDP2: largest difference %.3g, tolerance %.3g "
+        "(ours f32 vs f64 %.3g, f64 runs %.3g, PyTorch's f32 vs f64 %.3g)\n",
+        run.where.c_str(), diff, tol, e_ours, d, e_theirs);
   }
 }
 

@@ -7,13 +7,13 @@
 #include <string>
 
 #include "dcp/hf.h"
+#include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
+#include "fsdp/fsdp2/clip_grad_norm.h"
+#include "fsdp/fsdp2/fully_shard.h"
 #include "tensor_parallel/local_annotation.h"
 #include "tensor_parallel/loss_parallel.h"
 #include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/parallelize_module.h"
-#include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
-#include "fsdp/fsdp2/clip_grad_norm.h"
-#include "fsdp/fsdp2/fully_shard.h"
 
 namespace fsdp::examples::llama {
 
@@ -57,8 +57,8 @@ void ParallelizeLlama(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr& tp
                        {.input_layouts = seq, .output_layouts = Placement::Shard(-1), .use_local_output = false})},
        {"model.layers.*.input_layernorm", dtensor::SequenceParallel()},
        // forward(hidden, cos, sin): only the hidden states are sharded.
-       {"model.layers.*.self_attn", dtensor::PrepareModuleInput({{seq, std::nullopt, std::nullopt},
-                                                                 {rep, std::nullopt, std::nullopt}})},
+       {"model.layers.*.self_attn",
+        dtensor::PrepareModuleInput({{seq, std::nullopt, std::nullopt}, {rep, std::nullopt, std::nullopt}})},
        {"model.layers.*.self_attn.q_proj", colwise()},
        {"model.layers.*.self_attn.k_proj", colwise()},
        {"model.layers.*.self_attn.v_proj", colwise()},
@@ -72,8 +72,9 @@ void ParallelizeLlama(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr& tp
 
 at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels) {
   const std::optional<dtensor::DTensor> d = dtensor::AsDTensor(logits);
-  TORCH_CHECK(d.has_value(), "CausalLMLossParallel: the logits carry no DTensor layout (lm_head must be "
-                             "ColwiseParallel with use_local_output = false, as ParallelizeLlama makes it)");
+  TORCH_CHECK(d.has_value(),
+              "CausalLMLossParallel: the logits carry no DTensor layout (lm_head must be "
+              "ColwiseParallel with use_local_output = false, as ParallelizeLlama makes it)");
   const int64_t vocab = d->sizes().back();
   constexpr int64_t kIgnore = -100;
   const at::Tensor padded = at::constant_pad_nd(labels, {0, 1}, kIgnore);

@@ -10,9 +10,9 @@
 //           FSDP's pre/post-forward again (see the expectations below).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/csrc/autograd/function.h>
 #include <torch/optim/adamw.h>
 
 #include <optional>
@@ -120,9 +120,9 @@ int Train(Mode mode, bool checkpointing, bool reshard, const comm::ProcessGroupP
     fsdp2::fully_shard(model.ptr(), opts);
   } else {
     fsdp1::FSDPOptions opts{.process_group = trace,
-                                 .sharding_strategy = fsdp == Fsdp::kFsdp1FullShard
-                                                          ? fsdp1::ShardingStrategy::FULL_SHARD
-                                                          : fsdp1::ShardingStrategy::SHARD_GRAD_OP};
+                            .sharding_strategy = fsdp == Fsdp::kFsdp1FullShard
+                                                     ? fsdp1::ShardingStrategy::FULL_SHARD
+                                                     : fsdp1::ShardingStrategy::SHARD_GRAD_OP};
     if (mode != Mode::kUnit) {
       for (auto& b : model->layers) fsdp1::wrap_fsdp(b.ptr(), opts);
     }

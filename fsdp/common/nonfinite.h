@@ -16,8 +16,8 @@
 namespace fsdp {
 
 struct NonfiniteVerdict {
-  std::string fqn;                // the first flagged parameter
-  std::vector<int64_t> ranks;     // the ranks that flagged it
+  std::string fqn;             // the first flagged parameter
+  std::vector<int64_t> ranks;  // the ranks that flagged it
   int64_t flagged_parameters = 0;
   // "'l1.bias' held NaN or Inf in its unreduced gradient on rank(s) 1"; `where` is the part
   // after the FQN ("held NaN or Inf in its unreduced gradient").

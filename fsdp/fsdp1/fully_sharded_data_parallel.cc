@@ -133,8 +133,9 @@ Ignored ResolveIgnored(torch::nn::Module& module, const FSDPOptions& o) {
     roots = *o.ignored_modules;
   }
   for (const auto& m : roots) {
-    TORCH_CHECK(m != nullptr, "wrap_fsdp: `ignored_modules` should be an iterable of `torch.nn.Module`s but got a "
-                              "null module");
+    TORCH_CHECK(m != nullptr,
+                "wrap_fsdp: `ignored_modules` should be an iterable of `torch.nn.Module`s but got a "
+                "null module");
     TORCH_CHECK(GetState(*m) == nullptr, "wrap_fsdp: `ignored_modules` should not include FSDP modules");
   }
   Ignored out;
@@ -273,7 +274,8 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
   TORCH_CHECK(module != nullptr, "wrap_fsdp: module is null");
   ::fsdp::HookedModule* hooks = ::fsdp::AsHooked(*module);
   TORCH_CHECK(hooks != nullptr, "wrap_fsdp: ", module->name(), " cannot run forward hooks; construct it as ",
-              "fsdp::Hooked<", module->name(), "> (fsdp/hooked_module/hooked_module.h), or derive it from fsdp::HookedModule");
+              "fsdp::Hooked<", module->name(),
+              "> (fsdp/hooked_module/hooked_module.h), or derive it from fsdp::HookedModule");
   if (auto existing = hooks->FindForwardHook<::fsdp::FSDPStateBase>()) {
     TORCH_CHECK(std::string(existing->api_name()) != "wrap_fsdp", "wrap_fsdp: ", module->name(),
                 " is already wrapped with FSDP (wrap each module once)");
@@ -295,8 +297,8 @@ FullyShardedDataParallel wrap_fsdp(const std::shared_ptr<torch::nn::Module>& mod
     options.auto_wrap_policy = nullptr;
   }
 
-  MaterializeMetaModules(*module, options,
-                         options.cpu_offload.offload_params ? c10::Device(c10::kCPU) : options.device, ignored);
+  MaterializeMetaModules(*module, options, options.cpu_offload.offload_params ? c10::Device(c10::kCPU) : options.device,
+                         ignored);
 
   // Parameters wrapped descendants manage: registering one of them here too (weights tied
   // across FSDP modules) would let this module read it while the other has it sharded.

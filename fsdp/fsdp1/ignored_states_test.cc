@@ -24,14 +24,14 @@ using testing::BlockImpl;
 using testing::InitDeterministic;
 using testing::Net;
 
-#define EXPECT_ERROR_EQ(statement, message)                                                      \
-  do {                                                                                           \
-    try {                                                                                        \
-      statement;                                                                                 \
-      ADD_FAILURE() << #statement << " did not throw";                                           \
-    } catch (const c10::Error& e) {                                                              \
+#define EXPECT_ERROR_EQ(statement, message)                                                   \
+  do {                                                                                        \
+    try {                                                                                     \
+      statement;                                                                              \
+      ADD_FAILURE() << #statement << " did not throw";                                        \
+    } catch (const c10::Error& e) {                                                           \
       EXPECT_EQ(std::string(e.what_without_backtrace()), std::string(message)) << #statement; \
-    }                                                                                            \
+    }                                                                                         \
   } while (0)
 
 bool InAnyHandle(FullyShardedDataParallel& root, const std::string& prefix) {
@@ -50,8 +50,7 @@ void Step(Net& model, torch::optim::Optimizer& opt, int step, int world, int ran
           const std::vector<at::Tensor>& ignored, const comm::ProcessGroupPtr& pg) {
   const int64_t local = 12 / world;
   const at::Tensor x = Batch(step, 12, 3, 1), y = Batch(step, 12, 1, 2);
-  torch::nn::functional::mse_loss(model(x.narrow(0, rank * local, local)), y.narrow(0, rank * local, local))
-      .backward();
+  torch::nn::functional::mse_loss(model(x.narrow(0, rank * local, local)), y.narrow(0, rank * local, local)).backward();
   for (const at::Tensor& p : ignored) {
     if (pg) pg->all_reduce(p.mutable_grad())->wait();
     if (pg) p.mutable_grad().div_(world);

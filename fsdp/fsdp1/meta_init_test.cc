@@ -23,8 +23,8 @@ namespace fsdp::fsdp1 {
 namespace {
 
 using fsdp::testing::Backend;
-using testing::Net;
 using test_models::NetOptions;
+using testing::Net;
 
 constexpr uint64_t kSeed = 9;
 
@@ -39,9 +39,8 @@ std::map<std::string, at::Tensor> ReferenceParams() {
     init(*block->fc1);
     init(*block->fc2);
   }
-  for (torch::nn::Module* m : std::vector<torch::nn::Module*>{ref.ptr().get(), ref->in.ptr().get(),
-                                                              ref->head.ptr().get(), ref->mix.ptr().get(),
-                                                              ref->tied.ptr().get()}) {
+  for (torch::nn::Module* m : std::vector<torch::nn::Module*>{
+           ref.ptr().get(), ref->in.ptr().get(), ref->head.ptr().get(), ref->mix.ptr().get(), ref->tied.ptr().get()}) {
     init(*m);
   }
   std::map<std::string, at::Tensor> out;

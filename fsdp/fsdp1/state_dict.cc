@@ -143,8 +143,8 @@ void LoadFullStateDict(const FullyShardedDataParallel& root, const FullStateDict
     if (managed.contains(item.value().unsafeGetTensorImpl())) continue;
     const at::Tensor& src = state_dict[item.key()];
     TORCH_CHECK(src.sizes() == item.value().sizes(), "LoadFullStateDict: size mismatch for ", item.key(),
-                ": copying a param with shape [", absl::StrJoin(src.sizes(), ", "), "], the shape in current model is [",
-                absl::StrJoin(item.value().sizes(), ", "), "].");
+                ": copying a param with shape [", absl::StrJoin(src.sizes(), ", "),
+                "], the shape in current model is [", absl::StrJoin(item.value().sizes(), ", "), "].");
     item.value().copy_(src);
   }
   for (const auto& item : module.named_buffers(/*recurse=*/true)) item.value().copy_(state_dict[item.key()]);

@@ -36,14 +36,15 @@ const char* Bool(bool b) { return b ? "true" : "false"; }
 void ValidateArgs(const FSDPState& state, const SummonFullParamsOptions& o) {
   const bool use_orig_params = state.options().use_orig_params;
   TORCH_CHECK_NOT_IMPLEMENTED(!(o.with_grads && (o.offload_to_cpu || !use_orig_params)),
-                              "SummonFullParams: with_grads=", Bool(o.with_grads), ", use_orig_params=",
-                              Bool(use_orig_params), ", offload_to_cpu=", Bool(o.offload_to_cpu),
+                              "SummonFullParams: with_grads=", Bool(o.with_grads),
+                              ", use_orig_params=", Bool(use_orig_params), ", offload_to_cpu=", Bool(o.offload_to_cpu),
                               " is not supported yet");
   // PyTorch 2.15 supports with_grads (use_orig_params, no offload_to_cpu): unshard_grad's
   // all-reduce of "no gradient" flags plus an all-gather of the sharded gradient.
-  TORCH_CHECK_NOT_IMPLEMENTED(!o.with_grads, "SummonFullParams: with_grads=true is not implemented in this C++ "
-                                             "port yet (PyTorch supports it with use_orig_params=true and "
-                                             "offload_to_cpu=false); gather gradients with a state dict instead");
+  TORCH_CHECK_NOT_IMPLEMENTED(!o.with_grads,
+                              "SummonFullParams: with_grads=true is not implemented in this C++ "
+                              "port yet (PyTorch supports it with use_orig_params=true and "
+                              "offload_to_cpu=false); gather gradients with a state dict instead");
   const FlatParamHandle* h = state.handle();
   TORCH_CHECK_NOT_IMPLEMENTED(!(o.offload_to_cpu && h != nullptr && !h->uses_sharded_strategy()),
                               "SummonFullParams: offload_to_cpu=true and NO_SHARD is not supported yet (FSDP module '",
@@ -70,9 +71,10 @@ SummonFullParams::SummonFullParams(torch::nn::Module& module, SummonFullParamsOp
   if (states.empty()) return;  // PyTorch's nullcontext
   for (FSDPState* s : states) ValidateArgs(*s, options_);
   if (options_.offload_to_cpu && !options_.rank0_only) {
-    TORCH_WARN("SummonFullParams: offload_to_cpu=true and rank0_only=false may result in the unsharded parameters "
-               "being redundantly copied to CPU memory for GPUs sharing the same CPU memory, which risks CPU OOM. "
-               "We recommend using offload_to_cpu=true with rank0_only=true.");
+    TORCH_WARN(
+        "SummonFullParams: offload_to_cpu=true and rank0_only=false may result in the unsharded parameters "
+        "being redundantly copied to CPU memory for GPUs sharing the same CPU memory, which risks CPU OOM. "
+        "We recommend using offload_to_cpu=true with rank0_only=true.");
   }
   // _lazy_init (collective-free): the outermost state of each tree becomes its root.
   for (FSDPState* s : states) {
@@ -110,8 +112,8 @@ void SummonFullParams::Enter(const std::vector<FSDPState*>& states) {
     // _unshard_fsdp_state_params: a handle shared with another module may be unsharded already.
     if (h == nullptr || h->training_state() == HandleTrainingState::SUMMON_FULL_PARAMS) continue;
     s->Guard("SummonFullParams", [&] {
-      TORCH_CHECK(h->training_state() == HandleTrainingState::IDLE,
-                  "Expects the handle training to be IDLE but got ", ToString(h->training_state()));
+      TORCH_CHECK(h->training_state() == HandleTrainingState::IDLE, "Expects the handle training to be IDLE but got ",
+                  ToString(h->training_state()));
       // In SUMMON_FULL_PARAMS the handle forces full precision (unshards local_shard).
       h->set_training_state(HandleTrainingState::SUMMON_FULL_PARAMS);
       e.unsharded = true;
@@ -183,7 +185,8 @@ void SummonFullParams::Exit() {
     } catch (...) {
       if (!first) first = std::current_exception();
     }
-    if (FlatParamHandle* h = s->handle(); h != nullptr && h->training_state() == HandleTrainingState::SUMMON_FULL_PARAMS) {
+    if (FlatParamHandle* h = s->handle();
+        h != nullptr && h->training_state() == HandleTrainingState::SUMMON_FULL_PARAMS) {
       h->set_training_state(HandleTrainingState::IDLE);
     }
     s->training_state_ = FSDPTrainingState::IDLE;

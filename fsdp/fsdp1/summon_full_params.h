@@ -78,9 +78,9 @@ class [[nodiscard]] SummonFullParams {
  private:
   struct Entered {
     FSDPState* state = nullptr;
-    bool unsharded = false;                // the handle is in SUMMON_FULL_PARAMS
+    bool unsharded = false;                  // the handle is in SUMMON_FULL_PARAMS
     bool free_unsharded_flat_param = false;  // the guard allocated the unsharded storage
-    std::vector<at::Tensor> cpu_copies;    // offload_to_cpu: the originals' CPU data
+    std::vector<at::Tensor> cpu_copies;      // offload_to_cpu: the originals' CPU data
   };
   void Enter(const std::vector<FSDPState*>& states);
   void ExitOne(Entered& e);

@@ -293,7 +293,7 @@ TEST(Fsdp1SummonFullParams, Errors) {
         Wrap(model, {.process_group = pg, .sharding_strategy = ShardingStrategy::NO_SHARD}, false);
     EXPECT_ERROR_CONTAINS(
         { SummonFullParams g(root, {.writeback = false, .rank0_only = true, .offload_to_cpu = true}); },
-                          "SummonFullParams: offload_to_cpu=true and NO_SHARD is not supported yet");
+        "SummonFullParams: offload_to_cpu=true and NO_SHARD is not supported yet");
   });
 }
 

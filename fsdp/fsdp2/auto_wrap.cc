@@ -42,9 +42,10 @@ FSDPModule fully_shard_tree(const std::shared_ptr<torch::nn::Module>& root, cons
   // Check every selection before sharding anything, so that a bad predicate leaves the
   // model untouched.
   for (const auto& [path, m] : selected) {
-    TORCH_CHECK(::fsdp::AsHooked(*m) != nullptr, "fully_shard_tree: wrap selected '", path, "' (", m->name(),
-                "), which cannot run forward hooks; construct it as fsdp::Hooked<Impl> (fsdp/hooked_module/hooked_module.h) "
-                "or exclude it from the predicate");
+    TORCH_CHECK(
+        ::fsdp::AsHooked(*m) != nullptr, "fully_shard_tree: wrap selected '", path, "' (", m->name(),
+        "), which cannot run forward hooks; construct it as fsdp::Hooked<Impl> (fsdp/hooked_module/hooked_module.h) "
+        "or exclude it from the predicate");
   }
   TORCH_CHECK(::fsdp::AsHooked(*root) != nullptr, "fully_shard_tree: root (", root->name(),
               ") cannot run forward hooks; construct it as fsdp::Hooked<Impl>");

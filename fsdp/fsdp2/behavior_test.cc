@@ -574,8 +574,7 @@ struct ReluImpl : torch::nn::Module {
 };
 
 struct WithParameterlessImpl : torch::nn::Module {
-  WithParameterlessImpl()
-      : leaf(register_module("leaf", Leaf())), act(register_module("act", Hooked<ReluImpl>())) {}
+  WithParameterlessImpl() : leaf(register_module("leaf", Leaf())), act(register_module("act", Hooked<ReluImpl>())) {}
   at::Tensor forward(const at::Tensor& x) { return act(leaf(x)); }
   Leaf leaf;
   Hooked<ReluImpl> act;

@@ -20,8 +20,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor_spec.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/common/nonfinite.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/fsdp_state.h"
@@ -317,12 +317,12 @@ void ScaleGrads(const std::vector<at::Tensor>& grads, const at::Tensor& total, d
   for (const Target& t : targets) names.push_back(t.name);
   std::string culprit;
   if (const std::optional<NonfiniteVerdict> verdict = JudgeNonfinite(all, names)) {
-    culprit = world ? absl::StrCat(" The first parameter with a non-finite gradient: ",
-                                   verdict->Describe("(its shard)"), ".")
-                    : absl::StrCat(" The first parameter with a non-finite gradient: '", verdict->fqn, "'.");
+    culprit =
+        world ? absl::StrCat(" The first parameter with a non-finite gradient: ", verdict->Describe("(its shard)"), ".")
+              : absl::StrCat(" The first parameter with a non-finite gradient: '", verdict->fqn, "'.");
   }
-  TORCH_CHECK(false, kCaller, ": the total norm of order ", norm_type, " for gradients from `parameters` is non-finite (",
-              value,
+  TORCH_CHECK(false, kCaller, ": the total norm of order ", norm_type,
+              " for gradients from `parameters` is non-finite (", value,
               "), so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
               "anyway, set error_if_nonfinite=false.",
               culprit);
@@ -334,8 +334,8 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
   at::NoGradGuard no_grad;
   Grouped grouped = GroupByLayout(targets);
   for (Layout& l : grouped.layouts) {
-    l.value = LocalValue(l.grads, norm_type, grouped.dtype, l.groups.empty() ? grouped.result_device : l.device,
-                         foreach);
+    l.value =
+        LocalValue(l.grads, norm_type, grouped.dtype, l.groups.empty() ? grouped.result_device : l.device, foreach);
   }
   ReduceAcrossShards(grouped.layouts, std::isinf(norm_type));
   const at::Tensor total = TotalNorm(grouped, norm_type);

@@ -18,12 +18,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -388,8 +388,9 @@ TEST(ClipGradNorm, Errors) {
                           "clip_grad_norm_: the total norm of order 2 for gradients from `parameters` is non-finite "
                           "(nan), so it cannot be clipped");
     // ... and names the parameter and the rank whose shard holds the NaN.
-    EXPECT_ERROR_CONTAINS(clip_grad_norm_(*model, kClip, 2.0, /*error_if_nonfinite=*/true),
-                          "The first parameter with a non-finite gradient: 'block0.fc2.weight' (its shard) on rank(s) 1");
+    EXPECT_ERROR_CONTAINS(
+        clip_grad_norm_(*model, kClip, 2.0, /*error_if_nonfinite=*/true),
+        "The first parameter with a non-finite gradient: 'block0.fc2.weight' (its shard) on rank(s) 1");
     const auto after = model->parameters();
     for (size_t i = 0; i < after.size(); ++i) {
       EXPECT_TRUE(at::allclose(after[i].grad(), before[i], 0, 0, /*equal_nan=*/true)) << i;

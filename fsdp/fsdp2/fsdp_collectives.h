@@ -21,12 +21,11 @@ namespace fsdp::fsdp2 {
 // 4 KiB: without reuse, copy-in ran far below memcpy bandwidth
 // (docs/design/measured-choices.md). Smaller CPU buffers are not kept (`min_cpu_bytes`):
 // glibc's heap recycles them (its mmap threshold rises to the freed size), and keeping them
-// would hold memory PyTorch frees after each copy-out (bench/e2e's allocation peak). Keeps at most `max_buffers` (an unshard and a
-// prefetched one), so between steps up to that many buffers of the largest group's packed
-// size stay allocated, as a GPU caching allocator would keep them. Each kept buffer carries
-// the event after which its last reader (the copy-out) finished: a stream reusing it waits
-// for that event first, which is what record_stream does for the caching allocator. Not
-// thread-safe: one per rank (FSDPCommContext), used from the host thread.
+// would hold memory PyTorch frees after each copy-out (bench/e2e's allocation peak). Keeps at most `max_buffers` (an
+// unshard and a prefetched one), so between steps up to that many buffers of the largest group's packed size stay
+// allocated, as a GPU caching allocator would keep them. Each kept buffer carries the event after which its last reader
+// (the copy-out) finished: a stream reusing it waits for that event first, which is what record_stream does for the
+// caching allocator. Not thread-safe: one per rank (FSDPCommContext), used from the host thread.
 //
 // A small CPU buffer's memory is freed at Give, but its tensor and storage objects (at 0
 // bytes) are kept, at most kMaxShells of them, and re-allocated in place by the next Take:

@@ -9,7 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "tensor_parallel/tensor_parallel.h"
+#include "dtensor/distributed_parameters.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
@@ -18,7 +18,7 @@ namespace {
 // Modules fully_shard manages: the subtrees of the roots, not descending into modules that
 // already have an FSDP state, each module once (_get_managed_modules).
 void CollectManagedModulesFrom(torch::nn::Module& module, bool is_root, std::vector<torch::nn::Module*>& out,
-                           absl::flat_hash_set<const torch::nn::Module*>& visited) {
+                               absl::flat_hash_set<const torch::nn::Module*>& visited) {
   if (!is_root && GetState(module) != nullptr) return;
   if (!visited.insert(&module).second) return;
   out.push_back(&module);
@@ -32,7 +32,7 @@ std::string Describe(const std::string& what, const torch::nn::Module& m) {
 
 // The FQN prefix ("a.b.", "" for a root) of each module under the roots, for messages.
 absl::flat_hash_map<const torch::nn::Module*, std::string> ModulePrefixes(const std::vector<torch::nn::Module*>& roots,
-                                                                         const std::vector<std::string>& root_names) {
+                                                                          const std::vector<std::string>& root_names) {
   absl::flat_hash_map<const torch::nn::Module*, std::string> fqn;
   for (size_t r = 0; r < roots.size(); ++r) {
     const std::string prefix = root_names[r].empty() ? "" : root_names[r] + ".";
@@ -45,7 +45,8 @@ absl::flat_hash_map<const torch::nn::Module*, std::string> ModulePrefixes(const 
 
 // Parameters a fully_shard'ed submodule already manages; registering one of them here too
 // (weights tied across groups) would let this group read it while the other has it sharded.
-absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> ManagedBelow(const std::vector<torch::nn::Module*>& roots) {
+absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> ManagedBelow(
+    const std::vector<torch::nn::Module*>& roots) {
   absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> managed_below;
   for (torch::nn::Module* root : roots) {
     for (FSDPState* s : CollectStates(*root)) {
@@ -71,7 +72,7 @@ std::optional<dtensor::DTensorSpec> TensorParallelSpec(torch::nn::Module& m, con
 }  // namespace
 
 std::optional<FSDPMeshInfo> GetPostForwardMeshInfo(const std::variant<bool, int64_t>& reshard,
-                                                const FSDPMeshInfo& mesh_info) {
+                                                   const FSDPMeshInfo& mesh_info) {
   if (std::holds_alternative<bool>(reshard)) {
     if (std::get<bool>(reshard)) return mesh_info;
     return std::nullopt;
@@ -102,7 +103,6 @@ FSDPMeshInfo GetMeshInfo(const FullyShardOptions& options) {
   TORCH_CHECK(!mesh->dim_names().empty(), "Please init the 2D mesh for HSDP with mesh_dim_names specified");
   return FSDPMeshInfo::Hsdp(mesh);
 }
-
 
 // The others are managed through their listed ancestor, as in PyTorch.
 std::vector<torch::nn::Module*> GetRootModules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
@@ -153,8 +153,9 @@ std::vector<torch::nn::Module*> GetManagedModules(const std::vector<torch::nn::M
   return managed;
 }
 
-ManagedParams GetManagedParams(const std::vector<torch::nn::Module*>& managed, const std::vector<torch::nn::Module*>& roots,
-                               const std::vector<std::string>& root_names, const FullyShardOptions& options) {
+ManagedParams GetManagedParams(const std::vector<torch::nn::Module*>& managed,
+                               const std::vector<torch::nn::Module*>& roots, const std::vector<std::string>& root_names,
+                               const FullyShardOptions& options) {
   absl::flat_hash_set<const c10::TensorImpl*> seen;
   for (const auto& t : options.ignored_params) seen.insert(t.unsafeGetTensorImpl());
   const auto managed_below = ManagedBelow(roots);

@@ -57,8 +57,9 @@ struct ManagedParams {
   std::vector<int64_t> shard_dims;                            // options.shard_placement_fn's, else 0
   std::vector<std::optional<dtensor::DTensorSpec>> tp_specs;  // of a DistributedParameterModule
 };
-ManagedParams GetManagedParams(const std::vector<torch::nn::Module*>& managed, const std::vector<torch::nn::Module*>& roots,
-                               const std::vector<std::string>& root_names, const FullyShardOptions& options);
+ManagedParams GetManagedParams(const std::vector<torch::nn::Module*>& managed,
+                               const std::vector<torch::nn::Module*>& roots, const std::vector<std::string>& root_names,
+                               const FullyShardOptions& options);
 
 // Gives each parameter whose module is an AllGatherExtensionProvider its extension.
 void InitAllGatherExtensions(FSDPParamGroup& group, const MixedPrecisionPolicy& mp_policy);

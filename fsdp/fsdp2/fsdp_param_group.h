@@ -128,8 +128,8 @@ class FSDPParamGroup {
   // PyTorch's record_function labels of this group (_fsdp_param_group.py _with_fqn):
   // "FSDP::pre_forward (layers.0)", without the parenthesis for the root's "".
   struct ProfilerLabels {
-    comm::ProfilerLabel pre_forward, post_forward, pre_backward, all_gather, all_gather_copy_out,
-        post_backward_reshard, post_backward_reduce;
+    comm::ProfilerLabel pre_forward, post_forward, pre_backward, all_gather, all_gather_copy_out, post_backward_reshard,
+        post_backward_reduce;
     comm::ProfilerLabel forward_prefetch, backward_prefetch;  // "FSDP::forward_prefetch for layers.0": as the target
   };
   const ProfilerLabels& profiler_labels() const { return labels_; }

@@ -27,9 +27,9 @@ FSDPState* FullyShardImpl(const std::vector<std::shared_ptr<torch::nn::Module>>&
   auto state = std::make_shared<FSDPState>(roots, options.mp_policy, auto_reshard);
   state->comm_ctx().stream_options = options.stream_options;
   if (!params.params.empty()) {
-    auto group = std::make_unique<FSDPParamGroup>(params.params, params.infos, mesh_info, post_forward,
-                                                  params.shard_dims, options.mp_policy, options.offload_policy,
-                                                  params.tp_specs, options.device);
+    auto group =
+        std::make_unique<FSDPParamGroup>(params.params, params.infos, mesh_info, post_forward, params.shard_dims,
+                                         options.mp_policy, options.offload_policy, params.tp_specs, options.device);
     internal::InitAllGatherExtensions(*group, options.mp_policy);
     group->detect_nonfinite_grads = options.detect_nonfinite_grads;
     state->set_param_group(std::move(group));
@@ -89,10 +89,9 @@ std::vector<FSDPGroupInfo> ListFSDPGroups(torch::nn::Module& root) {
     if (state->param_group() == nullptr) continue;  // fully_shard of a module without parameters
     for (const auto& p : state->param_group()->fsdp_params()) {
       const auto name = param_names.find(p->param().unsafeGetTensorImpl());
-      TORCH_CHECK(name != param_names.end(), "ListFSDPGroups: an FSDP parameter of module '",
-                  group.module_fqns.front(), "' is not a parameter of root's module tree (", p->ToString(), ")");
-      group.params.push_back(
-          {name->second, p->sharding_spec().shape, p->sharded_size(), p->param().scalar_type()});
+      TORCH_CHECK(name != param_names.end(), "ListFSDPGroups: an FSDP parameter of module '", group.module_fqns.front(),
+                  "' is not a parameter of root's module tree (", p->ToString(), ")");
+      group.params.push_back({name->second, p->sharding_spec().shape, p->sharded_size(), p->param().scalar_type()});
     }
   }
   return groups;

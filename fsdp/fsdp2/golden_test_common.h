@@ -26,10 +26,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "comm/comm_trace.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "testing/golden_file.h"
 #include "testing/multi_rank.h"
 

@@ -15,11 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/test_models.h"
 #include "mesh/device_mesh.h"
+#include "tensor_parallel/tensor_parallel.h"
 #include "testing/expect_error.h"
 #include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"

@@ -57,7 +57,8 @@ void InitMetaParameters(torch::nn::Module& root, const ModuleInitFn& init_fn) {
       auto it = pending.find(impl);
       if (it == pending.end()) {
         if (!fp->needs_init()) continue;
-        at::Tensor full = at::empty(fp->sharding_spec().shape, p.options().dtype(fp->orig_dtype()).device(fp->device()));
+        at::Tensor full =
+            at::empty(fp->sharding_spec().shape, p.options().dtype(fp->orig_dtype()).device(fp->device()));
         p.set_data(full);
         it = pending.emplace(impl, Pending{fp, full, holders[impl]}).first;
       }

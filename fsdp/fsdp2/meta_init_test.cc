@@ -143,8 +143,9 @@ TEST(MetaInit, RunningBeforeTheShardsAreFilledIsAnErrorNamingTheTensor) {
 TEST(MetaInit, InitFunctionErrorsPropagateAndLeaveTheShardsUnfilled) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
     Net model = MetaShardedNet(mesh::DeviceMesh::Create(pg, {2}));
-    EXPECT_ERROR_CONTAINS(InitMetaParameters(*model, [](torch::nn::Module&) { TORCH_CHECK(false, "init failed here"); }),
-                          "init failed here");
+    EXPECT_ERROR_CONTAINS(
+        InitMetaParameters(*model, [](torch::nn::Module&) { TORCH_CHECK(false, "init failed here"); }),
+        "init failed here");
     EXPECT_ERROR_CONTAINS(model(at::ones({2, 3})), "was on the meta device at fully_shard");
     EXPECT_ERROR_CONTAINS(InitMetaParameters(*model, nullptr), "init_fn is empty");
   });

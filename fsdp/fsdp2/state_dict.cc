@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/meta/meta.h"
 
@@ -280,7 +280,9 @@ void LoadShardedStateDict(torch::nn::Module& root, const ShardedStateDict& state
       errors.problems.push_back(absl::StrCat(e.fqn, " is not sharded and needs a plain tensor, got a DTensor."));
     } else {
       const std::vector<int64_t> have = d ? d->sizes() : t->sizes().vec();
-      const dtensor::DTensorSpec* spec = e.fsdp_param ? &e.fsdp_param->sharding_spec() : e.tp_spec ? &*e.tp_spec : nullptr;
+      const dtensor::DTensorSpec* spec = e.fsdp_param ? &e.fsdp_param->sharding_spec()
+                                         : e.tp_spec  ? &*e.tp_spec
+                                                      : nullptr;
       if (have != e.global_shape()) {
         errors.SizeMismatch(e.fqn, have, e.global_shape());
       } else if (d && !dtensor::SameMesh(*d->device_mesh(), *spec->mesh)) {

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "fsdp/common/test_models.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "mesh/device_mesh.h"
+#include "tensor_parallel/tensor_parallel.h"
 
 namespace fsdp::fsdp2::testing {
 

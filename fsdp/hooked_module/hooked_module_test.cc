@@ -1,7 +1,6 @@
 // The hooked-module layer without any FSDP: hooks run in nesting order around the wrapped
 // forward, see and replace tensors in arguments and outputs, const forwards work, modules
-// stay usable in Sequential / AnyModule, and errors are clear. Also the state base's
-// poisoning guard and the weak state references handles hold.
+// stay usable in Sequential / AnyModule, and errors are clear.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
@@ -10,12 +9,10 @@
 #include <torch/nn/modules/linear.h>
 
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "fsdp/common/fsdp_state_base.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "testing/expect_error.h"
 
@@ -138,52 +135,6 @@ TEST(HookedModule, Errors) {
   EXPECT_EQ(AsHooked(*plain), nullptr);
   EXPECT_EQ(FindForwardHook<RecordingHook>(*plain), nullptr);
   EXPECT_EQ(FindForwardHook<RecordingHook>(*m).get(), h.get());
-}
-
-// A minimal FSDP-like state: its pre-forward fails when told to; the failure poisons it.
-class ToyState final : public FSDPStateBase {
- public:
-  ToyState() : FSDPStateBase("toy parameters") {}
-  const char* api_name() const override { return "toy"; }
-  std::vector<at::Tensor> PreForward(std::vector<at::Tensor> args) override {
-    return Guard("pre-forward", [&] {
-      if (fail) throw std::runtime_error("collective timed out");
-      return args;
-    });
-  }
-  bool fail = false;
-
- private:
-  std::string& poison_record() const override { return record_; }
-  mutable std::string record_;
-};
-
-TEST(FSDPStateBase, FirstHookErrorPoisonsEveryLaterCall) {
-  Hooked<ScaleImpl> m;
-  auto state = std::make_shared<ToyState>();
-  m->AddForwardHook(state);
-  EXPECT_NO_THROW(m(at::ones({1})));
-  state->fail = true;
-  EXPECT_THROW(m(at::ones({1})), std::runtime_error);
-  state->fail = false;
-  EXPECT_ERROR_CONTAINS(m(at::ones({1})),
-                        "pre-forward: FSDP cannot continue after an earlier error on this rank "
-                        "(pre-forward: collective timed out): toy parameters may be unsharded");
-  EXPECT_ERROR_CONTAINS(state->CheckNotPoisoned("state dict"), "state dict: FSDP cannot continue");
-}
-
-TEST(StateRef, FailsClearlyOnceTheModuleIsGone) {
-  StateRef<ToyState> empty;
-  EXPECT_ERROR_CONTAINS(empty.Get("Handle"), "Handle: empty handle");
-  StateRef<ToyState> ref;
-  {
-    Hooked<ScaleImpl> m;
-    auto state = std::make_shared<ToyState>();
-    m->AddForwardHook(state);
-    ref = StateRef<ToyState>(state.get());
-    EXPECT_EQ(ref.Get("Handle"), state.get());
-  }
-  EXPECT_ERROR_CONTAINS(ref.Get("Handle"), "Handle: the module this handle was returned for has been destroyed");
 }
 
 }  // namespace

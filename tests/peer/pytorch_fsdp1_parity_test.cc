@@ -13,12 +13,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "tests/peer/peer_parity.h"
 #include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/state_dict.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
+#include "tests/peer/peer_parity.h"
 
 namespace fsdp {
 namespace {
@@ -85,8 +85,8 @@ TEST_P(PyTorchFsdp1Parity, ParametersAndAdamWStateMatchAfterTenSteps) {
       Net model;
       InitDeterministic(*model);
       const fsdp1::FSDPOptions options{.process_group = pg,
-                                            .sharding_strategy = fsdp1::ShardingStrategy::FULL_SHARD,
-                                            .use_orig_params = use_orig_params};
+                                       .sharding_strategy = fsdp1::ShardingStrategy::FULL_SHARD,
+                                       .use_orig_params = use_orig_params};
       for (auto& b : model->layers) fsdp1::wrap_fsdp(b.ptr(), options);
       const FullyShardedDataParallel root = fsdp1::wrap_fsdp(model.ptr(), options);
       torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(peer::kLr));

@@ -9,13 +9,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "tests/peer/peer_parity.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp2_optim_state.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
+#include "tests/peer/peer_parity.h"
 
 namespace fsdp {
 namespace {
