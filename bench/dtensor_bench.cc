@@ -140,11 +140,11 @@ void RunOp(Op op, const Rank& r, int64_t bytes, Loop&& loop) {
     }
     case Op::kSequenceMLPOurs: {  // rows = the global sequence length
       SequenceMLP mlp;
-      using fsdp::dtensor::ColwiseParallel;
-      using fsdp::dtensor::RowwiseParallel;
-      fsdp::dtensor::parallelize_module(
+      using fsdp::tensor_parallel::ColwiseParallel;
+      using fsdp::tensor_parallel::RowwiseParallel;
+      fsdp::tensor_parallel::parallelize_module(
           *mlp, r.mesh,
-          {{"", fsdp::dtensor::PrepareModuleInput({{Placement::Shard(1)}, {Placement::Replicate()}})},
+          {{"", fsdp::tensor_parallel::PrepareModuleInput({{Placement::Shard(1)}, {Placement::Replicate()}})},
            {"w1", ColwiseParallel()},
            {"w2", RowwiseParallel({.output_layouts = Placement::Shard(1)})}});
       const at::Tensor x = at::ones({1, rows / kWorld, kCols});

@@ -63,12 +63,12 @@ void BM_Step(benchmark::State& state, bool ours) {
   }
   TpNet net(blocks, kDim);
   auto mesh = fsdp::mesh::DeviceMesh::Create(fsdp::comm::CreateFakeProcessGroup(0, kTp), {kTp});
-  fsdp::dtensor::ParallelizePlan plan;
+  fsdp::tensor_parallel::ParallelizePlan plan;
   for (int64_t i = 0; i < blocks; ++i) {  // Megatron pairs: colwise, then rowwise back to Replicate
     plan.emplace_back(absl::StrCat("l", i),
-                      i % 2 == 0 ? fsdp::dtensor::ColwiseParallel() : fsdp::dtensor::RowwiseParallel());
+                      i % 2 == 0 ? fsdp::tensor_parallel::ColwiseParallel() : fsdp::tensor_parallel::RowwiseParallel());
   }
-  fsdp::dtensor::parallelize_module(net, mesh, plan);
+  fsdp::tensor_parallel::parallelize_module(net, mesh, plan);
   RunSteps(state, net);
 }
 

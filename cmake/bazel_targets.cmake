@@ -455,13 +455,14 @@ fsdp_cc_test(//fsdp/fsdp2:fsdp2_async_streams_test SIZE medium
 
 fsdp_cc_library(//fsdp/fsdp2:test_models TESTONLY
   HDRS test_models.h
-  DEPS //dtensor //tensor_parallel //fsdp/common:test_models //mesh :fsdp2 @libtorch @system//:absl)
+  DEPS :fsdp2 //dtensor //dtensor:distributed_parameters //fsdp/common:test_models
+       //fsdp/hooked_module //mesh //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/fsdp2:golden_test SIZE medium SMOKE
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
   DATA testdata/*.txt
   TAGS float_parity
-  DEPS :fsdp2 :runtime //comm //dtensor //tensor_parallel //mesh //testing:golden_file
+  DEPS :fsdp2 :runtime :test_models //comm //dtensor //tensor_parallel //mesh //testing:golden_file
        //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/hooked_module
@@ -582,8 +583,7 @@ fsdp_cc_test(//optim_state:optim_state_test SIZE medium
 # ================================================================ //tensor_parallel
 fsdp_cc_library(//tensor_parallel INSTALL
   SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
-       tensor_parallel.cc
-  HDRS local_annotation.h loss_parallel.h parallel_style.h parallelize_module.h tensor_parallel.h
+  HDRS local_annotation.h loss_parallel.h parallel_style.h parallelize_module.h
   DEPS //comm //dtensor //dtensor:distributed_parameters //fsdp/hooked_module //mesh @libtorch
        @system//:absl)
 
@@ -591,8 +591,9 @@ fsdp_cc_test(//tensor_parallel:tensor_parallel_test SIZE medium SMOKE
   SRCS parallel_style_test.cc tensor_parallel_test.cc
   DATA testdata/golden_tensor_parallel.txt
   TAGS float_parity
-  DEPS :tensor_parallel //comm //dtensor //fsdp/hooked_module //mesh //testing:expect_error
-       //testing:golden_file //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+  DEPS :tensor_parallel //comm //dtensor //dtensor:distributed_parameters //fsdp/hooked_module
+       //mesh //testing:expect_error //testing:golden_file //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest_main)
 
 # ================================================================ //testing
 fsdp_cc_library(//testing:multi_rank TESTONLY PCH aten

@@ -80,13 +80,12 @@ TEST(DcpReshard, AsyncSaves) {
 // holds, and one rank reads back the original weights.
 struct LinearsImpl : torch::nn::Module {
   LinearsImpl(const std::vector<torch::nn::Linear>& plain, const mesh::DeviceMeshPtr& tp) {
-    const dtensor::TensorParallelStyle styles[] = {dtensor::TensorParallelStyle::kColwise,
-                                                   dtensor::TensorParallelStyle::kColwise,
-                                                   dtensor::TensorParallelStyle::kRowwise};
+    const tensor_parallel::ParallelStylePtr styles[] = {
+        tensor_parallel::ColwiseParallel(), tensor_parallel::ColwiseParallel(), tensor_parallel::RowwiseParallel()};
     for (size_t i = 0; i < plain.size(); ++i) {
       const std::string name = absl::StrCat("l", i);
       if (tp) {
-        register_module(name, ParallelizeLinear(plain[i], tp, styles[i]));
+        register_module(name, fsdp2::testing::ParallelLinear(plain[i], tp, styles[i]));
       } else {
         register_module(name, CloneLinear(plain[i]));
       }

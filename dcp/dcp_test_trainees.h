@@ -31,7 +31,6 @@
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"
 #include "optim_state/fsdp2_optim_state.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 #include "testing/test_dir.h"

@@ -1,5 +1,5 @@
-// The checkpoint adapter of tensor-parallel models without FSDP (adapter.h): parameters of
-// dtensor::DistributedParameterModule modules (e.g. TensorParallelLinear) are DTensor shards
+// The checkpoint adapter of tensor-parallel models without FSDP (adapter.h): parameters whose
+// layout a dtensor::DistributedParameterModule publishes (a parallel style's hook) are DTensor shards
 // whose layout is their module's spec; everything else is whole. Part of the core (no FSDP
 // code): AdapterFor picks it for a model with such modules and no FSDP state.
 #include <ATen/ATen.h>

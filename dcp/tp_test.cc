@@ -1,5 +1,5 @@
 // DCP checkpoints of tensor-parallel models without FSDP (dcp/tp_adapter.h): a TPNet on a
-// 2-rank tp mesh saves each TensorParallelLinear parameter as its DTensor boxes; the
+// 2-rank tp mesh saves each parameter a parallel style sharded as its DTensor boxes; the
 // checkpoint loads at TP=4 (each rank's shards equal the reference's boxes, found by the
 // spec's offsets) and into one plain Net (every tensor whole, equal to the reference).
 #include "dcp/dcp_test_trainees.h"
@@ -22,7 +22,7 @@ void ExpectShardsOf(torch::nn::Module& model, torch::nn::Module& reference, cons
   int sharded = 0, whole = 0;
   std::set<std::string> seen;
   for (const auto& m : model.named_modules()) {
-    const auto* tp = dynamic_cast<const dtensor::TensorParallelLinearImpl*>(m.value().get());
+    const auto* tp = dtensor::FindDistributedParameters(*m.value());
     if (tp == nullptr) continue;
     for (const auto& [name, spec] : tp->named_parameter_specs()) {
       const std::string fqn = m.key() + "." + name;
@@ -158,7 +158,7 @@ HeadNet MakeHeadNet(const mesh::DeviceMeshPtr& mesh, double seed) {
     for (auto& p : model->parameters())
       p.copy_(at::sin(at::arange(p.numel(), at::kFloat) * seed + (++k)).view(p.sizes()));
   }
-  dtensor::parallelize_module(*model, (*mesh)["tp"], {{"head", dtensor::ColwiseParallel()}});
+  tensor_parallel::parallelize_module(*model, (*mesh)["tp"], {{"head", tensor_parallel::ColwiseParallel()}});
   fsdp2::fully_shard(model->block.ptr(), {.mesh = (*mesh)["dp"]});
   return model;
 }

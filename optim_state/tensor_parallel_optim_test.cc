@@ -39,8 +39,8 @@ constexpr int kSteps = 3;
 // kSteps AdamW steps on the same batch; with `tp_mesh` the Megatron pair a colwise, b rowwise.
 std::unique_ptr<torch::optim::AdamW> Train(TwoLayer& model, const mesh::DeviceMeshPtr& tp_mesh) {
   if (tp_mesh) {
-    dtensor::parallelize_module(*model, tp_mesh,
-                                {{"a", dtensor::ColwiseParallel()}, {"b", dtensor::RowwiseParallel()}});
+    tensor_parallel::parallelize_module(
+        *model, tp_mesh, {{"a", tensor_parallel::ColwiseParallel()}, {"b", tensor_parallel::RowwiseParallel()}});
   }
   auto opt = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
   const at::Tensor x = at::cos(at::arange(5 * 8, at::kFloat)).view({5, 8});
@@ -86,7 +86,8 @@ TEST(Fsdp2OptimState, TensorParallelOnlyStateIsFullAndReshards) {
   fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
     TwoLayer model;
     auto mesh = mesh::DeviceMesh::Create(pg, {4});
-    dtensor::parallelize_module(*model, mesh, {{"a", dtensor::ColwiseParallel()}, {"b", dtensor::RowwiseParallel()}});
+    tensor_parallel::parallelize_module(
+        *model, mesh, {{"a", tensor_parallel::ColwiseParallel()}, {"b", tensor_parallel::RowwiseParallel()}});
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
     LoadFullOptimStateDict(*model, opt, saved);
     // This rank's shard of a.weight's moments: rows 3r .. 3r+2 of the full [12, 8].

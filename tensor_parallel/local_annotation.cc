@@ -6,7 +6,9 @@
 
 #include "absl/container/flat_hash_map.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
+
+using ::fsdp::dtensor::DTensor;
 namespace {
 
 struct Entry {
@@ -55,4 +57,4 @@ std::optional<DTensor> AsDTensor(const at::Tensor& local) {
   return DTensor::FromSpec(local, std::move(annotation->spec));
 }
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel

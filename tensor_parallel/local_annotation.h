@@ -16,11 +16,11 @@
 #include "dtensor/dtensor_spec.h"
 #include "dtensor/placement.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
 
 struct LocalAnnotation {
-  DTensorSpec spec;            // the layout of the local tensor
-  Placements grad_placements;  // the layout its consumers deliver the gradient in
+  dtensor::DTensorSpec spec;            // the layout of the local tensor
+  dtensor::Placements grad_placements;  // the layout its consumers deliver the gradient in
 };
 
 // Records `annotation` for `local` (replacing an earlier one).
@@ -28,8 +28,8 @@ void AnnotateLocal(const at::Tensor& local, LocalAnnotation annotation);
 // The annotation of exactly this tensor (not of a view or a result computed from it).
 std::optional<LocalAnnotation> FindLocalAnnotation(const at::Tensor& local);
 // The DTensor a style returned as `local` (use_local_output = false), or nullopt.
-std::optional<DTensor> AsDTensor(const at::Tensor& local);
+std::optional<dtensor::DTensor> AsDTensor(const at::Tensor& local);
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel
 
 #endif  // FSDP_TENSOR_PARALLEL_LOCAL_ANNOTATION_H_

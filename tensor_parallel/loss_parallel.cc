@@ -6,7 +6,12 @@
 
 #include <vector>
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
+
+using ::fsdp::dtensor::DTensor;
+using ::fsdp::dtensor::Placement;
+using ::fsdp::dtensor::Placements;
+using ::fsdp::dtensor::ToString;
 namespace {
 
 at::Tensor AllReduceOverClasses(at::Tensor t, const comm::ProcessGroupPtr& group, comm::ReduceOp op) {
@@ -141,4 +146,4 @@ at::Tensor loss_parallel_cross_entropy(const DTensor& logits, const at::Tensor& 
                              class_begin, static_cast<int64_t>(options.reduction), options.ignore_index);
 }
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel

@@ -4,10 +4,10 @@
 //
 //   // lm_head: ColwiseParallel({.output_layouts = Shard(-1), .use_local_output = false})
 //   at::Tensor logits = model->forward(tokens);                    // local [B, S, V/tp]
-//   DTensor d = *dtensor::AsDTensor(logits);                       // its layout
+//   DTensor d = *tensor_parallel::AsDTensor(logits);                       // its layout
 //   DTensor flat = DTensor::from_local(logits.flatten(0, 1), d.device_mesh(), {Shard(1)},
 //                                      std::vector<int64_t>{B * S, V});
-//   at::Tensor loss = dtensor::loss_parallel_cross_entropy(flat, labels.flatten());
+//   at::Tensor loss = tensor_parallel::loss_parallel_cross_entropy(flat, labels.flatten());
 //
 // Forward: three all-reduces over the class dimension's group (the row max, the sum of
 // exponentials, the target logit), as PyTorch's; backward: none (softmax minus the one-hot
@@ -28,7 +28,7 @@
 
 #include "dtensor/dtensor.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
 
 enum class LossReduction { kNone, kMean, kSum };
 
@@ -38,9 +38,9 @@ struct LossParallelOptions {
 };
 
 // The loss (a scalar; the target's shape for kNone), differentiable in logits.
-at::Tensor loss_parallel_cross_entropy(const DTensor& logits, const at::Tensor& target,
+at::Tensor loss_parallel_cross_entropy(const dtensor::DTensor& logits, const at::Tensor& target,
                                        const LossParallelOptions& options = {});
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel
 
 #endif  // FSDP_TENSOR_PARALLEL_LOSS_PARALLEL_H_

@@ -12,12 +12,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "tensor_parallel/local_annotation.h"
-#include "tensor_parallel/tensor_parallel.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
+
+using ::fsdp::dtensor::distribute_tensor;
+using ::fsdp::dtensor::DTensor;
+using ::fsdp::dtensor::DTensorSpec;
+using ::fsdp::dtensor::LocalShapeAndOffset;
+using ::fsdp::dtensor::Placement;
+using ::fsdp::dtensor::PlacementKind;
+using ::fsdp::dtensor::Placements;
+using ::fsdp::dtensor::RedistributeGradLayouts;
+using ::fsdp::dtensor::RedistributeLocal;
+using ::fsdp::dtensor::ToString;
+using ::fsdp::dtensor::ValidatePlacements;
 namespace {
 
 std::string LayoutTuple(const std::vector<std::optional<Placement>>& layouts) {
@@ -78,7 +90,7 @@ at::Tensor OwnParameter(torch::nn::Module& module, const std::string& name) {
 
 // The parameter-distributing styles' hook: it also tells FSDP, DCP and clipping the
 // layouts of the parameters it distributed.
-class ParameterStyleHook : public ForwardHook, public DistributedParameterModule {
+class ParameterStyleHook : public ForwardHook, public dtensor::DistributedParameterModule {
  public:
   std::vector<std::pair<std::string, DTensorSpec>> named_parameter_specs() const override { return specs_; }
 
@@ -560,4 +572,4 @@ ParallelStylePtr PrepareModuleInputOutput(PrepareModuleInputOutputOptions option
   return std::make_shared<PrepareInputOutputStyle>(std::move(options));
 }
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel

@@ -2,8 +2,8 @@
 // fsdp::Hooked modules.
 //
 //   using Linear = fsdp::Hooked<torch::nn::LinearImpl>;   // a Linear that runs hooks
-//   dtensor::parallelize_module(*block, tp_mesh, {{"w1", dtensor::ColwiseParallel()},
-//                                                 {"w2", dtensor::RowwiseParallel()}});
+//   tensor_parallel::parallelize_module(*block, tp_mesh, {{"w1", tensor_parallel::ColwiseParallel()},
+//                                                 {"w2", tensor_parallel::RowwiseParallel()}});
 //
 // A style distributes the module's parameters in place (the same tensors, now holding this
 // rank's shard: FQNs, optimizers and module members keep working) and attaches a forward
@@ -48,7 +48,7 @@
 #include "dtensor/placement.h"
 #include "mesh/device_mesh.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
 
 // PyTorch's ParallelStyle.
 class ParallelStyle {
@@ -70,9 +70,9 @@ struct LinearStyleOptions {
   // The layout of the module's input when it is a plain local tensor. Colwise default
   // Replicate; Rowwise default Shard(-1), for an Embedding too (PyTorch's: its indices are
   // then all-gathered along the last dim; pass Replicate for indices every rank holds).
-  std::optional<Placement> input_layouts;
+  std::optional<dtensor::Placement> input_layouts;
   // The layout of the output. Colwise default Shard(-1), Rowwise default Replicate.
-  std::optional<Placement> output_layouts;
+  std::optional<dtensor::Placement> output_layouts;
   bool use_local_output = true;
 };
 
@@ -95,30 +95,30 @@ ParallelStylePtr SequenceParallel(SequenceParallelOptions options = {});
 // One entry per positional forward argument; nullopt leaves that argument alone. The C++
 // forward has no keyword arguments, so PyTorch's input_kwarg_layouts has no counterpart.
 struct PrepareModuleInputOptions {
-  std::vector<std::optional<Placement>> input_layouts;
-  std::vector<std::optional<Placement>> desired_input_layouts;
+  std::vector<std::optional<dtensor::Placement>> input_layouts;
+  std::vector<std::optional<dtensor::Placement>> desired_input_layouts;
   bool use_local_output = false;
 };
 ParallelStylePtr PrepareModuleInput(PrepareModuleInputOptions options);
 
 // One entry per output tensor (fsdp::ForwardTensors order).
 struct PrepareModuleOutputOptions {
-  std::vector<std::optional<Placement>> output_layouts;
-  std::vector<std::optional<Placement>> desired_output_layouts;
+  std::vector<std::optional<dtensor::Placement>> output_layouts;
+  std::vector<std::optional<dtensor::Placement>> desired_output_layouts;
   bool use_local_output = true;
 };
 ParallelStylePtr PrepareModuleOutput(PrepareModuleOutputOptions options);
 
 struct PrepareModuleInputOutputOptions {
-  std::vector<std::optional<Placement>> input_layouts;
-  std::vector<std::optional<Placement>> desired_input_layouts;
+  std::vector<std::optional<dtensor::Placement>> input_layouts;
+  std::vector<std::optional<dtensor::Placement>> desired_input_layouts;
   bool use_local_input = false;
-  std::vector<std::optional<Placement>> output_layouts;
-  std::vector<std::optional<Placement>> desired_output_layouts;
+  std::vector<std::optional<dtensor::Placement>> output_layouts;
+  std::vector<std::optional<dtensor::Placement>> desired_output_layouts;
   bool use_local_output = true;
 };
 ParallelStylePtr PrepareModuleInputOutput(PrepareModuleInputOutputOptions options);
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel
 
 #endif  // FSDP_TENSOR_PARALLEL_PARALLEL_STYLE_H_

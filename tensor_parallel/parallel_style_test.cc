@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "comm/comm_trace.h"
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/dtensor.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
@@ -29,12 +30,18 @@
 #include "tensor_parallel/loss_parallel.h"
 #include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/parallelize_module.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "testing/expect_error.h"
 #include "testing/golden_file.h"
 #include "testing/multi_rank.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
+
+using ::fsdp::dtensor::DistributedParameterSpecs;
+using ::fsdp::dtensor::DTensor;
+using ::fsdp::dtensor::DTensorSpec;
+using ::fsdp::dtensor::Placement;
+using ::fsdp::dtensor::PlacementKind;
+using ::fsdp::dtensor::Placements;
 namespace {
 
 using Linear = ::fsdp::Hooked<torch::nn::LinearImpl>;
@@ -479,4 +486,4 @@ TEST(TensorParallelPlan, DTensorOutputsCarryTheirLayout) {
 }
 
 }  // namespace
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
 namespace {
 
 // A '[...]' set starting at pattern[i] (after the '['); sets *end past the ']'. Returns
@@ -131,4 +131,4 @@ torch::nn::Module& parallelize_module(torch::nn::Module& module, const mesh::Dev
   return module;
 }
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel

@@ -1,8 +1,8 @@
 // parallelize_module: PyTorch 2.15's torch/distributed/tensor/parallel/api.py.
 //
-//   dtensor::parallelize_module(*model, (*mesh)["tp"], {
-//       {"layers.*.self_attn.q_proj", dtensor::ColwiseParallel()},
-//       {"layers.*.self_attn.o_proj", dtensor::RowwiseParallel({.output_layouts = Shard(1)})}});
+//   tensor_parallel::parallelize_module(*model, (*mesh)["tp"], {
+//       {"layers.*.self_attn.q_proj", tensor_parallel::ColwiseParallel()},
+//       {"layers.*.self_attn.o_proj", tensor_parallel::RowwiseParallel({.output_layouts = Shard(1)})}});
 //
 // A plan key is a module path whose atoms (split at '.') are fnmatch patterns over child
 // names ('*', '?', '[seq]', '[!seq]'), as PyTorch matches them; "" is the root itself.
@@ -26,7 +26,7 @@
 #include "mesh/device_mesh.h"
 #include "tensor_parallel/parallel_style.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
 
 // Ordered (PyTorch's dict keeps insertion order): (module path pattern, style).
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStylePtr>>;
@@ -43,6 +43,6 @@ std::vector<std::string> MatchModulePath(torch::nn::Module& module, const std::s
 // Python's fnmatch.fnmatchcase on one name.
 bool FnMatch(const std::string& pattern, const std::string& name);
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel
 
 #endif  // FSDP_TENSOR_PARALLEL_PARALLELIZE_MODULE_H_

@@ -1,9 +1,7 @@
-// Tensor-parallel Linear: a colwise -> relu -> rowwise MLP must equal the unsharded MLP in
-// output, input gradient and every parameter gradient (each rank's local gradient is its
-// torch.chunk of the full one), on real multi-rank backends with even, uneven and empty
-// shards.
-#include "tensor_parallel/tensor_parallel.h"
-
+// ColwiseParallel / RowwiseParallel on Linears: a colwise -> relu -> rowwise MLP must equal
+// the unsharded MLP in output, input gradient and every parameter gradient (each rank's local
+// gradient is its torch.chunk of the full one), on real multi-rank backends with even, uneven
+// and empty shards; the layouts the styles publish (dtensor/distributed_parameters.h).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -16,15 +14,23 @@
 #include <tuple>
 #include <vector>
 
+#include "dtensor/distributed_parameters.h"
 #include "dtensor/placement.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
-#include "testing/expect_error.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 #include "testing/multi_rank.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::tensor_parallel {
 namespace {
 
+using ::fsdp::dtensor::DistributedParameterModule;
+using ::fsdp::dtensor::FindDistributedParameters;
+using ::fsdp::dtensor::Placement;
+using ::fsdp::dtensor::Placements;
 using fsdp::testing::Backend;
+using Linear = ::fsdp::Hooked<torch::nn::LinearImpl>;
 
 // Piece `index` of `pieces` along `dim` by torch.chunk's rule, computed here from scratch
 // (ceil-sized pieces, trailing ones short or empty) so the test does not trust ChunkOf.
@@ -45,6 +51,20 @@ torch::nn::Linear MakeLinear(int64_t in, int64_t out, at::Generator& gen, bool b
   at::NoGradGuard no_grad;
   linear->weight.copy_(Randn({out, in}, gen));
   if (bias) linear->bias.copy_(Randn({out}, gen));
+  return linear;
+}
+
+// A hooked copy of `plain` (same values and requires_grad), parallelized in place by `style`.
+Linear Parallelize(const torch::nn::Linear& plain, const mesh::DeviceMeshPtr& mesh, const ParallelStylePtr& style) {
+  Linear linear(plain->options);
+  {
+    at::NoGradGuard no_grad;
+    linear->weight.copy_(plain->weight);
+    if (plain->bias.defined()) linear->bias.copy_(plain->bias);
+  }
+  for (const auto& p : plain->named_parameters())
+    linear->named_parameters()[p.key()].requires_grad_(p.value().requires_grad());
+  parallelize_module(*linear, mesh, style);
   return linear;
 }
 
@@ -81,8 +101,8 @@ void CheckMlpParity(const comm::ProcessGroupPtr& group, const MlpShape& s) {
   const at::Tensor data = Randn({2, 3, s.in}, gen);  // [*, in]: a batch of 2-D inputs
   const at::Tensor target = Randn({2, 3, s.out}, gen);
 
-  TensorParallelLinear tp1 = ParallelizeLinear(fc1, mesh, TensorParallelStyle::kColwise);
-  TensorParallelLinear tp2 = ParallelizeLinear(fc2, mesh, TensorParallelStyle::kRowwise);
+  Linear tp1 = Parallelize(fc1, mesh, ColwiseParallel());
+  Linear tp2 = Parallelize(fc2, mesh, RowwiseParallel());
 
   // The input requires grad so the colwise backward all-reduce is exercised too.
   at::Tensor x_ref = data.clone().requires_grad_(true);
@@ -90,9 +110,9 @@ void CheckMlpParity(const comm::ProcessGroupPtr& group, const MlpShape& s) {
   ((y_ref - target).pow(2).sum()).backward();
 
   at::Tensor x = data.clone().requires_grad_(true);
-  at::Tensor h = tp1->forward(x);
+  at::Tensor h = tp1(x);
   ASSERT_EQ(h.size(-1), ExpectedChunk(fc1->weight, tp, me, 0).size(0));
-  at::Tensor y = tp2->forward(at::relu(h));
+  at::Tensor y = tp2(at::relu(h));
   ExpectClose(y, y_ref.detach(), "output");
   ((y - target).pow(2).sum()).backward();
 
@@ -109,7 +129,7 @@ void CheckMlpParity(const comm::ProcessGroupPtr& group, const MlpShape& s) {
 
   // Without grad mode the same forward communicates the same way and gives the same output.
   at::NoGradGuard no_grad;
-  ExpectClose(tp2->forward(at::relu(tp1->forward(data))), y_ref.detach(), "no-grad output");
+  ExpectClose(tp2(at::relu(tp1(data))), y_ref.detach(), "no-grad output");
 }
 
 class TensorParallelMlpTest : public ::testing::TestWithParam<std::tuple<Backend, MlpShape>> {};
@@ -132,80 +152,58 @@ INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelMlpTest,
                                   ShapeName(std::get<1>(info.param));
                          });
 
-TEST(TensorParallelLinearTest, ParameterSpecsNamesAndRequiresGrad) {
+TEST(LinearStyles, PublishTheParameterLayoutsUnderTheLinearsNames) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [](const comm::ProcessGroupPtr& group) {
     auto mesh = mesh::DeviceMesh::Create(group, {3}, {"tp"});
     at::Generator gen = at::detail::createCPUGenerator(7);
     torch::nn::Linear fc = MakeLinear(5, 7, gen);
     fc->bias.requires_grad_(false);
-    TensorParallelLinear col = ParallelizeLinear(fc, mesh, TensorParallelStyle::kColwise);
-    TensorParallelLinear row = ParallelizeLinear(fc, mesh, TensorParallelStyle::kRowwise);
+    Linear col = Parallelize(fc, mesh, ColwiseParallel());
+    Linear row = Parallelize(fc, mesh, RowwiseParallel());
 
     // Same FQNs as the Linear, so state-dict keys and optimizer groups carry over.
     EXPECT_EQ(col->named_parameters().keys(), fc->named_parameters().keys());
     EXPECT_TRUE(col->weight.requires_grad());
     EXPECT_FALSE(col->bias.requires_grad());
 
-    EXPECT_EQ(col->parameter_spec("weight").placements, Placements{Placement::Shard(0)});
-    EXPECT_EQ(col->parameter_spec("bias").placements, Placements{Placement::Shard(0)});
-    EXPECT_EQ(row->parameter_spec("weight").placements, Placements{Placement::Shard(1)});
-    EXPECT_EQ(row->parameter_spec("bias").placements, Placements{Placement::Replicate()});
-    for (TensorParallelLinear* m : {&col, &row}) {
-      // Through the interface FSDP uses: global shapes and this rank's local shapes.
-      const std::shared_ptr<torch::nn::Module> base = m->ptr();
-      auto* dist = dynamic_cast<DistributedParameterModule*>(base.get());
+    // Through the interface FSDP, DCP and the optimizer-state conversions use.
+    const std::vector<std::pair<Linear*, std::vector<Placements>>> cases = {
+        {&col, {{Placement::Shard(0)}, {Placement::Shard(0)}}},
+        {&row, {{Placement::Shard(1)}, {Placement::Replicate()}}}};
+    for (const auto& [m, placements] : cases) {
+      const DistributedParameterModule* dist = FindDistributedParameters(**m);
       ASSERT_NE(dist, nullptr);
       const auto specs = dist->named_parameter_specs();
       ASSERT_EQ(specs.size(), 2u);
       EXPECT_EQ(specs[0].first, "weight");
+      EXPECT_EQ(specs[1].first, "bias");
+      EXPECT_EQ(specs[0].second.placements, placements[0]);
+      EXPECT_EQ(specs[1].second.placements, placements[1]);
       EXPECT_EQ(specs[0].second.shape, (std::vector<int64_t>{7, 5}));
       EXPECT_EQ(specs[1].second.shape, (std::vector<int64_t>{7}));
       EXPECT_EQ(specs[0].second.local_shape(), (*m)->weight.sizes().vec());
       EXPECT_EQ(specs[1].second.local_shape(), (*m)->bias.sizes().vec());
     }
-    EXPECT_EQ(row->local_in_features(), ExpectedChunk(fc->weight, 3, group->rank(), 1).size(1));
-    EXPECT_ERROR_CONTAINS(col->parameter_spec("scale"), "no distributed parameter named 'scale'");
+    EXPECT_EQ(row->weight.size(1), ExpectedChunk(fc->weight, 3, group->rank(), 1).size(1));
+    // A plain module publishes nothing.
+    EXPECT_EQ(FindDistributedParameters(*fc), nullptr);
   });
 }
 
-TEST(TensorParallelLinearTest, WithoutBias) {
+TEST(LinearStyles, WithoutBias) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& group) {
     auto mesh = mesh::DeviceMesh::Create(group, {2});
     at::Generator gen = at::detail::createCPUGenerator(3);
     torch::nn::Linear fc1 = MakeLinear(4, 6, gen, /*bias=*/false);
     torch::nn::Linear fc2 = MakeLinear(6, 3, gen, /*bias=*/false);
     const at::Tensor x = Randn({5, 4}, gen);
-    auto tp1 = ParallelizeLinear(fc1, mesh, TensorParallelStyle::kColwise);
-    auto tp2 = ParallelizeLinear(fc2, mesh, TensorParallelStyle::kRowwise);
-    EXPECT_EQ(tp1->named_parameter_specs().size(), 1u);
+    Linear tp1 = Parallelize(fc1, mesh, ColwiseParallel());
+    Linear tp2 = Parallelize(fc2, mesh, RowwiseParallel());
+    EXPECT_EQ(FindDistributedParameters(*tp1)->named_parameter_specs().size(), 1u);
     EXPECT_EQ(tp2->named_parameters().size(), 1u);
-    ExpectClose(tp2->forward(tp1->forward(x)), fc2->forward(fc1->forward(x)).detach(), "output");
-  });
-}
-
-TEST(TensorParallelLinearTest, Errors) {
-  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& group) {
-    auto mesh = mesh::DeviceMesh::Create(group, {2}, {"tp"});
-    at::Generator gen = at::detail::createCPUGenerator(5);
-    torch::nn::Linear fc = MakeLinear(6, 5, gen);
-    auto col = ParallelizeLinear(fc, mesh, TensorParallelStyle::kColwise);
-    auto row = ParallelizeLinear(fc, mesh, TensorParallelStyle::kRowwise);
-
-    EXPECT_ERROR_CONTAINS(col->forward(at::ones({2, 5})), "input's last dimension is 5 but expected 6 (in_features");
-    // Rowwise takes this rank's 3 of the 6 input columns, not all of them.
-    EXPECT_ERROR_CONTAINS(row->forward(at::ones({2, 6})),
-                          "input's last dimension is 6 but expected 3 (this rank's Shard(-1) chunk "
-                          "of in_features=6)");
-    EXPECT_ERROR_CONTAINS(col->forward(at::ones({})), "at least 1 dimension");
-
-    auto mesh_2d = mesh::DeviceMesh::Create(group, {2, 1}, {"dp", "tp"});
-    EXPECT_ERROR_CONTAINS(ParallelizeLinear(fc, mesh_2d, TensorParallelStyle::kColwise),
-                          "tp_mesh must be 1-D, got DeviceMesh((dp=2, tp=1)");
-    EXPECT_ERROR_CONTAINS(ParallelizeLinear(fc, nullptr, TensorParallelStyle::kRowwise), "tp_mesh is null");
-    // The 1-D slice of the same mesh is accepted.
-    EXPECT_EQ(ParallelizeLinear(fc, (*mesh_2d)["dp"], TensorParallelStyle::kRowwise)->local_in_features(), 3);
+    ExpectClose(tp2(tp1(x)), fc2->forward(fc1->forward(x)).detach(), "output");
   });
 }
 
 }  // namespace
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::tensor_parallel

@@ -37,6 +37,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cmake"))
 import bazel_build_files as bbf  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_doc_links import documents, markdown_lines  # noqa: E402
+
 SKIP_DIRS = {".git", "build"}
 # Paths that are not this tree's: PyTorch's and other projects' sources (cited for what a
 # mirror follows), absolute / home / variable paths, URLs, and what builds and ./x setup make
@@ -72,30 +75,14 @@ TEST_MACRO = re.compile(r"\b(TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\(\s*(\w
 INSTANTIATE = re.compile(r"\bINSTANTIATE_(?:TYPED_)?TEST_SUITE_P\(\s*(\w*)\s*,\s*(\w+)")
 
 
-def documents(root):
-    yield os.path.join(root, "README.md")
-    for base, dirs, files in os.walk(os.path.join(root, "docs")):
-        dirs.sort()
-        for f in sorted(files):
-            if f.endswith(".md"):
-                yield os.path.join(base, f)
-
-
 def claims(path):
     """Yields (line number, text, in a fence) for each inline code span and fenced line."""
-    fence = None
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            stripped = line.lstrip()
-            if stripped.startswith("```") or stripped.startswith("~~~"):
-                marker = stripped[:3]
-                fence = None if fence == marker else (fence or marker)
-                continue
-            if fence:
-                yield number, line.rstrip("\n"), True
-                continue
-            for m in SPAN.finditer(line):
-                yield number, m.group(2).strip(), False
+    for number, line, in_fence in markdown_lines(path):
+        if in_fence:
+            yield number, line, True
+            continue
+        for m in SPAN.finditer(line):
+            yield number, m.group(2).strip(), False
 
 
 class Tree:

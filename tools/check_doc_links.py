@@ -33,8 +33,9 @@ def documents(root):
                 yield os.path.join(base, f)
 
 
-def links(path):
-    """Yields (line number, target) for each link outside fenced code blocks."""
+def markdown_lines(path):
+    """Yields (line number, line without its newline, whether it is inside a fenced block) for
+    each line of `path` that is not a fence marker. Shared with tools/check_doc_claims.py."""
     fence = None
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -43,15 +44,21 @@ def links(path):
                 marker = stripped[:3]
                 fence = None if fence == marker else (fence or marker)
                 continue
-            if fence:
-                continue
-            # Inline code spans are not links.
-            text = re.sub(r"`[^`]*`", "", line)
-            for m in INLINE.finditer(text):
-                yield number, m.group(1)
-            m = REFERENCE.match(text)
-            if m:
-                yield number, m.group(1)
+            yield number, line.rstrip("\n"), bool(fence)
+
+
+def links(path):
+    """Yields (line number, target) for each link outside fenced code blocks."""
+    for number, line, in_fence in markdown_lines(path):
+        if in_fence:
+            continue
+        # Inline code spans are not links.
+        text = re.sub(r"`[^`]*`", "", line)
+        for m in INLINE.finditer(text):
+            yield number, m.group(1)
+        m = REFERENCE.match(text)
+        if m:
+            yield number, m.group(1)
 
 
 def broken_links(root):

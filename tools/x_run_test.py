@@ -8,6 +8,7 @@ the cases need no build. Each wait has a deadline (DEADLINE_S), generous next to
 own grace period (RUN_GRACE_S in ./x), so a slow machine cannot fail a case that works.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,18 @@ class XRun(unittest.TestCase):
             fields = [open(os.path.join(self.dir, f"rank{r}")).read().split() for r in range(2)]
             self.assertEqual([f[1:4] for f in fields], [["0", "2", "0"], ["1", "2", "1"]], args)
             self.assertEqual(fields[0][4:], fields[1][4:], "one rendezvous address for all ranks")
+
+    def test_ranks_run_in_the_callers_directory(self):
+        # A relative program and a relative argument, from a directory outside the checkout.
+        caller = os.path.join(self.dir, "caller")
+        os.makedirs(caller)
+        shutil.copy(self.rank, os.path.join(caller, "prog.sh"))
+        os.makedirs(os.path.join(caller, "out"))
+        r = subprocess.run([X, "run", "-n", "2", "./prog.sh", "out", "0"], cwd=caller, capture_output=True, text=True,
+                           timeout=DEADLINE_S, env={**os.environ, "FAIL_RANK": "all"})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        for rank in range(2):
+            self.assertTrue(os.path.exists(os.path.join(caller, "out", f"rank{rank}")), r.stdout + r.stderr)
 
     def test_bad_arguments_are_errors_naming_them(self):
         for args, words in ((["-n", "0", self.rank], "positive integer, got '0'"),

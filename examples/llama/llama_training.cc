@@ -47,31 +47,31 @@ void ParallelizeLlama(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr& tp
               " is not divisible by the tensor-parallel size ", tp, " (each rank computes whole heads)");
   using dtensor::Placement;
   const Placement seq = Placement::Shard(1), rep = Placement::Replicate();
-  const auto colwise = [] { return dtensor::ColwiseParallel(); };
-  const auto rowwise_to_seq = [&] { return dtensor::RowwiseParallel({.output_layouts = seq}); };
-  dtensor::parallelize_module(
+  const auto colwise = [] { return tensor_parallel::ColwiseParallel(); };
+  const auto rowwise_to_seq = [&] { return tensor_parallel::RowwiseParallel({.output_layouts = seq}); };
+  tensor_parallel::parallelize_module(
       model, tp_mesh,
-      {{"model.embed_tokens", dtensor::RowwiseParallel({.input_layouts = rep, .output_layouts = seq})},
-       {"model.norm", dtensor::SequenceParallel()},
-       {"lm_head", dtensor::ColwiseParallel(
+      {{"model.embed_tokens", tensor_parallel::RowwiseParallel({.input_layouts = rep, .output_layouts = seq})},
+       {"model.norm", tensor_parallel::SequenceParallel()},
+       {"lm_head", tensor_parallel::ColwiseParallel(
                        {.input_layouts = seq, .output_layouts = Placement::Shard(-1), .use_local_output = false})},
-       {"model.layers.*.input_layernorm", dtensor::SequenceParallel()},
+       {"model.layers.*.input_layernorm", tensor_parallel::SequenceParallel()},
        // forward(hidden, cos, sin): only the hidden states are sharded.
        {"model.layers.*.self_attn",
-        dtensor::PrepareModuleInput({{seq, std::nullopt, std::nullopt}, {rep, std::nullopt, std::nullopt}})},
+        tensor_parallel::PrepareModuleInput({{seq, std::nullopt, std::nullopt}, {rep, std::nullopt, std::nullopt}})},
        {"model.layers.*.self_attn.q_proj", colwise()},
        {"model.layers.*.self_attn.k_proj", colwise()},
        {"model.layers.*.self_attn.v_proj", colwise()},
        {"model.layers.*.self_attn.o_proj", rowwise_to_seq()},
-       {"model.layers.*.post_attention_layernorm", dtensor::SequenceParallel()},
-       {"model.layers.*.mlp", dtensor::PrepareModuleInput({{seq}, {rep}})},
+       {"model.layers.*.post_attention_layernorm", tensor_parallel::SequenceParallel()},
+       {"model.layers.*.mlp", tensor_parallel::PrepareModuleInput({{seq}, {rep}})},
        {"model.layers.*.mlp.gate_proj", colwise()},
        {"model.layers.*.mlp.up_proj", colwise()},
        {"model.layers.*.mlp.down_proj", rowwise_to_seq()}});
 }
 
 at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels) {
-  const std::optional<dtensor::DTensor> d = dtensor::AsDTensor(logits);
+  const std::optional<dtensor::DTensor> d = tensor_parallel::AsDTensor(logits);
   TORCH_CHECK(d.has_value(),
               "CausalLMLossParallel: the logits carry no DTensor layout (lm_head must be "
               "ColwiseParallel with use_local_output = false, as ParallelizeLlama makes it)");
@@ -83,7 +83,8 @@ at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labe
   const at::Tensor local = logits.to(at::kFloat).reshape({-1, logits.size(-1)});
   const dtensor::DTensor flat = dtensor::DTensor::from_local(local, d->device_mesh(), {dtensor::Placement::Shard(1)},
                                                              std::vector<int64_t>{local.size(0), vocab});
-  return dtensor::loss_parallel_cross_entropy(flat, shifted.view({-1}), {dtensor::LossReduction::kMean, kIgnore});
+  return tensor_parallel::loss_parallel_cross_entropy(flat, shifted.view({-1}),
+                                                      {tensor_parallel::LossReduction::kMean, kIgnore});
 }
 
 void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& init) {

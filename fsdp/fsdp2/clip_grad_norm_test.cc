@@ -23,7 +23,6 @@
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -241,7 +240,7 @@ TEST(ClipGradNorm, FsdpPlusTensorParallelReducesOverBothDims) {
   }
 }
 
-// A tensor-parallel model that no fully_shard manages (TensorParallelLinear blocks, plain in /
+// A tensor-parallel model that no fully_shard manages (blocks of style-parallelized Linears, plain in /
 // head / extra): the TP-sharded gradients reduce over tp, the replicated ones (in, head, extra,
 // the rowwise biases) count once, so the total is one rank's; one all-reduce per clip.
 TEST(ClipGradNorm, TensorParallelWithoutFsdpMatchesSingleRank) {

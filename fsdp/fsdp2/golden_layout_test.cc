@@ -20,7 +20,7 @@ struct GoldenLinear {
   std::string name;
   int64_t in = 0, out = 0;
   bool bias = false;
-  dtensor::TensorParallelStyle style;
+  bool colwise;
 };
 struct GoldenRank {
   Shape local, padded, global;
@@ -51,9 +51,7 @@ std::vector<LayoutCase> ReadLayouts() {
       if (f[5] != "default") dim = Int(f[5].substr(6, f[5].size() - 7));  // "Shard(d)"
       c.params.push_back({f[3], ShapeOf(f[4]), dim});
     } else if (f[0] == "linear") {
-      c.linears.push_back(
-          {f[2], Int(f[3]), Int(f[4]), f[5] == "1",
-           f[6] == "colwise" ? dtensor::TensorParallelStyle::kColwise : dtensor::TensorParallelStyle::kRowwise});
+      c.linears.push_back({f[2], Int(f[3]), Int(f[4]), f[5] == "1", f[6] == "colwise"});
     } else if (f[0] == "error") {
       c.error = f[2] + ": " + f[3];
     } else if (f[0] == "rank") {
@@ -107,7 +105,9 @@ void RunLayoutCase(const LayoutCase& c, Mismatches& m) {
               originals[l.name + ".bias"] = linear->bias.detach().clone();
             }
           }
-          model->register_module(l.name, dtensor::ParallelizeLinear(linear, (*mesh)["tp"], l.style));
+          model->register_module(l.name, testing::ParallelLinear(linear, (*mesh)["tp"],
+                                                                 l.colwise ? tensor_parallel::ColwiseParallel()
+                                                                           : tensor_parallel::RowwiseParallel()));
         }
         FullyShardOptions options{.mesh = c.kind == "tp"        ? (*mesh)["dp"]
                                           : c.kind == "hsdp_tp" ? mesh->slice({"replicate", "shard"})

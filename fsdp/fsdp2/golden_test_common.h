@@ -29,7 +29,7 @@
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
-#include "tensor_parallel/tensor_parallel.h"
+#include "fsdp/fsdp2/test_models.h"
 #include "testing/golden_file.h"
 #include "testing/multi_rank.h"
 

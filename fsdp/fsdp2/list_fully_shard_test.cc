@@ -19,7 +19,6 @@
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/test_models.h"
 #include "mesh/device_mesh.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "testing/expect_error.h"
 #include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
@@ -228,11 +227,10 @@ TEST(ListFullyShard, HandlesSharedStateAndNestedListedModules) {
 // (Replicate on dp), what fully_shard with dp_mesh_dims expects.
 struct SpmdHolderImpl : torch::nn::Module {
   explicit SpmdHolderImpl(const mesh::DeviceMeshPtr& spmd)
-      : l(register_module("l", dtensor::TensorParallelLinear(std::shared_ptr<dtensor::TensorParallelLinearImpl>(
-                                   std::make_shared<testing::SpmdLinearImpl>(
-                                       torch::nn::Linear(4, 4), spmd, dtensor::TensorParallelStyle::kColwise))))) {}
+      : l(register_module("l", testing::ParallelLinear(torch::nn::Linear(4, 4), (*spmd)["tp"],
+                                                       tensor_parallel::ColwiseParallel(), spmd))) {}
   at::Tensor forward(const at::Tensor& x) { return l(x); }
-  dtensor::TensorParallelLinear l;
+  testing::HookedLinear l;
 };
 using SpmdHolder = ::fsdp::Hooked<SpmdHolderImpl>;
 

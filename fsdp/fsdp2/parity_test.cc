@@ -22,7 +22,6 @@
 #include "fsdp/fsdp2/test_models.h"
 #include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/parallelize_module.h"
-#include "tensor_parallel/tensor_parallel.h"
 #include "testing/expect_error.h"
 #include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
@@ -311,15 +310,14 @@ TEST(FsdpTpParity, TwoByTwoMeshEqualsSingleRank) {
 // tensors are the original weights (the older N * sf piece rule permuted rows 9..14).
 struct UnevenTPImpl : torch::nn::Module {
   UnevenTPImpl(const std::vector<torch::nn::Linear>& plain, const mesh::DeviceMeshPtr& tp) {
-    const dtensor::TensorParallelStyle styles[] = {dtensor::TensorParallelStyle::kColwise,
-                                                   dtensor::TensorParallelStyle::kColwise,
-                                                   dtensor::TensorParallelStyle::kRowwise};
+    const tensor_parallel::ParallelStylePtr styles[] = {
+        tensor_parallel::ColwiseParallel(), tensor_parallel::ColwiseParallel(), tensor_parallel::RowwiseParallel()};
     for (size_t i = 0; i < plain.size(); ++i) {
-      layers.push_back(register_module(absl::StrCat("l", i), ParallelizeLinear(plain[i], tp, styles[i])));
+      layers.push_back(register_module(absl::StrCat("l", i), testing::ParallelLinear(plain[i], tp, styles[i])));
     }
   }
   at::Tensor forward(const at::Tensor& x) { return x; }
-  std::vector<dtensor::TensorParallelLinear> layers;
+  std::vector<testing::HookedLinear> layers;
 };
 using UnevenTP = Hooked<UnevenTPImpl>;
 
@@ -413,13 +411,13 @@ TEST(FsdpTpParity, SequenceParallelPlanWithFullyShardEqualsOneRank) {
     auto dp = (*mesh)["dp"], tp = (*mesh)["tp"];
     SeqNet ref, model;
     using dtensor::Placement;
-    dtensor::parallelize_module(
+    tensor_parallel::parallelize_module(
         *model, tp,
-        {{"block*.norm", dtensor::SequenceParallel()},
-         {"block*.ffn", dtensor::PrepareModuleInput({{Placement::Shard(1)}, {Placement::Replicate()}})},
-         {"block*.ffn.w[12]", dtensor::ColwiseParallel()},
-         {"block*.ffn.w3", dtensor::RowwiseParallel({.output_layouts = Placement::Shard(1)})},
-         {"norm", dtensor::SequenceParallel({.use_local_output = true})}});
+        {{"block*.norm", tensor_parallel::SequenceParallel()},
+         {"block*.ffn", tensor_parallel::PrepareModuleInput({{Placement::Shard(1)}, {Placement::Replicate()}})},
+         {"block*.ffn.w[12]", tensor_parallel::ColwiseParallel()},
+         {"block*.ffn.w3", tensor_parallel::RowwiseParallel({.output_layouts = Placement::Shard(1)})},
+         {"norm", tensor_parallel::SequenceParallel({.use_local_output = true})}});
     for (auto& b : model->blocks) fully_shard(b.ptr(), {.mesh = dp});
     fully_shard(model.ptr(), {.mesh = dp});
     torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));

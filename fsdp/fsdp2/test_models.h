@@ -1,20 +1,27 @@
 // FSDP2's names for the shared test models (fsdp/common/test_models.h): blocks are
-// Hooked<BlockImpl>; and the SPMD tensor-parallel Linear the FSDP + TP tests share.
+// Hooked<BlockImpl>; and the tensor-parallel Linears and blocks (through the parallel styles,
+// on a tp mesh or an SPMD (dp, tp) mesh) the FSDP + TP tests share.
 #ifndef FSDP_FSDP_FSDP2_TEST_MODELS_H_
 #define FSDP_FSDP_FSDP2_TEST_MODELS_H_
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/linear.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dtensor/distributed_parameters.h"
+#include "dtensor/dtensor_spec.h"
+#include "dtensor/placement.h"
 #include "fsdp/common/test_models.h"
 #include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
-#include "tensor_parallel/tensor_parallel.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 
 namespace fsdp::fsdp2::testing {
 
@@ -30,23 +37,52 @@ using test_models::TiedLinearImpl;
 using test_models::TrainSteps;
 using test_models::UniqueParameters;
 
-// A tensor-parallel Linear on the "tp" dim of a (dp, tp) mesh whose parameter specs live on
-// the whole mesh, with `dp_placement` on dp: the parameters fully_shard's dp_mesh_dims
-// expects (the SPMD-mesh path).
-struct SpmdLinearImpl : dtensor::TensorParallelLinearImpl {
-  SpmdLinearImpl(const torch::nn::Linear& linear, mesh::DeviceMeshPtr spmd, dtensor::TensorParallelStyle style,
-                 dtensor::Placement dp_placement = dtensor::Placement::Replicate())
-      : TensorParallelLinearImpl(linear, (*spmd)["tp"], style), spmd_(std::move(spmd)), dp_(dp_placement) {}
+// The SPMD-mesh path of fully_shard's dp_mesh_dims (fsdp/fsdp2/fsdp_api.h) wants the
+// parameters' specs on the whole (dp, tp) mesh, with `dp_placement` on dp. A style shards
+// over (*spmd)["tp"] and reports specs on that 1-D mesh; this hook, added outermost, restates
+// them on the whole mesh (dtensor/distributed_parameters.h: the outermost
+// DistributedParameterModule hook is the one found).
+class SpmdLayoutHook final : public ForwardHook, public dtensor::DistributedParameterModule {
+ public:
+  SpmdLayoutHook(std::shared_ptr<dtensor::DistributedParameterModule> style, mesh::DeviceMeshPtr spmd,
+                 dtensor::Placement dp_placement)
+      : style_(std::move(style)), spmd_(std::move(spmd)), dp_(dp_placement) {}
   std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
-    auto specs = TensorParallelLinearImpl::named_parameter_specs();
+    auto specs = style_->named_parameter_specs();
     for (auto& [name, spec] : specs) {
       spec = dtensor::DTensorSpec::Make(spmd_, {dp_, spec.placements[0]}, spec.shape, spec.dtype);
     }
     return specs;
   }
+
+ private:
+  std::shared_ptr<dtensor::DistributedParameterModule> style_;
   mesh::DeviceMeshPtr spmd_;
   dtensor::Placement dp_;
 };
+
+using HookedLinear = Hooked<torch::nn::LinearImpl>;
+
+// A Linear with `plain`'s values, parallelized in place by `style` (ColwiseParallel() or
+// RowwiseParallel()) over `tp`; `spmd` set: its layouts restated on that whole mesh.
+inline HookedLinear ParallelLinear(const torch::nn::Linear& plain, const mesh::DeviceMeshPtr& tp,
+                                   const tensor_parallel::ParallelStylePtr& style,
+                                   const mesh::DeviceMeshPtr& spmd = nullptr,
+                                   dtensor::Placement dp_placement = dtensor::Placement::Replicate()) {
+  HookedLinear linear(plain->options);
+  {
+    at::NoGradGuard no_grad;
+    linear->weight.copy_(plain->weight);
+    if (plain->bias.defined()) linear->bias.copy_(plain->bias);
+  }
+  tensor_parallel::parallelize_module(*linear, tp, style);
+  if (spmd) {
+    linear->AddForwardHook(std::make_shared<SpmdLayoutHook>(
+                               linear->FindForwardHook<dtensor::DistributedParameterModule>(), spmd, dp_placement),
+                           HookPosition::kOutermost);
+  }
+  return linear;
+}
 
 // FSDP over "dp" of a (dp=2, tp=2) mesh around tensor-parallel blocks (colwise fc1, rowwise
 // fc2): FSDP shards each TP shard again, and the sharded parameter's spec is
@@ -56,19 +92,11 @@ struct TPBlockImpl : torch::nn::Module {
   TPBlockImpl(const BlockImpl& plain, const mesh::DeviceMeshPtr& tp, const mesh::DeviceMeshPtr& spmd,
               dtensor::Placement dp_placement)
       : fc1(register_module("fc1",
-                            Parallel(plain.fc1, tp, spmd, dtensor::TensorParallelStyle::kColwise, dp_placement))),
+                            ParallelLinear(plain.fc1, tp, tensor_parallel::ColwiseParallel(), spmd, dp_placement))),
         fc2(register_module("fc2",
-                            Parallel(plain.fc2, tp, spmd, dtensor::TensorParallelStyle::kRowwise, dp_placement))) {}
+                            ParallelLinear(plain.fc2, tp, tensor_parallel::RowwiseParallel(), spmd, dp_placement))) {}
   at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::nn::functional::relu(fc1(x))); }
-  static dtensor::TensorParallelLinear Parallel(const torch::nn::Linear& l, const mesh::DeviceMeshPtr& tp,
-                                                const mesh::DeviceMeshPtr& spmd, dtensor::TensorParallelStyle style,
-                                                dtensor::Placement dp_placement) {
-    if (!spmd) return dtensor::ParallelizeLinear(l, tp, style);
-    std::shared_ptr<dtensor::TensorParallelLinearImpl> impl =
-        std::make_shared<SpmdLinearImpl>(l, spmd, style, dp_placement);
-    return dtensor::TensorParallelLinear(impl);
-  }
-  dtensor::TensorParallelLinear fc1, fc2;
+  HookedLinear fc1, fc2;
 };
 using TPBlock = Hooked<TPBlockImpl>;
 
