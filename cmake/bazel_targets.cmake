@@ -202,8 +202,8 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
 fsdp_cc_library(//dcp:internal INSTALL
   SRCS adapter.cc collectives.cc plan.cc state_items.cc tp_adapter.cc
   HDRS adapter.h collectives.h plan.h state_items.h tp_adapter.h
-  DEPS //checkpoint:dcp //comm //dtensor //dtensor:distributed_parameters //fsdp/common
-       //fsdp/hooked_module //optim_state:core @libtorch @system//:absl)
+  DEPS //checkpoint:dcp //comm //dtensor //distributed_parameters //fsdp/common //fsdp/hooked_module
+       //optim_state:core @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:core INSTALL
   SRCS checkpoint_dirs.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc load_job.h
@@ -214,7 +214,7 @@ fsdp_cc_library(//dcp:core INSTALL
 
 fsdp_cc_library(//dcp:fsdp2 ALWAYSLINK INSTALL
   SRCS fsdp2_adapter.cc
-  DEPS :core :internal //dtensor //dtensor:distributed_parameters //fsdp/common //fsdp/fsdp2
+  DEPS :core :internal //dtensor //distributed_parameters //fsdp/common //fsdp/fsdp2
        //fsdp/fsdp2:runtime @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:fsdp1 ALWAYSLINK INSTALL
@@ -262,16 +262,17 @@ fsdp_cc_test(//device:stream_test SIZE small SMOKE PCH aten
   SRCS stream_test.cc
   DEPS :device //comm //testing:expect_error //testing:multi_rank @libtorch @system//:gtest_main)
 
+# ================================================================ //distributed_parameters
+fsdp_cc_library(//distributed_parameters INSTALL
+  SRCS distributed_parameters.cc
+  HDRS distributed_parameters.h
+  DEPS //dtensor //fsdp/hooked_module @libtorch @system//:absl)
+
 # ================================================================ //dtensor
 fsdp_cc_library(//dtensor INSTALL PCH aten
   SRCS dtensor.cc dtensor_spec.cc large_output_cache.cc placement.cc redistribute.cc
   HDRS dtensor.h dtensor_spec.h large_output_cache.h placement.h redistribute.h
   DEPS //comm //mesh //torch_compat @libtorch @system//:absl)
-
-fsdp_cc_library(//dtensor:distributed_parameters INSTALL
-  SRCS distributed_parameters.cc
-  HDRS distributed_parameters.h
-  DEPS :dtensor //fsdp/hooked_module @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
   SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
@@ -423,7 +424,7 @@ fsdp_cc_library(//fsdp/fsdp2 INSTALL
   SRCS auto_wrap.cc clip_grad_norm.cc fsdp_init.cc fsdp_init.h fully_shard.cc meta_init.cc
        state_dict.cc
   HDRS auto_wrap.h clip_grad_norm.h fully_shard.h meta_init.h state_dict.h
-  DEPS :api :runtime //checkpoint //comm //dtensor //dtensor:distributed_parameters //fsdp/common
+  DEPS :api :runtime //checkpoint //comm //dtensor //distributed_parameters //fsdp/common
        //fsdp/hooked_module //fsdp/meta //mesh @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/fsdp2:api INSTALL
@@ -433,8 +434,8 @@ fsdp_cc_library(//fsdp/fsdp2:api INSTALL
 fsdp_cc_library(//fsdp/fsdp2:runtime INSTALL
   SRCS fsdp_collectives.cc fsdp_param.cc fsdp_param_group.cc fsdp_state.cc mesh_info.cc
   HDRS fsdp_collectives.h fsdp_param.h fsdp_param_group.h fsdp_state.h mesh_info.h training_state.h
-  DEPS :api //comm //device //dtensor //dtensor:distributed_parameters //fsdp/common
-       //fsdp/hooked_module //fsdp/meta //mesh @libtorch @system//:absl)
+  DEPS :api //comm //device //dtensor //distributed_parameters //fsdp/common //fsdp/hooked_module
+       //fsdp/meta //mesh @libtorch @system//:absl)
 
 fsdp_cc_library(//fsdp/fsdp2:fsdp2_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
@@ -455,8 +456,8 @@ fsdp_cc_test(//fsdp/fsdp2:fsdp2_async_streams_test SIZE medium
 
 fsdp_cc_library(//fsdp/fsdp2:test_models TESTONLY
   HDRS test_models.h
-  DEPS :fsdp2 //dtensor //dtensor:distributed_parameters //fsdp/common:test_models
-       //fsdp/hooked_module //mesh //tensor_parallel @libtorch @system//:absl)
+  DEPS :fsdp2 //dtensor //distributed_parameters //fsdp/common:test_models //fsdp/hooked_module
+       //mesh //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_test(//fsdp/fsdp2:golden_test SIZE medium SMOKE
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
@@ -566,7 +567,7 @@ fsdp_cc_library(//optim_state:fsdp1 INSTALL
 fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
-  DEPS :core //dtensor //dtensor:distributed_parameters //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
+  DEPS :core //dtensor //distributed_parameters //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
        @system//:absl)
 
 fsdp_cc_test(//optim_state:optim_state_test SIZE medium
@@ -584,16 +585,16 @@ fsdp_cc_test(//optim_state:optim_state_test SIZE medium
 fsdp_cc_library(//tensor_parallel INSTALL
   SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
   HDRS local_annotation.h loss_parallel.h parallel_style.h parallelize_module.h
-  DEPS //comm //dtensor //dtensor:distributed_parameters //fsdp/hooked_module //mesh @libtorch
+  DEPS //comm //dtensor //distributed_parameters //fsdp/hooked_module //mesh @libtorch
        @system//:absl)
 
 fsdp_cc_test(//tensor_parallel:tensor_parallel_test SIZE medium SMOKE
   SRCS parallel_style_test.cc tensor_parallel_test.cc
   DATA testdata/golden_tensor_parallel.txt
   TAGS float_parity
-  DEPS :tensor_parallel //comm //dtensor //dtensor:distributed_parameters //fsdp/hooked_module
-       //mesh //testing:expect_error //testing:golden_file //testing:multi_rank @libtorch
-       @system//:absl @system//:gtest_main)
+  DEPS :tensor_parallel //comm //dtensor //distributed_parameters //fsdp/hooked_module //mesh
+       //testing:expect_error //testing:golden_file //testing:multi_rank @libtorch @system//:absl
+       @system//:gtest_main)
 
 # ================================================================ //testing
 fsdp_cc_library(//testing:multi_rank TESTONLY PCH aten

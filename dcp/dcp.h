@@ -26,7 +26,7 @@
 //    order as its other collectives. FSDP groups are resharded first. Ranks are the world
 //    group's; the model may be FSDP, HSDP (Replicate, Shard), FSDP + TP (StridedShard;
 //    several index runs per rank become several chunks), the SPMD-mesh variant, or tensor
-//    parallel without FSDP (dtensor::DistributedParameterModule parameters, dcp/tp_adapter.h).
+//    parallel without FSDP (distributed_parameters::DistributedParameterModule parameters, dcp/tp_adapter.h).
 //  * Save (sharded, the default): each rank writes only its own shards, one chunk per box
 //    of its local tensor; a tensor several ranks hold whole or in the same box (HSDP
 //    replicas, buffers, unmanaged parameters, `step`, param group options) is written by

@@ -21,7 +21,7 @@
 #include "dcp/adapter.h"
 #include "dcp/plan.h"
 #include "dcp/tp_adapter.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor_spec.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/state_dict.h"
@@ -126,7 +126,7 @@ class Fsdp2Adapter : public ModelAdapter {
  public:
   Fsdp2Adapter(torch::nn::Module& model, const char* caller) {
     absl::flat_hash_map<const c10::TensorImpl*, const ShardedParam*> by_impl;
-    const auto tp_specs = dtensor::DistributedParameterSpecs(model);
+    const auto tp_specs = distributed_parameters::DistributedParameterSpecs(model);
     for (const fsdp2::NamedParameter& p : fsdp2::NamedParameters(model)) {  // reshards
       if (p.fsdp_param == nullptr) {
         const auto spec = tp_specs.find(p.param.unsafeGetTensorImpl());

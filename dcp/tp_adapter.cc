@@ -1,5 +1,5 @@
 // The checkpoint adapter of tensor-parallel models without FSDP (adapter.h): parameters whose
-// layout a dtensor::DistributedParameterModule publishes (a parallel style's hook) are DTensor shards
+// layout a distributed_parameters::DistributedParameterModule publishes (a parallel style's hook) are DTensor shards
 // whose layout is their module's spec; everything else is whole. Part of the core (no FSDP
 // code): AdapterFor picks it for a model with such modules and no FSDP state.
 #include <ATen/ATen.h>
@@ -18,7 +18,7 @@
 #include "dcp/adapter.h"
 #include "dcp/plan.h"
 #include "dcp/tp_adapter.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor.h"
 
 namespace fsdp::dcp::internal {
@@ -94,7 +94,7 @@ std::unique_ptr<ShardedParam> MakeTensorParallelParam(const dtensor::DTensorSpec
 }
 
 std::unique_ptr<ModelAdapter> MakeTensorParallelAdapter(torch::nn::Module& model, const char* caller) {
-  const auto specs = dtensor::DistributedParameterSpecs(model);
+  const auto specs = distributed_parameters::DistributedParameterSpecs(model);
   if (specs.empty()) return nullptr;
   return std::make_unique<TensorParallelAdapter>(model, specs, caller);
 }

@@ -1,6 +1,6 @@
 // The checkpoint adapter of tensor-parallel models without FSDP (dcp/tp_adapter.cc), internal
 // to //dcp: AdapterFor (adapter.h) uses it for a model whose tree holds
-// dtensor::DistributedParameterModule modules and no FSDP state. Each such module's
+// distributed_parameters::DistributedParameterModule modules and no FSDP state. Each such module's
 // parameters are saved and loaded as the boxes of the global tensor their DTensor spec gives
 // this rank (so a TP checkpoint reshards: TP 2 -> 4, TP <-> FSDP + TP, one rank); the rest of
 // the model is whole. world(): the meshes' world group (all must share it). Errors

@@ -22,7 +22,7 @@ void ExpectShardsOf(torch::nn::Module& model, torch::nn::Module& reference, cons
   int sharded = 0, whole = 0;
   std::set<std::string> seen;
   for (const auto& m : model.named_modules()) {
-    const auto* tp = dtensor::FindDistributedParameters(*m.value());
+    const auto* tp = distributed_parameters::FindDistributedParameters(*m.value());
     if (tp == nullptr) continue;
     for (const auto& [name, spec] : tp->named_parameter_specs()) {
       const std::string fqn = m.key() + "." + name;
@@ -122,7 +122,7 @@ TEST(DcpTensorParallel, OptimizerStateReshardsWithTheParameters) {
     TPNet model(*plain, mesh::DeviceMesh::Create(pg, {4}, {"tp"}));
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(kLr));
     Load(*model, &opt, dir);
-    const auto specs = dtensor::DistributedParameterSpecs(*model);
+    const auto specs = distributed_parameters::DistributedParameterSpecs(*model);
     int sharded = 0;
     for (const auto& p : model->named_parameters()) {
       at::Tensor want = ExpAvg(one_opt, one_params[p.key()]);

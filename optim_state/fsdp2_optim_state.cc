@@ -4,7 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "absl/container/flat_hash_map.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor.h"
 #include "fsdp/fsdp2/fsdp_param.h"
 #include "fsdp/fsdp2/state_dict.h"
@@ -23,7 +23,7 @@ NamedParams Named(const std::vector<NamedParameter>& params) {
 // The DTensor layouts of the tensor-parallel parameters no fully_shard manages, by FQN.
 absl::flat_hash_map<std::string, dtensor::DTensorSpec> TensorParallelOnly(torch::nn::Module& root,
                                                                           const std::vector<NamedParameter>& params) {
-  const auto specs = dtensor::DistributedParameterSpecs(root);
+  const auto specs = distributed_parameters::DistributedParameterSpecs(root);
   absl::flat_hash_map<std::string, dtensor::DTensorSpec> out;
   for (const auto& p : params) {
     if (p.fsdp_param != nullptr) continue;

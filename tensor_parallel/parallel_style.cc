@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "tensor_parallel/local_annotation.h"
@@ -90,7 +90,7 @@ at::Tensor OwnParameter(torch::nn::Module& module, const std::string& name) {
 
 // The parameter-distributing styles' hook: it also tells FSDP, DCP and clipping the
 // layouts of the parameters it distributed.
-class ParameterStyleHook : public ForwardHook, public dtensor::DistributedParameterModule {
+class ParameterStyleHook : public ForwardHook, public distributed_parameters::DistributedParameterModule {
  public:
   std::vector<std::pair<std::string, DTensorSpec>> named_parameter_specs() const override { return specs_; }
 

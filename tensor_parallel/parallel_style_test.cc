@@ -22,7 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "comm/comm_trace.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
@@ -36,7 +36,7 @@
 
 namespace fsdp::tensor_parallel {
 
-using ::fsdp::dtensor::DistributedParameterSpecs;
+using ::fsdp::distributed_parameters::DistributedParameterSpecs;
 using ::fsdp::dtensor::DTensor;
 using ::fsdp::dtensor::DTensorSpec;
 using ::fsdp::dtensor::Placement;

@@ -1,7 +1,7 @@
 // ColwiseParallel / RowwiseParallel on Linears: a colwise -> relu -> rowwise MLP must equal
 // the unsharded MLP in output, input gradient and every parameter gradient (each rank's local
 // gradient is its torch.chunk of the full one), on real multi-rank backends with even, uneven
-// and empty shards; the layouts the styles publish (dtensor/distributed_parameters.h).
+// and empty shards; the layouts the styles publish (distributed_parameters/distributed_parameters.h).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/placement.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
@@ -25,8 +25,8 @@
 namespace fsdp::tensor_parallel {
 namespace {
 
-using ::fsdp::dtensor::DistributedParameterModule;
-using ::fsdp::dtensor::FindDistributedParameters;
+using ::fsdp::distributed_parameters::DistributedParameterModule;
+using ::fsdp::distributed_parameters::FindDistributedParameters;
 using ::fsdp::dtensor::Placement;
 using ::fsdp::dtensor::Placements;
 using fsdp::testing::Backend;

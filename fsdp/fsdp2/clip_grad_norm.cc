@@ -20,7 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor_spec.h"
 #include "fsdp/common/nonfinite.h"
 #include "fsdp/fsdp2/fsdp_param.h"
@@ -353,7 +353,7 @@ at::Tensor ClipGradNorm(const std::vector<Target>& targets, double max_norm, dou
 at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm_type, bool error_if_nonfinite,
                            std::optional<bool> foreach) {
   CheckArguments(max_norm, norm_type);
-  const Layouts layouts{ManagedParams(root), dtensor::DistributedParameterSpecs(root)};
+  const Layouts layouts{ManagedParams(root), distributed_parameters::DistributedParameterSpecs(root)};
   std::vector<Target> targets;
   absl::flat_hash_set<const c10::TensorImpl*> seen;
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
@@ -370,7 +370,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm
 at::Tensor clip_grad_norm_(torch::nn::Module& root, const std::vector<at::Tensor>& parameters, double max_norm,
                            double norm_type, bool error_if_nonfinite, std::optional<bool> foreach) {
   CheckArguments(max_norm, norm_type);
-  const Layouts layouts{ManagedParams(root), dtensor::DistributedParameterSpecs(root)};
+  const Layouts layouts{ManagedParams(root), distributed_parameters::DistributedParameterSpecs(root)};
   absl::flat_hash_map<const c10::TensorImpl*, std::string> in_root;  // first names
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
     if (item.value().defined()) in_root.emplace(item.value().unsafeGetTensorImpl(), item.key());

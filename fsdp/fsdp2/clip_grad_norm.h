@@ -48,7 +48,7 @@
 // error_if_nonfinite / foreach. Both use the same 1e-6 / clamp formula and both count
 // unsharded gradients once.
 //
-// A tensor-parallel parameter (its layout published by a dtensor::DistributedParameterModule,
+// A tensor-parallel parameter (its layout published by a distributed_parameters::DistributedParameterModule,
 // e.g. a parallel style's hook) counts with its layout whether or not a fully_shard manages it: under
 // fully_shard its TP layout is part of the sharding spec; without, its local gradient is laid
 // out by its module's spec (all-reduced over the TP dims that shard it, not over those that

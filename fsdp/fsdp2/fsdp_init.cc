@@ -9,7 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
@@ -61,7 +61,7 @@ absl::flat_hash_map<const c10::TensorImpl*, const FSDPParam*> ManagedBelow(
 
 // The tensor-parallel spec of module m's parameter `name`, if m is a TP module.
 std::optional<dtensor::DTensorSpec> TensorParallelSpec(torch::nn::Module& m, const std::string& name) {
-  const auto* tp = dtensor::FindDistributedParameters(m);
+  const auto* tp = distributed_parameters::FindDistributedParameters(m);
   if (tp == nullptr) return std::nullopt;
   for (const auto& [param, spec] : tp->named_parameter_specs()) {
     if (param == name) return spec;

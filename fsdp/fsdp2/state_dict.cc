@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/tensor_dict_file.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/meta/meta.h"
@@ -63,7 +63,7 @@ FSDPParam* Find(const absl::flat_hash_map<const c10::TensorImpl*, FSDPParam*>& b
 // The model's keys in named_parameters() then named_buffers() order.
 std::vector<Entry> ModelEntries(torch::nn::Module& root, const char* caller) {
   const auto by_impl = ReshardedParams(root, caller);
-  const auto tp_specs = dtensor::DistributedParameterSpecs(root);
+  const auto tp_specs = distributed_parameters::DistributedParameterSpecs(root);
   std::vector<Entry> entries;
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
     if (!item.value().defined()) continue;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "dtensor/dtensor_spec.h"
 #include "dtensor/placement.h"
 #include "fsdp/common/test_models.h"
@@ -40,11 +40,11 @@ using test_models::UniqueParameters;
 // The SPMD-mesh path of fully_shard's dp_mesh_dims (fsdp/fsdp2/fsdp_api.h) wants the
 // parameters' specs on the whole (dp, tp) mesh, with `dp_placement` on dp. A style shards
 // over (*spmd)["tp"] and reports specs on that 1-D mesh; this hook, added outermost, restates
-// them on the whole mesh (dtensor/distributed_parameters.h: the outermost
+// them on the whole mesh (distributed_parameters/distributed_parameters.h: the outermost
 // DistributedParameterModule hook is the one found).
-class SpmdLayoutHook final : public ForwardHook, public dtensor::DistributedParameterModule {
+class SpmdLayoutHook final : public ForwardHook, public distributed_parameters::DistributedParameterModule {
  public:
-  SpmdLayoutHook(std::shared_ptr<dtensor::DistributedParameterModule> style, mesh::DeviceMeshPtr spmd,
+  SpmdLayoutHook(std::shared_ptr<distributed_parameters::DistributedParameterModule> style, mesh::DeviceMeshPtr spmd,
                  dtensor::Placement dp_placement)
       : style_(std::move(style)), spmd_(std::move(spmd)), dp_(dp_placement) {}
   std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
@@ -56,7 +56,7 @@ class SpmdLayoutHook final : public ForwardHook, public dtensor::DistributedPara
   }
 
  private:
-  std::shared_ptr<dtensor::DistributedParameterModule> style_;
+  std::shared_ptr<distributed_parameters::DistributedParameterModule> style_;
   mesh::DeviceMeshPtr spmd_;
   dtensor::Placement dp_;
 };
@@ -77,9 +77,10 @@ inline HookedLinear ParallelLinear(const torch::nn::Linear& plain, const mesh::D
   }
   tensor_parallel::parallelize_module(*linear, tp, style);
   if (spmd) {
-    linear->AddForwardHook(std::make_shared<SpmdLayoutHook>(
-                               linear->FindForwardHook<dtensor::DistributedParameterModule>(), spmd, dp_placement),
-                           HookPosition::kOutermost);
+    linear->AddForwardHook(
+        std::make_shared<SpmdLayoutHook>(linear->FindForwardHook<distributed_parameters::DistributedParameterModule>(),
+                                         spmd, dp_placement),
+        HookPosition::kOutermost);
   }
   return linear;
 }

@@ -11,8 +11,8 @@
 //
 // Thread-safety: the lookups read the module tree; they race with a thread that adds modules
 // or hooks. Errors: none (a module with neither is simply not distributed).
-#ifndef FSDP_DTENSOR_DISTRIBUTED_PARAMETERS_H_
-#define FSDP_DTENSOR_DISTRIBUTED_PARAMETERS_H_
+#ifndef FSDP_DISTRIBUTED_PARAMETERS_DISTRIBUTED_PARAMETERS_H_
+#define FSDP_DISTRIBUTED_PARAMETERS_DISTRIBUTED_PARAMETERS_H_
 
 #include <torch/nn/module.h>
 
@@ -23,7 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "dtensor/dtensor_spec.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::distributed_parameters {
 
 // A module, or a forward hook of one, whose module's registered parameters are local shards
 // of DTensors.
@@ -32,7 +32,7 @@ class DistributedParameterModule {
   virtual ~DistributedParameterModule() = default;
   // (name, spec) for each of the module's own parameters that is a DTensor shard, named as in
   // named_parameters(/*recurse=*/false).
-  virtual std::vector<std::pair<std::string, DTensorSpec>> named_parameter_specs() const = 0;
+  virtual std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const = 0;
 };
 
 // The DistributedParameterModule of `module`: the module itself, or else the forward hook
@@ -42,8 +42,8 @@ const DistributedParameterModule* FindDistributedParameters(torch::nn::Module& m
 // The spec of every distributed parameter in root's module tree (root included), by tensor:
 // how a state dict, a checkpoint or a gradient clip that sees only root finds the layout of a
 // distributed parameter no fully_shard manages.
-absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root);
+absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root);
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::distributed_parameters
 
-#endif  // FSDP_DTENSOR_DISTRIBUTED_PARAMETERS_H_
+#endif  // FSDP_DISTRIBUTED_PARAMETERS_DISTRIBUTED_PARAMETERS_H_

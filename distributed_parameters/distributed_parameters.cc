@@ -1,16 +1,16 @@
-#include "dtensor/distributed_parameters.h"
+#include "distributed_parameters/distributed_parameters.h"
 
 #include "fsdp/hooked_module/hooked_module.h"
 
-namespace fsdp::dtensor {
+namespace fsdp::distributed_parameters {
 
 const DistributedParameterModule* FindDistributedParameters(torch::nn::Module& module) {
   if (const auto* own = dynamic_cast<const DistributedParameterModule*>(&module)) return own;
   return FindForwardHook<DistributedParameterModule>(module).get();
 }
 
-absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root) {
-  absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> out;
+absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> DistributedParameterSpecs(torch::nn::Module& root) {
+  absl::flat_hash_map<const c10::TensorImpl*, dtensor::DTensorSpec> out;
   for (const auto& m : root.modules(/*include_self=*/true)) {
     const auto* distributed = FindDistributedParameters(*m);
     if (distributed == nullptr) continue;
@@ -23,4 +23,4 @@ absl::flat_hash_map<const c10::TensorImpl*, DTensorSpec> DistributedParameterSpe
   return out;
 }
 
-}  // namespace fsdp::dtensor
+}  // namespace fsdp::distributed_parameters
