@@ -5,9 +5,11 @@ and the same document with true claims passes.
 Usage: check_doc_claims_test.py   (prints 'N passed, N failed'; exit status 1 on a failure)
 """
 import os
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planted_cases import Cases, run_check  # noqa: E402
 
 CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_doc_claims.py")
 
@@ -75,21 +77,12 @@ def plant(root, docs):
 
 
 def run(root):
-    r = subprocess.run([sys.executable, CHECK, root], capture_output=True, text=True)
-    return r.returncode, r.stdout + r.stderr
+    return run_check(CHECK, root)
 
 
 def main():
-    passed = failed = 0
-
-    def expect(name, ok, output):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            print(f"ok      {name}")
-        else:
-            failed += 1
-            print(f"FAILED  {name}\n{output}")
+    cases = Cases()
+    expect = cases.expect
 
     with tempfile.TemporaryDirectory() as root:
         doc = "".join(f"{false}\n" for _, false, _ in CLAIMS) + FENCED_FALSE
@@ -106,8 +99,7 @@ def main():
         plant(root, {"README.md": "`//lib` in the README\n", "docs/guide/a.md": doc})
         rc, out = run(root)
         expect("true claims pass", rc == 0 and "doc claims: 0 false claim(s)" in out, out)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return cases.summary()
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ among them), --fix adds the one missing dependency it can, and a clean tree pass
 Usage: check_layering_test.py   (prints 'N passed, N failed'; exit status 1 on a failure)
 """
 import os
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planted_cases import Cases, run_check  # noqa: E402
 
 CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_layering.py")
 
@@ -76,21 +78,12 @@ def plant(root, internal_visibility, app_deps, app_includes, open_package, rows=
 
 
 def run(root, *args):
-    r = subprocess.run([sys.executable, CHECK, *args, root], capture_output=True, text=True)
-    return r.returncode, r.stdout + r.stderr
+    return run_check(CHECK, root, *args)
 
 
 def main():
-    passed = failed = 0
-
-    def expect(name, ok, output):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            print(f"ok      {name}")
-        else:
-            failed += 1
-            print(f"FAILED  {name}\n{output}")
+    cases = Cases()
+    expect = cases.expect
 
     with tempfile.TemporaryDirectory() as root:
         plant(root, '["//visibility:public"]', "", ["lib/lib.h", "lib/lib_detail.h"], open_package=True)
@@ -141,8 +134,7 @@ def main():
         rc, out = run(root)
         expect("a test reaching into a package above its own fails",
                rc == 1 and "a test of lib reaches up into examples, which depends on lib" in out, out)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return cases.summary()
 
 
 if __name__ == "__main__":
