@@ -7,9 +7,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "checkpoint/pickle.h"
 #include "checkpoint/torch_pickle.h"
 #include "checkpoint/zip_writer.h"
+#include "pickle/pickle_machine.h"
+#include "pickle/pickler.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -35,7 +36,7 @@ struct TorchSaveWriter::State {
 
   internal::ZipWriter zip;
   const std::string caller;
-  internal::Pickler pickler;
+  pickle::Pickler pickler;
   int64_t next_key = 0;
   absl::flat_hash_map<const c10::StorageImpl*, Known> known;
   std::vector<at::Tensor> stand_ins;                      // alive, so that no storage reuses their address
@@ -105,8 +106,8 @@ void TorchSaveWriter::State::PickleTensor(const at::Tensor& t) {
 // `v`, inside `depth` containers.
 void TorchSaveWriter::State::Pickle(const c10::IValue& v, int depth) {
   const bool container = v.isTuple() || v.isList() || v.isGenericDict();
-  TORCH_CHECK(!container || depth < internal::kMaxPickleDepth, caller, ": the value nests deeper than ",
-              internal::kMaxPickleDepth, " containers");
+  TORCH_CHECK(!container || depth < pickle::kMaxPickleDepth, caller, ": the value nests deeper than ",
+              pickle::kMaxPickleDepth, " containers");
   if (v.isNone()) {
     pickler.None();
   } else if (v.isBool()) {

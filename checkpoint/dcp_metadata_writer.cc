@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "checkpoint/dcp_metadata.h"
-#include "checkpoint/pickle.h"
+#include "pickle/pickler.h"
 
 namespace fsdp::checkpoint {
 namespace {
 
 // The modules of the classes written (the reader's allow-list names the same).
 
-void WriteSize(internal::Pickler& p, const std::vector<int64_t>& v) {
+void WriteSize(pickle::Pickler& p, const std::vector<int64_t>& v) {
   p.Global("torch", "Size");
   p.Mark();
   p.Mark();
@@ -26,13 +26,13 @@ void WriteSize(internal::Pickler& p, const std::vector<int64_t>& v) {
   p.Reduce();
 }
 
-void NewObject(internal::Pickler& p, const char* module, const char* cls) {
+void NewObject(pickle::Pickler& p, const char* module, const char* cls) {
   p.Global(module, cls);
   p.EmptyTuple();
   p.NewObj();
 }
 
-void WriteOptStr(internal::Pickler& p, const std::optional<std::string>& s) {
+void WriteOptStr(pickle::Pickler& p, const std::optional<std::string>& s) {
   if (s) {
     p.Str(*s);
   } else {
@@ -40,7 +40,7 @@ void WriteOptStr(internal::Pickler& p, const std::optional<std::string>& s) {
   }
 }
 
-void WriteEntry(internal::Pickler& p, const DcpEntry& e) {
+void WriteEntry(pickle::Pickler& p, const DcpEntry& e) {
   if (e.is_bytes) {
     NewObject(p, internal::kDcpMetadataModule, "BytesStorageMetadata");  // no state, as Python pickles it
     return;
@@ -96,7 +96,7 @@ void WriteEntry(internal::Pickler& p, const DcpEntry& e) {
 
 // One storage_data item: MetadataIndex(fqn, offsets, index) -> _StorageInfo. A bytes entry's
 // index has no offset and index None, as planner_helpers.py _create_write_item_for_bytesio.
-void WriteStorageItem(internal::Pickler& p, const std::string& fqn, const std::vector<int64_t>* offsets, int64_t index,
+void WriteStorageItem(pickle::Pickler& p, const std::string& fqn, const std::vector<int64_t>* offsets, int64_t index,
                       const DcpStorageInfo& s) {
   NewObject(p, internal::kDcpMetadataModule, "MetadataIndex");
   p.EmptyDict();
@@ -130,7 +130,7 @@ void WriteStorageItem(internal::Pickler& p, const std::string& fqn, const std::v
 
 std::vector<char> SerializeDcpMetadata(const DcpMetadata& m) {
   ValidateDcpMetadata(m, "SerializeDcpMetadata: ");
-  internal::Pickler p("DCP metadata");
+  pickle::Pickler p("DCP metadata");
   NewObject(p, internal::kDcpMetadataModule, "Metadata");
   p.EmptyDict();
   p.Mark();

@@ -1,14 +1,15 @@
 // The value model of distributed-checkpoint metadata (dcp_metadata.h) on the pickle machine
-// (pickle.h), internal to //checkpoint: the protocol 2-5 pickles Python's pickle.dump writes
-// for plain dataclass objects, as a tree of plain Python values and *uncalled* objects.
+// (pickle/pickle_machine.h), internal to //checkpoint: the protocol 2-5 pickles Python's
+// pickle.dump writes for plain dataclass objects, as a tree of plain Python values
+// (pickle/py_value.h) and *uncalled* objects.
 //
 // Unlike torch.save's model (torch_pickle.h, which makes IValues), `cls(*args)` (REDUCE),
 // `cls.__new__(cls, *args)` (NEWOBJ) and their BUILD state are kept as data for a schema
 // (dcp_metadata.cc) to validate. Nothing is ever called. Every global must be in the caller's
 // allow-list, for the use it is put to; anything else is an error naming it. The writer of
-// these pickles is pickle.h's Pickler (dcp_metadata_writer.cc).
+// these pickles is pickle/pickler.h's Pickler (dcp_metadata_writer.cc).
 //
-// Untrusted input: the machine's checks (pickle.h), and every str is UTF-8. Errors are
+// Untrusted input: the machine's checks (pickle/pickle_machine.h), and every str is UTF-8. Errors are
 // c10::Errors that start with "<source> is not a valid DCP metadata file: byte <offset>: ".
 #ifndef FSDP_CHECKPOINT_DCP_PICKLE_H_
 #define FSDP_CHECKPOINT_DCP_PICKLE_H_
@@ -22,31 +23,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "checkpoint/pickle.h"
+#include "pickle/py_value.h"
 
 namespace fsdp::checkpoint::internal {
 
-struct PyValue;
-using PyRef = std::shared_ptr<PyValue>;
-
-struct PyValue : PickleNode {
-  enum class Kind { kNone, kBool, kInt, kFloat, kStr, kTuple, kList, kDict, kGlobal, kObject };
-  explicit PyValue(Kind k);
-  const Kind kind;
-  bool b = false;
-  int64_t i = 0;
-  double f = 0;
-  // kStr: the text (UTF-8 bytes). kGlobal: "module.name". kObject: its class / callable.
-  std::string str;
-  // kTuple, kList: the items. kDict: key, value, key, value, ... in insertion order.
-  std::vector<PyRef> items;
-  PyRef args;            // kObject: the argument tuple of REDUCE / NEWOBJ
-  PyRef state;           // kObject: BUILD's state, or null when none was given
-  bool reduced = false;  // kObject: made by REDUCE (a call), not NEWOBJ (cls.__new__)
-};
-
-// What `v` is, for error messages: "an int", "a 'torch.Size'", "the global 'torch.float32'".
-std::string Describe(const PyRef& v);
+using pickle::Describe;
+using pickle::PyRef;
+using pickle::PyValue;
 
 // The kinds of use a global may be put to.
 enum GlobalUse : unsigned {

@@ -12,10 +12,16 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/pickle.h"
+#include "pickle/pickle_machine.h"
 
 namespace fsdp::checkpoint::internal {
 namespace {
+
+using pickle::PickleFormat;
+using pickle::PickleMachine;
+using pickle::PickleModel;
+using pickle::PickleNode;
+using pickle::PickleRef;
 
 constexpr size_t kMaxDims = 64;  // tensor dimensions (as c10's SizesAndStrides handles them)
 

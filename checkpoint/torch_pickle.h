@@ -1,5 +1,5 @@
 // torch.save's data.pkl, internal to //checkpoint: the value model that reads it into a
-// c10::IValue on the pickle machine (pickle.h), and the storage classes it names, which the
+// c10::IValue on the pickle machine (pickle/pickle_machine.h), and the storage classes it names, which the
 // writer (checkpoint_writer.h) names too. checkpoint_reader.h states what is read and the
 // checks made on untrusted bytes.
 #ifndef FSDP_CHECKPOINT_TORCH_PICKLE_H_

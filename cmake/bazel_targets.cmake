@@ -16,8 +16,8 @@
 #     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //metrics:step_metrics_test
-#     //tensor_parallel:tensor_parallel_test //testing:testing_test //tests:cross_package_test
-#     //tools:fsdp_memory_test
+#     //pickle:pickle_test //tensor_parallel:tensor_parallel_test //testing:testing_test
+#     //tests:cross_package_test //tools:fsdp_memory_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: no smoke test (dtensor_test is 4 TUs; //tensor_parallel's smoke test runs DTensor's
@@ -110,9 +110,9 @@ fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
 
 # ================================================================ //checkpoint
 fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
-  SRCS crc32.cc dcp_pickle.cc json.cc pickle.cc torch_pickle.cc zip_writer.cc
-  HDRS crc32.h dcp_pickle.h json.h pickle.h torch_pickle.h zip_writer.h
-  DEPS @libtorch @system//:absl)
+  SRCS crc32.cc dcp_pickle.cc json.cc torch_pickle.cc zip_writer.cc
+  HDRS crc32.h dcp_pickle.h json.h torch_pickle.h zip_writer.h
+  DEPS //pickle @libtorch @system//:absl)
 
 fsdp_cc_library(//checkpoint INSTALL PCH aten
   SRCS checkpoint_reader.cc checkpoint_writer.cc checkpoint_zip.cc file_io.cc
@@ -120,7 +120,7 @@ fsdp_cc_library(//checkpoint INSTALL PCH aten
        tensor_dict_file.cc
   HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h hf_checkpoint.h
        optim_state_file.h safetensors.h tensor_dict_file.h
-  DEPS :internal @libtorch @system//:absl)
+  DEPS :internal //pickle @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
   SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc hf_checkpoint_test.cc safetensors_test.cc
@@ -133,18 +133,18 @@ fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
 fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
   SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_read.cc dcp_storage.cc
   HDRS dcp_metadata.h dcp_storage.h
-  DEPS :checkpoint :internal @libtorch @system//:absl)
+  DEPS :checkpoint :internal //pickle @libtorch @system//:absl)
 
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
   SRCS comm_trace.cc fake_process_group.cc flight_recorder.cc forwarding_process_group.cc
-       internal/interned_string.h internal/pickle_writer.h internal/reduce_math.cc
-       internal/reduce_math.h object_collectives.cc process_group.cc profiler_range.cc
-       threaded_process_group.cc torchrun_env.cc
+       internal/interned_string.h internal/reduce_math.cc internal/reduce_math.h
+       object_collectives.cc process_group.cc profiler_range.cc threaded_process_group.cc
+       torchrun_env.cc
   HDRS comm_trace.h fake_process_group.h flight_recorder.h forwarding_process_group.h
        object_collectives.h process_group.h profiler_range.h reduce_op.h threaded_process_group.h
        torchrun_env.h work.h
-  DEPS //env @libtorch @system//:absl)
+  DEPS //env //pickle @libtorch @system//:absl)
 
 fsdp_cc_library(//comm:main_guard INSTALL PCH none
   SRCS main_guard.cc
@@ -581,6 +581,16 @@ fsdp_cc_test(//optim_state:optim_state_test SIZE medium
        //testing:float_tolerance //testing:multi_rank //testing:test_dir @libtorch @system//:absl
        @system//:gtest_main)
 
+# ================================================================ //pickle
+fsdp_cc_library(//pickle INSTALL PCH none
+  SRCS opcodes.cc pickle_machine.cc pickler.cc py_value.cc
+  HDRS opcodes.h pickle_machine.h pickler.h py_value.h
+  DEPS @libtorch @system//:absl)
+
+fsdp_cc_test(//pickle:pickle_test SIZE small SMOKE PCH none
+  SRCS pickle_test.cc
+  DEPS :pickle //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
+
 # ================================================================ //tensor_parallel
 fsdp_cc_library(//tensor_parallel INSTALL
   SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
@@ -685,7 +695,7 @@ fsdp_cc_test(//tools:fsdp_plan_test SIZE small PCH none
 fsdp_cc_library(//tools:fr_trace_lib PCH none
   SRCS fr_trace_diagnosis.cc fr_trace_lib.cc
   HDRS fr_trace_lib.h
-  DEPS @libtorch @system//:absl)
+  DEPS //pickle @libtorch @system//:absl)
 
 fsdp_cc_binary(//tools:fr_trace PCH none
   SRCS fr_trace.cc

@@ -22,12 +22,14 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/internal/interned_string.h"
-#include "comm/internal/pickle_writer.h"
 #include "comm/profiler_range.h"
 #include "env/environment.h"
+#include "pickle/opcodes.h"
+#include "pickle/pickler.h"
 
 namespace fsdp::comm {
 namespace {
@@ -37,6 +39,22 @@ constexpr int64_t kDefaultCapacity = 2000;
 constexpr const char* kDefaultPrefix = "/tmp/nccl_trace_rank_";
 // The dump format version torch/distributed/flight_recorder/components/loader.py reads.
 constexpr const char* kVersion = "2.10";
+
+// The dump's dicts and lists as PyTorch's C++ pickler writes them: EMPTY_DICT / EMPTY_LIST,
+// MARK, the items, then SETITEMS / APPENDS.
+void BeginDumpDict(pickle::Pickler& w) {
+  w.EmptyDict();
+  w.Mark();
+}
+void BeginDumpList(pickle::Pickler& w) {
+  w.EmptyList();
+  w.Mark();
+}
+// Names come from users (groups, threads, profiler ranges): one that is not UTF-8, which
+// pickle.load could not read, is written C-escaped rather than failing the dump.
+void DumpStr(pickle::Pickler& w, std::string_view s) {
+  w.Str(pickle::IsUtf8(s) ? std::string(s) : absl::CHexEscape(absl::string_view(s.data(), s.size())));
+}
 // Innermost profiler ranges kept per entry: the collective's own range and its phase.
 constexpr int kMaxFrames = 2;
 
@@ -130,19 +148,19 @@ struct TensorRecord {
     std::copy(t->sizes.begin(), t->sizes.begin() + inline_dims, sizes);
     if (dim > kInlineDims) more.assign(t->sizes.begin() + kInlineDims, t->sizes.end());
   }
-  void WriteSizes(PickleWriter& w) const {
-    w.BeginList();
+  void WriteSizes(pickle::Pickler& w) const {
+    BeginDumpList(w);
     if (present) {
-      w.BeginList();
+      BeginDumpList(w);
       for (int i = 0; i < dim; ++i) w.Int(i < kInlineDims ? sizes[i] : more[i - kInlineDims]);
-      w.EndList();
+      w.Appends();
     }
-    w.EndList();
+    w.Appends();
   }
-  void WriteDtypes(PickleWriter& w) const {
-    w.BeginList();
-    if (present) w.String(c10::toString(dtype));
-    w.EndList();
+  void WriteDtypes(pickle::Pickler& w) const {
+    BeginDumpList(w);
+    if (present) DumpStr(w, c10::toString(dtype));
+    w.Appends();
   }
 };
 
@@ -341,116 +359,119 @@ void FlightRecorder::Reset() {
 }
 
 std::string FlightRecorder::Pickle() const {
-  internal::PickleWriter w;
+  pickle::Pickler w("flight recorder dump");
   std::lock_guard<internal::SpinLock> lock(ring_->mu);
   const std::pair<int64_t, int64_t> now = ring_->ClockPair();
-  w.BeginDict();
-  w.String("version");
-  w.String(kVersion);
-  w.String("pg_config");
-  w.BeginDict();
+  BeginDumpDict(w);
+  DumpStr(w, "version");
+  DumpStr(w, kVersion);
+  DumpStr(w, "pg_config");
+  BeginDumpDict(w);
   for (const auto& slot : ring_->groups) {
     if (slot->last_enqueued < 0) continue;  // nothing recorded since registration or Reset
     const FlightGroup& g = *slot->group;
-    w.String(g.name);
-    w.BeginDict();
-    w.String("name");
-    w.String(g.name);
-    w.String("desc");
-    w.String(g.desc);
+    DumpStr(w, g.name);
+    BeginDumpDict(w);
+    DumpStr(w, "name");
+    DumpStr(w, g.name);
+    DumpStr(w, "desc");
+    DumpStr(w, g.desc);
     // A string, as PyTorch writes it (the analyzer literal_evals it).
-    w.String("ranks");
-    w.String(absl::StrCat("[", absl::StrJoin(g.ranks, ", "), "]"));
-    w.EndDict();
+    DumpStr(w, "ranks");
+    DumpStr(w, absl::StrCat("[", absl::StrJoin(g.ranks, ", "), "]"));
+    w.SetItems();
   }
-  w.EndDict();
-  w.String("comm_lib_version");
-  w.String("");
-  w.String("pg_status");
-  w.BeginDict();
+  w.SetItems();
+  DumpStr(w, "comm_lib_version");
+  DumpStr(w, "");
+  DumpStr(w, "pg_status");
+  BeginDumpDict(w);
   for (const auto& slot : ring_->groups) {
     if (slot->last_enqueued < 0) continue;
-    w.String(slot->group->name);
-    w.BeginDict();
-    w.String("last_enqueued_collective");
+    DumpStr(w, slot->group->name);
+    BeginDumpDict(w);
+    DumpStr(w, "last_enqueued_collective");
     w.Int(slot->last_enqueued);
-    w.String("last_started_collective");
+    DumpStr(w, "last_started_collective");
     w.Int(-1);  // no backend here reports a start apart from completion
-    w.String("last_completed_collective");
+    DumpStr(w, "last_completed_collective");
     w.Int(slot->last_completed);
-    w.EndDict();
+    w.SetItems();
   }
-  w.EndDict();
-  w.String("entries");
-  w.BeginList();
+  w.SetItems();
+  DumpStr(w, "entries");
+  BeginDumpList(w);
   const int64_t capacity = ring_->capacity;
   for (int64_t id = std::max<int64_t>(0, ring_->next_id - capacity); id < ring_->next_id; ++id) {
     const Ring::Entry& e = ring_->Slot(id);
     const FlightGroup& g = *e.group->group;
-    w.BeginDict();
-    w.String("record_id");
+    BeginDumpDict(w);
+    DumpStr(w, "record_id");
     w.Int(e.id);
-    w.String("pg_id");
+    DumpStr(w, "pg_id");
     w.Int(0);  // ProcessGroupNCCL's uid_, which no analysis reads; the group is process_group
-    w.String("process_group");
-    w.Tuple2(g.name, g.desc);
-    w.String("collective_seq_id");
+    DumpStr(w, "process_group");
+    DumpStr(w, g.name);
+    DumpStr(w, g.desc);
+    w.Tuple2();
+    DumpStr(w, "collective_seq_id");
     w.Int(e.seq);
-    w.String("p2p_seq_id");
+    DumpStr(w, "p2p_seq_id");
     w.Int(0);
-    w.String("op_id");
+    DumpStr(w, "op_id");
     w.Int(e.seq);
-    w.String("profiling_name");
-    w.String(absl::StrCat(e.group->backend, ":", FlightOpName(e.op)));
-    w.String("time_created_ns");
+    DumpStr(w, "profiling_name");
+    DumpStr(w, absl::StrCat(e.group->backend, ":", FlightOpName(e.op)));
+    DumpStr(w, "time_created_ns");
     w.Int(ring_->ToNs(e.created_ticks, now));
-    w.String("input_sizes");
+    DumpStr(w, "input_sizes");
     e.input.WriteSizes(w);
-    w.String("input_dtypes");
+    DumpStr(w, "input_dtypes");
     e.input.WriteDtypes(w);
-    w.String("output_sizes");
+    DumpStr(w, "output_sizes");
     e.output.WriteSizes(w);
-    w.String("output_dtypes");
+    DumpStr(w, "output_dtypes");
     e.output.WriteDtypes(w);
-    w.String("state");
-    w.String(e.completed_ticks != 0 ? "completed" : "scheduled");
-    w.String("time_discovered_started_ns");
+    DumpStr(w, "state");
+    DumpStr(w, e.completed_ticks != 0 ? "completed" : "scheduled");
+    DumpStr(w, "time_discovered_started_ns");
     w.None();
-    w.String("time_discovered_completed_ns");
+    DumpStr(w, "time_discovered_completed_ns");
     if (e.completed_ticks != 0) {
       w.Int(ring_->ToNs(e.completed_ticks, now));
     } else {
       w.None();
     }
-    w.String("retired");
+    DumpStr(w, "retired");
     w.Bool(e.completed_ticks != 0);
-    w.String("timeout_ms");
+    DumpStr(w, "timeout_ms");
     w.Int(e.timeout_ms);
-    w.String("is_p2p");
+    DumpStr(w, "is_p2p");
     w.Bool(false);
-    w.String("thread_id");
-    w.String(std::to_string(e.thread_id));
-    w.String("thread_name");
-    w.String(*e.thread_name);
+    DumpStr(w, "thread_id");
+    DumpStr(w, std::to_string(e.thread_id));
+    DumpStr(w, "thread_name");
+    DumpStr(w, *e.thread_name);
     // Who issued it: the open profiler ranges, innermost first (PyTorch: the Python stack).
-    w.String("frames");
-    w.BeginList();
+    DumpStr(w, "frames");
+    BeginDumpList(w);
     for (int i = 0; i < e.frame_count; ++i) {
-      w.BeginDict();
-      w.String("name");
-      w.String(*e.frames[i]);
-      w.String("filename");
-      w.String("");
-      w.String("line");
+      BeginDumpDict(w);
+      DumpStr(w, "name");
+      DumpStr(w, *e.frames[i]);
+      DumpStr(w, "filename");
+      DumpStr(w, "");
+      DumpStr(w, "line");
       w.Int(0);
-      w.EndDict();
+      w.SetItems();
     }
-    w.EndList();
-    w.EndDict();
+    w.Appends();
+    w.SetItems();
   }
-  w.EndList();
-  w.EndDict();
-  return w.Finish();
+  w.Appends();
+  w.SetItems();
+  const std::vector<char> bytes = w.Finish();
+  return std::string(bytes.begin(), bytes.end());
 }
 
 std::string FlightRecorder::Dump() const {

@@ -199,23 +199,23 @@ TEST(FlightRecorderReader, BadBytesAreErrorsNeverCrashes) {
   std::string far = good;
   const std::string key = "collective_seq_id";
   const size_t at = far.rfind(key) + key.size();
-  ASSERT_EQ(far[at], 'J') << "BININT after the last entry's key";
-  far.replace(at, 5, std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40", 10));  // LONG1 2^62
+  ASSERT_EQ(far[at], 'K') << "BININT1 (a small int, as PyTorch's pickler writes it) after the last entry's key";
+  far.replace(at, 2, std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40", 10));  // LONG1 2^62
   const tools::FlightDump far_dump = tools::ParseFlightDump(far, 0);
   EXPECT_EQ(far_dump.entries[1].seq, int64_t{1} << 62);
   EXPECT_TRUE(absl::StrContains(tools::DiagnoseFlightDumps({far_dump}), "no dump from ranks {1}"));
   EXPECT_ERROR_CONTAINS(tools::ParseFlightDump("\x80\x02"
                                                "cos\nsystem\n.",
                                                0, "global.dump"),
-                        "unsupported pickle opcode 0x63 at byte 2");
-  // A list holding itself, then read as the dump's dict.
+                        "global.dump: byte 2: unsupported pickle opcode 0x63");
+  // A list holding itself.
   EXPECT_ERROR_CONTAINS(tools::ParseFlightDump(std::string("\x80\x02]q\x00h\x00"
                                                            "a.",
                                                            9),
                                                0, "cycle.dump"),
-                        "the dump is a list, expected a dict");
+                        "cycle.dump: byte 7: the pickle puts a value into itself");
   EXPECT_ERROR_CONTAINS(tools::ParseFlightDump(std::string("\x80\x02X\xff\xff\xff\xff", 7), 0, "long.dump"),
-                        "4294967295 bytes wanted at byte 7");
+                        "long.dump: byte 2: an operand of 4294967295 bytes runs past the end");
 }
 
 // How long a dump on request may take to appear: generous, a named bound, never a timing check.

@@ -1,4 +1,4 @@
-#include "checkpoint/pickle.h"
+#include "pickle/pickle_machine.h"
 
 #include <c10/util/Exception.h>
 
@@ -11,38 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace fsdp::checkpoint::internal {
-
-bool IsUtf8(std::string_view s) {
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};  // shortest form per length
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    uint32_t cp;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (len > s.size() - i) return false;
-    for (size_t k = 1; k < len; ++k) {
-      const auto cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < kMin[len] || cp > 0x10FFFF) return false;
-    i += len;
-  }
-  return true;
-}
+namespace fsdp::pickle {
 
 // ---------------------------------------------------------------------------- the model's defaults
 PickleRef PickleModel::StackGlobal(const PickleRef&, const PickleRef&) { machine().Unsupported(op::kStackGlobal); }
@@ -345,60 +314,4 @@ void PickleMachine::StepCall(uint8_t code) {
   }
 }
 
-// ---------------------------------------------------------------------------- the writer
-Pickler::Pickler(std::string what) : what_(std::move(what)) {
-  Op(op::kProto);
-  Op(2);
-}
-
-void Pickler::Le(uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-void Pickler::Int(int64_t v) {  // the shortest form, as Python's pickler
-  if (v >= 0 && v < 256) {
-    Op(op::kBinInt1), Le(v, 1);
-  } else if (v >= 0 && v < 65536) {
-    Op(op::kBinInt2), Le(v, 2);
-  } else if (v >= INT32_MIN && v <= INT32_MAX) {
-    Op(op::kBinInt), Le(static_cast<uint32_t>(v), 4);
-  } else {
-    Op(op::kLong1), Op(8), Le(static_cast<uint64_t>(v), 8);
-  }
-}
-
-void Pickler::Float(double v) {
-  Op(op::kBinFloat);
-  const uint64_t bits = std::bit_cast<uint64_t>(v);
-  for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xFF));
-}
-
-void Pickler::Str(std::string_view v) {
-  TORCH_CHECK(IsUtf8(v), what_, ": the str '", v.substr(0, 64), "' is not valid UTF-8");
-  TORCH_CHECK(v.size() <= UINT32_MAX, what_, ": a str of ", v.size(), " bytes");
-  Op(op::kBinUnicode);
-  Le(v.size(), 4);
-  out_.insert(out_.end(), v.begin(), v.end());
-}
-
-void Pickler::Global(std::string_view module, std::string_view name) {
-  const std::string key = std::string(module) + "\n" + std::string(name) + "\n";
-  auto it = memo_.find(key);
-  if (it != memo_.end()) {
-    const uint32_t id = it->second;
-    id < 256 ? (Op(op::kBinGet), Le(id, 1)) : (Op(op::kLongBinGet), Le(id, 4));
-    return;
-  }
-  Op(op::kGlobal);
-  out_.insert(out_.end(), key.begin(), key.end());
-  const uint32_t id = static_cast<uint32_t>(memo_.size());
-  memo_.emplace(key, id);
-  id < 256 ? (Op(op::kBinPut), Le(id, 1)) : (Op(op::kLongBinPut), Le(id, 4));
-}
-
-std::vector<char> Pickler::Finish() {
-  Op(op::kStop);
-  return std::move(out_);
-}
-
-}  // namespace fsdp::checkpoint::internal
+}  // namespace fsdp::pickle
