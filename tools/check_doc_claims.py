@@ -20,9 +20,10 @@ span (`...`), and the lines of fenced code blocks for the checks marked (fences)
   c10d::, std::, absl:: names are not the project's. `Name(...)` and a bare `CamelCase` name
   are words of some source file (the code's comments cite PyTorch's Python names); a `Name*` /
   `Suite.Name*` glob matches a test or a name in code.
-- `./x COMMAND` (fences too) is a command of ./x; a `--flag` after `./x bench` (setup, golden,
-  check, demo; not test or run, whose flags are Bazel's and the binary's) or
-  after `tools/NAME` is in ./x's or that tool's source.
+- `./x COMMAND` (fences too) is a command of ./x (a tools/x/COMMAND.sh whose first line is
+  `# x COMMAND ...`); a `--flag` after `./x bench` (setup, golden, check, demo; not test or
+  run, whose flags are Bazel's and the binary's) or after `tools/NAME` is in ./x's source
+  (x, tools/x/*.sh) or that tool's.
 - `FSDP_*` variables are in some source file (not a .md).
 
 Prints one line per false claim, FILE:LINE: ..., then 'doc claims: N false claim(s) of M
@@ -135,10 +136,11 @@ class Tree:
                     self.tests.add(f"{suite}/0.{name}")
                 for p in prefixes.get(suite, []):
                     self.tests.add(f"{p}/{suite}.{name}/0" if p else f"{suite}.{name}/0")
-        x = self.text.get("x", "")
-        m = re.search(r'case "\$\{1:-help\}" in(.*?)\besac', x, re.S)
-        self.x_commands = set(re.findall(r"^\s*([\w|-]+)\)", m.group(1), re.M)) if m else set()
-        self.x_commands = {c for alts in self.x_commands for c in alts.split("|")}
+        # ./x's commands: the files tools/x/COMMAND.sh whose first line is '# x COMMAND ...'
+        # (what `./x help` lists); their text and x's hold the flags.
+        x_files = {r: t for r, t in self.text.items() if r == "x" or re.fullmatch(r"tools/x/[\w-]+\.sh", r)}
+        self.x_commands = {m.group(1) for t in x_files.values() for m in [re.match(r"# x ([\w-]+)[ :]", t)] if m}
+        self.x_text = "\n".join(x_files.values())
 
     def has_label(self, repo, pkg, name):
         if repo not in (None, "@libtorch_fsdp") or pkg.startswith("visibility") or pkg.startswith("conditions"):
@@ -185,7 +187,7 @@ def check_claim(tree, text, fenced):
             out.append(f"./x has no command {m.group(1)}")
         elif m.group(1) in ("bench", "setup", "golden", "check", "demo"):
             for flag in re.findall(r"--[\w-]+", m.group(2)):
-                if flag not in tree.text.get("x", ""):
+                if flag not in tree.x_text:
                     out.append(f"./x {m.group(1)} has no flag {flag}")
     for m in TOOL_FLAGS.finditer(text):
         tool = m.group(1)

@@ -42,8 +42,10 @@ FILES = {
                        "INSTANTIATE_TEST_SUITE_P(Sizes, LibParam, testing::Values(1));\n",
     "tools/BUILD.bazel": "",
     "tools/gen.py": 'import sys\nCHECK = "--check" in sys.argv\n',
-    "x": 'cmd_test() { :; }\ncase "${1:-help}" in\n  test) cmd_test ;;\n'
-         '  bench) echo --quick ;;\n  help|-h) usage ;;\nesac\n',
+    "x": 'X_COMMANDS=(test bench help)\n',
+    "tools/x/test.sh": "# x test [TARGET]: the tests\nx_test() { :; }\n",
+    "tools/x/bench.sh": "# x bench [--quick]: the benchmarks\nx_bench() { echo --quick; }\n",
+    "tools/x/help.sh": "# x help: this text\n",
 }
 # (true claim, false claim, what the checker says about the false one)
 CLAIMS = [
