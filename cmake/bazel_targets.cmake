@@ -60,7 +60,7 @@ fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
   SRCS comm_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:benchmark)
 
-fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH PCH aten
+fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH
   SRCS dtensor_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //tensor_parallel
        //fsdp/hooked_module //mesh @libtorch @system//:absl @system//:benchmark)
@@ -278,8 +278,8 @@ fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
   SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
   DATA testdata/*.txt
   TAGS float_parity
-  DEPS :dtensor //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
-       @system//:gtest_main)
+  DEPS :dtensor //comm //testing:expect_error //testing:golden_file //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest_main)
 
 # ================================================================ //env
 fsdp_cc_library(//env INSTALL PCH none
@@ -369,6 +369,11 @@ fsdp_cc_library(//fsdp/common:test_models TESTONLY
   HDRS test_models.h
   DEPS :common //fsdp/hooked_module @libtorch @system//:absl)
 
+fsdp_cc_library(//fsdp/common:parity_harness TESTONLY
+  SRCS parity_harness.cc
+  HDRS parity_harness.h
+  DEPS :test_models //comm //testing:float_tolerance //testing:multi_rank @libtorch @system//:gtest)
+
 fsdp_cc_test(//fsdp/common:common_test SIZE small SMOKE
   SRCS autograd_hooks_test.cc fsdp_state_base_test.cc grad_divide_test.cc storage_test.cc
   DEPS :common //fsdp/hooked_module //testing:expect_error @libtorch @system//:gtest_main)
@@ -394,24 +399,26 @@ fsdp_cc_test(//fsdp/fsdp1:flat_param_test SIZE medium
   DEPS :fsdp1 :runtime //comm //device //fsdp/common //testing:expect_error //testing:multi_rank
        @libtorch @system//:absl @system//:gtest_main)
 
-fsdp_cc_library(//fsdp/fsdp1:fsdp_test_cases TESTONLY ALWAYSLINK
-  SRCS fsdp_behavior_test.cc fsdp_parity_test.cc ignored_states_test.cc meta_init_test.cc
+fsdp_cc_library(//fsdp/fsdp1:fsdp1_test_cases TESTONLY ALWAYSLINK
+  SRCS behavior_test.cc ignored_states_test.cc meta_init_test.cc parity_test.cc
        summon_full_params_test.cc
-  DEPS :fsdp1 :fsdp_test_models //comm //fsdp/common //fsdp/meta //mesh //testing:expect_error
-       //testing:float_tolerance //testing:multi_rank @libtorch @system//:absl @system//:gtest)
+  DEPS :fsdp1 :test_models //comm //fsdp/common //fsdp/common:parity_harness //fsdp/meta //mesh
+       //testing:expect_error //testing:float_tolerance //testing:multi_rank @libtorch
+       @system//:absl @system//:gtest)
 
-fsdp_cc_test(//fsdp/fsdp1:fsdp_test SIZE medium
+fsdp_cc_test(//fsdp/fsdp1:fsdp1_test SIZE medium
   TAGS float_parity
-  DEPS :fsdp_test_cases @system//:gtest_main)
+  DEPS :fsdp1_test_cases @system//:gtest_main)
 
-fsdp_cc_test(//fsdp/fsdp1:fsdp_async_streams_test SIZE medium
+fsdp_cc_test(//fsdp/fsdp1:fsdp1_async_streams_test SIZE medium
   ENV FSDP_CPU_STREAMS=async:200
   TAGS float_parity
-  DEPS :fsdp_test_cases @system//:gtest_main)
+  DEPS :fsdp1_test_cases @system//:gtest_main)
 
-fsdp_cc_library(//fsdp/fsdp1:fsdp_test_models TESTONLY
-  HDRS fsdp_test_models.h
-  DEPS //fsdp/common:test_models :fsdp1 :runtime @libtorch @system//:absl)
+fsdp_cc_library(//fsdp/fsdp1:test_models TESTONLY
+  HDRS test_models.h
+  DEPS //fsdp/common:parity_harness //fsdp/common:test_models :fsdp1 :runtime @libtorch
+       @system//:absl)
 
 fsdp_cc_test(//fsdp/fsdp1:golden_test SIZE small SMOKE
   SRCS golden_test.cc
@@ -437,13 +444,17 @@ fsdp_cc_library(//fsdp/fsdp2:runtime INSTALL
   DEPS :api //comm //device //dtensor //distributed_parameters //fsdp/common //fsdp/hooked_module
        //fsdp/meta //mesh @libtorch @system//:absl)
 
+fsdp_cc_library(//fsdp/fsdp2:testing_access TESTONLY
+  HDRS testing_access.h
+  DEPS :fsdp2 :runtime)
+
 fsdp_cc_library(//fsdp/fsdp2:fsdp2_test_cases TESTONLY ALWAYSLINK
   SRCS api_test.cc behavior_test.cc clip_grad_norm_test.cc fault_test.cc list_fully_shard_test.cc
        meta_init_test.cc parity_test.cc state_dict_test.cc
-  DEPS :fsdp2 :runtime :test_models //comm //comm:faulty //device //dtensor //tensor_parallel
-       //fsdp/common //fsdp/hooked_module //fsdp/meta //mesh //testing:allocation_counter
-       //testing:expect_error //testing:float_tolerance //testing:multi_rank //testing:test_dir
-       @libtorch @system//:absl @system//:gtest)
+  DEPS :fsdp2 :runtime :test_models :testing_access //comm //comm:faulty //device //dtensor
+       //tensor_parallel //fsdp/common //fsdp/common:parity_harness //fsdp/hooked_module //fsdp/meta
+       //mesh //testing:allocation_counter //testing:expect_error //testing:float_tolerance
+       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
 
 fsdp_cc_test(//fsdp/fsdp2:fsdp2_test SIZE medium
   TAGS float_parity
@@ -463,8 +474,8 @@ fsdp_cc_test(//fsdp/fsdp2:golden_test SIZE medium SMOKE
   SRCS golden_layout_test.cc golden_reduce_test.cc golden_test_common.h
   DATA testdata/*.txt
   TAGS float_parity
-  DEPS :fsdp2 :runtime :test_models //comm //dtensor //tensor_parallel //mesh //testing:golden_file
-       //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
+  DEPS :fsdp2 :runtime :test_models :testing_access //comm //dtensor //tensor_parallel //mesh
+       //testing:golden_file //testing:multi_rank @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //fsdp/hooked_module
 fsdp_cc_library(//fsdp/hooked_module INSTALL
@@ -564,7 +575,7 @@ fsdp_cc_library(//optim_state:fsdp1 INSTALL
   HDRS fsdp1_optim_state.h
   DEPS :core //comm //fsdp/fsdp1 //fsdp/fsdp1:runtime @libtorch @system//:absl)
 
-fsdp_cc_library(//optim_state:fsdp2 INSTALL PCH aten
+fsdp_cc_library(//optim_state:fsdp2 INSTALL
   SRCS fsdp2_optim_state.cc
   HDRS fsdp2_optim_state.h
   DEPS :core //dtensor //distributed_parameters //fsdp/fsdp2 //fsdp/fsdp2:runtime @libtorch
@@ -575,7 +586,7 @@ fsdp_cc_test(//optim_state:optim_state_test SIZE medium
        optimizer_adapter_test.cc param_group_matching_test.cc tensor_parallel_optim_test.cc
   TAGS float_parity
   DEPS :core :fsdp1 :fsdp2 //checkpoint //comm //comm:faulty //tensor_parallel
-       //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models //fsdp/fsdp1:runtime
+       //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:test_models //fsdp/fsdp1:runtime
        //fsdp/fsdp2 //fsdp/fsdp2:test_models //fsdp/hooked_module //mesh
        //testing:allocation_counter //testing:expect_error //testing:fault_injection
        //testing:float_tolerance //testing:multi_rank //testing:test_dir @libtorch @system//:absl
@@ -670,9 +681,9 @@ fsdp_cc_test(//tests/peer:pytorch_parity_test SIZE medium TIMEOUT long
   SRCS pytorch_fsdp1_parity_test.cc pytorch_fsdp2_parity_test.cc
   DATA fsdp1_peer.py fsdp2_peer.py peer_common.py
   TAGS float_parity peer_python
-  DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:fsdp_test_models
-       //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp1 //optim_state:fsdp2
-       //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
+  DEPS :peer_parity //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:test_models //fsdp/fsdp2
+       //fsdp/fsdp2:test_models //mesh //optim_state:fsdp1 //optim_state:fsdp2 //testing:multi_rank
+       //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //tools
 fsdp_cc_library(//tools:fsdp_plan_lib PCH none

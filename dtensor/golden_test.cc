@@ -2,20 +2,22 @@
 // testing/golden/gen_dtensor.py (`./x golden`), which runs torch.distributed.tensor itself
 // (layout math of torch/distributed/tensor/_utils.py and placement_types.py, and
 // DTensor.redistribute on simulated ranks). The formats are documented at the top of each
-// file. Every mismatch is counted per category; the first examples of each are printed and
-// any mismatch fails the test (zero tolerance: the data are integers or exact halves).
+// file. One test per corpus case, named for its record line, e.g.
+// --gtest_filter='Corpus/DTensorGoldenLayout.MatchesPyTorch/2x2_8x8_S0sf2_S0' (the line
+// `layout 2,2 8,8 _S(0,2) S(0)`) or 'Corpus/DTensorGoldenRedistribute.MatchesPyTorch/*_to_R_R_R'.
+// A case's mismatches are counted per category (testing/golden_file.h), the first examples
+// of each printed, and any mismatch fails it (zero tolerance: the data are integers or exact
+// halves).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -25,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -33,6 +36,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/dtensor_spec.h"
 #include "dtensor/redistribute.h"
+#include "testing/golden_file.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::dtensor {
@@ -40,6 +44,10 @@ namespace {
 
 using P = Placement;
 using Ints = std::vector<int64_t>;
+using ::fsdp::testing::GoldenCase;
+using ::fsdp::testing::GoldenCaseName;
+using ::fsdp::testing::GoldenCases;
+using ::fsdp::testing::Mismatches;
 
 // ------------------------------------------------------------------ reading the files
 
@@ -64,6 +72,25 @@ std::vector<std::string> ReadRecords(const std::string& path, std::string* torch
 }
 
 std::vector<absl::string_view> Tokens(absl::string_view line) { return absl::StrSplit(line, ' ', absl::SkipEmpty()); }
+
+// A case's test name, from its record line without the first word: 2,2 -> 2x2, S(0) -> S0,
+// _S(0,2) -> S0sf2, P(sum) -> Psum, -> -> to; e.g. `redistribute 2,2 4 _S(0,2) R -> R P(avg)`
+// is 2x2_4_S0sf2_R_to_R_Pavg.
+std::string GoldenLineName(absl::string_view line) {
+  std::vector<std::string> parts;
+  const auto t = Tokens(line);
+  for (size_t i = 1; i < t.size(); ++i) {
+    absl::string_view token = t[i];
+    if (token == "->") {
+      parts.push_back("to");
+    } else if (absl::ConsumePrefix(&token, "_S(") && absl::ConsumeSuffix(&token, ")")) {
+      parts.push_back(absl::StrCat("S", absl::StrReplaceAll(token, {{",", "sf"}})));
+    } else {
+      parts.push_back(absl::StrReplaceAll(t[i], {{",", "x"}, {"(", ""}, {")", ""}}));
+    }
+  }
+  return absl::StrJoin(parts, "_");
+}
 
 Ints ParseInts(absl::string_view token) {
   Ints out;
@@ -121,10 +148,6 @@ std::vector<double> Flat(const at::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-// StridedShard cases whose collectives differ from PyTorch's (a deliberate difference in
-// planning; their values must still match). Printed by the test, not failed on.
-std::atomic<int64_t> strided_plan_differences{0};
-
 // A coarse class of a case for the categories: what the developer fixes per area.
 std::string CaseClass(const Ints& mesh, const std::vector<Placements>& lists) {
   bool strided = false, partial = false;
@@ -153,41 +176,6 @@ std::string ErrorGist(const std::exception& e) {
   return text;
 }
 
-// ------------------------------------------------------------------ mismatch report
-
-// Mismatches per category, each counted once per case (threaded ranks add the same case);
-// of one case's examples the smallest is kept (the lowest rank's), so the printout does
-// not depend on thread timing.
-class Mismatches {
- public:
-  void Add(const std::string& category, int case_index, const std::string& example) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto [it, added] = by_category_[category].emplace(case_index, example);
-    if (!added && example < it->second) it->second = example;
-  }
-  int64_t total() const {
-    int64_t n = 0;
-    for (const auto& [category, cases] : by_category_) n += cases.size();
-    return n;
-  }
-  std::string Report(int cases) const {
-    std::string out = absl::StrCat(total(), " mismatches in ", cases, " cases\n");
-    for (const auto& [category, examples] : by_category_) {
-      absl::StrAppend(&out, "  ", examples.size(), " x ", category, "\n");
-      int shown = 0;
-      for (const auto& [index, example] : examples) {
-        if (shown++ == 5) break;
-        absl::StrAppend(&out, "      e.g. ", example, "\n");
-      }
-    }
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<std::string, std::map<int, std::string>> by_category_;
-};
-
 // ------------------------------------------------------------------ layouts
 
 struct LayoutAt {
@@ -195,6 +183,7 @@ struct LayoutAt {
   std::vector<double> values;
 };
 struct LayoutCase {
+  std::string torch;  // the PyTorch that wrote the file
   std::string line;
   Ints mesh, shape;
   Placements placements;
@@ -206,7 +195,7 @@ std::vector<LayoutCase> ReadLayouts(std::string* torch) {
   for (const std::string& line : ReadRecords(GoldenPath("golden_layouts.txt"), torch)) {
     const auto t = Tokens(line);
     if (t[0] == "layout") {
-      LayoutCase c{line, ParseInts(t.at(1)), ParseInts(t.at(2)), {}, {}};
+      LayoutCase c{*torch, line, ParseInts(t.at(1)), ParseInts(t.at(2)), {}, {}};
       c.placements = ParsePlacements(t, 3, c.mesh.size());
       cases.push_back(std::move(c));
     } else if (t[0] == "at" && !cases.empty()) {
@@ -242,75 +231,88 @@ std::vector<double> GatherSegments(const std::vector<std::vector<Segment>>& runs
   }
 }
 
-TEST(GoldenTest, LayoutsMatchPyTorch) {
-  std::string torch;
-  const std::vector<LayoutCase> cases = ReadLayouts(&torch);
-  ASSERT_GT(cases.size(), 1000u) << "golden_layouts.txt is missing cases";
-  Mismatches bad;
-  // One fake mesh per (mesh shape, rank): DTensorSpec needs a mesh to know the coordinate.
-  std::map<std::pair<Ints, int>, mesh::DeviceMeshPtr> meshes;
-  for (int i = 0; i < static_cast<int>(cases.size()); ++i) {
-    const LayoutCase& c = cases[i];
-    const std::string cls = CaseClass(c.mesh, {c.placements});
-    ASSERT_EQ(static_cast<int64_t>(c.at.size()), Product(c.mesh)) << c.line;
-    const at::Tensor global = at::arange(Product(c.shape), at::kLong).view(c.shape);
-    for (int rank = 0; rank < static_cast<int>(c.at.size()); ++rank) {
-      const LayoutAt& want = c.at[rank];
-      const std::string where = absl::StrCat(c.line, " at [", absl::StrJoin(want.coord, ","), "]");
-      auto check = [&](const std::string& what, auto&& fn) {
-        try {
-          fn();
-        } catch (const std::exception& e) {
-          bad.Add(absl::StrCat(what, " throws: ", ErrorGist(e), " [", cls, "]"), i, where);
-        }
-      };
-      check("ComputeLocalShapeAndGlobalOffset", [&] {
-        const auto got = ComputeLocalShapeAndGlobalOffset(c.shape, c.mesh, want.coord, c.placements);
-        if (got.shape != want.shape) {
-          bad.Add("local shape [" + cls + "]", i,
-                  absl::StrCat(where, ": ours [", absl::StrJoin(got.shape, ","), "], PyTorch's [",
-                               absl::StrJoin(want.shape, ","), "]"));
-        } else if (got.offset != want.offset) {
-          bad.Add("global offset [" + cls + "]", i,
-                  absl::StrCat(where, ": ours [", absl::StrJoin(got.offset, ","), "], PyTorch's [",
-                               absl::StrJoin(want.offset, ","), "]"));
-        }
-      });
-      check("LocalSegments", [&] {
-        const auto got = GatherSegments(LocalSegments(c.shape, c.mesh, want.coord, c.placements), c.shape);
-        if (got != want.values) {
-          bad.Add(
-              "local data via LocalSegments [" + cls + "]", i,
-              absl::StrCat(where, ": ours ", absl::StrJoin(got, ","), ", PyTorch's ", absl::StrJoin(want.values, ",")));
-        }
-      });
-      check("DTensorSpec", [&] {
-        auto& mesh = meshes[{c.mesh, rank}];
-        if (!mesh)
-          mesh = mesh::DeviceMesh::Create(comm::CreateFakeProcessGroup(rank, static_cast<int>(c.at.size())), c.mesh);
-        const auto got = DTensorSpec::Make(mesh, c.placements, c.shape, at::kLong).local_shape_and_offset();
-        if (got.shape != want.shape || got.offset != want.offset) {
-          bad.Add("DTensorSpec local shape / offset [" + cls + "]", i,
-                  absl::StrCat(where, ": ours [", absl::StrJoin(got.shape, ","), "] at [",
-                               absl::StrJoin(got.offset, ","), "]"));
-        }
-        // Our distribute_tensor without a source rank is a local split, as PyTorch's.
-        Placements no_partial = c.placements;
-        for (auto& p : no_partial) {
-          if (p.is_partial()) p = P::Replicate();
-        }
-        const at::Tensor local = distribute_tensor(global, mesh, no_partial, std::nullopt).to_local();
-        if (local.sizes().vec() != want.shape || Flat(local) != want.values) {
-          bad.Add("local data via distribute_tensor [" + cls + "]", i,
-                  absl::StrCat(where, ": ours ", absl::StrJoin(Flat(local), ","), ", PyTorch's ",
-                               absl::StrJoin(want.values, ",")));
-        }
-      });
-    }
-  }
-  std::cout << "golden layouts from torch " << torch << ": " << bad.Report(cases.size());
-  EXPECT_EQ(bad.total(), 0) << bad.Report(cases.size());
+// One fake mesh per (mesh shape, rank) for all cases: DTensorSpec needs a mesh to know the
+// coordinate.
+mesh::DeviceMeshPtr FakeMesh(const Ints& shape, int rank) {
+  static auto* meshes = new std::map<std::pair<Ints, int>, mesh::DeviceMeshPtr>;
+  auto& mesh = (*meshes)[{shape, rank}];
+  if (!mesh)
+    mesh = mesh::DeviceMesh::Create(comm::CreateFakeProcessGroup(rank, static_cast<int>(Product(shape))), shape);
+  return mesh;
 }
+
+// One `layout` record: every rank's local shape, offset and data through
+// ComputeLocalShapeAndGlobalOffset, LocalSegments, DTensorSpec and distribute_tensor.
+class DTensorGoldenLayout : public ::testing::TestWithParam<GoldenCase<LayoutCase>> {};
+
+TEST_P(DTensorGoldenLayout, MatchesPyTorch) {
+  ASSERT_GOLDEN_CASE_LOADED();
+  const LayoutCase& c = *GetParam();
+  const std::string cls = CaseClass(c.mesh, {c.placements});
+  ASSERT_EQ(static_cast<int64_t>(c.at.size()), Product(c.mesh)) << c.line;
+  Mismatches bad;
+  const at::Tensor global = at::arange(Product(c.shape), at::kLong).view(c.shape);
+  for (int rank = 0; rank < static_cast<int>(c.at.size()); ++rank) {
+    const LayoutAt& want = c.at[rank];
+    const std::string where = absl::StrCat(c.line, " at [", absl::StrJoin(want.coord, ","), "]");
+    auto check = [&](const std::string& what, auto&& fn) {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        bad.Add(absl::StrCat(what, " throws: ", ErrorGist(e), " [", cls, "]"), where);
+      }
+    };
+    check("ComputeLocalShapeAndGlobalOffset", [&] {
+      const auto got = ComputeLocalShapeAndGlobalOffset(c.shape, c.mesh, want.coord, c.placements);
+      if (got.shape != want.shape) {
+        bad.Add("local shape [" + cls + "]", absl::StrCat(where, ": ours [", absl::StrJoin(got.shape, ","),
+                                                          "], PyTorch's [", absl::StrJoin(want.shape, ","), "]"));
+      } else if (got.offset != want.offset) {
+        bad.Add("global offset [" + cls + "]", absl::StrCat(where, ": ours [", absl::StrJoin(got.offset, ","),
+                                                            "], PyTorch's [", absl::StrJoin(want.offset, ","), "]"));
+      }
+    });
+    check("LocalSegments", [&] {
+      const auto got = GatherSegments(LocalSegments(c.shape, c.mesh, want.coord, c.placements), c.shape);
+      if (got != want.values) {
+        bad.Add(
+            "local data via LocalSegments [" + cls + "]",
+            absl::StrCat(where, ": ours ", absl::StrJoin(got, ","), ", PyTorch's ", absl::StrJoin(want.values, ",")));
+      }
+    });
+    check("DTensorSpec", [&] {
+      const mesh::DeviceMeshPtr mesh = FakeMesh(c.mesh, rank);
+      const auto got = DTensorSpec::Make(mesh, c.placements, c.shape, at::kLong).local_shape_and_offset();
+      if (got.shape != want.shape || got.offset != want.offset) {
+        bad.Add("DTensorSpec local shape / offset [" + cls + "]",
+                absl::StrCat(where, ": ours [", absl::StrJoin(got.shape, ","), "] at [", absl::StrJoin(got.offset, ","),
+                             "]"));
+      }
+      // Our distribute_tensor without a source rank is a local split, as PyTorch's.
+      Placements no_partial = c.placements;
+      for (auto& p : no_partial) {
+        if (p.is_partial()) p = P::Replicate();
+      }
+      const at::Tensor local = distribute_tensor(global, mesh, no_partial, std::nullopt).to_local();
+      if (local.sizes().vec() != want.shape || Flat(local) != want.values) {
+        bad.Add("local data via distribute_tensor [" + cls + "]",
+                absl::StrCat(where, ": ours ", absl::StrJoin(Flat(local), ","), ", PyTorch's ",
+                             absl::StrJoin(want.values, ",")));
+      }
+    });
+  }
+  EXPECT_EQ(bad.total(), 0) << "golden layouts from torch " << c.torch << ": " << c.line << "\n" << bad.Report();
+}
+
+INSTANTIATE_TEST_SUITE_P(Corpus, DTensorGoldenLayout,
+                         ::testing::ValuesIn(GoldenCases<LayoutCase>(
+                             GoldenPath("golden_layouts.txt"), 1000,
+                             [] {
+                               std::string torch;
+                               return ReadLayouts(&torch);
+                             },
+                             [](const LayoutCase& c) { return GoldenLineName(c.line); })),
+                         GoldenCaseName());
 
 // ------------------------------------------------------------------ redistribute
 
@@ -320,6 +322,7 @@ struct RankTensor {
   bool known = true;  // false: `?`, a Partial leaves the values open
 };
 struct RedistributeCase {
+  std::string torch;  // the PyTorch that wrote the file
   std::string line;
   Ints mesh, shape;
   Placements src, dst;
@@ -337,7 +340,7 @@ std::vector<RedistributeCase> ReadRedistributes(std::string* torch) {
   for (const std::string& line : ReadRecords(GoldenPath("golden_redistribute.txt"), torch)) {
     const auto t = Tokens(line);
     if (t[0] == "redistribute") {
-      RedistributeCase c{line, ParseInts(t.at(1)), ParseInts(t.at(2))};
+      RedistributeCase c{*torch, line, ParseInts(t.at(1)), ParseInts(t.at(2))};
       const size_t k = c.mesh.size();
       c.src = ParsePlacements(t, 3, k);
       if (t.at(3 + k) != "->") throw std::runtime_error("expected '->' in " + line);
@@ -419,16 +422,18 @@ std::map<std::string, int64_t> CountCollectives(const mesh::DeviceMesh& mesh) {
   return counts;
 }
 
-// One case on one threaded rank (every rank runs the same cases in the same order).
+// One case on one threaded rank. `strided_plan_difference` gets rank 0's note where a
+// StridedShard case's collectives differ from PyTorch's (a deliberate difference in planning;
+// their values must still match): reported by the test, not failed on.
 class CaseRun {
  public:
-  CaseRun(const RedistributeCase& c, int index, const comm::ProcessGroupPtr& pg, const mesh::DeviceMeshPtr& mesh,
-          Mismatches& bad)
+  CaseRun(const RedistributeCase& c, const comm::ProcessGroupPtr& pg, const mesh::DeviceMeshPtr& mesh, Mismatches& bad,
+          std::string& strided_plan_difference)
       : c_(c),
-        index_(index),
         pg_(pg),
         mesh_(mesh),
         bad_(bad),
+        strided_plan_difference_(strided_plan_difference),
         rank_(pg->rank()),
         cls_(CaseClass(c.mesh, {c.src, c.dst})),
         where_(absl::StrCat(c.line, " (rank ", rank_, ")")) {}
@@ -475,7 +480,9 @@ class CaseRun {
     // compared all the same (below); the collectives of those cases are only counted.
     const bool strided_plan = absl::StrContains(cls_, "strided");
     if (strided_plan && CommText(comms) != CommText(c_.comms)) {
-      if (rank_ == 0) strided_plan_differences.fetch_add(1);  // once per case
+      if (rank_ == 0) {
+        strided_plan_difference_ = absl::StrCat("ours ", CommText(comms), ", PyTorch's ", CommText(c_.comms));
+      }
     } else if (CommText(comms) != CommText(c_.comms)) {
       Add("collectives", Off(),
           absl::StrCat(c_.line, ": ours ", CommText(comms), ", PyTorch's ", CommText(c_.comms), " (PyTorch's steps ",
@@ -490,7 +497,7 @@ class CaseRun {
   std::string Off() const { return c_.split.empty() ? "" : " (PyTorch's own result is off its layout here)"; }
 
   void Add(const std::string& what, const std::string& detail, const std::string& example) {
-    bad_.Add(absl::StrCat(what, detail, " [", cls_, "]"), index_, example);
+    bad_.Add(absl::StrCat(what, detail, " [", cls_, "]"), example);
   }
 
   // Our input rule (our own distribute_tensor, Partial dims scaled) vs the file's inputs.
@@ -529,60 +536,130 @@ class CaseRun {
   }
 
   const RedistributeCase& c_;
-  const int index_;
   const comm::ProcessGroupPtr& pg_;
   const mesh::DeviceMeshPtr& mesh_;
   Mismatches& bad_;
+  std::string& strided_plan_difference_;
   const int rank_;
   const std::string cls_, where_;
 };
 
-// Runs the cases of one world size on threaded ranks, one RunOnRanks for all of them.
-void RunWorld(int world, const std::vector<RedistributeCase>& cases, const std::vector<int>& indices, Mismatches& bad) {
-  fsdp::testing::RunOptions options;
-  options.deadline = std::chrono::milliseconds(600000);
-  fsdp::testing::RunOnRanks(
-      fsdp::testing::Backend::kThreaded, world,
-      [&](const comm::ProcessGroupPtr& pg) {
-        // Meshes are made in case order, the same on every rank (creation is collective);
-        // their groups record collectives, the world itself only runs AllRanks.
-        auto traced_world = std::make_shared<comm::CommTrace>(pg);
-        std::map<Ints, mesh::DeviceMeshPtr> meshes;
-        for (int i : indices) {
-          auto& mesh = meshes[cases[i].mesh];
-          if (!mesh) mesh = mesh::DeviceMesh::Create(traced_world, cases[i].mesh);
-        }
-        for (int i : indices) {
-          if (cases[i].outcome != "fails") CaseRun(cases[i], i, pg, meshes[cases[i].mesh], bad).Run();
-        }
+// The redistribute corpus, read once (at test registration).
+const std::vector<GoldenCase<RedistributeCase>>& RedistributeCorpus() {
+  static const auto* corpus = new std::vector<GoldenCase<RedistributeCase>>(GoldenCases<RedistributeCase>(
+      GoldenPath("golden_redistribute.txt"), 1000,
+      [] {
+        std::string torch;
+        return ReadRedistributes(&torch);
       },
-      options);
+      [](const RedistributeCase& c) { return GoldenLineName(c.line); }));
+  return *corpus;
 }
 
-TEST(GoldenTest, RedistributesMatchPyTorch) {
-  std::string torch;
-  const std::vector<RedistributeCase> cases = ReadRedistributes(&torch);
-  ASSERT_GT(cases.size(), 1000u) << "golden_redistribute.txt is missing cases";
-  std::map<int, std::vector<int>> by_world;  // one RunOnRanks per world size
-  for (int i = 0; i < static_cast<int>(cases.size()); ++i) {
-    const RedistributeCase& c = cases[i];
-    const int world = static_cast<int>(Product(c.mesh));
-    ASSERT_EQ(static_cast<int>(c.in.size()), world) << c.line;
-    ASSERT_TRUE(c.outcome != "ok" || static_cast<int>(c.out.size()) == world) << c.line;
-    ASSERT_TRUE(c.split.empty() || static_cast<int>(c.split.size()) == world) << c.line;
-    by_world[world].push_back(i);
+// Whether a case has a record per rank wherever it needs one (the test asserts it).
+bool WellFormed(const RedistributeCase& c) {
+  const size_t world = Product(c.mesh);
+  return c.in.size() == world && (c.outcome != "ok" || c.out.size() == world) &&
+         (c.split.empty() || c.split.size() == world);
+}
+
+// One `redistribute` record: our redistribute of PyTorch's input, its outcome (or refusal),
+// collectives and every rank's output. One threaded world per world size runs all of its
+// selected cases (SetUpTestSuite: a world per case would cost thread starts and mesh
+// creation ~2000 times, several times the comparisons); each case's test reports that case.
+class DTensorGoldenRedistribute : public ::testing::TestWithParam<GoldenCase<RedistributeCase>> {
+ public:
+  struct Result {
+    Mismatches bad;
+    std::string strided_plan_difference;
+    std::string world_failed;  // the world that ran this case failed (a rank threw or hung)
+  };
+
+  // Runs the cases this run selects (--gtest_filter, sharding), one RunOnRanks per world size.
+  static void SetUpTestSuite() {
+    results_ = new std::map<const RedistributeCase*, Result>;
+    std::set<std::string> selected;
+    const ::testing::TestSuite* suite = ::testing::UnitTest::GetInstance()->current_test_suite();
+    for (int i = 0; i < suite->total_test_count(); ++i) {
+      const ::testing::TestInfo* info = suite->GetTestInfo(i);
+      if (info->should_run() && info->value_param() != nullptr) selected.insert(info->value_param());
+    }
+    std::map<int, std::vector<const RedistributeCase*>> by_world;
+    for (const auto& c : RedistributeCorpus()) {
+      if (c.value && selected.count(c.name) && WellFormed(*c) && c->outcome != "fails") {
+        by_world[static_cast<int>(Product(c->mesh))].push_back(c.value.get());
+        (*results_)[c.value.get()];
+      }
+    }
+    for (const auto& [world, cases] : by_world) RunWorld(world, cases);
   }
-  Mismatches bad;
-  for (const auto& [world, indices] : by_world) RunWorld(world, cases, indices, bad);
+  static void TearDownTestSuite() {
+    delete results_;
+    results_ = nullptr;
+  }
+
+ protected:
+  static std::map<const RedistributeCase*, Result>* results_;
+
+ private:
+  static void RunWorld(int world, const std::vector<const RedistributeCase*>& cases) {
+    fsdp::testing::RunOptions options;
+    options.deadline = std::chrono::milliseconds(600000);
+    const auto outcomes = fsdp::testing::RunOnRanksCollect(
+        fsdp::testing::Backend::kThreaded, world,
+        [&](const comm::ProcessGroupPtr& pg) {
+          // Meshes are made in case order, the same on every rank (creation is collective);
+          // their groups record collectives, the world itself only runs AllRanks.
+          auto traced_world = std::make_shared<comm::CommTrace>(pg);
+          std::map<Ints, mesh::DeviceMeshPtr> meshes;
+          for (const RedistributeCase* c : cases) {
+            auto& mesh = meshes[c->mesh];
+            if (!mesh) mesh = mesh::DeviceMesh::Create(traced_world, c->mesh);
+          }
+          for (const RedistributeCase* c : cases) {
+            Result& r = results_->at(c);
+            CaseRun(*c, pg, meshes[c->mesh], r.bad, r.strided_plan_difference).Run();
+          }
+        },
+        options);
+    for (const auto& o : outcomes) {
+      if (o.ok) continue;
+      for (const RedistributeCase* c : cases) {
+        absl::StrAppend(&results_->at(c).world_failed, "rank ", o.rank, " of the W=", world, " world: ", o.message,
+                        "\n");
+      }
+    }
+  }
+};
+
+std::map<const RedistributeCase*, DTensorGoldenRedistribute::Result>* DTensorGoldenRedistribute::results_ = nullptr;
+
+TEST_P(DTensorGoldenRedistribute, MatchesPyTorch) {
+  ASSERT_GOLDEN_CASE_LOADED();
+  const RedistributeCase& c = *GetParam();
+  const int world = static_cast<int>(Product(c.mesh));
+  ASSERT_EQ(static_cast<int>(c.in.size()), world) << c.line;
+  ASSERT_TRUE(c.outcome != "ok" || static_cast<int>(c.out.size()) == world) << c.line;
+  ASSERT_TRUE(c.split.empty() || static_cast<int>(c.split.size()) == world) << c.line;
   // `fails`: PyTorch trips its own checks, on some ranks only (real Gloo ranks then hang or
   // abort); nothing to compare with.
-  const int64_t skipped = std::count_if(cases.begin(), cases.end(), [](const auto& c) { return c.outcome == "fails"; });
-  std::cout << "golden redistributes from torch " << torch << " (" << skipped
-            << " skipped: PyTorch itself fails on them; " << strided_plan_differences.load()
-            << " StridedShard cases planned with other collectives than PyTorch's graph search, values equal): "
-            << bad.Report(cases.size());
-  EXPECT_EQ(bad.total(), 0) << bad.Report(cases.size());
+  if (c.outcome == "fails") GTEST_SKIP() << "PyTorch itself fails on this case: " << c.message;
+  auto it = results_->find(GetParam().value.get());
+  ASSERT_NE(it, results_->end()) << c.line << ": not run by SetUpTestSuite";
+  const Result& result = it->second;
+  // Any rank failing leaves every case of its world unproven (which case it was is not known).
+  ASSERT_EQ(result.world_failed, "") << c.line;
+  if (!result.strided_plan_difference.empty()) {
+    RecordProperty("strided_plan_difference", result.strided_plan_difference);
+    std::cout << "StridedShard case planned with other collectives than PyTorch's graph search, values equal: "
+              << result.strided_plan_difference << "\n";
+  }
+  EXPECT_EQ(result.bad.total(), 0) << "golden redistributes from torch " << c.torch << ": " << c.line << "\n"
+                                   << result.bad.Report();
 }
+
+INSTANTIATE_TEST_SUITE_P(Corpus, DTensorGoldenRedistribute, ::testing::ValuesIn(RedistributeCorpus()),
+                         GoldenCaseName());
 
 }  // namespace
 }  // namespace fsdp::dtensor

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "comm/faulty_process_group.h"
-#include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "testing/fault_injection.h"
 

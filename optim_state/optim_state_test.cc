@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/fsdp1/flat_param.h"
-#include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/fsdp2/test_models.h"

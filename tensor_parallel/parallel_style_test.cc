@@ -1,8 +1,9 @@
 // The parallel styles, parallelize_module and loss parallel against real PyTorch 2.15: the
 // corpus testing/golden/gen_tensor_parallel.py writes (`./x golden`) with the same models,
 // parameters, inputs and output gradients; every rank's output, input gradient, the full
-// parameter gradients and the collectives of forward and backward must match. Then the
-// errors a plan can raise.
+// parameter gradients and the collectives of forward and backward must match. One test per
+// corpus case (--gtest_filter='Corpus/TensorParallelGolden.MatchesPyTorch/colwise_linear_W2'). Then
+// the errors a plan can raise.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -175,6 +176,7 @@ struct RankValues {
 };
 
 struct Case {
+  std::string name;  // the test's: gen_tensor_parallel.py's case name and the world size
   std::string title;
   int world = 0;
   bool is_loss = false;
@@ -215,6 +217,7 @@ std::vector<Case> ReadCorpus() {
     const std::string& kind = f.at(0);
     if (kind == "case") {
       Case c;
+      c.name = absl::StrCat(f.at(1), "_W", f.at(2));
       c.title = absl::StrCat(f.at(1), " (W=", f.at(2), ")");
       c.world = static_cast<int>(GoldenInt(f.at(2)));
       c.model = f.at(3);
@@ -226,6 +229,9 @@ std::vector<Case> ReadCorpus() {
       Case c;
       c.is_loss = true;
       c.title = absl::StrCat("loss ", absl::StrJoin(f.begin() + 1, f.end(), " "));
+      // loss_W2_n6_classes10_mean_ignore_m100: world, rows, classes, reduction, ignore_index.
+      c.name = absl::StrCat("loss_W", f.at(1), "_n", f.at(2), "_classes", f.at(3), "_", f.at(4), "_ignore_",
+                            absl::StartsWith(f.at(5), "-") ? "m" + f.at(5).substr(1) : f.at(5));
       c.world = static_cast<int>(GoldenInt(f.at(1)));
       c.n = GoldenInt(f.at(2));
       c.classes = GoldenInt(f.at(3));
@@ -387,20 +393,26 @@ class CaseRun {
   Mismatches& bad_;
 };
 
-TEST(TensorParallelGolden, StylesAndLossParallelMatchPyTorch) {
-  const std::vector<Case> cases = ReadCorpus();
-  ASSERT_GE(cases.size(), 20u) << "golden_tensor_parallel.txt is missing cases";
+// One corpus case: a style (or plan) case or a loss-parallel case on its own threaded world.
+class TensorParallelGolden : public ::testing::TestWithParam<::fsdp::testing::GoldenCase<Case>> {};
+
+TEST_P(TensorParallelGolden, MatchesPyTorch) {
+  ASSERT_GOLDEN_CASE_LOADED();
+  const Case& c = *GetParam();
+  ASSERT_EQ(static_cast<int>(c.in.size()), c.world) << c.title;
   Mismatches bad;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.title);
-    ASSERT_EQ(static_cast<int>(c.in.size()), c.world) << c.title;
-    ::fsdp::testing::RunOnRanks(::fsdp::testing::Backend::kThreaded, c.world, [&](const comm::ProcessGroupPtr& pg) {
-      CaseRun run(c, pg, bad);
-      c.is_loss ? run.RunLossCase() : run.RunStyleCase();
-    });
-  }
-  EXPECT_EQ(bad.total(), 0) << bad.Report();
+  ::fsdp::testing::RunOnRanks(::fsdp::testing::Backend::kThreaded, c.world, [&](const comm::ProcessGroupPtr& pg) {
+    CaseRun run(c, pg, bad);
+    c.is_loss ? run.RunLossCase() : run.RunStyleCase();
+  });
+  EXPECT_EQ(bad.total(), 0) << c.title << " differs from PyTorch:\n" << bad.Report();
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Corpus, TensorParallelGolden,
+    ::testing::ValuesIn(::fsdp::testing::GoldenCases<Case>("tensor_parallel/testdata/golden_tensor_parallel.txt", 20,
+                                                           ReadCorpus, [](const Case& c) { return c.name; })),
+    ::fsdp::testing::GoldenCaseName());
 
 // ------------------------------------------------------------------ errors
 

@@ -83,7 +83,7 @@ ln -sfn "$TORCH_DIR" "$ROOT/third_party/torch_root"
 ln -sfn "$NVIDIA_DIR" "$ROOT/third_party/torch_cuda_deps"
 CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
 ln -sfn "$CUDA_HOME_GUESS" "$ROOT/third_party/cuda_root"
-TARGETS=(comm_nccl_test comm_conformance_test fsdp2_fsdp2_test fsdp1_fsdp_test
+TARGETS=(comm_nccl_test comm_conformance_test fsdp2_fsdp2_test fsdp1_fsdp1_test
          examples_fsdp2_demo bench_e2e_bench)
 [ "$NCCL_ONLY" = 1 ] && TARGETS=(comm_nccl_test)
 LAUNCHER=()
@@ -121,7 +121,7 @@ run_case nccl comm/nccl_test 'NcclTest.*'
 if [ "$NCCL_ONLY" != 1 ]; then
 run_case conformance comm/conformance_test 'Nccl/*'
 run_case fsdp2_parity fsdp/fsdp2/fsdp2_test '*nccl_processes*'
-run_case fsdp1_parity fsdp/fsdp1/fsdp_test 'Fsdp1/ParityTest.*nccl_processes*'
+run_case fsdp1_parity fsdp/fsdp1/fsdp1_test 'Fsdp1/ParityTest.*nccl_processes*'
 GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
 echo "--- demo: torchrun --nproc-per-node $GPUS fsdp2_demo --device=cuda"
 t=$SECONDS

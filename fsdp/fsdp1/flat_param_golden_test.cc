@@ -13,13 +13,15 @@
 //    intra_param_end_idx = hi - 1 - b_i (inclusive, as PyTorch).
 // The local shard's contents are checked element by element (parameter values, 42 for
 // alignment padding, 0 for the chunk padding), and an all-gather round trip on threaded
-// ranks restores every original.
+// ranks restores every original. One test per (parameter list, W, alignment), e.g.
+// --gtest_filter='Sweep/FlatParamClosedForm.*/params_2x3_4_W4_aligned'.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -180,22 +182,45 @@ void CheckShard(FlatParamHandle& h, const ShapeTree& t, const Golden& g, const s
   EXPECT_TRUE(at::equal(fp.param.detach(), at::tensor(want, at::kFloat))) << label;
 }
 
-TEST(FlatParamGolden, ShardMetadataForEveryRankAndWorldSize) {
+// One (parameter list, world size, alignment) of the sweep: kLists x W 1..5 x use_orig_params.
+struct SweepCase {
+  ShapeList shapes;
+  int w = 1;
+  bool aligned = false;
+  // params_2x3_4_W4_aligned: the shapes, the world size, use_orig_params.
+  std::string Name() const {
+    std::vector<std::string> parts;
+    for (const Shape& s : shapes) parts.push_back(absl::StrJoin(s, "x"));
+    return absl::StrCat("params_", absl::StrJoin(parts, "_"), "_W", w, aligned ? "_aligned" : "_unaligned");
+  }
+};
+void PrintTo(const SweepCase& c, std::ostream* os) { *os << c.Name(); }
+
+std::vector<SweepCase> Sweep() {
+  std::vector<SweepCase> out;
   for (bool aligned : {false, true}) {
     for (const ShapeList& shapes : kLists) {
-      for (int w = 1; w <= 5; ++w) {
-        for (int r = 0; r < w; ++r) {
-          // A Fake group of the right rank and size: sharding needs no peers.
-          ShapeTree t = MakeShapeTree(shapes);
-          FlatParamHandleOptions o;
-          o.process_group = comm::CreateFakeProcessGroup(r, w);
-          o.use_orig_params = aligned;
-          FlatParamHandle h(t.params, *t.root, o);
-          EXPECT_EQ(h.aligned_numel(), aligned ? 4 : 0);
-          CheckShard(h, t, MakeGolden(shapes, w, r, aligned), Label(shapes, w, r, aligned));
-        }
-      }
+      for (int w = 1; w <= 5; ++w) out.push_back({shapes, w, aligned});
     }
+  }
+  return out;
+}
+
+class FlatParamClosedForm : public ::testing::TestWithParam<SweepCase> {};
+
+TEST_P(FlatParamClosedForm, ShardMetadataForEveryRank) {
+  const ShapeList& shapes = GetParam().shapes;
+  const int w = GetParam().w;
+  const bool aligned = GetParam().aligned;
+  for (int r = 0; r < w; ++r) {
+    // A Fake group of the right rank and size: sharding needs no peers.
+    ShapeTree t = MakeShapeTree(shapes);
+    FlatParamHandleOptions o;
+    o.process_group = comm::CreateFakeProcessGroup(r, w);
+    o.use_orig_params = aligned;
+    FlatParamHandle h(t.params, *t.root, o);
+    EXPECT_EQ(h.aligned_numel(), aligned ? 4 : 0);
+    CheckShard(h, t, MakeGolden(shapes, w, r, aligned), Label(shapes, w, r, aligned));
   }
 }
 
@@ -221,33 +246,33 @@ TEST(FlatParamGolden, ClosedFormMatchesTheSeedExample) {
 }
 
 // Threaded ranks: the handle's all-gather of the shards rebuilds every original exactly.
-TEST(FlatParamGolden, UnshardRestoresEveryOriginal) {
-  for (bool aligned : {false, true}) {
-    for (const ShapeList& shapes : kLists) {
-      for (int w = 1; w <= 5; ++w) {
-        fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, w, [&](const comm::ProcessGroupPtr& pg) {
-          ShapeTree t = MakeShapeTree(shapes);
-          FlatParamHandleOptions o;
-          o.process_group = pg;
-          o.use_orig_params = aligned;
-          FlatParamHandle h(t.params, *t.root, o);
-          const Golden g = MakeGolden(shapes, w, pg->rank(), aligned);
-          const std::string label = Label(shapes, w, pg->rank(), aligned);
-          CheckShard(h, t, g, label);
-          h.InitFlatParamAttributes();
-          EXPECT_EQ(h.flat_param().padded_unsharded_size, std::vector<int64_t>{g.chunk * w}) << label;
-          h.Unshard();
-          for (size_t i = 0; i < shapes.size(); ++i) {
-            EXPECT_TRUE(at::equal(t.params[i], t.originals[i])) << label << " param " << i;
-          }
-          const std::vector<float> flat = GoldenFlat(g);
-          EXPECT_TRUE(at::equal(h.flat_param().param.detach(), at::tensor(flat, at::kFloat))) << label;
-          h.Reshard(true);
-        });
-      }
+TEST_P(FlatParamClosedForm, UnshardRestoresEveryOriginal) {
+  const ShapeList& shapes = GetParam().shapes;
+  const int w = GetParam().w;
+  const bool aligned = GetParam().aligned;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, w, [&](const comm::ProcessGroupPtr& pg) {
+    ShapeTree t = MakeShapeTree(shapes);
+    FlatParamHandleOptions o;
+    o.process_group = pg;
+    o.use_orig_params = aligned;
+    FlatParamHandle h(t.params, *t.root, o);
+    const Golden g = MakeGolden(shapes, w, pg->rank(), aligned);
+    const std::string label = Label(shapes, w, pg->rank(), aligned);
+    CheckShard(h, t, g, label);
+    h.InitFlatParamAttributes();
+    EXPECT_EQ(h.flat_param().padded_unsharded_size, std::vector<int64_t>{g.chunk * w}) << label;
+    h.Unshard();
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_TRUE(at::equal(t.params[i], t.originals[i])) << label << " param " << i;
     }
-  }
+    const std::vector<float> flat = GoldenFlat(g);
+    EXPECT_TRUE(at::equal(h.flat_param().param.detach(), at::tensor(flat, at::kFloat))) << label;
+    h.Reshard(true);
+  });
 }
+
+INSTANTIATE_TEST_SUITE_P(Sweep, FlatParamClosedForm, ::testing::ValuesIn(Sweep()),
+                         [](const ::testing::TestParamInfo<SweepCase>& info) { return info.param.Name(); });
 
 }  // namespace
 }  // namespace fsdp::fsdp1

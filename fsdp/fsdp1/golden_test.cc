@@ -6,8 +6,10 @@
 // _shard_param_infos and shard_metadata() (torch/distributed/fsdp/_flat_param.py).
 //
 // Sharding needs no peers, so each rank is a FlatParamHandle on a Fake group of that rank.
-// Everything is compared exactly; mismatches are counted per category and the first few of
-// each printed.
+// One test per case, named for the case's record, e.g.
+// --gtest_filter='Corpus/Fsdp1GoldenFlatParam.ShardMetadataMatchesPyTorch/case6_W4_FULL_SHARD_float32'.
+// Everything is compared exactly; a case's mismatches are counted per category and the first
+// few of each printed.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
@@ -79,6 +81,11 @@ struct Fsdp1Case {
   std::string strategy, dtype, mp_param;
   std::vector<std::pair<std::string, std::vector<int64_t>>> params;  // FQN, shape
   std::map<int64_t, GoldenRank> ranks;
+  // The test's name: case6_W4[_use_orig_params]_FULL_SHARD_float32[_mp_bfloat16].
+  std::string Name() const {
+    return absl::StrCat("case", id, "_W", world, use_orig_params ? "_use_orig_params_" : "_", strategy, "_", dtype,
+                        mp_param != "None" ? "_mp_" + mp_param : "");
+  }
   std::string Label() const {
     std::vector<std::string> p;
     for (const auto& [fqn, shape] : params) p.push_back(absl::StrCat(fqn, ":", absl::StrJoin(shape, "x")));
@@ -104,6 +111,7 @@ std::vector<Fsdp1Case> ReadCases() {
       cases.push_back(std::move(c));
       continue;
     }
+    if (cases.empty()) throw std::runtime_error("record before the first case: " + absl::StrJoin(f, " "));
     Fsdp1Case& c = cases.back();
     if (Int(f[1]) != c.id) throw std::runtime_error("record out of its case: " + absl::StrJoin(f, " "));
     GoldenRank& g = c.ranks[Int(f[2])];
@@ -209,25 +217,30 @@ void CheckRank(const Fsdp1Case& c, int64_t rank, const GoldenRank& g, Mismatches
          fqns + " " + Str(offsets));
 }
 
-TEST(Fsdp1Golden, FlatParameterShardMetadataMatchesPyTorch) {
-  const std::vector<Fsdp1Case> cases = ReadCases();
-  ASSERT_GT(cases.size(), 500u);
+// One case: every rank's FlatParamHandle against PyTorch's records.
+class Fsdp1GoldenFlatParam : public ::testing::TestWithParam<fsdp::testing::GoldenCase<Fsdp1Case>> {};
+
+TEST_P(Fsdp1GoldenFlatParam, ShardMetadataMatchesPyTorch) {
+  ASSERT_GOLDEN_CASE_LOADED();
+  const Fsdp1Case& c = *GetParam();
+  ASSERT_EQ(static_cast<int64_t>(c.ranks.size()), c.world) << c.Label();
   Mismatches m;
-  int records = 0;
-  for (const Fsdp1Case& c : cases) {
-    ASSERT_EQ(static_cast<int64_t>(c.ranks.size()), c.world) << c.Label();
-    for (const auto& [rank, g] : c.ranks) {
-      ++records;
-      try {
-        CheckRank(c, rank, g, m);
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        m.Add("exception", absl::StrCat(c.Label(), " rank ", rank, ": ", what.substr(0, what.find('\n'))));
-      }
+  for (const auto& [rank, g] : c.ranks) {
+    try {
+      CheckRank(c, rank, g, m);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      m.Add("exception", absl::StrCat(c.Label(), " rank ", rank, ": ", what.substr(0, what.find('\n'))));
     }
   }
-  EXPECT_EQ(m.total(), 0) << m.total() << " mismatches in " << records << " golden ranks:\n" << m.Report();
+  EXPECT_EQ(m.total(), 0) << m.total() << " mismatches in " << c.Label() << ":\n" << m.Report();
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Corpus, Fsdp1GoldenFlatParam,
+    ::testing::ValuesIn(fsdp::testing::GoldenCases<Fsdp1Case>("fsdp/fsdp1/testdata/golden_fsdp1_flat_param.txt", 500,
+                                                              ReadCases, [](const Fsdp1Case& c) { return c.Name(); })),
+    fsdp::testing::GoldenCaseName());
 
 }  // namespace
 }  // namespace fsdp::fsdp1

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 

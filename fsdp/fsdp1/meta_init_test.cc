@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "fsdp/meta/meta.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/summon_full_params.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 

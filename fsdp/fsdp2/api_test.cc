@@ -22,6 +22,7 @@
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/test_models.h"
+#include "fsdp/fsdp2/testing_access.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -133,7 +134,7 @@ TEST(FullyShardTree, GroupsAndTrainingMatchTheHandWrittenLoopBitwise) {
     for (auto& block : by_hand->layers) fully_shard(block.ptr(), {.mesh = mesh});
     fully_shard(by_hand.ptr(), {.mesh = mesh});
     FSDPModule root = fully_shard_tree(by_tree.ptr(), WrapModuleTypes<BlockImpl>(), {.mesh = mesh});
-    EXPECT_EQ(root.state(), GetState(*by_tree));
+    EXPECT_EQ(FSDPModuleTestAccess::state(root), GetState(*by_tree));
 
     torch::optim::AdamW opt_hand(by_hand->parameters(), torch::optim::AdamWOptions(1e-2));
     torch::optim::AdamW opt_tree(by_tree->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -191,8 +192,8 @@ TEST(FullyShardTree, KeepsModulesShardedByHandAndRejectsModulesWithoutHooks) {
     // A block sharded by hand first (other options) is left as it is.
     FSDPModule block0 = fully_shard(model->layers[0].ptr(), {.mesh = mesh, .reshard_after_forward = false});
     fully_shard_tree(model.ptr(), WrapModuleTypes<BlockImpl>(), {.mesh = mesh});
-    EXPECT_EQ(GetState(*model->layers[0]), block0.state());
-    EXPECT_FALSE(block0.param_group()->post_forward_mesh_info().has_value());
+    EXPECT_EQ(GetState(*model->layers[0]), FSDPModuleTestAccess::state(block0));
+    EXPECT_FALSE(FSDPModuleTestAccess::param_group(block0)->post_forward_mesh_info().has_value());
     EXPECT_NE(GetState(*model->layers[1]), nullptr);
     EXPECT_EQ(CollectStates(*model).size(), 3u);
     EXPECT_ERROR_CONTAINS(fully_shard_tree(model.ptr(), WrapModuleTypes<BlockImpl>(), {.mesh = mesh}),
@@ -232,7 +233,7 @@ TEST(RunFsdpForwardMethod, UnshardsForTheMethodReshardsAfterAndReducesGradients)
       // float32 ulps of the gradient): 1e-6, 8 ulps at scale 1, far below one step (0.1 * |g|).
       EXPECT_TRUE(at::allclose(y, expected, 1e-6, 1e-6)) << "step " << step;
       // Resharded after the method (reshard_after_forward = true).
-      EXPECT_TRUE(fsdp.param_group()->is_sharded());
+      EXPECT_TRUE(FSDPModuleTestAccess::param_group(fsdp)->is_sharded());
       EXPECT_LT(model->enc->weight.size(0), 3) << "holds its shard";
       y.sum().backward();
       expected.sum().backward();
@@ -251,7 +252,7 @@ TEST(RunFsdpForwardMethod, UnshardsForTheMethodReshardsAfterAndReducesGradients)
     }
     // 2 SGD steps at lr 0.1 of gradients that differ by a few float32 ulps (their summation order):
     // 1e-6, 8 ulps at scale 1, as above.
-    for (const auto& p : fsdp.param_group()->fsdp_params()) {
+    for (const auto& p : FSDPModuleTestAccess::param_group(fsdp)->fsdp_params()) {
       EXPECT_TRUE(at::allclose(p->ShardedDTensor().full_tensor(), ref->named_parameters()[p->fqn()], 1e-6, 1e-6))
           << p->fqn();
     }
@@ -373,7 +374,7 @@ TEST(SetPostOptimEvent, TheRootWaitsForTheEventOnceAndDropsIt) {
       root.set_post_optim_event(optim->RecordEvent());
       const at::Tensor y = model(x);
       EXPECT_TRUE(at::equal(y, at::zeros_like(y))) << "after_first_forward " << after_first_forward;
-      EXPECT_EQ(root.state()->state_ctx().post_optim_event, nullptr) << "used once";
+      EXPECT_EQ(FSDPModuleTestAccess::state(root)->state_ctx().post_optim_event, nullptr) << "used once";
       optim->Synchronize();
     });
   }

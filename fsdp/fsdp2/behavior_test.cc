@@ -17,6 +17,7 @@
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
+#include "fsdp/fsdp2/testing_access.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -587,7 +588,7 @@ TEST(FullyShardStructure, ModulesWithoutParametersTakePart) {
     fully_shard(model->leaf.ptr(), {.mesh = mesh});
     FSDPModule act = fully_shard(model->act.ptr(), {.mesh = mesh});
     fully_shard(model.ptr(), {.mesh = mesh});  // the root has no parameters of its own either
-    EXPECT_EQ(act.param_group(), nullptr);
+    EXPECT_EQ(FSDPModuleTestAccess::param_group(act), nullptr);
     for (int step = 0; step < 2; ++step) model(at::ones({4, 5})).sum().backward();
     ASSERT_TRUE(model->leaf->a->weight.grad().defined());
     EXPECT_EQ(model->leaf->a->weight.grad().sizes(), model->leaf->a->weight.sizes());

@@ -34,7 +34,7 @@
 namespace fsdp::fsdp2 {
 
 // The runtime (fsdp_state.h, fsdp_param_group.h: //fsdp/fsdp2:runtime) stays out of this
-// header; tests and tools include it for introspection.
+// header; tests reach a handle's runtime through fsdp/fsdp2/testing_access.h.
 class FSDPState;
 class FSDPParamGroup;
 
@@ -96,11 +96,12 @@ class FSDPModule {
   // This module's FSDP pre/post-forward hook pair (what run_fsdp_forward_method runs).
   ::fsdp::ForwardHook& forward_hook() const;
 
-  // Runtime internals (fsdp_state.h), for tests and tools.
+ private:
+  // Tests reach the runtime through FSDPModuleTestAccess (fsdp/fsdp2/testing_access.h,
+  // testonly); the runtime internals are no API.
+  friend struct FSDPModuleTestAccess;
   FSDPState* state() const;
   FSDPParamGroup* param_group() const;
-
- private:
   std::vector<FSDPState*> States(bool recurse) const;
   ::fsdp::StateRef<FSDPState> state_;
 };

@@ -3,9 +3,11 @@
 // testdata/golden_fsdp2_layouts.txt: fully_shard's sharded parameters (FSDP, HSDP, FSDP + TP,
 // HSDP + TP, shard_placement_fn) per parameter and rank: local shape, padded sharded size,
 // placements, global shape, local values, full_tensor().
-// Everything is compared exactly. Mismatches are counted per category and the first few of
-// each printed, so one run shows every way we differ from PyTorch instead of the first.
+// One test per case, e.g. --gtest_filter='Corpus/Fsdp2GoldenLayout.MatchesPyTorch/case197_hsdp_mesh2x2'.
+// Everything is compared exactly. A case's mismatches are counted per category and the first
+// few of each printed, so one run shows every way it differs from PyTorch instead of the first.
 #include "fsdp/fsdp2/golden_test_common.h"
+#include "fsdp/fsdp2/testing_access.h"
 
 namespace fsdp::fsdp2 {
 namespace {
@@ -44,6 +46,7 @@ std::vector<LayoutCase> ReadLayouts() {
       cases.push_back({.id = Int(f[1]), .kind = f[2], .mesh = ShapeOf(f[3])});
       continue;
     }
+    if (cases.empty()) throw std::runtime_error("record before the first case: " + absl::StrJoin(f, " "));
     LayoutCase& c = cases.back();
     if (Int(f[1]) != c.id) throw std::runtime_error("record out of its case: " + absl::StrJoin(f, " "));
     if (f[0] == "param") {
@@ -137,7 +140,9 @@ void RunLayoutCase(const LayoutCase& c, Mismatches& m) {
         if (ok.item<float>() != static_cast<float>(world)) return;
 
         std::map<const c10::TensorImpl*, FSDPParam*> by_tensor;
-        for (const auto& p : handle.param_group()->fsdp_params()) by_tensor[p->param().unsafeGetTensorImpl()] = p.get();
+        for (const auto& p : FSDPModuleTestAccess::param_group(handle)->fsdp_params()) {
+          by_tensor[p->param().unsafeGetTensorImpl()] = p.get();
+        }
         const auto named = model->named_parameters();
         for (size_t i = 0; i < c.params.size(); ++i) {
           const std::string& fqn = c.params[i].fqn;
@@ -195,17 +200,24 @@ void RunLayoutCase(const LayoutCase& c, Mismatches& m) {
   }
 }
 
-TEST(Fsdp2Golden, LayoutsMatchPyTorch) {
-  const std::vector<LayoutCase> cases = ReadLayouts();
-  ASSERT_GT(cases.size(), 300u);
+// One case: fully_shard on its own threaded world, every parameter on every rank.
+class Fsdp2GoldenLayout : public ::testing::TestWithParam<fsdp::testing::GoldenCase<LayoutCase>> {};
+
+TEST_P(Fsdp2GoldenLayout, MatchesPyTorch) {
+  ASSERT_GOLDEN_CASE_LOADED();
+  const LayoutCase& c = *GetParam();
   Mismatches m;
-  int records = 0;
-  for (const LayoutCase& c : cases) {
-    RunLayoutCase(c, m);
-    records += std::max<int>(1, static_cast<int>(c.ranks.size()));
-  }
-  ExpectNone(m, records);
+  RunLayoutCase(c, m);
+  ExpectNone(m, absl::StrCat("case ", c.id, " ", c.kind, " mesh ", ShapeStr(c.mesh)));
 }
+
+INSTANTIATE_TEST_SUITE_P(Corpus, Fsdp2GoldenLayout,
+                         ::testing::ValuesIn(fsdp::testing::GoldenCases<LayoutCase>(
+                             "fsdp/fsdp2/testdata/golden_fsdp2_layouts.txt", 300, ReadLayouts,
+                             [](const LayoutCase& c) {
+                               return absl::StrCat("case", c.id, "_", c.kind, "_mesh", ShapeStr(c.mesh));
+                             })),
+                         fsdp::testing::GoldenCaseName());
 
 }  // namespace
 }  // namespace fsdp::fsdp2

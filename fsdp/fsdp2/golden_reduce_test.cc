@@ -4,7 +4,9 @@
 // reduce dtype, the reduce ops and divide factors (_get_gradient_divide_factors in
 // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), the collectives of one step, and
 // with one rank the reduced gradient itself.
-// Everything is compared exactly; mismatches are counted per category (golden_test_common.h).
+// Two tests per record (the factors, a training step), e.g.
+// --gtest_filter='Corpus/Fsdp2GoldenReduce.*/case12_*'. Everything is compared exactly; a
+// case's mismatches are counted per category (golden_test_common.h).
 #include "fsdp/fsdp2/golden_test_common.h"
 
 namespace fsdp::fsdp2 {
@@ -24,6 +26,11 @@ struct ReduceCase {
   std::optional<double> pre, post;
   std::vector<std::string> collectives;
   std::string grad;  // one rank: row 0 of the weight's sharded gradient
+  // The test's name: case172_hsdp_2x2_orig_float32_param_bfloat16_reduce_None_factor_None.
+  std::string Name() const {
+    const std::string label = Label();
+    return absl::StrCat("case", id, label.substr(label.find(' ', 5)));
+  }
   std::string Label() const {
     return absl::StrCat("case ", id, " ", hsdp ? "hsdp " : "fsdp ", r, "x", s, " orig=", DtypeName(orig),
                         " param=", param_dtype ? DtypeName(*param_dtype) : "None",
@@ -35,6 +42,7 @@ struct ReduceCase {
 std::vector<ReduceCase> ReadReduce() {
   std::vector<ReduceCase> out;
   for (const Fields& f : ReadGolden("golden_fsdp2_reduce.txt")) {
+    if (f.size() < 17) throw std::runtime_error("a reduce record has 17 fields: " + absl::StrJoin(f, " "));
     ReduceCase c{.id = Int(f[1]),
                  .hsdp = f[2] == "hsdp",
                  .r = Int(f[3]),
@@ -127,8 +135,7 @@ void CheckStep(const ReduceCase& c, Mismatches& m) {
         options.mp_policy.reduce_dtype = c.reduce_dtype;
         FSDPModule handle = fully_shard(model.ptr(), options);
         // Half the cases through the older name (an alias in PyTorch 2.15 too).
-        static std::atomic<int> calls{0};
-        if (c.factor && calls++ % 2 == 0) {
+        if (c.factor && c.id % 2 == 0) {
           handle.set_gradient_divide_factor(*c.factor);
         } else if (c.factor) {
           handle.set_reduce_scatter_divide_factor(*c.factor);
@@ -218,39 +225,43 @@ void CheckStep(const ReduceCase& c, Mismatches& m) {
   }
 }
 
-TEST(Fsdp2Golden, GradientDivideFactorsMatchPyTorch) {
-  const std::vector<ReduceCase> cases = ReadReduce();
-  ASSERT_GT(cases.size(), 300u);
-  Mismatches m;
-  for (const ReduceCase& c : cases) {
-    if (!c.force_sum) CheckFactors(c, m);
-  }
-  ExpectNone(m, static_cast<int>(cases.size()));
+// Whether ours has force_sum_reduction_for_comms: in GetGradientDivideFactors, on FSDPModule.
+bool HasForceSumFactors() { return Factors<int64_t>(2, 1, at::kFloat, std::nullopt, true).has_value(); }
+template <class Module = FSDPModule>
+constexpr bool HasForceSumSetter() {
+  return requires(Module & m) { m.set_force_sum_reduction_for_comms(true); };
 }
 
-TEST(Fsdp2Golden, TrainingStepReductionMatchesPyTorch) {
-  const std::vector<ReduceCase> cases = ReadReduce();
-  Mismatches m;
-  for (const ReduceCase& c : cases) {
-    if (!c.force_sum) CheckStep(c, m);
+// One `reduce` record. Its force_sum rows (set_force_sum_reduction_for_comms, FSDPModule,
+// PyTorch 2.15) are checked once ours has it, skipped before.
+class Fsdp2GoldenReduce : public ::testing::TestWithParam<fsdp::testing::GoldenCase<ReduceCase>> {
+ protected:
+  void SetUp() override {
+    if (GetParam().value && GetParam()->force_sum && !HasForceSumFactors() && !HasForceSumSetter()) {
+      GTEST_SKIP() << "needs force_sum_reduction_for_comms: " << GetParam()->Label();
+    }
   }
-  ExpectNone(m, static_cast<int>(cases.size()));
+};
+
+TEST_P(Fsdp2GoldenReduce, GradientDivideFactorsMatchPyTorch) {
+  ASSERT_GOLDEN_CASE_LOADED();
+  Mismatches m;
+  CheckFactors(*GetParam(), m);
+  ExpectNone(m, GetParam()->Label());
 }
 
-// set_force_sum_reduction_for_comms (FSDPModule, PyTorch 2.15): checked once ours has it.
-TEST(Fsdp2Golden, ForceSumReductionMatchesPyTorch) {
-  const std::vector<ReduceCase> cases = ReadReduce();
+TEST_P(Fsdp2GoldenReduce, TrainingStepReductionMatchesPyTorch) {
+  ASSERT_GOLDEN_CASE_LOADED();
   Mismatches m;
-  int rows = 0;
-  for (const ReduceCase& c : cases) {
-    if (!c.force_sum) continue;
-    ++rows;
-    CheckFactors(c, m);
-    CheckStep(c, m);
-  }
-  if (m.total() == 2 * rows) GTEST_SKIP() << rows << " golden rows need force_sum_reduction_for_comms:\n" << m.Report();
-  ExpectNone(m, rows);
+  CheckStep(*GetParam(), m);
+  ExpectNone(m, GetParam()->Label());
 }
+
+INSTANTIATE_TEST_SUITE_P(Corpus, Fsdp2GoldenReduce,
+                         ::testing::ValuesIn(fsdp::testing::GoldenCases<ReduceCase>(
+                             "fsdp/fsdp2/testdata/golden_fsdp2_reduce.txt", 300, ReadReduce,
+                             [](const ReduceCase& c) { return c.Name(); })),
+                         fsdp::testing::GoldenCaseName());
 
 }  // namespace
 }  // namespace fsdp::fsdp2

@@ -1,6 +1,7 @@
 // What the FSDP2 golden tests share (golden_layout_test.cc, golden_reduce_test.cc): reading
 // the files real PyTorch 2.15 wrote (testing/golden/gen_fsdp.py) and the per-category mismatch
-// report. Test-only; internal linkage: one copy per test source.
+// report of a case (each case is its own test: fsdp::testing::GoldenCases). Test-only;
+// internal linkage: one copy per test source.
 #ifndef FSDP_FSDP_FSDP2_GOLDEN_TEST_COMMON_H_
 #define FSDP_FSDP_FSDP2_GOLDEN_TEST_COMMON_H_
 
@@ -9,7 +10,6 @@
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -108,8 +108,9 @@ inline std::string DtypeName(c10::ScalarType t) {
 
 using fsdp::testing::Mismatches;  // testing/golden_file.h
 
-inline void ExpectNone(const Mismatches& m, int records) {
-  EXPECT_EQ(m.total(), 0) << m.total() << " mismatches in " << records << " golden records:\n" << m.Report();
+// Fails the test with every mismatch of the case `label` (one golden test per case).
+inline void ExpectNone(const Mismatches& m, const std::string& label) {
+  EXPECT_EQ(m.total(), 0) << m.total() << " mismatches in " << label << ":\n" << m.Report();
 }
 
 // PyTorch's str() of a placements tuple, from ours: the one place where the two spellings

@@ -18,6 +18,7 @@
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/test_models.h"
+#include "fsdp/fsdp2/testing_access.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
 #include "testing/float_tolerance.h"
@@ -108,10 +109,10 @@ void RunListParity(const ListParityCase& c, const comm::ProcessGroupPtr& pg) {
       fully_shard({model->a.ptr(), model->b.ptr()}, {.mesh = mesh, .reshard_after_forward = c.reshard});
   fully_shard(model.ptr(), {.mesh = mesh});
   ASSERT_EQ(group.size(), 2u);
-  EXPECT_EQ(group[0].state(), group[1].state());
+  EXPECT_EQ(FSDPModuleTestAccess::state(group[0]), FSDPModuleTestAccess::state(group[1]));
   EXPECT_EQ(GetState(*model->a), GetState(*model->b));
   ASSERT_EQ(CollectStates(*model).size(), 2u);  // the root's and the list's, each once
-  FSDPParamGroup* pair = group[0].param_group();
+  FSDPParamGroup* pair = FSDPModuleTestAccess::param_group(group[0]);
   ASSERT_NE(pair, nullptr);
   EXPECT_EQ(pair->fsdp_params().size(), 4u);  // a.weight, a.bias, b.weight, b.bias
 
@@ -210,15 +211,15 @@ TEST(ListFullyShard, HandlesSharedStateAndNestedListedModules) {
     std::vector<FSDPModule> group = fully_shard({model->a.ptr(), model->b.ptr()}, {.mesh = mesh});
     // Each listed module is an FSDP module of the one group (PyTorch: the same state).
     ASSERT_TRUE(AsFSDPModule(*model->a).has_value());
-    EXPECT_EQ(AsFSDPModule(*model->b)->state(), group[0].state());
-    EXPECT_EQ(group[1].state()->modules().size(), 2u);
+    EXPECT_EQ(FSDPModuleTestAccess::state(*AsFSDPModule(*model->b)), FSDPModuleTestAccess::state(group[0]));
+    EXPECT_EQ(FSDPModuleTestAccess::state(group[1])->modules().size(), 2u);
     // A listed module nested in another listed one is managed through it (_get_root_modules):
     // one root, so the plain single-module hooks.
     testing::Net net;
     std::vector<FSDPModule> nested = fully_shard({net->layers[0].ptr(), net->layers[0]->fc1.ptr()}, {.mesh = mesh});
     ASSERT_EQ(nested.size(), 2u);
-    EXPECT_EQ(nested[0].state()->modules().size(), 1u);
-    EXPECT_EQ(nested[0].param_group()->fsdp_params().size(), 4u);
+    EXPECT_EQ(FSDPModuleTestAccess::state(nested[0])->modules().size(), 1u);
+    EXPECT_EQ(FSDPModuleTestAccess::param_group(nested[0])->fsdp_params().size(), 4u);
     EXPECT_FALSE(AsFSDPModule(*net->layers[0]->fc1).has_value());
   });
 }
@@ -286,7 +287,8 @@ TEST(ListFullyShard, MismatchedMeshInAListFails) {
     EXPECT_FALSE(AsFSDPModule(*good).has_value());
     EXPECT_FALSE(AsFSDPModule(*bad).has_value());
     SpmdHolder good2(mesh);
-    EXPECT_EQ(fully_shard({good.ptr(), good2.ptr()}, spmd)[0].param_group()->fsdp_params().size(), 4u);
+    EXPECT_EQ(FSDPModuleTestAccess::param_group(fully_shard({good.ptr(), good2.ptr()}, spmd)[0])->fsdp_params().size(),
+              4u);
   });
 }
 

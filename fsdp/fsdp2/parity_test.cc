@@ -1,9 +1,10 @@
 // FSDP2 parity: N AdamW steps with fully_shard on W ranks equal N steps of the same model on
 // one rank (the reference runs on every rank without FSDP, on the whole batch). The
 // nccl_processes cases train on GPU cuda:rank (model, inputs and reference); they skip,
-// saying why, without a CUDA build, without W GPUs or without LibTorch's CUDA backend.
+// saying why, without a CUDA build, without W GPUs or without LibTorch's CUDA backend. The
+// training loop, the comparison and its tolerances are the parity harness's
+// (fsdp/common/parity_harness.h), shared with FSDP1; this file keeps FSDP2's configurations.
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -12,10 +13,13 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/adamw.h>
 
+#include <map>
 #include <random>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "comm/comm_trace.h"
+#include "fsdp/common/parity_harness.h"
 #include "fsdp/fsdp2/fsdp_state.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
@@ -23,14 +27,12 @@
 #include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/parallelize_module.h"
 #include "testing/expect_error.h"
-#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::fsdp2 {
 namespace {
 
 using fsdp::testing::Backend;
-using fsdp::testing::RankDevice;
 using testing::Batch;
 using testing::InitDeterministic;
 using testing::Net;
@@ -55,24 +57,14 @@ struct Config {
   int steps = 4;
 };
 
-// Every FSDP parameter, gathered, equals the reference's parameter of the same name (max
-// abs difference <= tol x max(1, parameter scale)). Returns the number checked.
-int ExpectMatchesReference(torch::nn::Module& model, torch::nn::Module& ref, double tol, const std::string& label,
-                           int rank) {
-  auto ref_params = ref.named_parameters();
-  int checked = 0;
+// Every FSDP parameter of `model` by name, gathered from its shards (collective).
+std::map<std::string, at::Tensor> FullParams(torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> full;
   for (FSDPState* s : CollectStates(model)) {
     if (!s->param_group()) continue;
-    for (const auto& p : s->param_group()->fsdp_params()) {
-      const at::Tensor full = p->ShardedDTensor().full_tensor();
-      const at::Tensor expected = ref_params[p->fqn()];
-      const double scale = std::max(1.0, expected.abs().max().item<double>());
-      const double diff = (full - expected).abs().max().item<double>();
-      EXPECT_LE(diff, tol * scale) << label << " " << p->fqn() << " rank " << rank;
-      ++checked;
-    }
+    for (const auto& p : s->param_group()->fsdp_params()) full[p->fqn()] = p->ShardedDTensor().full_tensor();
   }
-  return checked;
+  return full;
 }
 
 constexpr int kSteps = 4;
@@ -89,20 +81,13 @@ int64_t FsdpOwnedBytes(torch::nn::Module& model) {
   }
   return bytes;
 }
-constexpr int64_t kBatch = 12;  // divisible by 1..4
 
 // `device`: where the model, its inputs and the reference live (the rank's GPU for NCCL).
-void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Device device = c10::Device(c10::kCPU)) {
+void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Device device) {
   const int w = world->size(), me = world->rank();
   const NetOptions net{.use_block_twice = cfg.use_block_twice, .tie = cfg.tie};
   Net ref(net), model(net);
-  InitDeterministic(*ref);
-  InitDeterministic(*model);
-  if (!device.is_cpu()) {
-    // Module::to swaps each parameter's data in place: tied parameters stay one tensor.
-    ref->to(device);
-    model->to(device);
-  }
+  parity::InitPair(ref, model, device);
   if (cfg.freeze_first_fc1) {
     for (auto* m : {&ref, &model}) {
       (*m)->layers[0]->fc1->weight.set_requires_grad(false);
@@ -136,61 +121,36 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
     blocks[0].set_modules_to_forward_prefetch({blocks[1]});
     blocks[1].set_modules_to_backward_prefetch({blocks[0]});
   }
-  torch::optim::AdamW ref_opt(testing::UniqueParameters(*ref), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW opt(testing::UniqueParameters(*model), torch::optim::AdamWOptions(1e-2));
-
-  const int64_t local = kBatch / w;
   int64_t baseline_bytes = -1;
-  for (int step = 0; step < cfg.steps; ++step) {
-    for (int mb = 0; mb < cfg.micro_batches; ++mb) {
-      const at::Tensor x = Batch(step * 10 + mb, kBatch, 3, 1).to(device),
-                       y = Batch(step * 10 + mb, kBatch, 1, 2).to(device);
-      // The reference sees the whole batch; micro-batch losses are summed by accumulation.
-      torch::nn::functional::mse_loss(ref(x), y).backward();
-      const bool last = mb + 1 == cfg.micro_batches;
-      root.set_requires_gradient_sync(last);
-      // Data-parallel ranks (the whole world, HSDP replicas included) split the batch.
-      const at::Tensor lx = x.narrow(0, me * local, local), ly = y.narrow(0, me * local, local);
-      torch::nn::functional::mse_loss(model(lx), ly).backward();
-    }
-    ref_opt.step();
-    ref_opt.zero_grad();
-    opt.step();
-    opt.zero_grad();
+  parity::Trainee trainee{.params = testing::UniqueParameters(*model)};
+  trainee.micro_batch = [&](const at::Tensor& x, const at::Tensor& y, bool sync) {
+    root.set_requires_gradient_sync(sync);
+    torch::nn::functional::mse_loss(model(x), y).backward();
+  };
+  trainee.after_step = [&](int step) {
     // No leak: between steps FSDP holds the same parameter storage every time (shards only;
     // every all-gather output freed).
     const int64_t bytes = FsdpOwnedBytes(*model);
     if (baseline_bytes < 0) baseline_bytes = bytes;
     EXPECT_EQ(bytes, baseline_bytes) << cfg.name << " step " << step << " rank " << me;
-  }
-  // f32 (CPU kernels, or cuBLAS and NCCL on CUDA): two legitimate summation orders of the gradients,
-  // through kSteps AdamW steps at lr 1e-2 (AdamWParityTolerance's argument). bf16 parameters against
-  // the f32 reference: each gradient is off by some bf16 unit roundoffs (2^-8, relative), which AdamW's
-  // lr * m / sqrt(v) turns into up to a whole step where a gradient element is near zero; 3e-2 is
-  // below kSteps * lr, the most a parameter can move, so the bf16 cases catch divergence.
-  const double tol = cfg.bf16 ? 3e-2 : fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2);
-  EXPECT_EQ(ExpectMatchesReference(*model, *ref, tol, cfg.name, me),
-            static_cast<int>(testing::UniqueParameters(*ref).size()));
+  };
+  parity::Train({.world = w, .rank = me, .device = device, .steps = cfg.steps, .micro_batches = cfg.micro_batches}, ref,
+                trainee);
+  // parity::ParamTolerance's argument (float32: two summation orders of the gradients through
+  // cfg.steps AdamW steps; bf16 parameters: three whole steps, below the cfg.steps = 4 a run
+  // can move).
+  parity::ExpectParamsMatch(FullParams(*model), *ref, parity::ParamTolerance(cfg.steps, cfg.bf16),
+                            absl::StrCat(cfg.name, " rank ", me));
   if (cfg.output_dtype) {
     EXPECT_EQ(model(Batch(0, 2, 3, 1).to(device)).scalar_type(), *cfg.output_dtype);
   }
 }
 
-struct ParityCase {
-  Backend backend;
-  int world;
-  Config cfg;
-};
+using ParityCase = parity::Case<Config>;
 
 class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
-TEST_P(ParityTest, TrainingEqualsSingleRank) {
-  const ParityCase c = GetParam();
-  FSDP_SKIP_IF_BACKEND_UNAVAILABLE(c.backend, c.world);
-  fsdp::testing::RunOnRanks(c.backend, c.world, [c](const comm::ProcessGroupPtr& pg) {
-    RunParity(c.cfg, pg, RankDevice(c.backend, pg->rank()));
-  });
-}
+TEST_P(ParityTest, TrainingEqualsSingleRank) { parity::RunCase<Config>(GetParam(), RunParity); }
 
 std::vector<ParityCase> Cases() {
   std::vector<ParityCase> cases;
@@ -240,11 +200,7 @@ std::vector<ParityCase> Cases() {
   return cases;
 }
 
-std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
-  return absl::StrCat(fsdp::testing::BackendName(info.param.backend), "_w", info.param.world, "_", info.param.cfg.name);
-}
-
-INSTANTIATE_TEST_SUITE_P(Configs, ParityTest, ::testing::ValuesIn(Cases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Fsdp2, ParityTest, ::testing::ValuesIn(Cases()), parity::CaseName<Config>);
 
 // Soak: random combinations of world size, HSDP, reshard_after_forward (bool / int), explicit
 // prefetch, micro-batch accumulation, block reuse and tied weights, each trained 6 steps with
@@ -269,7 +225,8 @@ TEST(Soak, RandomConfigurationsKeepParityAndDoNotLeak) {
                     cfg.explicit_prefetch ? "_prefetch" : "", "_mb", cfg.micro_batches,
                     cfg.use_block_twice ? "_twice" : "", cfg.tie ? "_tied" : "");
     SCOPED_TRACE(cfg.name);
-    fsdp::testing::RunOnRanks(Backend::kThreaded, w, [cfg](const comm::ProcessGroupPtr& pg) { RunParity(cfg, pg); });
+    fsdp::testing::RunOnRanks(Backend::kThreaded, w,
+                              [cfg](const comm::ProcessGroupPtr& pg) { RunParity(cfg, pg, c10::Device(c10::kCPU)); });
   }
 }
 
@@ -292,14 +249,15 @@ TEST(FsdpTpParity, TwoByTwoMeshEqualsSingleRank) {
       const auto spec = CollectStates(*model)[1]->param_group()->fsdp_params()[0]->sharding_spec();
       EXPECT_EQ(dtensor::ToString(spec.placements), "(StridedShard(dim=0, sf=2), Shard(dim=0))");
       EXPECT_TRUE(dtensor::SameMesh(*spec.mesh, *mesh));
-      torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
-      torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
-      testing::TrainSteps(ref, ref_opt, 0, kSteps, 1, 0);
-      testing::TrainSteps(model, opt, 0, kSteps, 2, static_cast<int>(mesh->coordinate()[0]));
-      // Sliced vs whole-batch gradient sums through kSteps AdamW steps at lr 1e-2.
-      EXPECT_EQ(ExpectMatchesReference(*model, *ref, fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2),
-                                       c.spmd ? "spmd" : "fsdp+tp", pg->rank()),
-                static_cast<int>(ref->parameters().size()));
+      // The dp ranks split each batch; the tp ranks of one dp rank share its rows.
+      parity::Train({.world = 2, .rank = static_cast<int>(mesh->coordinate()[0]), .steps = kSteps}, ref,
+                    {.params = model->parameters(), .micro_batch = [&](const at::Tensor& x, const at::Tensor& y, bool) {
+                       torch::nn::functional::mse_loss(model(x), y).backward();
+                     }});
+      // Sliced vs whole-batch gradient sums through kSteps AdamW steps (parity::ParamTolerance's
+      // float32 argument).
+      parity::ExpectParamsMatch(FullParams(*model), *ref, parity::ParamTolerance(kSteps, /*bf16_params=*/false),
+                                absl::StrCat(c.spmd ? "spmd" : "fsdp+tp", " rank ", pg->rank()));
     });
   }
 }
@@ -420,8 +378,8 @@ TEST(FsdpTpParity, SequenceParallelPlanWithFullyShardEqualsOneRank) {
          {"norm", tensor_parallel::SequenceParallel({.use_local_output = true})}});
     for (auto& b : model->blocks) fully_shard(b.ptr(), {.mesh = dp});
     fully_shard(model.ptr(), {.mesh = dp});
-    torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(parity::kLr));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(parity::kLr));
     const int64_t d = mesh->coordinate()[0], t = mesh->coordinate()[1];
     for (int step = 0; step < kSteps; ++step) {
       // [batch 4, sequence 6, 8]: dp rank d takes batch half d, tp rank t sequence half t.
@@ -436,10 +394,9 @@ TEST(FsdpTpParity, SequenceParallelPlanWithFullyShardEqualsOneRank) {
       opt.step();
     }
     // Gradient sums in other orders (sequence slices, tp reductions) through kSteps AdamW
-    // steps at lr 1e-2.
-    EXPECT_EQ(ExpectMatchesReference(*model, *ref, fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2),
-                                     "sequence parallel + fsdp", pg->rank()),
-              static_cast<int>(ref->parameters().size()));
+    // steps (parity::ParamTolerance's float32 argument).
+    parity::ExpectParamsMatch(FullParams(*model), *ref, parity::ParamTolerance(kSteps, /*bf16_params=*/false),
+                              absl::StrCat("sequence parallel + fsdp rank ", pg->rank()));
   });
 }
 

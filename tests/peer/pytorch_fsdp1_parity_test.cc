@@ -13,8 +13,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "fsdp/fsdp1/fsdp_test_models.h"
 #include "fsdp/fsdp1/state_dict.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "optim_state/fsdp1_optim_state.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"

@@ -1,8 +1,8 @@
 // Models and helpers shared by the FSDP1 runtime tests: residual MLP blocks inside a net
 // with uneven shapes, deterministic init and batches, and the full (gathered) parameters of
 // a wrapped model by name.
-#ifndef FSDP_FSDP_FSDP1_FSDP_TEST_MODELS_H_
-#define FSDP_FSDP_FSDP1_FSDP_TEST_MODELS_H_
+#ifndef FSDP_FSDP_FSDP1_TEST_MODELS_H_
+#define FSDP_FSDP_FSDP1_TEST_MODELS_H_
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "fsdp/common/parity_harness.h"
 #include "fsdp/common/test_models.h"
 #include "fsdp/fsdp1/fsdp_state.h"  // the runtime: tests look at handles and flat parameters
 #include "fsdp/fsdp1/fully_sharded_data_parallel.h"
@@ -50,26 +51,13 @@ inline std::map<std::string, at::Tensor> FullParams(FullyShardedDataParallel& ro
   return out;
 }
 
-// max |full - reference| <= tol * max(1, reference scale) for every parameter of `ref`.
+// max |full - reference| <= tol * max(1, reference scale) for every parameter of `ref`
+// (parity::ExpectParamsMatch on FullParams(root)).
 inline void ExpectParamsMatch(FullyShardedDataParallel& root, torch::nn::Module& ref, double tol,
                               const std::string& label) {
-  std::map<std::string, at::Tensor> full = FullParams(root);
-  int checked = 0;
-  for (const auto& item : ref.named_parameters()) {
-    auto it = full.find(item.key());
-    if (it == full.end()) {
-      ADD_FAILURE() << label << ": no FSDP parameter named " << item.key();
-      continue;
-    }
-    const at::Tensor expected = item.value().detach();
-    const double scale = std::max(1.0, expected.abs().max().item<double>());
-    const double diff = (it->second.to(expected.scalar_type()) - expected).abs().max().item<double>();
-    EXPECT_LE(diff, tol * scale) << label << " " << item.key();
-    ++checked;
-  }
-  EXPECT_EQ(checked, static_cast<int>(full.size())) << label;
+  parity::ExpectParamsMatch(FullParams(root), ref, tol, label);
 }
 
 }  // namespace fsdp::fsdp1::testing
 
-#endif  // FSDP_FSDP_FSDP1_FSDP_TEST_MODELS_H_
+#endif  // FSDP_FSDP_FSDP1_TEST_MODELS_H_

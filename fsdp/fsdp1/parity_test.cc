@@ -3,32 +3,28 @@
 // strategy, use_orig_params, nested / root-only / auto wrapping, no_sync accumulation,
 // backward / forward prefetch, mixed precision and gradient clipping; the nccl_processes cases
 // train on GPU cuda:rank (model, inputs and reference) and skip, with the reason, where that
-// cannot run.
+// cannot run. The training loop, the comparison and its tolerances are the parity harness's
+// (fsdp/common/parity_harness.h), shared with FSDP2; this file keeps FSDP1's configurations.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <limits>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "fsdp/fsdp1/fsdp_test_models.h"
+#include "fsdp/common/parity_harness.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "mesh/device_mesh.h"
-#include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::fsdp1 {
 namespace {
 
 using fsdp::testing::Backend;
-using fsdp::testing::RankDevice;
-using testing::Batch;
-using testing::InitDeterministic;
 using testing::Net;
 
 enum class Wrap { kNested, kRootOnly, kAutoByType, kAutoBySize };
@@ -55,21 +51,15 @@ struct Config {
 };
 
 constexpr int kSteps = 3;
-constexpr int64_t kBatch = 12;  // divisible by 1..4
 constexpr double kMaxNorm = 0.05;
 
 std::string StrategyName(ShardingStrategy s) { return ToString(s); }
 
 // `device`: where the model, its inputs and the reference live (the rank's GPU for NCCL).
-void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Device device = c10::Device(c10::kCPU)) {
+void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Device device) {
   const int w = world->size(), me = world->rank();
   Net ref(2, 7, cfg.block0_twice), model(2, 7, cfg.block0_twice);
-  InitDeterministic(*ref);
-  InitDeterministic(*model);
-  if (!device.is_cpu()) {
-    ref->to(device);
-    model->to(device);
-  }
+  parity::InitPair(ref, model, device);
   if (cfg.freeze_block0) {
     for (Net* m : {&ref, &model}) {
       for (at::Tensor& p : (*m)->layers[0]->parameters()) p.set_requires_grad(false);
@@ -134,25 +124,18 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
   }
   const size_t want_handles = cfg.wrap == Wrap::kRootOnly ? 1 : 1 + model->layers.size();
   ASSERT_EQ(root.handles().size(), want_handles) << cfg.name;
-  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(1e-2));
-
-  const int64_t local = kBatch / w;
-  for (int step = 0; step < kSteps; ++step) {
-    for (int mb = 0; mb < cfg.micro_batches; ++mb) {
-      const at::Tensor x = Batch(step * 10 + mb, kBatch, 3, 1).to(device);
-      const at::Tensor y = Batch(step * 10 + mb, kBatch, 1, 2).to(device);
-      torch::nn::functional::mse_loss(ref(x), y).backward();
-      const at::Tensor lx = x.narrow(0, me * local, local), ly = y.narrow(0, me * local, local);
-      auto loss = [&] { return torch::nn::functional::mse_loss(model(lx).to(at::kFloat), ly); };
-      if (mb + 1 < cfg.micro_batches) {
-        NoSyncGuard no_sync = root.no_sync();
-        loss().backward();
-      } else {
-        loss().backward();
-      }
+  parity::Trainee trainee{.params = root.parameters()};
+  trainee.micro_batch = [&](const at::Tensor& x, const at::Tensor& y, bool sync) {
+    auto loss = [&] { return torch::nn::functional::mse_loss(model(x).to(at::kFloat), y); };
+    if (!sync) {
+      NoSyncGuard no_sync = root.no_sync();
+      loss().backward();
+    } else {
+      loss().backward();
     }
-    if (cfg.clip_norm_type) {
+  };
+  if (cfg.clip_norm_type) {
+    trainee.before_step = [&](int step) {
       const double want = torch::nn::utils::clip_grad_norm_(ref->parameters(), kMaxNorm, *cfg.clip_norm_type);
       const double got = root.clip_grad_norm(kMaxNorm, *cfg.clip_norm_type).item<double>();
       // The norm sums the squares of some hundreds of float32 gradient elements in another order (per
@@ -161,36 +144,20 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
       // far below a missing or doubled shard (a whole fraction of the norm).
       EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, want)) << cfg.name << " step " << step;
       EXPECT_GT(want, kMaxNorm) << cfg.name << ": the test should clip";
-    }
-    ref_opt.step();
-    ref_opt.zero_grad();
-    opt.step();
-    opt.zero_grad();
+    };
   }
-  // f32 (CPU kernels, or cuBLAS and NCCL on CUDA): two legitimate summation orders of the gradients,
-  // through kSteps AdamW steps at lr 1e-2 (AdamWParityTolerance's argument). bf16 parameters against
-  // the f32 reference: each gradient is off by some bf16 unit roundoffs (2^-8, relative), which AdamW's
-  // lr * m / sqrt(v) turns into up to a whole step where a gradient element is near zero; 3e-2 is
-  // kSteps * lr, the most a parameter can move, so the bf16 cases catch divergence, not a single step.
-  testing::ExpectParamsMatch(root, *ref, cfg.bf16 ? 3e-2 : fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2),
-                             cfg.name);
+  parity::Train({.world = w, .rank = me, .device = device, .steps = kSteps, .micro_batches = cfg.micro_batches}, ref,
+                trainee);
+  // parity::ParamTolerance's argument (float32: two summation orders of the gradients; bf16
+  // parameters: three whole steps, all a kSteps = 3 run can move).
+  testing::ExpectParamsMatch(root, *ref, parity::ParamTolerance(kSteps, cfg.bf16), cfg.name);
 }
 
-struct ParityCase {
-  Backend backend;
-  int world;
-  Config cfg;
-};
+using ParityCase = parity::Case<Config>;
 
 class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
-TEST_P(ParityTest, TrainingEqualsSingleRank) {
-  const ParityCase c = GetParam();
-  FSDP_SKIP_IF_BACKEND_UNAVAILABLE(c.backend, c.world);
-  fsdp::testing::RunOnRanks(c.backend, c.world, [c](const comm::ProcessGroupPtr& pg) {
-    RunParity(c.cfg, pg, RankDevice(c.backend, pg->rank()));
-  });
-}
+TEST_P(ParityTest, TrainingEqualsSingleRank) { parity::RunCase<Config>(GetParam(), RunParity); }
 
 std::vector<ParityCase> Cases() {
   std::vector<ParityCase> cases;
@@ -335,22 +302,13 @@ struct TiedNetImpl : torch::nn::Module {
 };
 using TiedNet = Hooked<TiedNetImpl>;
 
-std::vector<at::Tensor> DistinctParams(torch::nn::Module& m) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& p : m.parameters()) {
-    if (std::none_of(out.begin(), out.end(), [&](const at::Tensor& q) { return q.is_same(p); })) out.push_back(p);
-  }
-  return out;
-}
-
 void RunTiedParity(ShardingStrategy strategy, bool use_orig_params, const comm::ProcessGroupPtr& world) {
   const std::string label = StrategyName(strategy) + (use_orig_params ? "_orig" : "");
   const int w = world->size(), me = world->rank();
   TiedNet ref, model;
-  InitDeterministic(*ref);
-  InitDeterministic(*model);
+  parity::InitPair(ref, model, c10::Device(c10::kCPU));
   ASSERT_TRUE(model->unembed->w.is_same(model->embed->w));
-  ASSERT_EQ(DistinctParams(*ref).size(), ref->parameters().size() - 1);  // w is registered twice
+  ASSERT_EQ(test_models::UniqueParameters(*ref).size(), ref->parameters().size() - 1);  // w is registered twice
   FSDPOptions opts{.sharding_strategy = strategy, .use_orig_params = use_orig_params};
   if (IsHybrid(ToHandleShardingStrategy(strategy))) {
     opts.device_mesh = mesh::DeviceMesh::Create(world, {2, w / 2}, {"replicate", "shard"});
@@ -366,37 +324,18 @@ void RunTiedParity(ShardingStrategy strategy, bool use_orig_params, const comm::
   EXPECT_EQ(fp.shared_param_infos[0].module_name, "unembed") << label;
   EXPECT_EQ(fp.shared_param_infos[0].prim_module_name, "embed") << label;
   if (use_orig_params) {
-    EXPECT_EQ(root.parameters().size(), DistinctParams(*ref).size()) << label;
+    EXPECT_EQ(root.parameters().size(), test_models::UniqueParameters(*ref).size()) << label;
   }
 
   const at::Tensor w0 = ref->embed->w.detach().clone();
-  torch::optim::AdamW ref_opt(DistinctParams(*ref), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(1e-2));
-  const int64_t local = kBatch / w;
-  for (int step = 0; step < kSteps; ++step) {
-    const at::Tensor x = Batch(step, kBatch, 3, 1), y = Batch(step, kBatch, 1, 2);
-    torch::nn::functional::mse_loss(ref(x), y).backward();
-    torch::nn::functional::mse_loss(model(x.narrow(0, me * local, local)), y.narrow(0, me * local, local)).backward();
-    ref_opt.step();
-    ref_opt.zero_grad();
-    opt.step();
-    opt.zero_grad();
-  }
-  // FullParams names a tied parameter by its first registration only.
-  const std::map<std::string, at::Tensor> full = testing::FullParams(root);
-  EXPECT_EQ(full.size(), DistinctParams(*ref).size()) << label;
-  const auto ref_params = ref->named_parameters();
-  for (const auto& [name, got] : full) {
-    const at::Tensor* want = ref_params.find(name);
-    if (want == nullptr) {
-      ADD_FAILURE() << label << ": no reference parameter " << name;
-      continue;
-    }
-    // Sliced vs whole-batch gradient sums through kSteps AdamW steps at lr 1e-2.
-    const double tol = fsdp::testing::AdamWParityTolerance(kSteps, /*lr=*/1e-2);
-    EXPECT_TRUE(at::allclose(got, *want, tol, tol))
-        << label << " " << name << " max diff " << (got - *want).abs().max().item<double>();
-  }
+  parity::Train({.world = w, .rank = me, .steps = kSteps}, ref,
+                {.params = root.parameters(), .micro_batch = [&](const at::Tensor& x, const at::Tensor& y, bool) {
+                   torch::nn::functional::mse_loss(model(x), y).backward();
+                 }});
+  // Sliced vs whole-batch gradient sums through kSteps AdamW steps (parity::ParamTolerance's
+  // float32 argument). FullParams names a tied parameter by its first registration only.
+  parity::ExpectParamsMatch(testing::FullParams(root), *ref, parity::ParamTolerance(kSteps, /*bf16_params=*/false),
+                            label);
   EXPECT_FALSE(at::allclose(ref->embed->w, w0)) << "the tied weight should have trained";
 }
 
@@ -411,12 +350,7 @@ TEST(Fsdp1TiedParity, TiedWeightsInOneUnitEqualSingleRank) {
   }
 }
 
-std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
-  return info.param.cfg.name + "_" + fsdp::testing::BackendName(info.param.backend) + "_w" +
-         std::to_string(info.param.world);
-}
-
-INSTANTIATE_TEST_SUITE_P(Fsdp1, ParityTest, ::testing::ValuesIn(Cases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Fsdp1, ParityTest, ::testing::ValuesIn(Cases()), parity::CaseName<Config>);
 
 }  // namespace
 }  // namespace fsdp::fsdp1

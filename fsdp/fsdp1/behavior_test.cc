@@ -16,7 +16,7 @@
 #include "comm/comm_trace.h"
 #include "comm/fake_process_group.h"
 #include "fsdp/common/storage.h"
-#include "fsdp/fsdp1/fsdp_test_models.h"
+#include "fsdp/fsdp1/test_models.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
 #include "testing/float_tolerance.h"
