@@ -17,7 +17,7 @@
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //metrics:step_metrics_test
 #     //pickle:pickle_test //tensor_parallel:tensor_parallel_test //testing:testing_test
-#     //tests:cross_package_test //tools:fsdp_memory_test
+#     //tests:cross_package_test //tools:fsdp_memory_test //train:train_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: no smoke test (dtensor_test is 4 TUs; //tensor_parallel's smoke test runs DTensor's
@@ -732,3 +732,15 @@ fsdp_cc_test(//tools:dcp_cli_test SIZE medium PCH aten
 fsdp_cc_library(//torch_compat INSTALL
   HDRS autograd_node.h c10d_backend.h
   DEPS @libtorch)
+
+# ================================================================ //train
+fsdp_cc_library(//train:lr_scheduler INSTALL PCH aten
+  SRCS lr_scheduler.cc
+  HDRS lr_scheduler.h
+  DEPS @libtorch)
+
+fsdp_cc_test(//train:train_test SIZE small SMOKE
+  SRCS lr_scheduler_test.cc
+  DATA testdata/golden_lr_schedule.txt
+  DEPS :lr_scheduler //testing:expect_error //testing:golden_file @libtorch @system//:absl
+       @system//:gtest_main)

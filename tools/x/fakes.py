@@ -143,7 +143,7 @@ def venv_python(venv, args):
         code = args[1]
         if "nvidia" in code:
             return 1
-        return 0 if all(has(p) for p in ("torch", "transformers", "numpy", "matplotlib") if p in code) else 1
+        return 0 if all(has(p) for p in ("torch", "torchtitan", "torchao", "transformers", "numpy", "matplotlib") if p in code) else 1
     if args[:3] == ["-m", "pip", "install"]:
         record("pip", venv, *args[3:])
         packages = [a.split("==")[0] for a in args[3:] if not a.startswith("-")]
@@ -236,7 +236,7 @@ class FakeCheckout:
         if venvs in ("present", "no-peer"):
             make_venv(self.venv, ["torch"])
         if venvs == "present":
-            make_venv(self.peer_venv, ["torch", "transformers"])
+            make_venv(self.peer_venv, ["torch", "transformers", "torchtitan", "torchao"])
         # The real PATH without nvcc: the CUDA parts of set-up and check stay out, whatever
         # the machine has.
         path = [d for d in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(d, "nvcc"))]

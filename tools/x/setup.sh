@@ -162,6 +162,15 @@ setup_peer_venv() {
     pip_install "$PEER_PY" "transformers==$hf_version" ||
       echo "warning: pip install transformers==$hf_version failed; the Llama parity test will be skipped"
   fi
+  # torchtitan and torchao (pinned), the references of the trainer (train/) and float8: their
+  # own components write golden files (testing/golden/gen_train.py) and run in peer scripts.
+  # torch stays pinned in the same install, so their requirements cannot move it. Optional:
+  # without them `./x golden` stops at gen_train.py and those peer tests skip.
+  local titan_version=0.3.0 ao_version=0.18.0
+  if ! "$PEER_PY" -c "from importlib.metadata import version as v; assert (v('torchtitan'), v('torchao')) == ('$titan_version', '$ao_version')" 2>/dev/null; then
+    pip_install "$PEER_PY" "torchtitan==$titan_version" "torchao==$ao_version" "torch==$TORCH_VERSION" ||
+      echo "warning: pip install torchtitan==$titan_version torchao==$ao_version failed; the torchtitan comparisons will be skipped"
+  fi
 }
 
 # cmd_setup [EXTRA_DEBIAN_PACKAGE...]

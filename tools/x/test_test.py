@@ -75,7 +75,8 @@ class FreshMachine(XCase):
             ["info", "bazel-testlogs"]])
         self.assertEqual([c[1:] for c in self.x.calls("pip") if c[0] == self.x.peer_venv],
                          [["-q", "--no-compile", f"torch=={self.x.version}"],
-                          ["-q", "--no-compile", "transformers==5.24.0"]])
+                          ["-q", "--no-compile", "transformers==5.24.0"],
+                          ["-q", "--no-compile", "torchtitan==0.3.0", "torchao==0.18.0", f"torch=={self.x.version}"]])
         self.assertIn(f"FSDP_PEER_PYTHON={self.x.peer_venv}/bin/python", self.x.read(".bazelrc.user"))
         self.assertIn("times: build ", self.steps(out)[-1])
         self.assertIn(", peer tests (and the wait) ", self.steps(out)[-1])

@@ -1,0 +1,135 @@
+"""Golden trainer corpus from real torchtitan: the learning-rate schedule.
+
+Run with the peer venv's python (`./x golden` does; the peer venv has torchtitan 0.3.0). Writes
+
+  train/testdata/golden_lr_schedule.txt   read by train/lr_scheduler_test.cc
+
+Each case builds torchtitan's own LRSchedulersContainer (components/optimizer/lr_scheduler.py,
+LRSchedulersContainer.Config(...).build) over a torch.optim.AdamW and records the learning
+rate torch's LambdaLR sets after construction and after each step(), as torchtitan's trainer
+steps it once per training step; then, from its state_dict() after k steps, a fresh
+container's learning rates after load_state_dict() and each further step (a resume).
+Regenerating reproduces the file byte for byte.
+"""
+
+import itertools
+import time
+
+import golden_common as gc
+import torch
+import torchtitan
+from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+
+GOLDEN = "train/testdata/golden_lr_schedule.txt"
+BASE_LR = 8e-4
+# Steps past training.steps: the schedule beyond its end (and torchtitan's assertion there).
+EXTRA_STEPS = 2
+
+DOC = f"""
+torchtitan {torchtitan.__version__}'s learning-rate schedule (testing/golden/gen_train.py); fields
+tab-separated. A case: torchtitan's LRSchedulersContainer.Config(warmup_steps, total_steps,
+decay_ratio, decay_type, min_lr_factor).build(training_steps=N) over AdamW(lr={BASE_LR!r}):
+  case <name> <N> <warmup_steps> <total_steps> <decay_ratio> <decay_type> <min_lr_factor>
+                                    (`-`: None)
+  lrs <lr,...>                      the lr after construction, then after each step(): N of them
+                                    and EXTRA more (what a schedule does past its end)
+  error <k>                         step() number k raised (torchtitan asserts there), the
+                                    lrs before it recorded above
+  resume <k> <lr,...>               a new container after load_state_dict(state after k steps):
+                                    its get_last_lr(), then the lr after each further step()
+                                    up to N + EXTRA
+Numbers are Python's shortest round-trip repr. EXTRA = {EXTRA_STEPS}.
+"""
+
+TRAINING_STEPS = (1, 10, 37)
+WARMUP_STEPS = (0, 1, 3, 50)
+DECAY_RATIOS = (None, 0.0, 0.25, 1.0)
+DECAY_TYPES = ("linear", "sqrt", "cosine")
+MIN_LR_FACTORS = (0.0, 0.1)
+
+
+def container(config, steps):
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=BASE_LR)
+    # build() iterates over its optimizers and takes their number: a list is an OptimizersContainer here.
+    return opt, config.build(optimizers=[opt], training_steps=steps)
+
+
+def lr_of(opt):
+    return opt.param_groups[0]["lr"]
+
+
+def run_case(golden, steps, warmup, total, ratio, decay_type, min_lr):
+    config = LRSchedulersContainer.Config(
+        warmup_steps=warmup, total_steps=total, decay_ratio=ratio, decay_type=decay_type, min_lr_factor=min_lr
+    )
+    name = "_".join(
+        [
+            f"n{steps}",
+            f"w{warmup}",
+            "t-" if total is None else f"t{total}",
+            "dr-" if ratio is None else f"dr{gc.number(ratio)}",
+            decay_type,
+            f"min{gc.number(min_lr)}",
+        ]
+    )
+    golden.add(
+        "\t".join(
+            [
+                "case",
+                name,
+                str(steps),
+                str(warmup),
+                "-" if total is None else str(total),
+                "-" if ratio is None else gc.number(ratio),
+                decay_type,
+                gc.number(min_lr),
+            ]
+        )
+    )
+    opt, sched = container(config, steps)
+    lrs = [lr_of(opt)]
+    failed_at = None
+    for k in range(1, steps + EXTRA_STEPS + 1):
+        try:
+            sched.step()
+        except AssertionError:
+            failed_at = k
+            break
+        lrs.append(lr_of(opt))
+    golden.add("lrs\t" + ",".join(gc.number(v) for v in lrs))
+    if failed_at is not None:
+        golden.add(f"error\t{failed_at}")
+    else:
+        k = steps // 2
+        _, sched0 = container(config, steps)
+        for _ in range(k):
+            sched0.step()
+        state = sched0.state_dict()
+        opt1, sched1 = container(config, steps)
+        sched1.load_state_dict(state)
+        # load_state_dict recomputes the scheduler's last lr, not the optimizer's (the
+        # optimizer's own state_dict restores that): the first value is get_last_lr().
+        resumed = [sched1.schedulers[0].get_last_lr()[0]]
+        for _ in range(k, steps + EXTRA_STEPS):
+            sched1.step()
+            resumed.append(lr_of(opt1))
+        golden.add(f"resume\t{k}\t" + ",".join(gc.number(v) for v in resumed))
+    golden.records += 1
+
+
+def main():
+    gc.quiet_torch()
+    start = time.time()
+    golden = gc.GoldenFile(GOLDEN, DOC)
+    for steps, warmup, ratio, decay_type, min_lr in itertools.product(
+        TRAINING_STEPS, WARMUP_STEPS, DECAY_RATIOS, DECAY_TYPES, MIN_LR_FACTORS
+    ):
+        for total in (None, 2 * steps):
+            run_case(golden, steps, warmup, total, ratio, decay_type, min_lr)
+    golden.write()
+    print(f"gen_train.py: {time.time() - start:.1f} s with torch {torch.__version__}, torchtitan {torchtitan.__version__}")
+
+
+if __name__ == "__main__":
+    main()
