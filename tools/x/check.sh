@@ -23,7 +23,7 @@ APT_CHECK_PACKAGES=(cmake ninja-build ccache clang libclang-rt-14-dev)
 #   them). LibTorch itself is not instrumented: leaks and new/delete pairing inside it are not
 #   ours to judge (detect_leaks=0, alloc_dealloc_mismatch=0);
 # - TSan on the communication layer, the threaded runner and FSDP2; libFuzzer.
-CHECK_TARGETS=(//checkpoint/... //dcp/... //env/... //comm/... //device/... //mesh/... //dtensor/... //fsdp/... //optim_state/... //metrics/... //tensor_parallel/... //tests/... //tools/... //fuzz/...)
+CHECK_TARGETS=(//pickle/... //checkpoint/... //dcp/... //env/... //comm/... //device/... //mesh/... //dtensor/... //fsdp/... //optim_state/... //metrics/... //tensor_parallel/... //train/... //tests/... //tools/... //fuzz/...)
 # Not conformance_test: its Gloo-heavy runs crash TSan's own deadlock detector inside c10d.
 TSAN_TARGETS=(//comm:comm_test //mesh:device_mesh_test //fsdp/fsdp2:fsdp2_test)
 # reset_runfiles_if_moved OUTPUT_BASE: the check's output bases are shared by every checkout,
