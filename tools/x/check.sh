@@ -23,7 +23,13 @@ APT_CHECK_PACKAGES=(cmake ninja-build ccache clang libclang-rt-14-dev)
 #   them). LibTorch itself is not instrumented: leaks and new/delete pairing inside it are not
 #   ours to judge (detect_leaks=0, alloc_dealloc_mismatch=0);
 # - TSan on the communication layer, the threaded runner and FSDP2; libFuzzer.
-CHECK_TARGETS=(//pickle/... //checkpoint/... //dcp/... //env/... //comm/... //device/... //mesh/... //dtensor/... //fsdp/... //optim_state/... //metrics/... //tensor_parallel/... //train/... //tests/... //tools/... //fuzz/...)
+# Every package with tests is in one of the two lists (tools/x/check_test.py checks it, so a new
+# package cannot be left out by accident). Not under the sanitizers: examples/, whose tests
+# start the demo programs and torchrun as processes over library code that the packages' own
+# tests already run here.
+CHECK_TARGETS=(//pickle/... //checkpoint/... //dcp/... //env/... //comm/... //device/... //mesh/... //dtensor/... //fsdp/... //optim_state/... //metrics/... //tensor_parallel/... //train/... //testing/... //tests/... //tools/... //fuzz/...)
+# shellcheck disable=SC2034  # read by tools/x/check_test.py, not by ./x
+CHECK_UNSANITIZED=(//examples/...)
 # Not conformance_test: its Gloo-heavy runs crash TSan's own deadlock detector inside c10d.
 TSAN_TARGETS=(//comm:comm_test //mesh:device_mesh_test //fsdp/fsdp2:fsdp2_test)
 # reset_runfiles_if_moved OUTPUT_BASE: the check's output bases are shared by every checkout,

@@ -1,6 +1,10 @@
 """./x check (tools/x/check.sh) with a fake bazel and stubbed build scripts: the parts in
 order, the sanitizers' own output bases, failures counted, the times file."""
-from fakes import XCase
+import os
+import re
+import unittest
+
+from fakes import ROOT, XCase
 
 PARTS = ["build-all", "headers-alone", "consumer", "cmake", "cmake-parity", "cmake-package", "asan+ubsan",
          "tsan", "fuzz"]
@@ -46,3 +50,29 @@ class Check(XCase):
         self.assertEqual(rc, 0, out)
         self.assertEqual(self.x.calls("apt-get"), [["update", "-q"], ["install", "-y", "-q", "--no-install-recommends",
                                                                       "ninja-build", "clang"]])
+
+
+class SanitizedPackages(unittest.TestCase):
+    """Every top-level package of the checkout with a cc_test is in CHECK_TARGETS (ASan +
+    UBSan) or, by name, in CHECK_UNSANITIZED: a new package is never left out silently."""
+
+    def test_every_package_with_tests_is_listed(self):
+        text = open(os.path.join(ROOT, "tools/x/check.sh")).read()
+        listed = {}
+        for name in ("CHECK_TARGETS", "CHECK_UNSANITIZED"):
+            m = re.search(rf"^{name}=\((.*)\)$", text, re.M)
+            self.assertIsNotNone(m, f"{name} in tools/x/check.sh")
+            for label in m.group(1).split():
+                self.assertRegex(label, r"^//[a-z_]+/\.\.\.$", f"{name}: whole top-level packages only")
+                listed[label[2:-4]] = name
+        with_tests = set()
+        for top in os.listdir(ROOT):
+            if top.startswith(("bazel-", ".")) or top in ("third_party", "build"):
+                continue
+            for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+                if "BUILD.bazel" in files and re.search(r"^cc_test\(", open(os.path.join(dirpath, "BUILD.bazel")).read(), re.M):
+                    with_tests.add(top)
+                    break
+        self.assertIn("pickle", with_tests, "the scan found the packages' tests")
+        self.assertEqual(sorted(with_tests - set(listed)), [], "packages with tests in neither list")
+        self.assertEqual(sorted(set(listed) - with_tests), [], "listed packages without tests")
