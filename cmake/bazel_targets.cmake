@@ -275,7 +275,8 @@ fsdp_cc_library(//dtensor INSTALL PCH aten
   DEPS //comm //mesh //torch_compat @libtorch @system//:absl)
 
 fsdp_cc_test(//dtensor:dtensor_test SIZE medium PCH aten
-  SRCS golden_test.cc large_output_cache_test.cc layout_test.cc redistribute_test.cc
+  SRCS golden_layout_test.cc golden_redistribute_test.cc golden_test_common.h
+       large_output_cache_test.cc layout_test.cc redistribute_test.cc
   DATA testdata/*.txt
   TAGS float_parity
   DEPS :dtensor //comm //testing:expect_error //testing:golden_file //testing:multi_rank @libtorch

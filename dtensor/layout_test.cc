@@ -112,7 +112,7 @@ TEST(LayoutTest, StridedShardThenShardIsFsdpOfATensorParallelShard) {
   // d holds chunk d of that. (StridedShard(0, T), Shard(0)) on the (dp, tp) mesh must
   // give the same block, also for the uneven Linear(9, 18) / Linear(9, 27) weights of the
   // issue (not for every uneven size: PyTorch 2.15's layout is the reference, see
-  // dtensor/golden_test.cc).
+  // dtensor/golden_layout_test.cc).
   for (int64_t d_size : {2, 3}) {
     for (int64_t t_size : {2, 3}) {
       for (int64_t n : {d_size * t_size * 2, int64_t{9}, int64_t{18}, int64_t{27}}) {

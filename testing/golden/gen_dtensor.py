@@ -4,8 +4,8 @@ Run with the peer venv's python (`./x golden` does): CPU only, all ranks simulat
 process by LocalTensorMode (torch/distributed/_local_tensor/__init__.py) over PyTorch's fake
 process group, so the collectives are PyTorch's own code paths. Writes
 
-  dtensor/testdata/golden_layouts.txt       read by dtensor/golden_test.cc (Layout*)
-  dtensor/testdata/golden_redistribute.txt  read by dtensor/golden_test.cc (Redistribute*)
+  dtensor/testdata/golden_layouts.txt       read by dtensor/golden_layout_test.cc
+  dtensor/testdata/golden_redistribute.txt  read by dtensor/golden_redistribute_test.cc
 
 The formats are documented at the top of each file (LAYOUT_DOC, REDISTRIBUTE_DOC below)
 and follow testing/golden/golden_common.py's conventions. Cases are hand-picked edge cases
