@@ -53,7 +53,11 @@ void BeginDumpList(pickle::Pickler& w) {
 // Names come from users (groups, threads, profiler ranges): one that is not UTF-8, which
 // pickle.load could not read, is written C-escaped rather than failing the dump.
 void DumpStr(pickle::Pickler& w, std::string_view s) {
-  w.Str(pickle::IsUtf8(s) ? std::string(s) : absl::CHexEscape(absl::string_view(s.data(), s.size())));
+  if (pickle::IsUtf8(s)) {
+    w.Str(s);
+  } else {
+    w.Str(absl::CHexEscape(absl::string_view(s.data(), s.size())));
+  }
 }
 // Innermost profiler ranges kept per entry: the collective's own range and its phase.
 constexpr int kMaxFrames = 2;

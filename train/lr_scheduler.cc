@@ -76,11 +76,7 @@ LRSchedulers::LRSchedulers(std::vector<torch::optim::Optimizer*> optimizers, War
     for (auto& group : optimizers_[k]->param_groups()) initial_lrs_.push_back(group.options().get_lr());
   }
   // LambdaLR's initial step: epoch 0.
-  last_lrs_ = LrsAt(0);
-  size_t i = 0;
-  for (auto* opt : optimizers_) {
-    for (auto& group : opt->param_groups()) group.options().set_lr(last_lrs_[i++]);
-  }
+  SetLrs(LrsAt(0));
 }
 
 std::vector<double> LRSchedulers::LrsAt(int64_t epoch) const {
@@ -91,8 +87,7 @@ std::vector<double> LRSchedulers::LrsAt(int64_t epoch) const {
   return lrs;
 }
 
-void LRSchedulers::Step() {
-  std::vector<double> lrs = LrsAt(last_epoch_ + 1);
+void LRSchedulers::SetLrs(std::vector<double> lrs) {
   size_t i = 0;
   for (auto* opt : optimizers_) {
     for (auto& group : opt->param_groups()) {
@@ -100,8 +95,12 @@ void LRSchedulers::Step() {
       group.options().set_lr(lrs[i++]);
     }
   }
-  ++last_epoch_;
   last_lrs_ = std::move(lrs);
+}
+
+void LRSchedulers::Step() {
+  SetLrs(LrsAt(last_epoch_ + 1));
+  ++last_epoch_;
 }
 
 void LRSchedulers::LoadLastEpoch(int64_t last_epoch) {

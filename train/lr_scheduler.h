@@ -83,6 +83,8 @@ class LRSchedulers {
 
  private:
   std::vector<double> LrsAt(int64_t epoch) const;
+  // Every group's lr, in order; they become last_lrs().
+  void SetLrs(std::vector<double> lrs);
 
   std::vector<torch::optim::Optimizer*> optimizers_;
   WarmupStableDecay schedule_;
