@@ -3,6 +3,7 @@
 #   fsdp_libtorch     @libtorch        torch_cpu + c10 from the pinned torch wheel
 #   fsdp_c10_cuda     @libtorch//:c10_cuda (FSDP_WITH_CUDA only)
 #   fsdp_absl, fsdp_absl_flags         @system//:absl, :absl_flags (Debian libabsl-dev)
+#   fsdp_tomlplusplus                  @system//:tomlplusplus (Debian libtomlplusplus-dev)
 #   GTest::gtest, GTest::gtest_main    @system//:gtest, :gtest_main (Debian libgtest-dev)
 #   benchmark::benchmark               @system//:benchmark (FSDP_BUILD_BENCH only)
 #   fsdp_cudart       @cuda//:cudart     the CUDA runtime (FSDP_WITH_CUDA only)
@@ -135,6 +136,11 @@ target_link_libraries(fsdp_absl INTERFACE absl::strings absl::str_format absl::s
 add_library(fsdp_absl_flags INTERFACE)
 target_link_libraries(fsdp_absl_flags INTERFACE absl::flags absl::flags_parse absl::flags_usage
                       absl::flags_reflection fsdp_absl)
+
+find_package(tomlplusplus REQUIRED CONFIG)
+add_library(fsdp_tomlplusplus INTERFACE)
+target_link_libraries(fsdp_tomlplusplus INTERFACE tomlplusplus::tomlplusplus)
+target_compile_definitions(fsdp_tomlplusplus INTERFACE TOML_HEADER_ONLY=0 TOML_SHARED_LIB=1)
 
 if(FSDP_BUILD_TESTS)
   find_package(GTest REQUIRED)

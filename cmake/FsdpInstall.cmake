@@ -19,7 +19,7 @@ get_property(_fsdp_installed GLOBAL PROPERTY FSDP_INSTALL_TARGETS)
 # The stand-ins for third-party libraries that the libraries link (cmake/FsdpDependencies.cmake),
 # exported as LibtorchFsdp::libtorch, ::absl, ...: their properties name Torch's, absl's and
 # CUDA's targets, which LibtorchFsdpConfig.cmake finds before it loads the targets.
-set(_fsdp_dependency_targets fsdp_libtorch fsdp_absl fsdp_absl_flags)
+set(_fsdp_dependency_targets fsdp_libtorch fsdp_absl fsdp_absl_flags fsdp_tomlplusplus)
 if(FSDP_WITH_CUDA)
   list(APPEND _fsdp_dependency_targets fsdp_cudart fsdp_c10_cuda fsdp_torch_cuda)
 endif()

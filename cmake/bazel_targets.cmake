@@ -740,8 +740,13 @@ fsdp_cc_library(//train:lr_scheduler INSTALL PCH aten
   HDRS lr_scheduler.h
   DEPS @libtorch)
 
+fsdp_cc_library(//train:config INSTALL PCH none
+  SRCS config.cc config_fields.cc config_fields.h config_validate.cc
+  HDRS config.h
+  DEPS :lr_scheduler @libtorch @system//:tomlplusplus)
+
 fsdp_cc_test(//train:train_test SIZE small SMOKE
-  SRCS lr_scheduler_test.cc
-  DATA testdata/golden_lr_schedule.txt
-  DEPS :lr_scheduler //testing:expect_error //testing:golden_file @libtorch @system//:absl
+  SRCS config_test.cc lr_scheduler_test.cc
+  DATA configs/debugmodel.toml testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
+  DEPS :config :lr_scheduler //testing:expect_error //testing:golden_file @libtorch @system//:absl
        @system//:gtest_main)

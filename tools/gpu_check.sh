@@ -29,7 +29,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEPS_DIR="$ROOT/.gpu-deps"
 # Debian 12 names (what `./x setup` installs here); their headers and CMake configs are all
 # the CMake build needs besides CUDA and PyTorch.
-DEBS=(libabsl-dev libabsl20220623 libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev libbenchmark1debian)
+DEBS=(libabsl-dev libabsl20220623 libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev libbenchmark1debian
+  libtomlplusplus-dev libtomlplusplus3)
 
 if [ "${1:-}" = "--fetch-deps" ]; then
   mkdir -p "$DEPS_DIR" && cd "$DEPS_DIR" || exit 1

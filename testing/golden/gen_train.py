@@ -2,7 +2,8 @@
 
 Run with the peer venv's python (`./x golden` does; the peer venv has torchtitan 0.3.0). Writes
 
-  train/testdata/golden_lr_schedule.txt   read by train/lr_scheduler_test.cc
+  train/testdata/golden_lr_schedule.txt     read by train/lr_scheduler_test.cc
+  train/testdata/golden_config_defaults.toml  read by train/config_test.cc
 
 Each case builds torchtitan's own LRSchedulersContainer (components/optimizer/lr_scheduler.py,
 LRSchedulersContainer.Config(...).build) over a torch.optim.AdamW and records the learning
@@ -13,6 +14,7 @@ Regenerating reproduces the file byte for byte.
 """
 
 import itertools
+import json
 import time
 
 import golden_common as gc
@@ -118,9 +120,79 @@ def run_case(golden, steps, warmup, total, ratio, decay_type, min_lr):
     golden.records += 1
 
 
+CONFIG_GOLDEN = "train/testdata/golden_config_defaults.toml"
+CONFIG_DOC = f"""
+torchtitan {torchtitan.__version__}'s defaults for the keys of train/config.h that torchtitan has
+(testing/golden/gen_train.py): each value read from a default-constructed torchtitan config class.
+[optimizer] is default_adamw()'s catch-all AdamW group; [activation_checkpoint] mode is the class
+Trainer.Config defaults to; [dataloader] is HuggingFaceTextDataLoader.Config. A None default is
+left out (it is an unset optional here). Keys of ours that torchtitan does not have are absent.
+"""
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+def write_config_defaults():
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.components.optimizer import default_adamw
+    from torchtitan.components.validate import Validator
+    from torchtitan.config.configs import CommConfig, DebugConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.trainer import Trainer
+
+    trainer = Trainer.Config()
+    group = default_adamw().param_groups[0]
+    assert group.pattern == ".*"
+    modes = {SelectiveAC.Config: "selective", FullAC.Config: "full"}
+    tables = {
+        "": (trainer, ["dump_folder"]),
+        "optimizer": (dict(name=group.optimizer_name, **group.optimizer_kwargs), ["name", "lr", "betas", "eps", "weight_decay"]),
+        "lr_scheduler": (LRSchedulersContainer.Config(), ["warmup_steps", "total_steps", "decay_ratio", "decay_type", "min_lr_factor"]),
+        "training": (TrainingConfig(), ["local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "dtype",
+                                        "mixed_precision_param", "mixed_precision_reduce"]),
+        "parallelism": (ParallelismConfig(), ["data_parallel_replicate_degree", "data_parallel_shard_degree",
+                                              "fsdp_reshard_after_forward", "tensor_parallel_degree", "enable_sequence_parallel"]),
+        "activation_checkpoint": (dict(mode=modes[type(trainer.activation_checkpoint)],
+                                       preserve_rng_state=trainer.activation_checkpoint.preserve_rng_state),
+                                  ["mode", "preserve_rng_state"]),
+        "dataloader": (HuggingFaceTextDataLoader.Config(), ["dataset_path", "infinite"]),
+        "validator": (Validator.Config(), ["enable", "freq", "steps"]),
+        "metrics": (MetricsProcessor.Config(), ["log_freq", "enable_tensorboard", "save_tb_folder", "save_for_all_ranks"]),
+        "checkpoint": (CheckpointManager.Config(), ["enable", "folder", "interval", "initial_load_path",
+                                                    "initial_load_model_only", "initial_load_in_hf", "last_save_model_only",
+                                                    "last_save_in_hf", "export_dtype", "keep_latest_k", "load_step",
+                                                    "exclude_from_loading", "enable_first_step_checkpoint", "async_mode"]),
+        "comm": (CommConfig(), ["init_timeout_seconds", "train_timeout_seconds", "trace_buf_size"]),
+        "debug": (DebugConfig(), ["seed", "deterministic"]),
+    }
+    golden = gc.GoldenFile(CONFIG_GOLDEN, CONFIG_DOC)
+    for table, (obj, keys) in tables.items():
+        if table:
+            golden.add(f"\n[{table}]")
+        for key in keys:
+            value = obj[key] if isinstance(obj, dict) else getattr(obj, key)
+            if value is not None:
+                golden.add(f"{key} = {toml_value(value)}")
+                golden.records += 1
+    golden.write()
+
+
 def main():
     gc.quiet_torch()
     start = time.time()
+    write_config_defaults()
     golden = gc.GoldenFile(GOLDEN, DOC)
     for steps, warmup, ratio, decay_type, min_lr in itertools.product(
         TRAINING_STEPS, WARMUP_STEPS, DECAY_RATIOS, DECAY_TYPES, MIN_LR_FACTORS

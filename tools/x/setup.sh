@@ -12,7 +12,8 @@ x_setup() {
 
 # What `./x test` and `./x demo` build with; `./x check` (CMake builds, libFuzzer) and `./x bench`
 # (callgrind) add theirs as cmd_setup's arguments.
-APT_PACKAGES=(bazel-bootstrap libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev clang-format)
+APT_PACKAGES=(bazel-bootstrap libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev libtomlplusplus-dev
+  clang-format)
 
 # setup_apt PACKAGE...: installs those of the Debian packages that are missing; the package
 # manager is not called when none is.

@@ -1,0 +1,89 @@
+// ValidateConfig (config.h): the checks that need neither the model nor a process group, so
+// every rank fails the same way before it allocates anything. Each message names the dotted
+// key and its value.
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+#include "train/config.h"
+#include "train/lr_scheduler.h"
+
+namespace fsdp::train {
+namespace {
+
+void CheckAtLeast(const char* key, int64_t value, int64_t low) {
+  TORCH_CHECK(value >= low, key, " = ", value, " must be at least ", low);
+}
+
+void CheckMinusOneOrPositive(const char* key, int64_t value) {
+  TORCH_CHECK(value == -1 || value >= 1, key, " = ", value, " must be -1 or at least 1");
+}
+
+void CheckFinite(const char* key, double value, double low, bool low_inclusive) {
+  TORCH_CHECK(std::isfinite(value) && (low_inclusive ? value >= low : value > low), key, " = ", value,
+              " must be finite and ", low_inclusive ? "at least " : "greater than ", low);
+}
+
+}  // namespace
+
+ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
+  TORCH_CHECK(world_size >= 1, "ValidateConfig: world_size = ", world_size, " must be at least 1");
+  const TrainingConfig& t = config.training;
+  CheckAtLeast("training.local_batch_size", t.local_batch_size, 1);
+  CheckMinusOneOrPositive("training.global_batch_size", t.global_batch_size);
+  CheckAtLeast("training.seq_len", t.seq_len, 1);
+  CheckAtLeast("training.steps", t.steps, 1);
+  CheckFinite("training.max_norm", t.max_norm, 0.0, /*low_inclusive=*/false);
+
+  // torch.optim.AdamW's own checks (torch/optim/adamw.py).
+  const OptimizerConfig& o = config.optimizer;
+  CheckFinite("optimizer.lr", o.lr, 0.0, true);
+  CheckFinite("optimizer.eps", o.eps, 0.0, true);
+  CheckFinite("optimizer.weight_decay", o.weight_decay, 0.0, true);
+  for (const double beta : o.betas) {
+    TORCH_CHECK(beta >= 0.0 && beta < 1.0, "optimizer.betas = [", o.betas[0], ", ", o.betas[1],
+                "]: each must be in [0, 1)");
+  }
+  WarmupStableDecay(config.lr_scheduler, t.steps);  // names the lr_scheduler key it rejects
+
+  const ParallelismConfig& p = config.parallelism;
+  CheckAtLeast("parallelism.data_parallel_replicate_degree", p.data_parallel_replicate_degree, 1);
+  CheckMinusOneOrPositive("parallelism.data_parallel_shard_degree", p.data_parallel_shard_degree);
+  CheckAtLeast("parallelism.tensor_parallel_degree", p.tensor_parallel_degree, 1);
+  ResolvedDegrees degrees{p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree, 0,
+                          0};
+  const int64_t others = degrees.dp_replicate * degrees.tp;
+  if (degrees.dp_shard == -1) {
+    TORCH_CHECK(world_size % others == 0, "parallelism.data_parallel_shard_degree = -1: the world size ", world_size,
+                " is not a multiple of data_parallel_replicate_degree * tensor_parallel_degree = ", others);
+    degrees.dp_shard = world_size / others;
+  }
+  TORCH_CHECK(degrees.dp_replicate * degrees.dp_shard * degrees.tp == world_size,
+              "parallelism: data_parallel_replicate_degree (", degrees.dp_replicate, ") * data_parallel_shard_degree (",
+              degrees.dp_shard, ") * tensor_parallel_degree (", degrees.tp,
+              ") = ", degrees.dp_replicate * degrees.dp_shard * degrees.tp, ", not the world size ", world_size);
+
+  // torchtitan's Trainer.__init__: global batch = local batch * dp degree * accumulation steps.
+  const int64_t per_micro_step = t.local_batch_size * degrees.dp();
+  degrees.global_batch_size = t.global_batch_size == -1 ? per_micro_step : t.global_batch_size;
+  TORCH_CHECK(degrees.global_batch_size % per_micro_step == 0, "training.global_batch_size = ", t.global_batch_size,
+              " is not a multiple of local_batch_size * data-parallel degree = ", t.local_batch_size, " * ",
+              degrees.dp(), " = ", per_micro_step);
+  degrees.gradient_accumulation_steps = degrees.global_batch_size / per_micro_step;
+
+  const ValidatorConfig& v = config.validator;
+  CheckAtLeast("validator.freq", v.freq, 1);
+  CheckMinusOneOrPositive("validator.steps", v.steps);
+  CheckAtLeast("metrics.log_freq", config.metrics.log_freq, 1);
+  const CheckpointConfig& ck = config.checkpoint;
+  CheckAtLeast("checkpoint.interval", ck.interval, 1);
+  CheckAtLeast("checkpoint.keep_latest_k", ck.keep_latest_k, 0);
+  CheckMinusOneOrPositive("checkpoint.load_step", ck.load_step == 0 ? 1 : ck.load_step);  // step 0: the seed
+  CheckAtLeast("comm.init_timeout_seconds", config.comm.init_timeout_seconds, 1);
+  CheckAtLeast("comm.train_timeout_seconds", config.comm.train_timeout_seconds, 1);
+  CheckAtLeast("comm.trace_buf_size", config.comm.trace_buf_size, 0);
+  if (config.debug.seed) CheckAtLeast("debug.seed", *config.debug.seed, 0);
+  return degrees;
+}
+
+}  // namespace fsdp::train
