@@ -5,9 +5,9 @@
 #   //bench:*: only with FSDP_BUILD_BENCH=ON: benchmarks need Debian's libbenchmark-dev
 #   //fuzz:standalone_driver //fuzz:full_state_dict_fuzz //fuzz:optim_state_fuzz
 #     //fuzz:dcp_metadata_fuzz //fuzz:safetensors_fuzz //fuzz:fr_trace_fuzz
-#     //fuzz:hf_checkpoint_fuzz //fuzz:torchrun_env_fuzz //fuzz:make_seeds: only with
-#     FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the libFuzzer build is
-#     tools/fuzz.sh's)
+#     //fuzz:token_dataset_fuzz //fuzz:hf_checkpoint_fuzz //fuzz:torchrun_env_fuzz
+#     //fuzz:make_seeds: only with FSDP_BUILD_FUZZ=ON: fuzz binaries, on the standalone driver (the
+#     libFuzzer build is tools/fuzz.sh's)
 # INSTALL: in the CMake package (`cmake --install`): the public libraries, not testonly,
 # and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
@@ -543,6 +543,10 @@ fsdp_cc_test(//fuzz:corrupt_checkpoint_test SIZE medium SMOKE SMOKE_FILTER "-Cor
   DEPS :fuzz_models //checkpoint //fsdp/fsdp2 //optim_state:core //optim_state:fsdp2
        //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
+fsdp_cc_binary(//fuzz:token_dataset_fuzz OPTION FSDP_BUILD_FUZZ PCH aten
+  SRCS token_dataset_fuzz.cc
+  DEPS :standalone_driver //train:dataloader //train:token_dataset @libtorch)
+
 # ================================================================ //mesh
 fsdp_cc_library(//mesh INSTALL PCH aten
   SRCS device_mesh.cc
@@ -746,7 +750,19 @@ fsdp_cc_library(//train:config INSTALL PCH none
   DEPS :lr_scheduler @libtorch @system//:tomlplusplus)
 
 fsdp_cc_test(//train:train_test SIZE small SMOKE
-  SRCS config_test.cc lr_scheduler_test.cc
+  SRCS config_test.cc data_test.cc lr_scheduler_test.cc
   DATA configs/debugmodel.toml testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
-  DEPS :config :lr_scheduler //testing:expect_error //testing:golden_file @libtorch @system//:absl
-       @system//:gtest_main)
+       testdata/golden_train_data.txt testdata/corpus/train.index testdata/corpus/train.tokens
+       testdata/corpus/validation.index testdata/corpus/validation.tokens
+  DEPS :config :dataloader :lr_scheduler :token_dataset //testing:test_dir //testing:expect_error
+       //testing:golden_file @libtorch @system//:absl @system//:gtest_main)
+
+fsdp_cc_library(//train:token_dataset INSTALL PCH none
+  SRCS token_dataset.cc
+  HDRS token_dataset.h
+  DEPS @libtorch)
+
+fsdp_cc_library(//train:dataloader INSTALL PCH aten
+  SRCS dataloader.cc
+  HDRS dataloader.h
+  DEPS :token_dataset @libtorch)

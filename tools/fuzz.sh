@@ -17,7 +17,8 @@ CACHE="${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/libtorch-fsdp}"
 BASE="$CACHE/bazel-fuzz-output"
 FUZZ_OUT="${FUZZ_OUT:-$CACHE/fuzz}"
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
-TARGETS=(full_state_dict_fuzz optim_state_fuzz torchrun_env_fuzz dcp_metadata_fuzz safetensors_fuzz hf_checkpoint_fuzz fr_trace_fuzz)
+TARGETS=(full_state_dict_fuzz optim_state_fuzz torchrun_env_fuzz dcp_metadata_fuzz safetensors_fuzz hf_checkpoint_fuzz fr_trace_fuzz
+  token_dataset_fuzz)
 
 command -v clang >/dev/null || { echo "fuzz: clang not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 1; }
 [ -e third_party/torch_root/lib/libtorch_cpu.so ] || { echo "fuzz: run ./x setup first (third_party/torch_root)" >&2; exit 1; }
@@ -50,6 +51,9 @@ cp fuzz/testdata/dcp_python.metadata "$FUZZ_OUT/seeds/dcp_metadata/"
 cp fuzz/testdata/*.safetensors "$FUZZ_OUT/seeds/safetensors/"
 # PyTorch's own flight recorder dumps (Gloo) beside make_seeds' dump of ours.
 cp tests/testdata/pytorch_gloo_fr_dump_rank_* "$FUZZ_OUT/seeds/fr_trace/"
+# The shipped corpus's validation split, as the fuzzer reads a dataset: index, then tokens.
+mkdir -p "$FUZZ_OUT/seeds/token_dataset"
+cat train/testdata/corpus/validation.index train/testdata/corpus/validation.tokens >"$FUZZ_OUT/seeds/token_dataset/validation"
 
 passed=0 failed=0
 for t in "${TARGETS[@]}"; do
@@ -61,6 +65,7 @@ for t in "${TARGETS[@]}"; do
   case "$t" in
     torchrun_env_fuzz) dict=() ;;
     safetensors_fuzz | hf_checkpoint_fuzz) dict=(-dict=fuzz/safetensors.dict) ;;
+    token_dataset_fuzz) dict=(-dict=fuzz/token_dataset.dict) ;;
     *) dict=(-dict=fuzz/checkpoint.dict) ;;
   esac
   [ -n "${FUZZ_RUNS:-}" ] && budget=(-runs="$FUZZ_RUNS")

@@ -45,6 +45,7 @@ OPTIONAL = {
     "//fuzz:dcp_metadata_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:safetensors_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:fr_trace_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
+    "//fuzz:token_dataset_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:hf_checkpoint_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:torchrun_env_fuzz": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
     "//fuzz:make_seeds": ("FSDP_BUILD_FUZZ", FUZZ_WHY),
