@@ -16,8 +16,8 @@
 #     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //metrics:step_metrics_test
-#     //pickle:pickle_test //tensor_parallel:tensor_parallel_test //testing:testing_test
-#     //tests:cross_package_test //tools:fsdp_memory_test //train:train_test
+#     //models/llama:llama_test //pickle:pickle_test //tensor_parallel:tensor_parallel_test
+#     //testing:testing_test //tests:cross_package_test //tools:fsdp_memory_test //train:train_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: no smoke test (dtensor_test is 4 TUs; //tensor_parallel's smoke test runs DTensor's
@@ -321,23 +321,18 @@ fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRe
        @system//:absl @system//:gtest)
 
 # ================================================================ //examples/llama
-fsdp_cc_library(//examples/llama
-  SRCS llama.cc
-  HDRS llama.h
-  DEPS //fsdp/activation_checkpointing //fsdp/hooked_module @libtorch)
-
 fsdp_cc_library(//examples/llama:llama_training
   SRCS llama_training.cc
   HDRS llama_training.h
-  DEPS :llama //checkpoint //comm //dcp:core //dtensor //tensor_parallel
-       //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh @libtorch)
+  DEPS //checkpoint //comm //dcp:core //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh
+       //models/llama @libtorch)
 
 fsdp_cc_test(//examples/llama:llama_parity_test SIZE large
   SRCS llama_parity_test.cc
   DATA testdata/hf_check_export.py testdata/hf_llama_2d.py testdata/hf_llama_fsdp2.py
        ../../testing/golden/golden_common.py testdata/hf_llama_reference.py
   TAGS float_parity peer_python
-  DEPS :llama :llama_training //checkpoint //comm //dcp:core //dcp:fsdp2 //fsdp/fsdp2 //mesh
+  DEPS //models/llama :llama_training //checkpoint //comm //dcp:core //dcp:fsdp2 //fsdp/fsdp2 //mesh
        //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_binary(//examples/llama:llama_demo
@@ -568,6 +563,19 @@ fsdp_cc_test(//metrics:step_metrics_test SIZE small SMOKE PCH aten
   SRCS step_metrics_test.cc
   DEPS :metrics //comm //testing:expect_error //testing:multi_rank @libtorch @system//:absl
        @system//:gtest_main)
+
+# ================================================================ //models/llama
+fsdp_cc_library(//models/llama INSTALL
+  SRCS flavors.cc model.cc parallelize.cc
+  HDRS flavors.h model.h parallelize.h
+  DEPS //dtensor //fsdp/activation_checkpointing //fsdp/hooked_module //mesh //tensor_parallel
+       @libtorch)
+
+fsdp_cc_test(//models/llama:llama_test SIZE small SMOKE
+  SRCS model_test.cc parallelize_test.cc
+  DATA testdata/golden_llama3_flavors.txt
+  DEPS :llama //comm //mesh //tensor_parallel //testing:multi_rank //testing:expect_error
+       //testing:golden_file @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //optim_state
 fsdp_cc_library(//optim_state:core INSTALL

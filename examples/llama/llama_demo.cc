@@ -1,4 +1,4 @@
-// The Llama demo (`./x demo`): HF's tiny LlamaForCausalLM config in C++ (llama.h), trained with
+// The Llama demo (`./x demo`): HF's tiny LlamaForCausalLM config in C++ (models/llama/model.h), trained with
 // FSDP2 (fully_shard per decoder layer, then the root), activation checkpointing and gradient
 // clipping on Gloo processes, against the reference nobody here wrote: the same model in
 // Hugging Face transformers trained under PyTorch's own FSDP2 (testdata/hf_llama_fsdp2.py,
@@ -157,7 +157,7 @@ int Run() {
   if (!export_dir.empty()) {
     fsdp::dcp::SaveHuggingFace(*s.model, export_dir, {.copy_files_from = ref_dir + "/hf_init"});
     at::NoGradGuard no_grad;
-    const at::Tensor logits = s.model(tokens[0]);  // every rank the whole first batch
+    const at::Tensor logits = s.model(tokens[0], at::Tensor());  // every rank the whole first batch
     fsdp::checkpoint::TensorDict ours;
     ours.insert("tokens", tokens[0]);
     ours.insert("logits", logits);

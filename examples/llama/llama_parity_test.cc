@@ -1,4 +1,4 @@
-// The Llama model of llama.h against Hugging Face's LlamaForCausalLM (transformers 5.24.0 in
+// The Llama model of models/llama/model.h against Hugging Face's LlamaForCausalLM (transformers 5.24.0 in
 // the peer venv):
 //   (a) one process, against testdata/hf_llama_reference.py (HF on one process): step 0's
 //       logits, loss and every gradient, then 5 AdamW + clip_grad_norm_ steps' losses and grad
@@ -35,11 +35,11 @@
 #include "comm/comm_trace.h"
 #include "dcp/dcp.h"
 #include "dcp/hf.h"
-#include "examples/llama/llama.h"
 #include "examples/llama/llama_training.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
+#include "models/llama/model.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
 
@@ -47,6 +47,10 @@ namespace fsdp::examples::llama {
 namespace {
 
 using checkpoint::TensorDict;
+using models::llama::CausalLMLoss;
+using models::llama::InitWeights;
+using models::llama::LlamaConfig;
+using models::llama::LlamaForCausalLM;
 
 LlamaConfig HfConfig() { return HfReferenceConfig(); }
 // A convention bug (rotate_half's sign flipped, a wrong norm eps) is off by 1e-3 or more from
@@ -147,7 +151,7 @@ void ExpectFinalParams(const TensorDict& got, const TensorDict& expected, double
 }
 
 TEST(LlamaParity, FqnsAreHfStateDictKeys) {
-  // Needs no Python: the names are part of llama.h's contract.
+  // Needs no Python: the names are part of model.h's contract.
   LlamaForCausalLM model(HfConfig());
   std::vector<std::string> names;
   for (const auto& item : model->named_parameters()) names.push_back(item.key());
@@ -167,7 +171,7 @@ TEST(LlamaParity, InitWeightsStartsNearUniformPredictions) {
   InitWeights(*model, /*seed=*/3);
   EXPECT_TRUE(at::equal(model->model->norm->weight, at::ones({32})));
   const at::Tensor ids = at::arange(24).remainder(64).view({2, 12});
-  EXPECT_NEAR(CausalLMLoss(model(ids), ids).item<double>(), std::log(64.0), 0.05);
+  EXPECT_NEAR(CausalLMLoss(model(ids, at::Tensor()), ids).item<double>(), std::log(64.0), 0.05);
   const double std_dev = model->lm_head->weight.std().item<double>();
   EXPECT_NEAR(std_dev, 0.02, 0.003);
 }
@@ -187,7 +191,7 @@ TEST(LlamaParity, SingleProcessMatchesHf) {
     LlamaForCausalLM model(HfConfig());
     LoadHfWeights(*model, ref.init);
     const at::Tensor ids = tokens[0];
-    const at::Tensor logits = model(ids);
+    const at::Tensor logits = model(ids, at::Tensor());
     const at::Tensor loss = CausalLMLoss(logits, ids);
     EXPECT_LE(TrackedRelDiff(logits, Get(ref.expected, "logits0")), step0_tol);
     ExpectScalarNear(loss.item<double>(), Get(ref.expected, "loss0").item<double>(), step0_tol, "loss");
@@ -206,7 +210,7 @@ TEST(LlamaParity, SingleProcessMatchesHf) {
   for (int step = 0; step < kSteps; ++step) {
     const at::Tensor ids = tokens[step];
     opt.zero_grad();
-    const at::Tensor loss = CausalLMLoss(model(ids), ids);
+    const at::Tensor loss = CausalLMLoss(model(ids, at::Tensor()), ids);
     loss.backward();
     const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm);
     opt.step();
@@ -244,7 +248,7 @@ void ExpectFsdp2Matches(const Reference& ref, int world, int steps, bool activat
     if (export_dir.empty()) return;
     dcp::SaveHuggingFace(*s.model, export_dir, {.copy_files_from = ref.hf_init});
     at::NoGradGuard no_grad;
-    const at::Tensor logits = s.model(tokens[0]);  // every rank the whole batch
+    const at::Tensor logits = s.model(tokens[0], at::Tensor());  // every rank the whole batch
     TensorDict ours;
     ours.insert("tokens", tokens[0]);
     ours.insert("logits", logits);
@@ -286,7 +290,7 @@ TEST(LlamaParity, Fsdp2AtFourWithActivationCheckpointingMatchesHfUnderPytorchFsd
                      absl::StrCat(tmp ? tmp : "/tmp", "/llama_export_", getpid()));
 }
 
-// The 2-D Llama: ParallelizeLlama on mesh["tp"] and fully_shard per layer and root over
+// The 2-D Llama: ApplyTensorParallel on mesh["tp"] and fully_shard per layer and root over
 // mesh["dp"] on dp 2 x tp 2, against Hugging Face's LlamaForCausalLM under PyTorch 2.15's own
 // parallelize_module (the same plan) + fully_shard (testdata/hf_llama_2d.py): every step's
 // loss and grad norm, the tensor-parallel collectives of each forward + backward (kind and
@@ -416,20 +420,6 @@ TEST(LlamaParity, TwoDMatchesHfUnderPytorchTensorParallelAndFsdp2) {
         "(ours f32 vs f64 %.3g, f64 runs %.3g, PyTorch's f32 vs f64 %.3g)\n",
         run.where.c_str(), diff, tol, e_ours, d, e_theirs);
   }
-}
-
-TEST(LlamaParity, ParallelizeLlamaNamesAHeadCountTpDoesNotDivide) {
-  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
-    LlamaForCausalLM model(HfReferenceConfig());  // 2 kv heads
-    try {
-      ParallelizeLlama(*model, mesh::DeviceMesh::Create(pg, {4}));
-      ADD_FAILURE() << "ParallelizeLlama accepted 2 kv heads over tp 4";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what_without_backtrace()).find("num_key_value_heads=2 is not divisible"),
-                std::string::npos)
-          << e.what_without_backtrace();
-    }
-  });
 }
 
 // save_pretrained's files (split at 20KB) load at a world size that splits no dimension

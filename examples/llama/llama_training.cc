@@ -10,12 +10,14 @@
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "fsdp/fsdp2/fully_shard.h"
-#include "tensor_parallel/local_annotation.h"
-#include "tensor_parallel/loss_parallel.h"
-#include "tensor_parallel/parallel_style.h"
-#include "tensor_parallel/parallelize_module.h"
+#include "models/llama/parallelize.h"
 
 namespace fsdp::examples::llama {
+
+using models::llama::CausalLMLoss;
+using models::llama::LlamaConfig;
+using models::llama::LlamaForCausalLM;
+using models::llama::LlamaForCausalLMImpl;
 
 LlamaConfig HfReferenceConfig() {
   LlamaConfig c;
@@ -35,56 +37,6 @@ LlamaConfig TwoDReferenceConfig() {
   c.num_attention_heads = 8;
   c.num_key_value_heads = 4;
   return c;
-}
-
-void ParallelizeLlama(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr& tp_mesh) {
-  TORCH_CHECK(tp_mesh != nullptr, "ParallelizeLlama: tp_mesh is null");
-  const int64_t tp = tp_mesh->size();
-  const LlamaConfig& c = model.config;
-  TORCH_CHECK(c.num_attention_heads % tp == 0, "ParallelizeLlama: num_attention_heads=", c.num_attention_heads,
-              " is not divisible by the tensor-parallel size ", tp, " (each rank computes whole heads)");
-  TORCH_CHECK(c.num_key_value_heads % tp == 0, "ParallelizeLlama: num_key_value_heads=", c.num_key_value_heads,
-              " is not divisible by the tensor-parallel size ", tp, " (each rank computes whole heads)");
-  using dtensor::Placement;
-  const Placement seq = Placement::Shard(1), rep = Placement::Replicate();
-  const auto colwise = [] { return tensor_parallel::ColwiseParallel(); };
-  const auto rowwise_to_seq = [&] { return tensor_parallel::RowwiseParallel({.output_layouts = seq}); };
-  tensor_parallel::parallelize_module(
-      model, tp_mesh,
-      {{"model.embed_tokens", tensor_parallel::RowwiseParallel({.input_layouts = rep, .output_layouts = seq})},
-       {"model.norm", tensor_parallel::SequenceParallel()},
-       {"lm_head", tensor_parallel::ColwiseParallel(
-                       {.input_layouts = seq, .output_layouts = Placement::Shard(-1), .use_local_output = false})},
-       {"model.layers.*.input_layernorm", tensor_parallel::SequenceParallel()},
-       // forward(hidden, cos, sin): only the hidden states are sharded.
-       {"model.layers.*.self_attn",
-        tensor_parallel::PrepareModuleInput({{seq, std::nullopt, std::nullopt}, {rep, std::nullopt, std::nullopt}})},
-       {"model.layers.*.self_attn.q_proj", colwise()},
-       {"model.layers.*.self_attn.k_proj", colwise()},
-       {"model.layers.*.self_attn.v_proj", colwise()},
-       {"model.layers.*.self_attn.o_proj", rowwise_to_seq()},
-       {"model.layers.*.post_attention_layernorm", tensor_parallel::SequenceParallel()},
-       {"model.layers.*.mlp", tensor_parallel::PrepareModuleInput({{seq}, {rep}})},
-       {"model.layers.*.mlp.gate_proj", colwise()},
-       {"model.layers.*.mlp.up_proj", colwise()},
-       {"model.layers.*.mlp.down_proj", rowwise_to_seq()}});
-}
-
-at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels) {
-  const std::optional<dtensor::DTensor> d = tensor_parallel::AsDTensor(logits);
-  TORCH_CHECK(d.has_value(),
-              "CausalLMLossParallel: the logits carry no DTensor layout (lm_head must be "
-              "ColwiseParallel with use_local_output = false, as ParallelizeLlama makes it)");
-  const int64_t vocab = d->sizes().back();
-  constexpr int64_t kIgnore = -100;
-  const at::Tensor padded = at::constant_pad_nd(labels, {0, 1}, kIgnore);
-  const at::Tensor shifted = padded.narrow(-1, 1, labels.size(-1)).contiguous();
-  // HF's ForCausalLMLoss: float32 logits viewed [batch * seq, vocab], the vocab dim sharded.
-  const at::Tensor local = logits.to(at::kFloat).reshape({-1, logits.size(-1)});
-  const dtensor::DTensor flat = dtensor::DTensor::from_local(local, d->device_mesh(), {dtensor::Placement::Shard(1)},
-                                                             std::vector<int64_t>{local.size(0), vocab});
-  return tensor_parallel::loss_parallel_cross_entropy(flat, shifted.view({-1}),
-                                                      {tensor_parallel::LossReduction::kMean, kIgnore});
 }
 
 void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& init) {
@@ -113,7 +65,7 @@ ShardedLlama BuildShardedLlama(const std::string& hf_dir, const mesh::DeviceMesh
   if (mesh->ndim() == 2) {
     s.dp_mesh = (*mesh)["dp"];
     s.tp_mesh = (*mesh)["tp"];
-    ParallelizeLlama(*s.model, s.tp_mesh);
+    models::llama::ApplyTensorParallel(*s.model, s.tp_mesh);
   }
   for (auto& layer : s.model->model->decoder_layers) fsdp2::fully_shard(layer.ptr(), {.mesh = s.dp_mesh});
   fsdp2::fully_shard(s.model.ptr(), {.mesh = s.dp_mesh});
@@ -132,8 +84,8 @@ at::Tensor ForwardBackward(ShardedLlama& s, const at::Tensor& global_tokens) {
   // Equal slices hold equally many (unignored) label positions, so the mean of the dp ranks'
   // mean losses, and FSDP's averaged gradients, are the global batch's.
   const at::Tensor ids = global_tokens.narrow(0, s.dp_mesh->coordinate()[0] * rows, rows);
-  const at::Tensor logits = s.model(ids);
-  const at::Tensor loss = s.tp_mesh ? CausalLMLossParallel(logits, ids) : CausalLMLoss(logits, ids);
+  const at::Tensor logits = s.model(ids, at::Tensor());
+  const at::Tensor loss = s.tp_mesh ? models::llama::CausalLMLossParallel(logits, ids) : CausalLMLoss(logits, ids);
   loss.backward();
   return loss;
 }

@@ -12,53 +12,41 @@
 
 #include "checkpoint/tensor_dict_file.h"
 #include "comm/process_group.h"
-#include "examples/llama/llama.h"
 #include "mesh/device_mesh.h"
+#include "models/llama/model.h"
 
 namespace fsdp::examples::llama {
 
 // hf_llama_reference.py's config and constants.
-LlamaConfig HfReferenceConfig();
+models::llama::LlamaConfig HfReferenceConfig();
 // hf_llama_2d.py's: HfReferenceConfig with 8 query and 4 key/value heads (head_dim 4), so
 // that tp = 4 still holds whole heads and grouped-query attention (2 query heads per kv).
-LlamaConfig TwoDReferenceConfig();
+models::llama::LlamaConfig TwoDReferenceConfig();
 inline constexpr double kLr = 1e-2, kWeightDecay = 0.1, kMaxNorm = 1.0;
 inline constexpr int64_t kGlobalBatch = 8;  // hf_llama_fsdp2.py's GLOBAL_BATCH
 
 // Copies an HF state_dict into `model` by name (llama.h's 1:1 mapping). Throws c10::Error
 // naming the key when the key sets or a shape differ.
-void LoadHfWeights(LlamaForCausalLMImpl& model, const checkpoint::TensorDict& init);
+void LoadHfWeights(models::llama::LlamaForCausalLMImpl& model, const checkpoint::TensorDict& init);
 
 struct ShardedLlama {
-  LlamaForCausalLM model{nullptr};
+  models::llama::LlamaForCausalLM model{nullptr};
   std::unique_ptr<torch::optim::AdamW> opt;  // built after fully_shard: it holds the shards
   comm::ProcessGroupPtr world;               // the mesh's world group
   mesh::DeviceMeshPtr dp_mesh;               // fully_shard's: the whole 1-D mesh, or mesh["dp"]
   mesh::DeviceMeshPtr tp_mesh;               // mesh["tp"] of a 2-D mesh; null on a 1-D one
 };
 
-// torchtitan's Llama plan (torchtitan/models/llama3/infra/parallelize.py) in Hugging Face's
-// names, on the 1-D `tp_mesh`: embed_tokens rowwise to Shard(1); input_layernorm,
-// post_attention_layernorm and the final norm SequenceParallel; self_attn and mlp
-// PrepareModuleInput Shard(1) -> Replicate; q/k/v and gate/up colwise; o_proj and down_proj
-// rowwise to Shard(1); lm_head colwise from Shard(1) to a vocab-sharded DTensor output for
-// CausalLMLossParallel. Throws c10::Error naming the head count when num_attention_heads or
-// num_key_value_heads is not divisible by tp (attention runs on this rank's whole heads).
-// Collective over tp_mesh.
-void ParallelizeLlama(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr& tp_mesh);
-
-// CausalLMLoss of ParallelizeLlama's vocab-sharded logits (loss parallel: no gather).
-at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels);
-
 // A `config` model (HfReferenceConfig's by default), decoder layers checkpointed when
 // `activation_checkpointing`, fully_shard'ed per decoder layer and then the root, then loaded
 // from the Hugging Face directory `hf_dir` (save_pretrained's output; dcp::LoadHuggingFace:
 // each rank reads only its shards). On a 1-D mesh FSDP2 over it; on a 2-D ("dp", "tp") mesh
-// ParallelizeLlama on mesh["tp"] first, then fully_shard over mesh["dp"]. Collective over
+// models::llama::ApplyTensorParallel on mesh["tp"] first, then fully_shard over mesh["dp"]. Collective over
 // the mesh.
 // `dtype`: the parameters' (the file's values converted on load).
 ShardedLlama BuildShardedLlama(const std::string& hf_dir, const mesh::DeviceMeshPtr& mesh,
-                               bool activation_checkpointing, const LlamaConfig& config = HfReferenceConfig(),
+                               bool activation_checkpointing,
+                               const models::llama::LlamaConfig& config = HfReferenceConfig(),
                                c10::ScalarType dtype = c10::ScalarType::Float);
 
 struct StepResult {
@@ -70,7 +58,8 @@ struct StepResult {
 // size; the tp ranks of a dp rank share its rows): ForwardBackward, then FinishStep.
 // Collective over `s.world`.
 StepResult TrainStep(ShardedLlama& s, const at::Tensor& global_tokens);
-// Forward, CausalLMLoss (CausalLMLossParallel under TP), backward; returns this dp rank's loss.
+// Forward, CausalLMLoss (CausalLMLossParallel under TP, models/llama/parallelize.h), backward; returns this dp rank's
+// loss.
 at::Tensor ForwardBackward(ShardedLlama& s, const at::Tensor& global_tokens);
 // clip_grad_norm_(kMaxNorm), AdamW step, zero_grad; the global loss from each dp rank's.
 StepResult FinishStep(ShardedLlama& s, const at::Tensor& loss);

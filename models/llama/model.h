@@ -1,7 +1,10 @@
-// A Llama-style decoder-only language model in LibTorch that computes what Hugging Face
-// transformers' LlamaForCausalLM computes (transformers 5.24.0,
+// The Llama-3 architecture in LibTorch, shared by the trainer (//train) and the examples: the
+// model Hugging Face transformers' LlamaForCausalLM computes (transformers 5.24.0,
 // transformers/models/llama/modeling_llama.py; the loss: transformers/loss/loss_utils.py,
-// ForCausalLMLoss), checked by llama_parity_test.cc against the Python model itself.
+// ForCausalLMLoss), which is torchtitan's Llama3Model (torchtitan/models/llama3/model.py) up
+// to the q/k row order that torchtitan's state-dict adapter permutes. Checked against
+// transformers by examples/llama/llama_parity_test.cc and against torchtitan by
+// models/llama/torchtitan_parity_test.cc.
 //
 // Parameter names are HF's state_dict keys, one to one and spelled identically, so an HF
 // state_dict (torch.save'd, read with checkpoint::LoadTensorDict) loads by name:
@@ -13,7 +16,8 @@
 //                                                      down: [hidden, intermediate]
 //   model.layers.<i>.{input,post_attention}_layernorm.weight   [hidden]
 //   model.norm.weight                                  [hidden]
-//   lm_head.weight                                     [vocab, hidden] (untied)
+//   lm_head.weight                                     [vocab, hidden] (absent when tied: the
+//                                                      embedding's tensor is the head's weight)
 // registered in HF's order (named_parameters() order is the same), no biases
 // (attention_bias = mlp_bias = False). HF's rotary inv_freq is a non-persistent buffer, not in
 // its state_dict; here it is recomputed in each forward and registered nowhere.
@@ -21,9 +25,10 @@
 // Each decoder layer and the whole model are fsdp::Hooked, so fsdp::fsdp2::fully_shard
 // can wrap each layer and then the root (the usual FSDP2 plan). The inner `model` (HF's
 // LlamaModel) is a plain module: the root's FSDP group holds its embedding and norm.
-#ifndef FSDP_EXAMPLES_LLAMA_LLAMA_H_
-#define FSDP_EXAMPLES_LLAMA_LLAMA_H_
+#ifndef FSDP_MODELS_LLAMA_MODEL_H_
+#define FSDP_MODELS_LLAMA_MODEL_H_
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -31,13 +36,30 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
-namespace fsdp::examples::llama {
+namespace fsdp::models::llama {
+
+// Llama 3.1's rotary frequency scaling: HF's rope_type "llama3"
+// (transformers/modeling_rope_utils.py, _compute_llama3_parameters), torchtitan's RoPE scaling
+// "llama" (torchtitan/models/common/rope.py); the defaults are both's.
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// How attention is computed: HF's eager path (matmul, additive mask, float32 softmax) or
+// at::scaled_dot_product_attention with is_causal (torchtitan's ScaledDotProductAttention and
+// HF's "sdpa"; the fused kernels where the device has them).
+enum class AttentionKernel { kEager, kSdpa };
 
 // LlamaConfig's fields that shape the model (head_dim = hidden / heads, as HF's default).
 struct LlamaConfig {
@@ -49,6 +71,9 @@ struct LlamaConfig {
   int64_t num_key_value_heads = 2;  // grouped-query attention: heads share kv heads in groups
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
+  std::optional<Llama3RopeScaling> rope_scaling;  // unset: HF's rope_type "default"
+  bool tie_word_embeddings = false;
+  AttentionKernel attention = AttentionKernel::kEager;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
@@ -68,12 +93,13 @@ struct RMSNormImpl : torch::nn::Module {
 };
 using RMSNorm = Hooked<RMSNormImpl>;
 
-// LlamaAttention with the eager attention path (eager_attention_forward): rotary embeddings on
-// q and k, kv heads repeated to the query heads (repeat_kv), scores scaled by head_dim^-0.5,
-// causal mask, softmax in float32.
+// LlamaAttention: rotary embeddings on q and k, then causal attention over kv heads shared by
+// groups of query heads, scaled by head_dim^-0.5. kEager is eager_attention_forward (kv heads
+// repeated, additive mask, softmax in float32); kSdpa is at::scaled_dot_product_attention
+// (is_causal, enable_gqa).
 struct AttentionImpl : torch::nn::Module {
   explicit AttentionImpl(const LlamaConfig& config);
-  // x [batch, seq, hidden]; cos, sin [1, seq, head_dim] -> [batch, seq, hidden]. Under
+  // x [batch, seq, hidden]; cos, sin [1 or batch, seq, head_dim] -> [batch, seq, hidden]. Under
   // tensor parallelism q/k/v hold this rank's heads and the output is o_proj's partial sum.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   LlamaConfig config;
@@ -107,8 +133,10 @@ using DecoderLayer = activation_checkpointing::Checkpointed<DecoderLayerImpl>;
 // the root (LlamaForCausalLM), as PyTorch's FSDP2 recipes for HF models do.
 struct LlamaModelImpl : torch::nn::Module {
   explicit LlamaModelImpl(const LlamaConfig& config);
-  // tokens [batch, seq] (int64) -> last hidden state [batch, seq, hidden].
-  at::Tensor forward(const at::Tensor& tokens);
+  // tokens [batch, seq] (int64), positions [batch or 1, seq] (int64: each token's rotary
+  // position, as torchtitan's per-document positions; undefined: 0 .. seq-1) -> the last
+  // hidden state [batch, seq, hidden].
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions);
   LlamaConfig config;
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};     // DecoderLayer each; children named "0", "1", ...
@@ -117,11 +145,12 @@ struct LlamaModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(LlamaModel);
 
-// LlamaForCausalLM: LlamaModel and an untied lm_head.
+// LlamaForCausalLM: LlamaModel and the lm_head (tied: its weight is the embedding's tensor,
+// registered once, as HF's and torchtitan's weight tying).
 struct LlamaForCausalLMImpl : torch::nn::Module {
   explicit LlamaForCausalLMImpl(const LlamaConfig& config);
-  // tokens [batch, seq] -> logits [batch, seq, vocab].
-  at::Tensor forward(const at::Tensor& tokens);
+  // tokens [batch, seq], positions as LlamaModelImpl::forward -> logits [batch, seq, vocab].
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions);
   LlamaConfig config;
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};
@@ -138,6 +167,22 @@ at::Tensor CausalLMLoss(const at::Tensor& logits, const at::Tensor& labels);
 // for linear and embedding weights, ones for RMSNorm weights; one CPU generator seeded `seed`.
 void InitWeights(LlamaForCausalLMImpl& model, uint64_t seed, double initializer_range = 0.02);
 
-}  // namespace fsdp::examples::llama
+// torchtitan's initialization of the parameter named `name` (an HF name of this model), drawn
+// into `full`, the whole parameter on the CPU, from `generator`
+// (torchtitan/models/llama3/__init__.py's param_init tables): RMSNorm weights ones; the
+// embedding normal(0, 1); q/k/v and gate_proj truncated normal(0, 0.02) cut at +-2; o_proj,
+// up_proj and down_proj truncated normal with torchtitan's depth-scaled std 0.02 / sqrt(2 *
+// (layer + 1)); lm_head truncated normal(0, hidden^-0.5) cut at +-3 std. Tied, the embedding
+// takes lm_head's init (torchtitan skips the embedding's own). The draw is
+// torch.nn.init.trunc_normal_'s (uniform, erfinv, scale, clamp), so a parameter's values depend
+// on the generator's state only: initializing full parameters one at a time and keeping each
+// rank's shard is the same on every world size. An unknown name is a c10::Error.
+void InitTorchtitanParameter(const LlamaConfig& config, const std::string& name, at::Tensor& full,
+                             at::Generator& generator);
+// InitTorchtitanParameter over every parameter in named_parameters() order, one CPU generator
+// seeded `seed`.
+void InitWeightsTorchtitan(LlamaForCausalLMImpl& model, uint64_t seed);
 
-#endif  // FSDP_EXAMPLES_LLAMA_LLAMA_H_
+}  // namespace fsdp::models::llama
+
+#endif  // FSDP_MODELS_LLAMA_MODEL_H_

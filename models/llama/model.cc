@@ -1,7 +1,7 @@
 // See llama.h. Every step follows transformers 5.24.0's
 // transformers/models/llama/modeling_llama.py op for op (same ops, same order, same dtypes),
-// which is what lets llama_parity_test.cc compare with HF at float32 rounding level.
-#include "examples/llama/llama.h"
+// which is what lets examples/llama/llama_parity_test.cc compare with HF at float32 rounding level.
+#include "models/llama/model.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,7 +11,7 @@
 #include <limits>
 #include <string>
 
-namespace fsdp::examples::llama {
+namespace fsdp::models::llama {
 namespace {
 
 Linear NoBiasLinear(int64_t in, int64_t out) { return Linear(torch::nn::LinearOptions(in, out).bias(false)); }
@@ -32,16 +32,36 @@ at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
   return x.unsqueeze(2).expand({b, kv, n_rep, s, d}).reshape({b, kv * n_rep, s, d});
 }
 
-// LlamaRotaryEmbedding with rope_type "default" (attention_scaling 1, so not applied):
-// inv_freq = 1 / theta^(arange(0, d, 2) / d) in float32, angles = position * inv_freq,
-// emb = cat(angles, angles); returns cos, sin of shape [1, seq, head_dim].
-std::pair<at::Tensor, at::Tensor> RotaryCosSin(const LlamaConfig& config, int64_t seq, const at::Tensor& like) {
+// LlamaRotaryEmbedding's inverse frequencies: rope_type "default" is 1 / theta^(arange(0, d, 2)
+// / d) in float32; "llama3" (_compute_llama3_parameters) then divides the low frequencies by
+// `factor` and interpolates the band between, op for op as HF (and torchtitan's "llama" scaling,
+// the same formula).
+at::Tensor InverseFrequencies(const LlamaConfig& config, const at::TensorOptions& f32) {
   const int64_t d = config.head_dim();
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(like.device());
   // Python's `1.0 / t` is t.reciprocal() * 1.0 (torch/_tensor.py, __rdiv__).
-  const at::Tensor inv_freq = at::reciprocal(at::pow(config.rope_theta, at::arange(0, d, 2, f32) / d));
-  const at::Tensor positions = at::arange(seq, f32.dtype(at::kLong)).unsqueeze(0);  // position_ids [1, seq]
-  const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq;       // [1, seq, d/2]
+  at::Tensor inv_freq = at::reciprocal(at::pow(config.rope_theta, at::arange(0, d, 2, f32) / d));
+  if (!config.rope_scaling) return inv_freq;
+  const Llama3RopeScaling& r = *config.rope_scaling;
+  const double old_context = static_cast<double>(r.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / r.low_freq_factor;
+  const double high_freq_wavelen = old_context / r.high_freq_factor;
+  const at::Tensor wavelen = at::reciprocal(inv_freq) * (2 * M_PI);  // 2 * math.pi / inv_freq
+  const at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  const at::Tensor smooth =
+      (at::reciprocal(wavelen) * old_context - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  const at::Tensor medium = at::logical_not(wavelen < high_freq_wavelen) * at::logical_not(wavelen > low_freq_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+// LlamaRotaryEmbedding.forward (attention_scaling 1, so not applied): angles = position *
+// inv_freq in float32, emb = cat(angles, angles); returns cos, sin of shape [rows, seq, head_dim]
+// where positions is [rows, seq].
+std::pair<at::Tensor, at::Tensor> RotaryCosSin(const LlamaConfig& config, const at::Tensor& positions,
+                                               const at::Tensor& like) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(like.device());
+  const at::Tensor inv_freq = InverseFrequencies(config, f32);
+  const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq;  // [rows, seq, d/2]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
@@ -79,6 +99,14 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   q = q * c + RotateHalf(q) * sn;
   k = k * c + RotateHalf(k) * sn;
 
+  if (config.attention == AttentionKernel::kSdpa) {
+    // torchtitan's ScaledDotProductAttention (models/common/attention.py): default scale
+    // head_dim^-0.5, is_causal, kv heads shared through enable_gqa.
+    const at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                            /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                            /*enable_gqa=*/k.size(1) != q.size(1));
+    return o_proj(out.transpose(1, 2).contiguous().reshape({b, s, -1}));
+  }
   const int64_t n_rep = config.num_attention_heads / config.num_key_value_heads;
   const at::Tensor keys = RepeatKv(k, n_rep), values = RepeatKv(v, n_rep);
   // eager_attention_forward: scores * head_dim^-0.5 (multiplied, as HF does, not divided by
@@ -125,19 +153,32 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) {
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
+at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens, const at::Tensor& positions) {
+  TORCH_CHECK(tokens.dim() == 2, "LlamaModel: tokens must be [batch, seq], got ", tokens.sizes());
   at::Tensor h = embed_tokens(tokens);
-  const auto [cos, sin] = RotaryCosSin(config, tokens.size(1), h);
+  at::Tensor pos = positions;
+  if (pos.defined()) {
+    TORCH_CHECK(pos.dim() == 2 && pos.size(1) == tokens.size(1) && (pos.size(0) == 1 || pos.size(0) == tokens.size(0)),
+                "LlamaModel: positions must be [1 or batch, seq] for tokens ", tokens.sizes(), ", got ", pos.sizes());
+  } else {
+    pos = at::arange(tokens.size(1), tokens.options().dtype(at::kLong)).unsqueeze(0);  // HF's position_ids
+  }
+  const auto [cos, sin] = RotaryCosSin(config, pos, h);
   for (auto& layer : decoder_layers) h = layer(h, cos, sin);
   return norm(h);
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
-    : config(c),
-      model(register_module("model", LlamaModel(c))),
-      lm_head(register_module("lm_head", NoBiasLinear(c.hidden_size, c.vocab_size))) {}
+    : config(c), model(register_module("model", LlamaModel(c))) {
+  if (!c.tie_word_embeddings) lm_head = register_module("lm_head", NoBiasLinear(c.hidden_size, c.vocab_size));
+}
 
-at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) { return lm_head(model(tokens)); }
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens, const at::Tensor& positions) {
+  const at::Tensor h = model(tokens, positions);
+  // Tied: the embedding's tensor as the head's weight, registered once (named_parameters()
+  // lists it once, as PyTorch's dedups the shared Parameter).
+  return lm_head ? lm_head(h) : at::linear(h, model->embed_tokens->weight);
+}
 
 at::Tensor CausalLMLoss(const at::Tensor& logits, const at::Tensor& labels) {
   constexpr int64_t kIgnore = -100;
@@ -161,4 +202,69 @@ void InitWeights(LlamaForCausalLMImpl& model, uint64_t seed, double initializer_
   }
 }
 
-}  // namespace fsdp::examples::llama
+namespace {
+
+// torch.nn.init.trunc_normal_ (torch/nn/init.py, _no_grad_trunc_normal_), op for op.
+void TruncNormal(at::Tensor& t, double std, double a, double b, at::Generator& generator) {
+  const auto norm_cdf = [](double x) { return (1.0 + std::erf(x / std::sqrt(2.0))) / 2.0; };
+  const double l = norm_cdf(a / std), u = norm_cdf(b / std);
+  t.uniform_(2 * l - 1, 2 * u - 1, generator);
+  t.erfinv_();
+  t.mul_(std * std::sqrt(2.0));
+  t.add_(0.0);
+  t.clamp_(a, b);
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void InitTorchtitanParameter(const LlamaConfig& config, const std::string& name, at::Tensor& full,
+                             at::Generator& generator) {
+  at::NoGradGuard no_grad;
+  constexpr double kStd = 0.02;
+  if (EndsWith(name, "norm.weight")) {
+    full.fill_(1.0);
+    return;
+  }
+  const bool tied_embedding = name == "model.embed_tokens.weight" && config.tie_word_embeddings;
+  if (name == "lm_head.weight" || tied_embedding) {
+    const double s = std::pow(static_cast<double>(config.hidden_size), -0.5);
+    TruncNormal(full, s, -3 * s, 3 * s, generator);
+    return;
+  }
+  if (name == "model.embed_tokens.weight") {
+    full.normal_(0.0, 1.0, generator);
+    return;
+  }
+  // model.layers.<i>.<module>.weight
+  constexpr std::string_view kPrefix = "model.layers.";
+  TORCH_CHECK(name.compare(0, kPrefix.size(), kPrefix) == 0, "InitTorchtitanParameter: unknown parameter ", name);
+  const size_t dot = name.find('.', kPrefix.size());
+  TORCH_CHECK(dot != std::string::npos, "InitTorchtitanParameter: unknown parameter ", name);
+  const int64_t layer = std::stoll(name.substr(kPrefix.size(), dot - kPrefix.size()));
+  const std::string rest = name.substr(dot + 1);
+  const double depth_std = kStd / std::sqrt(2.0 * static_cast<double>(layer + 1));  // depth_scaled_std
+  if (rest == "self_attn.q_proj.weight" || rest == "self_attn.k_proj.weight" || rest == "self_attn.v_proj.weight" ||
+      rest == "mlp.gate_proj.weight") {
+    TruncNormal(full, kStd, -2.0, 2.0, generator);  // trunc_normal_'s default cut a=-2, b=2
+  } else if (rest == "self_attn.o_proj.weight" || rest == "mlp.up_proj.weight" || rest == "mlp.down_proj.weight") {
+    TruncNormal(full, depth_std, -2.0, 2.0, generator);
+  } else {
+    TORCH_CHECK(false, "InitTorchtitanParameter: unknown parameter ", name);
+  }
+}
+
+void InitWeightsTorchtitan(LlamaForCausalLMImpl& model, uint64_t seed) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (const auto& item : model.named_parameters()) {
+    at::Tensor full = at::empty(item.value().sizes(), item.value().options().device(at::kCPU));
+    InitTorchtitanParameter(model.config, item.key(), full, generator);
+    at::NoGradGuard no_grad;
+    item.value().copy_(full);
+  }
+}
+
+}  // namespace fsdp::models::llama
