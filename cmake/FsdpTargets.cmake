@@ -335,6 +335,10 @@ function(fsdp_cc_binary label)
     return()
   endif()
   _fsdp_executable()
+  # INSTALL: a program of the package (tools/gen_cmake_targets.py, INSTALLED_PROGRAMS), to bin/.
+  if(ARG_INSTALL AND FSDP_INSTALL)
+    set_property(GLOBAL APPEND PROPERTY FSDP_INSTALL_TARGETS ${target})
+  endif()
 endfunction()
 
 function(fsdp_cc_test label)

@@ -240,11 +240,19 @@ def all_deps(label, kw):
     return common + cuda + nocuda
 
 
+# The programs the CMake package installs (to bin/), with the libraries they link.
+INSTALLED_PROGRAMS = {"//train:train"}
+
+
 def installed_set(targets):
-    """The libraries the CMake package installs (see PUBLIC above)."""
+    """The libraries the CMake package installs (see PUBLIC above), and INSTALLED_PROGRAMS."""
     todo = [label for label, (kind, pkg, kw) in targets.items()
             if kind == "cc_library" and not kw.get("testonly") and not optional_for(label, pkg)
             and PUBLIC in (kw.get("visibility") or [])]
+    for program in sorted(INSTALLED_PROGRAMS):
+        if targets.get(program, (None,))[0] != "cc_binary":
+            die(f"INSTALLED_PROGRAMS: {program} is not a cc_binary")
+        todo.append(program)
     installed = set()
     while todo:
         label = todo.pop()

@@ -1,0 +1,131 @@
+// See metrics_log.h.
+#include "train/metrics_log.h"
+
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "metrics/allocation_window.h"
+#include "metrics/step_metrics.h"
+#include "train/trainer.h"
+
+namespace fsdp::train {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double PhysicalMemoryBytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
+
+// Python's f"{n:,}" for a rounded non-negative number.
+std::string WithCommas(double x) {
+  std::string digits = std::to_string(static_cast<long long>(std::llround(x)));
+  std::string out;
+  const size_t lead = digits.size() % 3 == 0 ? 3 : digits.size() % 3;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (i - lead) % 3 == 0 && i >= lead) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string Number(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", x);
+  return buf;
+}
+
+}  // namespace
+
+std::string MetricsLog::FormatStep(int64_t step, double loss, double grad_norm, double memory_gib, double memory_pct,
+                                   double tps, double tflops, double mfu_pct) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "step: %2lld  loss: %8.5f  grad_norm: %7.4f  memory: %5.2fGiB(%.2f%%)  tps: %s  ",
+                static_cast<long long>(step), loss, grad_norm, memory_gib, memory_pct, WithCommas(tps).c_str());
+  std::string line = buf;
+  // f"{tflops:,.2f}": tflops here are far below 1,000.
+  std::snprintf(buf, sizeof(buf), "tflops: %.2f  mfu: %.2f%%", tflops, mfu_pct);
+  return line + buf;
+}
+
+MetricsLog::MetricsLog(const JobConfig& config, int rank, std::ostream* out, double flops_per_token,
+                       int64_t non_dp_size)
+    : config_(config),
+      out_(out),
+      flops_per_token_(flops_per_token),
+      non_dp_size_(non_dp_size),
+      last_log_(std::chrono::steady_clock::now()),
+      memory_(std::make_unique<metrics::AllocationWindow>()) {
+  if (out_ == nullptr) return;
+  peak_flops_ = metrics::MeasureMatmulPeakFlops();
+  if (config.metrics.enable_jsonl) {
+    std::filesystem::path path = std::filesystem::path(config.dump_folder) / config.metrics.save_jsonl_file;
+    if (rank != 0) path += ".rank" + std::to_string(rank);
+    std::error_code ec;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    jsonl_.open(path, std::ios::out | std::ios::trunc);
+    TORCH_CHECK(jsonl_.good(), "metrics.save_jsonl_file: cannot write ", path.string());
+  }
+  TORCH_CHECK(!config.metrics.enable_tensorboard,
+              "metrics.enable_tensorboard = true: TensorBoard event files are not written yet; use "
+              "metrics.enable_jsonl");
+}
+
+MetricsLog::~MetricsLog() = default;
+
+void MetricsLog::WriteJson(const std::string& json) {
+  if (!jsonl_.is_open()) return;
+  jsonl_ << json << '\n';
+  jsonl_.flush();
+}
+
+void MetricsLog::RecordStep(const StepResult& r) {
+  tokens_since_log_ += r.local_tokens;
+  tokens_seen_ += r.global_tokens;
+  data_seconds_.push_back(r.data_seconds);
+  if (!(r.step == 1 || r.step % config_.metrics.log_freq == 0)) return;
+  const double delta = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_log_).count();
+  const double tps = static_cast<double>(tokens_since_log_) / (delta * static_cast<double>(non_dp_size_));
+  const double tflops = flops_per_token_ * tps / 1e12;
+  const double mfu = peak_flops_ > 0 ? 100.0 * flops_per_token_ * tps / peak_flops_ : 0.0;
+  const double peak = static_cast<double>(memory_->peak());
+  const double gib = peak / kGiB, pct = 100.0 * peak / PhysicalMemoryBytes();
+  double data = 0;
+  for (const double s : data_seconds_) data += s;
+  if (out_ != nullptr) {
+    *out_ << FormatStep(r.step, r.loss, r.grad_norm, gib, pct, tps, tflops, mfu) << std::endl;
+    WriteJson("{\"step\": " + std::to_string(r.step) + ", \"loss_metrics/global_avg_loss\": " + Number(r.loss) +
+              ", \"loss_metrics/global_max_loss\": " + Number(r.max_loss) + ", \"grad_norm\": " + Number(r.grad_norm) +
+              ", \"lr\": " + Number(r.lr) + ", \"throughput(tps)\": " + Number(tps) + ", \"tflops\": " +
+              Number(tflops) + ", \"mfu(%)\": " + Number(mfu) + ", \"memory/max_reserved(GiB)\": " + Number(gib) +
+              ", \"time_metrics/end_to_end(s)\": " + Number(delta / config_.metrics.log_freq) +
+              ", \"time_metrics/data_loading(s)\": " + Number(data / data_seconds_.size()) +
+              ", \"time_metrics/data_loading(%)\": " + Number(100.0 * data / delta) +
+              ", \"n_tokens_seen\": " + std::to_string(tokens_seen_) + "}");
+  }
+  tokens_since_log_ = 0;
+  data_seconds_.clear();
+  memory_->Mark();
+  last_log_ = std::chrono::steady_clock::now();
+}
+
+void MetricsLog::LogValidation(int64_t step, double loss, int64_t local_tokens, double seconds) {
+  const double peak = static_cast<double>(memory_->peak());
+  if (out_ != nullptr) {
+    char buf[256];
+    std::snprintf(
+        buf, sizeof(buf), "validate step: %2lld  loss: %7.4f  memory: %5.2fGiB(%.2f%%)  tps: %s",
+        static_cast<long long>(step), loss, peak / kGiB, 100.0 * peak / PhysicalMemoryBytes(),
+        WithCommas(seconds > 0 ? static_cast<double>(local_tokens) / (seconds * static_cast<double>(non_dp_size_)) : 0)
+            .c_str());
+    *out_ << buf << std::endl;
+    WriteJson("{\"step\": " + std::to_string(step) + ", \"validation_metrics/loss\": " + Number(loss) + "}");
+  }
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,135 @@
+// See parallelize.h.
+#include "train/parallelize.h"
+
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <vector>
+
+#include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
+#include "fsdp/fsdp2/fully_shard.h"
+#include "models/llama/flavors.h"
+#include "models/llama/parallelize.h"
+
+namespace fsdp::train {
+namespace {
+
+void CheckDivisible(const char* key, int64_t value, int64_t tp, const char* why) {
+  TORCH_CHECK(value % tp == 0, key, " = ", value, " is not divisible by parallelism.tensor_parallel_degree = ", tp,
+              " (", why, ")");
+}
+
+}  // namespace
+
+c10::ScalarType ScalarTypeOf(DType dtype) { return dtype == DType::kBFloat16 ? at::kBFloat16 : at::kFloat; }
+
+models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t tp_degree) {
+  const ModelConfig& m = config.model;
+  TORCH_CHECK(m.name == "llama3", "model.name = \"", m.name, "\" is not a model this trainer has (llama3)");
+  models::llama::LlamaConfig c = models::llama::Llama3Flavor(m.flavor);
+  // The registry's ffn inputs, for a changed dim / multiple_of / multiplier.
+  int64_t multiple_of = 256;
+  std::optional<double> multiplier;
+  for (const auto& [name, mult, mul] :
+       std::vector<std::tuple<std::string, int64_t, std::optional<double>>>{{"debugmodel", 256, std::nullopt},
+                                                                            {"1B", 1024, 1.5},
+                                                                            {"3B", 1024, 1.0},
+                                                                            {"8B", 1024, 1.3},
+                                                                            {"70B", 4096, 1.3},
+                                                                            {"405B", 4096, 1.2}}) {
+    if (name == m.flavor) multiple_of = mult, multiplier = mul;
+  }
+  const auto positive = [](const char* key, int64_t v) {
+    TORCH_CHECK(v >= 1, key, " = ", v, " must be at least 1");
+    return v;
+  };
+  if (m.dim) c.hidden_size = positive("model.dim", *m.dim);
+  if (m.n_layers) c.num_hidden_layers = positive("model.n_layers", *m.n_layers);
+  if (m.n_heads) c.num_attention_heads = c.num_key_value_heads = positive("model.n_heads", *m.n_heads);
+  if (m.n_kv_heads) c.num_key_value_heads = positive("model.n_kv_heads", *m.n_kv_heads);
+  if (m.vocab_size) c.vocab_size = positive("model.vocab_size", *m.vocab_size);
+  if (m.multiple_of) multiple_of = positive("model.multiple_of", *m.multiple_of);
+  if (m.ffn_dim_multiplier) multiplier = *m.ffn_dim_multiplier;
+  if (m.dim || m.multiple_of || m.ffn_dim_multiplier) {
+    c.intermediate_size = models::llama::ComputeFfnHiddenDim(c.hidden_size, multiple_of, multiplier);
+  }
+  if (m.norm_eps) c.rms_norm_eps = *m.norm_eps;
+  if (m.rope_theta) c.rope_theta = *m.rope_theta;
+  if (m.enable_weight_tying) c.tie_word_embeddings = *m.enable_weight_tying;
+  TORCH_CHECK(c.hidden_size % c.num_attention_heads == 0, "model.dim = ", c.hidden_size,
+              " is not divisible by model.n_heads = ", c.num_attention_heads);
+  TORCH_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, "model.n_heads = ", c.num_attention_heads,
+              " is not divisible by model.n_kv_heads = ", c.num_key_value_heads);
+  TORCH_CHECK((c.hidden_size / c.num_attention_heads) % 2 == 0,
+              "model.dim / model.n_heads = ", c.hidden_size / c.num_attention_heads,
+              " must be even (rotary embeddings rotate pairs)");
+  if (tp_degree > 1) {
+    CheckDivisible("model.n_heads", c.num_attention_heads, tp_degree, "each rank computes whole heads");
+    CheckDivisible("model.n_kv_heads", c.num_key_value_heads, tp_degree, "each rank computes whole heads");
+    CheckDivisible("model.vocab_size", c.vocab_size, tp_degree, "the head and the loss shard the vocabulary");
+    CheckDivisible("the feed-forward hidden size (model.dim, model.multiple_of, model.ffn_dim_multiplier)",
+                   c.intermediate_size, tp_degree, "colwise and rowwise linears shard it");
+    TORCH_CHECK(!c.tie_word_embeddings, "model.enable_weight_tying = true is not supported with tensor parallelism");
+  }
+  c.attention = models::llama::AttentionKernel::kSdpa;
+  return c;
+}
+
+ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees) {
+  ParallelMeshes m;
+  m.world = mesh::DeviceMesh::Create(world, {degrees.dp_replicate, degrees.dp_shard, degrees.tp},
+                                     {"dp_replicate", "dp_shard", "tp"});
+  m.fsdp = degrees.dp_replicate > 1 ? m.world->slice({"dp_replicate", "dp_shard"}) : (*m.world)["dp_shard"];
+  m.tp = degrees.tp > 1 ? (*m.world)["tp"] : nullptr;
+  m.batch = degrees.dp_replicate > 1 ? m.world->flatten({"dp_replicate", "dp_shard"}, "dp") : (*m.world)["dp_shard"];
+  m.dp_rank = m.batch->coordinate()[0];
+  m.dp_size = m.batch->size();
+  return m;
+}
+
+void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config, const ParallelMeshes& meshes) {
+  if (meshes.tp) {
+    models::llama::ApplyTensorParallel(*model, meshes.tp,
+                                       {.sequence_parallel = config.parallelism.enable_sequence_parallel});
+  }
+  switch (config.activation_checkpoint.mode) {
+    case ActivationCheckpointMode::kNone: break;
+    case ActivationCheckpointMode::kFull:
+      activation_checkpointing::apply_activation_checkpointing(*model, nullptr, /*enabled=*/true);
+      break;
+    case ActivationCheckpointMode::kSelective:
+      // torchtitan 0.3.0's SelectiveAC is per-op (it saves chosen ATen ops' outputs through a
+      // TorchDispatchMode policy); the C++ checkpoint recomputes whole blocks.
+      TORCH_CHECK(false,
+                  "activation_checkpoint.mode = \"selective\" (torchtitan's per-op SAC) is not implemented; use "
+                  "\"full\" or \"none\"");
+  }
+  const ParallelismConfig& p = config.parallelism;
+  // torchtitan's get_fsdp_reshard_after_forward_policy without pipeline parallelism:
+  // "default" and "always" reshard the blocks; the final norm and head only under "always".
+  const bool reshard_blocks = p.fsdp_reshard_after_forward != ReshardAfterForward::kNever;
+  const bool reshard_root = p.fsdp_reshard_after_forward == ReshardAfterForward::kAlways;
+  fsdp2::FullyShardOptions options;
+  options.mesh = meshes.fsdp;
+  options.mp_policy = {.param_dtype = ScalarTypeOf(config.training.mixed_precision_param),
+                       .reduce_dtype = ScalarTypeOf(config.training.mixed_precision_reduce),
+                       .cast_forward_inputs = false};
+  options.detect_nonfinite_grads = true;
+  std::vector<fsdp2::FSDPModule> units;
+  const auto shard = [&](const std::shared_ptr<torch::nn::Module>& module, bool reshard) {
+    fsdp2::FullyShardOptions o = options;
+    o.reshard_after_forward = reshard;
+    units.push_back(fsdp2::fully_shard(module, o));
+  };
+  shard(model->model->embed_tokens.ptr(), reshard_blocks);
+  for (auto& layer : model->model->decoder_layers) shard(layer.ptr(), reshard_blocks);
+  shard(model.ptr(), reshard_root);
+  // torchtitan's disable_fsdp_gradient_division: the loss is a sum over this rank's tokens
+  // divided by the global token count, so the gradients are summed, not averaged.
+  for (auto& unit : units) {
+    unit.set_gradient_divide_factor(1.0);
+    unit.set_force_sum_reduction_for_comms(true);
+  }
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,52 @@
+// The job's model and how it is spread over the ranks: torchtitan's ParallelDims and
+// parallelize_llama (torchtitan/distributed/parallel_dims.py, models/llama3/parallelize.py,
+// distributed/fsdp.py apply_fsdp_to_decoder) for the Llama model of //models/llama.
+//
+// Contract:
+// - ResolveModelConfig turns [model] into the model's dimensions (a torchtitan flavor with the
+//   keys set in [model] replacing its values) and checks them against the tensor-parallel
+//   degree: one c10::Error naming the key, its value and the degree. Pure.
+// - BuildMeshes is collective over `world` (it creates the sub-groups): the world mesh
+//   (dp_replicate, dp_shard, tp), FSDP's mesh (1-D dp_shard, or dp_replicate x dp_shard for
+//   HSDP), the tp mesh and the flattened data-parallel mesh the loss and token counts reduce
+//   over.
+// - ParallelizeLlama, on an unsharded model, every rank alike: tensor parallelism on the tp
+//   mesh (enable_sequence_parallel), activation checkpointing (full: every block; selective
+//   is refused, see the error), then fully_shard per torchtitan: the embedding, each decoder
+//   layer, the root (final norm and head), with the reshard policy and the mixed-precision
+//   policy (cast_forward_inputs off) of the config, gradient division off (the loss is
+//   already divided by the global token count) and the non-finite gradient sentinel on.
+#ifndef FSDP_TRAIN_PARALLELIZE_H_
+#define FSDP_TRAIN_PARALLELIZE_H_
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+#include "comm/process_group.h"
+#include "mesh/device_mesh.h"
+#include "models/llama/model.h"
+#include "train/config.h"
+
+namespace fsdp::train {
+
+models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t tp_degree);
+
+// at::kFloat or at::kBFloat16.
+c10::ScalarType ScalarTypeOf(DType dtype);
+
+struct ParallelMeshes {
+  mesh::DeviceMeshPtr world;  // (dp_replicate, dp_shard, tp)
+  mesh::DeviceMeshPtr fsdp;   // dp_shard, or (dp_replicate, dp_shard)
+  mesh::DeviceMeshPtr tp;     // null when the tp degree is 1
+  mesh::DeviceMeshPtr batch;  // the data-parallel ranks as one dim: loss and token sums
+  int64_t dp_rank = 0, dp_size = 1;
+};
+
+ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees);
+
+void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config, const ParallelMeshes& meshes);
+
+}  // namespace fsdp::train
+
+#endif  // FSDP_TRAIN_PARALLELIZE_H_

@@ -1,0 +1,185 @@
+// See trainer.h. Each block names the part of torchtitan/trainer.py it follows.
+#include "train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "dcp/hf.h"
+#include "fsdp/fsdp2/clip_grad_norm.h"
+#include "metrics/step_metrics.h"
+#include "train/loss.h"
+#include "train/metrics_log.h"
+
+namespace fsdp::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+// torchtitan's get_dense_model_nparams_and_flops (models/utils.py): every parameter but the
+// embedding's (all of them when tied) counts 6 FLOPs per token, attention 6 * layers * heads
+// * (qk + v head dims) * seq_len.
+double FlopsPerToken(models::llama::LlamaForCausalLMImpl& model, int64_t seq_len) {
+  const models::llama::LlamaConfig& c = model.config;
+  int64_t params = 0;
+  for (const auto& p : model.parameters()) params += p.numel();
+  const int64_t embedding = model.model->embed_tokens->weight.numel();
+  const int64_t for_matmul = c.tie_word_embeddings ? params : params - embedding;
+  return metrics::DecoderFlopsPerToken(for_matmul, c.num_hidden_layers, c.num_attention_heads, c.head_dim(), seq_len);
+}
+
+// The sum over `group` (a no-op for one rank); `op` for every element.
+at::Tensor AllReduce(const mesh::DeviceMeshPtr& batch, at::Tensor t, comm::ReduceOp op) {
+  if (batch->size() > 1) batch->group(0)->all_reduce(t, op)->wait();
+  return t;
+}
+
+}  // namespace
+
+Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_(config), world_(std::move(world)) {
+  TORCH_CHECK(world_ != nullptr, "Trainer: the world process group is null");
+  // Everything a bad config or file can fail is checked before any collective or allocation.
+  degrees_ = ValidateConfig(config_, world_->size());
+  model_config_ = ResolveModelConfig(config_, degrees_.tp);
+  TORCH_CHECK(!config_.dataloader.dataset_path.empty(),
+              "dataloader.dataset_path is empty: a prepared dataset is required (docs/guide/data_format.md)");
+  std::shared_ptr<const TokenDataset> dataset = TokenDataset::Open(config_.dataloader.dataset_path);
+  TORCH_CHECK(dataset->vocab_size() <= model_config_.vocab_size, "dataloader.dataset_path ",
+              config_.dataloader.dataset_path, ": the tokenizer's vocab_size ", dataset->vocab_size(),
+              " exceeds the model's ", model_config_.vocab_size, " (model.vocab_size)");
+  if (config_.validator.enable) {
+    TORCH_CHECK(!config_.validator.dataset_path.empty(), "validator.enable = true needs validator.dataset_path");
+    validation_data_ = TokenDataset::Open(config_.validator.dataset_path);
+    TORCH_CHECK(validation_data_->vocab_size() <= model_config_.vocab_size, "validator.dataset_path ",
+                config_.validator.dataset_path, ": the tokenizer's vocab_size ", validation_data_->vocab_size(),
+                " exceeds the model's ", model_config_.vocab_size);
+  }
+  const CheckpointConfig& ck = config_.checkpoint;
+  TORCH_CHECK(ck.initial_load_path.empty() || ck.initial_load_in_hf, "checkpoint.initial_load_path = \"",
+              ck.initial_load_path,
+              "\": only a Hugging Face directory (checkpoint.initial_load_in_hf = true) is read at start");
+
+  meshes_ = BuildMeshes(world_, degrees_);
+
+  // torchtitan builds on the meta device and runs init_weights after sharding; here every rank
+  // draws the same full parameters from the seed (InitTorchtitanParameter), so the result does
+  // not depend on the world size either.
+  model_ = models::llama::LlamaForCausalLM(model_config_);
+  model_->to(ScalarTypeOf(config_.training.dtype));
+  models::llama::InitWeightsTorchtitan(*model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
+  flops_per_token_ = FlopsPerToken(*model_, config_.training.seq_len);
+  ParallelizeLlama(model_, config_, meshes_);
+  if (!ck.initial_load_path.empty()) dcp::LoadHuggingFace(*model_, ck.initial_load_path);
+
+  const OptimizerConfig& o = config_.optimizer;
+  optimizer_ = std::make_unique<torch::optim::AdamW>(
+      model_->parameters(),
+      torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
+  lr_schedulers_ = std::make_unique<LRSchedulers>(std::vector<torch::optim::Optimizer*>{optimizer_.get()},
+                                                  WarmupStableDecay(config_.lr_scheduler, config_.training.steps));
+  data_ = std::make_unique<DataLoader>(
+      dataset, DataLoaderConfig{.seq_len = config_.training.seq_len,
+                                .local_batch_size = config_.training.local_batch_size,
+                                .dp_degree = meshes_.dp_size,
+                                .dp_rank = meshes_.dp_rank,
+                                .gradient_accumulation_steps = degrees_.gradient_accumulation_steps,
+                                .seed = config_.dataloader.seed});
+}
+
+Trainer::~Trainer() = default;
+
+at::Tensor Trainer::Forward(const TokenBatch& batch) { return model_(batch.input, batch.positions); }
+
+StepResult Trainer::Step() {
+  const Clock::time_point start = Clock::now();
+  StepResult r;
+  r.step = ++step_;
+  // train_step: zero the gradients; the lr this step uses (get_metrics() before the step).
+  optimizer_->zero_grad(/*set_to_none=*/true);
+  r.lr = lr_schedulers_->last_lrs().at(0);
+  std::vector<TokenBatch> micro_batches;
+  int64_t local_valid = 0;
+  const Clock::time_point data_start = Clock::now();
+  for (int64_t m = 0; m < degrees_.gradient_accumulation_steps; ++m) {
+    micro_batches.push_back(data_->NextBatch());
+    r.local_tokens += micro_batches.back().labels.numel();
+    local_valid += micro_batches.back().labels.ne(kIgnoreIndex).sum().item<int64_t>();
+  }
+  r.data_seconds = Seconds(data_start);
+  // global_valid_tokens: the batch mesh's sum, before any forward (every micro-batch's loss
+  // divides by it).
+  r.global_tokens =
+      AllReduce(meshes_.batch, at::tensor({local_valid}, at::kLong), comm::ReduceOp::Sum()).item<int64_t>();
+  TORCH_CHECK(r.global_tokens > 0, "step ", r.step, ": the global batch has no valid token");
+  at::Tensor accumulated = at::zeros({}, at::kFloat);
+  for (const TokenBatch& batch : micro_batches) {
+    const at::Tensor loss = CrossEntropySum(Forward(batch), batch.labels) / static_cast<double>(r.global_tokens);
+    loss.backward();
+    accumulated.add_(loss.detach());
+  }
+  // optim: clip_grad_norm_ (the total norm before clipping), optimizer, schedule.
+  r.grad_norm = fsdp2::clip_grad_norm_(*model_, config_.training.max_norm).item<double>();
+  optimizer_->step();
+  lr_schedulers_->Step();
+  // collect_dist_metrics: global_avg_loss = sum of the ranks' accumulated losses; max loss =
+  // the largest rank's local mean (its accumulated loss * global / local tokens).
+  const double local_mean =
+      local_valid > 0 ? accumulated.item<double>() * static_cast<double>(r.global_tokens) / local_valid : 0.0;
+  r.loss = AllReduce(meshes_.batch, accumulated.to(at::kDouble).reshape({1}), comm::ReduceOp::Sum()).item<double>();
+  r.max_loss = AllReduce(meshes_.batch, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
+  TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
+              "); stopping training");
+  r.seconds = Seconds(start);
+  return r;
+}
+
+Trainer::ValidationResult Trainer::Validate() {
+  TORCH_CHECK(validation_data_ != nullptr, "Validate: validator.enable is false");
+  at::NoGradGuard no_grad;
+  const TrainingConfig& t = config_.training;
+  DataLoader loader(validation_data_, {.seq_len = t.seq_len,
+                                       .local_batch_size = t.local_batch_size,
+                                       .dp_degree = meshes_.dp_size,
+                                       .dp_rank = meshes_.dp_rank,
+                                       .gradient_accumulation_steps = 1,
+                                       .seed = config_.dataloader.seed});
+  // torchtitan's validator reads its dataset once (infinite=False): the whole global batches
+  // of one pass, at most validator.steps of them.
+  int64_t batches = loader.stream().windows_per_epoch() / (t.local_batch_size * meshes_.dp_size);
+  if (config_.validator.steps != -1) batches = std::min(batches, config_.validator.steps);
+  TORCH_CHECK(batches > 0, "validator.dataset_path ", config_.validator.dataset_path,
+              ": fewer windows than one global batch of local_batch_size * data-parallel degree = ",
+              t.local_batch_size * meshes_.dp_size);
+  at::Tensor sums = at::zeros({2}, at::kDouble);  // loss sum, valid tokens
+  ValidationResult result;
+  for (int64_t b = 0; b < batches; ++b) {
+    const TokenBatch batch = loader.NextBatch();
+    result.local_tokens += batch.labels.numel();
+    sums[0] += CrossEntropySum(Forward(batch), batch.labels).to(at::kDouble);
+    sums[1] += batch.labels.ne(kIgnoreIndex).sum().to(at::kDouble);
+  }
+  sums = AllReduce(meshes_.batch, sums, comm::ReduceOp::Sum());
+  result.loss = sums[0].item<double>() / sums[1].item<double>();
+  return result;
+}
+
+void Trainer::Train(std::ostream& log) {
+  const bool writes = world_->rank() == 0 || config_.metrics.save_for_all_ranks;
+  MetricsLog metrics(config_, world_->rank(), writes ? &log : nullptr, flops_per_token_, degrees_.tp);
+  while (step_ < config_.training.steps) {
+    const StepResult r = Step();
+    metrics.RecordStep(r);
+    if (validation_data_ != nullptr && r.step % config_.validator.freq == 0) {
+      const Clock::time_point start = Clock::now();
+      const ValidationResult v = Validate();
+      metrics.LogValidation(r.step, v.loss, v.local_tokens, Seconds(start));
+    }
+  }
+}
+
+}  // namespace fsdp::train

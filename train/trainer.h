@@ -1,0 +1,100 @@
+// The training job: torchtitan's Trainer (torchtitan/trainer.py) over this repository's
+// parts. One Trainer per rank, built from a validated JobConfig on the world group:
+//
+//   Trainer trainer(config, world);   // collective: meshes, sharding, data
+//   trainer.Train();                  // training.steps steps, logs, validation
+//
+// A step (Step()) is torchtitan's train_step: zero the gradients; take this rank's
+// gradient_accumulation_steps micro-batches from the data loader; count their valid tokens
+// and sum the count over the data-parallel ranks; for each micro-batch, forward, the summed
+// cross-entropy divided by that global count, backward (FSDP sums the gradients); clip the
+// gradients' total norm to training.max_norm; AdamW step; the learning-rate schedule's step.
+// The step's loss is the global mean over tokens (the micro-batches' losses summed over the
+// data-parallel ranks), its max loss the largest rank's own mean, as torchtitan logs them; the
+// learning rate is the one the step used.
+//
+// Contract: the constructor and Step / Validate / Train are collective over `world` (every
+// rank calls them alike). Errors: a config the model cannot take (ResolveModelConfig), a
+// missing or corrupt dataset (TokenDataset), a non-finite loss (c10::Error naming the step and
+// the loss) or gradient (FSDP's sentinel, naming the first parameter). Not thread-safe.
+#ifndef FSDP_TRAIN_TRAINER_H_
+#define FSDP_TRAIN_TRAINER_H_
+
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "models/llama/model.h"
+#include "train/config.h"
+#include "train/dataloader.h"
+#include "train/lr_scheduler.h"
+#include "train/parallelize.h"
+
+namespace fsdp::train {
+
+class MetricsLog;
+
+struct StepResult {
+  int64_t step = 0;           // 1-based, as torchtitan's
+  double loss = 0;            // global mean over the step's valid tokens
+  double max_loss = 0;        // the largest data-parallel rank's own mean
+  double grad_norm = 0;       // total, before clipping
+  double lr = 0;              // the learning rate the step used
+  int64_t global_tokens = 0;  // valid tokens of the step, all ranks
+  int64_t local_tokens = 0;   // this rank's tokens (label positions) of the step
+  double data_seconds = 0;    // this rank's time in the data loader
+  double seconds = 0;         // this rank's whole step
+};
+
+class Trainer {
+ public:
+  Trainer(const JobConfig& config, comm::ProcessGroupPtr world);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  StepResult Step();
+  // The validation loss over validator.steps batches (-1: the whole validation set once):
+  // summed cross-entropy over summed valid tokens, all data-parallel ranks.
+  struct ValidationResult {
+    double loss = 0;
+    int64_t local_tokens = 0;  // this rank's
+  };
+  ValidationResult Validate();
+  // Steps until training.steps; rank 0 writes torchtitan's log line every metrics.log_freq
+  // steps to `log` and, if enabled, the metrics files; validation every validator.freq steps.
+  void Train(std::ostream& log);
+
+  int64_t step() const { return step_; }
+  const JobConfig& config() const { return config_; }
+  const ResolvedDegrees& degrees() const { return degrees_; }
+  const models::llama::LlamaConfig& model_config() const { return model_config_; }
+  models::llama::LlamaForCausalLM& model() { return model_; }
+  DataLoader& data_loader() { return *data_; }
+  // torchtitan's FLOPs per token of this model at training.seq_len (forward + backward).
+  double flops_per_token() const { return flops_per_token_; }
+
+ private:
+  at::Tensor Forward(const TokenBatch& batch);
+
+  JobConfig config_;
+  ResolvedDegrees degrees_;
+  comm::ProcessGroupPtr world_;
+  models::llama::LlamaConfig model_config_;
+  ParallelMeshes meshes_;
+  models::llama::LlamaForCausalLM model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<LRSchedulers> lr_schedulers_;
+  std::unique_ptr<DataLoader> data_;
+  std::shared_ptr<const TokenDataset> validation_data_;
+  double flops_per_token_ = 0;
+  int64_t step_ = 0;
+};
+
+}  // namespace fsdp::train
+
+#endif  // FSDP_TRAIN_TRAINER_H_

@@ -1,0 +1,170 @@
+// The trainer (train/trainer.h) on threaded ranks against itself on one rank: the same global
+// batch split over FSDP (dp_shard 4), HSDP (2 x 2), FSDP + TP (2 x 2, with and without
+// sequence parallel), gradient accumulation and full activation checkpointing must train the
+// same model step for step. And the errors a job meets before and while it trains.
+// Against torchtitan's own components: tests/peer (the torchtitan parity test).
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/process_group.h"
+#include "testing/expect_error.h"
+#include "testing/multi_rank.h"
+#include "train/config.h"
+#include "train/parallelize.h"
+#include "train/trainer.h"
+
+namespace fsdp::train {
+namespace {
+
+// A small job on the shipped corpus: float32 (so that the comparisons see reduction order,
+// not bf16 rounding), 6 steps with warmup and decay.
+constexpr int64_t kSteps = 6;
+JobConfig SmallJob(const std::vector<std::string>& overrides) {
+  std::vector<std::string> args = {"--model.dim=64",
+                                   "--model.n_layers=2",
+                                   "--model.n_heads=4",
+                                   "--model.n_kv_heads=2",
+                                   "--training.seq_len=32",
+                                   "--training.global_batch_size=8",
+                                   "--training.local_batch_size=2",
+                                   absl::StrCat("--training.steps=", kSteps),
+                                   "--training.mixed_precision_param=float32",
+                                   "--activation_checkpoint.mode=none",
+                                   "--lr_scheduler.warmup_steps=2",
+                                   "--lr_scheduler.decay_ratio=0.5",
+                                   "--debug.seed=5",
+                                   "--dataloader.dataset_path=train/testdata/corpus/train"};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  return ParseConfig("", "test", ParseCommandLine(args).overrides);
+}
+
+std::vector<StepResult> Train(int world_size, const std::vector<std::string>& overrides) {
+  const JobConfig config = SmallJob(overrides);
+  std::vector<std::vector<StepResult>> per_rank(world_size);
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world_size, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(config, pg);
+    for (int64_t s = 0; s < kSteps; ++s) per_rank[pg->rank()].push_back(trainer.Step());
+  });
+  for (int r = 1; r < world_size; ++r) {  // every rank reports the same global step
+    for (int64_t s = 0; s < kSteps; ++s) {
+      EXPECT_EQ(per_rank[r][s].loss, per_rank[0][s].loss) << "rank " << r << " step " << s;
+      EXPECT_EQ(per_rank[r][s].grad_norm, per_rank[0][s].grad_norm) << "rank " << r << " step " << s;
+    }
+  }
+  return per_rank[0];
+}
+
+double MaxRelDiff(const std::vector<StepResult>& a, const std::vector<StepResult>& b, double StepResult::*field) {
+  double d = 0;
+  for (size_t s = 0; s < a.size(); ++s) d = std::max(d, std::abs(a[s].*field - b[s].*field) / std::abs(b[s].*field));
+  return d;
+}
+
+class TrainerMeshes : public ::testing::TestWithParam<std::pair<int, std::vector<std::string>>> {};
+
+std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& info) {
+  static const char* const kNames[] = {"fsdp4",        "hsdp2x2",       "fsdp2_tp2",       "fsdp2_tp2_no_sp",
+                                       "fsdp4_accum2", "fsdp2_full_ac", "fsdp2_no_reshard"};
+  return kNames[info.index];
+}
+
+// The loss's tolerance is measured, not guessed: the one-rank run against itself with each
+// batch taken in two micro-batches (another legitimate order of the same float32 sums) gives
+// the spread that summation order alone causes on this machine's kernels; a sharded run sums
+// in yet another order, so it must lie within a few such spreads (4x, plus 64 float32 ulps for
+// a spread that happens to be tiny). The gradient norm is computed in float32 by torch's norm
+// kernels over each rank's shards (as torch.nn.utils.clip_grad_norm_ computes it): its
+// rounding grows with the elements summed, sqrt(n) ulps for n of them (a random walk of n
+// roundings), n = the largest gradient's, lm_head's 2048 x 64. A wrong shard, a missed
+// reduction or a wrong loss scale moves either by 1e-3 or more.
+TEST_P(TrainerMeshes, TrainsAsOneRank) {
+  const auto& [world, overrides] = GetParam();
+  constexpr double kEps = std::numeric_limits<float>::epsilon();
+  static const std::vector<StepResult> reference = Train(1, {"--training.local_batch_size=8"});
+  static const double spread =
+      MaxRelDiff(Train(1, {"--training.local_batch_size=4"}), reference, &StepResult::loss);  // accumulation 2
+  const double loss_tolerance = 4 * spread + 64 * kEps;
+  const double norm_tolerance = 4 * spread + std::sqrt(2048.0 * 64.0) * kEps;
+  const std::vector<StepResult> got = Train(world, overrides);
+  for (int64_t s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(got[s].lr, reference[s].lr) << "step " << s + 1;
+    EXPECT_EQ(got[s].global_tokens, reference[s].global_tokens) << "step " << s + 1;
+  }
+  EXPECT_LE(MaxRelDiff(got, reference, &StepResult::loss), loss_tolerance) << "spread of one rank's orders: " << spread;
+  EXPECT_LE(MaxRelDiff(got, reference, &StepResult::grad_norm), norm_tolerance);
+
+  EXPECT_LT(reference.back().loss, reference.front().loss);  // it learns
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, TrainerMeshes,
+    ::testing::Values(std::make_pair(4, std::vector<std::string>{}),
+                      std::make_pair(4, std::vector<std::string>{"--parallelism.data_parallel_replicate_degree=2"}),
+                      std::make_pair(4, std::vector<std::string>{"--parallelism.tensor_parallel_degree=2",
+                                                                 "--training.local_batch_size=4"}),
+                      std::make_pair(4, std::vector<std::string>{"--parallelism.tensor_parallel_degree=2",
+                                                                 "--parallelism.enable_sequence_parallel=false"}),
+                      std::make_pair(4, std::vector<std::string>{"--training.local_batch_size=1"}),
+                      std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=full"}),
+                      std::make_pair(2, std::vector<std::string>{"--parallelism.fsdp_reshard_after_forward=never"})),
+    MeshName);
+
+TEST(Trainer, ValidationIsTheMeanOverTheValidationSet) {
+  const JobConfig config = SmallJob(
+      {"--validator.enable=true", "--validator.dataset_path=train/testdata/corpus/validation", "--validator.steps=3"});
+  std::vector<double> losses(4);
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(config, pg);
+    losses[pg->rank()] = trainer.Validate().loss;
+    trainer.Step();
+    losses[2 + pg->rank()] = trainer.Validate().loss;
+  });
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[2], losses[3]);
+  // Untrained, the model predicts nearly uniformly over the vocabulary: about log(2048).
+  EXPECT_NEAR(losses[0], std::log(2048.0), 0.5);
+  EXPECT_NE(losses[2], losses[0]);
+}
+
+TEST(Trainer, BadJobsNameTheirKeyBeforeTraining) {
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--parallelism.tensor_parallel_degree=4", "--model.n_kv_heads=2"}), pg),
+                          "model.n_kv_heads = 2 is not divisible by parallelism.tensor_parallel_degree = 4");
+    EXPECT_ERROR_CONTAINS(
+        Trainer(SmallJob({"--parallelism.tensor_parallel_degree=4", "--model.vocab_size=2050", "--model.n_kv_heads=4"}),
+                pg),
+        "model.vocab_size = 2050 is not divisible by parallelism.tensor_parallel_degree = 4");
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--model.vocab_size=1000"}), pg),
+                          "the tokenizer's vocab_size 2048 exceeds the model's 1000");
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--dataloader.dataset_path=/nonexistent/data"}), pg), "/nonexistent/data");
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--activation_checkpoint.mode=selective"}), pg),
+                          "activation_checkpoint.mode = \"selective\"");
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--model.flavor=7B"}), pg), "model.flavor = \"7B\"");
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--model.n_heads=3"}), pg),
+                          "model.dim = 64 is not divisible by model.n_heads = 3");
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--parallelism.data_parallel_shard_degree=2"}), pg),
+                          "not the world size 4");
+  });
+}
+
+TEST(Trainer, ANonFiniteGradientStopsTheStepNamingTheParameter) {
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(SmallJob({}), pg);
+    trainer.Step();
+    {
+      at::NoGradGuard no_grad;
+      trainer.model()->named_parameters()["model.norm.weight"].fill_(std::numeric_limits<float>::infinity());
+    }
+    EXPECT_ERROR_CONTAINS(trainer.Step(), "NaN or Inf");
+  });
+}
+
+}  // namespace
+}  // namespace fsdp::train
