@@ -786,3 +786,11 @@ fsdp_cc_library(//train:trainer INSTALL
 fsdp_cc_binary(//train INSTALL
   SRCS train_main.cc
   DEPS :config :trainer //comm //comm:gloo //comm:main_guard @libtorch)
+
+fsdp_cc_test(//train:torchtitan_parity_test SIZE large
+  SRCS torchtitan_parity_test.cc
+  DATA testdata/torchtitan_reference.py testdata/corpus/train.index testdata/corpus/train.tokens
+       testdata/corpus/validation.index testdata/corpus/validation.tokens
+  TAGS float_parity peer_python
+  DEPS :config :trainer //checkpoint //comm //testing:multi_rank //testing:peer_python @libtorch
+       @system//:absl @system//:gtest_main)

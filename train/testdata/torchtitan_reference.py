@@ -1,0 +1,274 @@
+"""torchtitan 0.3.0's own training components on CPU Gloo: the reference of
+train/torchtitan_parity_test.cc.
+
+usage: torchtitan_reference.py SPEC.json OUT_DIR
+
+Runs `world` processes, each building torchtitan's Llama3Model (the debugmodel flavor's
+builders, torchtitan/models/llama3/__init__.py, with the dimensions of SPEC), its
+parallelize_llama (TP, activation checkpointing, FSDP: torchtitan/models/llama3/parallelize.py),
+its learning-rate schedule, its loss (components/loss.py, summed cross-entropy divided by the
+global valid-token count) and torchtitan's Trainer.train_step re-run over those components
+(torchtitan/trainer.py), for SPEC's steps, on windows packed by torchtitan's own
+HuggingFaceTextDataset (hf_datasets/text_datasets.py) over the prepared dataset's documents.
+Writes
+  OUT_DIR/hf_init/model.safetensors   the initial weights (torchtitan's init_weights, seeded),
+                                      in Hugging Face's names (torchtitan's Llama3StateDictAdapter)
+  OUT_DIR/reference.pt                losses, max_losses, grad_norms, lrs: float64 [steps]
+
+What differs from torchtitan's Trainer, and why (torchtitan assumes CUDA):
+- attention is torchtitan's ScaledDotProductAttention (causal SDPA) instead of FlexAttention,
+  which has no CPU backward; q/k/v are separate linears (fuse_qkv=False), which is a config
+  field of the flavor builder and the layout torchtitan's state-dict adapter maps;
+- torchtitan turns FSDP's gradient division off and FSDP then reduces with PREMUL_SUM, which is
+  not a Gloo op: set_force_sum_reduction_for_comms(True) on every FSDP module (the same sums);
+- the device is "cpu" where torchtitan/tools/utils.py decides "cuda" at import;
+- the optimizer is torch.optim.AdamW with torchtitan's default_adamw arguments and
+  implementation "for-loop" (fused AdamW is CUDA's);
+- the data: each step's windows are the packed stream's windows spread over the
+  data-parallel ranks as train/dataloader.h documents (torchtitan splits documents by rank).
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import torchtitan.tools.utils as tt_utils
+
+tt_utils.device_type = "cpu"  # torchtitan decides "cuda" at import when no accelerator answers
+tt_utils.device_module = torch.cpu
+
+from safetensors.torch import save_file  # noqa: E402
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
+from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss  # noqa: E402
+from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer  # noqa: E402
+from torchtitan.config.configs import ParallelismConfig, TrainingConfig, CompileConfig  # noqa: E402
+from torchtitan.distributed import ParallelDims  # noqa: E402
+from torchtitan.distributed import utils as dist_utils  # noqa: E402
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: E402
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim  # noqa: E402
+from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
+from torchtitan.models.llama3 import (  # noqa: E402
+    _EMBEDDING_INIT,
+    _NORM_INIT,
+    _build_llama3_layers,
+    _output_linear_init,
+    parallelize_llama,
+)
+from torchtitan.models.llama3.model import Llama3Model  # noqa: E402
+from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter  # noqa: E402
+
+
+def model_config(spec):
+    dim, n_heads, vocab = spec["dim"], spec["n_heads"], spec["vocab_size"]
+    layers = _build_llama3_layers(
+        fuse_qkv=False,
+        n_layers=spec["n_layers"],
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=spec["n_kv_heads"],
+        hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=256),
+        rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=131072, theta=500000, scaling="llama"),
+        attn_backend="flex",
+    )
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)),
+        layers=layers,
+    )
+
+
+class _Config:
+    """What Llama3Model.Config.update_from_config reads of torchtitan's Trainer.Config."""
+
+    def __init__(self, parallelism):
+        self.parallelism = parallelism
+
+
+def parallelism_config(spec):
+    return ParallelismConfig(
+        data_parallel_replicate_degree=spec["dp_replicate"],
+        data_parallel_shard_degree=-1,
+        tensor_parallel_degree=spec["tp"],
+        enable_sequence_parallel=spec["sp"],
+        # The DTensor path: its loss-parallel cross-entropy reads the vocab-sharded logits
+        # outside the Trainer's spmd_types context.
+        spmd_backend="partial_dtensor",
+    )
+
+
+def build_model(spec, parallelism):
+    config = model_config(spec)
+    config.update_from_config(config=_Config(parallelism))
+    return config, config.build()
+
+
+def initial_weights(spec, out_dir):
+    """torchtitan's init_weights on one unsharded model, seeded: its state dict, and the same
+    weights saved in Hugging Face's names for the C++ side."""
+    torch.manual_seed(spec["seed"])
+    config, model = build_model(spec, parallelism_config(dict(spec, tp=1, dp_replicate=1)))
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    hf = Llama3StateDictAdapter(config, None).to_hf(state)
+    os.makedirs(os.path.join(out_dir, "hf_init"), exist_ok=True)
+    save_file({k: v.contiguous() for k, v in hf.items()}, os.path.join(out_dir, "hf_init", "model.safetensors"),
+              metadata={"format": "pt"})
+    return state
+
+
+class _Documents:
+    """The prepared dataset's documents as torchtitan's HuggingFaceTextDataset sees samples."""
+
+    def __init__(self, prefix):
+        index = np.fromfile(prefix + ".index", dtype=np.uint8)
+        header = index[:64]
+        token_bytes = int(header[12:16].view(np.uint32)[0])
+        n_docs = int(header[40:48].view(np.uint64)[0])
+        self.offsets = index[64:64 + 8 * (n_docs + 1)].view(np.uint64).astype(np.int64)
+        self.tokens = np.fromfile(prefix + ".tokens", dtype=np.uint16 if token_bytes == 2 else np.uint32)
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def document(self, i):
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]].astype(np.int64).tolist()
+
+
+def packed_windows(spec, count):
+    """The first `count` windows of torchtitan's own packing (HuggingFaceTextDataset.__iter__,
+    dp_world_size 1) over the dataset's documents in file order."""
+    from torchtitan.hf_datasets import text_datasets as td
+
+    docs = _Documents(spec["dataset"])
+
+    class Tokenizer:
+        def encode(self, text, add_bos=True, add_eos=True):
+            return docs.document(text)  # the stored ids already hold BOS and EOS
+
+    dataset = td.HuggingFaceTextDataset.__new__(td.HuggingFaceTextDataset)
+    dataset.dataset_name = "prepared"
+    dataset._original_data = dataset._data = list(range(len(docs)))
+    dataset._tokenizer = Tokenizer()
+    dataset.seq_len = spec["seq_len"]
+    dataset.infinite = False
+    dataset._text_processor = lambda sample: sample
+    dataset._sample_idx = dataset._epoch = 0
+    dataset._inputs_buffer, dataset._labels_buffer, dataset._positions_buffer = [], [], []
+    dataset._get_data_iter = lambda: iter(dataset._data[dataset._sample_idx:])
+    out = []
+    for inputs, labels in dataset:
+        out.append((inputs["input"], inputs["positions"], labels))
+        if len(out) == count:
+            return out
+    raise SystemExit(f"{spec['dataset']}: fewer than {count} windows of {spec['seq_len']} tokens")
+
+
+def worker(rank, spec, out_dir, store, init_state, windows):
+    torch.set_num_threads(1)
+    world = spec["world"]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    parallelism = parallelism_config(spec)
+    dist_utils.set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__
+    dims = ParallelDims.from_config(parallelism, world)
+    dims.build_mesh()
+    training = TrainingConfig(
+        local_batch_size=spec["local_batch_size"], global_batch_size=spec["global_batch_size"],
+        seq_len=spec["seq_len"], max_norm=spec["max_norm"], steps=spec["steps"],
+        mixed_precision_param="float32", mixed_precision_reduce="float32")
+    config, model = build_model(spec, parallelism)
+    ac = {"none": None, "full": FullAC.Config(), "selective": SelectiveAC.Config()}[spec["ac"]]
+    model = parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                              compile_config=CompileConfig(), ac_config=ac, dump_folder=out_dir)
+    for module in model.modules():
+        if hasattr(module, "set_force_sum_reduction_for_comms"):
+            module.set_force_sum_reduction_for_comms(True)
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))  # the rope cache; weights replaced next
+    set_model_state_dict(model, init_state, options=StateDictOptions(full_state_dict=True))
+    model.train()
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8,
+                                  weight_decay=0.1, foreach=False, fused=False)
+    schedulers = LRSchedulersContainer.Config(
+        warmup_steps=spec["warmup_steps"], decay_ratio=spec["decay_ratio"], decay_type=spec["decay_type"],
+        min_lr_factor=spec["min_lr_factor"]).build(optimizers=[optimizer], training_steps=spec["steps"])
+    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+
+    batch_mesh = dims.get_optional_mesh("batch")
+    dp, local = dims.dp_replicate * dims.dp_shard, spec["local_batch_size"]
+    dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
+    accumulation = spec["global_batch_size"] // (local * dp)
+    losses, max_losses, norms, lrs = [], [], [], []
+    for step in range(spec["steps"]):
+        # Trainer.train_step, over this rank's rows of each micro-batch (train/dataloader.h).
+        optimizer.zero_grad(set_to_none=True)
+        lrs.append(schedulers.schedulers[0].get_last_lr()[0])
+        micro = []
+        local_valid = torch.tensor(0, dtype=torch.int64)
+        for m in range(accumulation):
+            first = step * spec["global_batch_size"] + m * local * dp + dp_rank * local
+            rows = windows[first:first + local]
+            inputs = torch.stack([w[0] for w in rows])
+            positions = torch.stack([w[1] for w in rows])
+            labels = torch.stack([w[2] for w in rows])
+            local_valid += (labels != IGNORE_INDEX).sum()
+            micro.append((inputs, positions, labels))
+        global_valid = dist_utils.dist_sum_tensor(local_valid, batch_mesh, None) if batch_mesh is not None \
+            else local_valid
+        accumulated = None
+        for inputs, positions, labels in micro:
+            pred = model(inputs, positions=positions)
+            loss, _ = loss_fn(pred, labels, global_valid)
+            del pred
+            loss.backward()
+            accumulated = loss.detach().clone() if accumulated is None else accumulated.add_(loss.detach())
+        grad_norm = dist_utils.clip_grad_norm_(list(model.parameters()), spec["max_norm"], foreach=True,
+                                               pp_mesh=None, ep_enabled=False)
+        optimizer.step()
+        schedulers.step()
+        if batch_mesh is not None:
+            local_mean = accumulated * global_valid / local_valid
+            losses.append(dist_utils.dist_sum(accumulated, batch_mesh))
+            max_losses.append(dist_utils.dist_max(local_mean, batch_mesh))
+        else:
+            losses.append(float(accumulated))
+            max_losses.append(float(accumulated))
+        norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
+    if rank == 0:
+        torch.save({"losses": torch.tensor(losses, dtype=torch.float64),
+                    "max_losses": torch.tensor(max_losses, dtype=torch.float64),
+                    "grad_norms": torch.tensor(norms, dtype=torch.float64),
+                    "lrs": torch.tensor(lrs, dtype=torch.float64)}, os.path.join(out_dir, "reference.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(f"usage: {sys.argv[0]} SPEC.json OUT_DIR")
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    out_dir = sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    init_state = initial_weights(spec, out_dir)
+    windows = packed_windows(spec, spec["steps"] * spec["global_batch_size"])
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(worker, args=(spec, out_dir, os.path.join(tmp, "store"), init_state, windows),
+                           nprocs=spec["world"], start_method="fork")
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
