@@ -109,9 +109,14 @@ fsdp_cc_binary(//bench:dcp_bench TESTONLY OPTION FSDP_BUILD_BENCH
        @system//:benchmark)
 
 # ================================================================ //checkpoint
+fsdp_cc_library(//checkpoint:json INSTALL PCH none
+  SRCS json.cc
+  HDRS json.h
+  DEPS @libtorch)
+
 fsdp_cc_library(//checkpoint:internal INSTALL PCH aten
-  SRCS crc32.cc dcp_pickle.cc json.cc torch_pickle.cc zip_writer.cc
-  HDRS crc32.h dcp_pickle.h json.h torch_pickle.h zip_writer.h
+  SRCS crc32.cc dcp_pickle.cc torch_pickle.cc zip_writer.cc
+  HDRS crc32.h dcp_pickle.h torch_pickle.h zip_writer.h
   DEPS //pickle @libtorch @system//:absl)
 
 fsdp_cc_library(//checkpoint INSTALL PCH aten
@@ -120,20 +125,20 @@ fsdp_cc_library(//checkpoint INSTALL PCH aten
        tensor_dict_file.cc
   HDRS checkpoint_reader.h checkpoint_writer.h checkpoint_zip.h file_io.h hf_checkpoint.h
        optim_state_file.h safetensors.h tensor_dict_file.h
-  DEPS :internal //pickle @libtorch @system//:absl)
+  DEPS :internal :json //pickle @libtorch @system//:absl)
 
 fsdp_cc_test(//checkpoint:checkpoint_test SIZE medium SMOKE PCH aten
   SRCS checkpoint_test.cc dcp_read_test.cc dcp_test.cc hf_checkpoint_test.cc safetensors_test.cc
        safetensors_validation_test.cc
   DATA testdata/dcp_interop.py testdata/safetensors_interop.py testdata/torch_load_interop.py
   TAGS peer_python
-  DEPS :checkpoint :dcp :internal //testing:allocation_counter //testing:expect_error
+  DEPS :checkpoint :dcp :internal :json //testing:allocation_counter //testing:expect_error
        //testing:peer_python //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
   SRCS dcp_metadata.cc dcp_metadata_writer.cc dcp_read.cc dcp_storage.cc
   HDRS dcp_metadata.h dcp_storage.h
-  DEPS :checkpoint :internal //pickle @libtorch @system//:absl)
+  DEPS :checkpoint :internal :json //pickle @libtorch @system//:absl)
 
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
@@ -566,16 +571,16 @@ fsdp_cc_test(//metrics:step_metrics_test SIZE small SMOKE PCH aten
 
 # ================================================================ //models/llama
 fsdp_cc_library(//models/llama INSTALL
-  SRCS flavors.cc model.cc parallelize.cc
-  HDRS flavors.h model.h parallelize.h
-  DEPS //dtensor //fsdp/activation_checkpointing //fsdp/hooked_module //mesh //tensor_parallel
-       @libtorch)
+  SRCS flavors.cc hf_config.cc model.cc parallelize.cc
+  HDRS flavors.h hf_config.h model.h parallelize.h
+  DEPS //checkpoint:json //dtensor //fsdp/activation_checkpointing //fsdp/hooked_module //mesh
+       //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_test(//models/llama:llama_test SIZE small SMOKE
-  SRCS model_test.cc parallelize_test.cc
-  DATA testdata/golden_llama3_flavors.txt
+  SRCS hf_config_test.cc model_test.cc parallelize_test.cc
+  DATA testdata/golden_hf_configs.txt testdata/golden_llama3_flavors.txt
   DEPS :llama //comm //mesh //tensor_parallel //testing:multi_rank //testing:expect_error
-       //testing:golden_file @libtorch @system//:absl @system//:gtest_main)
+       //testing:golden_file //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
 
 # ================================================================ //optim_state
 fsdp_cc_library(//optim_state:core INSTALL

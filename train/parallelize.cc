@@ -9,6 +9,7 @@
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "models/llama/flavors.h"
+#include "models/llama/hf_config.h"
 #include "models/llama/parallelize.h"
 
 namespace fsdp::train {
@@ -26,7 +27,12 @@ c10::ScalarType ScalarTypeOf(DType dtype) { return dtype == DType::kBFloat16 ? a
 models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t tp_degree) {
   const ModelConfig& m = config.model;
   TORCH_CHECK(m.name == "llama3", "model.name = \"", m.name, "\" is not a model this trainer has (llama3)");
-  models::llama::LlamaConfig c = models::llama::Llama3Flavor(m.flavor);
+  // A torchtitan flavor, or, with no flavor, the model of the Hugging Face directory.
+  TORCH_CHECK(!m.flavor.empty() || !config.hf_assets_path.empty(),
+              "model.flavor is empty and hf_assets_path is not set: name a flavor, or a Hugging Face directory whose "
+              "config.json gives the model");
+  models::llama::LlamaConfig c = m.flavor.empty() ? models::llama::LoadHfLlamaConfig(config.hf_assets_path)
+                                                  : models::llama::Llama3Flavor(m.flavor);
   // The registry's ffn inputs, for a changed dim / multiple_of / multiplier.
   int64_t multiple_of = 256;
   std::optional<double> multiplier;

@@ -3,9 +3,10 @@
 // distributed/fsdp.py apply_fsdp_to_decoder) for the Llama model of //models/llama.
 //
 // Contract:
-// - ResolveModelConfig turns [model] into the model's dimensions (a torchtitan flavor with the
-//   keys set in [model] replacing its values) and checks them against the tensor-parallel
-//   degree: one c10::Error naming the key, its value and the degree. Pure.
+// - ResolveModelConfig turns [model] into the model's dimensions (a torchtitan flavor, or with
+//   flavor "" the model of hf_assets_path's config.json, with the keys set in [model]
+//   replacing its values) and checks them against the tensor-parallel degree: one c10::Error
+//   naming the key, its value and the degree. Reads no file but that config.json.
 // - BuildMeshes is collective over `world` (it creates the sub-groups): the world mesh
 //   (dp_replicate, dp_shard, tp), FSDP's mesh (1-D dp_shard, or dp_replicate x dp_shard for
 //   HSDP), the tp mesh and the flattened data-parallel mesh the loss and token counts reduce

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "comm/process_group.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
+#include "testing/test_dir.h"
 #include "train/config.h"
 #include "train/parallelize.h"
 #include "train/trainer.h"
@@ -164,6 +167,47 @@ TEST(Trainer, ANonFiniteGradientStopsTheStepNamingTheParameter) {
     }
     EXPECT_ERROR_CONTAINS(trainer.Step(), "NaN or Inf");
   });
+}
+
+}  // namespace
+}  // namespace fsdp::train
+
+namespace fsdp::train {
+namespace {
+
+// [model] flavor = "": the model of hf_assets_path's config.json (models/llama/hf_config.h),
+// then [model]'s overrides and the tensor-parallel checks as for a flavor.
+TEST(ResolveModelConfig, AHuggingFaceDirectoryGivesTheModel) {
+  const std::string dir = fsdp::testing::NewTestPath("hf_model");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})";
+  const auto job = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = {"--model.flavor=", "--hf_assets_path=" + dir};
+    args.insert(args.end(), more.begin(), more.end());
+    return ParseConfig("", "test", ParseCommandLine(args).overrides);
+  };
+  const models::llama::LlamaConfig c = ResolveModelConfig(job({"--model.n_layers=3"}), 1);
+  EXPECT_EQ(c.vocab_size, 256);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 160);
+  EXPECT_EQ(c.num_hidden_layers, 3);  // the override
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c.attention, models::llama::AttentionKernel::kSdpa);
+  EXPECT_ERROR_CONTAINS(ResolveModelConfig(job({}), 4),
+                        "model.n_kv_heads = 2 is not divisible by parallelism.tensor_parallel_degree = 4");
+  EXPECT_ERROR_CONTAINS(ResolveModelConfig(ParseConfig("", "test", ParseCommandLine({"--model.flavor="}).overrides), 1),
+                        "model.flavor is empty and hf_assets_path is not set");
+  EXPECT_ERROR_CONTAINS(
+      ResolveModelConfig(
+          ParseConfig("", "test", ParseCommandLine({"--model.flavor=", "--hf_assets_path=/nonexistent"}).overrides), 1),
+      "/nonexistent/config.json");
 }
 
 }  // namespace
