@@ -763,13 +763,14 @@ fsdp_cc_library(//train:config INSTALL PCH none
   DEPS :lr_scheduler @libtorch @system//:tomlplusplus)
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
-  SRCS config_test.cc data_test.cc lr_scheduler_test.cc trainer_test.cc
+  SRCS config_test.cc data_test.cc lr_scheduler_test.cc tensorboard_test.cc trainer_test.cc
   DATA configs/debugmodel.toml testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
        testdata/golden_train_data.txt testdata/corpus/train.index testdata/corpus/train.tokens
        testdata/corpus/validation.index testdata/corpus/validation.tokens
+  TAGS peer_python
   DEPS :config :dataloader :lr_scheduler :token_dataset :trainer //comm //testing:multi_rank
-       //testing:test_dir //testing:expect_error //testing:golden_file @libtorch @system//:absl
-       @system//:gtest_main)
+       //testing:test_dir //testing:expect_error //testing:golden_file //testing:peer_python
+       @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//train:token_dataset INSTALL PCH none
   SRCS token_dataset.cc
@@ -782,8 +783,8 @@ fsdp_cc_library(//train:dataloader INSTALL PCH aten
   DEPS :token_dataset @libtorch)
 
 fsdp_cc_library(//train:trainer INSTALL
-  SRCS loss.cc metrics_log.cc parallelize.cc trainer.cc
-  HDRS loss.h metrics_log.h parallelize.h trainer.h
+  SRCS loss.cc metrics_log.cc parallelize.cc tensorboard.cc trainer.cc
+  HDRS loss.h metrics_log.h parallelize.h tensorboard.h trainer.h
   DEPS :config :dataloader :lr_scheduler :token_dataset //comm //dcp:core //dcp:fsdp2 //dtensor
        //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh //metrics //models/llama
        //tensor_parallel @libtorch)

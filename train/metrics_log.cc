@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 
 #include "metrics/allocation_window.h"
 #include "metrics/step_metrics.h"
+#include "train/tensorboard.h"
 #include "train/trainer.h"
 
 namespace fsdp::train {
@@ -37,6 +39,16 @@ std::string Number(double x) {
   if (!std::isfinite(x)) return "null";
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.17g", x);
+  return buf;
+}
+
+// torchtitan's datetime.now().strftime("%Y%m%d-%H%M").
+std::string LocalMinute() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M", &local);
   return buf;
 }
 
@@ -71,17 +83,27 @@ MetricsLog::MetricsLog(const JobConfig& config, int rank, std::ostream* out, dou
     jsonl_.open(path, std::ios::out | std::ios::trunc);
     TORCH_CHECK(jsonl_.good(), "metrics.save_jsonl_file: cannot write ", path.string());
   }
-  TORCH_CHECK(!config.metrics.enable_tensorboard,
-              "metrics.enable_tensorboard = true: TensorBoard event files are not written yet; use "
-              "metrics.enable_jsonl");
+  if (config.metrics.enable_tensorboard) {
+    // torchtitan's MetricsProcessor: dump_folder/save_tb_folder/<YYYYmmdd-HHMM>[/rank_<r>].
+    std::filesystem::path dir =
+        std::filesystem::path(config.dump_folder) / config.metrics.save_tb_folder / LocalMinute();
+    if (config.metrics.save_for_all_ranks) dir /= "rank_" + std::to_string(rank);
+    tensorboard_ = std::make_unique<TensorBoardWriter>(dir.string());
+  }
 }
 
 MetricsLog::~MetricsLog() = default;
 
-void MetricsLog::WriteJson(const std::string& json) {
-  if (!jsonl_.is_open()) return;
-  jsonl_ << json << '\n';
-  jsonl_.flush();
+void MetricsLog::Write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars,
+                       const std::string& json) {
+  if (jsonl_.is_open()) {
+    jsonl_ << json << '\n';
+    jsonl_.flush();
+  }
+  if (tensorboard_ != nullptr) {
+    for (const auto& [tag, value] : scalars) tensorboard_->AddScalar(tag, value, step);
+    tensorboard_->Flush();
+  }
 }
 
 void MetricsLog::RecordStep(const StepResult& r) {
@@ -99,14 +121,25 @@ void MetricsLog::RecordStep(const StepResult& r) {
   for (const double s : data_seconds_) data += s;
   if (out_ != nullptr) {
     *out_ << FormatStep(r.step, r.loss, r.grad_norm, gib, pct, tps, tflops, mfu) << std::endl;
-    WriteJson("{\"step\": " + std::to_string(r.step) + ", \"loss_metrics/global_avg_loss\": " + Number(r.loss) +
-              ", \"loss_metrics/global_max_loss\": " + Number(r.max_loss) + ", \"grad_norm\": " + Number(r.grad_norm) +
-              ", \"lr\": " + Number(r.lr) + ", \"throughput(tps)\": " + Number(tps) + ", \"tflops\": " +
-              Number(tflops) + ", \"mfu(%)\": " + Number(mfu) + ", \"memory/max_reserved(GiB)\": " + Number(gib) +
-              ", \"time_metrics/end_to_end(s)\": " + Number(delta / config_.metrics.log_freq) +
-              ", \"time_metrics/data_loading(s)\": " + Number(data / data_seconds_.size()) +
-              ", \"time_metrics/data_loading(%)\": " + Number(100.0 * data / delta) +
-              ", \"n_tokens_seen\": " + std::to_string(tokens_seen_) + "}");
+    // torchtitan's names; n_tokens_seen, an integer, is the last.
+    const std::vector<std::pair<std::string, double>> scalars = {
+        {"loss_metrics/global_avg_loss", r.loss},
+        {"loss_metrics/global_max_loss", r.max_loss},
+        {"grad_norm", r.grad_norm},
+        {"lr", r.lr},
+        {"throughput(tps)", tps},
+        {"tflops", tflops},
+        {"mfu(%)", mfu},
+        {"memory/max_reserved(GiB)", gib},
+        {"time_metrics/end_to_end(s)", delta / config_.metrics.log_freq},
+        {"time_metrics/data_loading(s)", data / data_seconds_.size()},
+        {"time_metrics/data_loading(%)", 100.0 * data / delta},
+        {"n_tokens_seen", static_cast<double>(tokens_seen_)}};
+    std::string json = "{\"step\": " + std::to_string(r.step);
+    for (size_t i = 0; i + 1 < scalars.size(); ++i)
+      json += ", \"" + scalars[i].first + "\": " + Number(scalars[i].second);
+    json += ", \"n_tokens_seen\": " + std::to_string(tokens_seen_) + "}";
+    Write(r.step, scalars, json);
   }
   tokens_since_log_ = 0;
   data_seconds_.clear();
@@ -124,7 +157,8 @@ void MetricsLog::LogValidation(int64_t step, double loss, int64_t local_tokens, 
         WithCommas(seconds > 0 ? static_cast<double>(local_tokens) / (seconds * static_cast<double>(non_dp_size_)) : 0)
             .c_str());
     *out_ << buf << std::endl;
-    WriteJson("{\"step\": " + std::to_string(step) + ", \"validation_metrics/loss\": " + Number(loss) + "}");
+    Write(step, {{"validation_metrics/loss", loss}},
+          "{\"step\": " + std::to_string(step) + ", \"validation_metrics/loss\": " + Number(loss) + "}");
   }
 }
 

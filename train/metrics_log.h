@@ -2,7 +2,9 @@
 // (torchtitan/components/metrics.py) does: its console line, and the same metrics, under
 // torchtitan's names, one JSON object per line in a JSONL file (metrics.enable_jsonl:
 // dump_folder/metrics.save_jsonl_file; with save_for_all_ranks, rank r != 0 writes
-// "<file>.rank<r>").
+// "<file>.rank<r>"), and the same scalars under the same tags in TensorBoard event files
+// (metrics.enable_tensorboard: torchtitan's folder dump_folder/save_tb_folder/<YYYYmmdd-HHMM>,
+// with save_for_all_ranks its rank_<r> subfolder; tensorboard.h).
 //
 //   step:  1  loss:  7.66840  grad_norm:  1.5210  memory:  0.31GiB(1.29%)  tps: 1,234  tflops: 0.01  mfu: 0.93%
 //   validate step:  5  loss:  6.9123  memory:  0.31GiB(1.29%)  tps: 4,321
@@ -15,8 +17,8 @@
 // the last logged step, against the machine's physical memory.
 //
 // Contract: one MetricsLog per rank, on the thread that runs the steps (the allocation
-// window's). `out` null: this rank writes nothing. A JSONL file that cannot be opened is a
-// c10::Error naming it. Not thread-safe.
+// window's). `out` null: this rank writes nothing. A JSONL file that cannot be opened, or a
+// TensorBoard folder that cannot be created, is a c10::Error naming it. Not thread-safe.
 #ifndef FSDP_TRAIN_METRICS_LOG_H_
 #define FSDP_TRAIN_METRICS_LOG_H_
 
@@ -26,6 +28,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/config.h"
@@ -37,6 +40,7 @@ class AllocationWindow;
 namespace fsdp::train {
 
 struct StepResult;
+class TensorBoardWriter;
 
 class MetricsLog {
  public:
@@ -52,7 +56,8 @@ class MetricsLog {
                                 double tps, double tflops, double mfu_pct);
 
  private:
-  void WriteJson(const std::string& json);
+  // The JSONL line and the TensorBoard scalars of one step.
+  void Write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars, const std::string& json);
 
   const JobConfig& config_;
   std::ostream* out_;
@@ -63,6 +68,7 @@ class MetricsLog {
   std::chrono::steady_clock::time_point last_log_;
   std::unique_ptr<metrics::AllocationWindow> memory_;
   std::ofstream jsonl_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 }  // namespace fsdp::train

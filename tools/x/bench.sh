@@ -9,15 +9,6 @@ x_bench() { cmd_bench "$@"; }
 # callgrind, as cmd_setup's extra Debian package.
 APT_BENCH_PACKAGES=(valgrind)
 
-# matplotlib in the peer venv, for ./x bench --peer's chart (tools/e2e_chart.py); optional.
-setup_peer_matplotlib() {
-  [ -n "$PEER_PY" ] || return 0
-  "$PEER_PY" -c 'import matplotlib' 2>/dev/null && return 0
-  step "matplotlib in the peer venv (for bench/out/e2e.png)"
-  pip_install "$PEER_PY" matplotlib \
-    || echo "warning: pip install matplotlib failed; ./x bench --peer will skip the chart"
-}
-
 cmd_bench() {
   local reps=5 peer=0 arg
   for arg in "$@"; do
@@ -59,7 +50,6 @@ cmd_bench() {
   tools/callgrind_bench.sh || budget_status=$?
   [ $peer -eq 1 ] || return "$budget_status"
   [ -n "$PEER_PY" ] || die "bench --peer needs the peer venv with PyTorch (./x setup could not install it)"
-  setup_peer_matplotlib
   step "bench/e2e vs PyTorch FSDP2 and FSDP1 (same models, Gloo, W processes; JSON lines in bench/out/e2e.jsonl)"
   local e2e="$bin/e2e_bench"
   : > bench/out/e2e.jsonl

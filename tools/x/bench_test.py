@@ -34,4 +34,3 @@ class Bench(XCase):
         self.assertEqual(len(self.runs("e2e_bench")), 2 * 2 * (2 + 4))
         self.assertIn(("--model=compute", "--fsdp=1", "3"), runs)
         self.assertEqual(self.x.calls("tools/e2e_table.py"), [["bench/out/e2e.jsonl"]])
-        self.assertIn([self.x.peer_venv, "-q", "--no-compile", "matplotlib"], self.x.calls("pip"))

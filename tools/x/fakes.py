@@ -236,7 +236,7 @@ class FakeCheckout:
         if venvs in ("present", "no-peer"):
             make_venv(self.venv, ["torch"])
         if venvs == "present":
-            make_venv(self.peer_venv, ["torch", "transformers", "torchtitan", "torchao"])
+            make_venv(self.peer_venv, ["torch", "transformers", "torchtitan", "torchao", "matplotlib"])
         # The real PATH without nvcc: the CUDA parts of set-up and check stay out, whatever
         # the machine has.
         path = [d for d in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(d, "nvcc"))]

@@ -172,6 +172,13 @@ setup_peer_venv() {
     pip_install "$PEER_PY" "torchtitan==$titan_version" "torchao==$ao_version" "torch==$TORCH_VERSION" ||
       echo "warning: pip install torchtitan==$titan_version torchao==$ao_version failed; the torchtitan comparisons will be skipped"
   fi
+  # matplotlib (pinned), for the trainer's curves (tools/plot_metrics.py) and ./x bench --peer's
+  # chart. Optional: without it those skip.
+  local mpl_version=3.11.2
+  if ! "$PEER_PY" -c "import matplotlib; assert matplotlib.__version__ == '$mpl_version'" 2>/dev/null; then
+    pip_install "$PEER_PY" "matplotlib==$mpl_version" ||
+      echo "warning: pip install matplotlib==$mpl_version failed; tools/plot_metrics.py's test will be skipped"
+  fi
 }
 
 # cmd_setup [EXTRA_DEBIAN_PACKAGE...]

@@ -46,7 +46,8 @@ class Fresh(XCase):
             [self.x.venv, "-q", "--no-compile", "--no-deps", f"torch=={v}"],
             [self.x.peer_venv, "-q", "--no-compile", f"torch=={v}"],
             [self.x.peer_venv, "-q", "--no-compile", "transformers==5.24.0"],
-            [self.x.peer_venv, "-q", "--no-compile", "torchtitan==0.3.0", "torchao==0.18.0", f"torch=={v}"]])
+            [self.x.peer_venv, "-q", "--no-compile", "torchtitan==0.3.0", "torchao==0.18.0", f"torch=={v}"],
+            [self.x.peer_venv, "-q", "--no-compile", "matplotlib==3.11.2"]])
         self.assertIn("FSDP_PEER_PYTHON", self.x.read(".bazelrc.user"))
 
     def test_the_build_venv_failing_is_an_error(self):
