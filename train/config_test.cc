@@ -196,10 +196,11 @@ TEST(ValidateConfig, BadValuesNameTheirKey) {
 }
 
 TEST(JobConfig, ShippedConfigsReadAndValidate) {
-  for (const std::string path : {"train/configs/debugmodel.toml"}) {
+  for (const std::string path : {"train/configs/debugmodel.toml", "train/configs/demo.toml"}) {
     SCOPED_TRACE(path);
     const JobConfig c = LoadConfig(ParseCommandLine({"--config", path}));
-    EXPECT_EQ(ValidateConfig(c, 4).dp_shard, 4);
+    const ResolvedDegrees d = ValidateConfig(c, 4);
+    EXPECT_EQ(d.dp() * d.tp, 4);
   }
 }
 

@@ -71,9 +71,10 @@ int Run(int argc, char** argv) {
         "train: llama3 %s (dim %ld, %ld layers, %ld heads / %ld kv heads, vocab %ld, ffn %ld) on %d ranks: "
         "dp_replicate %ld x dp_shard %ld x tp %ld; global batch %ld (local %ld, accumulation %ld) x seq_len %ld; "
         "%ld steps\n",
-        config.model.flavor.c_str(), long(m.hidden_size), long(m.num_hidden_layers), long(m.num_attention_heads),
-        long(m.num_key_value_heads), long(m.vocab_size), long(m.intermediate_size), world->size(), long(d.dp_replicate),
-        long(d.dp_shard), long(d.tp), long(d.global_batch_size), long(config.training.local_batch_size),
+        config.model.flavor.empty() ? ("from " + config.hf_assets_path).c_str() : config.model.flavor.c_str(),
+        long(m.hidden_size), long(m.num_hidden_layers), long(m.num_attention_heads), long(m.num_key_value_heads),
+        long(m.vocab_size), long(m.intermediate_size), world->size(), long(d.dp_replicate), long(d.dp_shard),
+        long(d.tp), long(d.global_batch_size), long(config.training.local_batch_size),
         long(d.gradient_accumulation_steps), long(config.training.seq_len), long(config.training.steps));
     std::fflush(stdout);
   }

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "dcp/hf.h"
@@ -180,6 +182,21 @@ void Trainer::Train(std::ostream& log) {
       metrics.LogValidation(r.step, v.loss, v.local_tokens, Seconds(start));
     }
   }
+  const CheckpointConfig& ck = config_.checkpoint;
+  if (ck.enable && ck.last_save_in_hf) {
+    const std::string dir = ExportDirectory();
+    const std::optional<at::ScalarType> dtype = ck.export_dtype == ExportDType::kFloat32    ? at::kFloat
+                                                : ck.export_dtype == ExportDType::kBFloat16 ? at::kBFloat16
+                                                                                            : at::kHalf;
+    dcp::SaveHuggingFace(*model_, dir,
+                         {.dtype = dtype, .keep_sharded = false, .copy_files_from = config_.hf_assets_path});
+    if (world_->rank() == 0) log << "exported the model in Hugging Face's layout to " << dir << std::endl;
+  }
+}
+
+std::string Trainer::ExportDirectory() const {
+  return (std::filesystem::path(config_.dump_folder) / config_.checkpoint.folder / ("step-" + std::to_string(step_)))
+      .string();
 }
 
 }  // namespace fsdp::train

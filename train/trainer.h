@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -67,7 +68,12 @@ class Trainer {
   ValidationResult Validate();
   // Steps until training.steps; rank 0 writes torchtitan's log line every metrics.log_freq
   // steps to `log` and, if enabled, the metrics files; validation every validator.freq steps.
+  // Then, with checkpoint.enable and checkpoint.last_save_in_hf, torchtitan's last save in
+  // Hugging Face's layout: dcp::SaveHuggingFace to ExportDirectory() in export_dtype, with
+  // hf_assets_path's other files (its config.json) copied beside the weights.
   void Train(std::ostream& log);
+  // dump_folder/checkpoint.folder/step-<step>, torchtitan's checkpoint directory of a step.
+  std::string ExportDirectory() const;
 
   int64_t step() const { return step_; }
   const JobConfig& config() const { return config_; }

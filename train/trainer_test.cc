@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,52 @@ TEST(ResolveModelConfig, AHuggingFaceDirectoryGivesTheModel) {
       ResolveModelConfig(
           ParseConfig("", "test", ParseCommandLine({"--model.flavor=", "--hf_assets_path=/nonexistent"}).overrides), 1),
       "/nonexistent/config.json");
+}
+
+}  // namespace
+}  // namespace fsdp::train
+
+namespace fsdp::train {
+namespace {
+
+// checkpoint.enable + last_save_in_hf: the trained model in Hugging Face's layout, with
+// hf_assets_path's other files beside it; a new job that starts from the export has the
+// trained model's validation loss.
+TEST(Trainer, ExportsInHuggingFacesLayoutAndAJobStartsFromIt) {
+  const std::string assets = fsdp::testing::NewTestPath("assets"), dump = fsdp::testing::NewTestPath("dump");
+  std::filesystem::create_directories(assets);
+  std::ofstream(assets + "/tokenizer_config.json") << "{}";
+  const std::vector<std::string> validation = {
+      "--validator.enable=true", "--validator.dataset_path=train/testdata/corpus/validation", "--validator.steps=2"};
+  std::vector<std::string> first = {"--training.steps=2", "--checkpoint.enable=true",
+                                    "--checkpoint.last_save_in_hf=true", "--hf_assets_path=" + assets,
+                                    "--dump_folder=" + dump};
+  first.insert(first.end(), validation.begin(), validation.end());
+  double trained = 0, reloaded = 0;
+  std::string exported;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(SmallJob(first), pg);
+    std::ostringstream log;
+    trainer.Train(log);
+    if (pg->rank() == 0) {
+      trained = trainer.Validate().loss;
+      exported = trainer.ExportDirectory();
+    } else {
+      trainer.Validate();
+    }
+  });
+  EXPECT_EQ(exported, dump + "/checkpoint/step-2");
+  EXPECT_TRUE(std::filesystem::exists(exported + "/model.safetensors.index.json"));
+  EXPECT_TRUE(std::filesystem::exists(exported + "/tokenizer_config.json"));  // copied from hf_assets_path
+  std::vector<std::string> second = {"--checkpoint.initial_load_path=" + exported,
+                                     "--checkpoint.initial_load_in_hf=true"};
+  second.insert(second.end(), validation.begin(), validation.end());
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(SmallJob(second), pg);
+    const double loss = trainer.Validate().loss;
+    if (pg->rank() == 0) reloaded = loss;
+  });
+  EXPECT_EQ(reloaded, trained);  // the same float32 weights, the same evaluation
 }
 
 }  // namespace
