@@ -573,8 +573,8 @@ fsdp_cc_test(//metrics:step_metrics_test SIZE small SMOKE PCH aten
 fsdp_cc_library(//models/llama INSTALL
   SRCS flavors.cc hf_config.cc model.cc parallelize.cc
   HDRS flavors.h hf_config.h model.h parallelize.h
-  DEPS //checkpoint:json //dtensor //fsdp/activation_checkpointing //fsdp/hooked_module //mesh
-       //tensor_parallel @libtorch @system//:absl)
+  DEPS //checkpoint:json //dtensor //fsdp/activation_checkpointing //fsdp/hooked_module //fsdp/meta
+       //mesh //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_test(//models/llama:llama_test SIZE small SMOKE
   SRCS hf_config_test.cc model_test.cc parallelize_test.cc
@@ -764,13 +764,14 @@ fsdp_cc_library(//train:config INSTALL PCH none
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
   SRCS config_test.cc data_test.cc lr_scheduler_test.cc tensorboard_test.cc trainer_test.cc
-  DATA configs/debugmodel.toml testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
+  DATA configs/debugmodel.toml configs/demo.toml ../models/llama/testdata/golden_llama3_flavors.txt
+       testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
        testdata/golden_train_data.txt testdata/corpus/train.index testdata/corpus/train.tokens
        testdata/corpus/validation.index testdata/corpus/validation.tokens
   TAGS peer_python
-  DEPS :config :dataloader :lr_scheduler :token_dataset :trainer //comm //testing:multi_rank
-       //testing:test_dir //testing:expect_error //testing:golden_file //testing:peer_python
-       @libtorch @system//:absl @system//:gtest_main)
+  DEPS :config :dataloader :lr_scheduler :token_dataset :trainer //comm //fsdp/fsdp2 //models/llama
+       //testing:multi_rank //testing:test_dir //testing:expect_error //testing:golden_file
+       //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//train:token_dataset INSTALL PCH none
   SRCS token_dataset.cc

@@ -110,6 +110,7 @@ void MetricsLog::RecordStep(const StepResult& r) {
   tokens_since_log_ += r.local_tokens;
   tokens_seen_ += r.global_tokens;
   data_seconds_.push_back(r.data_seconds);
+  non_model_seconds_.push_back(r.non_model_seconds());
   if (!(r.step == 1 || r.step % config_.metrics.log_freq == 0)) return;
   const double delta = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_log_).count();
   const double tps = static_cast<double>(tokens_since_log_) / (delta * static_cast<double>(non_dp_size_));
@@ -117,8 +118,9 @@ void MetricsLog::RecordStep(const StepResult& r) {
   const double mfu = peak_flops_ > 0 ? 100.0 * flops_per_token_ * tps / peak_flops_ : 0.0;
   const double peak = static_cast<double>(memory_->peak());
   const double gib = peak / kGiB, pct = 100.0 * peak / PhysicalMemoryBytes();
-  double data = 0;
+  double data = 0, non_model = 0;
   for (const double s : data_seconds_) data += s;
+  for (const double s : non_model_seconds_) non_model += s;
   if (out_ != nullptr) {
     *out_ << FormatStep(r.step, r.loss, r.grad_norm, gib, pct, tps, tflops, mfu) << std::endl;
     // torchtitan's names; n_tokens_seen, an integer, is the last.
@@ -134,6 +136,8 @@ void MetricsLog::RecordStep(const StepResult& r) {
         {"time_metrics/end_to_end(s)", delta / config_.metrics.log_freq},
         {"time_metrics/data_loading(s)", data / data_seconds_.size()},
         {"time_metrics/data_loading(%)", 100.0 * data / delta},
+        // Ours: a step's time outside forward, backward and the optimizer (data included).
+        {"time_metrics/non_model(s)", non_model / non_model_seconds_.size()},
         {"n_tokens_seen", static_cast<double>(tokens_seen_)}};
     std::string json = "{\"step\": " + std::to_string(r.step);
     for (size_t i = 0; i + 1 < scalars.size(); ++i)
@@ -143,6 +147,7 @@ void MetricsLog::RecordStep(const StepResult& r) {
   }
   tokens_since_log_ = 0;
   data_seconds_.clear();
+  non_model_seconds_.clear();
   memory_->Mark();
   last_log_ = std::chrono::steady_clock::now();
 }

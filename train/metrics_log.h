@@ -64,7 +64,7 @@ class MetricsLog {
   double flops_per_token_, peak_flops_ = 0;
   int64_t non_dp_size_;
   int64_t tokens_since_log_ = 0, tokens_seen_ = 0;
-  std::vector<double> data_seconds_;
+  std::vector<double> data_seconds_, non_model_seconds_;
   std::chrono::steady_clock::time_point last_log_;
   std::unique_ptr<metrics::AllocationWindow> memory_;
   std::ofstream jsonl_;

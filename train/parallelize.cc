@@ -4,10 +4,12 @@
 #include <c10/util/Exception.h>
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/meta_init.h"
 #include "models/llama/flavors.h"
 #include "models/llama/hf_config.h"
 #include "models/llama/parallelize.h"
@@ -95,8 +97,9 @@ ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDeg
 
 void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config, const ParallelMeshes& meshes) {
   if (meshes.tp) {
-    models::llama::ApplyTensorParallel(*model, meshes.tp,
-                                       {.sequence_parallel = config.parallelism.enable_sequence_parallel});
+    // Built on the meta device and initialized after sharding: no values to broadcast.
+    models::llama::ApplyTensorParallel(
+        *model, meshes.tp, {.sequence_parallel = config.parallelism.enable_sequence_parallel, .src_data_rank = {}});
   }
   switch (config.activation_checkpoint.mode) {
     case ActivationCheckpointMode::kNone: break;
@@ -136,6 +139,20 @@ void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& c
     unit.set_gradient_divide_factor(1.0);
     unit.set_force_sum_reduction_for_comms(true);
   }
+}
+
+void InitTorchtitanWeights(models::llama::LlamaForCausalLM& model, uint64_t seed) {
+  std::unordered_map<const torch::nn::Module*, std::string> prefixes;
+  for (const auto& item : model->named_modules()) prefixes[item.value().get()] = item.key();
+  const models::llama::LlamaConfig& config = model->config;
+  fsdp2::InitMetaParameters(*model, [&](torch::nn::Module& module) {
+    const std::string& prefix = prefixes.at(&module);
+    for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+      at::Tensor full = item.value();
+      models::llama::InitTorchtitanParameter(config, prefix.empty() ? item.key() : prefix + "." + item.key(), full,
+                                             seed);
+    }
+  });
 }
 
 }  // namespace fsdp::train

@@ -11,7 +11,8 @@
 //   (dp_replicate, dp_shard, tp), FSDP's mesh (1-D dp_shard, or dp_replicate x dp_shard for
 //   HSDP), the tp mesh and the flattened data-parallel mesh the loss and token counts reduce
 //   over.
-// - ParallelizeLlama, on an unsharded model, every rank alike: tensor parallelism on the tp
+// - ParallelizeLlama, on an unsharded model (on the meta device: TP broadcasts no values),
+//   every rank alike: tensor parallelism on the tp
 //   mesh (enable_sequence_parallel), activation checkpointing (full: every block; selective
 //   is refused, see the error), then fully_shard per torchtitan: the embedding, each decoder
 //   layer, the root (final norm and head), with the reshard policy and the mixed-precision
@@ -47,6 +48,11 @@ struct ParallelMeshes {
 ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees);
 
 void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config, const ParallelMeshes& meshes);
+
+// torchtitan's init_weights after sharding: fsdp2::InitMetaParameters with
+// models::llama::InitTorchtitanParameter on each full parameter (seeded by `seed` and its name),
+// each rank keeping its shard; the same values at every world size and mesh. Local.
+void InitTorchtitanWeights(models::llama::LlamaForCausalLM& model, uint64_t seed);
 
 }  // namespace fsdp::train
 

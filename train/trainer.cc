@@ -13,6 +13,7 @@
 #include "dcp/hf.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "metrics/step_metrics.h"
+#include "models/llama/flavors.h"
 #include "train/loss.h"
 #include "train/metrics_log.h"
 
@@ -23,18 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-// torchtitan's get_dense_model_nparams_and_flops (models/utils.py): every parameter but the
-// embedding's (all of them when tied) counts 6 FLOPs per token, attention 6 * layers * heads
-// * (qk + v head dims) * seq_len.
-double FlopsPerToken(models::llama::LlamaForCausalLMImpl& model, int64_t seq_len) {
-  const models::llama::LlamaConfig& c = model.config;
-  int64_t params = 0;
-  for (const auto& p : model.parameters()) params += p.numel();
-  const int64_t embedding = model.model->embed_tokens->weight.numel();
-  const int64_t for_matmul = c.tie_word_embeddings ? params : params - embedding;
-  return metrics::DecoderFlopsPerToken(for_matmul, c.num_hidden_layers, c.num_attention_heads, c.head_dim(), seq_len);
-}
-
 // The sum over `group` (a no-op for one rank); `op` for every element.
 at::Tensor AllReduce(const mesh::DeviceMeshPtr& batch, at::Tensor t, comm::ReduceOp op) {
   if (batch->size() > 1) batch->group(0)->all_reduce(t, op)->wait();
@@ -42,6 +31,12 @@ at::Tensor AllReduce(const mesh::DeviceMeshPtr& batch, at::Tensor t, comm::Reduc
 }
 
 }  // namespace
+
+double TorchtitanFlopsPerToken(const models::llama::LlamaConfig& c, int64_t seq_len) {
+  const int64_t params = models::llama::ParameterCount(c);
+  const int64_t for_matmul = c.tie_word_embeddings ? params : params - models::llama::EmbeddingParameterCount(c);
+  return metrics::DecoderFlopsPerToken(for_matmul, c.num_hidden_layers, c.num_attention_heads, c.head_dim(), seq_len);
+}
 
 Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_(config), world_(std::move(world)) {
   TORCH_CHECK(world_ != nullptr, "Trainer: the world process group is null");
@@ -68,14 +63,14 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
 
   meshes_ = BuildMeshes(world_, degrees_);
 
-  // torchtitan builds on the meta device and runs init_weights after sharding; here every rank
-  // draws the same full parameters from the seed (InitTorchtitanParameter), so the result does
-  // not depend on the world size either.
-  model_ = models::llama::LlamaForCausalLM(model_config_);
+  // torchtitan's order: build on the meta device, parallelize, then init_weights, each rank
+  // drawing every full parameter from (seed, name) and keeping its shard: no rank holds the
+  // whole model, and the values do not depend on the world size or mesh.
+  model_ = models::llama::LlamaForCausalLM(model_config_, c10::Device(c10::kMeta));
   model_->to(ScalarTypeOf(config_.training.dtype));
-  models::llama::InitWeightsTorchtitan(*model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
-  flops_per_token_ = FlopsPerToken(*model_, config_.training.seq_len);
+  flops_per_token_ = TorchtitanFlopsPerToken(model_config_, config_.training.seq_len);
   ParallelizeLlama(model_, config_, meshes_);
+  InitTorchtitanWeights(model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
   if (!ck.initial_load_path.empty()) dcp::LoadHuggingFace(*model_, ck.initial_load_path);
 
   const OptimizerConfig& o = config_.optimizer;
@@ -119,15 +114,19 @@ StepResult Trainer::Step() {
       AllReduce(meshes_.batch, at::tensor({local_valid}, at::kLong), comm::ReduceOp::Sum()).item<int64_t>();
   TORCH_CHECK(r.global_tokens > 0, "step ", r.step, ": the global batch has no valid token");
   at::Tensor accumulated = at::zeros({}, at::kFloat);
+  const Clock::time_point model_start = Clock::now();
   for (const TokenBatch& batch : micro_batches) {
     const at::Tensor loss = CrossEntropySum(Forward(batch), batch.labels) / static_cast<double>(r.global_tokens);
     loss.backward();
     accumulated.add_(loss.detach());
   }
+  r.model_seconds = Seconds(model_start);
   // optim: clip_grad_norm_ (the total norm before clipping), optimizer, schedule.
+  const Clock::time_point optimizer_start = Clock::now();
   r.grad_norm = fsdp2::clip_grad_norm_(*model_, config_.training.max_norm).item<double>();
   optimizer_->step();
   lr_schedulers_->Step();
+  r.optimizer_seconds = Seconds(optimizer_start);
   // collect_dist_metrics: global_avg_loss = sum of the ranks' accumulated losses; max loss =
   // the largest rank's local mean (its accumulated loss * global / local tokens).
   const double local_mean =

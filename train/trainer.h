@@ -39,16 +39,27 @@ namespace fsdp::train {
 
 class MetricsLog;
 
+// torchtitan's FLOPs per token of a Llama model at `seq_len`, forward + backward
+// (get_dense_model_nparams_and_flops, torchtitan/models/utils.py): 6 per parameter but the
+// embedding's (all of them when tied) plus 6 * layers * heads * (qk + v head dims) * seq_len,
+// through metrics::DecoderFlopsPerToken.
+double TorchtitanFlopsPerToken(const models::llama::LlamaConfig& config, int64_t seq_len);
+
 struct StepResult {
-  int64_t step = 0;           // 1-based, as torchtitan's
-  double loss = 0;            // global mean over the step's valid tokens
-  double max_loss = 0;        // the largest data-parallel rank's own mean
-  double grad_norm = 0;       // total, before clipping
-  double lr = 0;              // the learning rate the step used
-  int64_t global_tokens = 0;  // valid tokens of the step, all ranks
-  int64_t local_tokens = 0;   // this rank's tokens (label positions) of the step
-  double data_seconds = 0;    // this rank's time in the data loader
-  double seconds = 0;         // this rank's whole step
+  int64_t step = 0;              // 1-based, as torchtitan's
+  double loss = 0;               // global mean over the step's valid tokens
+  double max_loss = 0;           // the largest data-parallel rank's own mean
+  double grad_norm = 0;          // total, before clipping
+  double lr = 0;                 // the learning rate the step used
+  int64_t global_tokens = 0;     // valid tokens of the step, all ranks
+  int64_t local_tokens = 0;      // this rank's tokens (label positions) of the step
+  double data_seconds = 0;       // this rank's time in the data loader
+  double model_seconds = 0;      // forward, loss and backward of every micro-batch
+  double optimizer_seconds = 0;  // clip_grad_norm_, the optimizer and the schedule
+  double seconds = 0;            // this rank's whole step
+  // The step's time outside the model and the optimizer: data loading, the token count and
+  // loss reductions, the trainer's own work.
+  double non_model_seconds() const { return seconds - model_seconds - optimizer_seconds; }
 };
 
 class Trainer {

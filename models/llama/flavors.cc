@@ -60,6 +60,17 @@ LlamaConfig Llama3Flavor(std::string_view name) {
   TORCH_CHECK(false, "model.flavor = \"", name, "\" is not a Llama 3 flavor of torchtitan's registry (", names, ")");
 }
 
+int64_t ParameterCount(const LlamaConfig& c) {
+  const int64_t d = c.hidden_size, hd = c.head_dim();
+  const int64_t attention = d * c.num_attention_heads * hd * 2 + d * c.num_key_value_heads * hd * 2;  // q, o; k, v
+  const int64_t mlp = 3 * d * c.intermediate_size;
+  const int64_t layer = attention + mlp + 2 * d;  // and the two norms
+  return EmbeddingParameterCount(c) + c.num_hidden_layers * layer + d +
+         (c.tie_word_embeddings ? 0 : c.vocab_size * d);  // final norm, head
+}
+
+int64_t EmbeddingParameterCount(const LlamaConfig& c) { return c.vocab_size * c.hidden_size; }
+
 std::vector<std::string> Llama3FlavorNames() {
   std::vector<std::string> names;
   for (const Flavor& f : kFlavors) names.emplace_back(f.name);

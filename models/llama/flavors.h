@@ -26,6 +26,12 @@ int64_t ComputeFfnHiddenDim(int64_t dim, int64_t multiple_of, std::optional<doub
 LlamaConfig Llama3Flavor(std::string_view name);
 std::vector<std::string> Llama3FlavorNames();
 
+// The parameters of a LlamaForCausalLM of `config`, counted from its shapes (a tied head's
+// weight once, as torch's parameters() counts the shared tensor): torchtitan's nparams.
+int64_t ParameterCount(const LlamaConfig& config);
+// The embedding table's parameters: what torchtitan's FLOPs count leaves out when untied.
+int64_t EmbeddingParameterCount(const LlamaConfig& config);
+
 }  // namespace fsdp::models::llama
 
 #endif  // FSDP_MODELS_LLAMA_FLAVORS_H_

@@ -11,6 +11,8 @@
 #include <limits>
 #include <string>
 
+#include "fsdp/meta/meta.h"
+
 namespace fsdp::models::llama {
 namespace {
 
@@ -142,15 +144,27 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& hidden, const at::Tensor&
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) {
+namespace {
+
+void PlaceOn(torch::nn::Module& module, c10::Device device) {
+  TORCH_CHECK(device.is_cpu() || device.is_meta(), "LlamaForCausalLM: device must be cpu or meta, got ", device);
+  if (device.is_meta()) ToMeta(module);
+}
+
+}  // namespace
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, c10::Device device) : config(c) {
   embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size));
+  PlaceOn(*embed_tokens, device);
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     decoder_layers.emplace_back(c);
+    PlaceOn(*decoder_layers.back(), device);
     decoder_layers.back()->set_checkpointing_enabled(false);  // opt-in: apply_activation_checkpointing
     layers->push_back(decoder_layers.back());
   }
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  PlaceOn(*norm, device);
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens, const at::Tensor& positions) {
@@ -168,9 +182,12 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens, const at::Tensor& p
   return norm(h);
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
-    : config(c), model(register_module("model", LlamaModel(c))) {
-  if (!c.tie_word_embeddings) lm_head = register_module("lm_head", NoBiasLinear(c.hidden_size, c.vocab_size));
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, c10::Device device)
+    : config(c), model(register_module("model", LlamaModel(c, device))) {
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module("lm_head", NoBiasLinear(c.hidden_size, c.vocab_size));
+    PlaceOn(*lm_head, device);
+  }
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens, const at::Tensor& positions) {
@@ -221,9 +238,16 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-void InitTorchtitanParameter(const LlamaConfig& config, const std::string& name, at::Tensor& full,
-                             at::Generator& generator) {
+void InitTorchtitanParameter(const LlamaConfig& config, const std::string& name, at::Tensor& full, uint64_t seed) {
   at::NoGradGuard no_grad;
+  // One generator per parameter, seeded by (seed, name): FNV-1a of the name, mixed into the
+  // seed by splitmix64's finalizer.
+  uint64_t h = 1469598103934665603ULL;
+  for (const char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (h | 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(z ^ (z >> 31));
   constexpr double kStd = 0.02;
   if (EndsWith(name, "norm.weight")) {
     full.fill_(1.0);
@@ -258,10 +282,9 @@ void InitTorchtitanParameter(const LlamaConfig& config, const std::string& name,
 }
 
 void InitWeightsTorchtitan(LlamaForCausalLMImpl& model, uint64_t seed) {
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (const auto& item : model.named_parameters()) {
     at::Tensor full = at::empty(item.value().sizes(), item.value().options().device(at::kCPU));
-    InitTorchtitanParameter(model.config, item.key(), full, generator);
+    InitTorchtitanParameter(model.config, item.key(), full, seed);
     at::NoGradGuard no_grad;
     item.value().copy_(full);
   }

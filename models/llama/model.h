@@ -132,7 +132,9 @@ using DecoderLayer = activation_checkpointing::Checkpointed<DecoderLayerImpl>;
 // LlamaModel: embedding, the layers, final norm. Not hooked: fully_shard wraps the layers and
 // the root (LlamaForCausalLM), as PyTorch's FSDP2 recipes for HF models do.
 struct LlamaModelImpl : torch::nn::Module {
-  explicit LlamaModelImpl(const LlamaConfig& config);
+  // `device` kMeta: each submodule moves to the meta device as soon as it is built (peak: one
+  // decoder layer, or the embedding), for fully_shard + fsdp2::InitMetaParameters.
+  explicit LlamaModelImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
   // tokens [batch, seq] (int64), positions [batch or 1, seq] (int64: each token's rotary
   // position, as torchtitan's per-document positions; undefined: 0 .. seq-1) -> the last
   // hidden state [batch, seq, hidden].
@@ -148,7 +150,8 @@ TORCH_MODULE(LlamaModel);
 // LlamaForCausalLM: LlamaModel and the lm_head (tied: its weight is the embedding's tensor,
 // registered once, as HF's and torchtitan's weight tying).
 struct LlamaForCausalLMImpl : torch::nn::Module {
-  explicit LlamaForCausalLMImpl(const LlamaConfig& config);
+  // `device`: kCPU, or kMeta (as LlamaModelImpl).
+  explicit LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
   // tokens [batch, seq], positions as LlamaModelImpl::forward -> logits [batch, seq, vocab].
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions);
   LlamaConfig config;
@@ -168,19 +171,18 @@ at::Tensor CausalLMLoss(const at::Tensor& logits, const at::Tensor& labels);
 void InitWeights(LlamaForCausalLMImpl& model, uint64_t seed, double initializer_range = 0.02);
 
 // torchtitan's initialization of the parameter named `name` (an HF name of this model), drawn
-// into `full`, the whole parameter on the CPU, from `generator`
-// (torchtitan/models/llama3/__init__.py's param_init tables): RMSNorm weights ones; the
-// embedding normal(0, 1); q/k/v and gate_proj truncated normal(0, 0.02) cut at +-2; o_proj,
-// up_proj and down_proj truncated normal with torchtitan's depth-scaled std 0.02 / sqrt(2 *
-// (layer + 1)); lm_head truncated normal(0, hidden^-0.5) cut at +-3 std. Tied, the embedding
-// takes lm_head's init (torchtitan skips the embedding's own). The draw is
-// torch.nn.init.trunc_normal_'s (uniform, erfinv, scale, clamp), so a parameter's values depend
-// on the generator's state only: initializing full parameters one at a time and keeping each
-// rank's shard is the same on every world size. An unknown name is a c10::Error.
-void InitTorchtitanParameter(const LlamaConfig& config, const std::string& name, at::Tensor& full,
-                             at::Generator& generator);
-// InitTorchtitanParameter over every parameter in named_parameters() order, one CPU generator
-// seeded `seed`.
+// into `full`, the whole parameter on the CPU (torchtitan/models/llama3/__init__.py's
+// param_init tables): RMSNorm weights ones; the embedding normal(0, 1); q/k/v and gate_proj
+// truncated normal(0, 0.02) cut at +-2; o_proj, up_proj and down_proj truncated normal with
+// torchtitan's depth-scaled std 0.02 / sqrt(2 * (layer + 1)); lm_head truncated normal(0,
+// hidden^-0.5) cut at +-3 std. Tied, the embedding takes lm_head's init (torchtitan skips the
+// embedding's own). The draw is torch.nn.init.trunc_normal_'s (uniform, erfinv, scale, clamp)
+// from a CPU generator seeded by `seed` and the name alone, so a parameter's values depend on
+// (seed, name, shape) only: not on the order parameters are initialized in, nor on the world
+// size or mesh when each rank initializes the full parameter and keeps its shard (meta-device
+// init, fsdp/fsdp2/meta_init.h). An unknown name is a c10::Error.
+void InitTorchtitanParameter(const LlamaConfig& config, const std::string& name, at::Tensor& full, uint64_t seed);
+// InitTorchtitanParameter over every parameter of an unsharded model.
 void InitWeightsTorchtitan(LlamaForCausalLMImpl& model, uint64_t seed);
 
 }  // namespace fsdp::models::llama

@@ -62,7 +62,7 @@ void ApplyTensorParallel(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr&
                   tpar::PrepareModuleInput({{seq, std::nullopt, std::nullopt}, {rep, std::nullopt, std::nullopt}})},
                  {"model.layers.*.mlp", tpar::PrepareModuleInput({{seq}, {rep}})}});
   }
-  tpar::parallelize_module(model, tp_mesh, plan);
+  tpar::parallelize_module(model, tp_mesh, plan, options.src_data_rank);
 }
 
 at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels) {

@@ -15,6 +15,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 #include "mesh/device_mesh.h"
 #include "models/llama/model.h"
 
@@ -27,6 +29,10 @@ struct TensorParallelOptions {
   // reduce-scatter to Shard(1); lm_head colwise from Shard(1). Off: the activations stay
   // replicated (embed_tokens, o_proj, down_proj all-reduce to Replicate; the norms unsharded).
   bool sequence_parallel = true;
+  // parallelize_module's: the rank whose parameter values every rank takes (a broadcast per
+  // parameter); nullopt: each rank keeps its own part (a meta-device model, initialized after
+  // sharding, or one every rank initialized alike).
+  std::optional<int> src_data_rank = 0;
 };
 
 // q/k/v and gate/up colwise, o_proj and down_proj rowwise, embed_tokens rowwise, lm_head colwise

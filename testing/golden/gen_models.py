@@ -25,6 +25,8 @@ torchtitan {torchtitan.__version__}'s Llama-3 flavors (testing/golden/gen_models
   init <name> <param> <fn> <std> <a> <b>   the weight init of <param> (HF names; layer i as
                                              model.layers.<i>); fn normal / trunc_normal / ones /
                                              skip; a, b: the cut (trunc_normal's defaults -2, 2)
+  flops <name> <seq_len> <nparams> <flops_per_token>   Llama3Model.Config.get_nparams_and_flops
+                                             of the flavor's model (built on the meta device)
 n_kv_heads None is written as n_heads (what GQA then uses).
 """
 
@@ -97,6 +99,11 @@ def main():
                 init_line(golden, name, prefix + f"self_attn.{proj}.weight", qkv_init)
             for (module, weight), hf in LAYER_WEIGHTS.items():
                 init_line(golden, name, prefix + hf, getattr(getattr(layer, module), weight).param_init["weight"])
+        with torch.device("meta"):
+            model = c.build()
+        for seq_len in (512, 2048, 8192):
+            nparams, flops = c.get_nparams_and_flops(model, seq_len)
+            golden.add("\t".join(["flops", name, str(seq_len), str(nparams), str(flops)]))
         golden.records += 1
     golden.write()
     print(f"gen_models.py: {time.time() - start:.1f} s with torch {torch.__version__}, torchtitan {torchtitan.__version__}")
