@@ -92,7 +92,7 @@ Trainer::~Trainer() = default;
 
 at::Tensor Trainer::Forward(const TokenBatch& batch) { return model_(batch.input, batch.positions); }
 
-StepResult Trainer::Step() {
+StepResult Trainer::Step(bool global_metrics) {
   const Clock::time_point start = Clock::now();
   StepResult r;
   r.step = ++step_;
@@ -131,6 +131,11 @@ StepResult Trainer::Step() {
   // the largest rank's local mean (its accumulated loss * global / local tokens).
   const double local_mean =
       local_valid > 0 ? accumulated.item<double>() * static_cast<double>(r.global_tokens) / local_valid : 0.0;
+  if (!global_metrics) {
+    r.loss = r.max_loss = local_mean;
+    r.seconds = Seconds(start);
+    return r;
+  }
   r.loss = AllReduce(meshes_.batch, accumulated.to(at::kDouble).reshape({1}), comm::ReduceOp::Sum()).item<double>();
   r.max_loss = AllReduce(meshes_.batch, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
   TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
@@ -173,7 +178,8 @@ void Trainer::Train(std::ostream& log) {
   const bool writes = world_->rank() == 0 || config_.metrics.save_for_all_ranks;
   MetricsLog metrics(config_, world_->rank(), writes ? &log : nullptr, flops_per_token_, degrees_.tp);
   while (step_ < config_.training.steps) {
-    const StepResult r = Step();
+    const int64_t next = step_ + 1;  // torchtitan's should_log
+    const StepResult r = Step(next == 1 || next % config_.metrics.log_freq == 0);
     metrics.RecordStep(r);
     if (validation_data_ != nullptr && r.step % config_.validator.freq == 0) {
       const Clock::time_point start = Clock::now();

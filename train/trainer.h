@@ -69,7 +69,10 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  StepResult Step();
+  // `global_metrics` false (torchtitan's steps that do not log): the loss and max loss are
+  // this rank's own (no reduction over the data-parallel ranks) and the non-finite loss check
+  // is left to the next logged step; the gradients' sentinel checks every step.
+  StepResult Step(bool global_metrics = true);
   // The validation loss over validator.steps batches (-1: the whole validation set once):
   // summed cross-entropy over summed valid tokens, all data-parallel ranks.
   struct ValidationResult {

@@ -1,8 +1,9 @@
-# x bench [--quick] [--peer]: set up, the benchmarks in bench/ with -c opt and the callgrind budget; --peer: vs PyTorch's FSDP
+# x bench [--quick] [--peer]: set up, the benchmarks in bench/ with -c opt and the callgrind budget; --peer: vs PyTorch's FSDP, torchtitan
 #   The benchmarks write bench/out/*.json and print their ratios (tools/bench_ratio.py);
 #   --quick: one pair repetition instead of 5. The callgrind budget (tools/callgrind_bench.sh)
 #   fails on > 10% growth. --peer: bench/e2e against PyTorch's FSDP2 and FSDP1 from the peer
-#   venv, a table and bench/out/e2e.png. Details: docs/development/benchmarks.md.
+#   venv, a table and bench/out/e2e.png; then `train` against torchtitan's components
+#   (bench/peer/train_bench.py). Details: docs/development/benchmarks.md.
 
 x_bench() { cmd_bench "$@"; }
 
@@ -19,8 +20,8 @@ cmd_bench() {
     esac
   done
   cmd_setup "${APT_BENCH_PACKAGES[@]}"
-  step "bazel build -c opt //bench/..."
-  bazel build --config=opt //bench/...
+  step "bazel build -c opt //bench/... //train:train"
+  bazel build --config=opt //bench/... //train:train
   mkdir -p bench/out
   # The opt output directory itself: bazel-bin follows whichever configuration built last.
   local bin; bin="$(bazel info --config=opt bazel-bin 2>/dev/null)/bench"
@@ -74,5 +75,8 @@ cmd_bench() {
   done
   python3 tools/e2e_table.py bench/out/e2e.jsonl
   "$PEER_PY" tools/e2e_chart.py bench/out/e2e.jsonl bench/out/e2e.png
+  step "train vs torchtitan's components (tokens/s, non-model time, peak memory; JSON lines in bench/out/train.jsonl)"
+  : > bench/out/train.jsonl
+  "$PEER_PY" bench/peer/train_bench.py "${bin%/bench}/train/train" --reps "$((reps < 3 ? reps : 3))"
   return "$budget_status"
 }

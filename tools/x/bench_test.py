@@ -17,7 +17,7 @@ class Bench(XCase):
     def test_quick(self):
         rc, out = self.x.run("bench", "--quick")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(self.x.calls("bazel")[0], ["build", "--config=opt", "//bench/..."])
+        self.assertEqual(self.x.calls("bazel")[0], ["build", "--config=opt", "//bench/...", "//train:train"])
         self.assertEqual(sorted(r[0] for r in self.runs("comm_bench")), ["0", "1"])
         self.assertEqual(self.runs("fsdp2_bench"), [["-", "--pair_repetitions=1",
                                                      "--benchmark_out=bench/out/fsdp2.json",
@@ -34,3 +34,5 @@ class Bench(XCase):
         self.assertEqual(len(self.runs("e2e_bench")), 2 * 2 * (2 + 4))
         self.assertIn(("--model=compute", "--fsdp=1", "3"), runs)
         self.assertEqual(self.x.calls("tools/e2e_table.py"), [["bench/out/e2e.jsonl"]])
+        peer = [c[1:] for c in self.x.calls("python") if c[0] == self.x.peer_venv]
+        self.assertIn("bench/peer/train_bench.py", [c[0] for c in peer])

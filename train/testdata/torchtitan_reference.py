@@ -13,7 +13,11 @@ HuggingFaceTextDataset (hf_datasets/text_datasets.py) over the prepared dataset'
 Writes
   OUT_DIR/hf_init/model.safetensors   the initial weights (torchtitan's init_weights, seeded),
                                       in Hugging Face's names (torchtitan's Llama3StateDictAdapter)
-  OUT_DIR/reference.pt                losses, max_losses, grad_norms, lrs: float64 [steps]
+  OUT_DIR/reference.pt                losses, max_losses, grad_norms, lrs: float64 [steps];
+                                      with SPEC's "measure": step_seconds [steps] (rank 0's wall
+                                      time of each step) and peak_bytes (the largest rank's
+                                      LibTorch CPU allocation peak over steps 2.., counted as
+                                      metrics/allocation_window.h counts ours: bench/peer/train_bench.py)
 
 What differs from torchtitan's Trainer, and why (torchtitan assumes CUDA):
 - attention is torchtitan's ScaledDotProductAttention (causal SDPA) instead of FlexAttention,
@@ -28,10 +32,12 @@ What differs from torchtitan's Trainer, and why (torchtitan assumes CUDA):
   data-parallel ranks as train/dataloader.h documents (torchtitan splits documents by rank).
 """
 
+import contextlib
 import json
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -210,8 +216,17 @@ def worker(rank, spec, out_dir, store, init_state, windows):
     dp, local = dims.dp_replicate * dims.dp_shard, spec["local_batch_size"]
     dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
     accumulation = spec["global_batch_size"] // (local * dp)
-    losses, max_losses, norms, lrs = [], [], [], []
+    losses, max_losses, norms, lrs, seconds = [], [], [], [], []
+    window = contextlib.nullcontext()
+    if spec.get("measure"):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "peer"))
+        from peer_common import AllocationWindow
+        window = AllocationWindow()
+    memory = window.__enter__()
     for step in range(spec["steps"]):
+        if step == 1 and memory is not None:
+            memory.mark()  # steady steps: the optimizer state exists from here on
+        start = time.perf_counter()
         # Trainer.train_step, over this rank's rows of each micro-batch (train/dataloader.h).
         optimizer.zero_grad(set_to_none=True)
         lrs.append(schedulers.schedulers[0].get_last_lr()[0])
@@ -246,11 +261,18 @@ def worker(rank, spec, out_dir, store, init_state, windows):
             losses.append(float(accumulated))
             max_losses.append(float(accumulated))
         norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
+        seconds.append(time.perf_counter() - start)
+    window.__exit__(None, None, None)
+    out = {"losses": torch.tensor(losses, dtype=torch.float64),
+           "max_losses": torch.tensor(max_losses, dtype=torch.float64),
+           "grad_norms": torch.tensor(norms, dtype=torch.float64),
+           "lrs": torch.tensor(lrs, dtype=torch.float64)}
+    if memory is not None:
+        peak = torch.tensor([memory.peak], dtype=torch.int64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        out.update(step_seconds=torch.tensor(seconds, dtype=torch.float64), peak_bytes=peak)
     if rank == 0:
-        torch.save({"losses": torch.tensor(losses, dtype=torch.float64),
-                    "max_losses": torch.tensor(max_losses, dtype=torch.float64),
-                    "grad_norms": torch.tensor(norms, dtype=torch.float64),
-                    "lrs": torch.tensor(lrs, dtype=torch.float64)}, os.path.join(out_dir, "reference.pt"))
+        torch.save(out, os.path.join(out_dir, "reference.pt"))
     dist.barrier()
     dist.destroy_process_group()
 
