@@ -84,18 +84,15 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
     const at::Tensor valid = (target != ignore_index).unsqueeze(class_dim);
     const LocalTarget local =
         Localize(at::where(target != ignore_index, target, 0), class_begin, log_softmax.size(class_dim));
-    at::Tensor one_hot = at::zeros_like(log_softmax);
-    one_hot.scatter_(class_dim, local.index.unsqueeze(class_dim),
-                     at::where(local.mask, 0.0, -1.0).unsqueeze(class_dim).to(one_hot.scalar_type()));
+    // softmax - one_hot(target), times the incoming gradient, in one logits-sized buffer: the
+    // -1 is added where this rank holds the target class (0.0 elsewhere leaves the value as it
+    // is), the same values as (one_hot + softmax) * grad without two more such buffers.
+    at::Tensor out = at::exp(log_softmax);
+    out.scatter_add_(class_dim, local.index.unsqueeze(class_dim),
+                     at::where(local.mask, 0.0, -1.0).unsqueeze(class_dim).to(out.scalar_type()));
     if (grad.dim() > 0 && log_softmax.dim() > grad.dim()) grad = grad.unsqueeze(class_dim);
-    grad = at::where(valid, grad, 0);
-    return {(one_hot + at::exp(log_softmax)) * grad,
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+    out.mul_(at::where(valid, grad, 0));
+    return {out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
