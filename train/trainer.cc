@@ -72,6 +72,8 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
   ParallelizeLlama(model_, config_, meshes_);
   InitTorchtitanWeights(model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
   if (!ck.initial_load_path.empty()) dcp::LoadHuggingFace(*model_, ck.initial_load_path);
+  // torchtitan's set_determinism: deterministic ATen algorithms (an error where one has none).
+  if (config_.debug.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 
   const OptimizerConfig& o = config_.optimizer;
   optimizer_ = std::make_unique<torch::optim::AdamW>(
@@ -178,6 +180,13 @@ void Trainer::Train(std::ostream& log) {
   const bool writes = world_->rank() == 0 || config_.metrics.save_for_all_ranks;
   MetricsLog metrics(config_, world_->rank(), writes ? &log : nullptr, flops_per_token_, degrees_.tp);
   while (step_ < config_.training.steps) {
+    // dataloader.infinite = false: torchtitan's loader stops at the end of one pass over the
+    // data (DataloaderExhaustedError) and the trainer ends there.
+    if (!config_.dataloader.infinite &&
+        data_->state().windows_consumed + data_->global_batch_size() > data_->stream().windows_per_epoch()) {
+      if (writes) log << "the data ran out (dataloader.infinite = false) after step " << step_ << std::endl;
+      break;
+    }
     const int64_t next = step_ + 1;  // torchtitan's should_log
     const StepResult r = Step(next == 1 || next % config_.metrics.log_freq == 0);
     metrics.RecordStep(r);

@@ -80,8 +80,10 @@ class Trainer {
     int64_t local_tokens = 0;  // this rank's
   };
   ValidationResult Validate();
-  // Steps until training.steps; rank 0 writes torchtitan's log line every metrics.log_freq
-  // steps to `log` and, if enabled, the metrics files; validation every validator.freq steps.
+  // Steps until training.steps (with dataloader.infinite = false, or until one pass over the
+  // data cannot fill another global batch); rank 0 writes torchtitan's log line every
+  // metrics.log_freq steps to `log` and, if enabled, the metrics files; validation every
+  // validator.freq steps.
   // Then, with checkpoint.enable and checkpoint.last_save_in_hf, torchtitan's last save in
   // Hugging Face's layout: dcp::SaveHuggingFace to ExportDirectory() in export_dtype, with
   // hf_assets_path's other files (its config.json) copied beside the weights.

@@ -3,6 +3,7 @@
 // sequence parallel), gradient accumulation and full activation checkpointing must train the
 // same model step for step. And the errors a job meets before and while it trains.
 // Against torchtitan's own components: tests/peer (the torchtitan parity test).
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -304,6 +305,50 @@ TEST(Trainer, MetaInitAfterShardingIsTheUnshardedInit) {
       EXPECT_TRUE(at::equal(*got, item.value())) << item.key();
     }
   });
+}
+
+}  // namespace
+}  // namespace fsdp::train
+
+namespace fsdp::train {
+namespace {
+
+// dataloader.infinite = false: the job ends when one pass over the data cannot fill another
+// global batch, as torchtitan's ends on DataloaderExhaustedError.
+TEST(Trainer, AFinitePassEndsTheJobWhenTheDataRunsOut) {
+  // The training split holds 110 windows of 512 tokens: 3 global batches of 32.
+  const JobConfig config = SmallJob({"--dataloader.infinite=false", "--training.steps=1000", "--training.seq_len=512",
+                                     "--training.local_batch_size=32", "--training.global_batch_size=32"});
+  int64_t steps = 0, windows = 0;
+  std::string log_text;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 1, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(config, pg);
+    windows = trainer.data_loader().stream().windows_per_epoch();
+    std::ostringstream log;
+    trainer.Train(log);
+    steps = trainer.step();
+    log_text = log.str();
+  });
+  EXPECT_EQ(steps, windows / 32);
+  EXPECT_NE(log_text.find("the data ran out (dataloader.infinite = false) after step " + std::to_string(windows / 32)),
+            std::string::npos)
+      << log_text;
+}
+
+}  // namespace
+}  // namespace fsdp::train
+
+namespace fsdp::train {
+namespace {
+
+TEST(Trainer, DebugDeterministicTurnsOnDeterministicAlgorithms) {
+  ASSERT_FALSE(at::globalContext().deterministicAlgorithms());
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 1, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(SmallJob({"--debug.deterministic"}), pg);
+    EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+    trainer.Step();  // the CPU kernels it runs have deterministic versions
+  });
+  at::globalContext().setDeterministicAlgorithms(false, false);
 }
 
 }  // namespace
