@@ -51,6 +51,21 @@ int Run(int argc, char** argv) {
   const bool distributed = HasTorchrunEnv();
   const fsdp::comm::TorchrunEnv env = distributed ? fsdp::comm::ReadTorchrunEnv() : fsdp::comm::TorchrunEnv{};
   fsdp::train::ValidateConfig(config, env.world_size);  // before any process group
+  // torchtitan's init_distributed: the flight recorder's size from comm.trace_buf_size, its
+  // dumps under dump_folder/comm_traces/rank_<r> (comm/flight_recorder.h reads both once, at
+  // the first process group).
+  const auto set_env = [&](const char* name, const std::string& value) {
+    if (const char* old = std::getenv(name); old != nullptr && value != old && env.rank == 0) {
+      std::fprintf(stderr, "train: %s=%s is overridden to %s by the config\n", name, old, value.c_str());
+    }
+    ::setenv(name, value.c_str(), 1);
+  };
+  set_env("TORCH_FR_BUFFER_SIZE", std::to_string(config.comm.trace_buf_size));
+  if (config.comm.trace_buf_size > 0) {
+    const std::filesystem::path traces = std::filesystem::path(config.dump_folder) / "comm_traces";
+    std::filesystem::create_directories(traces);
+    set_env("TORCH_FR_DUMP_TEMP_FILE", (traces / "rank_").string());
+  }
 
   const fsdp::comm::GlooOptions gloo{
       .timeout = std::chrono::seconds(std::max(config.comm.init_timeout_seconds, config.comm.train_timeout_seconds))};
