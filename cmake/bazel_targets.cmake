@@ -801,3 +801,10 @@ fsdp_cc_test(//train:torchtitan_parity_test SIZE large
   TAGS float_parity peer_python
   DEPS :config :trainer //checkpoint //comm //testing:multi_rank //testing:peer_python @libtorch
        @system//:absl @system//:gtest_main)
+
+fsdp_cc_test(//train:launch_test SIZE medium PCH none
+  SRCS launch_test.cc
+  DATA configs/debugmodel.toml testdata/corpus/train.index testdata/corpus/train.tokens
+       testdata/corpus/validation.index testdata/corpus/validation.tokens
+  ARGS FSDP_TARGET_FILE://train:train
+  DEPS @system//:gtest)

@@ -295,7 +295,7 @@ CommandLine ParseCommandLine(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     TORCH_CHECK(arg.size() > 2 && arg.compare(0, 2, "--") == 0, "command line: unexpected argument ", Quoted(arg),
-                " (arguments are --config FILE, --print-config and --section.key=value)");
+                " (arguments are --config FILE, --print-config, --nproc N and --section.key=value)");
     std::string key = arg.substr(2), value;
     bool has_value = false;
     if (const size_t eq = key.find('='); eq != std::string::npos) {
@@ -306,7 +306,14 @@ CommandLine ParseCommandLine(const std::vector<std::string>& args) {
       value = args[++i];
       has_value = true;
     }
-    if (key == "print-config" || key == "print_config") {
+    if (key == "nproc") {
+      int n = 0;
+      const auto parsed = std::from_chars(value.data(), value.data() + value.size(), n);
+      TORCH_CHECK(
+          has_value && parsed.ec == std::errc() && parsed.ptr == value.data() + value.size() && n >= 1 && n <= 1024,
+          "command line: --nproc needs a number of processes from 1 to 1024, got ", Quoted(value));
+      out.nproc = n;
+    } else if (key == "print-config" || key == "print_config") {
       TORCH_CHECK(!has_value, "command line: --print-config takes no value, got ", Quoted(value));
       out.print_config = true;
     } else if (key == "config") {

@@ -178,10 +178,11 @@ struct ConfigOverride {
 };
 
 // Splits the trainer's arguments into the config file (`--config FILE` / `--config=FILE`),
-// `--print-config`, and the dotted overrides; anything else is a c10::Error naming it.
+// `--print-config`, `--nproc N` and the dotted overrides; anything else is a c10::Error naming it.
 struct CommandLine {
   std::string config_file;  // empty: the defaults
   bool print_config = false;
+  int nproc = 0;  // > 0: run that many processes on this machine (torchrun --standalone's job)
   std::vector<ConfigOverride> overrides;
 };
 CommandLine ParseCommandLine(const std::vector<std::string>& args);

@@ -112,6 +112,9 @@ TEST(JobConfig, CommandLineNamesTheFileAndPrintConfig) {
   ASSERT_EQ(a.overrides.size(), 1u);
   EXPECT_EQ(a.overrides[0].key, "training.steps");
   EXPECT_EQ(ParseCommandLine({"--config=g.toml"}).config_file, "g.toml");
+  EXPECT_EQ(ParseCommandLine({"--nproc", "4"}).nproc, 4);
+  EXPECT_EQ(ParseCommandLine({"--nproc=2"}).nproc, 2);
+  EXPECT_ERROR_CONTAINS(ParseCommandLine({"--nproc", "two"}), "--nproc needs a number of processes");
   EXPECT_ERROR_CONTAINS(ParseCommandLine({"stray"}), "unexpected argument \"stray\"");
   EXPECT_ERROR_CONTAINS(ParseCommandLine({"--config"}), "--config needs a file");
   EXPECT_ERROR_CONTAINS(LoadConfig(ParseCommandLine({"--config=/nonexistent/x.toml"})),
