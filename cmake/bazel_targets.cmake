@@ -348,12 +348,12 @@ fsdp_cc_binary(//examples/llama:llama_demo
 
 # ================================================================ //fsdp/activation_checkpointing
 fsdp_cc_library(//fsdp/activation_checkpointing INSTALL
-  SRCS checkpoint.cc checkpoint_wrapper.cc
-  HDRS checkpoint.h checkpoint_wrapper.h
+  SRCS checkpoint.cc checkpoint_wrapper.cc selective_checkpoint.cc
+  HDRS checkpoint.h checkpoint_wrapper.h selective_checkpoint.h
   DEPS //fsdp/common //fsdp/hooked_module @libtorch)
 
 fsdp_cc_test(//fsdp/activation_checkpointing:activation_checkpointing_test SIZE medium SMOKE
-  SRCS checkpoint_test.cc fsdp2_checkpoint_test.cc
+  SRCS checkpoint_test.cc fsdp2_checkpoint_test.cc selective_checkpoint_test.cc
   TAGS float_parity
   DEPS :activation_checkpointing //comm //fsdp/common //fsdp/common:test_models //fsdp/fsdp1
        //fsdp/fsdp2 //mesh //testing:allocation_counter //testing:expect_error
@@ -763,11 +763,13 @@ fsdp_cc_library(//train:config INSTALL PCH none
   DEPS :lr_scheduler @libtorch @system//:tomlplusplus)
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
-  SRCS config_test.cc data_test.cc lr_scheduler_test.cc tensorboard_test.cc trainer_test.cc
+  SRCS config_test.cc data_test.cc lr_scheduler_test.cc selective_ac_test.cc tensorboard_test.cc
+       trainer_test.cc
   DATA configs/debugmodel.toml configs/demo.toml ../models/llama/testdata/golden_llama3_flavors.txt
        testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
-       testdata/golden_train_data.txt testdata/corpus/train.index testdata/corpus/train.tokens
-       testdata/corpus/validation.index testdata/corpus/validation.tokens
+       testdata/golden_sac_save_ops.txt testdata/golden_train_data.txt testdata/corpus/train.index
+       testdata/corpus/train.tokens testdata/corpus/validation.index
+       testdata/corpus/validation.tokens
   TAGS peer_python
   DEPS :config :dataloader :lr_scheduler :token_dataset :trainer //comm //fsdp/fsdp2 //models/llama
        //testing:multi_rank //testing:test_dir //testing:expect_error //testing:golden_file
@@ -784,8 +786,8 @@ fsdp_cc_library(//train:dataloader INSTALL PCH aten
   DEPS :token_dataset @libtorch)
 
 fsdp_cc_library(//train:trainer INSTALL
-  SRCS loss.cc metrics_log.cc parallelize.cc tensorboard.cc trainer.cc
-  HDRS loss.h metrics_log.h parallelize.h tensorboard.h trainer.h
+  SRCS loss.cc metrics_log.cc parallelize.cc selective_ac.cc tensorboard.cc trainer.cc
+  HDRS loss.h metrics_log.h parallelize.h selective_ac.h tensorboard.h trainer.h
   DEPS :config :dataloader :lr_scheduler :token_dataset //comm //dcp:core //dcp:fsdp2 //dtensor
        //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh //metrics //models/llama
        //tensor_parallel @libtorch)

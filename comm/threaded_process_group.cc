@@ -1,6 +1,8 @@
 #include "comm/threaded_process_group.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -208,6 +210,11 @@ class World : public std::enable_shared_from_this<World> {
         return rv;
       }
       try {
+        // On the thread of whichever rank came last, but as a real backend's own thread would
+        // run it: no grad, none of that thread's dispatch keys (a selective checkpoint region
+        // on it must not see the data moves it does for every rank).
+        c10::impl::ForceDispatchKeyGuard clean_dispatch(c10::default_included_set, c10::default_excluded_set);
+        at::AutoGradMode no_grad(false);
         Execute(*rv);
       } catch (...) {
         rv->error = std::current_exception();

@@ -90,6 +90,9 @@ enum class ActivationCheckpointMode { kNone, kFull, kSelective };
 struct ActivationCheckpointConfig {
   ActivationCheckpointMode mode = ActivationCheckpointMode::kSelective;
   bool preserve_rng_state = true;
+  // SelectiveAC: the matmuls with the weight shape of a Linear whose name contains one of these
+  // are always recomputed (train/selective_ac.h).
+  std::vector<std::string> force_recompute_mm_shapes_by_fqns = {"moe.router.gate"};
 };
 
 // [dataloader]: a prepared token dataset (docs/guide/data_format.md), packed as torchtitan's

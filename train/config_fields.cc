@@ -128,7 +128,8 @@ std::vector<Section> Sections(JobConfig& c) {
                                   {{"none", ActivationCheckpointMode::kNone},
                                    {"full", ActivationCheckpointMode::kFull},
                                    {"selective", ActivationCheckpointMode::kSelective}}),
-                       Bind("preserve_rng_state", ac.preserve_rng_state)}});
+                       Bind("preserve_rng_state", ac.preserve_rng_state),
+                       Bind("force_recompute_mm_shapes_by_fqns", ac.force_recompute_mm_shapes_by_fqns)}});
   DataloaderConfig& d = c.dataloader;
   sections.push_back(
       {"dataloader", {Bind("dataset_path", d.dataset_path), Bind("infinite", d.infinite), Bind("seed", d.seed)}});

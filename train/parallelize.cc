@@ -5,6 +5,7 @@
 
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
@@ -13,6 +14,7 @@
 #include "models/llama/flavors.h"
 #include "models/llama/hf_config.h"
 #include "models/llama/parallelize.h"
+#include "train/selective_ac.h"
 
 namespace fsdp::train {
 namespace {
@@ -101,17 +103,20 @@ void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& c
     models::llama::ApplyTensorParallel(
         *model, meshes.tp, {.sequence_parallel = config.parallelism.enable_sequence_parallel, .src_data_rank = {}});
   }
-  switch (config.activation_checkpoint.mode) {
-    case ActivationCheckpointMode::kNone: break;
-    case ActivationCheckpointMode::kFull:
-      activation_checkpointing::apply_activation_checkpointing(*model, nullptr, /*enabled=*/true);
-      break;
-    case ActivationCheckpointMode::kSelective:
-      // torchtitan 0.3.0's SelectiveAC is per-op (it saves chosen ATen ops' outputs through a
-      // TorchDispatchMode policy); the C++ checkpoint recomputes whole blocks.
-      TORCH_CHECK(false,
-                  "activation_checkpoint.mode = \"selective\" (torchtitan's per-op SAC) is not implemented; use "
-                  "\"full\" or \"none\"");
+  // torchtitan's apply_ac: FullAC or SelectiveAC on every decoder layer.
+  const ActivationCheckpointConfig& ac = config.activation_checkpoint;
+  if (ac.mode != ActivationCheckpointMode::kNone) {
+    auto& layers = model->model->decoder_layers;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      activation_checkpointing::CheckpointOptions options = layers[i]->checkpoint_options();
+      options.preserve_rng_state = ac.preserve_rng_state;
+      if (ac.mode == ActivationCheckpointMode::kSelective) {
+        options.selective_policy = TorchtitanSelectivePolicy(*layers[i], "model.layers." + std::to_string(i),
+                                                             ac.force_recompute_mm_shapes_by_fqns);
+      }
+      layers[i]->set_checkpoint_options(std::move(options));
+      layers[i]->set_checkpointing_enabled(true);
+    }
   }
   const ParallelismConfig& p = config.parallelism;
   // torchtitan's get_fsdp_reshard_after_forward_policy without pipeline parallelism:

@@ -13,8 +13,10 @@
 //   over.
 // - ParallelizeLlama, on an unsharded model (on the meta device: TP broadcasts no values),
 //   every rank alike: tensor parallelism on the tp
-//   mesh (enable_sequence_parallel), activation checkpointing (full: every block; selective
-//   is refused, see the error), then fully_shard per torchtitan: the embedding, each decoder
+//   mesh (enable_sequence_parallel), activation checkpointing on every decoder layer (full, or
+//   selective with torchtitan's per-operator policy, selective_ac.h; an error naming
+//   force_recompute_mm_shapes_by_fqns if it names a module that is no Linear), then fully_shard
+//   per torchtitan: the embedding, each decoder
 //   layer, the root (final norm and head), with the reshard policy and the mixed-precision
 //   policy (cast_forward_inputs off) of the config, gradient division off (the loss is
 //   already divided by the global token count) and the non-finite gradient sentinel on.

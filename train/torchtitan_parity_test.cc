@@ -4,8 +4,9 @@
 // Trainer.train_step on CPU Gloo, against our Trainer on threaded ranks with the same config,
 // the same initial weights (torchtitan's init_weights, exported in Hugging Face's names, which
 // both load) and the same windows: 20 steps of loss, grad norm and learning rate, at FSDP
-// (dp_shard 4), HSDP (2 x 2), FSDP + TP (2 x 2), gradient accumulation 2 and full activation
-// checkpointing. Skipped, with the reason, without the peer venv or its torchtitan.
+// (dp_shard 4), HSDP (2 x 2), FSDP + TP (2 x 2), gradient accumulation 2, full and selective
+// (per-operator, torchtitan's SelectiveAC) activation checkpointing. Skipped, with the reason, without the peer venv or
+// its torchtitan.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -40,8 +41,14 @@ struct Case {
 
 // The global batch is 8 windows of 32 tokens in every case; local batch x dp x accumulation.
 constexpr Case kCases[] = {
-    {"one_rank", 1, 1, 1, 8, "none"},  {"fsdp4", 4, 1, 1, 2, "none"},        {"hsdp2x2", 4, 2, 1, 2, "none"},
-    {"fsdp2_tp2", 4, 1, 2, 4, "none"}, {"fsdp4_accum2", 4, 1, 1, 1, "none"}, {"fsdp2_full_ac", 2, 1, 1, 4, "full"},
+    {"one_rank", 1, 1, 1, 8, "none"},
+    {"fsdp4", 4, 1, 1, 2, "none"},
+    {"hsdp2x2", 4, 2, 1, 2, "none"},
+    {"fsdp2_tp2", 4, 1, 2, 4, "none"},
+    {"fsdp4_accum2", 4, 1, 1, 1, "none"},
+    {"fsdp2_full_ac", 2, 1, 1, 4, "full"},
+    {"fsdp2_selective_ac", 2, 1, 1, 4, "selective"},
+    {"fsdp2_tp2_selective_ac", 4, 1, 2, 4, "selective"},
 };
 
 std::string SpecJson(const Case& c) {

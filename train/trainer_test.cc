@@ -78,8 +78,10 @@ double MaxRelDiff(const std::vector<StepResult>& a, const std::vector<StepResult
 class TrainerMeshes : public ::testing::TestWithParam<std::pair<int, std::vector<std::string>>> {};
 
 std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& info) {
-  static const char* const kNames[] = {"fsdp4",        "hsdp2x2",       "fsdp2_tp2",       "fsdp2_tp2_no_sp",
-                                       "fsdp4_accum2", "fsdp2_full_ac", "fsdp2_no_reshard"};
+  static const char* const kNames[] = {
+      "fsdp4",           "hsdp2x2",       "fsdp2_tp2",          "fsdp2_tp2_no_sp",
+      "fsdp4_accum2",    "fsdp2_full_ac", "fsdp2_selective_ac", "fsdp2_tp2_selective_ac",
+      "fsdp2_no_reshard"};
   return kNames[info.index];
 }
 
@@ -119,6 +121,9 @@ INSTANTIATE_TEST_SUITE_P(
                                                                  "--parallelism.enable_sequence_parallel=false"}),
                       std::make_pair(4, std::vector<std::string>{"--training.local_batch_size=1"}),
                       std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=full"}),
+                      std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=selective"}),
+                      std::make_pair(4, std::vector<std::string>{"--activation_checkpoint.mode=selective",
+                                                                 "--parallelism.tensor_parallel_degree=2"}),
                       std::make_pair(2, std::vector<std::string>{"--parallelism.fsdp_reshard_after_forward=never"})),
     MeshName);
 
@@ -150,8 +155,10 @@ TEST(Trainer, BadJobsNameTheirKeyBeforeTraining) {
     EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--model.vocab_size=1000"}), pg),
                           "the tokenizer's vocab_size 2048 exceeds the model's 1000");
     EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--dataloader.dataset_path=/nonexistent/data"}), pg), "/nonexistent/data");
-    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--activation_checkpoint.mode=selective"}), pg),
-                          "activation_checkpoint.mode = \"selective\"");
+    EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--activation_checkpoint.mode=selective",
+                                            "--activation_checkpoint.force_recompute_mm_shapes_by_fqns=self_attn"}),
+                                  pg),
+                          "force_recompute_mm_shapes_by_fqns matches model.layers.0.self_attn, which is no Linear");
     EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--model.flavor=7B"}), pg), "model.flavor = \"7B\"");
     EXPECT_ERROR_CONTAINS(Trainer(SmallJob({"--model.n_heads=3"}), pg),
                           "model.dim = 64 is not divisible by model.n_heads = 3");

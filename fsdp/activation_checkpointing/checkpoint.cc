@@ -10,7 +10,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 namespace fsdp::activation_checkpointing {
@@ -37,7 +39,8 @@ struct CheckpointState : torch::CustomClassHolder {
     c10::ScalarType dtype;
     c10::Device device;
   };
-  std::vector<Meta> outputs;  // for the determinism check
+  std::vector<Meta> outputs;                            // for the determinism check
+  std::shared_ptr<internal::SelectiveCache> selective;  // the kept outputs; null without a policy
 };
 
 // Generator is a shared handle: copies lock and read the same generator.
@@ -89,7 +92,14 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // `inputs` is the user's inputs, possibly followed by a dummy that requires grad.
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointState> state, at::TensorList inputs) {
     const std::vector<at::Tensor> user(inputs.begin(), inputs.begin() + static_cast<int64_t>(state->num_inputs));
-    std::vector<at::Tensor> outs = CallChecked(*state, user);
+    std::vector<at::Tensor> outs;
+    if (state->options.selective_policy) {
+      state->selective = internal::MakeSelectiveCache(state->options.selective_policy());
+      internal::SelectiveScope scope(state->selective, internal::SelectiveScope::Phase::kForward);
+      outs = CallChecked(*state, user);
+    } else {
+      outs = CallChecked(*state, user);
+    }
     for (const at::Tensor& o : outs) state->outputs.push_back({o.sizes().vec(), o.scalar_type(), o.device()});
     ctx->save_for_backward(user);
     // Unused outputs get no gradient: skip them rather than backpropagate zeros.
@@ -116,6 +126,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       RngFork fork(*state);
       at::AutoGradMode enable_grad(true);  // the engine runs backward functions without grad
+      std::optional<internal::SelectiveScope> scope;
+      if (state->selective) scope.emplace(state->selective, internal::SelectiveScope::Phase::kRecompute);
       outs = CallChecked(*state, detached);
     }
     if (state->options.determinism_check) {

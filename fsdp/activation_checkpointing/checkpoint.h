@@ -44,6 +44,8 @@
 #include <optional>
 #include <vector>
 
+#include "fsdp/activation_checkpointing/selective_checkpoint.h"
+
 namespace fsdp::activation_checkpointing {
 
 struct CheckpointOptions {
@@ -58,6 +60,9 @@ struct CheckpointOptions {
   // these does. Unset: when no input requires grad the outputs are made to require grad anyway
   // (a dummy input), since `fn` may read parameters the checkpoint cannot see.
   std::optional<std::vector<at::Tensor>> params;
+  // Selective checkpointing (selective_checkpoint.h): the outputs of the operator calls the
+  // policy saves are kept from the forward and not recomputed. Empty: everything is recomputed.
+  SelectivePolicyFactory selective_policy;
 };
 
 using CheckpointFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;

@@ -165,8 +165,9 @@ def write_config_defaults():
         "parallelism": (ParallelismConfig(), ["data_parallel_replicate_degree", "data_parallel_shard_degree",
                                               "fsdp_reshard_after_forward", "tensor_parallel_degree", "enable_sequence_parallel"]),
         "activation_checkpoint": (dict(mode=modes[type(trainer.activation_checkpoint)],
-                                       preserve_rng_state=trainer.activation_checkpoint.preserve_rng_state),
-                                  ["mode", "preserve_rng_state"]),
+                                       preserve_rng_state=trainer.activation_checkpoint.preserve_rng_state,
+                                       force_recompute_mm_shapes_by_fqns=SelectiveAC.Config().force_recompute_mm_shapes_by_fqns),
+                                  ["mode", "preserve_rng_state", "force_recompute_mm_shapes_by_fqns"]),
         "dataloader": (HuggingFaceTextDataLoader.Config(), ["dataset_path", "infinite"]),
         "validator": (Validator.Config(), ["enable", "freq", "steps"]),
         "metrics": (MetricsProcessor.Config(), ["log_freq", "enable_tensorboard", "save_tb_folder", "save_for_all_ranks"]),
@@ -189,10 +190,36 @@ def write_config_defaults():
     golden.write()
 
 
+SAC_GOLDEN = "train/testdata/golden_sac_save_ops.txt"
+SAC_DOC = f"""
+The operators whose outputs torchtitan {torchtitan.__version__}'s SelectiveAC keeps
+(torchtitan/distributed/activation_checkpoint.py: _get_default_save_ops), one per line as
+"namespace::name" or "namespace::name.overload" (testing/golden/gen_train.py). Higher-order operators
+in that set (flex_attention, inductor_compiled_code) are not ATen operators and are left out.
+"""
+
+
+def write_sac_save_ops():
+    from torchtitan.distributed.activation_checkpoint import _get_default_save_ops
+
+    golden = gc.GoldenFile(SAC_GOLDEN, SAC_DOC)
+    names = []
+    for op in _get_default_save_ops():
+        if not isinstance(op, torch._ops.OpOverload):
+            continue
+        overload = "" if op._overloadname == "default" else "." + op._overloadname
+        names.append(op._schema.name + overload)
+    for name in sorted(names):
+        golden.add(name)
+        golden.records += 1
+    golden.write()
+
+
 def main():
     gc.quiet_torch()
     start = time.time()
     write_config_defaults()
+    write_sac_save_ops()
     golden = gc.GoldenFile(GOLDEN, DOC)
     for steps, warmup, ratio, decay_type, min_lr in itertools.product(
         TRAINING_STEPS, WARMUP_STEPS, DECAY_RATIOS, DECAY_TYPES, MIN_LR_FACTORS
