@@ -204,18 +204,22 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
   CUDA_DEPS @cuda//:cudart)
 
 # ================================================================ //dcp
+fsdp_cc_library(//dcp:stateful INSTALL
+  HDRS stateful.h
+  DEPS @libtorch)
+
 fsdp_cc_library(//dcp:internal INSTALL
   SRCS adapter.cc collectives.cc plan.cc state_items.cc tp_adapter.cc
   HDRS adapter.h collectives.h plan.h state_items.h tp_adapter.h
-  DEPS //checkpoint:dcp //comm //dtensor //distributed_parameters //fsdp/common //fsdp/hooked_module
-       //optim_state:core @libtorch @system//:absl)
+  DEPS :stateful //checkpoint:dcp //comm //dtensor //distributed_parameters //fsdp/common
+       //fsdp/hooked_module //optim_state:core @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:core INSTALL
   SRCS checkpoint_dirs.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc load_job.h
        load_validate.cc save.cc
   HDRS checkpoint_dirs.h dcp.h hf.h
-  DEPS :internal //checkpoint //checkpoint:dcp //comm //fsdp/meta //optim_state:core @libtorch
-       @system//:absl)
+  DEPS :internal :stateful //checkpoint //checkpoint:dcp //comm //fsdp/meta //optim_state:core
+       @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:fsdp2 ALWAYSLINK INSTALL
   SRCS fsdp2_adapter.cc
@@ -231,8 +235,8 @@ fsdp_cc_library(//dcp INSTALL
   DEPS :core :fsdp1 :fsdp2)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
-  SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h fsdp1_test.cc
-       hf_test.cc large_model_test.cc tp_test.cc
+  SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h
+       dict_state_testing.h fsdp1_test.cc hf_test.cc large_model_test.cc tp_test.cc
   TAGS float_parity
   DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor //tensor_parallel
        //fsdp/common //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime //fsdp/fsdp2
@@ -247,7 +251,7 @@ fsdp_cc_test(//dcp:adapter_test SIZE small
        @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//dcp:interop_test SIZE medium
-  SRCS fsdp1_interop_test.cc interop_common.h interop_test.cc
+  SRCS fsdp1_interop_test.cc dict_state_testing.h interop_common.h interop_test.cc
   DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py testdata/hf_interop.py
   TAGS float_parity peer_python
   DEPS :core :dcp :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2

@@ -1,5 +1,5 @@
 // The model adapters of //dcp, internal to it: what the DCP core (//dcp:core: planning,
-// dedup, writing, `.metadata`, reading boxes, the optimizer-state keys, extra_state,
+// dedup, writing, `.metadata`, reading boxes, the optimizer-state keys, Stateful objects,
 // AsyncSave) asks of a kind of model, so that the core knows nothing of FSDP. A model kind's
 // adapter says, for each parameter it shards, which boxes of the global tensor this rank's
 // local tensor holds (the same layout for the optimizer-state tensors shaped like it), how to

@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "dcp/stateful.h"
 
 namespace torch::nn {
 class Module;
@@ -89,17 +90,11 @@ enum class StateDictKind {
   kFullRank0,
 };
 
-// Tensors checkpointed beside the model and optimizer: a training loop's own state (step
-// counter, data sampler position, RNG state), as Python's dcp.save({"model": ..., "optim":
-// ..., "train": {"step": t}}) writes it. A key "a.b" is the nested dict {"a": {"b": t}} in
-// Python (each "." one level). Every rank passes the same keys, shapes and dtypes and, for a
-// meaningful checkpoint, the same values: each is written once (by DCP's dedup, like a
-// buffer). Keys must be non-empty, unique, and not start with "model." or "optim.".
-using ExtraState = std::vector<std::pair<std::string, at::Tensor>>;
-
 struct SaveOptions {
   StateDictKind kind = StateDictKind::kSharded;
-  ExtraState extra_state;
+  // Objects saved beside the model and optimizer under their names (dcp/stateful.h): a training
+  // loop's own state (step, data position, schedule, RNG).
+  StatefulItems stateful;
   // Called on this rank's writing thread (AsyncSave's background thread, Save's caller)
   // right after this rank's data file is complete on disk and before the ranks agree and
   // rank 0 writes `.metadata`: e.g. to upload the file. A throw fails the save on every
@@ -111,16 +106,15 @@ struct LoadOptions {
   // DefaultLoadPlanner(allow_partial_load=True): model and optimizer keys missing from the
   // checkpoint keep their current values instead of being an error.
   bool allow_partial_load = false;
-  // Filled in place (as Python's dcp.load fills the state dict it is given): each key must
-  // be in the checkpoint with the tensor's shape (its dtype is cast); same rules as
-  // SaveOptions::extra_state. Not subject to allow_partial_load. Written only when every
-  // rank read every part, like the model.
-  ExtraState extra_state;
+  // Loaded through load_state_dict once every rank read every part (dcp/stateful.h): each leaf
+  // of the object's state_dict() must be in the checkpoint (a tensor with its shape; its dtype
+  // is cast). Not subject to allow_partial_load.
+  StatefulItems stateful;
   // Read every tensor into fresh memory first and change the model and optimizer only once
   // every rank read and checked all of it (a damaged data file or a read error then changes
   // nothing), at the price of a second copy of the local state in memory while
   // loading. By default (false) Load reads tensors straight into the live parameters,
-  // buffers, extra_state and optimizer state, as Python's dcp.load fills the state dict it is
+  // buffers, Stateful tensors and optimizer state, as Python's dcp.load fills the state dict it is
   // given: peak memory is the model plus one read block. Either way everything that needs no
   // tensor bytes is checked on every rank before anything changes. FSDP1 models always load
   // all or nothing.

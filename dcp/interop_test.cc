@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "dcp/dcp.h"
+#include "dcp/dict_state_testing.h"
 #include "dcp/hf.h"
 #include "dcp/interop_common.h"
 #include "fsdp/fsdp2/fully_shard.h"
@@ -72,6 +73,25 @@ Trainee Build(const comm::ProcessGroupPtr& pg, double lr) {
 
 constexpr char kScript[] = "dcp/testdata/fsdp2_interop.py";
 
+// fsdp2_interop.py's train_state(step): every kind of leaf, nested.
+StateDict TrainState(int64_t step) {
+  StateDict s;
+  s.emplace("step", at::scalar_tensor(step, at::kLong));  // torch.tensor(step): 0-d
+  s.emplace("epoch", step);
+  s.emplace("name", "python " + std::to_string(step));
+  c10::impl::GenericList lrs(c10::FloatType::get());
+  lrs.push_back(0.1 * static_cast<double>(step));
+  s.emplace("lrs", lrs);
+  s.emplace("done", step > 0);
+  c10::impl::GenericDict loader(c10::StringType::get(), c10::AnyType::get());
+  loader.insert("windows", 10 * step);
+  c10::impl::GenericList rng(c10::TensorType::get());
+  rng.push_back(at::arange(3, at::kFloat) * static_cast<double>(step));
+  loader.insert("rng", rng);
+  s.emplace("loader", loader);
+  return s;
+}
+
 constexpr double kLr = 1e-2;
 
 TEST(DcpInterop, SavedByOurFsdp2AtFourLoadsIntoPytorchFsdp2AtTwo) {
@@ -82,8 +102,10 @@ TEST(DcpInterop, SavedByOurFsdp2AtFourLoadsIntoPytorchFsdp2AtTwo) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(pg, kLr);
     Train(t.model, *t.opt, pg, 0, 3);
+    // Python reads it into {"train": {"step": t, "epoch": 0, ...}} (fsdp2_interop.py's TRAIN).
+    DictState train(TrainState(3));
     SaveOptions options;
-    options.extra_state = {{"train.step", at::tensor({int64_t{3}}).reshape({})}};  // Python: {"train": {"step": t}}
+    options.stateful = {{"train", &train}};
     Save(*t.model, t.opt.get(), dir, options);
     // The reference: every full value under its flattened DCP key, as a torch.save file.
     const fsdp2::FullStateDict model = fsdp2::GetFullStateDict(*t.model);
@@ -113,10 +135,20 @@ TEST(DcpInterop, SavedByPytorchFsdp2AtTwoContinuesHereAtThree) {
       for (auto& p : t.model->parameters()) p.zero_();
     }
     LoadOptions options;
-    at::Tensor step = at::tensor({int64_t{-1}}).reshape({});
-    options.extra_state = {{"train.step", step}};
+    DictState train(TrainState(-1));
+    options.stateful = {{"train", &train}};
     Load(*t.model, t.opt.get(), dir, options);
-    EXPECT_EQ(step.item<int64_t>(), 5);
+    // What Python's Stateful returned (fsdp2_interop.py's TRAIN at step 5).
+    EXPECT_EQ(train.loads, 1);
+    EXPECT_EQ(train.state.at("step").toTensor().item<int64_t>(), 5);
+    EXPECT_EQ(train.state.at("epoch").toInt(), 5);
+    EXPECT_EQ(train.state.at("name").toStringRef(), "python 5");
+    EXPECT_EQ(train.state.at("lrs").toListRef().at(0).toDouble(), 0.5);
+    EXPECT_TRUE(train.state.at("done").toBool());
+    const c10::impl::GenericDict loader = train.state.at("loader").toGenericDict();
+    EXPECT_EQ(loader.at("windows").toInt(), 50);
+    EXPECT_EQ(train.state.at("step").toTensor().dim(), 0);
+    EXPECT_TRUE(at::equal(loader.at("rng").toListRef().at(0).toTensor(), at::arange(3, at::kFloat) * 5));
     const std::vector<double> losses = Train(t.model, *t.opt, pg, 5, 5);
     // f32 rounding of another row split and AdamW's formulas (lerp vs mul + add) over 5 steps: a
     // few float32 ulps (2^-23) of a step per step; 1e-5 (~80 ulps at scale 1) is 1000x below a step (lr 1e-2).

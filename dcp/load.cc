@@ -28,7 +28,7 @@ namespace internal {
 template <class Fn>
 void LoadJob::ForEachRead(Fn&& fn) {
   for (ModelTarget& t : model_targets_) fn(t.read);
-  for (ModelTarget& t : extra_targets_) fn(t.read);
+  for (ModelTarget& t : stateful_targets_) fn(t.read);
   for (StateTarget& t : state_targets_) fn(t.read);
 }
 
@@ -67,8 +67,14 @@ void LoadJob::Apply() {
   // ones, or the staging ones.
   if (has_optimizer_state_) adapter_.LoadOptimState(model_, *optimizer_, optim_, kLoad);
   at::NoGradGuard no_grad;
-  for (const ModelTarget& t : extra_targets_) {
+  for (const ModelTarget& t : stateful_targets_) {
     if (!t.read.value.is_same(t.tensor)) t.tensor.copy_(t.read.value);
+  }
+  // Before the model: an object that refuses its state (a throw) leaves the model as it was
+  // (with all_or_nothing; in place it is read already).
+  for (auto& [leaf, value] : stateful_values_) leaf.set(value);
+  for (size_t i = 0; i < options_.stateful.size(); ++i) {
+    options_.stateful[i].second->load_state_dict(stateful_dicts_[i]);
   }
   for (const ModelTarget& t : model_targets_) {
     if (t.sharded != nullptr) {

@@ -1,7 +1,7 @@
 // dcp::Load's phases, private to //dcp:core. load.cc runs them on every rank and makes the
 // ranks agree (every rank fails if one did) before anything changes: after Plan (staging:
 // after Read), after Read in place, and after Apply.
-//   Validate  the metadata, every key the model, extra_state and optimizer need, global
+//   Validate  the metadata, every key the model, Stateful objects and optimizer need, global
 //             shapes, the non-tensor values and 0-d state (read now: small), the optimizer
 //             state's structure (param groups). Changes nothing.
 //   Plan      per local tensor, where it is read (the live tensor in place, or a staging
@@ -9,7 +9,7 @@
 //             opens every chunk file it needs, checking the chunk's byte range. A load in
 //             place also checks that the optimizer state will install.
 //   Read      the planned boxes, each byte CRC-checked (in place: the model now changes).
-//   Apply     optimizer state, model tensors through their adapter, extra_state.
+//   Apply     optimizer state, model tensors through their adapter, Stateful objects.
 // Contract: Validate and Plan throw c10::Errors naming the directory, key and value (the
 // messages dcp.h promises); Read throws on a read error or a damaged file; Apply on an
 // optimizer state that does not install (nothing changed then). Not thread-safe.
@@ -21,12 +21,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/dcp_storage.h"
 #include "dcp/adapter.h"
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
+#include "dcp/state_items.h"
 #include "optim_state/optim_state_dict.h"
 
 namespace fsdp::dcp::internal {
@@ -79,7 +81,7 @@ class LoadJob {
 
  private:
   void ValidateModel();
-  void ValidateExtraState();
+  void ValidateStateful();
   void ValidateParamGroups();
   void ValidateState();
   void ValidateStateEntry(const checkpoint::DcpEntry& e, const std::string& fqn, const std::string& name,
@@ -101,7 +103,10 @@ class LoadJob {
   checkpoint::DcpMetadata md_;
   std::unique_ptr<checkpoint::DcpReader> reader_;
   std::vector<ModelTarget> model_targets_;
-  std::vector<ModelTarget> extra_targets_;  // LoadOptions::extra_state
+  std::vector<ModelTarget> stateful_targets_;  // the tensor leaves of LoadOptions::stateful
+  // The objects' template state dicts, and their non-tensor leaves with the values read.
+  std::vector<StateDict> stateful_dicts_;
+  std::vector<std::pair<StateLeaf, c10::IValue>> stateful_values_;
   std::vector<StateTarget> state_targets_;
   bool has_optimizer_state_ = false;
   // Param groups and every non-tensor and 0-d value after Validate; the tensors after Plan.

@@ -75,7 +75,7 @@ void LoadJob::Validate() {
   }
   reader_ = std::make_unique<checkpoint::DcpReader>(dir_, md_);
   ValidateModel();
-  ValidateExtraState();
+  ValidateStateful();
   if (optimizer_ == nullptr) return;
   ValidateParamGroups();
   if (has_optimizer_state_) ValidateState();
@@ -130,12 +130,21 @@ void LoadJob::ValidateModel() {
   }
 }
 
-void LoadJob::ValidateExtraState() {
-  CheckExtraState(options_.extra_state, kLoad);
-  for (const auto& [key, tensor] : options_.extra_state) {
-    const std::vector<int64_t> sizes = tensor.sizes().vec();
-    const DcpEntry& e = TensorEntry(key, sizes, absl::StrCat("extra_state '", key, "'"));
-    extra_targets_.push_back({tensor, nullptr, {&e, sizes, {WholeBox(sizes)}, tensor, nullptr, {}}});
+void LoadJob::ValidateStateful() {
+  for (StateLeaf& leaf : FlattenStateful(options_.stateful, stateful_dicts_, kLoad)) {
+    if (leaf.value.isTensor()) {
+      const at::Tensor& tensor = leaf.value.toTensor();
+      const std::vector<int64_t> sizes = tensor.sizes().vec();
+      const DcpEntry& e = TensorEntry(leaf.key, sizes, absl::StrCat("stateful '", leaf.key, "'"));
+      stateful_targets_.push_back({tensor, nullptr, {&e, sizes, {WholeBox(sizes)}, tensor, nullptr, {}}});
+      continue;
+    }
+    const DcpEntry* e = md_.Find(leaf.key);
+    TORCH_CHECK(e != nullptr, kLoad, ": the checkpoint '", dir_, "' has no entry '", leaf.key, "'");
+    TORCH_CHECK(e->is_bytes, kLoad, ": '", leaf.key, "' in the checkpoint '", dir_, "' is a tensor, but stateful '",
+                leaf.key, "' is a ", leaf.value.tagKind());
+    c10::IValue value = ReadValue(leaf.key);
+    stateful_values_.emplace_back(std::move(leaf), std::move(value));
   }
 }
 

@@ -115,7 +115,7 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
     }
     if (options.kind != StateDictKind::kSharded) plan.adapter->CheckFullSave(caller);
     plan.sources = internal::CollectSaveSources(model, *plan.adapter, optimizer);
-    internal::AddExtraState(options.extra_state, plan.sources, caller);
+    internal::AddStateful(options.stateful, plan.sources, caller);
     if (options.kind == StateDictKind::kFullRank0 && plan.rank != 0) return;
     mine = ListCandidates(plan, options.kind);
   });

@@ -7,6 +7,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <variant>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -38,31 +40,127 @@ std::string ParamGroupKey(size_t group, const std::string& option) {
   return absl::StrCat(kParamGroupsPrefix, group, ".", option);
 }
 
-void CheckExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, const char* caller) {
-  absl::flat_hash_set<std::string> seen;
-  for (const auto& [key, tensor] : extra) {
-    TORCH_CHECK(
-        !key.empty() && !absl::StartsWith(key, ".") && !absl::EndsWith(key, ".") && !absl::StrContains(key, ".."),
-        caller, ": extra_state key '", key, "' is not a dotted name (empty, or an empty part)");
-    TORCH_CHECK(
-        !absl::StartsWith(key, "model.") && !absl::StartsWith(key, "optim.") && key != "model" && key != "optim",
-        caller, ": extra_state key '", key,
-        "' would collide with the model's or optimizer's entries (\"model.\", \"optim.\")");
-    TORCH_CHECK(seen.insert(key).second, caller, ": extra_state key '", key, "' appears twice");
-    TORCH_CHECK(tensor.defined(), caller, ": extra_state '", key, "' is an undefined tensor");
+namespace {
+
+// The object-path element and key part of a dict key: Python's str(k).
+std::string KeyPart(const c10::IValue& key, const std::string& where, const char* caller) {
+  if (key.isString()) return key.toStringRef();
+  TORCH_CHECK(key.isInt(), caller, ": ", where, " has a dict key of type ", key.tagKind(),
+              "; a checkpointed state dict's keys are str or int");
+  return std::to_string(key.toInt());
+}
+
+// Whether the leaf is one torch.save can write and torch.load reads back (no tensors: those
+// are leaves of their own, or inside a tuple, which DCP does not enter: refused too).
+bool IsStorableValue(const c10::IValue& v) {
+  if (v.isNone() || v.isBool() || v.isInt() || v.isDouble() || v.isString()) return true;
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (!IsStorableValue(e)) return false;
+    }
+    return true;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (!IsStorableValue(e)) return false;
+    }
+    return true;
+  }
+  if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      if (!(e.key().isString() || e.key().isInt()) || !IsStorableValue(e.value())) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+// torch/distributed/checkpoint/_traverse.py's _is_terminal: a dict never is; a list is unless it
+// holds a tensor or a container that is not terminal; anything else is.
+bool IsTerminal(const c10::IValue& v) {
+  if (v.isGenericDict()) return false;
+  if (!v.isList()) return true;
+  for (const c10::IValue& e : v.toListRef()) {
+    if ((e.isGenericDict() || e.isList()) && !IsTerminal(e)) return false;
+    if (e.isTensor()) return false;
+  }
+  return true;
+}
+
+void Traverse(std::vector<DcpPathElement> path, const c10::IValue& value, std::function<void(c10::IValue)> set,
+              std::vector<StateLeaf>& out, const char* caller) {
+  auto where = [&] {
+    std::vector<std::string> parts;
+    for (const DcpPathElement& e : path) {
+      parts.push_back(std::holds_alternative<std::string>(e) ? std::get<std::string>(e)
+                                                             : std::to_string(std::get<int64_t>(e)));
+    }
+    return absl::StrJoin(parts, ".");
+  };
+  if (value.isGenericDict()) {
+    c10::impl::GenericDict dict = value.toGenericDict();
+    for (const auto& e : dict) {
+      std::vector<DcpPathElement> child = path;
+      child.emplace_back(KeyPart(e.key(), "stateful '" + where() + "'", caller));
+      Traverse(
+          std::move(child), e.value(),
+          [dict, key = e.key()](c10::IValue v) mutable { dict.insert_or_assign(key, std::move(v)); }, out, caller);
+    }
+  } else if (IsTerminal(value)) {
+    const std::string key = where();
+    if (value.isTensor()) {
+      TORCH_CHECK(value.toTensor().defined(), caller, ": stateful '", key, "' is an undefined tensor");
+    } else {
+      TORCH_CHECK(IsStorableValue(value), caller, ": stateful '", key, "' is a ", value.tagKind(),
+                  " (or holds one), which a checkpoint cannot store: tensors, None, bool, int, float, str, and "
+                  "tuples, lists and dicts of those");
+    }
+    out.push_back({key, std::move(path), value, std::move(set)});
+  } else {
+    c10::List<c10::IValue> list = value.toList();
+    for (size_t i = 0; i < list.size(); ++i) {
+      std::vector<DcpPathElement> child = path;
+      child.emplace_back(static_cast<int64_t>(i));
+      Traverse(
+          std::move(child), list.get(i), [list, i](c10::IValue v) mutable { list.set(i, std::move(v)); }, out, caller);
+    }
   }
 }
 
-std::vector<DcpPathElement> ExtraStatePath(const std::string& key) {
-  std::vector<DcpPathElement> path;
-  for (absl::string_view part : absl::StrSplit(key, '.')) path.emplace_back(std::string(part));
-  return path;
+}  // namespace
+
+std::vector<StateLeaf> FlattenStateful(const StatefulItems& items, std::vector<StateDict>& state_dicts,
+                                       const char* caller) {
+  absl::flat_hash_set<std::string> seen;
+  std::vector<StateLeaf> leaves;
+  state_dicts.clear();
+  state_dicts.reserve(items.size());
+  for (const auto& [name, object] : items) {
+    TORCH_CHECK(!name.empty() && !absl::StrContains(name, "."), caller, ": stateful name '", name,
+                "' is empty or contains '.'");
+    TORCH_CHECK(name != "model" && name != "optim", caller, ": stateful name '", name,
+                "' would collide with the model's or optimizer's entries");
+    TORCH_CHECK(seen.insert(name).second, caller, ": stateful name '", name, "' appears twice");
+    TORCH_CHECK(object != nullptr, caller, ": stateful '", name, "' is null");
+    state_dicts.push_back(object->state_dict());
+    StateDict* sd = &state_dicts.back();  // reserved: stays put
+    for (const auto& [key, value] : *sd) {
+      Traverse(
+          {name, key}, value, [sd, key = key](c10::IValue v) { sd->insert_or_assign(key, std::move(v)); }, leaves,
+          caller);
+    }
+  }
+  return leaves;
 }
 
-void AddExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, SaveSources& out, const char* caller) {
-  CheckExtraState(extra, caller);
-  for (const auto& [key, tensor] : extra) {
-    out.tensors.push_back(WholeSource(key, ExtraStatePath(key), tensor));
+void AddStateful(const StatefulItems& items, SaveSources& out, const char* caller) {
+  std::vector<StateDict> state_dicts;
+  for (StateLeaf& leaf : FlattenStateful(items, state_dicts, caller)) {
+    if (leaf.value.isTensor()) {
+      out.tensors.push_back(WholeSource(leaf.key, std::move(leaf.object_path), leaf.value.toTensor()));
+    } else {
+      out.bytes.push_back({leaf.key, std::move(leaf.object_path), std::move(leaf.value)});
+    }
   }
 }
 

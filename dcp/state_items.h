@@ -27,12 +27,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/dcp_metadata.h"
 #include "dcp/plan.h"
+#include "dcp/stateful.h"
 #include "optim_state/optim_state_dict.h"
 
 namespace torch::nn {
@@ -65,7 +67,7 @@ struct TensorSource {
   // The boxes of the global tensor `local` holds (sharded: the parameter's; else the whole).
   std::vector<Box> boxes;
   // The parameter `local` is laid out like (null: whole, the same on every rank: buffers,
-  // parameters no adapter shards, 0-d state, extra_state).
+  // parameters no adapter shards, 0-d state, Stateful tensors).
   const ShardedParam* sharded = nullptr;
 };
 
@@ -81,13 +83,22 @@ struct SaveSources {
   std::vector<BytesSource> bytes;
 };
 
-// Checks SaveOptions/LoadOptions::extra_state (dcp.h: keys non-empty, unique, outside
-// "model." and "optim.", tensors defined); throws c10::Error naming `caller` and the key.
-void CheckExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, const char* caller);
-// The object path Python's flatten_state_dict gives key "a.b": {"a", "b"}.
-std::vector<DcpPathElement> ExtraStatePath(const std::string& key);
-// Appends each extra tensor as a whole-tensor source (written once, like a buffer).
-void AddExtraState(const std::vector<std::pair<std::string, at::Tensor>>& extra, SaveSources& out, const char* caller);
+// One leaf of a Stateful's state dict (dcp/stateful.h), flattened as Python's DCP flattens it.
+struct StateLeaf {
+  std::string key;  // "<name>.<path>"
+  std::vector<DcpPathElement> object_path;
+  c10::IValue value;
+  // Replaces the leaf in the state dict it came from (dicts and lists share their storage).
+  std::function<void(c10::IValue)> set;
+};
+
+// Checks the names (dcp/stateful.h) and flattens every object's state_dict(); throws
+// c10::Error naming `caller`, the name and the path of a leaf DCP cannot store.
+std::vector<StateLeaf> FlattenStateful(const StatefulItems& items, std::vector<StateDict>& state_dicts,
+                                       const char* caller);
+// Appends each leaf of every object: tensors whole (written once, like a buffer), the rest as
+// bytes entries.
+void AddStateful(const StatefulItems& items, SaveSources& out, const char* caller);
 
 // `optimizer` may be null (model only). Model entries in named_parameters() then
 // named_buffers() order (tied parameters under each name, as state_dict()), then the

@@ -18,6 +18,18 @@ namespace {
 
 constexpr char kStepKey[] = "train.step";
 
+// {"step": <int64 tensor>} under "train": the step training resumes at.
+class StepState : public dcp::Stateful {
+ public:
+  explicit StepState(int64_t step) : step_(at::tensor({step}, at::kLong)) {}
+  dcp::StateDict state_dict() const override { return {{"step", step_}}; }
+  void load_state_dict(const dcp::StateDict& state) override { step_ = state.at("step").toTensor(); }
+  int64_t step() const { return step_.item<int64_t>(); }
+
+ private:
+  at::Tensor step_;
+};
+
 std::optional<std::string> ProcessEnv(const std::string& name) {
   const char* value = std::getenv(name.c_str());
   return value == nullptr ? std::nullopt : std::optional<std::string>(value);
@@ -97,11 +109,11 @@ int64_t PeriodicCheckpointer::Resume(torch::nn::Module& model, torch::optim::Opt
     }
   }
   if (scan.latest_step < 0) return 0;
-  at::Tensor step = at::tensor({int64_t{-1}}, at::kLong);
+  StepState step(-1);
   dcp::LoadOptions options;
-  options.extra_state = {{kStepKey, step}};
+  options.stateful = {{"train", &step}};
   dcp::Load(model, optimizer, scan.latest_dir, options);
-  const int64_t first = step.item<int64_t>();
+  const int64_t first = step.step();
   TORCH_CHECK(first == scan.latest_step, "PeriodicCheckpointer: '", scan.latest_dir, "' holds ", kStepKey, " = ", first,
               ", not the step its name says");
   if (log_) std::printf("resumed from %s: training continues at step %ld\n", scan.latest_dir.c_str(), long(first));
@@ -114,7 +126,8 @@ void PeriodicCheckpointer::AfterStep(int64_t step, int64_t total, torch::nn::Mod
   if (every_ == 0 || next % every_ != 0 || next >= total) return;
   Finish();
   dcp::SaveOptions options;
-  options.extra_state = {{kStepKey, at::tensor({next}, at::kLong)}};
+  StepState next_step(next);  // AsyncSave takes its state now
+  options.stateful = {{"train", &next_step}};
   const int rank = world_ ? world_->rank() : 0;
   const InjectedFault fault = fault_;
   options.on_rank_file_written = [fault, rank, next](const std::string&) { fault.MaybeKillInSave(rank, next); };

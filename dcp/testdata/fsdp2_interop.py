@@ -7,7 +7,7 @@ The model is the C++ test's InteropNet, with the same FQNs: fc0 = Linear(4, 8),
 fc1 = Linear(8, 8), fc2 = Linear(8, 2), a buffer `scale`; fully_shard on fc0, fc1, then the
 root. Weights and data come from sin / cos formulas (no RNG), the same on both sides.
 
-  fsdp2_interop.py load DIR REF   dcp.load the checkpoint C++ saved (model + AdamW + train.step at W=4)
+  fsdp2_interop.py load DIR REF   dcp.load the checkpoint C++ saved (model + AdamW + a Stateful at W=4)
                                   through get/set_model_state_dict and
                                   get/set_optimizer_state_dict; the full tensors must equal
                                   REF (C++'s torch.save-format dict under the flattened DCP
@@ -29,6 +29,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
@@ -94,14 +95,43 @@ def fail(msg):
     raise SystemExit(f"FAIL: {msg}")
 
 
+def train_state(step):
+    """A training loop's own state, every kind of leaf (C++: interop_test.cc's TrainState)."""
+    return {"step": torch.tensor(step, dtype=torch.int64), "epoch": step, "name": f"python {step}",
+            "lrs": [0.1 * step], "done": step > 0,
+            "loader": {"windows": 10 * step, "rng": [torch.arange(3, dtype=torch.float32) * step]}}
+
+
+class TrainStateful(Stateful):
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def same_state(got, want):
+    if isinstance(want, dict):
+        return isinstance(got, dict) and sorted(got) == sorted(want) and all(same_state(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(same_state, got, want))
+    if isinstance(want, torch.Tensor):
+        return isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    return type(got) is type(want) and got == want
+
+
 def run_load(rank, directory, ref_path):
     model, opt = build(lr=0.5)  # the checkpoint's lr must replace this
-    # A training loop's own state rides along as a nested dict (C++: SaveOptions::extra_state).
+    # A training loop's own state rides along as a Stateful (C++: SaveOptions::stateful).
+    train_stateful = TrainStateful(train_state(-1))
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
-             "train": {"step": torch.tensor(-1, dtype=torch.int64)}}
+             "train": train_stateful}
     dcp.load(state, checkpoint_id=directory)
-    if state["train"]["step"].item() != 3:
-        fail(f"rank {rank}: train.step loaded as {state['train']['step']!r}, C++ saved 3")
+    if not same_state(train_stateful.state, train_state(3)):
+        fail(f"rank {rank}: train loaded as {train_stateful.state!r}, C++ saved {train_state(3)!r}")
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, opt, state["optim"])
     ref = torch.load(ref_path, weights_only=False)
@@ -131,7 +161,7 @@ def run_load(rank, directory, ref_path):
         obj = [py_dir]
         dist.broadcast_object_list(obj, src=0)
         dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
-                  "train": {"step": torch.tensor(3, dtype=torch.int64)}}, checkpoint_id=obj[0])
+                  "train": TrainStateful(train_state(3))}, checkpoint_id=obj[0])
         if rank == 0:
             mine = FileSystemReader(directory).read_metadata().state_dict_metadata
             theirs = FileSystemReader(obj[0]).read_metadata().state_dict_metadata
@@ -148,7 +178,7 @@ def run_train(rank, directory, out):
     model, opt = build(lr=LR)
     train(model, opt, 0, 5, rank)
     dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
-              "train": {"step": torch.tensor(5, dtype=torch.int64)}}, checkpoint_id=directory)
+              "train": TrainStateful(train_state(5))}, checkpoint_id=directory)
     losses = train(model, opt, 5, 5, rank)
     params = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     if rank == 0:
