@@ -215,9 +215,9 @@ fsdp_cc_library(//dcp:internal INSTALL
        //fsdp/hooked_module //optim_state:core @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:core INSTALL
-  SRCS checkpoint_dirs.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc load_job.h
-       load_validate.cc save.cc
-  HDRS checkpoint_dirs.h dcp.h hf.h
+  SRCS checkpoint_dirs.cc checkpoint_manager.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc
+       load_job.h load_validate.cc save.cc
+  HDRS checkpoint_dirs.h checkpoint_manager.h dcp.h hf.h
   DEPS :internal :stateful //checkpoint //checkpoint:dcp //comm //fsdp/meta //optim_state:core
        @libtorch @system//:absl)
 
@@ -235,14 +235,16 @@ fsdp_cc_library(//dcp INSTALL
   DEPS :core :fsdp1 :fsdp2)
 
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
-  SRCS checkpoint_dirs_test.cc dcp_errors_test.cc dcp_test.cc dcp_test_trainees.h
-       dict_state_testing.h fsdp1_test.cc hf_test.cc large_model_test.cc tp_test.cc
+  SRCS checkpoint_dirs_test.cc checkpoint_manager_test.cc dcp_errors_test.cc dcp_test.cc
+       dcp_test_trainees.h dict_state_testing.h fsdp1_test.cc hf_test.cc large_model_test.cc
+       tp_test.cc
   TAGS float_parity
-  DEPS :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor //tensor_parallel
-       //fsdp/common //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime //fsdp/fsdp2
-       //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //fsdp/hooked_module //fsdp/meta //mesh
-       //optim_state:core //optim_state:fsdp2 //testing:allocation_counter //testing:expect_error
-       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest_main)
+  DEPS :stateful :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor
+       //tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime
+       //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //fsdp/hooked_module //fsdp/meta
+       //mesh //optim_state:core //optim_state:fsdp2 //testing:allocation_counter
+       //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch @system//:absl
+       @system//:gtest_main)
 
 fsdp_cc_test(//dcp:adapter_test SIZE small
   SRCS adapter_test.cc
@@ -254,7 +256,7 @@ fsdp_cc_test(//dcp:interop_test SIZE medium
   SRCS fsdp1_interop_test.cc dict_state_testing.h interop_common.h interop_test.cc
   DATA testdata/fsdp1_interop.py testdata/fsdp2_interop.py testdata/hf_interop.py
   TAGS float_parity peer_python
-  DEPS :core :dcp :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2
+  DEPS :stateful :core :dcp :fsdp2 //checkpoint //comm //fsdp/common //fsdp/fsdp1 //fsdp/fsdp2
        //fsdp/hooked_module //mesh //optim_state:core //optim_state:fsdp1 //optim_state:fsdp2
        //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 

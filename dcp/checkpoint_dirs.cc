@@ -13,7 +13,7 @@
 
 namespace fsdp::dcp {
 namespace {
-constexpr char kStepPrefix[] = "step_";
+constexpr char kStepPrefix[] = "step-";
 }  // namespace
 
 std::string StepCheckpointDir(const std::string& root, int64_t step) {
@@ -35,7 +35,7 @@ CheckpointScan ScanCheckpoints(const std::string& root) {
     int64_t step = 0;
     if (!absl::StartsWith(name, kStepPrefix) || !absl::SimpleAtoi(name.substr(sizeof(kStepPrefix) - 1), &step) ||
         step < 0 || name != absl::StrCat(kStepPrefix, step) || !it->is_directory(ec)) {
-      continue;  // not ours (step_007, step_x, files)
+      continue;  // not ours (step-007, step-x, files)
     }
     candidates.emplace_back(step, it->path().string());
   }
@@ -54,6 +54,7 @@ CheckpointScan ScanCheckpoints(const std::string& root) {
     }
     scan.latest_dir = dir;
     scan.latest_step = step;
+    scan.complete_steps.push_back(step);
   }
   return scan;
 }

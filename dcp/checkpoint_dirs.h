@@ -2,7 +2,7 @@
 // resume from after a restart (torchrun --max-restarts relaunches every rank; each starts
 // from the latest complete checkpoint).
 //
-//   root/step_<N>/   a dcp::Save / AsyncSave directory; N = the step training resumes at
+//   root/step-<N>/   a dcp::Save / AsyncSave directory; N = the step training resumes at
 //
 // A checkpoint is complete only once rank 0 wrote its `.metadata`, which dcp::Save writes
 // last and atomically (temporary file + rename, after every rank's data file is on disk),
@@ -22,7 +22,7 @@
 
 namespace fsdp::dcp {
 
-// root + "/step_<step>"; `step` >= 0.
+// root + "/step-<step>"; `step` >= 0.
 std::string StepCheckpointDir(const std::string& root, int64_t step);
 
 struct IncompleteCheckpoint {
@@ -35,11 +35,13 @@ struct CheckpointScan {
   // The complete checkpoint with the highest step; empty (and step -1) when there is none.
   std::string latest_dir;
   int64_t latest_step = -1;
-  // Every step_<N> directory that is not a complete checkpoint, by step.
+  // The steps of every complete checkpoint, ascending (latest_step is the last).
+  std::vector<int64_t> complete_steps;
+  // Every step-<N> directory that is not a complete checkpoint, by step.
   std::vector<IncompleteCheckpoint> incomplete;
 };
 
-// Scans `root`'s step_<N> subdirectories (other names are ignored; a missing root holds
+// Scans `root`'s step-<N> subdirectories (other names are ignored; a missing root holds
 // none). `.metadata` is read with the validating reader (checkpoint/dcp_storage.h).
 CheckpointScan ScanCheckpoints(const std::string& root);
 

@@ -168,16 +168,16 @@ TEST(ScanCheckpoints, TheLatestCompleteOneWinsAndIncompleteOnesAreReported) {
     };
     EXPECT_ERROR_CONTAINS(Save(*t.module, t.opt.get(), StepCheckpointDir(root, 15), dies), "rank 1 died while saving");
   });
-  std::filesystem::create_directories(root + "/step_20");  // a save that wrote nothing yet
-  std::filesystem::create_directories(root + "/step_x");   // not ours: ignored
-  std::filesystem::create_directories(root + "/step_25");
-  std::ofstream(root + "/step_25/.metadata") << "not a pickle";
+  std::filesystem::create_directories(root + "/step-20");  // a save that wrote nothing yet
+  std::filesystem::create_directories(root + "/step-x");   // not ours: ignored
+  std::filesystem::create_directories(root + "/step-25");
+  std::ofstream(root + "/step-25/.metadata") << "not a pickle";
 
   const CheckpointScan scan = ScanCheckpoints(root);
   EXPECT_EQ(scan.latest_step, 10);
-  EXPECT_EQ(scan.latest_dir, root + "/step_10");
+  EXPECT_EQ(scan.latest_dir, root + "/step-10");
   ASSERT_EQ(scan.incomplete.size(), 3u);
-  EXPECT_EQ(scan.incomplete[0].dir, root + "/step_15");
+  EXPECT_EQ(scan.incomplete[0].dir, root + "/step-15");
   EXPECT_EQ(scan.incomplete[0].reason, "no .metadata (the save did not finish)");
   EXPECT_EQ(scan.incomplete[1].step, 20);
   EXPECT_TRUE(absl::StartsWith(scan.incomplete[2].reason, "invalid .metadata: ")) << scan.incomplete[2].reason;

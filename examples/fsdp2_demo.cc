@@ -15,7 +15,7 @@
 // DIR/full.pt bitwise, trains kResumeSteps more steps, and compares with a single-rank run
 // that trained kSteps + kResumeSteps steps without a break. Each run ends with PASS, or FAIL
 // and exit 1.
-// --checkpoint_every=K also saves an async sharded checkpoint to DIR/steps/step_<N> every K
+// --checkpoint_every=K also saves an async sharded checkpoint to DIR/steps/step-<N> every K
 // steps and, on start, resumes from the latest complete one there: run it under
 // `torchrun --max-restarts 1` and a lost rank costs at most K steps; the relaunched job ends
 // with the same bits as an uninterrupted one (FSDP_FAULT injects the loss: see
@@ -59,7 +59,7 @@
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "after training, save a DCP checkpoint to DIR/dcp and the full model to DIR/full.pt (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
-          "save an async sharded checkpoint to DIR/steps/step_<N> every K steps, and resume from the latest complete "
+          "save an async sharded checkpoint to DIR/steps/step-<N> every K steps, and resume from the latest complete "
           "one there on start (0: none)");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu (Gloo) or cuda (NCCL through c10d's ProcessGroupNCCL, rank on cuda:LOCAL_RANK; needs a "

@@ -148,11 +148,11 @@ void ExpectSameModel(const std::string& got_dir, const std::string& want_dir) {
 }
 
 // The relaunch resumes from the latest complete checkpoint at or before `latest`: normally
-// step_<latest>, but its async save may still be in flight when the rank dies on a loaded
+// step-<latest>, but its async save may still be in flight when the rank dies on a loaded
 // machine; then the log must say that step is skipped as incomplete, and so on down.
 void ExpectResumedFromLatestComplete(const TorchrunResult& r, int latest) {
   for (int step = latest; step > 0; step -= kCheckpointEvery) {
-    const std::string ckpt = absl::StrCat(r.dir, "/steps/step_", step);
+    const std::string ckpt = absl::StrCat(r.dir, "/steps/step-", step);
     if (absl::StrContains(r.log, "skipping incomplete checkpoint " + ckpt + ":")) continue;
     EXPECT_TRUE(absl::StrContains(r.log, "resumed from " + ckpt + ":")) << "expected a resume from " << ckpt << "\n"
                                                                         << r.log;
@@ -164,16 +164,16 @@ void ExpectResumedFromLatestComplete(const TorchrunResult& r, int latest) {
 TEST(TorchrunRestart, TheResumeCheckAcceptsOnlyTheLatestCompleteCheckpoint) {
   TorchrunResult r;
   r.dir = "/d";
-  r.log = "resumed from /d/steps/step_15: training continues at step 15\n";
+  r.log = "resumed from /d/steps/step-15: training continues at step 15\n";
   ExpectResumedFromLatestComplete(r, 15);
   r.log =
-      "skipping incomplete checkpoint /d/steps/step_15: no .metadata (the save did not finish)\n"
-      "resumed from /d/steps/step_10: training continues at step 10\n";
+      "skipping incomplete checkpoint /d/steps/step-15: no .metadata (the save did not finish)\n"
+      "resumed from /d/steps/step-10: training continues at step 10\n";
   ExpectResumedFromLatestComplete(r, 15);
-  r.log = "resumed from /d/steps/step_10: training continues at step 10\n";  // step_15 was complete
-  EXPECT_NONFATAL_FAILURE(ExpectResumedFromLatestComplete(r, 15), "expected a resume from /d/steps/step_15");
-  r.log = "resumed from /d/steps/step_1: training continues at step 1\n";
-  EXPECT_NONFATAL_FAILURE(ExpectResumedFromLatestComplete(r, 15), "expected a resume from /d/steps/step_15");
+  r.log = "resumed from /d/steps/step-10: training continues at step 10\n";  // step-15 was complete
+  EXPECT_NONFATAL_FAILURE(ExpectResumedFromLatestComplete(r, 15), "expected a resume from /d/steps/step-15");
+  r.log = "resumed from /d/steps/step-1: training continues at step 1\n";
+  EXPECT_NONFATAL_FAILURE(ExpectResumedFromLatestComplete(r, 15), "expected a resume from /d/steps/step-15");
 }
 
 TEST(TorchrunRestart, ResumesFromTheLatestCompleteCheckpointWithTheSameBits) {
@@ -186,8 +186,8 @@ TEST(TorchrunRestart, ResumesFromTheLatestCompleteCheckpointWithTheSameBits) {
   ASSERT_FALSE(clean.final_loss.empty()) << clean.log;
   EXPECT_FALSE(absl::StrContains(clean.log, "resumed from")) << clean.log;
 
-  // Rank 2 dies as step 17 starts: the relaunch resumes from step_15 (or, if its async save
-  // had not finished, reports it incomplete and resumes from step_10).
+  // Rank 2 dies as step 17 starts: the relaunch resumes from step-15 (or, if its async save
+  // had not finished, reports it incomplete and resumes from step-10).
   const TorchrunResult killed = Torchrun(python, "killed", "kill_at_step:2:17");
   ASSERT_EQ(killed.status, 0) << killed.log;
   EXPECT_TRUE(absl::StrContains(killed.log, "SIGKILL as step 17")) << killed.log;
@@ -195,13 +195,13 @@ TEST(TorchrunRestart, ResumesFromTheLatestCompleteCheckpointWithTheSameBits) {
   EXPECT_EQ(killed.final_loss, clean.final_loss);
   ExpectSameModel(killed.dir, clean.dir);
 
-  // Rank 1 dies after writing its file of step_20's checkpoint, before `.metadata`: step_20
-  // is reported and skipped, step_15 loads (with the same fallback).
+  // Rank 1 dies after writing its file of step-20's checkpoint, before `.metadata`: step-20
+  // is reported and skipped, step-15 loads (with the same fallback).
   const TorchrunResult in_save = Torchrun(python, "in_save", "kill_in_save:1:20");
   ASSERT_EQ(in_save.status, 0) << in_save.log;
   EXPECT_TRUE(absl::StrContains(in_save.log, "checkpoint of step 20")) << in_save.log;
   EXPECT_TRUE(absl::StrContains(in_save.log, "skipping incomplete checkpoint " + in_save.dir +
-                                                 "/steps/step_20: no .metadata (the save did not finish)"))
+                                                 "/steps/step-20: no .metadata (the save did not finish)"))
       << in_save.log;
   ExpectResumedFromLatestComplete(in_save, 15);
   EXPECT_EQ(in_save.final_loss, clean.final_loss);

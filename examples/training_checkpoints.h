@@ -12,7 +12,7 @@
 //   }
 //   ckpt.Finish();                                    // waits for the last save
 //
-// Checkpoints go to root/step_<N> (dcp/checkpoint_dirs.h), N = the next step to run, with
+// Checkpoints go to root/step-<N> (dcp/checkpoint_dirs.h), N = the next step to run, with
 // "train.step" = N as extra state (the data order is a function of the step here, so the step
 // is the whole sampler state). A save waits for the previous one first (one in flight, as
 // torchtitan's). Collective: every rank calls every method in the same order.
@@ -57,7 +57,7 @@ class PeriodicCheckpointer {
   // the step it resumes at; 0 when there is none. Rank 0 prints what it loaded and every
   // incomplete checkpoint it skipped. Throws when the ranks disagree on the latest one.
   int64_t Resume(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
-  // After step `step` (0-based) of `total` ran: starts an async save of root/step_<step+1>
+  // After step `step` (0-based) of `total` ran: starts an async save of root/step-<step+1>
   // when step + 1 is a multiple of `every` and below `total`.
   void AfterStep(int64_t step, int64_t total, torch::nn::Module& model, const torch::optim::Optimizer& optimizer);
   // Waits for the save in flight (throws its error).

@@ -1,0 +1,151 @@
+// See checkpoint_manager.h.
+#include "dcp/checkpoint_manager.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_join.h"
+#include "dcp/checkpoint_dirs.h"
+
+namespace fsdp::dcp {
+namespace {
+
+constexpr char kManager[] = "CheckpointManager";
+
+int64_t AllReduceInt(const comm::ProcessGroupPtr& group, int64_t value, comm::ReduceOp op) {
+  if (group == nullptr || group->size() == 1) return value;
+  at::Tensor t = comm::ToObjectCollectiveDevice(*group, at::tensor({value}, at::kLong));
+  group->all_reduce(t, op)->wait();
+  return t.item<int64_t>();
+}
+
+// `.metadata` first: a removal cut short leaves a directory that no longer looks complete.
+// Failures are warnings (rank 0 alone purges; torchtitan's purge thread logs them too).
+void RemoveCheckpointDir(const std::string& dir) {
+  const std::string md = dir + "/.metadata";
+  if (::unlink(md.c_str()) != 0 && errno != ENOENT) {
+    TORCH_WARN(kManager, ": cannot remove '", md, "' (", std::strerror(errno), "); the checkpoint stays");
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) TORCH_WARN(kManager, ": cannot remove '", dir, "' (", ec.message(), ")");
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                     StatefulItems stateful, CheckpointManagerOptions options,
+                                     comm::ProcessGroupPtr world)
+    : model_(model),
+      optimizer_(optimizer),
+      stateful_(std::move(stateful)),
+      options_(std::move(options)),
+      world_(std::move(world)) {
+  const CheckpointManagerOptions& o = options_;
+  TORCH_CHECK(!o.folder.empty(), kManager, ": folder is empty");
+  TORCH_CHECK(o.interval >= 1, kManager, ": interval must be >= 1, got ", o.interval);
+  TORCH_CHECK(o.keep_latest_k == 0 || o.keep_latest_k >= 2, kManager,
+              ": keep_latest_k must be 0 (keep all) or >= 2 (a newer checkpoint may be incomplete), got ",
+              o.keep_latest_k);
+  TORCH_CHECK(o.load_step >= -1, kManager, ": load_step must be -1 (the newest) or a step, got ", o.load_step);
+  for (const std::string& name : o.exclude_from_loading) {
+    const bool known = name == "optimizer" || std::any_of(stateful_.begin(), stateful_.end(),
+                                                          [&](const auto& item) { return item.first == name; });
+    TORCH_CHECK(name != "model", kManager, ": exclude_from_loading cannot name the model");
+    std::vector<std::string> names = {"optimizer"};
+    for (const auto& item : stateful_) names.push_back(item.first);
+    TORCH_CHECK(known, kManager, ": exclude_from_loading names '", name, "', which is none of ",
+                absl::StrJoin(names, ", "));
+  }
+}
+
+CheckpointManager::~CheckpointManager() {
+  if (in_flight_ == nullptr) return;
+  try {
+    in_flight_->wait();
+  } catch (const std::exception& e) {
+    TORCH_WARN(kManager, ": the checkpoint save to '", in_flight_dir_, "' failed: ", e.what());
+  }
+}
+
+std::string CheckpointManager::StepDirectory(int64_t step) const { return StepCheckpointDir(options_.folder, step); }
+
+int64_t CheckpointManager::Load() {
+  Wait();
+  int64_t step = options_.load_step;
+  if (step == -1) {
+    const CheckpointScan scan = ScanCheckpoints(options_.folder);
+    const int64_t lo = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Min());
+    const int64_t hi = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Max());
+    TORCH_CHECK(lo == hi, kManager, ": the ranks disagree on the newest complete checkpoint under '", options_.folder,
+                "' (steps ", lo, " to ", hi, "): is it a folder every rank shares?");
+    if (scan.latest_step < 0) return -1;
+    step = scan.latest_step;
+  }
+  LoadOptions load;
+  const auto excluded = [&](const std::string& name) {
+    return std::find(options_.exclude_from_loading.begin(), options_.exclude_from_loading.end(), name) !=
+           options_.exclude_from_loading.end();
+  };
+  for (const auto& item : stateful_) {
+    if (!excluded(item.first)) load.stateful.push_back(item);
+  }
+  dcp::Load(model_, excluded("optimizer") ? nullptr : optimizer_, StepDirectory(step), load);
+  return step;
+}
+
+void CheckpointManager::Save(int64_t step, bool last_step) {
+  const bool due = last_step || step % options_.interval == 0 || (step == 1 && options_.enable_first_step_checkpoint);
+  if (!due) return;
+  Wait();  // at most one save in flight; its error surfaces here
+  const std::string dir = StepDirectory(step);
+  if (last_step && options_.last_save_model_only) {
+    dcp::Save(model_, nullptr, dir);
+    Purge();
+    return;
+  }
+  SaveOptions save;
+  save.stateful = stateful_;
+  if (!options_.async) {
+    dcp::Save(model_, optimizer_, dir, save);
+    Purge();
+    return;
+  }
+  if (background_ == nullptr && world_ != nullptr && world_->size() > 1) {
+    std::vector<int> ranks(world_->size());
+    std::iota(ranks.begin(), ranks.end(), 0);
+    background_ = world_->new_subgroup(ranks, "checkpoint_manager_async_save");
+  }
+  in_flight_ = std::make_unique<AsyncSaveHandle>(AsyncSave(model_, optimizer_, dir, save, background_));
+  in_flight_dir_ = dir;
+}
+
+void CheckpointManager::Wait() {
+  if (in_flight_ == nullptr) return;
+  std::unique_ptr<AsyncSaveHandle> handle = std::move(in_flight_);
+  handle->wait();  // every rank throws when any rank's write failed
+  Purge();
+}
+
+void CheckpointManager::Purge() {
+  if (options_.keep_latest_k == 0 || (world_ != nullptr && world_->rank() != 0)) return;
+  const CheckpointScan scan = ScanCheckpoints(options_.folder);
+  const std::vector<int64_t>& complete = scan.complete_steps;
+  const size_t keep = static_cast<size_t>(options_.keep_latest_k);
+  for (size_t i = 0; i + keep < complete.size(); ++i) RemoveCheckpointDir(StepDirectory(complete[i]));
+  for (const IncompleteCheckpoint& bad : scan.incomplete) {
+    if (bad.step < scan.latest_step) RemoveCheckpointDir(bad.dir);
+  }
+}
+
+}  // namespace fsdp::dcp

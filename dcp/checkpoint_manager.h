@@ -1,0 +1,94 @@
+// The checkpoints of a training run: torchtitan's CheckpointManager
+// (torchtitan/components/checkpoint.py, components/checkpointer/dcp.py, torchtitan 0.3.0) over
+// dcp::Save / AsyncSave / Load, for one model, its optimizer and the run's Stateful objects
+// (data position, schedule, step counter, RNG: dcp/stateful.h).
+//
+//   CheckpointManager ckpt(*model, &optim, {{"train_state", &train}, {"dataloader", &data}},
+//                          {.folder = "/ckpt/run1", .interval = 500, .keep_latest_k = 3}, world);
+//   int64_t step = std::max<int64_t>(ckpt.Load(), 0);   // the latest complete checkpoint, if any
+//   while (step < steps) { Train(++step); ckpt.Save(step, step == steps); }
+//
+// Layout: folder/step-<N>/ (dcp::Save directories, N = the step after which it was saved), as
+// torchtitan's. A checkpoint is complete once rank 0 wrote its `.metadata`, last and
+// atomically; a directory without a valid one is never loaded (dcp/checkpoint_dirs.h).
+//
+// Behaviour, as torchtitan's where it has one:
+//  * Save(step, last_step) saves when step % interval == 0, when last_step, or at step 1 with
+//    enable_first_step_checkpoint. The last save holds only the model with
+//    last_save_model_only (torchtitan's default; a run then cannot resume from it, only export).
+//    With `async`, the save is a dcp::AsyncSave: the step waits for the snapshot only, at most
+//    one save is in flight (the next Save waits for it first).
+//  * keep_latest_k > 0: once a save is complete (for an async one: when it is waited for),
+//    rank 0 removes the older complete checkpoints beyond the newest k and any incomplete
+//    directory older than the newest complete one: an older checkpoint is removed only after
+//    a newer one is complete. A directory is removed `.metadata` first, so a removal cut
+//    short never leaves one that looks complete.
+//  * Load() loads step-<load_step>, or with load_step -1 the newest complete checkpoint, and
+//    returns its step; -1 when there is none (a fresh run; load_step >= 0 must exist). Objects
+//    and "optimizer" named in exclude_from_loading keep their state ("model" cannot be
+//    excluded). The ranks must agree on the newest complete step (a c10::Error otherwise: the
+//    folder must be shared).
+//  * Errors: a failed save (synchronous, or an async one reported at the next Save or Wait)
+//    throws on every rank, naming the directory and the cause; no older checkpoint has been
+//    removed for it.
+//
+// Contract: the constructor stores references (model, optimizer, objects must outlive the
+// manager) and checks the options (c10::Error naming the option). Load, Save and Wait are
+// collective over `world`, the model's world group. The destructor waits for a save in flight
+// (a failure is reported on stderr). Not thread-safe.
+#ifndef FSDP_DCP_CHECKPOINT_MANAGER_H_
+#define FSDP_DCP_CHECKPOINT_MANAGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "dcp/dcp.h"
+#include "dcp/stateful.h"
+
+namespace fsdp::dcp {
+
+struct CheckpointManagerOptions {
+  std::string folder;                             // required
+  int64_t interval = 500;                         // >= 1
+  int64_t keep_latest_k = 10;                     // 0: keep every checkpoint; else >= 2 (torchtitan's rule)
+  int64_t load_step = -1;                         // -1: the newest complete checkpoint
+  std::vector<std::string> exclude_from_loading;  // "optimizer" or names of the objects
+  bool async = false;
+  bool enable_first_step_checkpoint = false;
+  bool last_save_model_only = true;
+};
+
+class CheckpointManager {
+ public:
+  CheckpointManager(torch::nn::Module& model, torch::optim::Optimizer* optimizer, StatefulItems stateful,
+                    CheckpointManagerOptions options, comm::ProcessGroupPtr world);
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  int64_t Load();
+  void Save(int64_t step, bool last_step = false);
+  // Waits for the save in flight (rethrowing its error on every rank) and purges.
+  void Wait();
+  // folder/step-<step>.
+  std::string StepDirectory(int64_t step) const;
+
+ private:
+  void Purge();
+
+  torch::nn::Module& model_;
+  torch::optim::Optimizer* optimizer_;
+  StatefulItems stateful_;
+  CheckpointManagerOptions options_;
+  comm::ProcessGroupPtr world_;
+  comm::ProcessGroupPtr background_;  // AsyncSave's group, made at the first async save
+  std::unique_ptr<AsyncSaveHandle> in_flight_;
+  std::string in_flight_dir_;
+};
+
+}  // namespace fsdp::dcp
+
+#endif  // FSDP_DCP_CHECKPOINT_MANAGER_H_
