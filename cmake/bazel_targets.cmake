@@ -792,10 +792,11 @@ fsdp_cc_library(//train:dataloader INSTALL PCH aten
   DEPS :token_dataset @libtorch)
 
 fsdp_cc_library(//train:trainer INSTALL
-  SRCS loss.cc metrics_log.cc parallelize.cc selective_ac.cc tensorboard.cc trainer.cc
-  HDRS loss.h metrics_log.h parallelize.h selective_ac.h tensorboard.h trainer.h
-  DEPS :config :dataloader :lr_scheduler :token_dataset //comm //dcp:core //dcp:fsdp2 //dtensor
-       //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh //metrics //models/llama
+  SRCS checkpoint_state.cc loss.cc metrics_log.cc parallelize.cc selective_ac.cc tensorboard.cc
+       trainer.cc
+  HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h selective_ac.h tensorboard.h trainer.h
+  DEPS :config :dataloader :lr_scheduler :token_dataset //comm //dcp:core //dcp:stateful //dcp:fsdp2
+       //dtensor //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh //metrics //models/llama
        //tensor_parallel @libtorch)
 
 fsdp_cc_binary(//train INSTALL

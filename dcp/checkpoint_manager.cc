@@ -144,7 +144,12 @@ void CheckpointManager::Purge() {
   const size_t keep = static_cast<size_t>(options_.keep_latest_k);
   for (size_t i = 0; i + keep < complete.size(); ++i) RemoveCheckpointDir(StepDirectory(complete[i]));
   for (const IncompleteCheckpoint& bad : scan.incomplete) {
-    if (bad.step < scan.latest_step) RemoveCheckpointDir(bad.dir);
+    // A Hugging Face export (torchtitan's last_save_in_hf writes one into step-<N>) is no
+    // leftover of a save.
+    std::error_code ec;
+    const bool hf_export = std::filesystem::exists(bad.dir + "/model.safetensors", ec) ||
+                           std::filesystem::exists(bad.dir + "/model.safetensors.index.json", ec);
+    if (bad.step < scan.latest_step && !hf_export) RemoveCheckpointDir(bad.dir);
   }
 }
 

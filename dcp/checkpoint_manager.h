@@ -20,9 +20,9 @@
 //    one save is in flight (the next Save waits for it first).
 //  * keep_latest_k > 0: once a save is complete (for an async one: when it is waited for),
 //    rank 0 removes the older complete checkpoints beyond the newest k and any incomplete
-//    directory older than the newest complete one: an older checkpoint is removed only after
-//    a newer one is complete. A directory is removed `.metadata` first, so a removal cut
-//    short never leaves one that looks complete.
+//    directory older than the newest complete one (but a Hugging Face export's): an older checkpoint is removed only
+//    after a newer one is complete. A directory is removed `.metadata` first, so a removal cut short never leaves one
+//    that looks complete.
 //  * Load() loads step-<load_step>, or with load_step -1 the newest complete checkpoint, and
 //    returns its step; -1 when there is none (a fresh run; load_step >= 0 must exist). Objects
 //    and "optimizer" named in exclude_from_loading keep their state ("model" cannot be

@@ -88,6 +88,40 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                 .dp_rank = meshes_.dp_rank,
                                 .gradient_accumulation_steps = degrees_.gradient_accumulation_steps,
                                 .seed = config_.dataloader.seed});
+  if (ck.enable) {
+    // torchtitan's CheckpointManager states: model and optimizer, then these.
+    stateful_.push_back(std::make_unique<TrainStateStateful>(progress_));
+    stateful_.push_back(std::make_unique<LRSchedulersStateful>(*lr_schedulers_));
+    stateful_.push_back(std::make_unique<DataLoaderStateful>(*data_));
+    stateful_.push_back(std::make_unique<RngStateful>());
+    const char* const names[] = {"train_state", "lr_scheduler", "dataloader", "rng"};
+    dcp::StatefulItems items;
+    for (size_t i = 0; i < stateful_.size(); ++i) items.emplace_back(names[i], stateful_[i].get());
+    checkpointer_ = std::make_unique<dcp::CheckpointManager>(
+        *model_, optimizer_.get(), std::move(items),
+        dcp::CheckpointManagerOptions{.folder = (std::filesystem::path(config_.dump_folder) / ck.folder).string(),
+                                      .interval = ck.interval,
+                                      .keep_latest_k = ck.keep_latest_k,
+                                      .load_step = ck.load_step,
+                                      .exclude_from_loading = ck.exclude_from_loading,
+                                      .async = ck.async_mode != AsyncMode::kDisabled,
+                                      .enable_first_step_checkpoint = ck.enable_first_step_checkpoint,
+                                      .last_save_model_only = ck.last_save_model_only},
+        world_);
+  }
+}
+
+int64_t Trainer::LoadCheckpoint() {
+  if (checkpointer_ == nullptr) return -1;
+  return checkpointer_->Load();
+}
+
+void Trainer::SaveCheckpoint() {
+  if (checkpointer_ == nullptr) return;
+  // torchtitan's checkpointer.save(step, last_step): with last_save_in_hf the last save is
+  // Train()'s Hugging Face export.
+  const bool last_step = progress_.step == config_.training.steps;
+  if (!(last_step && config_.checkpoint.last_save_in_hf)) checkpointer_->Save(progress_.step, last_step);
 }
 
 Trainer::~Trainer() = default;
@@ -97,7 +131,7 @@ at::Tensor Trainer::Forward(const TokenBatch& batch) { return model_(batch.input
 StepResult Trainer::Step(bool global_metrics) {
   const Clock::time_point start = Clock::now();
   StepResult r;
-  r.step = ++step_;
+  r.step = ++progress_.step;
   // train_step: zero the gradients; the lr this step uses (get_metrics() before the step).
   optimizer_->zero_grad(/*set_to_none=*/true);
   r.lr = lr_schedulers_->last_lrs().at(0);
@@ -110,6 +144,7 @@ StepResult Trainer::Step(bool global_metrics) {
     local_valid += micro_batches.back().labels.ne(kIgnoreIndex).sum().item<int64_t>();
   }
   r.data_seconds = Seconds(data_start);
+  progress_.ntokens_seen += r.local_tokens;
   // global_valid_tokens: the batch mesh's sum, before any forward (every micro-batch's loss
   // divides by it).
   r.global_tokens =
@@ -179,15 +214,20 @@ Trainer::ValidationResult Trainer::Validate() {
 void Trainer::Train(std::ostream& log) {
   const bool writes = world_->rank() == 0 || config_.metrics.save_for_all_ranks;
   MetricsLog metrics(config_, world_->rank(), writes ? &log : nullptr, flops_per_token_, degrees_.tp);
-  while (step_ < config_.training.steps) {
+  const CheckpointConfig& ck = config_.checkpoint;
+  if (const int64_t loaded = LoadCheckpoint(); loaded >= 0 && writes) {
+    log << "loaded the checkpoint of step " << loaded << " from " << checkpointer_->StepDirectory(loaded)
+        << "; training continues at step " << loaded + 1 << std::endl;
+  }
+  while (progress_.step < config_.training.steps) {
     // dataloader.infinite = false: torchtitan's loader stops at the end of one pass over the
     // data (DataloaderExhaustedError) and the trainer ends there.
     if (!config_.dataloader.infinite &&
         data_->state().windows_consumed + data_->global_batch_size() > data_->stream().windows_per_epoch()) {
-      if (writes) log << "the data ran out (dataloader.infinite = false) after step " << step_ << std::endl;
+      if (writes) log << "the data ran out (dataloader.infinite = false) after step " << progress_.step << std::endl;
       break;
     }
-    const int64_t next = step_ + 1;  // torchtitan's should_log
+    const int64_t next = progress_.step + 1;  // torchtitan's should_log
     const StepResult r = Step(next == 1 || next % config_.metrics.log_freq == 0);
     metrics.RecordStep(r);
     if (validation_data_ != nullptr && r.step % config_.validator.freq == 0) {
@@ -195,8 +235,9 @@ void Trainer::Train(std::ostream& log) {
       const ValidationResult v = Validate();
       metrics.LogValidation(r.step, v.loss, v.local_tokens, Seconds(start));
     }
+    SaveCheckpoint();
   }
-  const CheckpointConfig& ck = config_.checkpoint;
+  if (checkpointer_ != nullptr) checkpointer_->Wait();
   if (ck.enable && ck.last_save_in_hf) {
     const std::string dir = ExportDirectory();
     const std::optional<at::ScalarType> dtype = ck.export_dtype == ExportDType::kFloat32    ? at::kFloat
@@ -209,7 +250,8 @@ void Trainer::Train(std::ostream& log) {
 }
 
 std::string Trainer::ExportDirectory() const {
-  return (std::filesystem::path(config_.dump_folder) / config_.checkpoint.folder / ("step-" + std::to_string(step_)))
+  return (std::filesystem::path(config_.dump_folder) / config_.checkpoint.folder /
+          ("step-" + std::to_string(progress_.step)))
       .string();
 }
 

@@ -29,7 +29,9 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "dcp/checkpoint_manager.h"
 #include "models/llama/model.h"
+#include "train/checkpoint_state.h"
 #include "train/config.h"
 #include "train/dataloader.h"
 #include "train/lr_scheduler.h"
@@ -87,11 +89,25 @@ class Trainer {
   // Then, with checkpoint.enable and checkpoint.last_save_in_hf, torchtitan's last save in
   // Hugging Face's layout: dcp::SaveHuggingFace to ExportDirectory() in export_dtype, with
   // hf_assets_path's other files (its config.json) copied beside the weights.
+  //
+  // With checkpoint.enable, first the newest complete checkpoint under
+  // dump_folder/checkpoint.folder is loaded (LoadCheckpoint), and after each step one is saved
+  // when due (dcp/checkpoint_manager.h: interval, keep_latest_k, async_mode; the last one
+  // model-only unless last_save_model_only is false, or the Hugging Face export instead with
+  // last_save_in_hf).
   void Train(std::ostream& log);
+  // With checkpoint.enable: loads dump_folder/checkpoint.folder/step-<load_step> (-1: the newest
+  // complete one) into the model, optimizer and the objects of train/checkpoint_state.h and
+  // returns its step (training continues after it); -1 when there is none or checkpointing is
+  // off. Collective.
+  int64_t LoadCheckpoint();
+  // With checkpoint.enable, after a Step(): saves the checkpoint of this step when it is due
+  // (Train() calls it; the last step's save is left to Train() with last_save_in_hf).
+  void SaveCheckpoint();
   // dump_folder/checkpoint.folder/step-<step>, torchtitan's checkpoint directory of a step.
   std::string ExportDirectory() const;
 
-  int64_t step() const { return step_; }
+  int64_t step() const { return progress_.step; }
   const JobConfig& config() const { return config_; }
   const ResolvedDegrees& degrees() const { return degrees_; }
   const models::llama::LlamaConfig& model_config() const { return model_config_; }
@@ -114,7 +130,10 @@ class Trainer {
   std::unique_ptr<DataLoader> data_;
   std::shared_ptr<const TokenDataset> validation_data_;
   double flops_per_token_ = 0;
-  int64_t step_ = 0;
+  TrainProgress progress_;
+  // The checkpointed objects (train/checkpoint_state.h) and their manager (checkpoint.enable).
+  std::vector<std::unique_ptr<dcp::Stateful>> stateful_;
+  std::unique_ptr<dcp::CheckpointManager> checkpointer_;
 };
 
 }  // namespace fsdp::train

@@ -1,7 +1,8 @@
 // The trainer (train/trainer.h) on threaded ranks against itself on one rank: the same global
 // batch split over FSDP (dp_shard 4), HSDP (2 x 2), FSDP + TP (2 x 2, with and without
 // sequence parallel), gradient accumulation and full activation checkpointing must train the
-// same model step for step. And the errors a job meets before and while it trains.
+// same model step for step; a run resumed from its checkpoint at the same mesh (bitwise) or at
+// others. And the errors a job meets before and while it trains.
 // Against torchtitan's own components: tests/peer (the torchtitan parity test).
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
@@ -94,14 +95,29 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
 // rounding grows with the elements summed, sqrt(n) ulps for n of them (a random walk of n
 // roundings), n = the largest gradient's, lm_head's 2048 x 64. A wrong shard, a missed
 // reduction or a wrong loss scale moves either by 1e-3 or more.
+struct Tolerances {
+  std::vector<StepResult> reference;  // one rank
+  double spread = 0, loss = 0, norm = 0;
+};
+const Tolerances& MeshTolerances() {
+  static const Tolerances t = [] {
+    constexpr double kEps = std::numeric_limits<float>::epsilon();
+    Tolerances t;
+    t.reference = Train(1, {"--training.local_batch_size=8"});
+    t.spread = MaxRelDiff(Train(1, {"--training.local_batch_size=4"}), t.reference, &StepResult::loss);  // accum 2
+    t.loss = 4 * t.spread + 64 * kEps;
+    t.norm = 4 * t.spread + std::sqrt(2048.0 * 64.0) * kEps;
+    return t;
+  }();
+  return t;
+}
+
 TEST_P(TrainerMeshes, TrainsAsOneRank) {
   const auto& [world, overrides] = GetParam();
-  constexpr double kEps = std::numeric_limits<float>::epsilon();
-  static const std::vector<StepResult> reference = Train(1, {"--training.local_batch_size=8"});
-  static const double spread =
-      MaxRelDiff(Train(1, {"--training.local_batch_size=4"}), reference, &StepResult::loss);  // accumulation 2
-  const double loss_tolerance = 4 * spread + 64 * kEps;
-  const double norm_tolerance = 4 * spread + std::sqrt(2048.0 * 64.0) * kEps;
+  const std::vector<StepResult>& reference = MeshTolerances().reference;
+  const double spread = MeshTolerances().spread;
+  const double loss_tolerance = MeshTolerances().loss;
+  const double norm_tolerance = MeshTolerances().norm;
   const std::vector<StepResult> got = Train(world, overrides);
   for (int64_t s = 0; s < kSteps; ++s) {
     EXPECT_EQ(got[s].lr, reference[s].lr) << "step " << s + 1;
@@ -126,6 +142,85 @@ INSTANTIATE_TEST_SUITE_P(
                                                                  "--parallelism.tensor_parallel_degree=2"}),
                       std::make_pair(2, std::vector<std::string>{"--parallelism.fsdp_reshard_after_forward=never"})),
     MeshName);
+
+// Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of
+// SmallJob(overrides) with checkpoints under `dump` every 2 steps; loads the newest (or
+// --checkpoint.load_step) first, then steps until `until`, saving when due. Rank 0's results
+// of the steps it ran.
+std::vector<StepResult> ResumeAndTrain(int world, std::vector<std::string> overrides, const std::string& dump,
+                                       int64_t until, int64_t expect_loaded) {
+  for (const std::string o : {"--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
+                              "--checkpoint.last_save_model_only=false"}) {
+    overrides.push_back(o);
+  }
+  overrides.push_back("--dump_folder=" + dump);
+  const JobConfig config = SmallJob(overrides);
+  std::vector<StepResult> results;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(config, pg);
+    EXPECT_EQ(trainer.LoadCheckpoint(), expect_loaded);
+    while (trainer.step() < until) {
+      const StepResult r = trainer.Step();
+      trainer.SaveCheckpoint();
+      if (pg->rank() == 0) results.push_back(r);
+    }
+  });
+  return results;
+}
+
+void CopyCheckpoint(const std::string& from_dump, const std::string& to_dump, int64_t step) {
+  const std::string name = "checkpoint/step-" + std::to_string(step);
+  std::filesystem::create_directories(to_dump + "/checkpoint");
+  std::filesystem::copy(from_dump + "/" + name, to_dump + "/" + name, std::filesystem::copy_options::recursive);
+}
+
+TEST(TrainerResume, AtTheSameMeshBitwise) {
+  const std::string dump = fsdp::testing::NewTestPath("resume_same");
+  const std::vector<StepResult> uninterrupted = ResumeAndTrain(2, {}, dump, kSteps, -1);
+  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
+  // Saved at 2, 4 and 6 (the last one whole: last_save_model_only = false).
+  for (int64_t step : {2, 4, 6}) {
+    EXPECT_TRUE(std::filesystem::exists(dump + "/checkpoint/step-" + std::to_string(step) + "/.metadata")) << step;
+  }
+  const std::vector<StepResult> resumed = ResumeAndTrain(2, {"--checkpoint.load_step=2"}, dump, kSteps, 2);
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    const StepResult& want = uninterrupted[i + 2];
+    EXPECT_EQ(resumed[i].step, want.step);
+    EXPECT_EQ(resumed[i].loss, want.loss) << "step " << want.step;
+    EXPECT_EQ(resumed[i].grad_norm, want.grad_norm) << "step " << want.step;
+    EXPECT_EQ(resumed[i].lr, want.lr) << "step " << want.step;
+    EXPECT_EQ(resumed[i].global_tokens, want.global_tokens) << "step " << want.step;
+  }
+  // The newest complete checkpoint by default: the run is over.
+  EXPECT_TRUE(ResumeAndTrain(2, {}, dump, kSteps, 6).empty());
+}
+
+// FSDP 4 -> FSDP 2 x TP 2 (at step 2) -> HSDP 2 x 2 (at step 4): the data stream, the schedule
+// and the weights go on, so every resumed step is the uninterrupted FSDP 4 run's within two
+// meshes' tolerances (each mesh lies within MeshTolerances() of the one-rank run).
+TEST(TrainerResume, AtOtherMeshesAsTheUninterruptedRun) {
+  const std::string fsdp = fsdp::testing::NewTestPath("resume_fsdp4"), tp = fsdp::testing::NewTestPath("resume_tp"),
+                    hsdp = fsdp::testing::NewTestPath("resume_hsdp");
+  const std::vector<StepResult> uninterrupted = ResumeAndTrain(4, {}, fsdp, kSteps, -1);
+  CopyCheckpoint(fsdp, tp, 2);
+  const std::vector<StepResult> on_tp =
+      ResumeAndTrain(4, {"--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4"}, tp, 4, 2);
+  CopyCheckpoint(tp, hsdp, 4);
+  const std::vector<StepResult> on_hsdp =
+      ResumeAndTrain(4, {"--parallelism.data_parallel_replicate_degree=2"}, hsdp, kSteps, 4);
+  std::vector<StepResult> resumed = on_tp;
+  resumed.insert(resumed.end(), on_hsdp.begin(), on_hsdp.end());
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i].step, want[i].step);
+    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
+    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
+  }
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+}
 
 TEST(Trainer, ValidationIsTheMeanOverTheValidationSet) {
   const JobConfig config = SmallJob(
