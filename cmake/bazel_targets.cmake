@@ -260,6 +260,16 @@ fsdp_cc_test(//dcp:interop_test SIZE medium
        //fsdp/hooked_module //mesh //optim_state:core //optim_state:fsdp1 //optim_state:fsdp2
        //testing:multi_rank //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
+fsdp_cc_binary(//dcp:crash_trial TESTONLY
+  SRCS crash_trial.cc dcp_test_trainees.h dict_state_testing.h
+  DEPS :core :internal :fsdp2 :stateful //checkpoint //checkpoint:dcp //comm //fsdp/fsdp2
+       //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2 //testing:expect_error
+       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
+
+fsdp_cc_test(//dcp:crash_test SIZE large
+  SRCS crash_test.cc
+  DEPS //testing:test_dir @system//:gtest_main)
+
 # ================================================================ //device
 fsdp_cc_library(//device INSTALL PCH aten
   SRCS cpu_stream.cc internal/pools.h stream.cc

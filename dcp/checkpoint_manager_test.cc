@@ -2,6 +2,9 @@
 // async), keeps the newest k complete checkpoints and purges older leftovers only, resumes
 // bitwise from the newest complete one (or load_step) with its Stateful objects, excludes what
 // it is told, saves only the model last, and names bad options.
+#include <sys/resource.h>
+
+#include <csignal>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -105,6 +108,80 @@ TEST(CheckpointManager, LoadStepExclusionsLeftoversAndTheModelOnlyLastSave) {
   const checkpoint::DcpMetadata md = checkpoint::ReadMetadata(folder + "/step-5");
   for (const auto& e : md.entries) EXPECT_TRUE(absl::StartsWith(e.fqn, "model.")) << e.fqn;
 }
+
+// Storage that fails mid-save: RLIMIT_FSIZE = 0 makes every write to a regular file fail with
+// EFBIG ("File too large"), as a full disk fails with ENOSPC, for the whole process while it
+// holds. No test output is written meanwhile (the log is a regular file too).
+class FailingWrites {
+ public:
+  FailingWrites() {
+    std::signal(SIGXFSZ, SIG_IGN);  // the write fails instead of killing the process
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    rlimit none = saved_;
+    none.rlim_cur = 0;
+    ::setrlimit(RLIMIT_FSIZE, &none);
+  }
+  ~FailingWrites() { ::setrlimit(RLIMIT_FSIZE, &saved_); }
+
+ private:
+  rlimit saved_{};
+};
+
+class CheckpointManagerStorage : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CheckpointManagerStorage, AFailedSaveIsReportedOnEveryRankAndPurgesNothing) {
+  const bool async = GetParam();
+  const std::string folder = NewDir(async ? "manager_fail_async" : "manager_fail_sync");
+  std::vector<std::string> errors(2);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    DictState train(Counter(0));
+    CheckpointManager manager(*t.module, t.opt.get(), {{"train_state", &train}},
+                              {.folder = folder, .interval = 2, .keep_latest_k = 2, .async = async}, pg);
+    Train(t, 1, 2);
+    train.state = Counter(2);
+    manager.Save(2);
+    manager.Wait();
+    Train(t, 3, 2);
+    train.state = Counter(4);
+    pg->barrier()->wait();
+    try {
+      std::optional<FailingWrites> failing;
+      if (pg->rank() == 0) failing.emplace();
+      pg->barrier()->wait();
+      try {
+        manager.Save(4);  // synchronous: fails here
+        Train(t, 5, 2);   // async: the step goes on; the failure surfaces at the next save
+        train.state = Counter(6);
+        pg->barrier()->wait();
+        manager.Save(6);
+      } catch (const c10::Error& e) {
+        errors[pg->rank()] = e.what_without_backtrace();
+      }
+      pg->barrier()->wait();
+    } catch (...) {
+      errors[pg->rank()] = "unexpected";
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::StrContains(errors[r], folder + "/step-4")) << "rank " << r << ": " << errors[r];
+    EXPECT_TRUE(absl::StrContains(errors[r], "File too large")) << "rank " << r << ": " << errors[r];
+  }
+  // step-2 was neither purged nor damaged: the run resumes from it.
+  EXPECT_FALSE(std::filesystem::exists(folder + "/step-4/.metadata"));
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 99);
+    DictState train(Counter(-1));
+    CheckpointManager manager(*t.module, t.opt.get(), {{"train_state", &train}}, {.folder = folder}, pg);
+    EXPECT_EQ(manager.Load(), 2);
+    EXPECT_EQ(train.state.at("step").toInt(), 2);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, CheckpointManagerStorage, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "async" : "sync");
+                         });
 
 TEST(CheckpointManager, BadOptionsAreNamed) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [&](const comm::ProcessGroupPtr& pg) {
