@@ -19,6 +19,12 @@
 //   files were just written): the format's and the loader's cost, not the disk's.
 // LoadCold/{ours,raw}: the same after dropping every file of both from the page cache
 //   (posix_fadvise DONTNEED, untimed) before each iteration, so the reads reach the disk.
+// AsyncStall/ours: what an async checkpoint costs the training step: dcp::AsyncSave with a
+//   Stager (dcp/stager.h, buffers allocated at the warm-up save) until it returns (the plan,
+//   the copy into the staging buffers, the fragments gathered to rank 0); the previous save's
+//   write is waited for untimed. AsyncStall/raw: copying as many bytes as the staged snapshot
+//   between two preallocated, touched buffers (memcpy), then a barrier (AsyncSave's gather
+//   makes the ranks meet). Goal: ours / raw time <= 1.2.
 //
 // <bytes> is the checkpoint's total size; throughput per rank is <bytes> / kWorld / time. Names
 // pair as tools/bench_ratio.py expects (ratio = ours / raw time); the summary at the end prints
@@ -60,6 +66,7 @@
 #include "comm/main_guard.h"
 #include "comm/threaded_process_group.h"
 #include "dcp/dcp.h"
+#include "dcp/stager.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
@@ -83,6 +90,9 @@ struct Rank {
   std::unique_ptr<torch::optim::AdamW> opt;
   std::string raw_file;
   std::vector<char> raw;  // as many bytes as this rank's DCP files
+  std::shared_ptr<fsdp::dcp::Stager> stager;
+  std::optional<fsdp::dcp::AsyncSaveHandle> pending;  // the last AsyncStall/ours save
+  at::Tensor stall_src, stall_dst;                    // as many bytes as the stager holds
 };
 
 struct World {
@@ -149,6 +159,13 @@ void SetUp() {
     r.opt->step();
     r.opt->zero_grad();
     fsdp::dcp::Save(*r.net, r.opt.get(), w.ckpt);
+    // The stager's buffers, once; the memcpy side as large.
+    r.stager = std::make_shared<fsdp::dcp::Stager>();
+    fsdp::dcp::SaveOptions staged;
+    staged.stager = r.stager;
+    fsdp::dcp::AsyncSave(*r.net, r.opt.get(), w.dir + "/async", staged).wait();
+    r.stall_src = at::ones({r.stager->staged_bytes()}, at::kByte);
+    r.stall_dst = at::zeros({r.stager->staged_bytes()}, at::kByte);
   });
   for (const auto& entry : fs::directory_iterator(w.ckpt)) w.checkpoint_bytes += fs::file_size(entry.path());
   for (int r = 0; r < kWorld; ++r) {
@@ -160,14 +177,37 @@ void SetUp() {
   }
 }
 
-enum class Op { kSave, kLoad, kLoadCold };
+enum class Op { kSave, kLoad, kLoadCold, kAsyncStall };
 const char* OpName(Op op) {
   switch (op) {
     case Op::kSave: return "Save";
     case Op::kLoad: return "Load";
     case Op::kLoadCold: return "LoadCold";
+    case Op::kAsyncStall: return "AsyncStall";
   }
   return "?";
+}
+
+void BM_AsyncStall(benchmark::State& state, bool ours) {
+  World& w = TheWorld();
+  Rank& r = w.ranks[state.thread_index()];
+  auto body = [&] {
+    if (ours) {
+      fsdp::dcp::SaveOptions options;
+      options.stager = r.stager;
+      r.pending.emplace(fsdp::dcp::AsyncSave(*r.net, r.opt.get(), w.dir + "/async", options));
+      return;
+    }
+    r.stall_dst.copy_(r.stall_src);
+    w.barrier->arrive_and_wait();
+  };
+  const auto finish_previous = [&] {
+    if (r.pending) r.pending->wait();  // the write, outside the stall
+    r.pending.reset();
+  };
+  fsdp::bench::RunRankLoop(kProgram, state, absl::StrCat("AsyncStall on rank ", r.group->rank()),
+                           static_cast<double>(r.stager->staged_bytes()), body, finish_previous);
+  finish_previous();
 }
 
 void BM_Checkpoint(benchmark::State& state, Op op, bool ours) {
@@ -212,6 +252,14 @@ void RegisterAll(int pair_repetitions) {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       }
+    }
+    for (bool ours : {true, false}) {
+      benchmark::RegisterBenchmark(ours ? "AsyncStall/ours" : "AsyncStall/raw", BM_AsyncStall, ours)
+          ->Arg(TheWorld().ranks[0].stager->staged_bytes())
+          ->Threads(kWorld)
+          ->Iterations(kIterations)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     }
   }
 }
@@ -317,6 +365,12 @@ class SummaryReporter : public fsdp::bench::MedianReporter {
       if (std::isnan(ours) || std::isnan(raw)) continue;  // filtered out
       std::printf("%-10s %10.1f %10.1f %16.0f %16.0f %17.3f%s\n", OpName(op), ours, raw, rank_mib / ours * 1e3,
                   rank_mib / raw * 1e3, raw / ours, raw / ours >= 0.8 ? "" : " (< 0.8)");
+    }
+    const double stall = Median("AsyncStall/ours"), copy = Median("AsyncStall/raw");
+    if (!std::isnan(stall) && !std::isnan(copy)) {
+      const double mib = TheWorld().ranks[0].stager->staged_bytes() / double(1 << 20);
+      std::printf("AsyncSave stall %.1f ms per save vs memcpy of its %.1f MiB %.1f ms: %.2fx%s\n", stall, mib, copy,
+                  stall / copy, stall / copy <= 1.2 ? "" : " (> 1.2)");
     }
     if (!peer) return;
     const double save = Median("Save/ours"), load = Median("Load/ours");  // NaN when filtered out

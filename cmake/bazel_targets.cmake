@@ -216,8 +216,8 @@ fsdp_cc_library(//dcp:internal INSTALL
 
 fsdp_cc_library(//dcp:core INSTALL
   SRCS checkpoint_dirs.cc checkpoint_manager.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc
-       load_job.h load_validate.cc save.cc
-  HDRS checkpoint_dirs.h checkpoint_manager.h dcp.h hf.h
+       load_job.h load_validate.cc save.cc stager.cc stager_access.h
+  HDRS checkpoint_dirs.h checkpoint_manager.h dcp.h hf.h stager.h
   DEPS :internal :stateful //checkpoint //checkpoint:dcp //comm //fsdp/meta //optim_state:core
        @libtorch @system//:absl)
 

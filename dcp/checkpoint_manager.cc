@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -105,9 +106,12 @@ int64_t CheckpointManager::Load() {
 }
 
 void CheckpointManager::Save(int64_t step, bool last_step) {
+  last_wait_seconds_ = 0;
   const bool due = last_step || step % options_.interval == 0 || (step == 1 && options_.enable_first_step_checkpoint);
   if (!due) return;
+  const auto wait_start = std::chrono::steady_clock::now();
   Wait();  // at most one save in flight; its error surfaces here
+  last_wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   const std::string dir = StepDirectory(step);
   if (last_step && options_.last_save_model_only) {
     dcp::Save(model_, nullptr, dir);
@@ -126,6 +130,8 @@ void CheckpointManager::Save(int64_t step, bool last_step) {
     std::iota(ranks.begin(), ranks.end(), 0);
     background_ = world_->new_subgroup(ranks, "checkpoint_manager_async_save");
   }
+  if (stager_ == nullptr) stager_ = std::make_shared<Stager>(options_.pin_memory);
+  save.stager = stager_;
   in_flight_ = std::make_unique<AsyncSaveHandle>(AsyncSave(model_, optimizer_, dir, save, background_));
   in_flight_dir_ = dir;
 }

@@ -16,8 +16,9 @@
 //  * Save(step, last_step) saves when step % interval == 0, when last_step, or at step 1 with
 //    enable_first_step_checkpoint. The last save holds only the model with
 //    last_save_model_only (torchtitan's default; a run then cannot resume from it, only export).
-//    With `async`, the save is a dcp::AsyncSave: the step waits for the snapshot only, at most
-//    one save is in flight (the next Save waits for it first).
+//    With `async`, the save is a dcp::AsyncSave into reused staging buffers (dcp/stager.h): the
+//    step waits only for the copy into them; at most one save is in flight (the next Save waits
+//    for it first: last_wait_seconds()).
 //  * keep_latest_k > 0: once a save is complete (for an async one: when it is waited for),
 //    rank 0 removes the older complete checkpoints beyond the newest k and any incomplete
 //    directory older than the newest complete one (but a Hugging Face export's): an older checkpoint is removed only
@@ -46,6 +47,7 @@
 
 #include "comm/process_group.h"
 #include "dcp/dcp.h"
+#include "dcp/stager.h"
 #include "dcp/stateful.h"
 
 namespace fsdp::dcp {
@@ -57,6 +59,9 @@ struct CheckpointManagerOptions {
   int64_t load_step = -1;                         // -1: the newest complete checkpoint
   std::vector<std::string> exclude_from_loading;  // "optimizer" or names of the objects
   bool async = false;
+  // Async saves copy into buffers allocated once and reused (dcp/stager.h); pinned where CUDA
+  // is (torchtitan's async_with_pinned_mem).
+  bool pin_memory = false;
   bool enable_first_step_checkpoint = false;
   bool last_save_model_only = true;
 };
@@ -75,6 +80,8 @@ class CheckpointManager {
   void Wait();
   // folder/step-<step>.
   std::string StepDirectory(int64_t step) const;
+  // How long the last Save waited for the save before it (async; 0 if it did not).
+  double last_wait_seconds() const { return last_wait_seconds_; }
 
  private:
   void Purge();
@@ -85,8 +92,10 @@ class CheckpointManager {
   CheckpointManagerOptions options_;
   comm::ProcessGroupPtr world_;
   comm::ProcessGroupPtr background_;  // AsyncSave's group, made at the first async save
+  std::shared_ptr<Stager> stager_;    // made at the first async save
   std::unique_ptr<AsyncSaveHandle> in_flight_;
   std::string in_flight_dir_;
+  double last_wait_seconds_ = 0;
 };
 
 }  // namespace fsdp::dcp

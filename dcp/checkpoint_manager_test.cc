@@ -183,6 +183,41 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, CheckpointManagerStorage, ::testing::Bool
                            return std::string(info.param ? "async" : "sync");
                          });
 
+// Reused staging buffers (dcp/stager.h): allocated once, each save a snapshot of the moment it
+// was called although training changes the model while the previous save may still write.
+TEST(Stager, ReusesItsBuffersAndEachSaveHoldsItsOwnSnapshot) {
+  const std::string root = NewDir("stager");
+  std::vector<std::vector<at::Tensor>> saved(3);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    auto stager = std::make_shared<Stager>(/*pin_memory=*/false);
+    SaveOptions options;
+    options.stager = stager;
+    std::vector<AsyncSaveHandle> handles;
+    for (int i = 0; i < 3; ++i) {
+      Train(t, i, 1);
+      if (pg->rank() == 0) {
+        for (const at::Tensor& p : t.module->parameters()) saved[i].push_back(p.detach().clone());
+      }
+      handles.push_back(AsyncSave(*t.module, t.opt.get(), root + "/save" + std::to_string(i), options));
+    }
+    for (AsyncSaveHandle& h : handles) h.wait();
+    EXPECT_EQ(stager->allocations(), 1);
+    EXPECT_GT(stager->staged_bytes(), 0);
+    EXPECT_FALSE(stager->pinned());  // asked not to (and no CUDA here)
+  });
+  for (int i = 0; i < 3; ++i) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+      Trainee t = Build(W(2), pg, 99);
+      Load(*t.module, t.opt.get(), root + "/save" + std::to_string(i));
+      if (pg->rank() != 0) return;
+      const std::vector<at::Tensor> params = t.module->parameters();
+      ASSERT_EQ(params.size(), saved[i].size());
+      for (size_t p = 0; p < params.size(); ++p) EXPECT_TRUE(at::equal(params[p], saved[i][p])) << "save " << i;
+    });
+  }
+}
+
 TEST(CheckpointManager, BadOptionsAreNamed) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(W(1), pg, 11);

@@ -78,6 +78,8 @@ class Optimizer;
 
 namespace fsdp::dcp {
 
+class Stager;
+
 enum class StateDictKind {
   // Each rank writes its shards (get_model_state_dict's default).
   kSharded,
@@ -100,6 +102,9 @@ struct SaveOptions {
   // rank 0 writes `.metadata`: e.g. to upload the file. A throw fails the save on every
   // rank, which then leaves no `.metadata`. Null: none.
   std::function<void(const std::string& data_file)> on_rank_file_written;
+  // AsyncSave only: copy the snapshot into these reused buffers (dcp/stager.h) instead of
+  // fresh memory, after the previous save through them has written its file. Null: fresh.
+  std::shared_ptr<Stager> stager;
 };
 
 struct LoadOptions {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,8 @@
 #include "dcp/collectives.h"
 #include "dcp/dcp.h"
 #include "dcp/plan.h"
+#include "dcp/stager.h"
+#include "dcp/stager_access.h"
 #include "dcp/state_items.h"
 
 namespace fsdp::dcp {
@@ -135,13 +138,17 @@ at::Tensor Snapshot(const at::Tensor& t) {
 }
 
 // The items this rank writes. Collective in the full kinds (every FSDP tensor is gathered
-// on every rank, in source order).
-RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot) {
+// on every rank, in source order). `snapshot`: copies the tensors own, into `stager`'s buffers
+// when there is one.
+RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot, Stager* stager = nullptr) {
   RankItems items;
   at::NoGradGuard no_grad;
+  const bool staged = snapshot && stager != nullptr;
   const auto add = [&](const internal::TensorSource& s, const std::vector<int64_t>& offsets, const at::Tensor& t) {
-    items.tensors.push_back(
-        {s.key, s.global_size, s.local.scalar_type(), offsets, snapshot ? Snapshot(t) : t.contiguous()});
+    items.tensors.push_back({s.key, s.global_size, s.local.scalar_type(), offsets,
+                             staged     ? t
+                             : snapshot ? Snapshot(t)
+                                        : t.contiguous()});
   };
   if (kind == StateDictKind::kSharded) {
     for (const auto& [source, box] : plan.tensors) {
@@ -156,6 +163,12 @@ RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot) {
       at::Tensor full = s.sharded ? s.sharded->Gather(s.local) : s.local;
       if (kept.contains(i)) add(s, std::vector<int64_t>(s.global_size.size(), 0), full);
     }
+  }
+  if (staged) {
+    std::vector<at::Tensor> sources;
+    for (const DcpTensorItem& item : items.tensors) sources.push_back(item.local);
+    const std::vector<at::Tensor> buffers = internal::StagerAccess::Stage(*stager, sources);
+    for (size_t i = 0; i < buffers.size(); ++i) items.tensors[i].local = buffers[i];
   }
   for (size_t i : plan.bytes) {
     const internal::BytesSource& b = plan.sources.bytes[i];
@@ -269,7 +282,9 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
                           const SaveOptions& options, comm::ProcessGroupPtr background_group) {
   RankPlan plan = MakePlan(model, optimizer, dir, options, kAsyncSave);
   const comm::ProcessGroupPtr world = plan.world;
-  auto items = std::make_shared<RankItems>(Materialize(plan, options.kind, /*snapshot=*/true));
+  // The previous save through the stager still reads its buffers until its file is written.
+  if (options.stager) internal::StagerAccess::WaitIdle(*options.stager);
+  auto items = std::make_shared<RankItems>(Materialize(plan, options.kind, /*snapshot=*/true, options.stager.get()));
   DcpFragment predicted;
   const std::string error = internal::ErrorOf([&] {
     predicted = checkpoint::PredictRankData(plan.rank, items->tensors, items->bytes);
@@ -283,8 +298,10 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   auto paths = std::make_shared<RankPlan>(std::move(plan));
   paths->sources = {};  // the thread needs only the object paths; the model's tensors stay here
   paths->adapter.reset();
+  std::shared_ptr<std::promise<void>> release =
+      options.stager ? internal::StagerAccess::MarkBusy(*options.stager) : nullptr;
   return internal::StartAsyncSave([items, paths, predicted = std::move(predicted), fragments = std::move(fragments),
-                                   dir, rank, group, on_written = options.on_rank_file_written] {
+                                   dir, rank, group, on_written = options.on_rank_file_written, release] {
     std::string err = internal::ErrorOf([&] {
       if (items->empty()) return;
       DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
@@ -295,7 +312,8 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
                   "values?); the checkpoint stays incomplete");
       if (on_written) on_written(DataFilePath(dir, rank));
     });
-    items->tensors.clear();  // the snapshot is on disk: free it before waiting for the others
+    items->tensors.clear();             // the snapshot is on disk: free it before waiting for the others
+    if (release) release->set_value();  // and the stager's buffers may take the next one
     internal::AgreeOrThrow(group, err, kAsyncSave);
     std::string md_error;
     if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, fragments); });

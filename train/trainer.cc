@@ -105,6 +105,7 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                       .load_step = ck.load_step,
                                       .exclude_from_loading = ck.exclude_from_loading,
                                       .async = ck.async_mode != AsyncMode::kDisabled,
+                                      .pin_memory = ck.async_mode == AsyncMode::kAsyncWithPinnedMem,
                                       .enable_first_step_checkpoint = ck.enable_first_step_checkpoint,
                                       .last_save_model_only = ck.last_save_model_only},
         world_);
@@ -236,6 +237,10 @@ void Trainer::Train(std::ostream& log) {
       metrics.LogValidation(r.step, v.loss, v.local_tokens, Seconds(start));
     }
     SaveCheckpoint();
+    if (checkpointer_ != nullptr && checkpointer_->last_wait_seconds() > 1e-3 && writes) {
+      log << "step " << r.step << ": waited " << checkpointer_->last_wait_seconds()
+          << " s for the previous checkpoint save to finish" << std::endl;
+    }
   }
   if (checkpointer_ != nullptr) checkpointer_->Wait();
   if (ck.enable && ck.last_save_in_hf) {

@@ -1,0 +1,50 @@
+// Staging buffers for dcp::AsyncSave: the C++ counterpart of PyTorch 2.15's DefaultStager with
+// StagingOptions (torch/distributed/checkpoint/staging.py) and of torchtitan's async_mode
+// "async_with_pinned_mem": host buffers for this rank's snapshot, allocated (and touched) at
+// the first save and reused by every later save of the same layout, so that a save stalls the
+// step only for the copy into them: no allocation, no page faults.
+//
+//   auto stager = std::make_shared<fsdp::dcp::Stager>();
+//   fsdp::dcp::SaveOptions options;
+//   options.stager = stager;
+//   auto handle = fsdp::dcp::AsyncSave(*model, &optim, dir, options);   // copies into the buffers
+//
+// Contract: the buffers are pinned (page-locked, through the CUDA host allocator) when
+// `pin_memory` and CUDA is available, else ordinary host memory. A save through a stager first
+// waits until the previous save through it has written its file (that save's thread reads the
+// buffers): at most one save in flight per stager; the wait is what wait_seconds() adds up. A
+// save whose items differ in number, shapes or dtypes from the buffers' reallocates them
+// (allocations() counts it). Thread-compatible: one save at a time per stager.
+#ifndef FSDP_DCP_STAGER_H_
+#define FSDP_DCP_STAGER_H_
+
+#include <cstdint>
+#include <memory>
+
+namespace fsdp::dcp {
+
+namespace internal {
+struct StagerAccess;  // dcp/save.cc
+}  // namespace internal
+
+class Stager {
+ public:
+  explicit Stager(bool pin_memory = true);
+  ~Stager();
+  Stager(const Stager&) = delete;
+  Stager& operator=(const Stager&) = delete;
+
+  int64_t staged_bytes() const;  // the buffers' total size
+  int64_t allocations() const;   // times the buffers were (re)allocated: 1 in a steady run
+  bool pinned() const;           // the buffers are page-locked
+  double wait_seconds() const;   // time saves spent waiting for the previous one's write
+
+ private:
+  friend struct internal::StagerAccess;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace fsdp::dcp
+
+#endif  // FSDP_DCP_STAGER_H_
