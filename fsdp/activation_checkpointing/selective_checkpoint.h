@@ -30,11 +30,11 @@
 // layer are not ATen operators and always run again (torchtitan keeps _c10d_functional
 // reduce-scatters).
 //
-// Mechanism: a boxed fallback on c10::DispatchKey::Fake, a functionality key between autograd
-// and the backends that LibTorch registers nothing on, included in the thread's dispatch key set
-// only while a selective region forwards or recomputes on that thread. Should a future LibTorch
-// register its own fallback on that key, the first selective checkpoint fails with the
-// dispatcher's "multiple backend fallbacks" error rather than silently.
+// Mechanism (docs/design/selective-checkpointing.md): a boxed fallback on c10::DispatchKey::Fake, a functionality key
+// between autograd and the backends that LibTorch registers nothing on, included in the thread's dispatch key set only
+// while a selective region forwards or recomputes on that thread. Should a future LibTorch register its own fallback on
+// that key, the first selective checkpoint fails with the dispatcher's "multiple backend fallbacks" error rather than
+// silently.
 //
 // Thread-safety: the state is per thread (the region runs on the thread that calls the
 // checkpoint, its recomputation on the autograd engine's thread).
