@@ -332,7 +332,7 @@ fsdp_cc_binary(//examples:readme_example
 fsdp_cc_library(//examples:training_checkpoints PCH aten
   SRCS training_checkpoints.cc
   HDRS training_checkpoints.h
-  DEPS //comm //dcp:core @libtorch @system//:absl)
+  DEPS //comm //dcp:core //dcp:stateful @libtorch @system//:absl)
 
 fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRestart.ResumesFromTheLatestCompleteCheckpointWithTheSameBits" PCH aten
   SRCS restart_test.cc

@@ -113,12 +113,17 @@ void CheckpointManager::Save(int64_t step, bool last_step) {
   Wait();  // at most one save in flight; its error surfaces here
   last_wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   const std::string dir = StepDirectory(step);
+  SaveOptions save;
+  if (options_.on_rank_file_written) {
+    save.on_rank_file_written = [hook = options_.on_rank_file_written, step](const std::string& file) {
+      hook(step, file);
+    };
+  }
   if (last_step && options_.last_save_model_only) {
-    dcp::Save(model_, nullptr, dir);
+    dcp::Save(model_, nullptr, dir, save);
     Purge();
     return;
   }
-  SaveOptions save;
   save.stateful = stateful_;
   if (!options_.async) {
     dcp::Save(model_, optimizer_, dir, save);

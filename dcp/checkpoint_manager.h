@@ -41,6 +41,7 @@
 #define FSDP_DCP_CHECKPOINT_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,10 @@ struct CheckpointManagerOptions {
   bool pin_memory = false;
   bool enable_first_step_checkpoint = false;
   bool last_save_model_only = true;
+  // Called on each rank's writing thread once its data file of the checkpoint of `step` is on
+  // disk, before `.metadata` (dcp::SaveOptions::on_rank_file_written: e.g. an upload, or a test's
+  // fault). Null: none.
+  std::function<void(int64_t step, const std::string& data_file)> on_rank_file_written;
 };
 
 class CheckpointManager {

@@ -6,11 +6,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "comm/reduce_op.h"
 #include "dcp/checkpoint_dirs.h"
 
 namespace fsdp::examples {
@@ -25,6 +27,7 @@ class StepState : public dcp::Stateful {
   dcp::StateDict state_dict() const override { return {{"step", step_}}; }
   void load_state_dict(const dcp::StateDict& state) override { step_ = state.at("step").toTensor(); }
   int64_t step() const { return step_.item<int64_t>(); }
+  void set_step(int64_t step) { step_ = at::tensor({step}, at::kLong); }
 
  private:
   at::Tensor step_;
@@ -40,14 +43,6 @@ std::optional<std::string> ProcessEnv(const std::string& name) {
   std::fflush(nullptr);
   std::raise(SIGKILL);
   std::_Exit(137);  // not reached
-}
-
-int64_t AllReduceInt(const comm::ProcessGroupPtr& group, int64_t value, comm::ReduceOp op) {
-  at::Tensor t = at::tensor({value}, at::kLong);
-  if (group == nullptr || group->size() == 1) return value;
-  t = comm::ToObjectCollectiveDevice(*group, t);  // NCCL: its CUDA device
-  group->all_reduce(t, op)->wait();
-  return t.item<int64_t>();
 }
 
 }  // namespace
@@ -86,60 +81,60 @@ PeriodicCheckpointer::PeriodicCheckpointer(std::string root, int64_t every, comm
     : root_(std::move(root)), every_(every), world_(std::move(world)), fault_(fault), log_(log) {
   TORCH_CHECK(every_ >= 0, "PeriodicCheckpointer: every must be >= 0, got ", every_);
   TORCH_CHECK(every_ == 0 || !root_.empty(), "PeriodicCheckpointer: periodic checkpoints need a root directory");
-  if (every_ > 0 && world_ != nullptr && world_->size() > 1) {
-    // The background writers agree over their own group (dcp::AsyncSave), created once.
-    std::vector<int> ranks(world_->size());
-    for (int r = 0; r < world_->size(); ++r) ranks[r] = r;
-    background_ = world_->new_subgroup(ranks);
-  }
+  step_ = std::make_unique<StepState>(0);
 }
 
-PeriodicCheckpointer::~PeriodicCheckpointer() = default;  // the handle's destructor waits
+PeriodicCheckpointer::~PeriodicCheckpointer() = default;  // the manager waits for its save
+
+dcp::CheckpointManager& PeriodicCheckpointer::Manager(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
+  if (manager_ == nullptr) {
+    const int rank = world_ ? world_->rank() : 0;
+    const InjectedFault fault = fault_;
+    manager_ = std::make_unique<dcp::CheckpointManager>(
+        model, optimizer, dcp::StatefulItems{{"train", step_.get()}},
+        dcp::CheckpointManagerOptions{
+            .folder = root_,
+            .interval = every_,
+            .keep_latest_k = 0,
+            .async = true,
+            .on_rank_file_written = [fault, rank](int64_t step,
+                                                  const std::string&) { fault.MaybeKillInSave(rank, step); }},
+        world_);
+  }
+  return *manager_;
+}
 
 int64_t PeriodicCheckpointer::Resume(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
   if (every_ == 0) return 0;
-  const dcp::CheckpointScan scan = dcp::ScanCheckpoints(root_);
-  const int64_t lo = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Min());
-  const int64_t hi = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Max());
-  TORCH_CHECK(lo == hi, "PeriodicCheckpointer: the ranks disagree on the latest complete checkpoint under '", root_,
-              "' (steps ", lo, " to ", hi, "): is it a directory every rank shares?");
   if (log_) {
-    for (const dcp::IncompleteCheckpoint& bad : scan.incomplete) {
+    for (const dcp::IncompleteCheckpoint& bad : dcp::ScanCheckpoints(root_).incomplete) {
       std::printf("skipping incomplete checkpoint %s: %s\n", bad.dir.c_str(), bad.reason.c_str());
     }
   }
-  if (scan.latest_step < 0) return 0;
-  StepState step(-1);
-  dcp::LoadOptions options;
-  options.stateful = {{"train", &step}};
-  dcp::Load(model, optimizer, scan.latest_dir, options);
-  const int64_t first = step.step();
-  TORCH_CHECK(first == scan.latest_step, "PeriodicCheckpointer: '", scan.latest_dir, "' holds ", kStepKey, " = ", first,
-              ", not the step its name says");
-  if (log_) std::printf("resumed from %s: training continues at step %ld\n", scan.latest_dir.c_str(), long(first));
+  dcp::CheckpointManager& manager = Manager(model, optimizer);
+  const int64_t loaded = manager.Load();  // the ranks agree on the newest complete one
+  if (loaded < 0) return 0;
+  const int64_t first = static_cast<const StepState&>(*step_).step();
+  TORCH_CHECK(first == loaded, "PeriodicCheckpointer: '", manager.StepDirectory(loaded), "' holds ", kStepKey, " = ",
+              first, ", not the step its name says");
+  if (log_) {
+    std::printf("resumed from %s: training continues at step %ld\n", manager.StepDirectory(loaded).c_str(),
+                long(first));
+  }
   return first;
 }
 
 void PeriodicCheckpointer::AfterStep(int64_t step, int64_t total, torch::nn::Module& model,
-                                     const torch::optim::Optimizer& optimizer) {
+                                     torch::optim::Optimizer& optimizer) {
   const int64_t next = step + 1;
   if (every_ == 0 || next % every_ != 0 || next >= total) return;
-  Finish();
-  dcp::SaveOptions options;
-  StepState next_step(next);  // AsyncSave takes its state now
-  options.stateful = {{"train", &next_step}};
-  const int rank = world_ ? world_->rank() : 0;
-  const InjectedFault fault = fault_;
-  options.on_rank_file_written = [fault, rank, next](const std::string&) { fault.MaybeKillInSave(rank, next); };
-  pending_ = dcp::AsyncSave(model, &optimizer, dcp::StepCheckpointDir(root_, next), options, background_);
-  has_pending_ = true;
+  static_cast<StepState&>(*step_).set_step(next);  // AsyncSave takes its state now
+  Manager(model, &optimizer).Save(next);
   ++saves_;
 }
 
 void PeriodicCheckpointer::Finish() {
-  if (!has_pending_) return;
-  has_pending_ = false;
-  pending_.wait();
+  if (manager_ != nullptr) manager_->Wait();
 }
 
 }  // namespace fsdp::examples

@@ -12,20 +12,25 @@
 //   }
 //   ckpt.Finish();                                    // waits for the last save
 //
-// Checkpoints go to root/step-<N> (dcp/checkpoint_dirs.h), N = the next step to run, with
-// "train.step" = N as extra state (the data order is a function of the step here, so the step
-// is the whole sampler state). A save waits for the previous one first (one in flight, as
-// torchtitan's). Collective: every rank calls every method in the same order.
+// A dcp::CheckpointManager (dcp/checkpoint_manager.h: async, every checkpoint kept) for the
+// examples' 0-based step loop, with their log lines and fault hooks. Checkpoints go to
+// root/step-<N>, N = the next step to run (the manager's steps done), with a Stateful "train"
+// {"step": N} (the data order is a function of the step here, so the step is the whole sampler
+// state). A save waits for the previous one first (one in flight, as torchtitan's). The model
+// and optimizer of the first Resume / AfterStep are the ones checkpointed. Collective: every
+// rank calls every method in the same order.
 #ifndef FSDP_EXAMPLES_TRAINING_CHECKPOINTS_H_
 #define FSDP_EXAMPLES_TRAINING_CHECKPOINTS_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "comm/process_group.h"
-#include "dcp/dcp.h"
+#include "dcp/checkpoint_manager.h"
+#include "dcp/stateful.h"
 
 namespace fsdp::examples {
 
@@ -59,7 +64,7 @@ class PeriodicCheckpointer {
   int64_t Resume(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
   // After step `step` (0-based) of `total` ran: starts an async save of root/step-<step+1>
   // when step + 1 is a multiple of `every` and below `total`.
-  void AfterStep(int64_t step, int64_t total, torch::nn::Module& model, const torch::optim::Optimizer& optimizer);
+  void AfterStep(int64_t step, int64_t total, torch::nn::Module& model, torch::optim::Optimizer& optimizer);
   // Waits for the save in flight (throws its error).
   void Finish();
 
@@ -67,13 +72,15 @@ class PeriodicCheckpointer {
   int64_t saves() const { return saves_; }
 
  private:
+  dcp::CheckpointManager& Manager(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
+
   std::string root_;
   int64_t every_;
-  comm::ProcessGroupPtr world_, background_;
+  comm::ProcessGroupPtr world_;
   InjectedFault fault_;
   bool log_;
-  dcp::AsyncSaveHandle pending_;
-  bool has_pending_ = false;
+  std::unique_ptr<dcp::Stateful> step_;  // {"step": N}
+  std::unique_ptr<dcp::CheckpointManager> manager_;
   int64_t saves_ = 0;
 };
 
