@@ -15,7 +15,6 @@
 #include <utility>
 
 #include "absl/strings/str_join.h"
-#include "dcp/checkpoint_dirs.h"
 
 namespace fsdp::dcp {
 namespace {
@@ -84,8 +83,10 @@ std::string CheckpointManager::StepDirectory(int64_t step) const { return StepCh
 int64_t CheckpointManager::Load() {
   Wait();
   int64_t step = options_.load_step;
+  last_scan_ = {};
   if (step == -1) {
-    const CheckpointScan scan = ScanCheckpoints(options_.folder);
+    last_scan_ = ScanCheckpoints(options_.folder);
+    const CheckpointScan& scan = last_scan_;
     const int64_t lo = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Min());
     const int64_t hi = AllReduceInt(world_, scan.latest_step, comm::ReduceOp::Max());
     TORCH_CHECK(lo == hi, kManager, ": the ranks disagree on the newest complete checkpoint under '", options_.folder,

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "dcp/checkpoint_dirs.h"
 #include "dcp/dcp.h"
 #include "dcp/stager.h"
 #include "dcp/stateful.h"
@@ -85,6 +86,9 @@ class CheckpointManager {
   void Wait();
   // folder/step-<step>.
   std::string StepDirectory(int64_t step) const;
+  // The scan of `folder` the last Load made to find the newest complete checkpoint (its
+  // incomplete folders, for a log); empty when it loaded a load_step.
+  const CheckpointScan& last_scan() const { return last_scan_; }
   // How long the last Save waited for the save before it (async; 0 if it did not).
   double last_wait_seconds() const { return last_wait_seconds_; }
 
@@ -101,6 +105,7 @@ class CheckpointManager {
   std::unique_ptr<AsyncSaveHandle> in_flight_;
   std::string in_flight_dir_;
   double last_wait_seconds_ = 0;
+  CheckpointScan last_scan_;
 };
 
 }  // namespace fsdp::dcp

@@ -13,7 +13,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "dcp/checkpoint_dirs.h"
 
 namespace fsdp::examples {
 namespace {
@@ -106,13 +105,13 @@ dcp::CheckpointManager& PeriodicCheckpointer::Manager(torch::nn::Module& model, 
 
 int64_t PeriodicCheckpointer::Resume(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
   if (every_ == 0) return 0;
+  dcp::CheckpointManager& manager = Manager(model, optimizer);
+  const int64_t loaded = manager.Load();  // the ranks agree on the newest complete one
   if (log_) {
-    for (const dcp::IncompleteCheckpoint& bad : dcp::ScanCheckpoints(root_).incomplete) {
+    for (const dcp::IncompleteCheckpoint& bad : manager.last_scan().incomplete) {
       std::printf("skipping incomplete checkpoint %s: %s\n", bad.dir.c_str(), bad.reason.c_str());
     }
   }
-  dcp::CheckpointManager& manager = Manager(model, optimizer);
-  const int64_t loaded = manager.Load();  // the ranks agree on the newest complete one
   if (loaded < 0) return 0;
   const int64_t first = static_cast<const StepState&>(*step_).step();
   TORCH_CHECK(first == loaded, "PeriodicCheckpointer: '", manager.StepDirectory(loaded), "' holds ", kStepKey, " = ",
