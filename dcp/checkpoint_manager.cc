@@ -58,14 +58,12 @@ CheckpointManager::CheckpointManager(torch::nn::Module& model, torch::optim::Opt
               ": keep_latest_k must be 0 (keep all) or >= 2 (a newer checkpoint may be incomplete), got ",
               o.keep_latest_k);
   TORCH_CHECK(o.load_step >= -1, kManager, ": load_step must be -1 (the newest) or a step, got ", o.load_step);
+  std::vector<std::string> excludable = {"optimizer"};
+  for (const auto& item : stateful_) excludable.push_back(item.first);
   for (const std::string& name : o.exclude_from_loading) {
-    const bool known = name == "optimizer" || std::any_of(stateful_.begin(), stateful_.end(),
-                                                          [&](const auto& item) { return item.first == name; });
     TORCH_CHECK(name != "model", kManager, ": exclude_from_loading cannot name the model");
-    std::vector<std::string> names = {"optimizer"};
-    for (const auto& item : stateful_) names.push_back(item.first);
-    TORCH_CHECK(known, kManager, ": exclude_from_loading names '", name, "', which is none of ",
-                absl::StrJoin(names, ", "));
+    TORCH_CHECK(std::find(excludable.begin(), excludable.end(), name) != excludable.end(), kManager,
+                ": exclude_from_loading names '", name, "', which is none of ", absl::StrJoin(excludable, ", "));
   }
 }
 

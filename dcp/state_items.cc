@@ -13,7 +13,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "dcp/adapter.h"
 
 namespace fsdp::dcp::internal {

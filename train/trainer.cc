@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "dcp/checkpoint_dirs.h"
 #include "dcp/hf.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "metrics/step_metrics.h"
@@ -99,7 +100,7 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
     for (size_t i = 0; i < stateful_.size(); ++i) items.emplace_back(names[i], stateful_[i].get());
     checkpointer_ = std::make_unique<dcp::CheckpointManager>(
         *model_, optimizer_.get(), std::move(items),
-        dcp::CheckpointManagerOptions{.folder = (std::filesystem::path(config_.dump_folder) / ck.folder).string(),
+        dcp::CheckpointManagerOptions{.folder = CheckpointFolder(),
                                       .interval = ck.interval,
                                       .keep_latest_k = ck.keep_latest_k,
                                       .load_step = ck.load_step,
@@ -254,10 +255,10 @@ void Trainer::Train(std::ostream& log) {
   }
 }
 
-std::string Trainer::ExportDirectory() const {
-  return (std::filesystem::path(config_.dump_folder) / config_.checkpoint.folder /
-          ("step-" + std::to_string(progress_.step)))
-      .string();
+std::string Trainer::CheckpointFolder() const {
+  return (std::filesystem::path(config_.dump_folder) / config_.checkpoint.folder).string();
 }
+
+std::string Trainer::ExportDirectory() const { return dcp::StepCheckpointDir(CheckpointFolder(), progress_.step); }
 
 }  // namespace fsdp::train

@@ -118,6 +118,8 @@ class Trainer {
 
  private:
   at::Tensor Forward(const TokenBatch& batch);
+  // dump_folder/checkpoint.folder: the step-<N> checkpoints and the Hugging Face export.
+  std::string CheckpointFolder() const;
 
   JobConfig config_;
   ResolvedDegrees degrees_;
