@@ -58,7 +58,7 @@ cat train/testdata/corpus/validation.index train/testdata/corpus/validation.toke
 passed=0 failed=0
 for t in "${TARGETS[@]}"; do
   seeds="$FUZZ_OUT/seeds/${t%_fuzz}"
-  corpus="$FUZZ_OUT/$t/corpus"      # grows across runs; the seeds are re-read every time
+  corpus="$FUZZ_OUT/$t/corpus"      # grows across runs; $seeds is re-read every time
   mkdir -p "$corpus" "$FUZZ_OUT/$t/crashes"
   log="$FUZZ_OUT/$t/last.log"
   budget=(-max_total_time="$SECONDS_PER_TARGET")

@@ -196,6 +196,8 @@ TEST(ValidateConfig, BadValuesNameTheirKey) {
                         "metrics.log_freq = 0 must be at least 1");
   EXPECT_ERROR_CONTAINS(ValidateConfig(with([](JobConfig& c) { c.comm.train_timeout_seconds = 0; }), 1),
                         "comm.train_timeout_seconds = 0 must be at least 1");
+  EXPECT_ERROR_CONTAINS(ValidateConfig(with([](JobConfig& c) { c.checkpoint.keep_latest_k = 1; }), 1),
+                        "checkpoint.keep_latest_k = 1 must be 0 (keep every checkpoint) or at least 2");
 }
 
 TEST(JobConfig, ShippedConfigsReadAndValidate) {

@@ -78,7 +78,14 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
   const CheckpointConfig& ck = config.checkpoint;
   CheckAtLeast("checkpoint.interval", ck.interval, 1);
   CheckAtLeast("checkpoint.keep_latest_k", ck.keep_latest_k, 0);
-  CheckMinusOneOrPositive("checkpoint.load_step", ck.load_step == 0 ? 1 : ck.load_step);  // step 0: the seed
+  // torchtitan/components/checkpointer/base.py (Config.__post_init__): the newest checkpoint may
+  // still be being written, so one kept is not enough.
+  TORCH_CHECK(ck.keep_latest_k != 1,
+              "checkpoint.keep_latest_k = 1 must be 0 (keep every checkpoint) or at least 2 "
+              "(the newest may still be being written)");
+  // Step 0 is torchtitan's model-only initial checkpoint (components/checkpointer/dcp.py:
+  // model_only = step == 0), so it is a valid load_step.
+  CheckMinusOneOrPositive("checkpoint.load_step", ck.load_step == 0 ? 1 : ck.load_step);
   CheckAtLeast("comm.init_timeout_seconds", config.comm.init_timeout_seconds, 1);
   CheckAtLeast("comm.train_timeout_seconds", config.comm.train_timeout_seconds, 1);
   CheckAtLeast("comm.trace_buf_size", config.comm.trace_buf_size, 0);
