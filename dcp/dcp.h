@@ -107,6 +107,35 @@ struct SaveOptions {
   std::shared_ptr<Stager> stager;
 };
 
+// Where a checkpoint another program wrote keeps one of the model's tensors (StoredLayout).
+struct StoredTensor {
+  std::string fqn;  // the checkpoint's name for it (under StoredLayout's prefix)
+  // Empty: the stored tensor is ours, row for row. Else our row k (dim 0) is the stored
+  // tensor's row rows[k]: a tensor kept with its rows in another order (torchtitan's q/k
+  // rows) or inside a larger one (a fused qkv weight). The other dims are the same.
+  std::vector<int64_t> rows;
+};
+
+// How a checkpoint another program wrote names and lays out what Load fills (e.g. torchtitan's:
+// train/torchtitan_checkpoint.h). The default is this library's, which is PyTorch's
+// {"model": get_model_state_dict, "optim": get_optimizer_state_dict} (state_items.h).
+//   model entries            model_prefix + model(fqn).fqn
+//   optimizer state          optimizer_prefix + "state." + optimizer(fqn).fqn + "." + name
+//   param groups             optimizer_prefix + "param_groups." + i + "." + option (PyTorch's
+//                            nested form), or, where the checkpoint has no "<i>.params" entry,
+//                            the flattened form of StateDictOptions(flatten_optimizer_state_dict
+//                            =True): optimizer_prefix + "param_groups." + optimizer(first).fqn +
+//                            "." + option, the optimizer's own groups keeping their parameters
+//                            (torch/distributed/checkpoint/state_dict.py _unflatten_optim_state_dict)
+// Several of our tensors may come from one stored tensor (its rows). `model` / `optimizer`
+// null: every FQN is its own, row for row. Stateful objects keep their names.
+struct StoredLayout {
+  std::string model_prefix = "model.";
+  std::string optimizer_prefix = "optim.";
+  std::function<StoredTensor(const std::string& fqn)> model;
+  std::function<StoredTensor(const std::string& fqn)> optimizer;
+};
+
 struct LoadOptions {
   // DefaultLoadPlanner(allow_partial_load=True): model and optimizer keys missing from the
   // checkpoint keep their current values instead of being an error.
@@ -124,6 +153,9 @@ struct LoadOptions {
   // tensor bytes is checked on every rank before anything changes. FSDP1 models always load
   // all or nothing.
   bool all_or_nothing = false;
+  // The checkpoint's names and row layout, where another program wrote it. FSDP1 models load
+  // only checkpoints whose rows are theirs.
+  StoredLayout layout;
 };
 
 // `optimizer` may be null (the model alone). The optimizer's state is saved as it is now (a

@@ -243,5 +243,80 @@ TEST(DcpFiles, AsyncSaveEqualsSynchronousSave) {
   }
 }
 
+// LoadOptions::layout: a checkpoint that keeps the model's tensors under other names and with
+// other rows loads as if it were written in those: block0 and block1 swapped, every tensor's
+// rows reversed, and head.weight ([1, 5]) row 3 of block0.fc1.weight ([8, 5]). Saved on 3
+// ranks, loaded on 2 (uneven row shards) and on FSDP + TP 2x2 (several row boxes per rank).
+TEST(DcpLayout, NamesAndRowsOfAnotherProgramsCheckpoint) {
+  const std::string dir = NewDir("layout");
+  FullState saved;
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(3), pg, 11);
+    Train(t, 0, kSteps);
+    Save(*t.module, t.opt.get(), dir);
+    FullState full = GetFull(t);
+    if (pg->rank() == 0) saved = std::move(full);
+  });
+  const auto swapped = [](std::string fqn) {
+    if (absl::StartsWith(fqn, "block0.")) return fqn.replace(5, 1, "1");
+    if (absl::StartsWith(fqn, "block1.")) return fqn.replace(5, 1, "0");
+    return fqn;
+  };
+  const auto stored = [&](const std::string& fqn) -> StoredTensor {
+    if (fqn == "head.weight") return {"block0.fc1.weight", {3}};
+    const at::Tensor* t = saved.model.find(fqn);
+    std::vector<int64_t> reversed(t->size(0));
+    for (size_t k = 0; k < reversed.size(); ++k) reversed[k] = t->size(0) - 1 - static_cast<int64_t>(k);
+    return {swapped(fqn), reversed};
+  };
+  // What each tensor must hold: `full`'s (saved) tensor read through `stored`.
+  const auto expected = [&](const std::string& fqn, const at::Tensor& full_of_stored) {
+    const std::vector<int64_t> rows = stored(fqn).rows;
+    return full_of_stored.index_select(0, at::tensor(rows, at::kLong));
+  };
+  const StoredLayout layout{.model = stored, .optimizer = stored};
+  for (const Mesh& to : {W(2), kTp}) {
+    SCOPED_TRACE(to.Name());
+    fsdp::testing::RunOnRanks(Backend::kThreaded, to.world, [&](const comm::ProcessGroupPtr& pg) {
+      Trainee t = Build(to, pg, 99);
+      Load(*t.module, t.opt.get(), dir, {.layout = layout});
+      const FullState got = GetFull(t);
+      if (pg->rank() != 0) return;
+      for (const auto& item : got.model) {
+        if (item.key() == "scale") continue;  // a buffer: 1-D, reversed too
+        const std::string from = stored(item.key()).fqn;
+        EXPECT_TRUE(at::equal(item.value(), expected(item.key(), *saved.model.find(from)))) << item.key();
+        const auto& state = got.optim.state.at(item.key());
+        const auto& saved_state = saved.optim.state.at(from);
+        for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+          EXPECT_TRUE(at::equal(std::get<at::Tensor>(state.at(name)),
+                                expected(item.key(), std::get<at::Tensor>(saved_state.at(name)))))
+              << item.key() << "." << name;
+        }
+        EXPECT_EQ(std::get<int64_t>(state.at("step")), kSteps) << item.key();
+      }
+      EXPECT_TRUE(at::equal(*got.model.find("scale"), saved.model.find("scale")->flip(0)));
+    });
+  }
+  // A layout whose rows do not fit is an error naming the key, before anything changes.
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 99);
+    const auto row = [](int64_t r) {
+      return [r](const std::string& fqn) -> StoredTensor {
+        return fqn == "head.weight" ? StoredTensor{"block0.fc1.weight", {r}} : StoredTensor{fqn, {}};
+      };
+    };
+    EXPECT_ERROR_CONTAINS(Load(*t.module, nullptr, dir, {.layout = {.model = row(8)}}),
+                          "from row 8 of 'model.block0.fc1.weight' in the checkpoint");
+    const auto two_rows = [](const std::string& fqn) -> StoredTensor {
+      return fqn == "head.weight" ? StoredTensor{"block0.fc1.weight", {0, 1}} : StoredTensor{fqn, {}};
+    };
+    EXPECT_ERROR_CONTAINS(Load(*t.module, nullptr, dir, {.layout = {.model = two_rows}}),
+                          "the model's 'head.weight' of size [1, 5] is read from 2 of its rows");
+    EXPECT_ERROR_CONTAINS(Load(*t.module, nullptr, dir, {.layout = {.model_prefix = "weights."}}),
+                          "lacks 14 of the model's 14 keys: 'weights.extra', 'weights.in.weight'");
+  });
+}
+
 }  // namespace
 }  // namespace fsdp::dcp

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,25 @@
 
 namespace fsdp::dcp {
 namespace internal {
+
+namespace {
+
+// The span of stored rows `box` (dim 0: our global rows [g, g + n)) reads: rows[g, g + n)'s
+// smallest to largest, with the box's other dims.
+StoredRows PlanStoredRows(const std::vector<int64_t>& rows, const Box& box) {
+  const auto first = rows.begin() + box.global_offsets[0];
+  const auto last = first + box.sizes[0];
+  StoredRows s{box.global_offsets, box.sizes, at::empty({box.sizes[0]}, at::kLong)};
+  if (first == last) return s;  // an empty box
+  const auto [lo, hi] = std::minmax_element(first, last);
+  s.offsets[0] = *lo;
+  s.sizes[0] = *hi - *lo + 1;
+  int64_t* index = s.index.data_ptr<int64_t>();
+  for (auto it = first; it != last; ++it) *index++ = *it - *lo;
+  return s;
+}
+
+}  // namespace
 
 template <class Fn>
 void LoadJob::ForEachRead(Fn&& fn) {
@@ -46,7 +66,17 @@ void LoadJob::PlanRead(TensorRead& r) {
   } else {
     r.value = at::empty(r.local_size, at::TensorOptions().dtype(dtype));
   }
-  for (const Box& box : r.boxes) reader_->Prepare(r.entry->fqn, box.global_offsets, BoxOf(r.value, box));
+  for (const Box& box : r.boxes) {
+    if (r.rows.empty()) {
+      reader_->Prepare(r.entry->fqn, box.global_offsets, BoxOf(r.value, box));
+      continue;
+    }
+    TORCH_CHECK(box.flat_local_offset < 0, kLoad, ": '", r.entry->fqn,
+                "' is read through LoadOptions::layout's rows, which an FSDP1 flat shard cannot read");
+    r.stored_rows.push_back(PlanStoredRows(r.rows, box));
+    const StoredRows& s = r.stored_rows.back();
+    reader_->Prepare(r.entry->fqn, s.offsets, at::empty(s.sizes, at::TensorOptions().dtype(dtype).device(at::kMeta)));
+  }
 }
 
 void LoadJob::Plan() {
@@ -58,7 +88,18 @@ void LoadJob::Plan() {
 
 void LoadJob::Read() {
   ForEachRead([&](TensorRead& r) {
-    for (const Box& box : r.boxes) reader_->ReadInto(r.entry->fqn, box.global_offsets, BoxOf(r.value, box));
+    for (size_t i = 0; i < r.boxes.size(); ++i) {
+      const Box& box = r.boxes[i];
+      if (r.rows.empty()) {
+        reader_->ReadInto(r.entry->fqn, box.global_offsets, BoxOf(r.value, box));
+        continue;
+      }
+      // One box's stored rows at a time: a box's span of them, not a whole stored tensor.
+      const StoredRows& s = r.stored_rows[i];
+      const at::Tensor stored = at::empty(s.sizes, at::TensorOptions().dtype(r.entry->properties.dtype));
+      reader_->ReadInto(r.entry->fqn, s.offsets, stored);
+      BoxOf(r.value, box).detach().copy_(stored.index_select(0, s.index));
+    }
   });
 }
 

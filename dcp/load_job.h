@@ -46,6 +46,14 @@ void RunLoadPhases(const comm::ProcessGroupPtr& world, bool in_place, const std:
                    const std::function<void()>& read, const std::function<void()>& apply, const char* caller,
                    const char* what, const char* option);
 
+// The rows [offsets[0], + sizes[0]) of a stored tensor that one box of ours reads when the
+// checkpoint keeps our rows elsewhere (StoredTensor::rows): our box's row k is row index[k] of
+// them.
+struct StoredRows {
+  std::vector<int64_t> offsets, sizes;
+  at::Tensor index;  // int64
+};
+
 // A tensor entry of the checkpoint read into a local tensor.
 struct TensorRead {
   const checkpoint::DcpEntry* entry = nullptr;
@@ -54,6 +62,10 @@ struct TensorRead {
   at::Tensor live;                           // read into in place when it can be (undefined: never)
   const ShardedParam* staging_of = nullptr;  // its Staging when not in place (null: at::empty)
   at::Tensor value;                          // Plan: where it is read
+  // StoredTensor::rows of the entry (empty: row for row), and per box (Plan) the stored rows
+  // it reads.
+  std::vector<int64_t> rows;
+  std::vector<StoredRows> stored_rows;
 };
 
 // A parameter or buffer of the model.
@@ -85,10 +97,14 @@ class LoadJob {
   void ValidateParamGroups();
   void ValidateState();
   void ValidateStateEntry(const checkpoint::DcpEntry& e, const std::string& fqn, const std::string& name,
-                          const at::Tensor& param, const at::Tensor& live);
+                          const at::Tensor& param, const at::Tensor& live, const std::vector<int64_t>& rows);
+  bool ReadFlatParamGroups(const std::string& prefix);
+  StoredTensor StoredModel(const std::string& fqn) const;
+  StoredTensor StoredOptimizer(const std::string& fqn) const;
   c10::IValue ReadValue(const std::string& key);
+  // `rows`: StoredTensor::rows (empty: the entry has the size `want`).
   const checkpoint::DcpEntry& TensorEntry(const std::string& key, const std::vector<int64_t>& want,
-                                          const std::string& what) const;
+                                          const std::string& what, const std::vector<int64_t>& rows = {}) const;
   void PlanRead(TensorRead& r);
   template <class Fn>
   void ForEachRead(Fn&& fn);
