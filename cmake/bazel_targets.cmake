@@ -266,7 +266,7 @@ fsdp_cc_binary(//dcp:crash_trial TESTONLY
        //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2 //testing:expect_error
        //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
 
-fsdp_cc_test(//dcp:crash_test SIZE large
+fsdp_cc_test(//dcp:crash_test SIZE large PCH none
   SRCS crash_test.cc
   DEPS //testing:test_dir @system//:gtest_main)
 
@@ -780,7 +780,7 @@ fsdp_cc_library(//train:config INSTALL PCH none
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
   SRCS config_test.cc data_test.cc lr_scheduler_test.cc selective_ac_test.cc tensorboard_test.cc
-       trainer_test.cc
+       torchtitan_checkpoint_test.cc trainer_test.cc
   DATA configs/debugmodel.toml configs/demo.toml ../models/llama/testdata/golden_llama3_flavors.txt
        testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
        testdata/golden_sac_save_ops.txt testdata/golden_train_data.txt testdata/corpus/train.index
@@ -803,11 +803,12 @@ fsdp_cc_library(//train:dataloader INSTALL PCH aten
 
 fsdp_cc_library(//train:trainer INSTALL
   SRCS checkpoint_state.cc loss.cc metrics_log.cc parallelize.cc selective_ac.cc tensorboard.cc
-       trainer.cc
-  HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h selective_ac.h tensorboard.h trainer.h
-  DEPS :config :dataloader :lr_scheduler :token_dataset //comm //dcp:core //dcp:stateful //dcp:fsdp2
-       //dtensor //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh //metrics //models/llama
-       //tensor_parallel @libtorch)
+       torchtitan_checkpoint.cc trainer.cc
+  HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h selective_ac.h tensorboard.h
+       torchtitan_checkpoint.h trainer.h
+  DEPS :config :dataloader :lr_scheduler :token_dataset //checkpoint:dcp //comm //dcp:core
+       //dcp:stateful //dcp:fsdp2 //dtensor //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh
+       //metrics //models/llama //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_binary(//train INSTALL
   SRCS train_main.cc
@@ -818,8 +819,8 @@ fsdp_cc_test(//train:torchtitan_parity_test SIZE large
   DATA testdata/torchtitan_reference.py testdata/corpus/train.index testdata/corpus/train.tokens
        testdata/corpus/validation.index testdata/corpus/validation.tokens
   TAGS float_parity peer_python
-  DEPS :config :trainer //checkpoint //comm //testing:multi_rank //testing:peer_python @libtorch
-       @system//:absl @system//:gtest_main)
+  DEPS :config :trainer //checkpoint //comm //fsdp/fsdp2 //optim_state:fsdp2 //testing:multi_rank
+       //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
 
 fsdp_cc_test(//train:launch_test SIZE medium PCH none
   SRCS launch_test.cc

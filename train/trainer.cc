@@ -4,12 +4,15 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "checkpoint/dcp_storage.h"
 #include "dcp/checkpoint_dirs.h"
 #include "dcp/hf.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
@@ -17,6 +20,7 @@
 #include "models/llama/flavors.h"
 #include "train/loss.h"
 #include "train/metrics_log.h"
+#include "train/torchtitan_checkpoint.h"
 
 namespace fsdp::train {
 namespace {
@@ -58,9 +62,6 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                 " exceeds the model's ", model_config_.vocab_size);
   }
   const CheckpointConfig& ck = config_.checkpoint;
-  TORCH_CHECK(ck.initial_load_path.empty() || ck.initial_load_in_hf, "checkpoint.initial_load_path = \"",
-              ck.initial_load_path,
-              "\": only a Hugging Face directory (checkpoint.initial_load_in_hf = true) is read at start");
 
   meshes_ = BuildMeshes(world_, degrees_);
 
@@ -72,7 +73,7 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
   flops_per_token_ = TorchtitanFlopsPerToken(model_config_, config_.training.seq_len);
   ParallelizeLlama(model_, config_, meshes_);
   InitTorchtitanWeights(model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
-  if (!ck.initial_load_path.empty()) dcp::LoadHuggingFace(*model_, ck.initial_load_path);
+  if (!ck.initial_load_path.empty() && ck.initial_load_in_hf) dcp::LoadHuggingFace(*model_, ck.initial_load_path);
   // torchtitan's set_determinism: deterministic ATen algorithms (an error where one has none).
   if (config_.debug.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 
@@ -89,15 +90,14 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                 .dp_rank = meshes_.dp_rank,
                                 .gradient_accumulation_steps = degrees_.gradient_accumulation_steps,
                                 .seed = config_.dataloader.seed});
+  // torchtitan's CheckpointManager states: model and optimizer, then these.
+  stateful_.emplace_back("train_state", std::make_unique<TrainStateStateful>(progress_));
+  stateful_.emplace_back("lr_scheduler", std::make_unique<LRSchedulersStateful>(*lr_schedulers_));
+  stateful_.emplace_back("dataloader", std::make_unique<DataLoaderStateful>(*data_));
+  stateful_.emplace_back("rng", std::make_unique<RngStateful>());
   if (ck.enable) {
-    // torchtitan's CheckpointManager states: model and optimizer, then these.
-    stateful_.push_back(std::make_unique<TrainStateStateful>(progress_));
-    stateful_.push_back(std::make_unique<LRSchedulersStateful>(*lr_schedulers_));
-    stateful_.push_back(std::make_unique<DataLoaderStateful>(*data_));
-    stateful_.push_back(std::make_unique<RngStateful>());
-    const char* const names[] = {"train_state", "lr_scheduler", "dataloader", "rng"};
     dcp::StatefulItems items;
-    for (size_t i = 0; i < stateful_.size(); ++i) items.emplace_back(names[i], stateful_[i].get());
+    for (const auto& [name, object] : stateful_) items.emplace_back(name, object.get());
     checkpointer_ = std::make_unique<dcp::CheckpointManager>(
         *model_, optimizer_.get(), std::move(items),
         dcp::CheckpointManagerOptions{.folder = CheckpointFolder(),
@@ -114,8 +114,48 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
 }
 
 int64_t Trainer::LoadCheckpoint() {
-  if (checkpointer_ == nullptr) return -1;
-  return checkpointer_->Load();
+  if (checkpointer_ != nullptr) {
+    if (const int64_t step = checkpointer_->Load(); step >= 0) return step;
+  }
+  const CheckpointConfig& ck = config_.checkpoint;
+  if (!ck.initial_load_path.empty() && !ck.initial_load_in_hf) LoadInitialCheckpoint();
+  return -1;
+}
+
+// torchtitan's CheckpointManager._load when the folder holds no checkpoint: initial_load_path,
+// the model alone (initial_load_model_only) or every state exclude_from_loading leaves.
+void Trainer::LoadInitialCheckpoint() {
+  const CheckpointConfig& ck = config_.checkpoint;
+  checkpoint::DcpMetadata metadata;
+  try {
+    metadata = checkpoint::ReadMetadata(ck.initial_load_path);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint.initial_load_path = \"", ck.initial_load_path,
+                "\" is not a DCP checkpoint (a Hugging Face directory needs checkpoint.initial_load_in_hf = true): ",
+                e.what_without_backtrace());
+  }
+  const bool torchtitan = IsTorchtitanCheckpoint(metadata);
+  dcp::LoadOptions options;
+  if (torchtitan) options.layout = TorchtitanLayout(model_config_, metadata);
+  const auto excluded = [&](const std::string& name) {
+    return ck.initial_load_model_only || std::find(ck.exclude_from_loading.begin(), ck.exclude_from_loading.end(),
+                                                   name) != ck.exclude_from_loading.end();
+  };
+  for (const auto& [name, object] : stateful_) {
+    // torchtitan's loader state is pickled per rank and its data pipeline another; no RNG state.
+    const bool absent = torchtitan && (name == "dataloader" || name == "rng");
+    if (!excluded(name) && !absent) options.stateful.emplace_back(name, object.get());
+  }
+  dcp::Load(*model_, excluded("optimizer") ? nullptr : optimizer_.get(), ck.initial_load_path, options);
+  if (torchtitan && !excluded("dataloader")) {
+    // The data position of torchtitan's step: this trainer's stream after as many global batches.
+    const int64_t windows = progress_.step * data_->global_batch_size();
+    data_->LoadState(
+        {.epoch = data_->stream().EpochOfWindow(windows), .windows_consumed = windows, .seed = data_->stream().seed()});
+  }
+  initial_load_ = absl::StrCat("loaded ", torchtitan ? "torchtitan's checkpoint " : "the checkpoint ",
+                               ck.initial_load_path, ck.initial_load_model_only ? " (the model only)" : "",
+                               "; training continues at step ", progress_.step + 1);
 }
 
 void Trainer::SaveCheckpoint() {
@@ -220,6 +260,8 @@ void Trainer::Train(std::ostream& log) {
   if (const int64_t loaded = LoadCheckpoint(); loaded >= 0 && writes) {
     log << "loaded the checkpoint of step " << loaded << " from " << checkpointer_->StepDirectory(loaded)
         << "; training continues at step " << loaded + 1 << std::endl;
+  } else if (!initial_load_.empty() && writes) {
+    log << initial_load_ << std::endl;
   }
   while (progress_.step < config_.training.steps) {
     // dataloader.infinite = false: torchtitan's loader stops at the end of one pass over the

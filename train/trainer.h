@@ -26,6 +26,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -98,8 +99,12 @@ class Trainer {
   void Train(std::ostream& log);
   // With checkpoint.enable: loads dump_folder/checkpoint.folder/step-<load_step> (-1: the newest
   // complete one) into the model, optimizer and the objects of train/checkpoint_state.h and
-  // returns its step (training continues after it); -1 when there is none or checkpointing is
-  // off. Collective.
+  // returns its step (training continues after it). Else (none there, or checkpointing off),
+  // as torchtitan, checkpoint.initial_load_path when it is a DCP checkpoint
+  // (initial_load_in_hf = false), ours or torchtitan's (train/torchtitan_checkpoint.h: a
+  // torchtitan checkpoint's data position is its step's in this trainer's stream): the model
+  // alone with initial_load_model_only, else everything exclude_from_loading leaves; then -1.
+  // Collective.
   int64_t LoadCheckpoint();
   // With checkpoint.enable, after a Step(): saves the checkpoint of this step when it is due
   // (Train() calls it; the last step's save is left to Train() with last_save_in_hf).
@@ -112,6 +117,7 @@ class Trainer {
   const ResolvedDegrees& degrees() const { return degrees_; }
   const models::llama::LlamaConfig& model_config() const { return model_config_; }
   models::llama::LlamaForCausalLM& model() { return model_; }
+  const torch::optim::AdamW& optimizer() const { return *optimizer_; }
   DataLoader& data_loader() { return *data_; }
   // torchtitan's FLOPs per token of this model at training.seq_len (forward + backward).
   double flops_per_token() const { return flops_per_token_; }
@@ -120,6 +126,7 @@ class Trainer {
   at::Tensor Forward(const TokenBatch& batch);
   // dump_folder/checkpoint.folder: the step-<N> checkpoints and the Hugging Face export.
   std::string CheckpointFolder() const;
+  void LoadInitialCheckpoint();
 
   JobConfig config_;
   ResolvedDegrees degrees_;
@@ -134,8 +141,9 @@ class Trainer {
   double flops_per_token_ = 0;
   TrainProgress progress_;
   // The checkpointed objects (train/checkpoint_state.h) and their manager (checkpoint.enable).
-  std::vector<std::unique_ptr<dcp::Stateful>> stateful_;
+  std::vector<std::pair<std::string, std::unique_ptr<dcp::Stateful>>> stateful_;
   std::unique_ptr<dcp::CheckpointManager> checkpointer_;
+  std::string initial_load_;  // what LoadCheckpoint loaded from initial_load_path, for the log
 };
 
 }  // namespace fsdp::train

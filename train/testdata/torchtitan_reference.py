@@ -2,6 +2,7 @@
 train/torchtitan_parity_test.cc.
 
 usage: torchtitan_reference.py SPEC.json OUT_DIR
+       torchtitan_reference.py --load-ours SPEC.json CHECKPOINT OUT.pt
 
 Runs `world` processes, each building torchtitan's Llama3Model (the debugmodel flavor's
 builders, torchtitan/models/llama3/__init__.py, with the dimensions of SPEC), its
@@ -18,6 +19,19 @@ Writes
                                       time of each step) and peak_bytes (the largest rank's
                                       LibTorch CPU allocation peak over steps 2.., counted as
                                       metrics/allocation_window.h counts ours: bench/peer/train_bench.py)
+  OUT_DIR/checkpoint/step-N           with SPEC's "checkpoint_step" N: torchtitan's CheckpointManager
+                                      (components/checkpointer/dcp.py) saving the model, its
+                                      OptimizersContainer, LR schedulers, train state and a
+                                      ParallelAwareDataloader after step N, as Trainer.train does
+  OUT_DIR/state_step_N/{model,exp_avg,exp_avg_sq}.safetensors   the same state, full, in Hugging
+                                      Face's names and rows as torchtitan's own code maps it (the
+                                      fused qkv split by FusedQKVLinear's state-dict hook, then
+                                      Llama3StateDictAdapter.to_hf, which permutes q/k)
+
+--load-ours: a checkpoint our trainer saved (CHECKPOINT, a step-N folder) loaded with dcp.load
+into torchtitan's Llama3Model through its Llama3StateDictAdapter (our keys are "model." + Hugging
+Face's names: to_hf gives the state dict to load into, from_hf permutes q/k back), on one
+process; OUT.pt holds "loss": the loaded model's loss on the global batch of step N + 1.
 
 What differs from torchtitan's Trainer, and why (torchtitan assumes CUDA):
 - attention is torchtitan's ScaledDotProductAttention (causal SDPA) instead of FlexAttention,
@@ -26,8 +40,8 @@ What differs from torchtitan's Trainer, and why (torchtitan assumes CUDA):
 - torchtitan turns FSDP's gradient division off and FSDP then reduces with PREMUL_SUM, which is
   not a Gloo op: set_force_sum_reduction_for_comms(True) on every FSDP module (the same sums);
 - the device is "cpu" where torchtitan/tools/utils.py decides "cuda" at import;
-- the optimizer is torch.optim.AdamW with torchtitan's default_adamw arguments and
-  implementation "for-loop" (fused AdamW is CUDA's);
+- the optimizer is torchtitan's OptimizersContainer of default_adamw with implementation
+  "for-loop" (fused AdamW is CUDA's);
 - the data: each step's windows are the packed stream's windows spread over the
   data-parallel ranks as train/dataloader.h documents (torchtitan splits documents by rank).
 """
@@ -38,6 +52,7 @@ import os
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -50,15 +65,25 @@ tt_utils.device_type = "cpu"  # torchtitan decides "cuda" at import when no acce
 tt_utils.device_module = torch.cpu
 
 from safetensors.torch import save_file  # noqa: E402
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
+from torch.distributed.checkpoint.state_dict import (  # noqa: E402
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+)
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: E402
+from torch.distributed.checkpoint.stateful import Stateful  # noqa: E402
+from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
+from torchtitan.components.dataloader import ParallelAwareDataloader  # noqa: E402
 from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss  # noqa: E402
+from torchtitan.components.optimizer import OptimizersContainer, default_adamw  # noqa: E402
 from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer  # noqa: E402
 from torchtitan.config.configs import ParallelismConfig, TrainingConfig, CompileConfig  # noqa: E402
 from torchtitan.distributed import ParallelDims  # noqa: E402
 from torchtitan.distributed import utils as dist_utils  # noqa: E402
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: E402
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim  # noqa: E402
-from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
+from torchtitan.models.common.attention import FusedQKVLinear, ScaledDotProductAttention  # noqa: E402
 from torchtitan.models.llama3 import (  # noqa: E402
     _EMBEDDING_INIT,
     _NORM_INIT,
@@ -73,7 +98,7 @@ from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter  
 def model_config(spec):
     dim, n_heads, vocab = spec["dim"], spec["n_heads"], spec["vocab_size"]
     layers = _build_llama3_layers(
-        fuse_qkv=False,
+        fuse_qkv=spec.get("fuse_qkv", False),
         n_layers=spec["n_layers"],
         dim=dim,
         n_heads=n_heads,
@@ -181,6 +206,68 @@ def packed_windows(spec, count):
     raise SystemExit(f"{spec['dataset']}: fewer than {count} windows of {spec['seq_len']} tokens")
 
 
+def load_initial_weights(model, spec, init_state):
+    """init_state (stock q/k/v names) into the parallelized model. A fused model's
+    set_model_state_dict(full_state_dict=True) fails in FusedQKVLinear's merge hook (it merges
+    plain tensors into a DTensor parameter), so there each full parameter is merged on an
+    unsharded twin and distributed by hand (1-D meshes: Shard(0) / Replicate)."""
+    if not spec.get("fuse_qkv"):
+        set_model_state_dict(model, init_state, options=StateDictOptions(full_state_dict=True))
+        return
+    _, plain = build_model(spec, parallelism_config(dict(spec, tp=1, dp_replicate=1)))
+    plain.load_state_dict(init_state)
+    full = dict(plain.named_parameters())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            source = full[name]
+            if isinstance(param, DTensor):
+                source = distribute_tensor(source, param.device_mesh, param.placements)
+            param.copy_(source)
+
+
+def save_full_state(model, optimizer, config, out_dir, rank):
+    """OUT_DIR/state_step_N (module docstring). Collective."""
+    full = StateDictOptions(full_state_dict=True)
+    # model.state_dict(), as torchtitan's ModelWrapper takes it (get_model_state_dict cannot
+    # follow the hook's stock wq/wk/wv names back to a module), gathered.
+    tensors = {"model": {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}}
+    state = get_optimizer_state_dict(model, optimizer.optimizers[0], options=full)["state"]
+    attention = config.layers[0].attention
+    fused = SimpleNamespace(head_dim=config.dim // attention.n_heads,
+                            heads_per_kv=attention.n_heads // attention.n_kv_heads,
+                            r_dim=attention.n_heads // attention.n_kv_heads + 2)
+    for name in ("exp_avg", "exp_avg_sq"):
+        tensors[name] = {fqn: values[name] for fqn, values in state.items()}
+        for fqn in [f for f in tensors[name] if f.endswith("qkv_linear.wqkv.weight")]:
+            FusedQKVLinear._split_qkv_on_save(fused, tensors[name], fqn[:-len("wqkv.weight")], None)
+    if rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        adapter = Llama3StateDictAdapter(config, None)
+        for name, values in tensors.items():
+            hf = adapter.to_hf({k: v.detach().clone() for k, v in values.items()})
+            save_file({k: v.contiguous() for k, v in hf.items()}, os.path.join(out_dir, name + ".safetensors"))
+
+
+class _TrainState(Stateful):
+    """Trainer.state_dict / load_state_dict (torchtitan/trainer.py)."""
+
+    def __init__(self):
+        self.step, self.ntokens_seen = 0, 0
+
+    def state_dict(self):
+        return {"step": self.step, "ntokens_seen": self.ntokens_seen}
+
+    def load_state_dict(self, state_dict):
+        self.step, self.ntokens_seen = state_dict["step"], state_dict["ntokens_seen"]
+
+
+class _NoData(torch.utils.data.IterableDataset):
+    """The dataset of the checkpointed ParallelAwareDataloader: the steps read `windows`."""
+
+    def __iter__(self):
+        return iter(())
+
+
 def worker(rank, spec, out_dir, store, init_state, windows):
     torch.set_num_threads(1)
     world = spec["world"]
@@ -202,20 +289,30 @@ def worker(rank, spec, out_dir, store, init_state, windows):
             module.set_force_sum_reduction_for_comms(True)
     with torch.no_grad():
         model.init_weights(buffer_device=torch.device("cpu"))  # the rope cache; weights replaced next
-    set_model_state_dict(model, init_state, options=StateDictOptions(full_state_dict=True))
+    load_initial_weights(model, spec, init_state)
     model.train()
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8,
-                                  weight_decay=0.1, foreach=False, fused=False)
+    optimizer_config = default_adamw(lr=spec["lr"])
+    optimizer_config.implementation = "for-loop"
+    optimizer = OptimizersContainer(optimizer_config, model_parts=[model])
     schedulers = LRSchedulersContainer.Config(
         warmup_steps=spec["warmup_steps"], decay_ratio=spec["decay_ratio"], decay_type=spec["decay_type"],
-        min_lr_factor=spec["min_lr_factor"]).build(optimizers=[optimizer], training_steps=spec["steps"])
+        min_lr_factor=spec["min_lr_factor"]).build(optimizers=optimizer, training_steps=spec["steps"])
     loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
 
     batch_mesh = dims.get_optional_mesh("batch")
     dp, local = dims.dp_replicate * dims.dp_shard, spec["local_batch_size"]
     dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
     accumulation = spec["global_batch_size"] // (local * dp)
+    checkpointer = train_state = None
+    if spec.get("checkpoint_step"):
+        train_state = _TrainState()
+        loader = ParallelAwareDataloader(_NoData(), dp_rank=dp_rank, dp_world_size=dp, batch_size=local)
+        checkpointer = CheckpointManager(
+            CheckpointManager.Config(enable=True, interval=spec["checkpoint_step"], keep_latest_k=0,
+                                     last_save_model_only=False),
+            dataloader=loader, model_parts=[model], optimizers=optimizer, lr_schedulers=schedulers,
+            states={"train_state": train_state}, sd_adapter=None, base_folder=out_dir)
     losses, max_losses, norms, lrs, seconds = [], [], [], [], []
     window = contextlib.nullcontext()
     if spec.get("measure"):
@@ -253,6 +350,12 @@ def worker(rank, spec, out_dir, store, init_state, windows):
                                                pp_mesh=None, ep_enabled=False)
         optimizer.step()
         schedulers.step()
+        if checkpointer is not None:  # Trainer.train: the step's counters, then checkpointer.save
+            train_state.step = step + 1
+            train_state.ntokens_seen += accumulation * local * spec["seq_len"]
+            checkpointer.save(step + 1, last_step=False)
+            if step + 1 == spec["checkpoint_step"]:
+                save_full_state(model, optimizer, config, os.path.join(out_dir, f"state_step_{step + 1}"), rank)
         if batch_mesh is not None:
             local_mean = accumulated * global_valid / local_valid
             losses.append(dist_utils.dist_sum(accumulated, batch_mesh))
@@ -263,6 +366,8 @@ def worker(rank, spec, out_dir, store, init_state, windows):
         norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
         seconds.append(time.perf_counter() - start)
     window.__exit__(None, None, None)
+    if checkpointer is not None:
+        checkpointer.close()
     out = {"losses": torch.tensor(losses, dtype=torch.float64),
            "max_losses": torch.tensor(max_losses, dtype=torch.float64),
            "grad_norms": torch.tensor(norms, dtype=torch.float64),
@@ -277,9 +382,34 @@ def worker(rank, spec, out_dir, store, init_state, windows):
     dist.destroy_process_group()
 
 
+def load_ours(spec, checkpoint, out_path):
+    """--load-ours: see the module docstring."""
+    config, model = build_model(spec, parallelism_config(dict(spec, tp=1, dp_replicate=1)))
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))  # the rope cache; weights loaded next
+    adapter = Llama3StateDictAdapter(config, None)
+    hf = {k: v.detach().clone() for k, v in adapter.to_hf(model.state_dict()).items()}
+    dcp.load({"model": hf}, checkpoint_id=checkpoint)
+    model.load_state_dict(adapter.from_hf(hf))
+    step = int(os.path.basename(os.path.normpath(checkpoint)).split("-")[1])
+    g = spec["global_batch_size"]
+    rows = packed_windows(spec, (step + 1) * g)[step * g:]
+    inputs, positions, labels = (torch.stack([w[i] for w in rows]) for i in range(3))
+    with torch.no_grad():
+        pred = model(inputs, positions=positions)
+        valid = (labels != IGNORE_INDEX).sum()
+        loss, _ = CrossEntropyLoss(CrossEntropyLoss.Config())(pred, labels, valid)
+    torch.save({"loss": torch.tensor([float(loss)], dtype=torch.float64)}, out_path)
+    print("OK")
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--load-ours":
+        with open(sys.argv[2]) as f:
+            spec = json.load(f)
+        return load_ours(spec, sys.argv[3], sys.argv[4])
     if len(sys.argv) != 3:
-        sys.exit(f"usage: {sys.argv[0]} SPEC.json OUT_DIR")
+        sys.exit(f"usage: {sys.argv[0]} SPEC.json OUT_DIR | --load-ours SPEC.json CHECKPOINT OUT.pt")
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     out_dir = sys.argv[2]
