@@ -119,6 +119,7 @@ void CheckpointManager::Save(int64_t step, bool last_step) {
     };
   }
   if (last_step && options_.last_save_model_only) {
+    save.dtype = options_.export_dtype;
     dcp::Save(model_, nullptr, dir, save);
     Purge();
     return;

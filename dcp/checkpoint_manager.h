@@ -15,7 +15,8 @@
 // Behaviour, as torchtitan's where it has one:
 //  * Save(step, last_step) saves when step % interval == 0, when last_step, or at step 1 with
 //    enable_first_step_checkpoint. The last save holds only the model with
-//    last_save_model_only (torchtitan's default; a run then cannot resume from it, only export).
+//    last_save_model_only (torchtitan's default; a run then cannot resume from it, only export),
+//    in export_dtype.
 //    With `async`, the save is a dcp::AsyncSave into reused staging buffers (dcp/stager.h): the
 //    step waits only for the copy into them; at most one save is in flight (the next Save waits
 //    for it first: last_wait_seconds()).
@@ -43,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,9 @@ struct CheckpointManagerOptions {
   bool pin_memory = false;
   bool enable_first_step_checkpoint = false;
   bool last_save_model_only = true;
+  // The dtype of the model-only last save's floating-point tensors (torchtitan's export_dtype;
+  // a load casts back). Unset: the model's.
+  std::optional<at::ScalarType> export_dtype;
   // Called on each rank's writing thread once its data file of the checkpoint of `step` is on
   // disk, before `.metadata` (dcp::SaveOptions::on_rank_file_written: e.g. an upload, or a test's
   // fault). Null: none.

@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,10 +71,12 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, CheckpointManagerRuns, ::testing::Bool(),
 
 TEST(CheckpointManager, LoadStepExclusionsLeftoversAndTheModelOnlyLastSave) {
   const std::string folder = NewDir("manager_options");
+  fsdp2::FullStateDict last;
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(W(2), pg, 11);
     DictState train(Counter(0));
-    CheckpointManagerOptions options{.folder = folder, .interval = 2, .keep_latest_k = 3};
+    CheckpointManagerOptions options{
+        .folder = folder, .interval = 2, .keep_latest_k = 3, .export_dtype = at::kBFloat16};
     CheckpointManager manager(*t.module, t.opt.get(), {{"train_state", &train}}, options, pg);
     for (int64_t step = 1; step <= 4; ++step) {
       Train(t, static_cast<int>(step), 1);
@@ -101,12 +104,27 @@ TEST(CheckpointManager, LoadStepExclusionsLeftoversAndTheModelOnlyLastSave) {
       EXPECT_EQ(reader.Load(), 2);
       EXPECT_EQ(probe.loads, 0);
     }
-    // The last save: the model alone (torchtitan's last_save_model_only default).
+    // The last save: the model alone (torchtitan's last_save_model_only default), in export_dtype.
     manager.Save(5, /*last_step=*/true);
+    fsdp2::FullStateDict full = fsdp2::GetFullStateDict(*t.module);
+    if (pg->rank() == 0) last = std::move(full);
   });
   EXPECT_EQ(StepDirs(folder), (std::vector<std::string>{"step-2", "step-4", "step-5", "step-9"}));
   const checkpoint::DcpMetadata md = checkpoint::ReadMetadata(folder + "/step-5");
-  for (const auto& e : md.entries) EXPECT_TRUE(absl::StartsWith(e.fqn, "model.")) << e.fqn;
+  for (const auto& e : md.entries) {
+    EXPECT_TRUE(absl::StartsWith(e.fqn, "model.")) << e.fqn;
+    EXPECT_EQ(e.properties.dtype, at::kBFloat16) << e.fqn;
+  }
+  // It loads (cast back to the model's float32 on 3 ranks) as the model rounded to bfloat16.
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(3), pg, 99);
+    Load(*t.module, nullptr, folder + "/step-5");
+    const fsdp2::FullStateDict got = fsdp2::GetFullStateDict(*t.module);
+    if (pg->rank() != 0) return;
+    for (const auto& item : last) {
+      EXPECT_TRUE(at::equal(*got.find(item.key()), item.value().to(at::kBFloat16).to(at::kFloat))) << item.key();
+    }
+  });
 }
 
 // Storage that fails mid-save: RLIMIT_FSIZE = 0 makes every write to a regular file fail with
@@ -233,6 +251,9 @@ TEST(CheckpointManager, BadOptionsAreNamed) {
                           "exclude_from_loading names 'dataloader', which is none of optimizer, train_state");
     CheckpointManager missing(*t.module, t.opt.get(), {}, {.folder = NewDir("manager_missing"), .load_step = 3}, pg);
     EXPECT_ERROR_CONTAINS(missing.Load(), "step-3");
+    EXPECT_ERROR_CONTAINS(AsyncSave(*t.module, t.opt.get(), NewDir("cast_staged"),
+                                    {.stager = std::make_shared<Stager>(false), .dtype = at::kBFloat16}),
+                          "SaveOptions::dtype (BFloat16) with a stager");
   });
 }
 

@@ -62,6 +62,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,6 +106,10 @@ struct SaveOptions {
   // AsyncSave only: copy the snapshot into these reused buffers (dcp/stager.h) instead of
   // fresh memory, after the previous save through them has written its file. Null: fresh.
   std::shared_ptr<Stager> stager;
+  // Floating-point tensors are written in this dtype (torchtitan's export_dtype of a last,
+  // model-only save); a load casts back to the model's. Unset: as they are. Each rank casts
+  // its items into fresh memory; not with a stager (its buffers are the tensors' own dtypes).
+  std::optional<at::ScalarType> dtype;
 };
 
 // Where a checkpoint another program wrote keeps one of the model's tensors (StoredLayout).

@@ -140,12 +140,21 @@ at::Tensor Snapshot(const at::Tensor& t) {
 // The items this rank writes. Collective in the full kinds (every FSDP tensor is gathered
 // on every rank, in source order). `snapshot`: copies the tensors own, into `stager`'s buffers
 // when there is one.
-RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot, Stager* stager = nullptr) {
+// `dtype`: SaveOptions::dtype (a cast copy is the snapshot).
+RankItems Materialize(const RankPlan& plan, StateDictKind kind, bool snapshot, std::optional<at::ScalarType> dtype,
+                      Stager* stager = nullptr) {
   RankItems items;
   at::NoGradGuard no_grad;
   const bool staged = snapshot && stager != nullptr;
   const auto add = [&](const internal::TensorSource& s, const std::vector<int64_t>& offsets, const at::Tensor& t) {
-    items.tensors.push_back({s.key, s.global_size, s.local.scalar_type(), offsets,
+    const at::ScalarType stored = s.local.scalar_type();
+    if (dtype && at::isFloatingType(stored) && stored != *dtype) {
+      items.tensors.push_back({s.key, s.global_size, *dtype, offsets,
+                               t.to(*dtype, /*non_blocking=*/false,
+                                    /*copy=*/true, at::MemoryFormat::Contiguous)});
+      return;
+    }
+    items.tensors.push_back({s.key, s.global_size, stored, offsets,
                              staged     ? t
                              : snapshot ? Snapshot(t)
                                         : t.contiguous()});
@@ -212,7 +221,7 @@ void Save(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, co
   std::optional<comm::ProfilerRange> phase(std::in_place, kPlan);
   const RankPlan plan = MakePlan(model, optimizer, dir, options, "dcp::Save");
   const comm::ProcessGroupPtr& world = plan.world;
-  const RankItems items = Materialize(plan, options.kind, /*snapshot=*/false);
+  const RankItems items = Materialize(plan, options.kind, /*snapshot=*/false, options.dtype);
   phase.reset();
   phase.emplace(kWrite);
   DcpFragment fragment;
@@ -280,11 +289,14 @@ bool AsyncSaveHandle::done() const { return state_ == nullptr || state_->finishe
 
 AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
                           const SaveOptions& options, comm::ProcessGroupPtr background_group) {
+  TORCH_CHECK(!(options.dtype && options.stager), kAsyncSave, ": SaveOptions::dtype (", c10::toString(*options.dtype),
+              ") with a stager: its buffers hold the tensors' own dtypes");
   RankPlan plan = MakePlan(model, optimizer, dir, options, kAsyncSave);
   const comm::ProcessGroupPtr world = plan.world;
   // The previous save through the stager still reads its buffers until its file is written.
   if (options.stager) internal::StagerAccess::WaitIdle(*options.stager);
-  auto items = std::make_shared<RankItems>(Materialize(plan, options.kind, /*snapshot=*/true, options.stager.get()));
+  auto items = std::make_shared<RankItems>(
+      Materialize(plan, options.kind, /*snapshot=*/true, options.dtype, options.stager.get()));
   DcpFragment predicted;
   const std::string error = internal::ErrorOf([&] {
     predicted = checkpoint::PredictRankData(plan.rank, items->tensors, items->bytes);

@@ -35,6 +35,15 @@ at::Tensor AllReduce(const mesh::DeviceMeshPtr& batch, at::Tensor t, comm::Reduc
   return t;
 }
 
+c10::ScalarType ExportScalarType(ExportDType dtype) {
+  switch (dtype) {
+    case ExportDType::kFloat16: return at::kHalf;
+    case ExportDType::kBFloat16: return at::kBFloat16;
+    case ExportDType::kFloat32: break;
+  }
+  return at::kFloat;
+}
+
 }  // namespace
 
 double TorchtitanFlopsPerToken(const models::llama::LlamaConfig& c, int64_t seq_len) {
@@ -108,7 +117,8 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                       .async = ck.async_mode != AsyncMode::kDisabled,
                                       .pin_memory = ck.async_mode == AsyncMode::kAsyncWithPinnedMem,
                                       .enable_first_step_checkpoint = ck.enable_first_step_checkpoint,
-                                      .last_save_model_only = ck.last_save_model_only},
+                                      .last_save_model_only = ck.last_save_model_only,
+                                      .export_dtype = ExportScalarType(ck.export_dtype)},
         world_);
   }
 }
@@ -288,11 +298,9 @@ void Trainer::Train(std::ostream& log) {
   if (checkpointer_ != nullptr) checkpointer_->Wait();
   if (ck.enable && ck.last_save_in_hf) {
     const std::string dir = ExportDirectory();
-    const std::optional<at::ScalarType> dtype = ck.export_dtype == ExportDType::kFloat32    ? at::kFloat
-                                                : ck.export_dtype == ExportDType::kBFloat16 ? at::kBFloat16
-                                                                                            : at::kHalf;
-    dcp::SaveHuggingFace(*model_, dir,
-                         {.dtype = dtype, .keep_sharded = false, .copy_files_from = config_.hf_assets_path});
+    dcp::SaveHuggingFace(
+        *model_, dir,
+        {.dtype = ExportScalarType(ck.export_dtype), .keep_sharded = false, .copy_files_from = config_.hf_assets_path});
     if (world_->rank() == 0) log << "exported the model in Hugging Face's layout to " << dir << std::endl;
   }
 }
