@@ -25,6 +25,11 @@
 //   write is waited for untimed. AsyncStall/raw: copying as many bytes as the staged snapshot
 //   between two preallocated, touched buffers (memcpy), then a barrier (AsyncSave's gather
 //   makes the ranks meet). Goal: ours / raw time <= 1.2.
+// StepsWithSaves/ours: the steady state of a run that checkpoints: kSaveInterval training steps
+//   (forward and backward of a batch of 8, AdamW) and an AsyncSave through the Stager after the
+//   last, waiting first for the previous save's write (as dcp::CheckpointManager does), which
+//   meanwhile competes with the steps for the cores. StepsWithSaves/raw: the same steps, no
+//   save. Reported per window of kSaveInterval steps; ours / raw is the run's slowdown.
 //
 // <bytes> is the checkpoint's total size; throughput per rank is <bytes> / kWorld / time. Names
 // pair as tools/bench_ratio.py expects (ratio = ours / raw time); the summary at the end prints
@@ -78,7 +83,8 @@ namespace fs = std::filesystem;
 
 constexpr int kWorld = 2;
 constexpr int64_t kLayers = 24, kDim = 1024;
-constexpr int kIterations = 3;  // per benchmark run; each moves ~288 MiB
+constexpr int kIterations = 3;     // per benchmark run; each moves ~288 MiB
+constexpr int kSaveInterval = 10;  // StepsWithSaves: steps per async save
 
 using ShardedLinear = fsdp::Hooked<torch::nn::LinearImpl>;
 using Net = fsdp::HookedImpl<fsdp::bench::LinearStackImpl<ShardedLinear>>;
@@ -177,6 +183,30 @@ void SetUp() {
   }
 }
 
+// One training step of rank `r` (its share of a batch of 8).
+void TrainStep(Rank& r) {
+  r.net->forward(at::randn({8 / kWorld, kDim})).sum().backward();
+  r.opt->step();
+  r.opt->zero_grad();
+}
+
+void BM_StepsWithSaves(benchmark::State& state, bool ours) {
+  World& w = TheWorld();
+  Rank& r = w.ranks[state.thread_index()];
+  auto body = [&] {
+    for (int step = 0; step < kSaveInterval; ++step) TrainStep(r);
+    if (!ours) return;
+    if (r.pending) r.pending->wait();  // at most one save in flight
+    fsdp::dcp::SaveOptions options;
+    options.stager = r.stager;
+    r.pending.emplace(fsdp::dcp::AsyncSave(*r.net, r.opt.get(), w.dir + "/async", options));
+  };
+  fsdp::bench::RunRankLoop(kProgram, state, absl::StrCat("StepsWithSaves on rank ", r.group->rank()),
+                           static_cast<double>(r.stager->staged_bytes()), body);
+  if (r.pending) r.pending->wait();
+  r.pending.reset();
+}
+
 enum class Op { kSave, kLoad, kLoadCold, kAsyncStall };
 const char* OpName(Op op) {
   switch (op) {
@@ -252,6 +282,14 @@ void RegisterAll(int pair_repetitions) {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       }
+    }
+    for (bool ours : {true, false}) {
+      benchmark::RegisterBenchmark(ours ? "StepsWithSaves/ours" : "StepsWithSaves/raw", BM_StepsWithSaves, ours)
+          ->Arg(kSaveInterval)
+          ->Threads(kWorld)
+          ->Iterations(kIterations)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     }
     for (bool ours : {true, false}) {
       benchmark::RegisterBenchmark(ours ? "AsyncStall/ours" : "AsyncStall/raw", BM_AsyncStall, ours)
@@ -371,6 +409,11 @@ class SummaryReporter : public fsdp::bench::MedianReporter {
       const double mib = TheWorld().ranks[0].stager->staged_bytes() / double(1 << 20);
       std::printf("AsyncSave stall %.1f ms per save vs memcpy of its %.1f MiB %.1f ms: %.2fx%s\n", stall, mib, copy,
                   stall / copy, stall / copy <= 1.2 ? "" : " (> 1.2)");
+    }
+    const double saving = Median("StepsWithSaves/ours"), plain = Median("StepsWithSaves/raw");
+    if (!std::isnan(saving) && !std::isnan(plain)) {
+      std::printf("training step with an async save every %d steps %.1f ms vs without saves %.1f ms: %.2fx\n",
+                  kSaveInterval, saving / kSaveInterval, plain / kSaveInterval, saving / plain);
     }
     if (!peer) return;
     const double save = Median("Save/ours"), load = Median("Load/ours");  // NaN when filtered out

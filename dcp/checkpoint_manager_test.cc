@@ -236,6 +236,36 @@ TEST(Stager, ReusesItsBuffersAndEachSaveHoldsItsOwnSnapshot) {
   }
 }
 
+// A stager reuses the last save's plan and fragment only while nothing changed on any rank: a
+// value whose encoding grows (the fragment changes), then the optimizer joining (the plan
+// changes), each async save's metadata equals a synchronous save's of the same state, and the
+// value loads back.
+TEST(Stager, ReusedPlansFollowChangesOfTheState) {
+  const std::string root = NewDir("stager_plans");
+  const std::vector<std::string> notes = {"a", "a", std::string(300, 'b'), std::string(300, 'b')};
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    Train(t, 0, 1);
+    auto stager = std::make_shared<Stager>(/*pin_memory=*/false);
+    for (size_t i = 0; i < notes.size(); ++i) {
+      DictState state({{"note", notes[i]}, {"rank_count", int64_t{pg->size()}}});
+      SaveOptions options;
+      options.stateful = {{"extra", &state}};
+      const torch::optim::Optimizer* optimizer = i < 3 ? nullptr : t.opt.get();
+      const std::string dir = root + "/async" + std::to_string(i), sync = root + "/sync" + std::to_string(i);
+      Save(*t.module, optimizer, sync, options);
+      options.stager = stager;
+      AsyncSave(*t.module, optimizer, dir, options).wait();
+      if (pg->rank() == 0) {
+        EXPECT_EQ(checkpoint::ReadMetadata(dir).entries, checkpoint::ReadMetadata(sync).entries) << "save " << i;
+      }
+      DictState probe({{"note", std::string()}, {"rank_count", int64_t{0}}});
+      Load(*t.module, nullptr, dir, {.stateful = {{"extra", &probe}}});
+      EXPECT_EQ(probe.state.at("note").toStringRef(), notes[i]) << "save " << i;
+    }
+  });
+}
+
 TEST(CheckpointManager, BadOptionsAreNamed) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 1, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(W(1), pg, 11);

@@ -12,6 +12,22 @@ void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_e
   }
 }
 
+bool AgreeUnchanged(const comm::ProcessGroupPtr& group, const std::string& local_error, bool unchanged,
+                    const std::string& what) {
+  // Each rank's "!" + error, or "=" (unchanged) / "~" (changed).
+  std::vector<char> mine{local_error.empty() ? (unchanged ? '=' : '~') : '!'};
+  mine.insert(mine.end(), local_error.begin(), local_error.end());
+  const auto all = comm::AllGatherBytes(group, mine);
+  TORCH_CHECK(local_error.empty(), local_error);
+  bool same = true;
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(!all[r].empty() && all[r][0] != '!', what, ": rank ", r,
+                " failed: ", all[r].empty() ? std::string() : std::string(all[r].begin() + 1, all[r].end()));
+    same = same && all[r][0] == '=';
+  }
+  return same;
+}
+
 std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,
                                              const std::vector<char>& payload, int root, const std::string& what) {
   AgreeOrThrow(group, local_error, what);  // without errors: one all-gather of W lengths

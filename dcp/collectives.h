@@ -27,6 +27,11 @@ namespace fsdp::dcp::internal {
 
 void AgreeOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error, const std::string& what);
 
+// One all-gather: throws as AgreeOrThrow when a rank failed, else returns whether every rank's
+// `unchanged` is true (a cached result may then be reused everywhere).
+bool AgreeUnchanged(const comm::ProcessGroupPtr& group, const std::string& local_error, bool unchanged,
+                    const std::string& what);
+
 std::vector<std::vector<char>> GatherOrThrow(const comm::ProcessGroupPtr& group, const std::string& local_error,
                                              const std::vector<char>& payload, int root, const std::string& what);
 

@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/dcp_storage.h"
 #include "comm/object_collectives.h"
@@ -100,6 +101,32 @@ Candidates ListCandidates(RankPlan& plan, StateDictKind kind) {
   return out;
 }
 
+// internal::DedupOverWorld, or with a stager whose last save had the same plan on every rank,
+// that save's decisions (one all-gather instead of a gather and a scatter).
+std::vector<char> Dedup(const comm::ProcessGroupPtr& world, const std::string& error,
+                        const std::vector<internal::PlannedItem>& items, Stager* stager, const char* caller) {
+  if (stager == nullptr) return internal::DedupOverWorld(world, error, items, caller);
+  internal::SavePlanCache& cache = internal::StagerAccess::Cache(*stager);
+  std::vector<char> encoded = error.empty() ? internal::EncodePlan(items) : std::vector<char>();
+  if (internal::AgreeUnchanged(world, error, cache.has_plan && cache.plan == encoded, caller)) return cache.keep;
+  cache.has_plan = false;
+  cache.keep = internal::DedupOverWorld(world, "", items, caller);
+  cache.plan = std::move(encoded);
+  cache.has_plan = true;
+  return cache.keep;
+}
+
+// What a rank's fragment depends on: its items' keys, dtypes, shapes, offsets and byte lengths.
+std::string ItemsSignature(const RankItems& items) {
+  std::string out;
+  for (const DcpTensorItem& t : items.tensors) {
+    absl::StrAppend(&out, t.fqn, "|", static_cast<int>(t.dtype), "|", absl::StrJoin(t.global_size, ","), "|",
+                    absl::StrJoin(t.offsets, ","), "|", absl::StrJoin(t.local.sizes(), ","), ";");
+  }
+  for (const DcpBytesItem& b : items.bytes) absl::StrAppend(&out, b.fqn, "|", b.bytes.size(), ";");
+  return out;
+}
+
 // Collective over the model's world group.
 RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
                   const SaveOptions& options, const char* caller) {
@@ -122,7 +149,7 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
     if (options.kind == StateDictKind::kFullRank0 && plan.rank != 0) return;
     mine = ListCandidates(plan, options.kind);
   });
-  const std::vector<char> keep = internal::DedupOverWorld(plan.world, error, mine.items, caller);
+  const std::vector<char> keep = Dedup(plan.world, error, mine.items, options.stager.get(), caller);
   for (size_t i = 0; i < mine.tensors.size(); ++i) {
     if (keep[i]) plan.tensors.push_back(std::move(mine.tensors[i]));
   }
@@ -298,13 +325,30 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   auto items = std::make_shared<RankItems>(
       Materialize(plan, options.kind, /*snapshot=*/true, options.dtype, options.stager.get()));
   DcpFragment predicted;
+  std::vector<char> payload;
   const std::string error = internal::ErrorOf([&] {
+    // Items as the stager's last save's: its predicted fragment.
+    internal::SavePlanCache* cache = options.stager ? &internal::StagerAccess::Cache(*options.stager) : nullptr;
+    std::string signature = cache != nullptr ? ItemsSignature(*items) : std::string();
+    if (cache != nullptr && cache->has_fragment && cache->items == signature) {
+      predicted = cache->fragment;
+      payload = cache->payload;
+      return;
+    }
     predicted = checkpoint::PredictRankData(plan.rank, items->tensors, items->bytes);
     SetObjectPaths(plan, predicted);
+    payload = FragmentPayload(predicted);
+    if (cache != nullptr) {
+      cache->has_fragment = true;
+      cache->items = std::move(signature);
+      cache->fragment = predicted;
+      cache->payload = payload;
+    }
   });
-  const auto all = internal::GatherOrThrow(world, error, FragmentPayload(predicted), 0, kAsyncSave);
-  std::vector<DcpFragment> fragments;
-  if (plan.rank == 0) fragments = ParseFragments(all);
+  // Rank 0 parses the fragments on the writing thread: only `.metadata` needs them, and the
+  // parse is a large part of what the step would otherwise wait for (docs/development/benchmarks.md).
+  auto gathered = std::make_shared<const std::vector<std::vector<char>>>(
+      internal::GatherOrThrow(world, error, payload, 0, kAsyncSave));
   const comm::ProcessGroupPtr group = internal::BackgroundGroup(world, std::move(background_group), kAsyncSave);
   const int rank = plan.rank;
   auto paths = std::make_shared<RankPlan>(std::move(plan));
@@ -312,8 +356,8 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   paths->adapter.reset();
   std::shared_ptr<std::promise<void>> release =
       options.stager ? internal::StagerAccess::MarkBusy(*options.stager) : nullptr;
-  return internal::StartAsyncSave([items, paths, predicted = std::move(predicted), fragments = std::move(fragments),
-                                   dir, rank, group, on_written = options.on_rank_file_written, release] {
+  return internal::StartAsyncSave([items, paths, predicted = std::move(predicted), gathered, dir, rank, group,
+                                   on_written = options.on_rank_file_written, release] {
     std::string err = internal::ErrorOf([&] {
       if (items->empty()) return;
       DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
@@ -328,7 +372,7 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
     if (release) release->set_value();  // and the stager's buffers may take the next one
     internal::AgreeOrThrow(group, err, kAsyncSave);
     std::string md_error;
-    if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, fragments); });
+    if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, ParseFragments(*gathered)); });
     const std::vector<char> root = comm::BroadcastBytes(group, std::vector<char>(md_error.begin(), md_error.end()), 0);
     TORCH_CHECK(md_error.empty(), md_error);
     TORCH_CHECK(root.empty(), kAsyncSave, ": rank 0 failed: ", std::string(root.begin(), root.end()));

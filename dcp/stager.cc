@@ -21,6 +21,7 @@ struct Stager::State {
   int64_t allocations = 0;
   double wait_seconds = 0;
   std::shared_future<void> in_flight;  // ready once the last save's thread wrote its file
+  internal::SavePlanCache cache;
 };
 
 Stager::Stager(bool pin_memory) : state_(std::make_unique<State>()) { state_->pin = pin_memory && at::hasCUDA(); }
@@ -32,6 +33,8 @@ bool Stager::pinned() const { return state_->pin; }
 double Stager::wait_seconds() const { return state_->wait_seconds; }
 
 namespace internal {
+
+SavePlanCache& StagerAccess::Cache(Stager& stager) { return stager.state_->cache; }
 
 void StagerAccess::WaitIdle(Stager& stager) {
   Stager::State& s = *stager.state_;

@@ -14,7 +14,11 @@
 // waits until the previous save through it has written its file (that save's thread reads the
 // buffers): at most one save in flight per stager; the wait is what wait_seconds() adds up. A
 // save whose items differ in number, shapes or dtypes from the buffers' reallocates them
-// (allocations() counts it). Thread-compatible: one save at a time per stager.
+// (allocations() counts it). Like PyTorch's DefaultSavePlanner(enable_plan_caching=True), a
+// stager also keeps the last save's plan and this rank's predicted fragment: while every
+// rank's plan is unchanged, a save agrees on that in one all-gather instead of planning again,
+// and while this rank's items keep their keys, shapes and byte lengths it reuses its fragment.
+// Thread-compatible: one save at a time per stager.
 #ifndef FSDP_DCP_STAGER_H_
 #define FSDP_DCP_STAGER_H_
 

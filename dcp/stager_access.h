@@ -6,13 +6,29 @@
 
 #include <future>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "checkpoint/dcp_storage.h"
 #include "dcp/stager.h"
 
 namespace fsdp::dcp::internal {
 
+// What a save through a stager keeps for the next one (PyTorch's DefaultSavePlanner with
+// enable_plan_caching, torch/distributed/checkpoint/default_planner.py): while every rank's
+// plan and items stay the same, the next save skips the plan's gather and scatter and this
+// rank's fragment prediction.
+struct SavePlanCache {
+  bool has_plan = false, has_fragment = false;
+  std::vector<char> plan;            // this rank's encoded plan (plan.h EncodePlan)
+  std::vector<char> keep;            // rank 0's decisions for it
+  std::string items;                 // the signature of this rank's items: keys, dtypes, shapes, byte lengths
+  checkpoint::DcpFragment fragment;  // their predicted fragment, with object paths
+  std::vector<char> payload;         // and its serialization, for rank 0
+};
+
 struct StagerAccess {
+  static SavePlanCache& Cache(Stager& stager);
   // Blocks until the previous save through `stager` has written its file.
   static void WaitIdle(Stager& stager);
   // Copies `sources` (CPU or device tensors) into the buffers, (re)allocated to their layout;
