@@ -214,6 +214,13 @@ TEST(ForwardingProcessGroup, EveryHookReachesTheInnerGroup) {
     pass->all_to_all_single(received, at::full({2}, r))->wait();
     EXPECT_TRUE(at::equal(received, at::arange(2, at::kFloat)));
     pass->barrier()->wait();
+    at::Tensor p2p = at::full({2}, r);
+    if (pg->rank() == 0) {
+      pass->send(p2p, 1, 7)->wait();
+    } else {
+      pass->recv(p2p, 0, 7)->wait();
+      EXPECT_TRUE(at::equal(p2p, at::zeros({2})));
+    }
     EXPECT_ERROR_CONTAINS(pass->broadcast(b, 2), "root must be in");
     // Subgroups are the inner group's, undecorated, unless a decorator overrides DoNewSubgroup.
     EXPECT_EQ(pass->new_subgroup({0, 1})->backend_name(), "threaded");
@@ -243,7 +250,6 @@ TEST(CommTrace, RecordsExactBytesOfEveryCollective) {
         ->wait();
     trace->barrier()->wait();
     EXPECT_ERROR_CONTAINS(trace->broadcast(at::zeros({1}), 9), "root must be in");
-
     auto records = trace->records();
     ASSERT_EQ(records.size(), 6u);
     EXPECT_EQ(records[0].op, "all_gather_into_tensor");
@@ -268,6 +274,17 @@ TEST(CommTrace, RecordsExactBytesOfEveryCollective) {
     EXPECT_TRUE(absl::StrContains(trace->ToTable(), "reduce_scatter_tensor")) << trace->ToTable();
     trace->clear();
     EXPECT_TRUE(trace->records().empty());
+    // Point-to-point: rank 0 sends 12 bytes to rank 1 with tag 2.
+    if (pg->rank() >= 2) return;
+    at::Tensor p2p = at::zeros({3});
+    (pg->rank() == 0 ? trace->send(p2p, 1, 2) : trace->recv(p2p, 0, 2))->wait();
+    records = trace->records();
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0].op, pg->rank() == 0 ? "send" : "recv");
+    EXPECT_EQ(records[0].peer, 1 - pg->rank());
+    EXPECT_EQ(records[0].tag, 2);
+    EXPECT_EQ(pg->rank() == 0 ? records[0].input_bytes : records[0].output_bytes, 12);
+    EXPECT_EQ(pg->rank() == 0 ? records[0].output_bytes : records[0].input_bytes, 0);
   });
 }
 

@@ -27,6 +27,8 @@ WorkPtr CommTrace::Intercept(const CollectiveCall& call, c10::function_ref<WorkP
   }
   record.group_size = size();
   record.root = call.root;
+  record.peer = call.peer;
+  record.tag = call.tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
     records_.push_back(std::move(record));

@@ -1,4 +1,4 @@
-// CommTrace: a ProcessGroup decorator that records every collective.
+// CommTrace: a ProcessGroup decorator that records every collective and point-to-point op.
 #ifndef FSDP_COMM_COMM_TRACE_H_
 #define FSDP_COMM_COMM_TRACE_H_
 
@@ -23,6 +23,8 @@ struct CollectiveRecord {
   int64_t output_bytes = 0;
   int group_size = 0;
   int root = -1;  // broadcast only
+  int peer = -1;  // send's dst, recv's src
+  int tag = -1;   // send and recv
 };
 
 // Forwards every call to `inner` and records it (one record per call, in call order).

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
+#include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::comm {
@@ -383,6 +384,122 @@ TEST_P(Conformance, RankThatNeverJoinsGivesTimeoutNotHang) {
     ::unsetenv("TORCH_NCCL_BLOCKING_WAIT");
     ::unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
   }
+}
+
+// Point-to-point: a ring, each rank sending to the next and receiving from the previous, every
+// dtype and size, as send / recv (the recv posted first) and as batch_isend_irecv.
+TEST_P(Conformance, PointToPointRingEveryDtype) {
+  SKIP_IF_UNAVAILABLE();
+  if (world() < 2) GTEST_SKIP() << "point-to-point needs a peer";
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    const int W = pg->size(), r = pg->rank(), next = (r + 1) % W, prev = (r + W - 1) % W;
+    const c10::Device device = RankDevice(b, r);
+    for (auto dtype : kDtypes) {
+      for (int64_t n : kNumels) {
+        for (bool batched : {false, true}) {
+          at::Tensor out = RankTensor(r, n, dtype, device);
+          at::Tensor in = at::full({n}, 99, out.options());
+          std::vector<WorkPtr> works;
+          if (batched) {
+            works = pg->batch_isend_irecv(
+                {{ProcessGroup::P2POp::Kind::kRecv, in, prev, 3}, {ProcessGroup::P2POp::Kind::kSend, out, next, 3}});
+          } else {
+            works = {pg->recv(in, prev, 3), pg->send(out, next, 3)};
+          }
+          for (const WorkPtr& w : works) w->wait();
+          std::vector<double> expected;
+          for (int64_t i = 0; i < n; ++i) expected.push_back(Value(prev, i));
+          ExpectValues(in, expected,
+                       absl::StrCat(batched ? "batch_isend_irecv " : "send/recv ", c10::toString(dtype), " n=", n));
+        }
+      }
+    }
+  });
+}
+
+// Messages from one rank to another with one tag arrive in their order; tags are separate
+// channels (the recvs of tag 5 posted before those of tag 0 still get tag 5's messages).
+TEST_P(Conformance, PointToPointKeepsOrderPerTag) {
+  SKIP_IF_UNAVAILABLE();
+  if (world() < 2) GTEST_SKIP() << "point-to-point needs a peer";
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    const c10::Device device = RankDevice(b, pg->rank());
+    const auto message = [&](int tag, int k) {
+      return at::full({3}, static_cast<double>(tag * 10 + k), at::TensorOptions().device(device));
+    };
+    if (pg->rank() == 0) {
+      std::vector<WorkPtr> works;
+      for (int k = 0; k < 3; ++k) works.push_back(pg->send(message(0, k), 1, 0));
+      for (int k = 0; k < 2; ++k) works.push_back(pg->send(message(5, k), 1, 5));
+      for (const WorkPtr& w : works) w->wait();
+    } else if (pg->rank() == 1) {
+      std::vector<at::Tensor> got;
+      std::vector<WorkPtr> works;
+      for (int k = 0; k < 2; ++k) {
+        got.push_back(at::zeros({3}, at::TensorOptions().device(device)));
+        works.push_back(pg->recv(got.back(), 0, 5));
+      }
+      for (int k = 0; k < 3; ++k) {
+        got.push_back(at::zeros({3}, at::TensorOptions().device(device)));
+        works.push_back(pg->recv(got.back(), 0, 0));
+      }
+      for (const WorkPtr& w : works) w->wait();
+      const std::vector<double> want = {50, 51, 0, 1, 2};
+      for (size_t i = 0; i < got.size(); ++i)
+        ExpectValues(got[i], {want[i], want[i], want[i]}, absl::StrCat("recv ", i));
+    }
+  });
+}
+
+TEST_P(Conformance, PointToPointArgumentsAreChecked) {
+  SKIP_IF_UNAVAILABLE();
+  if (world() < 2) GTEST_SKIP() << "point-to-point needs a peer";
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    const at::Tensor t = at::ones({4}, at::TensorOptions().device(RankDevice(b, pg->rank())));
+    const int W = pg->size();
+    EXPECT_ERROR_CONTAINS(pg->send(t, W),
+                          absl::StrCat("send: dst must be a rank of this group, in [0, ", W, "), got ", W));
+    EXPECT_ERROR_CONTAINS(pg->recv(t, -1), "recv: src must be a rank of this group");
+    EXPECT_ERROR_CONTAINS(pg->send(t, pg->rank()), absl::StrCat("send: dst must not be this rank (", pg->rank(), ")"));
+    EXPECT_ERROR_CONTAINS(pg->recv(t, (pg->rank() + 1) % W, -2), "recv: tag must be >= 0, got -2");
+    EXPECT_ERROR_CONTAINS(pg->send(at::ones({4, 4}).t(), (pg->rank() + 1) % W), "send");
+    EXPECT_ERROR_CONTAINS(pg->batch_isend_irecv({{ProcessGroup::P2POp::Kind::kSend, t, (pg->rank() + 1) % W, 0},
+                                                 {ProcessGroup::P2POp::Kind::kRecv, t, W + 3, 0}}),
+                          "batch_isend_irecv: ops[1] (recv): peer must be another rank of this group");
+  });
+}
+
+// A recv nobody sends to times out naming the op. Threaded: the late send then completes it;
+// Gloo closes the pair on a timed-out wait (its "Application timeout caused pair closure"),
+// so there the sender stays silent.
+TEST_P(Conformance, RecvWaitTimesOut) {
+  if (backend() == Backend::kNcclProcesses) {
+    GTEST_SKIP() << "nccl_processes: a timed-out wait aborts the communicator by design";
+  }
+  if (world() < 2) GTEST_SKIP() << "point-to-point needs a peer";
+  RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    const bool late_send = b == Backend::kThreaded;
+    if (pg->rank() != 1) {
+      // Alive past rank 1's timeout (a Gloo peer that left would close the pair first).
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      if (pg->rank() == 0 && late_send) pg->send(at::full({4}, 7.0), 1, 2)->wait();
+    } else {
+      at::Tensor t = at::zeros({4});
+      WorkPtr work = pg->recv(t, 0, 2);
+      try {
+        work->wait(std::chrono::milliseconds(50));
+        ADD_FAILURE() << "wait(50ms) returned although rank 0 had not sent";
+      } catch (const c10::Error& e) {
+        const std::string message = e.what_without_backtrace();
+        EXPECT_TRUE(absl::StrContains(absl::AsciiStrToLower(message), "timed out")) << message;
+        EXPECT_TRUE(absl::StrContains(message, "recv Float[4] from rank 0 tag 2")) << message;
+        if (late_send) EXPECT_TRUE(absl::StrContains(message, "rank 0 sent nothing")) << message;
+      }
+      if (!late_send) return;
+      work->wait();
+      EXPECT_TRUE(at::equal(t, at::full({4}, 7.0)));
+    }
+  });
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Conformance::ParamType>& info) {

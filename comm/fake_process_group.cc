@@ -52,6 +52,13 @@ class FakeProcessGroup final : public ProcessGroup {
     return Done(Op::kAllToAll, output);
   }
   WorkPtr DoBarrier() override { return MakeCompletedWork(absl::StrCat("barrier on ", WhoAmI())); }
+  // As PyTorch's FakeProcessGroup: a send goes nowhere, a recv leaves its buffer as it is.
+  WorkPtr DoSend(const at::Tensor&, int dst, int tag) override {
+    return MakeCompletedWork(absl::StrCat("send to ", dst, " tag ", tag, " on ", WhoAmI()));
+  }
+  WorkPtr DoRecv(const at::Tensor&, int src, int tag) override {
+    return MakeCompletedWork(absl::StrCat("recv from ", src, " tag ", tag, " on ", WhoAmI()));
+  }
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i] == rank()) {

@@ -174,8 +174,9 @@ struct TensorRecord {
 struct FlightRecorder::GroupSlot {
   std::shared_ptr<const FlightGroup> group;
   std::string backend;
-  int64_t last_enqueued = -1;
+  int64_t last_enqueued = -1;  // collectives
   int64_t last_completed = -1;
+  bool listed = false;  // recorded an op since registration or Reset: in pg_config / pg_status
 };
 
 struct FlightRecorder::Ring {
@@ -183,7 +184,10 @@ struct FlightRecorder::Ring {
     int64_t id = -1;
     GroupSlot* group = nullptr;
     int64_t seq = 0;
+    int64_t op_id = 0;
     FlightOp op = FlightOp::kBarrier;
+    bool p2p = false;
+    FlightPeer peer;
     internal::TensorRecord input;
     internal::TensorRecord output;
     const std::string* frames[kMaxFrames] = {};  // interned profiler labels: never freed
@@ -287,8 +291,8 @@ FlightRecorder::GroupSlot* FlightRecorder::Register(std::shared_ptr<const Flight
   return ring_->groups.back().get();
 }
 
-int64_t FlightRecorder::Record(GroupSlot* group, int64_t seq, FlightOp op, const FlightTensor* input,
-                               const FlightTensor* output, std::chrono::milliseconds timeout) {
+int64_t FlightRecorder::Record(GroupSlot* group, int64_t seq, int64_t op_id, FlightOp op, const FlightTensor* input,
+                               const FlightTensor* output, std::chrono::milliseconds timeout, const FlightPeer* p2p) {
   const int64_t capacity = Capacity();
   if (capacity == 0) return -1;
   const std::string* ranges[kMaxFrames];
@@ -298,13 +302,17 @@ int64_t FlightRecorder::Record(GroupSlot* group, int64_t seq, FlightOp op, const
   // Allocated once: from the first collective on recording does not allocate.
   if (ring_->entries == nullptr) ring_->Map(capacity);
   const int64_t now = ring_->Ticks();
-  group->last_enqueued = seq;
+  if (p2p == nullptr) group->last_enqueued = seq;
+  group->listed = true;
   const int64_t id = ring_->next_id++;
   Ring::Entry& e = ring_->Slot(id);
   e.id = id;
   e.group = group;
   e.seq = seq;
+  e.op_id = op_id;
   e.op = op;
+  e.p2p = p2p != nullptr;
+  e.peer = p2p != nullptr ? *p2p : FlightPeer{};
   e.input.Assign(input);
   e.output.Assign(output);
   for (int i = 0; i < frame_count; ++i) e.frames[i] = ranges[i];
@@ -325,6 +333,8 @@ const char* FlightOpName(FlightOp op) {
     case FlightOp::kBroadcast: return "broadcast";
     case FlightOp::kAllToAll: return "all_to_all";
     case FlightOp::kBarrier: return "barrier";
+    case FlightOp::kSend: return "send";
+    case FlightOp::kRecv: return "recv";
   }
   return "unknown";
 }
@@ -346,7 +356,7 @@ void FlightRecorder::Complete(int64_t id) {
   Ring::Entry& e = ring_->Slot(id);
   if (e.id != id || e.completed_ticks != 0) return;
   e.completed_ticks = ring_->Ticks();
-  e.group->last_completed = std::max(e.group->last_completed, e.seq);
+  if (!e.p2p) e.group->last_completed = std::max(e.group->last_completed, e.seq);
 }
 
 int64_t FlightRecorder::recorded() const {
@@ -359,7 +369,10 @@ void FlightRecorder::Reset() {
   for (int64_t k = 0; k < ring_->capacity; ++k) ring_->entries[k].id = -1;
   ring_->next_id = 0;
   // Process groups keep their slots: a slot stays, unlisted until its group records again.
-  for (auto& slot : ring_->groups) slot->last_enqueued = slot->last_completed = -1;
+  for (auto& slot : ring_->groups) {
+    slot->last_enqueued = slot->last_completed = -1;
+    slot->listed = false;
+  }
 }
 
 std::string FlightRecorder::Pickle() const {
@@ -372,7 +385,7 @@ std::string FlightRecorder::Pickle() const {
   DumpStr(w, "pg_config");
   BeginDumpDict(w);
   for (const auto& slot : ring_->groups) {
-    if (slot->last_enqueued < 0) continue;  // nothing recorded since registration or Reset
+    if (!slot->listed) continue;  // nothing recorded since registration or Reset
     const FlightGroup& g = *slot->group;
     DumpStr(w, g.name);
     BeginDumpDict(w);
@@ -391,7 +404,7 @@ std::string FlightRecorder::Pickle() const {
   DumpStr(w, "pg_status");
   BeginDumpDict(w);
   for (const auto& slot : ring_->groups) {
-    if (slot->last_enqueued < 0) continue;
+    if (!slot->listed) continue;
     DumpStr(w, slot->group->name);
     BeginDumpDict(w);
     DumpStr(w, "last_enqueued_collective");
@@ -419,13 +432,18 @@ std::string FlightRecorder::Pickle() const {
     DumpStr(w, g.desc);
     w.Tuple2();
     DumpStr(w, "collective_seq_id");
-    w.Int(e.seq);
+    w.Int(e.p2p ? 0 : e.seq);
     DumpStr(w, "p2p_seq_id");
-    w.Int(0);
+    w.Int(e.p2p ? e.seq : 0);
     DumpStr(w, "op_id");
-    w.Int(e.seq);
+    w.Int(e.op_id);
     DumpStr(w, "profiling_name");
-    DumpStr(w, absl::StrCat(e.group->backend, ":", FlightOpName(e.op)));
+    if (!e.p2p) {
+      DumpStr(w, absl::StrCat(e.group->backend, ":", FlightOpName(e.op)));
+    } else {
+      DumpStr(w, absl::StrCat(e.group->backend, ":", FlightOpName(e.op), " ", e.peer.self,
+                              e.op == FlightOp::kSend ? "->" : "<-", e.peer.peer));
+    }
     DumpStr(w, "time_created_ns");
     w.Int(ring_->ToNs(e.created_ticks, now));
     DumpStr(w, "input_sizes");
@@ -451,7 +469,7 @@ std::string FlightRecorder::Pickle() const {
     DumpStr(w, "timeout_ms");
     w.Int(e.timeout_ms);
     DumpStr(w, "is_p2p");
-    w.Bool(false);
+    w.Bool(e.p2p);
     DumpStr(w, "thread_id");
     DumpStr(w, std::to_string(e.thread_id));
     DumpStr(w, "thread_name");

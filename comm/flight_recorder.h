@@ -45,10 +45,18 @@ struct FlightGroup {
   std::vector<int> ranks;  // global ranks, in group-rank order
 };
 
-// The collectives, named in dumps as PyTorch's ProcessGroupNCCL names them.
-enum class FlightOp : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll, kBarrier };
-// "_all_gather_base", "_reduce_scatter_base", "all_reduce", "broadcast", "all_to_all", "barrier".
+// The collectives and point-to-point ops, named in dumps as PyTorch's ProcessGroupNCCL names them.
+enum class FlightOp : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll, kBarrier, kSend, kRecv };
+// "_all_gather_base", "_reduce_scatter_base", "all_reduce", "broadcast", "all_to_all", "barrier",
+// "send", "recv".
 const char* FlightOpName(FlightOp op);
+
+// A point-to-point op's ranks in its group: dumped as PyTorch's "send <self>-><peer>" /
+// "recv <self><-<peer>" with is_p2p and its p2p_seq_id.
+struct FlightPeer {
+  int self = -1;
+  int peer = -1;
+};
 
 // Bytes a rank's collectives moved, by op, since the process started: all-gather outputs,
 // reduce-scatter inputs, all-reduce / broadcast tensors, all-to-all inputs. Counted whether
@@ -80,11 +88,12 @@ class FlightRecorder {
   // registered once per group identity (it lists the group in dumps from then on).
   struct GroupSlot;
   GroupSlot* Register(std::shared_ptr<const FlightGroup> group, const std::string& backend);
-  // Records a collective of a registered group (this rank's `seq`-th in it, from 1) as
-  // scheduled and returns its record id, or -1 when recording is off.
-  // `input` / `output`: the collective's tensor on each side, or null (a barrier's).
-  int64_t Record(GroupSlot* group, int64_t seq, FlightOp op, const FlightTensor* input, const FlightTensor* output,
-                 std::chrono::milliseconds timeout);
+  // Records an op of a registered group as scheduled and returns its record id, or -1 when
+  // recording is off: a collective (this rank's `seq`-th collective in the group, from 1), or
+  // with `p2p` a point-to-point op (its `seq`-th send or recv there); `op_id` counts both.
+  // `input` / `output`: the op's tensor on each side, or null (a barrier's, a recv's input).
+  int64_t Record(GroupSlot* group, int64_t seq, int64_t op_id, FlightOp op, const FlightTensor* input,
+                 const FlightTensor* output, std::chrono::milliseconds timeout, const FlightPeer* p2p = nullptr);
   // Adds `bytes` to this rank's traffic of `op` (lock-free).
   void AddTraffic(FlightOp op, int64_t bytes);
   CollectiveTraffic traffic() const;
@@ -117,7 +126,7 @@ class FlightRecorder {
   struct Ring;
   int rank_;
   std::unique_ptr<Ring> ring_;
-  std::atomic<int64_t> traffic_[6] = {};  // by FlightOp
+  std::atomic<int64_t> traffic_[8] = {};  // by FlightOp
 };
 
 // Dumps every rank of this process that recorded something (Dump() each); returns the paths.

@@ -45,6 +45,16 @@ WorkPtr ForwardingProcessGroup::DoBarrier() {
   return Intercept({"barrier", none, none}, [&] { return inner_->barrier(); });
 }
 
+WorkPtr ForwardingProcessGroup::DoSend(const at::Tensor& tensor, int dst, int tag) {
+  const at::Tensor none;
+  return Intercept({"send", none, tensor, std::nullopt, -1, dst, tag}, [&] { return inner_->send(tensor, dst, tag); });
+}
+
+WorkPtr ForwardingProcessGroup::DoRecv(const at::Tensor& tensor, int src, int tag) {
+  const at::Tensor none;
+  return Intercept({"recv", tensor, none, std::nullopt, -1, src, tag}, [&] { return inner_->recv(tensor, src, tag); });
+}
+
 std::shared_ptr<ProcessGroup> ForwardingProcessGroup::DoNewSubgroup(const std::vector<int>& ranks) {
   return inner_->new_subgroup(ranks);
 }

@@ -33,13 +33,16 @@ namespace fsdp::comm {
 // One collective on its way to the inner group, as Intercept() sees it.
 struct CollectiveCall {
   // "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast",
-  // "all_to_all_single" or "barrier": the public method's name.
+  // "all_to_all_single", "barrier", "send" or "recv": the public method's name.
   const char* op;
-  // all_reduce and broadcast: the tensor, as both; barrier: undefined tensors.
+  // all_reduce and broadcast: the tensor, as both; barrier: undefined tensors; send: the
+  // tensor as input (output undefined); recv: as output.
   const at::Tensor& output;
   const at::Tensor& input;
   std::optional<ReduceOp> reduce_op;  // the reducing collectives only
   int root = -1;                      // broadcast only
+  int peer = -1;                      // send's dst, recv's src
+  int tag = -1;                       // send and recv
 };
 
 class ForwardingProcessGroup : public ProcessGroup {
@@ -61,6 +64,8 @@ class ForwardingProcessGroup : public ProcessGroup {
   WorkPtr DoAllToAll(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                      const std::vector<int64_t>& input_split_sizes) override;
   WorkPtr DoBarrier() override;
+  WorkPtr DoSend(const at::Tensor& tensor, int dst, int tag) override;
+  WorkPtr DoRecv(const at::Tensor& tensor, int src, int tag) override;
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override;
   c10::Device DoObjectCollectiveDevice() const override { return inner_->object_collective_device(); }
   ProcessGroup* DoInnerGroup() const override { return inner_.get(); }

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 
@@ -167,7 +168,7 @@ void ProcessGroup::SetFlightGroup(const FlightGroup& group) {
 
 template <typename Issue>
 WorkPtr ProcessGroup::Recorded(FlightOp op, const at::Tensor* input, const at::Tensor* output,
-                               const at::Tensor* traffic, Issue&& issue) {
+                               const at::Tensor* traffic, Issue&& issue, int peer) {
   if (DoInnerGroup() != nullptr) return issue();
   if (recorder_ == nullptr) {
     recorder_ = &FlightRecorder::ForRank(identity_->ranks[rank_]);
@@ -179,8 +180,11 @@ WorkPtr ProcessGroup::Recorded(FlightOp op, const at::Tensor* input, const at::T
                         input ? input->sizes() : c10::IntArrayRef()};
   const FlightTensor out{output ? output->scalar_type() : c10::ScalarType::Undefined,
                          output ? output->sizes() : c10::IntArrayRef()};
-  const int64_t id = recorder_->Record(recorder_slot_, ++collectives_issued_, op, input ? &in : nullptr,
-                                       output ? &out : nullptr, timeout_);
+  const bool p2p = op == FlightOp::kSend || op == FlightOp::kRecv;
+  const FlightPeer ranks{rank_, peer};
+  const int64_t id =
+      recorder_->Record(recorder_slot_, p2p ? ++p2p_issued_ : ++collectives_issued_, ++ops_issued_, op,
+                        input ? &in : nullptr, output ? &out : nullptr, timeout_, p2p ? &ranks : nullptr);
   WorkPtr work = issue();
   work->recorder_ = recorder_;
   work->record_id_ = id;
@@ -265,6 +269,43 @@ WorkPtr ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tens
 
 WorkPtr ProcessGroup::barrier() {
   return Recorded(FlightOp::kBarrier, nullptr, nullptr, nullptr, [&] { return DoBarrier(); });
+}
+
+void ProcessGroup::CheckP2P(const char* op, const at::Tensor& tensor, int peer, int tag) const {
+  CheckTensor(op, "tensor", tensor);
+  const char* who = std::strcmp(op, "send") == 0 ? "dst" : "src";
+  TORCH_CHECK(peer >= 0 && peer < size_, op, ": ", who, " must be a rank of this group, in [0, ", size_, "), got ",
+              peer);
+  TORCH_CHECK(peer != rank_, op, ": ", who, " must not be this rank (", rank_, ")");
+  TORCH_CHECK(tag >= 0, op, ": tag must be >= 0, got ", tag);
+}
+
+WorkPtr ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  CheckP2P("send", tensor, dst, tag);
+  return Recorded(
+      FlightOp::kSend, &tensor, nullptr, &tensor, [&] { return DoSend(tensor, dst, tag); }, dst);
+}
+
+WorkPtr ProcessGroup::recv(const at::Tensor& tensor, int src, int tag) {
+  CheckP2P("recv", tensor, src, tag);
+  return Recorded(
+      FlightOp::kRecv, nullptr, &tensor, &tensor, [&] { return DoRecv(tensor, src, tag); }, src);
+}
+
+std::vector<WorkPtr> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& p = ops[i];
+    const std::string op =
+        absl::StrCat("batch_isend_irecv: ops[", i, "] (", p.kind == P2POp::Kind::kSend ? "send" : "recv", ")");
+    CheckTensor(op.c_str(), "tensor", p.tensor);
+    TORCH_CHECK(p.peer >= 0 && p.peer < size_ && p.peer != rank_, op,
+                ": peer must be another rank of this group, in [0, ", size_, ") and not ", rank_, ", got ", p.peer);
+    TORCH_CHECK(p.tag >= 0, op, ": tag must be >= 0, got ", p.tag);
+  }
+  std::vector<WorkPtr> works;
+  for (const P2POp& p : ops)
+    works.push_back(p.kind == P2POp::Kind::kSend ? send(p.tensor, p.peer, p.tag) : recv(p.tensor, p.peer, p.tag));
+  return works;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks, const std::string& desc) {

@@ -61,6 +61,30 @@ class ProcessGroup {
                             std::vector<int64_t> output_split_sizes = {}, std::vector<int64_t> input_split_sizes = {});
   WorkPtr barrier();
 
+  // Point-to-point, as c10d's send / recv: `tensor` goes to rank `dst` of this group, where the
+  // matching recv(buffer, src = this rank, same tag) fills a buffer of the same shape and
+  // dtype. Sends from one rank to another with one tag arrive in the order they were issued,
+  // matched with that peer's recvs in the order those were issued. Both are asynchronous: a
+  // send may complete before its recv is posted (it may keep a copy), a recv once the data is
+  // in `tensor`; Work::wait() times out as a collective's does (Work's detail names the peer
+  // and tag). Not in a group's collective order: ranks issue them independently. Errors
+  // (c10::Error naming the argument): a peer outside [0, size()) or this rank itself, a
+  // negative tag, an undefined or non-contiguous tensor; a shape or dtype differing from the
+  // peer's fails both Works where the backend can tell (threaded: always). Gloo cannot: a send
+  // larger than its recv ends the process in Gloo's IO thread (gloo::EnforceNotMet, as under
+  // PyTorch), a smaller one fills part of the buffer.
+  WorkPtr send(const at::Tensor& tensor, int dst, int tag = 0);
+  WorkPtr recv(const at::Tensor& tensor, int src, int tag = 0);
+  // PyTorch's batch_isend_irecv: every op issued, in list order (the backend may coalesce
+  // them), one Work per op. Each op is validated before any is issued.
+  struct P2POp {
+    enum class Kind { kSend, kRecv } kind;
+    at::Tensor tensor;
+    int peer = -1;
+    int tag = 0;
+  };
+  std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& ops);
+
   // Creates the group of `ranks` (of this group; sorted, unique). Collective over THIS
   // group: every rank calls it with the same `ranks`, in the same order of calls.
   // Returns nullptr on ranks that are not members. `desc` describes it in flight recorder
@@ -86,6 +110,8 @@ class ProcessGroup {
                              const std::vector<int64_t>& output_split_sizes,
                              const std::vector<int64_t>& input_split_sizes) = 0;
   virtual WorkPtr DoBarrier() = 0;
+  virtual WorkPtr DoSend(const at::Tensor& tensor, int dst, int tag) = 0;
+  virtual WorkPtr DoRecv(const at::Tensor& tensor, int src, int tag) = 0;
   virtual std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) = 0;
   // The CPU unless the backend needs another device (see object_collective_device()).
   virtual c10::Device DoObjectCollectiveDevice() const { return c10::Device(c10::kCPU); }
@@ -107,7 +133,8 @@ class ProcessGroup {
   template <typename Issue>
   // `traffic`: the tensor whose bytes count as the op's traffic (CollectiveTraffic).
   WorkPtr Recorded(FlightOp op, const at::Tensor* input, const at::Tensor* output, const at::Tensor* traffic,
-                   Issue&& issue);
+                   Issue&& issue, int peer = -1);
+  void CheckP2P(const char* op, const at::Tensor& tensor, int peer, int tag) const;
 
   int rank_;
   int size_;
@@ -115,6 +142,8 @@ class ProcessGroup {
   std::shared_ptr<const FlightGroup> identity_;
   int subgroups_created_ = 0;                           // names the next subgroup
   int64_t collectives_issued_ = 0;                      // the flight recorder's collective_seq_id
+  int64_t p2p_issued_ = 0;                              // its p2p_seq_id
+  int64_t ops_issued_ = 0;                              // its op_id: both
   FlightRecorder* recorder_ = nullptr;                  // this rank's, on the first recorded collective
   FlightRecorder::GroupSlot* recorder_slot_ = nullptr;  // identity_ registered there
 };

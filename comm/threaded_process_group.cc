@@ -7,8 +7,12 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -177,6 +181,50 @@ void Execute(Rendezvous& rv) {
   }
 }
 
+// One side of a point-to-point exchange, completed when the other side took or gave the data.
+struct P2PState {
+  std::exception_ptr error;  // written once, before `done` is notified
+  Done done;
+};
+struct P2PSide {
+  at::Tensor tensor;
+  std::string text;  // "send Float[2, 3] from rank 0 to rank 1 tag 0"
+  std::shared_ptr<P2PState> state;
+};
+
+void FinishP2P(P2PState& state, const std::string& error) {
+  if (!error.empty()) {
+    try {
+      TORCH_CHECK_WITH(DistBackendError, false, error);
+    } catch (...) {
+      state.error = std::current_exception();
+    }
+  }
+  state.done.Notify();
+}
+
+// A send meeting its recv: the data moves (or both fail, naming both sides).
+void Exchange(const P2PSide& send, const P2PSide& recv) {
+  std::string error;
+  if (send.tensor.sizes() != recv.tensor.sizes() || send.tensor.scalar_type() != recv.tensor.scalar_type()) {
+    error = absl::StrCat(send.text, " met ", recv.text, ": shapes and dtypes must match");
+  } else {
+    error = [&]() -> std::string {
+      try {
+        // As a collective's data moves (World::Join): no grad, no dispatch keys of this thread.
+        c10::impl::ForceDispatchKeyGuard clean_dispatch(c10::default_included_set, c10::default_excluded_set);
+        at::AutoGradMode no_grad(false);
+        recv.tensor.copy_(send.tensor);
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+      return "";
+    }();
+  }
+  FinishP2P(*recv.state, error);
+  FinishP2P(*send.state, error);
+}
+
 class World : public std::enable_shared_from_this<World> {
  public:
   explicit World(int size) : size_(size) {}
@@ -235,15 +283,50 @@ class World : public std::enable_shared_from_this<World> {
     return absl::StrCat("rank(s) [", absl::StrJoin(missing, ", "), "] never joined it");
   }
 
+  // Posts a send (`is_send`) or recv of the channel (src, dst, tag); matched in posting order
+  // with the other side's, on the thread of whichever side came second.
+  std::shared_ptr<P2PState> Post(bool is_send, int src, int dst, int tag, P2PSide side) {
+    side.state = std::make_shared<P2PState>();
+    std::shared_ptr<P2PState> state = side.state;
+    std::optional<P2PSide> other;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!abort_reason_.empty()) {
+        FinishP2P(*state, abort_reason_);
+        return state;
+      }
+      Channel& ch = channels_[{src, dst, tag}];
+      std::deque<P2PSide>& theirs = is_send ? ch.recvs : ch.sends;
+      if (theirs.empty()) {
+        (is_send ? ch.sends : ch.recvs).push_back(std::move(side));
+        return state;
+      }
+      other = std::move(theirs.front());
+      theirs.pop_front();
+    }
+    if (is_send) {
+      Exchange(side, *other);
+    } else {
+      Exchange(*other, side);
+    }
+    return state;
+  }
+
   void Abort(const std::string& reason) {
     std::map<uint64_t, std::shared_ptr<Rendezvous>> pending;
+    std::map<std::tuple<int, int, int>, Channel> channels;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!abort_reason_.empty()) return;
       abort_reason_ = reason;
       pending.swap(pending_);
+      channels.swap(channels_);
     }
     for (auto& [seq, rv] : pending) FinishWithError(*rv, reason);
+    for (auto& [key, ch] : channels) {
+      for (const P2PSide& s : ch.sends) FinishP2P(*s.state, reason);
+      for (const P2PSide& r : ch.recvs) FinishP2P(*r.state, reason);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, sub] : subworlds_) sub->Abort(reason);
   }
@@ -262,6 +345,11 @@ class World : public std::enable_shared_from_this<World> {
   const int size_;
   std::mutex mu_;  // std::mutex, not absl::Mutex: see Done
   std::map<uint64_t, std::shared_ptr<Rendezvous>> pending_;
+  // Point-to-point: the unmatched sends and recvs of each (src, dst, tag).
+  struct Channel {
+    std::deque<P2PSide> sends, recvs;
+  };
+  std::map<std::tuple<int, int, int>, Channel> channels_;
   std::string abort_reason_;
   std::map<std::pair<uint64_t, std::vector<int>>, std::shared_ptr<World>> subworlds_;
 };
@@ -281,6 +369,23 @@ class ThreadedWork final : public Work {
  private:
   std::shared_ptr<World> world_;
   std::shared_ptr<Rendezvous> rv_;
+};
+
+class P2PWork final : public Work {
+ public:
+  P2PWork(std::string description, Timeout timeout, std::shared_ptr<P2PState> state, std::string pending_detail)
+      : Work(std::move(description), timeout), state_(std::move(state)), detail_(std::move(pending_detail)) {}
+
+  bool is_completed() override { return state_->done.HasBeenNotified(); }
+  std::exception_ptr exception() override { return state_->done.HasBeenNotified() ? state_->error : nullptr; }
+
+ protected:
+  bool WaitFor(Timeout timeout) override { return state_->done.WaitFor(timeout); }
+  std::string TimeoutDetail() override { return detail_; }
+
+ private:
+  std::shared_ptr<P2PState> state_;
+  std::string detail_;
 };
 
 class ThreadedProcessGroup final : public ProcessGroup {
@@ -318,6 +423,24 @@ class ThreadedProcessGroup final : public ProcessGroup {
                   input);
   }
   WorkPtr DoBarrier() override { return Submit({OpKind::kBarrier}, "barrier", at::Tensor()); }
+
+  // A send completes once the peer's recv took the data (no copy is kept), as NCCL's does.
+  WorkPtr DoSend(const at::Tensor& tensor, int dst, int tag) override {
+    const std::string what = absl::StrCat("send ", DescribeTensor(tensor), " to rank ", dst, " tag ", tag);
+    std::string detail = absl::StrCat("rank ", dst, " posted no recv from rank ", rank(), " with tag ", tag);
+    auto state =
+        world_->Post(/*is_send=*/true, rank(), dst, tag, {tensor, absl::StrCat(what, " from rank ", rank()), nullptr});
+    return std::make_shared<P2PWork>(absl::StrCat(what, " on ", WhoAmI()), timeout(), std::move(state),
+                                     std::move(detail));
+  }
+  WorkPtr DoRecv(const at::Tensor& tensor, int src, int tag) override {
+    const std::string what = absl::StrCat("recv ", DescribeTensor(tensor), " from rank ", src, " tag ", tag);
+    std::string detail = absl::StrCat("rank ", src, " sent nothing to rank ", rank(), " with tag ", tag);
+    auto state =
+        world_->Post(/*is_send=*/false, src, rank(), tag, {tensor, absl::StrCat(what, " at rank ", rank()), nullptr});
+    return std::make_shared<P2PWork>(absl::StrCat(what, " on ", WhoAmI()), timeout(), std::move(state),
+                                     std::move(detail));
+  }
 
   std::shared_ptr<ProcessGroup> DoNewSubgroup(const std::vector<int>& ranks) override {
     auto sub = world_->Subworld(next_split_++, ranks);

@@ -118,6 +118,40 @@ TEST(FlightRecorder, RecordsWhatEachRankIssuedWithGroupsAndIssuer) {
   });
 }
 
+// Point-to-point ops are dumped as PyTorch's ProcessGroupNCCL dumps them: "send 0->1" /
+// "recv 1<-0" (group ranks), is_p2p, their own p2p_seq_id, collective_seq_id 0; the group's
+// collective sequence goes on without them.
+TEST(FlightRecorder, RecordsSendsAndRecvsAsPointToPoint) {
+  testing::RunOnRanks(testing::Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    comm::FlightRecorder::ForRank(pg->rank()).Reset();
+    at::Tensor t = at::ones({3});
+    if (pg->rank() == 0) {
+      pg->send(t, 1, 4)->wait();
+      pg->send(t, 1, 4)->wait();
+    } else {
+      pg->recv(t, 0, 4)->wait();
+      pg->recv(t, 0, 4)->wait();
+    }
+    pg->all_reduce(t)->wait();
+    const tools::FlightDump dump = Dumped(pg->rank());
+    ASSERT_EQ(dump.entries.size(), 3u);
+    const tools::FlightEntry& first = dump.entries[0];
+    EXPECT_EQ(first.profiling_name, pg->rank() == 0 ? "threaded:send 0->1" : "threaded:recv 1<-0");
+    EXPECT_EQ(first.op(), pg->rank() == 0 ? "send" : "recv");
+    EXPECT_TRUE(first.is_p2p);
+    EXPECT_EQ(first.p2p_seq, 1);
+    EXPECT_EQ(first.seq, 0);
+    EXPECT_EQ(dump.entries[1].p2p_seq, 2);
+    EXPECT_EQ(pg->rank() == 0 ? first.input_sizes : first.output_sizes, (std::vector<std::vector<int64_t>>{{3}}));
+    const tools::FlightEntry& ar = dump.entries[2];
+    EXPECT_FALSE(ar.is_p2p);
+    EXPECT_EQ(ar.seq, 1) << "the first collective of the group";
+  });
+  std::vector<tools::FlightDump> dumps = {Dumped(0), Dumped(1)};
+  const std::string report = tools::DiagnoseFlightDumps(dumps);
+  EXPECT_TRUE(absl::StrContains(report, "no mismatch")) << report;
+}
+
 TEST(FlightRecorder, DecoratorsRecordNothingTheirInnerGroupRecordsOnce) {
   auto inner = comm::CreateFakeProcessGroup(1, 2);
   auto faulty = std::make_shared<comm::FaultyProcessGroup>(inner, std::vector<comm::Fault>{});

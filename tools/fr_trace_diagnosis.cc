@@ -71,7 +71,10 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
   // Each dump's entries by group name, in record order.
   std::map<int, std::map<std::string, std::vector<const FlightEntry*>>> by_group;
   for (const FlightDump& d : dumps) {
-    for (const FlightEntry& e : d.entries) by_group[d.rank][e.group_name].push_back(&e);
+    // Collectives only: sends and recvs are not in a group's collective order.
+    for (const FlightEntry& e : d.entries) {
+      if (!e.is_p2p) by_group[d.rank][e.group_name].push_back(&e);
+    }
   }
   int problems = 0;
   for (const auto& [key, group] : groups) {
@@ -175,8 +178,9 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
       continue;
     }
     const FlightEntry& e = d.entries.back();
-    out << "rank " << d.rank << ": last collective " << e.profiling_name << " #" << e.seq << " in group "
-        << e.group_name << " (" << e.state << ")" << (e.frames.empty() ? "" : " from " + e.frames.front()) << "\n";
+    out << "rank " << d.rank << ": last " << (e.is_p2p ? "op " : "collective ") << e.profiling_name << " #"
+        << (e.is_p2p ? e.p2p_seq : e.seq) << " in group " << e.group_name << " (" << e.state << ")"
+        << (e.frames.empty() ? "" : " from " + e.frames.front()) << "\n";
   }
   out << (problems == 0 ? "no mismatch: every group's collectives agree on all ranks that dumped"
                         : absl::StrCat(problems, " group(s) with a mismatch or a missing rank"))

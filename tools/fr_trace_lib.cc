@@ -158,6 +158,11 @@ FlightDump ParseFlightDump(std::string_view bytes, int rank, const std::string& 
     entry.group_desc = r.Typed(*pg[1], Kind::kStr, where + ".process_group[1]").str;
     entry.seq = r.Int(e, "collective_seq_id", where);
     entry.profiling_name = r.Str(e, "profiling_name", where);
+    // Absent from dumps of versions before point-to-point ops were recorded.
+    if (const PyValue* p2p = r.FieldOrNull(e, "is_p2p", where); p2p != nullptr) {
+      entry.is_p2p = r.Typed(*p2p, Kind::kBool, where + ".is_p2p").b;
+      entry.p2p_seq = r.Int(e, "p2p_seq_id", where);
+    }
     entry.input_sizes = r.Sizes(e, "input_sizes", where);
     entry.output_sizes = r.Sizes(e, "output_sizes", where);
     entry.input_dtypes = r.Strs(e, "input_dtypes", where);

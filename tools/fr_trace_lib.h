@@ -23,7 +23,9 @@ struct FlightEntry {
   int64_t record_id = 0;
   std::string group_name;      // process_group[0]
   std::string group_desc;      // process_group[1]
-  int64_t seq = 0;             // collective_seq_id
+  int64_t seq = 0;             // collective_seq_id (0 for a point-to-point op)
+  bool is_p2p = false;         // a send or recv ("send 0->1", "recv 1<-0")
+  int64_t p2p_seq = 0;         // p2p_seq_id
   std::string profiling_name;  // "gloo:_all_gather_base"
   std::vector<std::vector<int64_t>> input_sizes, output_sizes;
   std::vector<std::string> input_dtypes, output_dtypes;

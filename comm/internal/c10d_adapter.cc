@@ -236,6 +236,24 @@ class C10dProcessGroup final : public ProcessGroup {
                 c10::Device(options_.tensor_device_type.value_or(c10::DeviceType::CPU)), /*bytes=*/0);
   }
 
+  // c10d's send / recv (ProcessGroupGloo: a pair-wise buffer; ProcessGroupNCCL: ncclSend /
+  // ncclRecv on a communicator of the two ranks).
+  WorkPtr DoSend(const at::Tensor& tensor, int dst, int tag) override {
+    CheckDevice("send", {{"tensor", tensor}});
+    DescriptionFn what = [text = absl::StrCat("send ", DescribeTensor(tensor), " to rank ", dst, " tag ", tag, " on ",
+                                              WhoAmI())] { return text; };
+    std::vector<at::Tensor> tensors{tensor};
+    return Wrap(what, backend_->send(tensors, dst, tag), tensor.device(), tensor.nbytes());
+  }
+
+  WorkPtr DoRecv(const at::Tensor& tensor, int src, int tag) override {
+    CheckDevice("recv", {{"tensor", tensor}});
+    DescriptionFn what = [text = absl::StrCat("recv ", DescribeTensor(tensor), " from rank ", src, " tag ", tag, " on ",
+                                              WhoAmI())] { return text; };
+    std::vector<at::Tensor> tensors{tensor};
+    return Wrap(what, backend_->recv(tensors, src, tag), tensor.device(), tensor.nbytes());
+  }
+
   c10::Device DoObjectCollectiveDevice() const override {
     return options_.object_collective_device.value_or(c10::Device(c10::kCPU));
   }
