@@ -152,6 +152,35 @@ TEST(FlightRecorder, RecordsSendsAndRecvsAsPointToPoint) {
   EXPECT_TRUE(absl::StrContains(report, "no mismatch")) << report;
 }
 
+// A hung pipeline: stage 1 forwards only the first of two microbatches to stage 2, which waits
+// in its second recv; fr_trace names stage 1 as the rank that never sent.
+TEST(FlightRecorder, FrTraceNamesThePipelineStageThatNeverSent) {
+  std::vector<comm::WorkPtr> hung;  // stage 2's second recv, never completed
+  testing::RunOnRanks(testing::Backend::kThreaded, 3, [&](const comm::ProcessGroupPtr& pg) {
+    comm::FlightRecorder::ForRank(pg->rank()).Reset();
+    at::Tensor activation = at::ones({2, 4});
+    if (pg->rank() == 0) {
+      for (int mb = 0; mb < 2; ++mb) pg->send(activation, 1)->wait();
+    } else if (pg->rank() == 1) {
+      for (int mb = 0; mb < 2; ++mb) pg->recv(activation, 0)->wait();
+      pg->send(activation, 2)->wait();  // the second microbatch is never sent on
+    } else {
+      pg->recv(activation, 1)->wait();
+      at::Tensor second = at::zeros({2, 4});
+      comm::WorkPtr pending = pg->recv(second, 1);
+      EXPECT_FALSE(pending->is_completed());
+      hung.push_back(pending);
+    }
+  });
+  const std::string report = tools::DiagnoseFlightDumps({Dumped(0), Dumped(1), Dumped(2)});
+  EXPECT_TRUE(absl::StrContains(report,
+                                "group 0: rank 2 waits in threaded:recv 2<-1 (p2p #2, scheduled) for a send "
+                                "rank 1 never issued: rank 1 sent 1 to rank 2, rank 2 posted 2 recvs from it"))
+      << report;
+  EXPECT_TRUE(absl::StrContains(report, "1 problem(s)")) << report;
+  EXPECT_FALSE(absl::StrContains(report, "rank 0 waits")) << report;
+}
+
 TEST(FlightRecorder, DecoratorsRecordNothingTheirInnerGroupRecordsOnce) {
   auto inner = comm::CreateFakeProcessGroup(1, 2);
   auto faulty = std::make_shared<comm::FaultyProcessGroup>(inner, std::vector<comm::Fault>{});

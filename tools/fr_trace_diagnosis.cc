@@ -5,10 +5,12 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -53,6 +55,103 @@ const char* MismatchType(const FlightEntry& expected, const FlightEntry& found) 
     return "SIZE_OR_SYNTAX_MISMATCH";
   }
   return "COLLECTIVE_DTYPE_MISMATCH";
+}
+
+}  // namespace
+
+namespace {
+
+// A send or recv of a dump: its channel (group, sender, receiver; global ranks) and itself.
+struct PointToPoint {
+  std::string group;
+  int src = -1, dst = -1;
+  bool send = false;
+  const FlightEntry* entry = nullptr;
+};
+
+// "send 0->1" / "recv 1<-0" (group ranks) as global ranks; false for a name it cannot read or
+// ranks outside the group (a dump is untrusted).
+bool ParsePointToPoint(const FlightEntry& e, const FlightDump& d, PointToPoint* out) {
+  const size_t space = e.profiling_name.rfind(' ');
+  if (space == std::string::npos) return false;
+  const std::string ranks = e.profiling_name.substr(space + 1);
+  out->send = e.op() == "send";
+  if (!out->send && e.op() != "recv") return false;
+  const size_t arrow = ranks.find(out->send ? "->" : "<-");
+  if (arrow == std::string::npos) return false;
+  int self = -1, peer = -1;
+  try {
+    size_t used = 0;
+    self = std::stoi(ranks.substr(0, arrow), &used);
+    if (used != arrow) return false;
+    peer = std::stoi(ranks.substr(arrow + 2), &used);
+    if (used != ranks.size() - arrow - 2) return false;
+  } catch (const std::exception&) {
+    return false;
+  }
+  auto g = d.groups.find(e.group_name);
+  if (g == d.groups.end()) return false;
+  const std::vector<int>& members = g->second.ranks;
+  if (self < 0 || peer < 0 || self >= static_cast<int>(members.size()) || peer >= static_cast<int>(members.size())) {
+    return false;
+  }
+  out->group = e.group_name;
+  out->src = members[out->send ? self : peer];
+  out->dst = members[out->send ? peer : self];
+  out->entry = &e;
+  return true;
+}
+
+// Point-to-point ops pair up per (group, sender, receiver) in issue order: the k-th send of a
+// channel with its k-th recv. A recv beyond the sends names the rank that never sent (a hung
+// pipeline's stage), a send beyond the recvs the rank that never received. Returns the problems.
+int DiagnosePointToPoint(const std::vector<FlightDump>& dumps, std::ostream& out) {
+  std::set<int> dumped;
+  for (const FlightDump& d : dumps) dumped.insert(d.rank);
+  std::map<std::tuple<std::string, int, int>,
+           std::pair<std::vector<const FlightEntry*>, std::vector<const FlightEntry*>>>
+      channels;                                     // (sends, recvs)
+  std::set<std::pair<int, std::string>> truncated;  // (rank, group) whose ring dropped early ops
+  for (const FlightDump& d : dumps) {
+    std::map<std::string, int64_t> first_p2p;
+    for (const FlightEntry& e : d.entries) {
+      if (!e.is_p2p) continue;
+      first_p2p.emplace(e.group_name, e.p2p_seq);
+      PointToPoint p;
+      if (!ParsePointToPoint(e, d, &p)) {
+        out << "rank " << d.rank << ": unreadable point-to-point entry '" << e.profiling_name << "' (skipped)\n";
+        continue;
+      }
+      auto& channel = channels[{p.group, p.src, p.dst}];
+      (p.send ? channel.first : channel.second).push_back(p.entry);
+    }
+    for (const auto& [group, seq] : first_p2p) {
+      if (seq != 1) truncated.insert({d.rank, group});
+    }
+  }
+  int problems = 0;
+  for (const auto& [key, ops] : channels) {
+    const auto& [group, src, dst] = key;
+    if (!dumped.count(src) || !dumped.count(dst) || truncated.count({src, group}) || truncated.count({dst, group})) {
+      continue;
+    }
+    const auto& [sends, recvs] = ops;
+    if (recvs.size() > sends.size()) {
+      const FlightEntry& waiting = *recvs[sends.size()];
+      out << "group " << group << ": rank " << dst << " waits in " << waiting.profiling_name << " (p2p #"
+          << waiting.p2p_seq << ", " << waiting.state << ") for a send rank " << src << " never issued: rank " << src
+          << " sent " << sends.size() << " to rank " << dst << ", rank " << dst << " posted " << recvs.size()
+          << " recvs from it\n";
+      ++problems;
+    } else if (sends.size() > recvs.size()) {
+      const FlightEntry& unmatched = *sends[recvs.size()];
+      out << "group " << group << ": rank " << src << "'s " << unmatched.profiling_name << " (p2p #"
+          << unmatched.p2p_seq << ", " << unmatched.state << ") has no recv: rank " << dst << " posted " << recvs.size()
+          << " recvs from rank " << src << ", which sent " << sends.size() << "\n";
+      ++problems;
+    }
+  }
+  return problems;
 }
 
 }  // namespace
@@ -171,6 +270,7 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
       }
     }
   }
+  problems += DiagnosePointToPoint(dumps, out);
   // Where each rank stands.
   for (const FlightDump& d : dumps) {
     if (d.entries.empty()) {
@@ -183,7 +283,9 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
         << (e.frames.empty() ? "" : " from " + e.frames.front()) << "\n";
   }
   out << (problems == 0 ? "no mismatch: every group's collectives agree on all ranks that dumped"
-                        : absl::StrCat(problems, " group(s) with a mismatch or a missing rank"))
+                        : absl::StrCat(problems,
+                                       " problem(s): a group with a mismatch or a missing rank, or an unpaired "
+                                       "send or recv"))
       << "\n";
   return out.str();
 }
