@@ -1,5 +1,7 @@
 // bench/comm: all-gather and reduce-scatter through our Gloo adapter vs calling
-// c10d::ProcessGroupGloo directly, same sizes, interleaved in one run.
+// c10d::ProcessGroupGloo directly, same sizes, interleaved in one run; and point-to-point: a
+// round trip of a message between ranks 0 and 1 (send, then recv of the reply; the other
+// ranks idle), through ours vs c10d's send / recv.
 //
 // Run as W processes with the torchrun environment (`./x bench` uses `./x run -n 2`). Every
 // rank runs the same fixed-iteration sequence (the collectives must match across ranks),
@@ -90,13 +92,40 @@ void BM_ReduceScatter(benchmark::State& state, bool ours) {
   state.SetBytesProcessed(state.iterations() * in.nbytes());
 }
 
+// Bytes = state.range(0) each way.
+void BM_SendRecv(benchmark::State& state, bool ours) {
+  const int rank = G().rank;
+  at::Tensor message = at::ones({state.range(0) / 4});
+  const auto send = [&](int peer) {
+    if (ours) return G().ours->send(message, peer, 0)->wait();
+    std::vector<at::Tensor> t{message};
+    G().direct->send(t, peer, 0)->wait();
+  };
+  const auto recv = [&](int peer) {
+    if (ours) return G().ours->recv(message, peer, 0)->wait();
+    std::vector<at::Tensor> t{message};
+    G().direct->recv(t, peer, 0)->wait();
+  };
+  for (auto _ : state) {
+    if (rank == 0) {
+      send(1);
+      recv(1);
+    } else if (rank == 1) {
+      recv(0);
+      send(0);
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * message.nbytes());
+}
+
 void RegisterAll(int pair_repetitions) {
   for (int64_t bytes = 1 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
     const int64_t iters = Iterations(bytes * G().world);
     // Ours and c10d alternate (repeated as pairs) so machine noise hits both alike;
     // bench_ratio.py takes the median of each side.
     for (int rep = 0; rep < pair_repetitions; ++rep) {
-      for (auto [name, fn] : {std::pair{"AllGather", &BM_AllGather}, std::pair{"ReduceScatter", &BM_ReduceScatter}}) {
+      for (auto [name, fn] : {std::pair{"AllGather", &BM_AllGather}, std::pair{"ReduceScatter", &BM_ReduceScatter},
+                              std::pair{"SendRecv", &BM_SendRecv}}) {
         for (bool ours : {true, false}) {
           benchmark::RegisterBenchmark(absl::StrCat(name, ours ? "/ours" : "/c10d").c_str(), fn, ours)
               ->Arg(bytes)
