@@ -52,6 +52,43 @@ std::vector<std::string> AllReduceWithFaultOnRankZero(Fault fault) {
   return errors;
 }
 
+// Point-to-point: a failed send errors on its rank and leaves the peer's recv to time out; a
+// corrupted recv holds wrong data; a send cannot be corrupted.
+TEST(FaultyProcessGroup, SendsAndRecvsFailAndCorruptLikeCollectives) {
+  std::vector<std::string> errors(2);
+  fsdp::testing::RunOnRanks(
+      Backend::kThreaded, 2,
+      [&](const ProcessGroupPtr& pg) {
+        const bool sender = pg->rank() == 0;
+        auto faulty = std::make_shared<FaultyProcessGroup>(
+            pg, std::vector<Fault>{sender ? Fault{.kind = Fault::Kind::kFail, .index = 2, .op = "send"}
+                                          : Fault{.kind = Fault::Kind::kCorrupt, .index = 1, .op = "recv"}});
+        at::Tensor t = at::full({3}, 2.0f);
+        (sender ? faulty->send(t, 1) : faulty->recv(t, 0))->wait();  // call 0: no fault
+        if (sender) {
+          faulty->send(t, 1)->wait();  // rank 1's recv of it is corrupted
+        } else {
+          faulty->recv(t, 0)->wait();
+          EXPECT_EQ(t[0].item<float>(), 3.0f) << "first element + 1";
+          EXPECT_EQ(t[1].item<float>(), 2.0f);
+        }
+        try {
+          (sender ? faulty->send(t, 1, 5) : faulty->recv(t, 0, 5))->wait();  // the sender's fails
+        } catch (const c10::Error& e) {
+          errors[pg->rank()] = e.what_without_backtrace();
+        }
+        if (sender) {
+          EXPECT_ERROR_CONTAINS(std::make_shared<FaultyProcessGroup>(
+                                    pg, std::vector<Fault>{{.kind = Fault::Kind::kCorrupt, .op = "send"}})
+                                    ->send(t, 1),
+                                "a kCorrupt fault hit send Float[3]");
+        }
+      },
+      ShortTimeout());
+  EXPECT_TRUE(absl::StrContains(errors[0], "injected fault")) << errors[0];
+  EXPECT_TRUE(absl::StrContains(errors[1], "timed out")) << errors[1];
+}
+
 TEST(FaultyProcessGroup, AFailedCollectiveErrorsHereAndTimesOutOnThePeers) {
   const auto errors = AllReduceWithFaultOnRankZero({.kind = Fault::Kind::kFail, .index = 0});
   EXPECT_TRUE(absl::StrContains(errors[0], "all_reduce Float[4] on faulty(threaded) rank 0/2 failed: injected fault"))

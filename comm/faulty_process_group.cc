@@ -100,7 +100,9 @@ WorkPtr FaultyProcessGroup::Intercept(const CollectiveCall& call, c10::function_
   ++total_calls_;
   if (fault == nullptr) return issue();
   ++injected_;
-  const std::string description = absl::StrCat(op, " ", DescribeTensor(output), " on ", WhoAmI());
+  // A send has no output: it is named by what it sends.
+  const std::string description =
+      absl::StrCat(op, " ", DescribeTensor(output.defined() ? output : call.input), " on ", WhoAmI());
   switch (fault->kind) {
     case Fault::Kind::kFail:
     case Fault::Kind::kHang:
@@ -108,6 +110,8 @@ WorkPtr FaultyProcessGroup::Intercept(const CollectiveCall& call, c10::function_
     case Fault::Kind::kDelay:
       return std::make_shared<FaultWork>(description, timeout(), fault->kind, issue(), fault->delay);
     case Fault::Kind::kCorrupt: {
+      TORCH_CHECK(output.defined(), "FaultyProcessGroup: a kCorrupt fault hit ", description,
+                  ", which has no output to corrupt (corrupt the peer's recv instead)");
       WorkPtr work = issue();
       work->AddCompletionStep([output, nan = fault->corrupt_with_nan] {
         if (output.numel() == 0) return;

@@ -22,8 +22,9 @@ struct Fault {
                // with corrupt_with_nan): for detection tests
   };
   Kind kind = Kind::kFail;
-  // The collective to hit: the `index`-th (0-based) call of `op` on this rank ("" = any
-  // collective; ops are named as CollectiveCall::op: "all_gather_into_tensor", ...).
+  // The collective or point-to-point op to hit: the `index`-th (0-based) call of `op` on this
+  // rank ("" = any; ops are named as CollectiveCall::op: "all_gather_into_tensor", ...,
+  // "send", "recv"). kCorrupt needs an output: not a send.
   int64_t index = 0;
   std::string op;
   std::chrono::milliseconds delay{0};
