@@ -5,7 +5,8 @@ trainer's own time per step, and peak memory per rank (docs/development/benchmar
 usage: train_bench.py TRAIN_BINARY [--reps N] [--steps N] [--out FILE.jsonl]
 
 For each configuration (torchtitan's debugmodel dimensions at seq_len 512 and local batch 1 on 4
-processes, FSDP and FSDP + TP; and a tiny model as a second row), each repetition runs ours
+processes, FSDP without, with selective and with full activation checkpointing, and FSDP + TP;
+and a tiny model as a second row), each repetition runs ours
 (TRAIN_BINARY, 4 processes with the torchrun environment, Gloo) and the reference
 (train/testdata/torchtitan_reference.py with "measure": torchtitan's Llama3Model,
 parallelize_llama, loss and schedule in its Trainer.train_step, 4 processes, Gloo), in
@@ -32,8 +33,12 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORLD = 4
 DEBUGMODEL = dict(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, vocab_size=2048)
 TINY = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=2048)
+# ac: activation checkpointing on both sides ("none" unless given): torchtitan's SelectiveAC /
+# FullAC and ours (activation_checkpoint.mode).
 CONFIGS = [
     ("debugmodel fsdp4", dict(DEBUGMODEL, tp=1, seq_len=512, local_batch_size=1)),
+    ("debugmodel fsdp4 selective AC", dict(DEBUGMODEL, tp=1, seq_len=512, local_batch_size=1, ac="selective")),
+    ("debugmodel fsdp4 full AC", dict(DEBUGMODEL, tp=1, seq_len=512, local_batch_size=1, ac="full")),
     ("debugmodel fsdp2 x tp2", dict(DEBUGMODEL, tp=2, seq_len=512, local_batch_size=1)),
     ("tiny fsdp4", dict(TINY, tp=1, seq_len=128, local_batch_size=2)),
 ]
@@ -56,7 +61,7 @@ def ours(binary, c, steps, tmp):
             f"--model.n_kv_heads={c['n_kv_heads']}", f"--model.vocab_size={c['vocab_size']}",
             f"--training.seq_len={c['seq_len']}", f"--training.local_batch_size={c['local_batch_size']}",
             f"--training.global_batch_size={global_batch(c)}", f"--training.steps={steps}",
-            "--training.mixed_precision_param=float32", "--activation_checkpoint.mode=none",
+            "--training.mixed_precision_param=float32", f"--activation_checkpoint.mode={c.get('ac', 'none')}",
             f"--parallelism.tensor_parallel_degree={c['tp']}", "--validator.enable=false", "--metrics.log_freq=1",
             "--metrics.enable_jsonl=true", "--metrics.save_for_all_ranks=true", f"--dump_folder={dump}"]
     port = free_port()
@@ -82,7 +87,8 @@ def ours(binary, c, steps, tmp):
 
 def theirs(python, c, steps, tmp):
     spec = dict(c, world=WORLD, dp_replicate=1, sp=True, steps=steps, global_batch_size=global_batch(c), lr=8e-4,
-                warmup_steps=2, decay_ratio=0.8, decay_type="linear", min_lr_factor=0.0, max_norm=1.0, ac="none",
+                warmup_steps=2, decay_ratio=0.8, decay_type="linear", min_lr_factor=0.0, max_norm=1.0,
+                ac=c.get("ac", "none"),
                 dataset="train/testdata/corpus/train", seed=0, measure=True)
     spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "theirs")
     with open(spec_path, "w") as f:
