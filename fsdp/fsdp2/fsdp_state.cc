@@ -302,6 +302,7 @@ void FSDPState::RootPostBackwardFinalCallback() {
   comm::ProfilerRange range(kLabel);
   FSDPStateContext& ctx = *state_ctx_;
   ctx.post_backward_final_callback_queued = false;
+  const bool finalize = ctx.is_last_backward && !ctx.manual_backward_finalization;
   // A group left incomplete by standalone calls after the forward (chunked loss) starts the
   // next iteration fresh (PyTorch clears iter_forward_root and _modules_to_run_forward here).
   ctx.iter_forward_root = nullptr;
@@ -312,14 +313,33 @@ void FSDPState::RootPostBackwardFinalCallback() {
     if (group && group->training_state() != TrainingState::kPostBackward) group->PostBackward();
     state->training_state_ = TrainingState::kIdle;
     if (group) group->set_training_state(TrainingState::kIdle);
-    if (ctx.is_last_backward && group) group->FinalizeBackward();
+    if (finalize && group) group->FinalizeBackward();
   }
-  if (ctx.is_last_backward) {
+  if (finalize) {
     comm_ctx_->post_forward_order.clear();
     comm_ctx_->WaitForLastReduceScatter();
   }
   ++ctx.backward_steps;
   CheckNonfiniteGradients();
+}
+
+void FSDPState::FinalizeBackwardManually() {
+  if (!is_root_.has_value()) return;  // never ran forward: nothing to reduce
+  TORCH_CHECK(*is_root_, "finalize_backward must be called on the root fully_shard module");
+  FSDPStateContext& ctx = *state_ctx_;
+  TORCH_CHECK(!ctx.post_backward_final_callback_queued,
+              "finalize_backward called during a backward (its end-of-backward callback is still queued)");
+  for (FSDPState* state : ctx.all_states) {
+    FSDPParamGroup* group = state->param_group_.get();
+    if (group) {
+      group->PostBackward();
+      group->set_training_state(TrainingState::kIdle);
+      group->FinalizeBackward();
+    }
+    state->training_state_ = TrainingState::kIdle;
+  }
+  comm_ctx_->post_forward_order.clear();
+  comm_ctx_->WaitForLastReduceScatter();
 }
 
 void FSDPState::CheckNonfiniteGradients() {

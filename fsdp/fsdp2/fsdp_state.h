@@ -24,6 +24,9 @@ struct FSDPStateContext {
   FSDPState* iter_forward_root = nullptr;
   bool post_backward_final_callback_queued = false;
   bool is_last_backward = true;
+  // FSDPModule::set_manual_backward_finalization: no backward finalizes; the caller's
+  // finalize_backward() does (supersedes is_last_backward, as PyTorch 2.15).
+  bool manual_backward_finalization = false;
   // FSDPModule::set_post_optim_event: the next root pre-forward waits the all-gather
   // streams on it instead of on the compute stream, then clears it (_fsdp_state.py).
   device::EventPtr post_optim_event;
@@ -61,6 +64,10 @@ class FSDPState final : public ::fsdp::FSDPStateBase {
 
   // Lazy initialization; on the first forward through this state it becomes the root.
   void LazyInit();
+  // FSDPModule::finalize_backward on the root: every group's post-backward with the current
+  // settings (the reduce-scatter of the gradients accumulated since the last one), then the
+  // end-of-backward work. A no-op before the root's first forward.
+  void FinalizeBackwardManually();
 
   // The first module (the only one unless fully_shard was given a list).
   torch::nn::Module* module() const { return module_; }

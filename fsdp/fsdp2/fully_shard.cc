@@ -177,6 +177,17 @@ void FSDPModule::set_is_last_backward(bool is_last_backward) {
   state()->state_ctx().is_last_backward = is_last_backward;
 }
 
+void FSDPModule::set_manual_backward_finalization(bool enabled) {
+  FSDPState* s = state();
+  TORCH_CHECK(s->is_root() != std::optional<bool>(false),
+              "set_manual_backward_finalization must be called on the root fully_shard module");
+  TORCH_CHECK(!s->state_ctx().post_backward_final_callback_queued,
+              "set_manual_backward_finalization cannot change mode during backward");
+  s->state_ctx().manual_backward_finalization = enabled;
+}
+
+void FSDPModule::finalize_backward() { state()->FinalizeBackwardManually(); }
+
 void FSDPModule::set_gradient_divide_factor(double factor) {
   TORCH_CHECK(factor > 0, "set_gradient_divide_factor: factor must be > 0, got ", factor);
   for (FSDPState* s : States(true)) {

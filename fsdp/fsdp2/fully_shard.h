@@ -59,6 +59,14 @@ class FSDPModule {
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   void set_is_last_backward(bool is_last_backward);
+  // PyTorch 2.15's manual backward finalization (on the root; set before the backward): no
+  // backward reduce-scatters or ends the iteration on its own; finalize_backward() does, with
+  // the gradient-sync and reshard settings current then. A pipeline stage accumulates its
+  // microbatches' gradients with set_requires_gradient_sync(false) and reduces them once
+  // (torch/distributed/pipelining/stage.py start_gradient_reduction). finalize_backward is
+  // synchronous (PyTorch's async_op=False) and a no-op before the first forward.
+  void set_manual_backward_finalization(bool enabled);
+  void finalize_backward();
   void set_gradient_divide_factor(double factor);
   // PyTorch 2.15 keeps this older name as an alias of set_gradient_divide_factor.
   void set_reduce_scatter_divide_factor(double factor) { set_gradient_divide_factor(factor); }

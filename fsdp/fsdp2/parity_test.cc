@@ -54,6 +54,9 @@ struct Config {
   std::optional<c10::ScalarType> output_dtype;
   bool replicate = false;
   bool unshard_async_op = false;  // FSDPModule::set_unshard_async_op on the root (recursive)
+  // Manual backward finalization (a pipeline stage's way): every microbatch's backward without
+  // sync or reshard, then finalize_backward() with sync on: one reduction per step.
+  bool manual_finalization = false;
   int steps = 4;
 };
 
@@ -124,10 +127,26 @@ void RunParity(const Config& cfg, const comm::ProcessGroupPtr& world, c10::Devic
   int64_t baseline_bytes = -1;
   parity::Trainee trainee{.params = testing::UniqueParameters(*model)};
   trainee.micro_batch = [&](const at::Tensor& x, const at::Tensor& y, bool sync) {
-    root.set_requires_gradient_sync(sync);
+    if (!cfg.manual_finalization) {
+      root.set_requires_gradient_sync(sync);
+      torch::nn::functional::mse_loss(model(x), y).backward();
+      return;
+    }
+    root.set_manual_backward_finalization(true);
+    root.set_requires_gradient_sync(false);
+    root.set_reshard_after_backward(false);
     torch::nn::functional::mse_loss(model(x), y).backward();
+    if (!sync) return;
+    root.set_requires_gradient_sync(true);
+    root.set_reshard_after_backward(true);
+    root.finalize_backward();
+    root.set_manual_backward_finalization(false);
   };
   trainee.after_step = [&](int step) {
+    if (cfg.manual_finalization) {
+      EXPECT_ERROR_CONTAINS(blocks[0].set_manual_backward_finalization(true), "must be called on the root");
+      EXPECT_ERROR_CONTAINS(blocks[0].finalize_backward(), "must be called on the root");
+    }
     // No leak: between steps FSDP holds the same parameter storage every time (shards only;
     // every all-gather output freed).
     const int64_t bytes = FsdpOwnedBytes(*model);
@@ -163,6 +182,8 @@ std::vector<ParityCase> Cases() {
   add(Config{.name = "hsdp", .hsdp = true});
   add(Config{.name = "grad_accumulation", .micro_batches = 4});
   add(Config{.name = "hsdp_grad_accumulation", .hsdp = true, .micro_batches = 3});
+  add(Config{.name = "manual_finalization", .micro_batches = 3, .manual_finalization = true});
+  add(Config{.name = "manual_finalization_one_microbatch", .manual_finalization = true}, 2);
   add(Config{.name = "frozen", .freeze_first_fc1 = true}, 3);
   add(Config{.name = "block_used_twice", .use_block_twice = true}, 3);
   add(Config{.name = "explicit_prefetch", .explicit_prefetch = true});
