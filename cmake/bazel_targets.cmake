@@ -16,8 +16,9 @@
 #     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //metrics:step_metrics_test
-#     //models/llama:llama_test //pickle:pickle_test //tensor_parallel:tensor_parallel_test
-#     //testing:testing_test //tests:cross_package_test //tools:fsdp_memory_test //train:train_test
+#     //models/llama:llama_test //pickle:pickle_test //pipelining:schedule_ir_test
+#     //tensor_parallel:tensor_parallel_test //testing:testing_test //tests:cross_package_test
+#     //tools:fsdp_memory_test //train:train_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: no smoke test (dtensor_test is 4 TUs; //tensor_parallel's smoke test runs DTensor's
@@ -636,6 +637,28 @@ fsdp_cc_test(//pickle:pickle_test SIZE small SMOKE PCH none
   SRCS pickle_test.cc
   DEPS :pickle //testing:expect_error @libtorch @system//:absl @system//:gtest_main)
 
+# ================================================================ //pipelining
+fsdp_cc_library(//pipelining:schedule_ir INSTALL PCH none
+  SRCS action.cc lowering.cc schedule_orders.cc schedule_orders_internal.h schedule_orders_v.cc
+  HDRS action.h lowering.h schedule_orders.h
+  DEPS @libtorch @system//:absl)
+
+fsdp_cc_test(//pipelining:schedule_ir_test SIZE small SMOKE PCH none
+  SRCS schedule_ir_test.cc
+  DATA testdata/golden_schedules.txt
+  DEPS :schedule_ir //testing:expect_error //testing:golden_file //testing:test_dir @libtorch
+       @system//:absl @system//:gtest_main)
+
+fsdp_cc_library(//pipelining INSTALL
+  SRCS microbatch.cc pipeline_schedule.cc stage.cc
+  HDRS microbatch.h pipeline_schedule.h stage.h
+  DEPS :schedule_ir //comm @libtorch)
+
+fsdp_cc_test(//pipelining:pipelining_test SIZE small
+  SRCS pipeline_test.cc
+  DEPS :pipelining :schedule_ir //comm //testing:expect_error //testing:float_tolerance
+       //testing:multi_rank @libtorch @system//:gtest_main)
+
 # ================================================================ //tensor_parallel
 fsdp_cc_library(//tensor_parallel INSTALL
   SRCS local_annotation.cc loss_parallel.cc parallel_style.cc parallelize_module.cc
@@ -779,17 +802,23 @@ fsdp_cc_library(//train:config INSTALL PCH none
   DEPS :lr_scheduler @libtorch @system//:tomlplusplus)
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
-  SRCS config_test.cc data_test.cc lr_scheduler_test.cc selective_ac_test.cc tensorboard_test.cc
-       torchtitan_checkpoint_test.cc trainer_test.cc
+  SRCS config_test.cc data_test.cc lr_scheduler_test.cc pipeline_fsdp_test.cc selective_ac_test.cc
+       tensorboard_test.cc torchtitan_checkpoint_test.cc trainer_test.cc
   DATA configs/debugmodel.toml configs/demo.toml ../models/llama/testdata/golden_llama3_flavors.txt
        testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
        testdata/golden_sac_save_ops.txt testdata/golden_train_data.txt testdata/corpus/train.index
        testdata/corpus/train.tokens testdata/corpus/validation.index
        testdata/corpus/validation.tokens
   TAGS peer_python
-  DEPS :config :dataloader :lr_scheduler :token_dataset :trainer //comm //fsdp/fsdp2 //models/llama
-       //testing:multi_rank //testing:test_dir //testing:expect_error //testing:golden_file
-       //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
+  DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset :trainer //comm
+       //fsdp/hooked_module //mesh //pipelining //testing:float_tolerance //fsdp/fsdp2
+       //models/llama //testing:multi_rank //testing:test_dir //testing:expect_error
+       //testing:golden_file //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
+
+fsdp_cc_library(//train:pipeline_fsdp INSTALL
+  SRCS pipeline_fsdp.cc
+  HDRS pipeline_fsdp.h
+  DEPS //fsdp/fsdp2 //pipelining @libtorch)
 
 fsdp_cc_library(//train:token_dataset INSTALL PCH none
   SRCS token_dataset.cc

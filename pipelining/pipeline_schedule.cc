@@ -1,0 +1,400 @@
+#include "pipelining/pipeline_schedule.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "pipelining/microbatch.h"
+
+namespace fsdp::pipelining {
+
+// What one step() keeps between actions (PyTorch's fwd_recv_ops, bwd_recv_ops, the pending
+// sends, backward_counter and _internal_losses).
+struct PipelineSchedule::StepState {
+  std::map<std::pair<int, int>, std::vector<comm::WorkPtr>> forward_recvs;   // (stage, mb)
+  std::map<std::pair<int, int>, std::vector<comm::WorkPtr>> backward_recvs;  // (stage, mb)
+  std::map<std::tuple<ActionType, int, int>, std::vector<comm::WorkPtr>> pending_sends;
+  std::map<int, int> backward_count;  // stage -> B or W done
+  std::map<int, at::Tensor> losses;   // mb -> the last stage's loss
+  std::set<int> unshard_pending;      // stages whose UNSHARD was issued and not yet waited for
+  std::set<int> finalized;            // stages whose REDUCE_GRAD resharded them already
+};
+
+namespace {
+
+void WaitAll(std::vector<comm::WorkPtr>& works) {
+  for (comm::WorkPtr& w : works) w->wait();
+  works.clear();
+}
+
+// Metadata travels as int64: [count, (dtype, ndim, sizes...)...], after its length.
+at::Tensor EncodeMeta(const std::vector<TensorMeta>& meta) {
+  std::vector<int64_t> v{static_cast<int64_t>(meta.size())};
+  for (const TensorMeta& m : meta) {
+    v.push_back(static_cast<int64_t>(m.dtype));
+    v.push_back(static_cast<int64_t>(m.sizes.size()));
+    v.insert(v.end(), m.sizes.begin(), m.sizes.end());
+  }
+  return at::tensor(v, at::kLong);
+}
+
+std::vector<TensorMeta> DecodeMeta(const at::Tensor& t, int stage) {
+  const int64_t* p = t.data_ptr<int64_t>();
+  const int64_t n = t.numel();
+  auto at_ = [&](int64_t i) {
+    TORCH_CHECK(i < n, "stage ", stage, ": malformed activation metadata from the previous stage");
+    return p[i];
+  };
+  std::vector<TensorMeta> out;
+  int64_t i = 0;
+  const int64_t count = at_(i++);
+  for (int64_t k = 0; k < count; ++k) {
+    TensorMeta m;
+    m.dtype = static_cast<at::ScalarType>(at_(i++));
+    const int64_t ndim = at_(i++);
+    for (int64_t d = 0; d < ndim; ++d) m.sizes.push_back(at_(i++));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// The order Schedule1F1B._step_microbatches runs on each rank (torch/distributed/pipelining/
+// schedules.py): min(n, ranks - rank) forwards, then a backward and a forward in turn until the
+// forwards are done, then the remaining backwards. (Its _get_pipeline_order, ComputeOrder's
+// k1F1B, only draws the schedule and is not runnable: the last rank's forwards start at
+// microbatch 1.)
+PipelineOrder OneFOneBRunOrder(int ranks, int n) {
+  PipelineOrder order;
+  for (int r = 0; r < ranks; ++r) {
+    auto& row = order[r];
+    const int warmup = std::min(n, ranks - r);
+    int f = 0;
+    int b = 0;
+    while (f < warmup) row.push_back(Action{r, ActionType::kForward, f++, {}});
+    while (b < n) {
+      row.push_back(Action{r, ActionType::kFullBackward, b++, {}});
+      if (f < n) row.push_back(Action{r, ActionType::kForward, f++, {}});
+    }
+  }
+  return order;
+}
+
+PipelineOrder ComputeOnly(const PipelineOrder& order) {
+  PipelineOrder out;
+  for (const auto& [rank, actions] : order) {
+    auto& row = out[rank];
+    for (const std::optional<Action>& a : actions) {
+      if (!a || a->IsCompute()) row.push_back(a);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+PipelineSchedule::~PipelineSchedule() = default;
+PipelineSchedule::PipelineSchedule(PipelineSchedule&&) noexcept = default;
+
+PipelineSchedule::PipelineSchedule(ScheduleKind kind, std::vector<std::shared_ptr<PipelineStage>> stages,
+                                   PipelineScheduleOptions options)
+    : stages_(std::move(stages)), options_(std::move(options)) {
+  TORCH_CHECK(!stages_.empty(), "PipelineSchedule: no stages given");
+  TORCH_CHECK(stages_[0] != nullptr, "PipelineSchedule: stages[0] is null");
+  const int ranks = stages_[0]->group()->size();
+  const int per_rank = static_cast<int>(stages_.size());
+  TORCH_CHECK(!IsSingleStageSchedule(kind) || per_rank == 1, "PipelineSchedule: ", ScheduleName(kind),
+              " runs one stage per rank, got ", per_rank, " stages");
+  TORCH_CHECK(stages_[0]->num_stages() == ranks * per_rank, "PipelineSchedule: ", ScheduleName(kind), " with ",
+              per_rank, " stage(s) on each of ", ranks, " ranks needs num_stages = ", ranks * per_rank,
+              ", the stages say ", stages_[0]->num_stages());
+  stage_to_rank_ = [kind, ranks](int stage) { return StageRank(kind, stage, ranks); };
+  TORCH_CHECK(options_.n_microbatches >= 1, "PipelineSchedule: n_microbatches must be at least 1, got ",
+              options_.n_microbatches);
+  Init(kind == ScheduleKind::k1F1B ? OneFOneBRunOrder(ranks, options_.n_microbatches)
+                                   : ComputeOrder(kind, ranks, per_rank, options_.n_microbatches));
+}
+
+PipelineSchedule::PipelineSchedule(const PipelineOrder& compute_order, std::function<int(int)> stage_to_rank,
+                                   std::vector<std::shared_ptr<PipelineStage>> stages, PipelineScheduleOptions options)
+    : stages_(std::move(stages)), options_(std::move(options)), stage_to_rank_(std::move(stage_to_rank)) {
+  TORCH_CHECK(!stages_.empty(), "PipelineSchedule: no stages given");
+  TORCH_CHECK(static_cast<bool>(stage_to_rank_), "PipelineSchedule: stage_to_rank is empty");
+  Init(compute_order);
+}
+
+void PipelineSchedule::Init(const PipelineOrder& compute_order) {
+  TORCH_CHECK(options_.n_microbatches >= 1, "PipelineSchedule: n_microbatches must be at least 1, got ",
+              options_.n_microbatches);
+  const comm::ProcessGroupPtr& group = stages_[0]->group();
+  num_stages_ = stages_[0]->num_stages();
+  std::set<int> seen;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    const auto& s = stages_[i];
+    TORCH_CHECK(s != nullptr, "PipelineSchedule: stages[", i, "] is null");
+    TORCH_CHECK(s->group() == group, "PipelineSchedule: stages[", i, "] uses another process group than stages[0]");
+    TORCH_CHECK(s->num_stages() == num_stages_, "PipelineSchedule: stages[", i, "] says num_stages = ", s->num_stages(),
+                ", stages[0] says ", num_stages_);
+    TORCH_CHECK(seen.insert(s->stage_index()).second, "PipelineSchedule: stage ", s->stage_index(), " given twice");
+    const int owner = stage_to_rank_(s->stage_index());
+    TORCH_CHECK(owner == group->rank(), "PipelineSchedule: stage ", s->stage_index(), " belongs on rank ", owner,
+                " under this schedule's placement, not on rank ", group->rank());
+  }
+  TORCH_CHECK(static_cast<int>(compute_order.size()) == group->size(), "PipelineSchedule: the order has ",
+              compute_order.size(), " ranks, the group ", group->size());
+  lowered_ = LowerWithComms(ComputeOnly(compute_order), options_.n_microbatches, stage_to_rank_, num_stages_,
+                            options_.lowering);
+  auto it = lowered_.find(group->rank());
+  TORCH_CHECK(it != lowered_.end(), "PipelineSchedule: the order has no actions for rank ", group->rank());
+  actions_ = it->second;
+  for (const Action& a : actions_) {
+    for (const Action& leaf : a.sub_actions.empty() ? std::vector<Action>{a} : a.sub_actions) {
+      TORCH_CHECK(seen.count(leaf.stage) == 1, "PipelineSchedule: rank ", group->rank(), "'s action ", leaf.ToString(),
+                  " names stage ", leaf.stage, ", which is not among its stages");
+    }
+  }
+}
+
+PipelineStage& PipelineSchedule::StageOf(const Action& action) {
+  for (auto& s : stages_) {
+    if (s->stage_index() == action.stage) return *s;
+  }
+  TORCH_CHECK(false, "action ", action.ToString(), " names stage ", action.stage, ", not on this rank");
+}
+
+void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs) {
+  bool all = true;
+  for (auto& s : stages_) all = all && s->has_meta();
+  if (all) return;
+  std::vector<std::shared_ptr<PipelineStage>> ordered = stages_;
+  std::sort(ordered.begin(), ordered.end(),
+            [](const auto& a, const auto& b) { return a->stage_index() < b->stage_index(); });
+  const comm::ProcessGroupPtr& group = stages_[0]->group();
+  const int meta_tag_base = 2 * num_stages_;
+  std::vector<comm::WorkPtr> sends;
+  std::vector<at::Tensor> in_flight;
+  std::vector<TensorMeta> previous;
+  int previous_stage = -2;
+  for (auto& s : ordered) {
+    std::vector<TensorMeta> inputs;
+    if (s->is_first()) {
+      TORCH_CHECK(!arg_mbs.empty(), "stage 0 needs the pipeline's arguments to infer its shapes");
+    } else if (previous_stage == s->stage_index() - 1) {
+      inputs = previous;
+    } else {
+      at::Tensor length = at::empty({1}, at::kLong);
+      const int src = stage_to_rank_(s->stage_index() - 1);
+      group->recv(length, src, meta_tag_base + s->stage_index())->wait();
+      TORCH_CHECK(length.item<int64_t>() >= 1, "stage ", s->stage_index(), ": bad metadata length");
+      at::Tensor payload = at::empty({length.item<int64_t>()}, at::kLong);
+      group->recv(payload, src, meta_tag_base + s->stage_index())->wait();
+      inputs = DecodeMeta(payload, s->stage_index());
+    }
+    previous = s->InferMeta(s->is_first() ? arg_mbs[0] : std::vector<at::Tensor>{}, inputs);
+    previous_stage = s->stage_index();
+    if (!s->is_last() && stage_to_rank_(s->stage_index() + 1) != group->rank()) {
+      at::Tensor payload = EncodeMeta(previous);
+      at::Tensor length = at::tensor(std::vector<int64_t>{payload.numel()}, at::kLong);
+      const int dst = stage_to_rank_(s->stage_index() + 1);
+      in_flight.push_back(length);
+      in_flight.push_back(payload);
+      sends.push_back(group->send(length, dst, meta_tag_base + s->stage_index() + 1));
+      sends.push_back(group->send(payload, dst, meta_tag_base + s->stage_index() + 1));
+    }
+  }
+  WaitAll(sends);
+}
+
+std::vector<at::Tensor> PipelineSchedule::step(const std::vector<at::Tensor>& args, const at::Tensor& target,
+                                               std::vector<at::Tensor>* losses) {
+  const int n = options_.n_microbatches;
+  bool has_first = false;
+  bool has_last = false;
+  for (auto& s : stages_) {
+    has_first = has_first || s->is_first();
+    has_last = has_last || s->is_last();
+  }
+  std::vector<std::vector<at::Tensor>> arg_mbs;
+  if (has_first) {
+    TORCH_CHECK(!args.empty(), "step: this rank holds stage 0, which needs the batch's arguments (args is empty)");
+    arg_mbs = SplitIntoMicrobatches(args, n);
+  }
+  std::vector<at::Tensor> target_mbs;
+  const bool backward = static_cast<bool>(options_.loss_fn);
+  if (has_last && backward) {
+    TORCH_CHECK(target.defined(), "step: this rank holds the last stage and a loss_fn is set: target is undefined");
+    target_mbs = SplitTensorIntoMicrobatches(target, n);
+  }
+  for (auto& s : stages_) s->BeginStep(n, stage_to_rank_);
+  InferMetaIfNeeded(arg_mbs);
+  state_ = std::make_unique<StepState>();
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Action& action = actions_[i];
+    try {
+      if (action.type == ActionType::kOverlapFB) {
+        for (const Action& sub : action.sub_actions) Perform(sub, arg_mbs, target_mbs);
+      } else {
+        Perform(action, arg_mbs, target_mbs);
+      }
+    } catch (const c10::Error& e) {
+      PipelineOrder order;
+      for (const auto& [rank, list] : lowered_) {
+        order[rank].assign(list.begin(), list.end());
+      }
+      TORCH_CHECK(false, "pipeline rank ", stages_[0]->group()->rank(), " failed at step ", i, ", action ",
+                  action.ToString(), ": ", e.what_without_backtrace(), "\nThe schedule:\n",
+                  FormatPipelineOrder(order, static_cast<int>(i)));
+    }
+  }
+  for (auto& [key, works] : state_->pending_sends) {
+    TORCH_CHECK(works.empty(), "pipeline: a send of stage ", std::get<1>(key), " microbatch ", std::get<2>(key),
+                " was never waited for (the schedule lacks its WAIT_SEND)");
+  }
+  std::vector<at::Tensor> merged;
+  for (auto& s : stages_) {
+    if (!s->is_last()) continue;
+    merged = MergeMicrobatches(s->TakeOutputChunks());
+    if (losses != nullptr && backward) {
+      TORCH_CHECK(static_cast<int>(state_->losses.size()) == n, "expecting ", n, " losses but got ",
+                  state_->losses.size());
+      losses->clear();
+      for (auto& [mb, loss] : state_->losses) losses->push_back(loss.detach());
+    }
+  }
+  state_.reset();
+  return merged;
+}
+
+void PipelineSchedule::Perform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
+                               const std::vector<at::Tensor>& target_mbs) {
+  const bool backward = static_cast<bool>(options_.loss_fn);
+  PipelineStage& stage = StageOf(action);
+  const int s = action.stage;
+  const int mb = action.microbatch.value_or(-1);
+  auto local = [&](int other) -> PipelineStage* {
+    for (auto& x : stages_) {
+      if (x->stage_index() == other) return x.get();
+    }
+    return nullptr;
+  };
+  PipelineStage* next_local = local(s + 1);
+  PipelineStage* prev_local = local(s - 1);
+  StepState& st = *state_;
+  comm::ProcessGroup& group = *stage.group();
+  const bool computes = action.type == ActionType::kForward || action.type == ActionType::kFullBackward ||
+                        action.type == ActionType::kBackwardInput || action.type == ActionType::kBackwardWeight;
+  if (computes && st.unshard_pending.erase(s) == 1) stage.data_parallel()->WaitUnshard();
+  const bool backward_compute = action.type == ActionType::kFullBackward || action.type == ActionType::kBackwardInput ||
+                                action.type == ActionType::kBackwardWeight;
+  if (backward && backward_compute && stage.data_parallel() != nullptr) stage.data_parallel()->BeforeBackward();
+  switch (action.type) {
+    case ActionType::kSendF: {
+      auto& works = st.pending_sends[{ActionType::kSendF, s, mb}];
+      TORCH_CHECK(works.empty(), "a second SEND_F of stage ", s, " microbatch ", mb, " before its wait");
+      works = group.batch_isend_irecv(stage.ForwardSendOps(mb));
+      return;
+    }
+    case ActionType::kSendB: {
+      if (!backward) return;
+      auto& works = st.pending_sends[{ActionType::kSendB, s, mb}];
+      TORCH_CHECK(works.empty(), "a second SEND_B of stage ", s, " microbatch ", mb, " before its wait");
+      works = group.batch_isend_irecv(stage.BackwardSendOps(mb));
+      return;
+    }
+    case ActionType::kWaitSendF:
+    case ActionType::kWaitSendB: {
+      const ActionType send = action.type == ActionType::kWaitSendF ? ActionType::kSendF : ActionType::kSendB;
+      if (send == ActionType::kSendB && !backward) return;
+      auto it = st.pending_sends.find({send, s, mb});
+      TORCH_CHECK(it != st.pending_sends.end(), action.ToString(), " waits for a send that was never issued");
+      WaitAll(it->second);
+      if (send == ActionType::kSendF) stage.ReleaseForwardSend(mb);
+      return;
+    }
+    case ActionType::kRecvF: {
+      auto& works = st.forward_recvs[{s, mb}];
+      TORCH_CHECK(works.empty(), "RECV_F twice for stage ", s, " microbatch ", mb, " without its forward");
+      works = group.batch_isend_irecv(stage.ForwardRecvOps(mb));
+      return;
+    }
+    case ActionType::kRecvB: {
+      if (!backward) return;
+      auto& works = st.backward_recvs[{s, mb}];
+      TORCH_CHECK(works.empty(), "RECV_B twice for stage ", s, " microbatch ", mb, " without its backward");
+      works = group.batch_isend_irecv(stage.BackwardRecvOps(mb));
+      return;
+    }
+    case ActionType::kUnshard:
+      if (stage.data_parallel() != nullptr) {
+        stage.data_parallel()->Unshard();
+        st.unshard_pending.insert(s);
+      }
+      return;
+    case ActionType::kReshard:
+      if (stage.data_parallel() != nullptr && st.finalized.erase(s) == 0) {
+        if (st.unshard_pending.erase(s) == 1) stage.data_parallel()->WaitUnshard();
+        stage.data_parallel()->Reshard();
+      }
+      return;
+    case ActionType::kWaitReduceGrad: return;  // REDUCE_GRAD is synchronous
+    case ActionType::kForward: {
+      if (!stage.is_first() && prev_local == nullptr) {
+        auto it = st.forward_recvs.find({s, mb});
+        TORCH_CHECK(it != st.forward_recvs.end(), "computing ", action.ToString(), " before receiving its input");
+        WaitAll(it->second);
+        st.forward_recvs.erase(it);
+      }
+      std::vector<at::Tensor> out = stage.Forward(mb, stage.is_first() ? arg_mbs.at(mb) : std::vector<at::Tensor>{});
+      if (stage.is_last() && backward) st.losses[mb] = options_.loss_fn(out, target_mbs.at(mb));
+      if (next_local != nullptr) next_local->SetLocalForwardInput(mb, out);
+      return;
+    }
+    case ActionType::kFullBackward:
+    case ActionType::kBackwardInput: {
+      if (!backward) return;
+      const bool full = action.type == ActionType::kFullBackward;
+      if (!stage.is_last() && next_local == nullptr) {
+        auto it = st.backward_recvs.find({s, mb});
+        TORCH_CHECK(it != st.backward_recvs.end(), "computing ", action.ToString(), " before receiving its gradients");
+        WaitAll(it->second);
+        st.backward_recvs.erase(it);
+      }
+      at::Tensor loss;
+      if (stage.is_last()) {
+        auto it = st.losses.find(mb);
+        TORCH_CHECK(it != st.losses.end(), "the loss of microbatch ", mb, " is not available");
+        loss = it->second;
+      }
+      if (full) ++st.backward_count[s];
+      stage.Backward(mb, loss, full);
+      if (prev_local != nullptr) prev_local->SetLocalBackwardInput(mb, stage.LocalBackwardOutput(mb));
+      return;
+    }
+    case ActionType::kBackwardWeight:
+      if (!backward) return;
+      ++st.backward_count[s];
+      stage.BackwardWeight(mb);
+      return;
+    case ActionType::kReduceGrad:
+      if (!backward) return;
+      TORCH_CHECK(st.backward_count[s] == options_.n_microbatches, "REDUCE_GRAD of stage ", s, " after ",
+                  st.backward_count[s], " of its ", options_.n_microbatches, " backwards");
+      if (stage.data_parallel() != nullptr) {
+        stage.data_parallel()->ReduceGrad();
+        st.finalized.insert(s);
+      }
+      stage.ScaleGrads(options_.scale_grads ? options_.n_microbatches : 1);
+      return;
+    case ActionType::kOverlapFB:
+      for (const Action& sub : action.sub_actions) Perform(sub, arg_mbs, target_mbs);
+      return;
+  }
+  TORCH_CHECK(false, "unknown action ", action.ToString());
+}
+
+}  // namespace fsdp::pipelining

@@ -1,0 +1,98 @@
+// PipelineSchedule: runs one training step of a pipeline on this rank, as PyTorch 2.15's
+// torch/distributed/pipelining/schedules.py _PipelineScheduleRuntime: the schedule's
+// compute-only action order (pipelining/schedule_orders.h), lowered with its sends, receives,
+// waits, unshards and gradient reductions (pipelining/lowering.h), executed action by action.
+//
+//   pipelining::PipelineSchedule schedule(pipelining::ScheduleKind::k1F1B, {stage},
+//                                         {.n_microbatches = 4, .loss_fn = mse});
+//   std::vector<at::Tensor> losses;
+//   schedule.step({inputs}, target, &losses);   // inputs on the first stage's rank, target on the last's
+//   optimizer.step();
+//
+// Semantics (PyTorch's): the batch is split along dim 0 into n_microbatches; the last stage
+// computes loss_fn(outputs, target piece) per microbatch and backpropagates it; gradients
+// accumulate over the microbatches in each stage's parameters and, with scale_grads, are
+// divided by n_microbatches at the stage's REDUCE_GRAD (so a mean loss gives the batch mean's
+// gradient). step() returns the merged outputs on the rank holding the last stage (empty
+// elsewhere) and fills `losses` there with one loss per microbatch.
+//
+// Contract: every rank of the stages' group builds the same schedule (kind or compute order,
+// n_microbatches) over its own stages (one for GPipe / 1F1B; stages_per_rank for the others;
+// the stage indices those of this rank under the schedule's placement: StageRank) and calls
+// step() the same number of times. Point-to-point Works wait with the group's timeout, so a
+// peer that never sends fails the step with a timeout naming peer and tag, not a hang (the
+// flight recorder shows which stage stopped: docs/guide/debugging.md). An error during a step
+// names the action, its position and this rank's lowered action list. Not thread-safe.
+#ifndef FSDP_PIPELINING_PIPELINE_SCHEDULE_H_
+#define FSDP_PIPELINING_PIPELINE_SCHEDULE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipelining/action.h"
+#include "pipelining/lowering.h"
+#include "pipelining/schedule_orders.h"
+#include "pipelining/stage.h"
+
+namespace fsdp::pipelining {
+
+// The loss of one microbatch from the last stage's outputs and the target's piece.
+using PipelineLossFn = std::function<at::Tensor(const std::vector<at::Tensor>& outputs, const at::Tensor& target)>;
+
+struct PipelineScheduleOptions {
+  int n_microbatches = 1;
+  // Without one, step() runs forwards only (no backward actions are executed).
+  PipelineLossFn loss_fn;
+  bool scale_grads = true;
+  LoweringOptions lowering;
+};
+
+class PipelineSchedule {
+ public:
+  // A built-in schedule (ScheduleKindFromName reads PyTorch's names).
+  PipelineSchedule(ScheduleKind kind, std::vector<std::shared_ptr<PipelineStage>> stages,
+                   PipelineScheduleOptions options);
+  // A custom schedule: the compute-only order of every rank (e.g. ReadScheduleCsv, PyTorch's
+  // _load_csv), stage placement by `stage_to_rank`.
+  PipelineSchedule(const PipelineOrder& compute_order, std::function<int(int)> stage_to_rank,
+                   std::vector<std::shared_ptr<PipelineStage>> stages, PipelineScheduleOptions options);
+
+  // One step (see above). `args`: the whole batch's arguments of the first stage (ignored on
+  // other ranks); `target`: the whole batch's target (used on the last stage's rank).
+  std::vector<at::Tensor> step(const std::vector<at::Tensor>& args, const at::Tensor& target = {},
+                               std::vector<at::Tensor>* losses = nullptr);
+
+  // This rank's lowered action list (PyTorch's pipeline_order_with_comms[rank]).
+  const std::vector<Action>& actions() const { return actions_; }
+  const std::map<int, std::vector<Action>>& all_actions() const { return lowered_; }
+  int n_microbatches() const { return options_.n_microbatches; }
+
+ private:
+  void Init(const PipelineOrder& compute_order);
+  void InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs);
+  void Perform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
+               const std::vector<at::Tensor>& target_mbs);
+  PipelineStage& StageOf(const Action& action);
+
+  std::vector<std::shared_ptr<PipelineStage>> stages_;
+  PipelineScheduleOptions options_;
+  std::function<int(int)> stage_to_rank_;
+  int num_stages_ = 0;
+  std::map<int, std::vector<Action>> lowered_;
+  std::vector<Action> actions_;
+  struct StepState;
+  std::unique_ptr<StepState> state_;
+
+ public:
+  ~PipelineSchedule();
+  PipelineSchedule(PipelineSchedule&&) noexcept;
+};
+
+}  // namespace fsdp::pipelining
+
+#endif  // FSDP_PIPELINING_PIPELINE_SCHEDULE_H_
