@@ -1,6 +1,13 @@
 #include "train/pipeline_fsdp.h"
 
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
 #include <utility>
+
+#include "fsdp/fsdp2/clip_grad_norm.h"
 
 namespace fsdp::train {
 
@@ -32,6 +39,32 @@ void FsdpStageDataParallel::ReduceGrad() {
   root_.set_reshard_after_backward(true);
   root_.finalize_backward();
   root_.set_manual_backward_finalization(false);
+}
+
+double ClipGradNormAcrossStages(const std::vector<torch::nn::Module*>& stage_modules, const comm::ProcessGroupPtr& pp,
+                                double max_norm, double norm_type) {
+  TORCH_CHECK(pp != nullptr, "ClipGradNormAcrossStages: the pipeline group is null");
+  TORCH_CHECK(max_norm >= 0, "ClipGradNormAcrossStages: max_norm must be >= 0, got ", max_norm);
+  const bool inf = std::isinf(norm_type);
+  TORCH_CHECK(norm_type > 0, "ClipGradNormAcrossStages: norm_type must be > 0 or +inf, got ", norm_type);
+  // Each stage's norm over its own meshes (max_norm = inf: measure, clip nothing), combined.
+  double local = 0;
+  for (torch::nn::Module* m : stage_modules) {
+    TORCH_CHECK(m != nullptr, "ClipGradNormAcrossStages: a stage module is null");
+    const double n = fsdp2::clip_grad_norm_(*m, std::numeric_limits<double>::infinity(), norm_type).item<double>();
+    local = inf ? std::max(local, n) : local + std::pow(n, norm_type);
+  }
+  at::Tensor total = at::tensor({local}, at::kDouble);
+  if (pp->size() > 1) pp->all_reduce(total, inf ? comm::ReduceOp::Max() : comm::ReduceOp::Sum())->wait();
+  const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
+  // torch.nn.utils.clip_grads_with_norm_'s formula.
+  const double coef = std::min(max_norm / (norm + 1e-6), 1.0);
+  for (torch::nn::Module* m : stage_modules) {
+    for (at::Tensor& p : m->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+    }
+  }
+  return norm;
 }
 
 }  // namespace fsdp::train

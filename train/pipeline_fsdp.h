@@ -19,8 +19,11 @@
 #ifndef FSDP_TRAIN_PIPELINE_FSDP_H_
 #define FSDP_TRAIN_PIPELINE_FSDP_H_
 
+#include <torch/nn/module.h>
+
 #include <vector>
 
+#include "comm/process_group.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "pipelining/stage.h"
 
@@ -39,6 +42,16 @@ class FsdpStageDataParallel final : public pipelining::StageDataParallel {
   fsdp2::FSDPModule root_;
   std::vector<fsdp2::FSDPModule> all_;  // modules, then the root
 };
+
+// torchtitan's clip_grad_norm_ with a pp mesh (torchtitan/distributed/utils.py): the total
+// p-norm of the gradients of this rank's stage modules (each one's through
+// fsdp2::clip_grad_norm_, over its FSDP and TP meshes) combined over the pipeline group
+// `pp` (the p-th powers summed, or the max for p = inf), so every rank gets the norm one
+// rank training the whole model would; then every gradient of the stages scaled by
+// clamp(max_norm / (total + 1e-6), max = 1). Returns the total before clipping. Collective
+// over `pp` and the stages' meshes; call after the step's schedule, before the optimizer.
+double ClipGradNormAcrossStages(const std::vector<torch::nn::Module*>& stage_modules, const comm::ProcessGroupPtr& pp,
+                                double max_norm, double norm_type = 2.0);
 
 }  // namespace fsdp::train
 

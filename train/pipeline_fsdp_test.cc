@@ -1,11 +1,13 @@
 // FSDP2 inside pipeline stages (train/pipeline_fsdp.h): pp 2 x dp 2 on Threaded ranks, each
 // stage's blocks and root fully_shard'ed over its dp group, against one process running the
 // whole model on every dp rank's microbatches (the independent reference): the gradients
-// each rank holds are its dim-0 shard of the reference's, reduce-scattered once per step.
+// each rank holds are its dim-0 shard of the reference's, reduce-scattered once per step, and
+// clipping across the pipeline uses the whole model's norm.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +91,14 @@ TEST_P(FsdpInsidePipelineStages, ShardsTheGradientsOfOneProcessTraining) {
     }
   }
   const double divide = c.n_mb * kDp;
+  double ref_norm_squared = 0;
+  for (auto& l : layers) {
+    ref_norm_squared += (l->weight.grad() / divide).pow(2).sum().item<double>();
+    ref_norm_squared += (l->bias.grad() / divide).pow(2).sum().item<double>();
+  }
+  const double ref_norm = std::sqrt(ref_norm_squared);
+  const double max_norm = ref_norm / 2;  // clips: every gradient scaled by about 1/2
+  const double coef = max_norm / (ref_norm + 1e-6);
   const double tol = testing::SummationOrderTolerance(at::kDouble, kBatch * kDim * c.n_mb * kDp);
 
   testing::RunOnRanks(testing::Backend::kThreaded, kPp * kDp, [&](const comm::ProcessGroupPtr& group) {
@@ -129,6 +139,11 @@ TEST_P(FsdpInsidePipelineStages, ShardsTheGradientsOfOneProcessTraining) {
       int reduce_scatters = 0;
       for (const comm::CollectiveRecord& r : dp_trace->records()) reduce_scatters += r.op == "reduce_scatter_tensor";
       EXPECT_EQ(reduce_scatters, static_cast<int>(stages.size()) * kLayersPerStage) << "step " << step;
+      // clip_grad_norm_ across the pipeline: the norm of the whole model's gradients.
+      std::vector<torch::nn::Module*> modules;
+      for (auto& chunk : chunks) modules.push_back(chunk.ptr().get());
+      const double norm = ClipGradNormAcrossStages(modules, pp, max_norm);
+      EXPECT_NEAR(norm, ref_norm, tol * ref_norm) << "step " << step;
       for (size_t k = 0; k < stages.size(); ++k) {
         const int s = stages[k]->stage_index();
         for (int i = 0; i < kLayersPerStage; ++i) {
@@ -136,7 +151,7 @@ TEST_P(FsdpInsidePipelineStages, ShardsTheGradientsOfOneProcessTraining) {
           const auto& got = chunks[k]->blocks[i];
           for (auto [name, want, have] : {std::tuple{"weight", ref->weight.grad(), got->weight.grad()},
                                           std::tuple{"bias", ref->bias.grad(), got->bias.grad()}}) {
-            const at::Tensor shard = (want / divide).chunk(kDp)[dp_rank];
+            const at::Tensor shard = (want / divide * coef).chunk(kDp)[dp_rank];
             ASSERT_TRUE(have.defined()) << "stage " << s << " block " << i << " " << name;
             ASSERT_EQ(have.sizes(), shard.sizes()) << "stage " << s << " block " << i << " " << name;
             EXPECT_LE((have - shard).abs().max().item<double>(), tol * std::max(1.0, shard.abs().max().item<double>()))
