@@ -799,16 +799,16 @@ fsdp_cc_library(//train:lr_scheduler INSTALL PCH aten
 fsdp_cc_library(//train:config INSTALL PCH none
   SRCS config.cc config_fields.cc config_fields.h config_validate.cc
   HDRS config.h
-  DEPS :lr_scheduler @libtorch @system//:tomlplusplus)
+  DEPS :lr_scheduler //pipelining:schedule_ir @libtorch @system//:tomlplusplus)
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
-  SRCS config_test.cc data_test.cc lr_scheduler_test.cc pipeline_fsdp_test.cc selective_ac_test.cc
-       tensorboard_test.cc torchtitan_checkpoint_test.cc trainer_test.cc
+  SRCS config_test.cc data_test.cc lr_scheduler_test.cc pipeline_fsdp_test.cc pipeline_llama_test.cc
+       selective_ac_test.cc tensorboard_test.cc torchtitan_checkpoint_test.cc trainer_test.cc
   DATA configs/debugmodel.toml configs/demo.toml ../models/llama/testdata/golden_llama3_flavors.txt
        testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
-       testdata/golden_sac_save_ops.txt testdata/golden_train_data.txt testdata/corpus/train.index
-       testdata/corpus/train.tokens testdata/corpus/validation.index
-       testdata/corpus/validation.tokens
+       testdata/golden_pipeline_split.txt testdata/golden_sac_save_ops.txt
+       testdata/golden_train_data.txt testdata/corpus/train.index testdata/corpus/train.tokens
+       testdata/corpus/validation.index testdata/corpus/validation.tokens
   TAGS peer_python
   DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset :trainer //comm
        //fsdp/hooked_module //mesh //pipelining //testing:float_tolerance //fsdp/fsdp2
@@ -818,7 +818,7 @@ fsdp_cc_test(//train:train_test SIZE medium SMOKE
 fsdp_cc_library(//train:pipeline_fsdp INSTALL
   SRCS pipeline_fsdp.cc
   HDRS pipeline_fsdp.h
-  DEPS //fsdp/fsdp2 //pipelining @libtorch)
+  DEPS //comm //fsdp/fsdp2 //pipelining @libtorch)
 
 fsdp_cc_library(//train:token_dataset INSTALL PCH none
   SRCS token_dataset.cc
@@ -831,13 +831,14 @@ fsdp_cc_library(//train:dataloader INSTALL PCH aten
   DEPS :token_dataset @libtorch)
 
 fsdp_cc_library(//train:trainer INSTALL
-  SRCS checkpoint_state.cc loss.cc metrics_log.cc parallelize.cc selective_ac.cc tensorboard.cc
-       torchtitan_checkpoint.cc trainer.cc
-  HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h selective_ac.h tensorboard.h
-       torchtitan_checkpoint.h trainer.h
-  DEPS :config :dataloader :lr_scheduler :token_dataset //checkpoint:dcp //comm //dcp:core
-       //dcp:stateful //dcp:fsdp2 //dtensor //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh
-       //metrics //models/llama //tensor_parallel @libtorch @system//:absl)
+  SRCS checkpoint_state.cc loss.cc metrics_log.cc parallelize.cc pipeline_llama.cc selective_ac.cc
+       tensorboard.cc torchtitan_checkpoint.cc trainer.cc
+  HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h pipeline_llama.h selective_ac.h
+       tensorboard.h torchtitan_checkpoint.h trainer.h
+  DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset //checkpoint:dcp //comm
+       //dcp:core //dcp:stateful //dcp:fsdp2 //dtensor //fsdp/activation_checkpointing //fsdp/fsdp2
+       //mesh //metrics //models/llama //pipelining //pipelining:schedule_ir //tensor_parallel
+       @libtorch @system//:absl)
 
 fsdp_cc_binary(//train INSTALL
   SRCS train_main.cc

@@ -81,6 +81,19 @@ struct ParallelismConfig {
   ReshardAfterForward fsdp_reshard_after_forward = ReshardAfterForward::kDefault;
   int64_t tensor_parallel_degree = 1;
   bool enable_sequence_parallel = true;
+  // Pipeline parallelism (torchtitan's keys and defaults; distributed/pipeline_parallel.py):
+  // the degree, a schedule name (pipelining::ScheduleKindFromName) or a compute-only CSV file
+  // (pipelining::ReadScheduleCsv) that replaces it, the microbatch size (local_batch_size /
+  // it microbatches per step), and the layer split: layers_per_stage (unset: one stage per
+  // rank for GPipe / 1F1B, two for the others), the first and last stages counting the
+  // embedding and the norm + head as this many layers.
+  int64_t pipeline_parallel_degree = 1;
+  std::string pipeline_parallel_schedule = "1F1B";
+  std::string pipeline_parallel_schedule_csv;
+  int64_t pipeline_parallel_microbatch_size = 1;
+  std::optional<int64_t> pipeline_parallel_layers_per_stage;
+  int64_t pipeline_parallel_first_stage_less_layers = 1;
+  int64_t pipeline_parallel_last_stage_less_layers = 1;
 };
 
 enum class ActivationCheckpointMode { kNone, kFull, kSelective };
@@ -203,6 +216,7 @@ struct ResolvedDegrees {
   int64_t dp_replicate, dp_shard, tp;
   int64_t dp() const { return dp_replicate * dp_shard; }
   int64_t global_batch_size, gradient_accumulation_steps;
+  int64_t pp = 1;  // parallelism.pipeline_parallel_degree
 };
 // The checks of the contract above for `world_size` processes.
 ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size);

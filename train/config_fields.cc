@@ -121,7 +121,14 @@ std::vector<Section> Sections(JobConfig& c) {
                                    {"always", ReshardAfterForward::kAlways},
                                    {"never", ReshardAfterForward::kNever}}),
                        Bind("tensor_parallel_degree", p.tensor_parallel_degree),
-                       Bind("enable_sequence_parallel", p.enable_sequence_parallel)}});
+                       Bind("enable_sequence_parallel", p.enable_sequence_parallel),
+                       Bind("pipeline_parallel_degree", p.pipeline_parallel_degree),
+                       Bind("pipeline_parallel_schedule", p.pipeline_parallel_schedule),
+                       Bind("pipeline_parallel_schedule_csv", p.pipeline_parallel_schedule_csv),
+                       Bind("pipeline_parallel_microbatch_size", p.pipeline_parallel_microbatch_size),
+                       Bind("pipeline_parallel_layers_per_stage", p.pipeline_parallel_layers_per_stage),
+                       Bind("pipeline_parallel_first_stage_less_layers", p.pipeline_parallel_first_stage_less_layers),
+                       Bind("pipeline_parallel_last_stage_less_layers", p.pipeline_parallel_last_stage_less_layers)}});
   ActivationCheckpointConfig& ac = c.activation_checkpoint;
   sections.push_back({"activation_checkpoint",
                       {BindChoice("mode", ac.mode,

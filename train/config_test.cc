@@ -148,6 +148,42 @@ TEST(JobConfig, EachBadInputIsOneErrorNamingTheKeyAndValue) {
                         "is not one of default, always, never");
 }
 
+TEST(ValidateConfig, PipelineDegreesAndWhatPipelinesDoNotYetSupport) {
+  JobConfig c;
+  c.training.local_batch_size = 4;
+  c.parallelism.pipeline_parallel_degree = 2;
+  const ResolvedDegrees d = ValidateConfig(c, 8);
+  EXPECT_EQ(d.pp, 2);
+  EXPECT_EQ(d.dp_shard, 4);
+  EXPECT_ERROR_CONTAINS(ValidateConfig(c, 7),
+                        "is not a multiple of data_parallel_replicate_degree * "
+                        "tensor_parallel_degree * pipeline_parallel_degree = 2");
+  JobConfig bad = c;
+  bad.parallelism.data_parallel_shard_degree = 2;
+  EXPECT_ERROR_CONTAINS(
+      ValidateConfig(bad, 8),
+      "pipeline_parallel_degree (2) * data_parallel_replicate_degree (1) * data_parallel_shard_degree "
+      "(2) * tensor_parallel_degree (1) = 4, not the world size 8");
+  bad = c;
+  bad.parallelism.pipeline_parallel_schedule = "Zigzag";
+  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "parallelism.pipeline_parallel_schedule = \"Zigzag\"");
+  bad = c;
+  bad.parallelism.pipeline_parallel_microbatch_size = 3;
+  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "parallelism.pipeline_parallel_microbatch_size = 3");
+  bad = c;
+  bad.parallelism.pipeline_parallel_schedule_csv = "/nonexistent/schedule.csv";
+  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "\"/nonexistent/schedule.csv\" does not exist");
+  bad = c;
+  bad.parallelism.tensor_parallel_degree = 2;
+  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "tensor parallelism inside pipeline stages is not supported yet");
+  bad = c;
+  bad.checkpoint.enable = true;
+  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "checkpoints of a pipelined model are not supported yet");
+  bad = c;
+  bad.parallelism.pipeline_parallel_degree = 0;
+  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "parallelism.pipeline_parallel_degree = 0 must be at least 1");
+}
+
 TEST(ValidateConfig, ResolvesTheShardDegreeAndGradientAccumulation) {
   JobConfig c;
   c.training.local_batch_size = 2;

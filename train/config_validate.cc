@@ -4,7 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <filesystem>
 
+#include "pipelining/schedule_orders.h"
 #include "train/config.h"
 #include "train/lr_scheduler.h"
 
@@ -50,18 +52,59 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
   CheckAtLeast("parallelism.data_parallel_replicate_degree", p.data_parallel_replicate_degree, 1);
   CheckMinusOneOrPositive("parallelism.data_parallel_shard_degree", p.data_parallel_shard_degree);
   CheckAtLeast("parallelism.tensor_parallel_degree", p.tensor_parallel_degree, 1);
-  ResolvedDegrees degrees{p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree, 0,
-                          0};
-  const int64_t others = degrees.dp_replicate * degrees.tp;
+  CheckAtLeast("parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, 1);
+  CheckAtLeast("parallelism.pipeline_parallel_microbatch_size", p.pipeline_parallel_microbatch_size, 1);
+  CheckAtLeast("parallelism.pipeline_parallel_first_stage_less_layers", p.pipeline_parallel_first_stage_less_layers, 0);
+  CheckAtLeast("parallelism.pipeline_parallel_last_stage_less_layers", p.pipeline_parallel_last_stage_less_layers, 0);
+  if (p.pipeline_parallel_layers_per_stage) {
+    CheckAtLeast("parallelism.pipeline_parallel_layers_per_stage", *p.pipeline_parallel_layers_per_stage, 1);
+  }
+  ResolvedDegrees degrees{
+      p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree, 0, 0,
+      p.pipeline_parallel_degree};
+  const int64_t others = degrees.dp_replicate * degrees.tp * degrees.pp;
   if (degrees.dp_shard == -1) {
     TORCH_CHECK(world_size % others == 0, "parallelism.data_parallel_shard_degree = -1: the world size ", world_size,
-                " is not a multiple of data_parallel_replicate_degree * tensor_parallel_degree = ", others);
+                " is not a multiple of data_parallel_replicate_degree * tensor_parallel_degree * "
+                "pipeline_parallel_degree = ",
+                others);
     degrees.dp_shard = world_size / others;
   }
-  TORCH_CHECK(degrees.dp_replicate * degrees.dp_shard * degrees.tp == world_size,
-              "parallelism: data_parallel_replicate_degree (", degrees.dp_replicate, ") * data_parallel_shard_degree (",
-              degrees.dp_shard, ") * tensor_parallel_degree (", degrees.tp,
-              ") = ", degrees.dp_replicate * degrees.dp_shard * degrees.tp, ", not the world size ", world_size);
+  TORCH_CHECK(degrees.pp * degrees.dp_replicate * degrees.dp_shard * degrees.tp == world_size,
+              "parallelism: pipeline_parallel_degree (", degrees.pp, ") * data_parallel_replicate_degree (",
+              degrees.dp_replicate, ") * data_parallel_shard_degree (", degrees.dp_shard,
+              ") * tensor_parallel_degree (", degrees.tp,
+              ") = ", degrees.pp * degrees.dp_replicate * degrees.dp_shard * degrees.tp, ", not the world size ",
+              world_size);
+  if (degrees.pp > 1) {
+    // A schedule name PyTorch knows (its message names it), a CSV file that exists, and what
+    // the trainer does not yet do with a pipeline: each an error before anything runs.
+    try {
+      pipelining::ScheduleKindFromName(p.pipeline_parallel_schedule);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "parallelism.pipeline_parallel_schedule = \"", p.pipeline_parallel_schedule,
+                  "\": ", e.what_without_backtrace());
+    }
+    if (!p.pipeline_parallel_schedule_csv.empty()) {
+      TORCH_CHECK(std::filesystem::is_regular_file(p.pipeline_parallel_schedule_csv),
+                  "parallelism.pipeline_parallel_schedule_csv = \"", p.pipeline_parallel_schedule_csv,
+                  "\" does not exist or is not a file");
+    }
+    TORCH_CHECK(
+        t.local_batch_size % p.pipeline_parallel_microbatch_size == 0,
+        "training.local_batch_size = ", t.local_batch_size,
+        " is not divisible by parallelism.pipeline_parallel_microbatch_size = ", p.pipeline_parallel_microbatch_size);
+    TORCH_CHECK(degrees.tp == 1, "parallelism.pipeline_parallel_degree = ", degrees.pp,
+                " with tensor_parallel_degree = ", degrees.tp,
+                ": tensor parallelism inside pipeline stages is not "
+                "supported yet");
+    TORCH_CHECK(!config.checkpoint.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
+                " with checkpoint.enable = true: checkpoints of a pipelined model are not supported yet");
+    TORCH_CHECK(!config.validator.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
+                " with validator.enable = true: validation of a pipelined model is not supported yet");
+    TORCH_CHECK(config.checkpoint.initial_load_path.empty(), "parallelism.pipeline_parallel_degree = ", degrees.pp,
+                " with checkpoint.initial_load_path set: loading into a pipelined model is not supported yet");
+  }
 
   // torchtitan's Trainer.__init__: global batch = local batch * dp degree * accumulation steps.
   const int64_t per_micro_step = t.local_batch_size * degrees.dp();

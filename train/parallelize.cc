@@ -87,8 +87,14 @@ models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t t
 
 ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees) {
   ParallelMeshes m;
-  m.world = mesh::DeviceMesh::Create(world, {degrees.dp_replicate, degrees.dp_shard, degrees.tp},
-                                     {"dp_replicate", "dp_shard", "tp"});
+  if (degrees.pp > 1) {
+    m.world = mesh::DeviceMesh::Create(world, {degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.tp},
+                                       {"pp", "dp_replicate", "dp_shard", "tp"});
+    m.pp = (*m.world)["pp"];
+  } else {
+    m.world = mesh::DeviceMesh::Create(world, {degrees.dp_replicate, degrees.dp_shard, degrees.tp},
+                                       {"dp_replicate", "dp_shard", "tp"});
+  }
   m.fsdp = degrees.dp_replicate > 1 ? m.world->slice({"dp_replicate", "dp_shard"}) : (*m.world)["dp_shard"];
   m.tp = degrees.tp > 1 ? (*m.world)["tp"] : nullptr;
   m.batch = degrees.dp_replicate > 1 ? m.world->flatten({"dp_replicate", "dp_shard"}, "dp") : (*m.world)["dp_shard"];
@@ -97,7 +103,8 @@ ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDeg
   return m;
 }
 
-void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config, const ParallelMeshes& meshes) {
+std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config,
+                                                const ParallelMeshes& meshes) {
   if (meshes.tp) {
     // Built on the meta device and initialized after sharding: no values to broadcast.
     models::llama::ApplyTensorParallel(
@@ -119,23 +126,26 @@ void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& c
     }
   }
   const ParallelismConfig& p = config.parallelism;
-  // torchtitan's get_fsdp_reshard_after_forward_policy without pipeline parallelism:
-  // "default" and "always" reshard the blocks; the final norm and head only under "always".
-  const bool reshard_blocks = p.fsdp_reshard_after_forward != ReshardAfterForward::kNever;
+  // torchtitan's get_fsdp_reshard_after_forward_policy: "default" reshards the blocks unless
+  // pipelining (a stage's blocks stay gathered across its microbatches), "always" does,
+  // "never" does not; the final norm and head only under "always".
+  const bool pipelined = meshes.pp != nullptr;
+  const bool reshard_blocks = p.fsdp_reshard_after_forward == ReshardAfterForward::kAlways ||
+                              (p.fsdp_reshard_after_forward == ReshardAfterForward::kDefault && !pipelined);
   const bool reshard_root = p.fsdp_reshard_after_forward == ReshardAfterForward::kAlways;
   fsdp2::FullyShardOptions options;
   options.mesh = meshes.fsdp;
   options.mp_policy = {.param_dtype = ScalarTypeOf(config.training.mixed_precision_param),
                        .reduce_dtype = ScalarTypeOf(config.training.mixed_precision_reduce),
                        .cast_forward_inputs = false};
-  options.detect_nonfinite_grads = true;
+  options.detect_nonfinite_grads = !pipelined;
   std::vector<fsdp2::FSDPModule> units;
   const auto shard = [&](const std::shared_ptr<torch::nn::Module>& module, bool reshard) {
     fsdp2::FullyShardOptions o = options;
     o.reshard_after_forward = reshard;
     units.push_back(fsdp2::fully_shard(module, o));
   };
-  shard(model->model->embed_tokens.ptr(), reshard_blocks);
+  if (model->model->embed_tokens) shard(model->model->embed_tokens.ptr(), reshard_blocks);
   for (auto& layer : model->model->decoder_layers) shard(layer.ptr(), reshard_blocks);
   shard(model.ptr(), reshard_root);
   // torchtitan's disable_fsdp_gradient_division: the loss is a sum over this rank's tokens
@@ -144,6 +154,7 @@ void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& c
     unit.set_gradient_divide_factor(1.0);
     unit.set_force_sum_reduction_for_comms(true);
   }
+  return units;
 }
 
 void InitTorchtitanWeights(models::llama::LlamaForCausalLM& model, uint64_t seed) {

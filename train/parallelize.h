@@ -8,9 +8,9 @@
 //   replacing its values) and checks them against the tensor-parallel degree: one c10::Error
 //   naming the key, its value and the degree. Reads no file but that config.json.
 // - BuildMeshes is collective over `world` (it creates the sub-groups): the world mesh
-//   (dp_replicate, dp_shard, tp), FSDP's mesh (1-D dp_shard, or dp_replicate x dp_shard for
-//   HSDP), the tp mesh and the flattened data-parallel mesh the loss and token counts reduce
-//   over.
+//   (dp_replicate, dp_shard, tp), with pipeline parallelism (pp, dp_replicate, dp_shard, tp), FSDP's mesh (1-D
+//   dp_shard, or dp_replicate x dp_shard for HSDP), the tp mesh and the flattened data-parallel mesh the loss and token
+//   counts reduce over.
 // - ParallelizeLlama, on an unsharded model (on the meta device: TP broadcasts no values),
 //   every rank alike: tensor parallelism on the tp
 //   mesh (enable_sequence_parallel), activation checkpointing on every decoder layer (full, or
@@ -19,15 +19,21 @@
 //   per torchtitan: the embedding, each decoder
 //   layer, the root (final norm and head), with the reshard policy and the mixed-precision
 //   policy (cast_forward_inputs off) of the config, gradient division off (the loss is
-//   already divided by the global token count) and the non-finite gradient sentinel on.
+//   already divided by the global token count) and the non-finite gradient sentinel on (off
+//   with pipeline parallelism: its check after each backward is collective over the world,
+//   and a pipeline's ranks run their backwards at different times). A pipeline stage's part
+//   shards what it has (no embedding, or no head); with pipeline parallelism "default" keeps
+//   the blocks unsharded after forward, as torchtitan's policy.
 #ifndef FSDP_TRAIN_PARALLELIZE_H_
 #define FSDP_TRAIN_PARALLELIZE_H_
 
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "comm/process_group.h"
+#include "fsdp/fsdp2/fully_shard.h"
 #include "mesh/device_mesh.h"
 #include "models/llama/model.h"
 #include "train/config.h"
@@ -40,16 +46,19 @@ models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t t
 c10::ScalarType ScalarTypeOf(DType dtype);
 
 struct ParallelMeshes {
-  mesh::DeviceMeshPtr world;  // (dp_replicate, dp_shard, tp)
+  mesh::DeviceMeshPtr world;  // (dp_replicate, dp_shard, tp), or (pp, dp_replicate, dp_shard, tp)
   mesh::DeviceMeshPtr fsdp;   // dp_shard, or (dp_replicate, dp_shard)
   mesh::DeviceMeshPtr tp;     // null when the tp degree is 1
   mesh::DeviceMeshPtr batch;  // the data-parallel ranks as one dim: loss and token sums
+  mesh::DeviceMeshPtr pp;     // null when the pp degree is 1
   int64_t dp_rank = 0, dp_size = 1;
 };
 
 ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees);
 
-void ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config, const ParallelMeshes& meshes);
+// Returns the fully_shard handles, the root's last.
+std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config,
+                                                const ParallelMeshes& meshes);
 
 // torchtitan's init_weights after sharding: fsdp2::InitMetaParameters with
 // models::llama::InitTorchtitanParameter on each full parameter (seeded by `seed` and its name),

@@ -18,8 +18,11 @@
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "metrics/step_metrics.h"
 #include "models/llama/flavors.h"
+#include "pipelining/pipeline_schedule.h"
 #include "train/loss.h"
 #include "train/metrics_log.h"
+#include "train/pipeline_fsdp.h"
+#include "train/pipeline_llama.h"
 #include "train/torchtitan_checkpoint.h"
 
 namespace fsdp::train {
@@ -77,19 +80,26 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
   // torchtitan's order: build on the meta device, parallelize, then init_weights, each rank
   // drawing every full parameter from (seed, name) and keeping its shard: no rank holds the
   // whole model, and the values do not depend on the world size or mesh.
-  model_ = models::llama::LlamaForCausalLM(model_config_, c10::Device(c10::kMeta));
-  model_->to(ScalarTypeOf(config_.training.dtype));
   flops_per_token_ = TorchtitanFlopsPerToken(model_config_, config_.training.seq_len);
-  ParallelizeLlama(model_, config_, meshes_);
-  InitTorchtitanWeights(model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
+  if (degrees_.pp > 1) {
+    BuildPipeline();
+  } else {
+    model_ = models::llama::LlamaForCausalLM(model_config_, c10::Device(c10::kMeta));
+    model_->to(ScalarTypeOf(config_.training.dtype));
+    ParallelizeLlama(model_, config_, meshes_);
+    InitTorchtitanWeights(model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
+  }
   if (!ck.initial_load_path.empty() && ck.initial_load_in_hf) dcp::LoadHuggingFace(*model_, ck.initial_load_path);
   // torchtitan's set_determinism: deterministic ATen algorithms (an error where one has none).
   if (config_.debug.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 
   const OptimizerConfig& o = config_.optimizer;
+  std::vector<at::Tensor> params;
+  for (const auto& part : model_parts()) {
+    for (const at::Tensor& p : part->parameters()) params.push_back(p);
+  }
   optimizer_ = std::make_unique<torch::optim::AdamW>(
-      model_->parameters(),
-      torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
+      params, torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
   lr_schedulers_ = std::make_unique<LRSchedulers>(std::vector<torch::optim::Optimizer*>{optimizer_.get()},
                                                   WarmupStableDecay(config_.lr_scheduler, config_.training.steps));
   data_ = std::make_unique<DataLoader>(
@@ -176,6 +186,74 @@ void Trainer::SaveCheckpoint() {
   if (!(last_step && config_.checkpoint.last_save_in_hf)) checkpointer_->Save(progress_.step, last_step);
 }
 
+struct Trainer::Pipeline {
+  PipelineSplit split;
+  std::vector<models::llama::LlamaForCausalLM> parts;  // this rank's, by stage index
+  std::vector<std::shared_ptr<pipelining::PipelineStage>> stages;
+  std::unique_ptr<pipelining::PipelineSchedule> schedule;
+  bool has_first = false, has_last = false;
+  double global_tokens = 1;  // the step's, for the loss function (torchtitan's rescaled loss)
+};
+
+// torchtitan's pipeline_llm: split the model into stages, build this rank's parts on the meta
+// device, parallelize and initialize each (the same values as the whole model's: the init
+// draws per parameter name), wrap them as stages, and build the schedule.
+void Trainer::BuildPipeline() {
+  pipeline_ = std::make_unique<Pipeline>();
+  Pipeline& pl = *pipeline_;
+  TORCH_CHECK(!model_config_.tie_word_embeddings,
+              "model.enable_weight_tying = true is not supported with pipeline parallelism (the embedding and the "
+              "head live on different stages)");
+  const ParallelismConfig& p = config_.parallelism;
+  pl.split = PipelineLayerSplit(p, model_config_.num_hidden_layers, config_.training.local_batch_size);
+  const comm::ProcessGroupPtr& pp = meshes_.pp->group(0);
+  const int num_stages = static_cast<int>(pl.split.parts.size());
+  for (const int s : LocalStageIndices(pl.split, pp->rank(), pp->size())) {
+    models::llama::LlamaForCausalLM part(model_config_, c10::Device(c10::kMeta), pl.split.parts[s]);
+    part->to(ScalarTypeOf(config_.training.dtype));
+    std::vector<fsdp2::FSDPModule> units = ParallelizeLlama(part, config_, meshes_);
+    InitTorchtitanWeights(part, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
+    const fsdp2::FSDPModule root = units.back();
+    units.pop_back();
+    pipelining::PipelineStageOptions options;
+    options.data_parallel = std::make_shared<FsdpStageDataParallel>(root, units);
+    // Activations: the tokens (the hidden state after the first stage) and each token's
+    // rotary position, which every stage needs; the last stage returns the logits.
+    const bool last = s == num_stages - 1;
+    pipelining::StageForward forward = [part, last](const std::vector<at::Tensor>& in) mutable {
+      at::Tensor out = part(in[0], in.size() > 1 ? in[1] : at::Tensor());
+      if (last || in.size() < 2) return std::vector<at::Tensor>{out};
+      return std::vector<at::Tensor>{out, in[1]};
+    };
+    pl.stages.push_back(std::make_shared<pipelining::PipelineStage>(part.ptr(), forward, s, num_stages, pp, options));
+    pl.parts.push_back(part);
+    pl.has_first = pl.has_first || s == 0;
+    pl.has_last = pl.has_last || last;
+  }
+  model_ = pl.parts.front();
+  pipelining::PipelineScheduleOptions options{
+      .n_microbatches = static_cast<int>(pl.split.n_microbatches),
+      // torchtitan's loss: the summed cross-entropy over the global valid tokens; scale_grads
+      // off (the division is in the loss).
+      .loss_fn = [&pl](const std::vector<at::Tensor>& out,
+                       const at::Tensor& labels) { return CrossEntropySum(out[0], labels) / pl.global_tokens; },
+      .scale_grads = false};
+  if (pl.split.custom_csv) {
+    const pipelining::ScheduleKind kind = pl.split.kind;
+    const int ranks = pp->size();
+    pl.schedule = std::make_unique<pipelining::PipelineSchedule>(
+        pipelining::ReadScheduleCsv(p.pipeline_parallel_schedule_csv),
+        [kind, ranks](int stage) { return pipelining::StageRank(kind, stage, ranks); }, pl.stages, options);
+  } else {
+    pl.schedule = std::make_unique<pipelining::PipelineSchedule>(pl.split.kind, pl.stages, options);
+  }
+}
+
+std::vector<models::llama::LlamaForCausalLM> Trainer::model_parts() const {
+  if (pipeline_ != nullptr) return pipeline_->parts;
+  return {model_};
+}
+
 Trainer::~Trainer() = default;
 
 at::Tensor Trainer::Forward(const TokenBatch& batch) { return model_(batch.input, batch.positions); }
@@ -202,6 +280,7 @@ StepResult Trainer::Step(bool global_metrics) {
   r.global_tokens =
       AllReduce(meshes_.batch, at::tensor({local_valid}, at::kLong), comm::ReduceOp::Sum()).item<int64_t>();
   TORCH_CHECK(r.global_tokens > 0, "step ", r.step, ": the global batch has no valid token");
+  if (pipeline_ != nullptr) return PipelinedStep(r, micro_batches, local_valid, global_metrics, start);
   at::Tensor accumulated = at::zeros({}, at::kFloat);
   const Clock::time_point model_start = Clock::now();
   for (const TokenBatch& batch : micro_batches) {
@@ -226,6 +305,46 @@ StepResult Trainer::Step(bool global_metrics) {
     return r;
   }
   r.loss = AllReduce(meshes_.batch, accumulated.to(at::kDouble).reshape({1}), comm::ReduceOp::Sum()).item<double>();
+  r.max_loss = AllReduce(meshes_.batch, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
+  TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
+              "); stopping training");
+  r.seconds = Seconds(start);
+  return r;
+}
+
+// train_step with a pipeline (torchtitan's forward_backward_step under pp): each micro-batch
+// through the schedule (tokens and positions into the first stage, labels to the last); the
+// loss, known on the last stage, summed over the pipeline group so every rank reports it;
+// clipping over the pipeline's stages.
+StepResult Trainer::PipelinedStep(StepResult r, const std::vector<TokenBatch>& micro_batches, int64_t local_valid,
+                                  bool global_metrics, Clock::time_point start) {
+  Pipeline& pl = *pipeline_;
+  pl.global_tokens = static_cast<double>(r.global_tokens);
+  at::Tensor accumulated = at::zeros({}, at::kFloat);
+  const Clock::time_point model_start = Clock::now();
+  for (const TokenBatch& batch : micro_batches) {
+    std::vector<at::Tensor> losses;
+    pl.schedule->step({batch.input, batch.positions}, batch.labels, &losses);
+    for (const at::Tensor& loss : losses) accumulated.add_(loss.to(at::kFloat));
+  }
+  at::Tensor summed = accumulated.to(at::kDouble).reshape({1});
+  meshes_.pp->group(0)->all_reduce(summed)->wait();  // only the last stage's rank holds the losses
+  r.model_seconds = Seconds(model_start);
+  const Clock::time_point optimizer_start = Clock::now();
+  std::vector<torch::nn::Module*> modules;
+  for (auto& part : pl.parts) modules.push_back(part.ptr().get());
+  r.grad_norm = ClipGradNormAcrossStages(modules, meshes_.pp->group(0), config_.training.max_norm);
+  optimizer_->step();
+  lr_schedulers_->Step();
+  r.optimizer_seconds = Seconds(optimizer_start);
+  const double local_mean =
+      local_valid > 0 ? summed.item<double>() * static_cast<double>(r.global_tokens) / local_valid : 0.0;
+  if (!global_metrics) {
+    r.loss = r.max_loss = local_mean;
+    r.seconds = Seconds(start);
+    return r;
+  }
+  r.loss = AllReduce(meshes_.batch, summed, comm::ReduceOp::Sum()).item<double>();
   r.max_loss = AllReduce(meshes_.batch, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
   TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
               "); stopping training");

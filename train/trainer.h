@@ -22,6 +22,7 @@
 
 #include <torch/optim/adamw.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <ostream>
@@ -112,7 +113,12 @@ class Trainer {
   // dump_folder/checkpoint.folder/step-<step>, torchtitan's checkpoint directory of a step.
   std::string ExportDirectory() const;
 
+  // With pipeline parallelism the model is cut into stages (train/pipeline_llama.h): model()
+  // is this rank's first stage's part, model_parts() all of this rank's, and a step runs each
+  // micro-batch through the schedule (parallelism.pipeline_parallel_schedule), its
+  // microbatches of pipeline_parallel_microbatch_size sequences each.
   int64_t step() const { return progress_.step; }
+  std::vector<models::llama::LlamaForCausalLM> model_parts() const;
   const JobConfig& config() const { return config_; }
   const ResolvedDegrees& degrees() const { return degrees_; }
   const models::llama::LlamaConfig& model_config() const { return model_config_; }
@@ -127,6 +133,10 @@ class Trainer {
   // dump_folder/checkpoint.folder: the step-<N> checkpoints and the Hugging Face export.
   std::string CheckpointFolder() const;
   void LoadInitialCheckpoint();
+
+  StepResult PipelinedStep(StepResult r, const std::vector<TokenBatch>& micro_batches, int64_t local_valid,
+                           bool global_metrics, std::chrono::steady_clock::time_point start);
+  void BuildPipeline();
 
   JobConfig config_;
   ResolvedDegrees degrees_;
@@ -144,6 +154,9 @@ class Trainer {
   std::vector<std::pair<std::string, std::unique_ptr<dcp::Stateful>>> stateful_;
   std::unique_ptr<dcp::CheckpointManager> checkpointer_;
   std::string initial_load_;  // what LoadCheckpoint loaded from initial_load_path, for the log
+  // Pipeline parallelism: this rank's parts, stages and the schedule (null without).
+  struct Pipeline;
+  std::unique_ptr<Pipeline> pipeline_;
 };
 
 }  // namespace fsdp::train

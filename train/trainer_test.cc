@@ -79,10 +79,21 @@ double MaxRelDiff(const std::vector<StepResult>& a, const std::vector<StepResult
 class TrainerMeshes : public ::testing::TestWithParam<std::pair<int, std::vector<std::string>>> {};
 
 std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& info) {
-  static const char* const kNames[] = {
-      "fsdp4",           "hsdp2x2",       "fsdp2_tp2",          "fsdp2_tp2_no_sp",
-      "fsdp4_accum2",    "fsdp2_full_ac", "fsdp2_selective_ac", "fsdp2_tp2_selective_ac",
-      "fsdp2_no_reshard"};
+  static const char* const kNames[] = {"fsdp4",
+                                       "hsdp2x2",
+                                       "fsdp2_tp2",
+                                       "fsdp2_tp2_no_sp",
+                                       "fsdp4_accum2",
+                                       "fsdp2_full_ac",
+                                       "fsdp2_selective_ac",
+                                       "fsdp2_tp2_selective_ac",
+                                       "fsdp2_no_reshard",
+                                       "pp2_dp2_1f1b",
+                                       "pp2_dp2_gpipe",
+                                       "pp2_dp2_interleaved1f1b",
+                                       "pp2_dp2_zbv",
+                                       "pp4_1f1b",
+                                       "pp2_dp2_selective_ac"};
   return kNames[info.index];
 }
 
@@ -129,18 +140,40 @@ TEST_P(TrainerMeshes, TrainsAsOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, TrainerMeshes,
-    ::testing::Values(std::make_pair(4, std::vector<std::string>{}),
-                      std::make_pair(4, std::vector<std::string>{"--parallelism.data_parallel_replicate_degree=2"}),
-                      std::make_pair(4, std::vector<std::string>{"--parallelism.tensor_parallel_degree=2",
-                                                                 "--training.local_batch_size=4"}),
-                      std::make_pair(4, std::vector<std::string>{"--parallelism.tensor_parallel_degree=2",
-                                                                 "--parallelism.enable_sequence_parallel=false"}),
-                      std::make_pair(4, std::vector<std::string>{"--training.local_batch_size=1"}),
-                      std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=full"}),
-                      std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=selective"}),
-                      std::make_pair(4, std::vector<std::string>{"--activation_checkpoint.mode=selective",
-                                                                 "--parallelism.tensor_parallel_degree=2"}),
-                      std::make_pair(2, std::vector<std::string>{"--parallelism.fsdp_reshard_after_forward=never"})),
+    ::testing::Values(
+        std::make_pair(4, std::vector<std::string>{}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.data_parallel_replicate_degree=2"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.tensor_parallel_degree=2",
+                                                   "--training.local_batch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.tensor_parallel_degree=2",
+                                                   "--parallelism.enable_sequence_parallel=false"}),
+        std::make_pair(4, std::vector<std::string>{"--training.local_batch_size=1"}),
+        std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=full"}),
+        std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=selective"}),
+        std::make_pair(4, std::vector<std::string>{"--activation_checkpoint.mode=selective",
+                                                   "--parallelism.tensor_parallel_degree=2"}),
+        std::make_pair(2, std::vector<std::string>{"--parallelism.fsdp_reshard_after_forward=never"}),
+        // Pipeline parallelism (train/pipeline_llama.h): pp 2 x dp 2 with 1F1B and
+        // GPipe (stages: embedding + layer 0, layer 1 + head), Interleaved1F1B and
+        // ZBVZeroBubble (four stages: the embedding alone, a layer each, the head
+        // alone; V placement), pp 4 with 1F1B.
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--training.local_batch_size=4",
+                                                   "--parallelism.pipeline_parallel_microbatch_size=2"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--parallelism.pipeline_parallel_schedule=GPipe",
+                                                   "--training.local_batch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                                                   "--training.local_batch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                                                   "--training.local_batch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=4",
+                                                   "--training.local_batch_size=8"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--training.local_batch_size=4",
+                                                   "--activation_checkpoint.mode=selective"})),
     MeshName);
 
 // Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of

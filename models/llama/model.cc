@@ -153,38 +153,58 @@ void PlaceOn(torch::nn::Module& module, c10::Device device) {
 
 }  // namespace
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, c10::Device device) : config(c) {
-  embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size));
-  PlaceOn(*embed_tokens, device);
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, c10::Device device, LlamaParts p) : config(c), parts(p) {
+  if (parts.end_layer == -1) parts.end_layer = c.num_hidden_layers;
+  TORCH_CHECK(parts.first_layer >= 0 && parts.first_layer <= parts.end_layer && parts.end_layer <= c.num_hidden_layers,
+              "LlamaModel: the layers [", parts.first_layer, ", ", parts.end_layer, ") are not within the model's ",
+              c.num_hidden_layers);
+  if (parts.embedding) {
+    embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size));
+    PlaceOn(*embed_tokens, device);
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> named;
+  for (int64_t i = parts.first_layer; i < parts.end_layer; ++i) {
     decoder_layers.emplace_back(c);
     PlaceOn(*decoder_layers.back(), device);
     decoder_layers.back()->set_checkpointing_enabled(false);  // opt-in: apply_activation_checkpointing
-    layers->push_back(decoder_layers.back());
+    named.emplace_back(std::to_string(i), decoder_layers.back().ptr());
   }
-  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  PlaceOn(*norm, device);
+  layers = register_module("layers", torch::nn::ModuleDict(named));
+  if (parts.head) {
+    norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    PlaceOn(*norm, device);
+  }
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens, const at::Tensor& positions) {
-  TORCH_CHECK(tokens.dim() == 2, "LlamaModel: tokens must be [batch, seq], got ", tokens.sizes());
-  at::Tensor h = embed_tokens(tokens);
+  at::Tensor h;
+  if (parts.embedding) {
+    TORCH_CHECK(tokens.dim() == 2, "LlamaModel: tokens must be [batch, seq], got ", tokens.sizes());
+    h = embed_tokens(tokens);
+  } else {
+    TORCH_CHECK(tokens.dim() == 3 && tokens.size(2) == config.hidden_size,
+                "LlamaModel (a stage without the embedding): the input must be the hidden state [batch, seq, ",
+                config.hidden_size, "], got ", tokens.sizes());
+    h = tokens;
+  }
   at::Tensor pos = positions;
   if (pos.defined()) {
     TORCH_CHECK(pos.dim() == 2 && pos.size(1) == tokens.size(1) && (pos.size(0) == 1 || pos.size(0) == tokens.size(0)),
-                "LlamaModel: positions must be [1 or batch, seq] for tokens ", tokens.sizes(), ", got ", pos.sizes());
+                "LlamaModel: positions must be [1 or batch, seq] for input ", tokens.sizes(), ", got ", pos.sizes());
   } else {
     pos = at::arange(tokens.size(1), tokens.options().dtype(at::kLong)).unsqueeze(0);  // HF's position_ids
   }
   const auto [cos, sin] = RotaryCosSin(config, pos, h);
   for (auto& layer : decoder_layers) h = layer(h, cos, sin);
-  return norm(h);
+  return parts.head ? norm(h) : h;
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, c10::Device device)
-    : config(c), model(register_module("model", LlamaModel(c, device))) {
-  if (!c.tie_word_embeddings) {
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, c10::Device device, LlamaParts parts)
+    : config(c), model(register_module("model", LlamaModel(c, device, parts))) {
+  TORCH_CHECK(!c.tie_word_embeddings || parts.whole(c.num_hidden_layers),
+              "LlamaForCausalLM: tied embeddings need the whole model in one part (the embedding and lm_head share "
+              "one tensor), got a pipeline stage's part");
+  if (!c.tie_word_embeddings && parts.head) {
     lm_head = register_module("lm_head", NoBiasLinear(c.hidden_size, c.vocab_size));
     PlaceOn(*lm_head, device);
   }
@@ -192,6 +212,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, c10::Device dev
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens, const at::Tensor& positions) {
   const at::Tensor h = model(tokens, positions);
+  if (!model->parts.head) return h;
   // Tied: the embedding's tensor as the head's weight, registered once (named_parameters()
   // lists it once, as PyTorch's dedups the shared Parameter).
   return lm_head ? lm_head(h) : at::linear(h, model->embed_tokens->weight);

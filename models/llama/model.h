@@ -31,6 +31,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -129,30 +130,49 @@ struct DecoderLayerImpl : torch::nn::Module {
 // recomputes itself in backward (inside FSDP2's hooks, so no extra all-gather).
 using DecoderLayer = activation_checkpointing::Checkpointed<DecoderLayerImpl>;
 
+// The part of the model a pipeline stage holds (torchtitan's split of a Llama model,
+// torchtitan/distributed/pipeline_parallel.py): the embedding or not, the decoder layers
+// [first_layer, end_layer), the final norm and lm_head or not. Names stay the whole model's
+// (the stage holding layer 5 has "model.layers.5.*"), so checkpoints of the stages together
+// are the whole model's. Default: the whole model.
+struct LlamaParts {
+  bool embedding = true;
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;  // -1: num_hidden_layers
+  bool head = true;        // model.norm and lm_head
+  bool whole(int64_t num_layers) const {
+    return embedding && head && first_layer == 0 && (end_layer == -1 || end_layer == num_layers);
+  }
+};
+
 // LlamaModel: embedding, the layers, final norm. Not hooked: fully_shard wraps the layers and
 // the root (LlamaForCausalLM), as PyTorch's FSDP2 recipes for HF models do.
 struct LlamaModelImpl : torch::nn::Module {
   // `device` kMeta: each submodule moves to the meta device as soon as it is built (peak: one
   // decoder layer, or the embedding), for fully_shard + fsdp2::InitMetaParameters.
-  explicit LlamaModelImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
+  explicit LlamaModelImpl(const LlamaConfig& config, c10::Device device = c10::kCPU, LlamaParts parts = {});
   // tokens [batch, seq] (int64), positions [batch or 1, seq] (int64: each token's rotary
   // position, as torchtitan's per-document positions; undefined: 0 .. seq-1) -> the last
-  // hidden state [batch, seq, hidden].
+  // hidden state [batch, seq, hidden]. Without the embedding part the input is the previous
+  // stage's hidden state [batch, seq, hidden]; without the head part the output is not normed.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions);
   LlamaConfig config;
-  Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};     // DecoderLayer each; children named "0", "1", ...
+  LlamaParts parts;
+  Embedding embed_tokens{nullptr};           // null without the embedding part
+  torch::nn::ModuleDict layers{nullptr};     // DecoderLayer each; children named "<layer index>"
   std::vector<DecoderLayer> decoder_layers;  // the same modules, typed (for forward and fully_shard)
-  RMSNorm norm{nullptr};
+  RMSNorm norm{nullptr};                     // null without the head part
 };
 TORCH_MODULE(LlamaModel);
 
 // LlamaForCausalLM: LlamaModel and the lm_head (tied: its weight is the embedding's tensor,
 // registered once, as HF's and torchtitan's weight tying).
 struct LlamaForCausalLMImpl : torch::nn::Module {
-  // `device`: kCPU, or kMeta (as LlamaModelImpl).
-  explicit LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
-  // tokens [batch, seq], positions as LlamaModelImpl::forward -> logits [batch, seq, vocab].
+  // `device`: kCPU, or kMeta (as LlamaModelImpl). `parts`: a pipeline stage's part (tied
+  // embeddings need the whole model).
+  explicit LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device = c10::kCPU, LlamaParts parts = {});
+  // tokens [batch, seq], positions as LlamaModelImpl::forward -> logits [batch, seq, vocab]
+  // (a stage without the head part: its hidden state).
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions);
   LlamaConfig config;
   LlamaModel model{nullptr};

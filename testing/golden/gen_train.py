@@ -163,7 +163,12 @@ def write_config_defaults():
         "training": (TrainingConfig(), ["local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "dtype",
                                         "mixed_precision_param", "mixed_precision_reduce"]),
         "parallelism": (ParallelismConfig(), ["data_parallel_replicate_degree", "data_parallel_shard_degree",
-                                              "fsdp_reshard_after_forward", "tensor_parallel_degree", "enable_sequence_parallel"]),
+                                              "fsdp_reshard_after_forward", "tensor_parallel_degree", "enable_sequence_parallel",
+                                              "pipeline_parallel_degree", "pipeline_parallel_schedule",
+                                              "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+                                              "pipeline_parallel_layers_per_stage",
+                                              "pipeline_parallel_first_stage_less_layers",
+                                              "pipeline_parallel_last_stage_less_layers"]),
         "activation_checkpoint": (dict(mode=modes[type(trainer.activation_checkpoint)],
                                        preserve_rng_state=trainer.activation_checkpoint.preserve_rng_state,
                                        force_recompute_mm_shapes_by_fqns=SelectiveAC.Config().force_recompute_mm_shapes_by_fqns),
@@ -215,11 +220,56 @@ def write_sac_save_ops():
     golden.write()
 
 
+SPLIT_GOLDEN = "train/testdata/golden_pipeline_split.txt"
+SPLIT_DOC = f"""
+torchtitan {torchtitan.__version__}'s split of a Llama model into pipeline stages
+(torchtitan/distributed/pipeline_parallel.py: _get_pipeline_metadata, then
+_generate_llm_fqn_per_model_part), read by train/pipeline_llama_test.cc; fields tab-separated.
+  case <pp> <schedule> <layers> <layers_per_stage or -> <first_less> <last_less>
+  stages <n>                      the number of virtual stages
+  stage <i> <module,...>          stage i's modules (torchtitan's names), in order
+  error                           torchtitan raised (ValueError) for this case
+"""
+
+
+def write_pipeline_splits():
+    import itertools
+    import types
+
+    from torchtitan.config.configs import ParallelismConfig
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pipeline_metadata
+
+    golden = gc.GoldenFile(SPLIT_GOLDEN, SPLIT_DOC)
+    for pp, schedule, layers, per_stage, first, last in itertools.product(
+            (2, 3, 4), ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"), (2, 3, 5, 8, 16), (None, 1, 2, 3, 5),
+            (0, 1, 2), (0, 1, 2)):
+        parallelism = ParallelismConfig(pipeline_parallel_degree=pp, pipeline_parallel_schedule=schedule,
+                                        pipeline_parallel_layers_per_stage=per_stage,
+                                        pipeline_parallel_first_stage_less_layers=first,
+                                        pipeline_parallel_last_stage_less_layers=last)
+        dims = types.SimpleNamespace(pp=pp)
+        model = types.SimpleNamespace(layers=[None] * layers)
+        golden.add("\t".join(["case", str(pp), schedule, str(layers), "-" if per_stage is None else str(per_stage),
+                               str(first), str(last)]))
+        golden.records += 1
+        try:
+            stages, num_layers, in_w, out_w = _get_pipeline_metadata(dims, parallelism, model)
+            names = _generate_llm_fqn_per_model_part(stages, num_layers, in_w, out_w)
+        except ValueError:
+            golden.add("error")
+            continue
+        golden.add(f"stages\t{stages}")
+        for i, modules in enumerate(names):
+            golden.add(f"stage\t{i}\t" + ",".join(modules))
+    golden.write()
+
+
 def main():
     gc.quiet_torch()
     start = time.time()
     write_config_defaults()
     write_sac_save_ops()
+    write_pipeline_splits()
     golden = gc.GoldenFile(GOLDEN, DOC)
     for steps, warmup, ratio, decay_type, min_lr in itertools.product(
         TRAINING_STEPS, WARMUP_STEPS, DECAY_RATIOS, DECAY_TYPES, MIN_LR_FACTORS
