@@ -174,9 +174,6 @@ TEST(ValidateConfig, PipelineDegreesAndWhatPipelinesDoNotYetSupport) {
   bad.parallelism.pipeline_parallel_schedule_csv = "/nonexistent/schedule.csv";
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "\"/nonexistent/schedule.csv\" does not exist");
   bad = c;
-  bad.parallelism.tensor_parallel_degree = 2;
-  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "tensor parallelism inside pipeline stages is not supported yet");
-  bad = c;
   bad.checkpoint.enable = true;
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "checkpoints of a pipelined model are not supported yet");
   bad = c;

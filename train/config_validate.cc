@@ -94,10 +94,6 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
         t.local_batch_size % p.pipeline_parallel_microbatch_size == 0,
         "training.local_batch_size = ", t.local_batch_size,
         " is not divisible by parallelism.pipeline_parallel_microbatch_size = ", p.pipeline_parallel_microbatch_size);
-    TORCH_CHECK(degrees.tp == 1, "parallelism.pipeline_parallel_degree = ", degrees.pp,
-                " with tensor_parallel_degree = ", degrees.tp,
-                ": tensor parallelism inside pipeline stages is not "
-                "supported yet");
     TORCH_CHECK(!config.checkpoint.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
                 " with checkpoint.enable = true: checkpoints of a pipelined model are not supported yet");
     TORCH_CHECK(!config.validator.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,

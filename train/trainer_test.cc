@@ -93,7 +93,10 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
                                        "pp2_dp2_interleaved1f1b",
                                        "pp2_dp2_zbv",
                                        "pp4_1f1b",
-                                       "pp2_dp2_selective_ac"};
+                                       "pp2_dp2_selective_ac",
+                                       "pp2_tp2_1f1b",
+                                       "pp2_tp2_no_sp_interleaved1f1b",
+                                       "pp2_tp2_zbv"};
   return kNames[info.index];
 }
 
@@ -173,7 +176,22 @@ INSTANTIATE_TEST_SUITE_P(
                                                    "--training.local_batch_size=8"}),
         std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
                                                    "--training.local_batch_size=4",
-                                                   "--activation_checkpoint.mode=selective"})),
+                                                   "--activation_checkpoint.mode=selective"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--parallelism.tensor_parallel_degree=2",
+                                                   "--training.local_batch_size=8",
+                                                   "--parallelism.pipeline_parallel_microbatch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--parallelism.tensor_parallel_degree=2",
+                                                   "--parallelism.enable_sequence_parallel=false",
+                                                   "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                                                   "--training.local_batch_size=8",
+                                                   "--parallelism.pipeline_parallel_microbatch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--parallelism.tensor_parallel_degree=2",
+                                                   "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                                                   "--training.local_batch_size=8",
+                                                   "--parallelism.pipeline_parallel_microbatch_size=4"})),
     MeshName);
 
 // Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of

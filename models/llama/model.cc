@@ -189,7 +189,10 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens, const at::Tensor& p
   }
   at::Tensor pos = positions;
   if (pos.defined()) {
-    TORCH_CHECK(pos.dim() == 2 && pos.size(1) == tokens.size(1) && (pos.size(0) == 1 || pos.size(0) == tokens.size(0)),
+    // A later stage's hidden state may be sharded on the sequence (sequence parallel): its
+    // positions are the whole sequence's.
+    TORCH_CHECK(pos.dim() == 2 && (pos.size(1) == tokens.size(1) || !parts.embedding) &&
+                    (pos.size(0) == 1 || pos.size(0) == tokens.size(0)),
                 "LlamaModel: positions must be [1 or batch, seq] for input ", tokens.sizes(), ", got ", pos.sizes());
   } else {
     pos = at::arange(tokens.size(1), tokens.options().dtype(at::kLong)).unsqueeze(0);  // HF's position_ids

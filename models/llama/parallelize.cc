@@ -41,21 +41,29 @@ void ApplyTensorParallel(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr&
   const Placement between = options.sequence_parallel ? seq : rep;  // the blocks' activations
   const auto colwise = [] { return tpar::ColwiseParallel(); };
   const auto rowwise_out = [&] { return tpar::RowwiseParallel({.output_layouts = between}); };
-  tpar::ParallelizePlan plan = {
-      {"model.embed_tokens", tpar::RowwiseParallel({.input_layouts = rep, .output_layouts = between})},
-      {"lm_head", tpar::ColwiseParallel(
-                      {.input_layouts = between, .output_layouts = Placement::Shard(-1), .use_local_output = false})},
-      {"model.layers.*.self_attn.q_proj", colwise()},
-      {"model.layers.*.self_attn.k_proj", colwise()},
-      {"model.layers.*.self_attn.v_proj", colwise()},
-      {"model.layers.*.self_attn.o_proj", rowwise_out()},
-      {"model.layers.*.mlp.gate_proj", colwise()},
-      {"model.layers.*.mlp.up_proj", colwise()},
-      {"model.layers.*.mlp.down_proj", rowwise_out()}};
-  if (options.sequence_parallel) {
+  // A pipeline stage's part (LlamaParts) may lack the layers, the embedding or the norm + head:
+  // the plan names what the part has.
+  const bool layers = !model.model->decoder_layers.empty();
+  tpar::ParallelizePlan plan;
+  if (layers) {
+    plan = {{"model.layers.*.self_attn.q_proj", colwise()}, {"model.layers.*.self_attn.k_proj", colwise()},
+            {"model.layers.*.self_attn.v_proj", colwise()}, {"model.layers.*.self_attn.o_proj", rowwise_out()},
+            {"model.layers.*.mlp.gate_proj", colwise()},    {"model.layers.*.mlp.up_proj", colwise()},
+            {"model.layers.*.mlp.down_proj", rowwise_out()}};
+  }
+  if (model.model->embed_tokens) {
+    plan.push_back({"model.embed_tokens", tpar::RowwiseParallel({.input_layouts = rep, .output_layouts = between})});
+  }
+  const bool head = model.model->parts.head;
+  if (head) {
+    plan.push_back({"lm_head", tpar::ColwiseParallel({.input_layouts = between,
+                                                      .output_layouts = Placement::Shard(-1),
+                                                      .use_local_output = false})});
+  }
+  if (options.sequence_parallel && head) plan.push_back({"model.norm", tpar::SequenceParallel()});
+  if (options.sequence_parallel && layers) {
     plan.insert(plan.end(),
-                {{"model.norm", tpar::SequenceParallel()},
-                 {"model.layers.*.input_layernorm", tpar::SequenceParallel()},
+                {{"model.layers.*.input_layernorm", tpar::SequenceParallel()},
                  {"model.layers.*.post_attention_layernorm", tpar::SequenceParallel()},
                  // forward(hidden, cos, sin): only the hidden states are sharded.
                  {"model.layers.*.self_attn",
