@@ -61,6 +61,11 @@ fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
   SRCS comm_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:benchmark)
 
+fsdp_cc_binary(//bench:pipelining_bench TESTONLY OPTION FSDP_BUILD_BENCH
+  SRCS pipelining_bench.cc
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //pipelining //pipelining:schedule_ir
+       //testing:peer_python @libtorch @system//:absl @system//:benchmark)
+
 fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH
   SRCS dtensor_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard //dtensor //tensor_parallel

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
 #include <tuple>
@@ -24,6 +25,9 @@ struct PipelineSchedule::StepState {
   std::map<int, at::Tensor> losses;   // mb -> the last stage's loss
   std::set<int> unshard_pending;      // stages whose UNSHARD was issued and not yet waited for
   std::set<int> finalized;            // stages whose REDUCE_GRAD resharded them already
+
+  // The current action's start, for options.on_action.
+  std::chrono::steady_clock::time_point action_start;
 };
 
 namespace {
@@ -237,9 +241,9 @@ std::vector<at::Tensor> PipelineSchedule::step(const std::vector<at::Tensor>& ar
     const Action& action = actions_[i];
     try {
       if (action.type == ActionType::kOverlapFB) {
-        for (const Action& sub : action.sub_actions) Perform(sub, arg_mbs, target_mbs);
+        for (const Action& sub : action.sub_actions) TimedPerform(sub, arg_mbs, target_mbs);
       } else {
-        Perform(action, arg_mbs, target_mbs);
+        TimedPerform(action, arg_mbs, target_mbs);
       }
     } catch (const c10::Error& e) {
       PipelineOrder order;
@@ -270,6 +274,14 @@ std::vector<at::Tensor> PipelineSchedule::step(const std::vector<at::Tensor>& ar
   return merged;
 }
 
+void PipelineSchedule::TimedPerform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
+                                    const std::vector<at::Tensor>& target_mbs) {
+  if (!options_.on_action) return Perform(action, arg_mbs, target_mbs);
+  state_->action_start = std::chrono::steady_clock::now();
+  Perform(action, arg_mbs, target_mbs);
+  options_.on_action(action, state_->action_start, std::chrono::steady_clock::now());
+}
+
 void PipelineSchedule::Perform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
                                const std::vector<at::Tensor>& target_mbs) {
   const bool backward = static_cast<bool>(options_.loss_fn);
@@ -289,6 +301,10 @@ void PipelineSchedule::Perform(const Action& action, const std::vector<std::vect
   const bool computes = action.type == ActionType::kForward || action.type == ActionType::kFullBackward ||
                         action.type == ActionType::kBackwardInput || action.type == ActionType::kBackwardWeight;
   if (computes && st.unshard_pending.erase(s) == 1) stage.data_parallel()->WaitUnshard();
+  auto restart_clock = [&] {
+    if (options_.on_action) st.action_start = std::chrono::steady_clock::now();
+  };
+  if (computes) restart_clock();  // after the UNSHARD's wait
   const bool backward_compute = action.type == ActionType::kFullBackward || action.type == ActionType::kBackwardInput ||
                                 action.type == ActionType::kBackwardWeight;
   if (backward && backward_compute && stage.data_parallel() != nullptr) stage.data_parallel()->BeforeBackward();
@@ -349,6 +365,7 @@ void PipelineSchedule::Perform(const Action& action, const std::vector<std::vect
         WaitAll(it->second);
         st.forward_recvs.erase(it);
       }
+      restart_clock();
       std::vector<at::Tensor> out = stage.Forward(mb, stage.is_first() ? arg_mbs.at(mb) : std::vector<at::Tensor>{});
       if (stage.is_last() && backward) st.losses[mb] = options_.loss_fn(out, target_mbs.at(mb));
       if (next_local != nullptr) next_local->SetLocalForwardInput(mb, out);
@@ -364,6 +381,7 @@ void PipelineSchedule::Perform(const Action& action, const std::vector<std::vect
         WaitAll(it->second);
         st.backward_recvs.erase(it);
       }
+      restart_clock();
       at::Tensor loss;
       if (stage.is_last()) {
         auto it = st.losses.find(mb);

@@ -28,6 +28,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -50,6 +51,15 @@ struct PipelineScheduleOptions {
   PipelineLossFn loss_fn;
   bool scale_grads = true;
   LoweringOptions lowering;
+  // Optional per-action timing (for profiling and bench/pipelining_bench.cc's bubble
+  // fraction): called on this rank's thread after each action step() executes, every lowered
+  // action (communication included; an OVERLAP_F_B's sub-actions one by one), with the
+  // steady-clock times around it. For F, B and I, `start` is taken after the action's waits
+  // (its receive, a pending UNSHARD), so [start, end) is the computation alone. Unset (the
+  // default): no clock is read. It must not call back into the schedule.
+  std::function<void(const Action& action, std::chrono::steady_clock::time_point start,
+                     std::chrono::steady_clock::time_point end)>
+      on_action;
 };
 
 class PipelineSchedule {
@@ -75,6 +85,9 @@ class PipelineSchedule {
  private:
   void Init(const PipelineOrder& compute_order);
   void InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs);
+  // Perform, timed for options_.on_action when set.
+  void TimedPerform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
+                    const std::vector<at::Tensor>& target_mbs);
   void Perform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
                const std::vector<at::Tensor>& target_mbs);
   PipelineStage& StageOf(const Action& action);

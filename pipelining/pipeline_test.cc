@@ -7,11 +7,13 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -310,6 +312,54 @@ TEST(PipelineSchedule, AFailingStageFailsTheStepOnEveryRank) {
   EXPECT_NE(outcomes[1].message.find("action 1F1: "), std::string::npos) << outcomes[1].message;
   EXPECT_NE(outcomes[1].message.find("injected failure"), std::string::npos) << outcomes[1].message;
   EXPECT_NE(outcomes[1].message.find("<-- ERROR HERE"), std::string::npos) << outcomes[1].message;
+}
+
+// options.on_action: every action of the rank's lowered list, in order, with its times; a
+// forward's interval starts after its receive (rank 0's forwards sleep 30 ms each, so rank 1
+// waits for its input; that wait is not inside its F).
+TEST(PipelineSchedule, OnActionTimesEveryActionWithoutItsWaits) {
+  using Clock = std::chrono::steady_clock;
+  RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& group) {
+    auto layer = MakeLayer(group->rank());
+    StageForward forward = [&, layer](const std::vector<at::Tensor>& in) {
+      if (group->rank() == 0 && at::GradMode::is_enabled()) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      return LayerForward(layer)(in);
+    };
+    struct Timed {
+      Action action;
+      Clock::time_point start, end;
+    };
+    std::vector<Timed> timed;
+    PipelineScheduleOptions options{.n_microbatches = 2, .loss_fn = Mse};
+    options.on_action = [&](const Action& a, Clock::time_point start, Clock::time_point end) {
+      timed.push_back({a, start, end});
+    };
+    auto stage = std::make_shared<PipelineStage>(layer, forward, group->rank(), 2, group);
+    PipelineSchedule schedule(ScheduleKind::kGPipe, {stage}, options);
+    schedule.step({Input()}, Target());  // shapes inferred (no sleep under no-grad)
+    timed.clear();
+    const Clock::time_point step_start = Clock::now();
+    schedule.step({Input()}, Target());
+    const Clock::time_point step_end = Clock::now();
+    ASSERT_EQ(timed.size(), schedule.actions().size());
+    for (size_t i = 0; i < timed.size(); ++i) {
+      EXPECT_EQ(timed[i].action, schedule.actions()[i]) << i;
+      EXPECT_LE(step_start, timed[i].start) << i;
+      EXPECT_LE(timed[i].start, timed[i].end) << i;
+      EXPECT_LE(timed[i].end, step_end) << i;
+      if (i > 0) EXPECT_LE(timed[i - 1].end, timed[i].start) << i;
+    }
+    for (const Timed& t : timed) {
+      if (t.action.type != ActionType::kForward) continue;
+      const auto took = t.end - t.start;
+      if (group->rank() == 0) {
+        EXPECT_GE(took, std::chrono::milliseconds(30)) << t.action.ToString();
+      } else {
+        EXPECT_LT(took, std::chrono::milliseconds(25)) << t.action.ToString() << ": the receive's wait counted";
+        if (t.action.microbatch == 0) EXPECT_GE(t.start - step_start, std::chrono::milliseconds(30));
+      }
+    }
+  });
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 # x bench [--quick] [--peer]: set up, the benchmarks in bench/ with -c opt and the callgrind budget; --peer: vs PyTorch's FSDP, torchtitan
 #   The benchmarks write bench/out/*.json and print their ratios (tools/bench_ratio.py);
 #   --quick: one pair repetition instead of 5. The callgrind budget (tools/callgrind_bench.sh)
-#   fails on > 10% growth. --peer: bench/e2e against PyTorch's FSDP2 and FSDP1 from the peer
+#   fails on > 10% growth. bench/pipelining runs PyTorch's schedules beside ours where the peer
+#   venv is. --peer: bench/e2e against PyTorch's FSDP2 and FSDP1 from the peer
 #   venv, a table and bench/out/e2e.png; then `train` against torchtitan's components
 #   (bench/peer/train_bench.py). Details: docs/development/benchmarks.md.
 
@@ -46,6 +47,14 @@ cmd_bench() {
   "$bin/dcp_bench" --pair_repetitions=$reps --benchmark_out=bench/out/dcp.json --benchmark_out_format=json
   step "bench/hf: Hugging Face load / export per rank vs plain pread / write + fsync, and vs Python's safetensors (2 threaded ranks)"
   "$bin/hf_bench" --pair_repetitions=$reps --benchmark_out=bench/out/hf.json --benchmark_out_format=json
+  # At most 3 pair repetitions: each runs PyTorch's twin once (a Python start and 9 loops).
+  local pp_reps=$((reps < 3 ? reps : 3))
+  step "bench/pipelining: bubble fraction per schedule, fixed-cost stages against the schedules' theory (4 processes)"
+  cmd_run -n 4 "$bin/pipelining_bench" --benchmark_filter='^Bubble/' --pair_repetitions=$pp_reps \
+    --benchmark_out=bench/out/pipelining_bubble.json --benchmark_out_format=json
+  step "bench/pipelining: host overhead per action of the schedule runtime vs PyTorch's schedules (2 processes)"
+  cmd_run -n 2 "$bin/pipelining_bench" --benchmark_filter='-^Bubble/' --pair_repetitions=$pp_reps \
+    --benchmark_out=bench/out/pipelining.json --benchmark_out_format=json
   step "callgrind: FSDP2 / FSDP1 instructions per step beyond plain LibTorch, vs bench/callgrind_budget.json (> 10% growth fails)"
   local budget_status=0
   tools/callgrind_bench.sh || budget_status=$?

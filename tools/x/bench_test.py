@@ -2,7 +2,8 @@
 repetition, the ratios and the callgrind budget, --peer's runs against PyTorch's FSDP."""
 from fakes import XCase
 
-BENCHES = ["comm_bench", "fsdp2_bench", "fsdp1_bench", "optim_state_bench", "dcp_bench", "hf_bench", "e2e_bench"]
+BENCHES = ["comm_bench", "fsdp2_bench", "fsdp1_bench", "optim_state_bench", "dcp_bench", "hf_bench",
+           "pipelining_bench", "e2e_bench"]
 
 
 class Bench(XCase):
@@ -24,6 +25,7 @@ class Bench(XCase):
                                                      "--benchmark_out_format=json"]])
         self.assertEqual(len(self.x.calls("tools/bench_ratio.py")), 4)
         self.assertEqual(self.x.calls("tools/callgrind_bench.sh"), [[]])
+        self.assertEqual(sorted(r[0] for r in self.runs("pipelining_bench")), ["0", "0", "1", "1", "2", "3"])
         self.assertEqual(self.runs("e2e_bench"), [])
 
     def test_peer(self):

@@ -1,0 +1,603 @@
+// bench/pipelining: the pipeline runtime (pipelining/pipeline_schedule.h) per schedule, on W
+// Gloo processes (`./x run -n W`; `./x bench` runs Bubble at W = 4 and Overhead at W = 2).
+//
+// Bubble/<schedule>/<microbatches>: the idle fraction of each rank's step with stages of a
+// known fixed cost, against the schedule's theory. A stage is a custom autograd function that
+// sleeps: F = 1 ms per rank and microbatch, its backward I = 1 ms (the input's gradient) and
+// W = 1 ms (the weight's), so B = I + W = 2 ms; a rank with v stages runs each at 1/v of that.
+// Sleeping, not computing: W = 4 processes share 2 cores here, and a busy-wait or a matmul
+// would make the ranks' compute a matter of the kernel's scheduler; a sleep costs no core and
+// its duration is fixed (timer slack set to 1 ns). Each rank's busy time is the sum of its
+// F / B / I / W intervals from PipelineScheduleOptions::on_action (which excludes the waits for
+// receives); the step time T is the slowest rank's step after a barrier; the bubble is
+// 1 - mean(busy) / T. Counters: `bubble` (measured), `theory` ((p-1)/(m+p-1) for GPipe / 1F1B,
+// (p-1)/(v m+p-1) for Interleaved1F1B and LoopedBFS; NaN for the others) and `sim` (the
+// rank's lowered action list replayed with the nominal costs and free communication: the
+// schedule's own bubble, for every schedule, zero-bubble ones included).
+//
+// Overhead/<schedule>: host overhead of the runtime with tiny stages (one Linear(1, 1) per
+// stage, microbatches of one row, 16 microbatches): `<schedule>/ours/16` our step, and in the
+// same run `<schedule>/pytorch/16` PyTorch 2.15's schedule with the same model on the same
+// number of Gloo processes (bench/peer/pipelining_peer.py from the peer venv; --peer=0 skips
+// it). `Raw<v>/ours/16` and the twin's `Raw<v>/pytorch/16`: the same stages' forwards and
+// backwards with blocking recv / isend in GPipe order, written out by hand (the floor: compute
+// and p2p without a runtime). The summary prints per schedule the step, its overhead over the
+// raw loop per lowered action of rank 0's list (the same divisor for both sides) and PyTorch /
+// ours. `python3 tools/bench_ratio.py bench/out/pipelining.json` prints ours / PyTorch per step.
+//
+// Every rank runs the same benchmarks with fixed iteration counts; only rank 0 reports.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <sys/prctl.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/linear.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/pair_flags.h"
+#include "comm/gloo_process_group.h"
+#include "comm/main_guard.h"
+#include "pipelining/pipeline_schedule.h"
+#include "pipelining/schedule_orders.h"
+#include "pipelining/stage.h"
+#include "testing/peer_python.h"
+
+namespace {
+
+using fsdp::comm::ProcessGroupPtr;
+using fsdp::pipelining::Action;
+using fsdp::pipelining::ActionType;
+using fsdp::pipelining::PipelineSchedule;
+using fsdp::pipelining::PipelineScheduleOptions;
+using fsdp::pipelining::PipelineStage;
+using fsdp::pipelining::ScheduleKind;
+using Clock = std::chrono::steady_clock;
+
+ProcessGroupPtr& Group() {
+  static ProcessGroupPtr group;
+  return group;
+}
+
+std::string Name(ScheduleKind kind) { return std::string(fsdp::pipelining::ScheduleName(kind)); }
+int StagesPerRank(ScheduleKind kind) { return fsdp::pipelining::IsSingleStageSchedule(kind) ? 1 : 2; }
+
+// ------------------------------------------------------------------------------------ Bubble
+
+constexpr int kBubbleMicrobatches = 8;
+constexpr double kForwardUs = 1000, kInputUs = 1000, kWeightUs = 1000;  // per rank and microbatch
+
+void SleepUs(double us) {
+  std::this_thread::sleep_until(Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3)));
+}
+
+// y = x * w with fixed costs: forward sleeps f_us; backward sleeps i_us when x's gradient is
+// wanted (B, I) and w_us when w's is (B, W).
+struct FixedCost : torch::autograd::Function<FixedCost> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            double f_us, double i_us, double w_us) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["i"] = i_us;
+    ctx->saved_data["w"] = w_us;
+    SleepUs(f_us);
+    return x * w;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    double us = 0;
+    at::Tensor gx, gw;
+    if (ctx->needs_input_grad(0)) {
+      us += ctx->saved_data["i"].toDouble();
+      gx = grads[0] * saved[1];
+    }
+    if (ctx->needs_input_grad(1)) {
+      us += ctx->saved_data["w"].toDouble();
+      gw = (grads[0] * saved[0]).sum().reshape(saved[1].sizes());
+    }
+    SleepUs(us);
+    return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct FixedCostStage : torch::nn::Module {
+  FixedCostStage() { w = register_parameter("w", at::ones({1})); }
+  at::Tensor w;
+};
+
+// The schedule's bubble with the nominal costs and free communication: every rank's compute
+// actions in its lowered order, each starting when the rank is free and its input is there
+// (F after the previous stage's F, B / I after the next stage's B / I, W after its I).
+// Returns 1 - mean(busy) / makespan, and the makespan (us) in `makespan_us`.
+double SimulatedBubble(const std::map<int, std::vector<Action>>& lowered, int num_stages, int v, double* makespan_us) {
+  std::map<int, std::vector<Action>> compute;
+  for (const auto& [rank, list] : lowered) {
+    for (const Action& a : list) {
+      for (const Action& leaf : a.sub_actions.empty() ? std::vector<Action>{a} : a.sub_actions) {
+        if (leaf.IsCompute()) compute[rank].push_back(leaf);
+      }
+    }
+  }
+  auto cost = [&](const Action& a) {
+    switch (a.type) {
+      case ActionType::kForward: return kForwardUs / v;
+      case ActionType::kFullBackward: return (kInputUs + kWeightUs) / v;
+      case ActionType::kBackwardInput: return a.stage == 0 ? 0.0 : kInputUs / v;  // stage 0: no input gradient
+      case ActionType::kBackwardWeight: return kWeightUs / v;
+      default: return 0.0;
+    }
+  };
+  // (0 forward | 1 input gradient | 2 weight gradient, stage, microbatch) -> finish time.
+  std::map<std::tuple<int, int, int>, double> done;
+  std::map<int, size_t> next;
+  std::map<int, double> free_at, busy;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (auto& [rank, list] : compute) {
+      while (next[rank] < list.size()) {
+        const Action& a = list[next[rank]];
+        const int s = a.stage, mb = a.microbatch.value_or(0);
+        std::optional<std::tuple<int, int, int>> dep;
+        if (a.type == ActionType::kForward && s > 0) dep = {0, s - 1, mb};
+        if (a.type == ActionType::kFullBackward || a.type == ActionType::kBackwardInput) {
+          dep = s + 1 < num_stages ? std::tuple{1, s + 1, mb} : std::tuple{0, s, mb};
+        }
+        if (a.type == ActionType::kBackwardWeight) dep = {1, s, mb};
+        double ready = free_at[rank];
+        if (dep) {
+          auto it = done.find(*dep);
+          if (it == done.end()) break;
+          ready = std::max(ready, it->second);
+        }
+        free_at[rank] = ready + cost(a);
+        busy[rank] += cost(a);
+        done[{a.type == ActionType::kForward          ? 0
+              : a.type == ActionType::kBackwardWeight ? 2
+                                                      : 1,
+              s, mb}] = free_at[rank];
+        ++next[rank];
+        moved = true;
+      }
+    }
+  }
+  double makespan = 0, busy_sum = 0;
+  for (auto& [rank, list] : compute) {
+    if (next[rank] != list.size()) return NAN;  // not runnable as replayed
+    makespan = std::max(makespan, free_at[rank]);
+    busy_sum += busy[rank];
+  }
+  *makespan_us = makespan;
+  return 1 - busy_sum / static_cast<double>(compute.size()) / makespan;
+}
+
+double TheoryBubble(ScheduleKind kind, int p, int v, int m) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::k1F1B: return (p - 1.0) / (m + p - 1.0);
+    case ScheduleKind::kInterleaved1F1B:
+    case ScheduleKind::kLoopedBFS: return (p - 1.0) / (v * m + p - 1.0);
+    default: return NAN;
+  }
+}
+
+void BM_Bubble(benchmark::State& state, ScheduleKind kind) {
+  const ProcessGroupPtr& group = Group();
+  const int p = group->size(), rank = group->rank(), v = StagesPerRank(kind), m = kBubbleMicrobatches;
+  const int num_stages = p * v;
+  std::vector<std::shared_ptr<PipelineStage>> stages;
+  for (int s = 0; s < num_stages; ++s) {
+    if (fsdp::pipelining::StageRank(kind, s, p) != rank) continue;
+    auto module = std::make_shared<FixedCostStage>();
+    auto forward = [module, v](const std::vector<at::Tensor>& in) {
+      at::Tensor x = in[0];
+      // Stage 0's input, too, wants a gradient, so that its B costs I + W like the others'.
+      if (at::GradMode::is_enabled() && !x.requires_grad()) x = x.detach().requires_grad_(true);
+      if (!at::GradMode::is_enabled()) return std::vector<at::Tensor>{x * module->w};  // shape inference
+      return std::vector<at::Tensor>{FixedCost::apply(x, module->w, kForwardUs / v, kInputUs / v, kWeightUs / v)};
+    };
+    stages.push_back(std::make_shared<PipelineStage>(module, forward, s, num_stages, group));
+  }
+  double busy_us = 0, wait_send_us = 0, other_us = 0;  // this rank's, in the current step
+  PipelineScheduleOptions options{
+      .n_microbatches = m,
+      .loss_fn = [](const std::vector<at::Tensor>& out, const at::Tensor&) { return out[0].sum(); }};
+  options.on_action = [&](const Action& a, Clock::time_point start, Clock::time_point end) {
+    if (a.type == ActionType::kForward || a.type == ActionType::kFullBackward || a.type == ActionType::kBackwardInput ||
+        a.type == ActionType::kBackwardWeight) {
+      busy_us += std::chrono::duration<double, std::micro>(end - start).count();
+    } else if (a.type == ActionType::kWaitSendF || a.type == ActionType::kWaitSendB) {
+      wait_send_us += std::chrono::duration<double, std::micro>(end - start).count();
+    } else {
+      other_us += std::chrono::duration<double, std::micro>(end - start).count();
+    }
+  };
+  PipelineSchedule schedule(kind, stages, options);
+  const at::Tensor x = at::ones({m * 2, 4});
+  schedule.step({x}, x);  // shape inference, warm-up
+  double bubble_sum = 0, step_sum = 0, busy_sum = 0, wait_send_sum = 0, other_sum = 0;
+  for (auto _ : state) {
+    group->barrier()->wait();
+    busy_us = wait_send_us = other_us = 0;
+    const Clock::time_point start = Clock::now();
+    schedule.step({x}, x);
+    const double step_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    at::Tensor mine = at::zeros({4, p}, at::kDouble);
+    mine[0][rank] = step_us;
+    mine[1][rank] = busy_us;
+    mine[2][rank] = wait_send_us;
+    mine[3][rank] = other_us;
+    group->all_reduce(mine)->wait();
+    const double slowest = mine[0].max().item<double>();
+    const double mean_busy = mine[1].mean().item<double>();
+    wait_send_sum += mine[2].mean().item<double>();
+    other_sum += mine[3].mean().item<double>();
+    state.SetIterationTime(slowest * 1e-6);
+    bubble_sum += 1 - mean_busy / slowest;
+    step_sum += slowest;
+    busy_sum += mean_busy;
+  }
+  const double iterations = static_cast<double>(state.iterations());
+  double sim_step_us = 0;
+  state.counters["bubble"] = bubble_sum / iterations;
+  state.counters["theory"] = TheoryBubble(kind, p, v, m);
+  state.counters["sim"] = SimulatedBubble(schedule.all_actions(), num_stages, v, &sim_step_us);
+  state.counters["step_ms"] = step_sum / iterations * 1e-3;
+  state.counters["busy_ms"] = busy_sum / iterations * 1e-3;
+  state.counters["sim_step_ms"] = sim_step_us * 1e-3;
+  state.counters["wait_send_ms"] = wait_send_sum / iterations * 1e-3;
+  state.counters["other_ms"] = other_sum / iterations * 1e-3;
+}
+
+// ---------------------------------------------------------------------------------- Overhead
+
+constexpr int kOverheadMicrobatches = 16;
+constexpr int kOverheadSteps = 40;
+
+bool& Breakdown() {
+  static bool breakdown = false;
+  return breakdown;
+}
+
+// Seconds per step, every repetition, by benchmark name (rank 0's; for the summary).
+std::map<std::string, std::vector<double>>& Seconds() {
+  static std::map<std::string, std::vector<double>> seconds;
+  return seconds;
+}
+std::map<std::string, std::vector<double>>& CpuSeconds() {
+  static std::map<std::string, std::vector<double>> seconds;
+  return seconds;
+}
+std::map<std::string, int>& ActionCounts() {
+  static std::map<std::string, int> counts;
+  return counts;
+}
+
+at::Tensor Mse(const std::vector<at::Tensor>& out, const at::Tensor& target) { return at::mse_loss(out[0], target); }
+
+std::shared_ptr<torch::nn::LinearImpl> TinyLinear() {
+  auto l = std::make_shared<torch::nn::LinearImpl>(1, 1);
+  at::NoGradGuard no_grad;
+  l->weight.fill_(0.5);
+  l->bias.fill_(0.1);
+  return l;
+}
+
+void BM_OverheadOurs(benchmark::State& state, ScheduleKind kind) {
+  const ProcessGroupPtr& group = Group();
+  const int p = group->size(), rank = group->rank(), v = StagesPerRank(kind), m = kOverheadMicrobatches;
+  std::vector<std::shared_ptr<PipelineStage>> stages;
+  for (int s = 0; s < p * v; ++s) {
+    if (fsdp::pipelining::StageRank(kind, s, p) != rank) continue;
+    auto l = TinyLinear();
+    stages.push_back(std::make_shared<PipelineStage>(
+        l, [l](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{l->forward(in[0])}; }, s, p * v,
+        group));
+  }
+  PipelineScheduleOptions options{.n_microbatches = m, .loss_fn = Mse};
+  // --breakdown=1: time per action type (rank 0 prints it after the run; the clock reads cost
+  // a little of what is measured).
+  std::map<ActionType, std::pair<double, int64_t>> per_type;  // type -> (us, count)
+  if (Breakdown()) {
+    options.on_action = [&](const Action& a, Clock::time_point start, Clock::time_point end) {
+      auto& [us, count] = per_type[a.type];
+      us += std::chrono::duration<double, std::micro>(end - start).count();
+      ++count;
+    };
+  }
+  PipelineSchedule schedule(kind, stages, options);
+  const at::Tensor x = at::linspace(-1, 1, m).reshape({m, 1});
+  const at::Tensor target = x * 0.3;
+  for (int i = 0; i < 3; ++i) schedule.step({x}, target);  // shape inference, warm-up
+  group->barrier()->wait();
+  per_type.clear();
+  for (auto _ : state) schedule.step({x}, target);
+  if (Breakdown() && rank == 0) {
+    std::string line = absl::StrCat(Name(kind), " rank 0, us per action (count per step):");
+    for (auto& [type, t] : per_type) {
+      absl::StrAppend(
+          &line, " ", std::string(fsdp::pipelining::ActionTypeName(type)), " ",
+          absl::StrFormat("%.1f (%d)", t.first / t.second, static_cast<int>(t.second / state.iterations())));
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  ActionCounts()[std::string(fsdp::pipelining::ScheduleName(kind))] = static_cast<int>(schedule.actions().size());
+  group->barrier()->wait();
+}
+
+// The floor: v stages per rank in loop placement, every forward then every backward (GPipe
+// order, stage by stage), blocking recv and isend (waited at the end of each pass).
+void BM_OverheadRaw(benchmark::State& state, int v) {
+  const ProcessGroupPtr& group = Group();
+  const int p = group->size(), rank = group->rank(), m = kOverheadMicrobatches, n = p * v;
+  std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
+  for (int c = 0; c < v; ++c) layers.push_back(TinyLinear());
+  const at::Tensor x = at::linspace(-1, 1, m).reshape({m, 1});
+  const at::Tensor target = x * 0.3;
+  auto step = [&] {
+    std::vector<std::vector<at::Tensor>> inputs(v), outputs(v);
+    std::vector<fsdp::comm::WorkPtr> sends;
+    for (int c = 0; c < v; ++c) {
+      const int s = c * p + rank;
+      for (int mb = 0; mb < m; ++mb) {
+        at::Tensor in;
+        if (s == 0) {
+          in = x.narrow(0, mb, 1);
+        } else {
+          in = at::empty({1, 1});
+          group->recv(in, (s - 1) % p, 2 * s)->wait();
+          in.requires_grad_(true);
+        }
+        at::Tensor out = layers[c]->forward(in);
+        if (s == n - 1) out = at::mse_loss(out, target.narrow(0, mb, 1));
+        if (s < n - 1) sends.push_back(group->send(out.detach(), (s + 1) % p, 2 * (s + 1)));
+        inputs[c].push_back(in);
+        outputs[c].push_back(out);
+      }
+    }
+    for (auto& w : sends) w->wait();
+    sends.clear();
+    for (int c = v - 1; c >= 0; --c) {
+      const int s = c * p + rank;
+      for (int mb = 0; mb < m; ++mb) {
+        if (s == n - 1) {
+          outputs[c][mb].backward();
+        } else {
+          at::Tensor g = at::empty({1, 1});
+          group->recv(g, (s + 1) % p, 2 * s + 1)->wait();
+          outputs[c][mb].backward(g);
+        }
+        if (s > 0) sends.push_back(group->send(inputs[c][mb].grad(), (s - 1) % p, 2 * (s - 1) + 1));
+      }
+    }
+    for (auto& w : sends) w->wait();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  group->barrier()->wait();
+  for (auto _ : state) step();
+  group->barrier()->wait();
+}
+
+// One run of the twin (every schedule and both raw loops) on rank 0, the other ranks waiting
+// in a barrier; its seconds per step by name ("GPipe", ..., "Raw1", "Raw2").
+std::map<std::string, double>& PeerSeconds() {
+  static std::map<std::string, double> seconds;
+  return seconds;
+}
+
+std::map<std::string, double>& PeerCpuSeconds() {
+  static std::map<std::string, double> seconds;
+  return seconds;
+}
+
+void BM_PeerRound(benchmark::State& state) {
+  for (auto _ : state) {
+    PeerSeconds().clear();
+    PeerCpuSeconds().clear();
+    if (Group()->rank() == 0) {
+      std::string why_not;
+      const std::string python = fsdp::testing::PeerPythonOrCacheDefault(&why_not);
+      const char* script = "bench/peer/pipelining_peer.py";
+      if (python.empty() || ::access(script, R_OK) != 0) {
+        state.SkipWithError(
+            (python.empty() ? why_not : absl::StrCat(script, " is not under the working directory")).c_str());
+      } else {
+        std::string output;
+        const int status = fsdp::testing::RunCommand(
+            absl::StrCat("'", python, "' ", script, " --world ", Group()->size(), " --microbatches ",
+                         kOverheadMicrobatches, " --steps ", kOverheadSteps),
+            &output);
+        for (size_t at = output.find("PEER "); at != std::string::npos; at = output.find("PEER ", at + 1)) {
+          char name[32] = {};
+          double s = 0, cpu = 0;
+          if (std::sscanf(output.c_str() + at, "PEER %31s %lf %lf", name, &s, &cpu) == 3 && std::isfinite(s)) {
+            PeerSeconds()[name] = s;
+            PeerCpuSeconds()[name] = cpu;
+          }
+        }
+        if (status != 0 || PeerSeconds().empty()) {
+          state.SkipWithError(absl::StrCat("pipelining_peer.py failed (status ", status, "): ", output).c_str());
+        }
+      }
+    }
+    Group()->barrier()->wait();
+  }
+}
+
+// Reports the twin's wall seconds per step for `name` from the last PeerRound, its CPU
+// seconds as the counter cpu_s.
+void BM_Peer(benchmark::State& state, std::string name) {
+  auto it = PeerSeconds().find(name);
+  auto cpu = PeerCpuSeconds().find(name);
+  for (auto _ : state) {
+    if (it == PeerSeconds().end() || cpu == PeerCpuSeconds().end()) {
+      state.SkipWithError(absl::StrCat("no PyTorch time for ", name).c_str());
+      break;
+    }
+    state.SetIterationTime(it->second);
+  }
+  if (cpu != PeerCpuSeconds().end()) state.counters["cpu_s"] = cpu->second;
+}
+
+// Bubble runs' counters by benchmark name.
+std::map<std::string, std::map<std::string, std::vector<double>>>& Bubbles() {
+  static std::map<std::string, std::map<std::string, std::vector<double>>> bubbles;
+  return bubbles;
+}
+
+// Keeps every Bubble run's counters and every Overhead run's seconds per step for the summary.
+class Reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      const std::string& name = run.run_name.function_name;
+      if (run.error_occurred || name.find('/') == std::string::npos) continue;
+      if (name.rfind("Bubble/", 0) == 0) {
+        for (const char* c :
+             {"bubble", "theory", "sim", "step_ms", "busy_ms", "sim_step_ms", "wait_send_ms", "other_ms"})
+          Bubbles()[name][c].push_back(run.counters.at(c).value);
+      } else {
+        const std::string key = name.substr(0, name.rfind('/'));
+        const double unit = benchmark::GetTimeUnitMultiplier(run.time_unit);
+        Seconds()[key].push_back(run.GetAdjustedRealTime() / unit);
+        CpuSeconds()[key].push_back(run.counters.count("cpu_s") ? run.counters.at("cpu_s").value
+                                                                : run.GetAdjustedCPUTime() / unit);
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void PrintBubbleSummary() {
+  std::printf(
+      "\nBubble fraction, %d Gloo processes, %d microbatches, F = %.0f us, I = W = %.0f us per rank "
+      "(medians over repetitions)\n",
+      Group()->size(), kBubbleMicrobatches, kForwardUs, kInputUs);
+  std::printf("%-30s %9s %9s %9s %9s %12s %9s %9s %9s\n", "schedule", "measured", "theory", "sim", "step ms",
+              "sim step ms", "busy ms", "wsend ms", "comm ms");
+  for (auto& [name, c] : Bubbles()) {
+    std::printf("%-30s %9.3f %9.3f %9.3f %9.2f %12.2f %9.2f %9.2f %9.2f\n", name.c_str(), Median(c["bubble"]),
+                Median(c["theory"]), Median(c["sim"]), Median(c["step_ms"]), Median(c["sim_step_ms"]),
+                Median(c["busy_ms"]), Median(c["wait_send_ms"]), Median(c["other_ms"]));
+  }
+  std::printf(
+      "busy / wsend / comm ms: the mean rank's time inside F / B / I / W (nominal %.2f), inside WAIT_SEND_*, "
+      "inside the other actions (issuing sends and receives, REDUCE_GRAD, ...)\n",
+      kBubbleMicrobatches * (kForwardUs + kInputUs + kWeightUs) * 1e-3);
+}
+
+void PrintOverheadSummary() {
+  std::printf(
+      "\nPipeline runtime host overhead, %d Gloo processes, %d microbatches of a Linear(1, 1) per stage; "
+      "rank 0's process CPU time and wall time per step in us (medians over repetitions); overhead per "
+      "action = (step - raw loop) CPU time / actions of rank 0's lowered list\n",
+      Group()->size(), kOverheadMicrobatches);
+  std::printf("%-22s %7s %9s %9s %11s %11s %9s %9s %11s\n", "schedule", "actions", "ours cpu", "torch cpu",
+              "ours us/act", "torch us/act", "ours wall", "torch wall", "torch/ours");
+  auto med = [](std::map<std::string, std::vector<double>>& m, const std::string& key) { return Median(m[key]) * 1e6; };
+  for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
+    const std::string name = Name(kind);
+    const std::string raw = absl::StrCat("Raw", StagesPerRank(kind));
+    if (!Seconds().count(name + "/ours")) continue;
+    const int actions = ActionCounts()[name];
+    const double ours_cpu = med(CpuSeconds(), name + "/ours"), torch_cpu = med(CpuSeconds(), name + "/pytorch");
+    const double ours_per = (ours_cpu - med(CpuSeconds(), raw + "/ours")) / actions;
+    const double torch_per = (torch_cpu - med(CpuSeconds(), raw + "/pytorch")) / actions;
+    std::printf("%-22s %7d %9.0f %9.0f %11.2f %11.2f %9.0f %9.0f %11.1f\n", name.c_str(), actions, ours_cpu, torch_cpu,
+                ours_per, torch_per, med(Seconds(), name + "/ours"), med(Seconds(), name + "/pytorch"),
+                torch_per / ours_per);
+  }
+  for (int v : {1, 2}) {
+    const std::string raw = absl::StrCat("Raw", v);
+    std::printf("raw loop, %d stage(s) per rank: ours cpu %.0f us, wall %.0f us; PyTorch cpu %.0f us, wall %.0f us\n",
+                v, med(CpuSeconds(), raw + "/ours"), med(Seconds(), raw + "/ours"), med(CpuSeconds(), raw + "/pytorch"),
+                med(Seconds(), raw + "/pytorch"));
+  }
+}
+
+void RegisterAll(int pair_repetitions, bool peer) {
+  const std::string m = absl::StrCat("/", kBubbleMicrobatches);
+  for (int rep = 0; rep < pair_repetitions; ++rep) {
+    for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
+      benchmark::RegisterBenchmark(absl::StrCat("Bubble/", Name(kind), m).c_str(), BM_Bubble, kind)
+          ->Iterations(5)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  const std::string o = absl::StrCat("/", kOverheadMicrobatches);
+  for (int rep = 0; rep < pair_repetitions; ++rep) {
+    for (int v : {1, 2}) {
+      benchmark::RegisterBenchmark(absl::StrCat("Raw", v, "/ours", o).c_str(), BM_OverheadRaw, v)
+          ->Iterations(kOverheadSteps)
+          ->MeasureProcessCPUTime()
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+    for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
+      benchmark::RegisterBenchmark(absl::StrCat(Name(kind), "/ours", o).c_str(), BM_OverheadOurs, kind)
+          ->Iterations(kOverheadSteps)
+          ->MeasureProcessCPUTime()
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+    if (!peer) continue;
+    benchmark::RegisterBenchmark("PeerRound", BM_PeerRound)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    std::vector<std::string> names{"Raw1", "Raw2"};
+    for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
+      names.emplace_back(fsdp::pipelining::ScheduleName(kind));
+    }
+    for (const std::string& name : names) {
+      benchmark::RegisterBenchmark(absl::StrCat(name, "/pytorch", o).c_str(), BM_Peer, name)
+          ->Iterations(1)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return fsdp::comm::RunMain([&]() -> int {
+    at::set_num_threads(1);                  // W processes share the machine's cores
+    ::prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // the fixed-cost stages' sleeps end on time
+    fsdp::comm::GlooOptions options;
+    options.hostname = "127.0.0.1";
+    Group() = fsdp::comm::CreateGlooProcessGroupFromEnv(options);
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
+    const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;
+    Breakdown() = fsdp::bench::TakeIntFlag(args, "--breakdown=", 0) != 0;
+    fsdp::bench::QuietUnlessRankZero(args, Group()->rank());
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    RegisterAll(pair_repetitions, peer);
+    Reporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    if (Group()->rank() == 0 && !Bubbles().empty()) PrintBubbleSummary();
+    if (Group()->rank() == 0 && !ActionCounts().empty()) PrintOverheadSummary();
+    std::fflush(stdout);
+    Group()->barrier()->wait();
+    benchmark::Shutdown();
+    return 0;
+  });
+}
