@@ -113,6 +113,7 @@ void CheckpointManager::Save(int64_t step, bool last_step) {
   last_wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   const std::string dir = StepDirectory(step);
   SaveOptions save;
+  save.flatten_optimizer_state_dict = options_.flatten_optimizer_state_dict;
   if (options_.on_rank_file_written) {
     save.on_rank_file_written = [hook = options_.on_rank_file_written, step](const std::string& file) {
       hook(step, file);

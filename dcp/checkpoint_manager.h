@@ -71,6 +71,9 @@ struct CheckpointManagerOptions {
   // The dtype of the model-only last save's floating-point tensors (torchtitan's export_dtype;
   // a load casts back). Unset: the model's.
   std::optional<at::ScalarType> export_dtype;
+  // SaveOptions::flatten_optimizer_state_dict for every save (torchtitan's, and required
+  // where ranks hold different parameters: pipeline stages).
+  bool flatten_optimizer_state_dict = false;
   // Called on each rank's writing thread once its data file of the checkpoint of `step` is on
   // disk, before `.metadata` (dcp::SaveOptions::on_rank_file_written: e.g. an upload, or a test's
   // fault). Null: none.

@@ -110,6 +110,12 @@ struct SaveOptions {
   // model-only save); a load casts back to the model's. Unset: as they are. Each rank casts
   // its items into fresh memory; not with a stager (its buffers are the tensors' own dtypes).
   std::optional<at::ScalarType> dtype;
+  // PyTorch's StateDictOptions(flatten_optimizer_state_dict=True) for the param groups: each
+  // group's options under each of its parameters, "optim.param_groups.<fqn>.<option>" (no FQN
+  // lists), as torchtitan saves them. Needed where ranks hold different parameters (pipeline
+  // stages): their nested "param_groups.<i>.params" lists would collide under one key. Load
+  // reads either form.
+  bool flatten_optimizer_state_dict = false;
 };
 
 // Where a checkpoint another program wrote keeps one of the model's tensors (StoredLayout).

@@ -62,6 +62,23 @@ TEST(DcpReshard, HsdpAndTensorParallelMeshes) {
   SaveThenLoad(W(3), kSpmd);
 }
 
+// torchtitan's flattened param groups (SaveOptions::flatten_optimizer_state_dict): one entry
+// per parameter and option, no FQN lists; they load on another mesh as the nested ones do.
+TEST(DcpReshard, FlattenedParamGroups) {
+  SaveThenLoad(W(2), W(3), {.flatten_optimizer_state_dict = true});
+  const std::string dir = NewDir("flat_groups");
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    Train(t, 0, 1);
+    Save(*t.module, t.opt.get(), dir, {.flatten_optimizer_state_dict = true});
+  });
+  std::set<std::string> keys;
+  for (const auto& e : checkpoint::ReadMetadata(dir).entries) keys.insert(e.fqn);
+  EXPECT_TRUE(keys.count("optim.param_groups.head.weight.lr")) << "flattened: one lr per parameter";
+  EXPECT_TRUE(keys.count("optim.param_groups.block0.fc1.weight.betas"));
+  for (const std::string& k : keys) EXPECT_FALSE(absl::EndsWith(k, ".params")) << k;
+}
+
 TEST(DcpReshard, FullAndRankZeroSaves) {
   SaveThenLoad(W(3), W(2), {.kind = StateDictKind::kFull});
   SaveThenLoad(kHsdp, W(3), {.kind = StateDictKind::kFull});

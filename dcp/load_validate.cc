@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -239,12 +240,28 @@ void LoadJob::ValidateParamGroups() {
       groups[g].params.push_back(name.toStringRef());
     }
   }
+  // A model holding part of the checkpoint's (a pipeline stage) takes the groups' parameters
+  // it has, and the groups that keep any: as PyTorch's _split_optim_state_dict maps the
+  // optimizer's own parameters to the stored groups and ignores the rest.
+  absl::flat_hash_set<std::string> ours;
+  for (const auto& [fqn, param] : UniqueParameters(model_)) {
+    ours.insert(fqn);
+    ours.insert(StoredOptimizer(fqn).fqn);
+  }
+  size_t expected = 0;
   for (auto& [g, group] : groups) {
-    const size_t next = optim_.param_groups.size();  // groups are numbered 0, 1, ...
-    TORCH_CHECK(g == next, kLoad, ": the checkpoint '", dir_, "' has no entry '", prefix, next,
+    TORCH_CHECK(g == expected, kLoad, ": the checkpoint '", dir_, "' has no entry '", prefix, expected,
                 ".params' but has param group ", g);
+    ++expected;
     TORCH_CHECK(!group.params.empty() || md_.Find(absl::StrCat(prefix, g, ".params")) != nullptr, kLoad,
                 ": the checkpoint '", dir_, "' has no entry '", prefix, g, ".params'");
+    const bool was_empty = group.params.empty();
+    std::vector<std::string> kept;
+    for (std::string& fqn : group.params) {
+      if (ours.contains(fqn)) kept.push_back(std::move(fqn));
+    }
+    if (!was_empty && kept.empty()) continue;  // none of this group's parameters is in the model
+    group.params = std::move(kept);
     optim_.param_groups.push_back(std::move(group));
   }
   optim_.optimizer = optim_state::OptimizerAdapterFor(*optimizer_)->name();

@@ -225,20 +225,32 @@ void AddStateValue(const std::string& fqn, const std::string& name, const optim_
   }
 }
 
-// "optim.param_groups.<i>.<option>" for every option (PyTorch's too) and the FQN list.
-void AddParamGroups(const optim_state::OptimStateDict& sd, SaveSources& out) {
+// "optim.param_groups.<i>.<option>" for every option (PyTorch's too) and the FQN list; or,
+// flattened (torch/distributed/checkpoint/state_dict.py _flatten_optim_state_dict),
+// "optim.param_groups.<fqn>.<option>" for every parameter of the group.
+void AddParamGroups(const optim_state::OptimStateDict& sd, bool flatten, SaveSources& out) {
   const optim_state::OptionMap extra = PythonOnlyOptions(sd.optimizer);
   for (size_t g = 0; g < sd.param_groups.size(); ++g) {
     const optim_state::ParamGroupState& group = sd.param_groups[g];
     optim_state::OptionMap options = group.options;
     for (const auto& [name, value] : extra) options.emplace(name, value);
+    for (const auto& [name, value] : options) {
+      TORCH_CHECK(name != "params", "dcp: param group ", g, " has an option named 'params'");
+    }
+    if (flatten) {
+      for (const std::string& fqn : group.params) {
+        for (const auto& [name, value] : options) {
+          out.bytes.push_back({absl::StrCat(kParamGroupsPrefix, fqn, ".", name),
+                               {std::string("optim"), std::string("param_groups"), fqn, name},
+                               value});
+        }
+      }
+      continue;
+    }
     const auto path = [g](const std::string& option) -> std::vector<DcpPathElement> {
       return {std::string("optim"), std::string("param_groups"), static_cast<int64_t>(g), option};
     };
-    for (const auto& [name, value] : options) {
-      TORCH_CHECK(name != "params", "dcp: param group ", g, " has an option named 'params'");
-      out.bytes.push_back({ParamGroupKey(g, name), path(name), value});
-    }
+    for (const auto& [name, value] : options) out.bytes.push_back({ParamGroupKey(g, name), path(name), value});
     c10::List<std::string> fqns;
     for (const std::string& fqn : group.params) fqns.push_back(fqn);
     out.bytes.push_back({ParamGroupKey(g, "params"), path("params"), c10::IValue(fqns)});
@@ -248,7 +260,7 @@ void AddParamGroups(const optim_state::OptimStateDict& sd, SaveSources& out) {
 }  // namespace
 
 SaveSources CollectSaveSources(torch::nn::Module& model, const ModelAdapter& adapter,
-                               const torch::optim::Optimizer* optimizer) {
+                               const torch::optim::Optimizer* optimizer, bool flatten_param_groups) {
   SaveSources out;
   AddModel(model, adapter, out);
   if (optimizer == nullptr) return out;
@@ -259,7 +271,7 @@ SaveSources CollectSaveSources(torch::nn::Module& model, const ModelAdapter& ada
     TORCH_CHECK(params.contains(fqn), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
     for (const auto& [name, value] : state) AddStateValue(fqn, name, value, adapter.Sharded(fqn), out);
   }
-  AddParamGroups(sd, out);
+  AddParamGroups(sd, flatten_param_groups, out);
   return out;
 }
 

@@ -103,8 +103,9 @@ void AddStateful(const StatefulItems& items, SaveSources& out, const char* calle
 // `optimizer` may be null (model only). Model entries in named_parameters() then
 // named_buffers() order (tied parameters under each name, as state_dict()), then the
 // optimizer's state and param groups.
+// `flatten_param_groups`: SaveOptions::flatten_optimizer_state_dict.
 SaveSources CollectSaveSources(torch::nn::Module& model, const ModelAdapter& adapter,
-                               const torch::optim::Optimizer* optimizer);
+                               const torch::optim::Optimizer* optimizer, bool flatten_param_groups = false);
 
 // The param group options PyTorch 2.15's optimizer of this adapter name has and LibTorch's
 // lacks, with their defaults (maximize, foreach, capturable, differentiable, fused,

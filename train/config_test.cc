@@ -175,7 +175,8 @@ TEST(ValidateConfig, PipelineDegreesAndWhatPipelinesDoNotYetSupport) {
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "\"/nonexistent/schedule.csv\" does not exist");
   bad = c;
   bad.checkpoint.enable = true;
-  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "checkpoints of a pipelined model are not supported yet");
+  bad.checkpoint.last_save_in_hf = true;
+  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "the Hugging Face export of a pipelined model is not supported yet");
   bad = c;
   bad.parallelism.pipeline_parallel_degree = 0;
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "parallelism.pipeline_parallel_degree = 0 must be at least 1");

@@ -94,8 +94,10 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
         t.local_batch_size % p.pipeline_parallel_microbatch_size == 0,
         "training.local_batch_size = ", t.local_batch_size,
         " is not divisible by parallelism.pipeline_parallel_microbatch_size = ", p.pipeline_parallel_microbatch_size);
-    TORCH_CHECK(!config.checkpoint.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
-                " with checkpoint.enable = true: checkpoints of a pipelined model are not supported yet");
+    TORCH_CHECK(!(config.checkpoint.enable && config.checkpoint.last_save_in_hf),
+                "parallelism.pipeline_parallel_degree = ", degrees.pp,
+                " with checkpoint.last_save_in_hf = true: the Hugging Face export of a pipelined model is not "
+                "supported yet");
     TORCH_CHECK(!config.validator.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
                 " with validator.enable = true: validation of a pipelined model is not supported yet");
     TORCH_CHECK(config.checkpoint.initial_load_path.empty(), "parallelism.pipeline_parallel_degree = ", degrees.pp,

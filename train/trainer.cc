@@ -128,7 +128,9 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                       .pin_memory = ck.async_mode == AsyncMode::kAsyncWithPinnedMem,
                                       .enable_first_step_checkpoint = ck.enable_first_step_checkpoint,
                                       .last_save_model_only = ck.last_save_model_only,
-                                      .export_dtype = ExportScalarType(ck.export_dtype)},
+                                      .export_dtype = ExportScalarType(ck.export_dtype),
+                                      // Pipeline stages hold different parameters (dcp.h).
+                                      .flatten_optimizer_state_dict = degrees_.pp > 1},
         world_);
   }
 }
@@ -208,6 +210,14 @@ void Trainer::BuildPipeline() {
   pl.split = PipelineLayerSplit(p, model_config_.num_hidden_layers, config_.training.local_batch_size);
   const comm::ProcessGroupPtr& pp = meshes_.pp->group(0);
   const int num_stages = static_cast<int>(pl.split.parts.size());
+  // A checkpoint holds each rank's one model: with one stage per rank that is its part, named
+  // as the whole model's, and the ranks' parts together are the whole model (any pp degree
+  // loads it). Several parts per rank would need one model over them.
+  TORCH_CHECK(!config_.checkpoint.enable || num_stages == pp->size(), "checkpoint.enable = true with ",
+              num_stages / pp->size(), " pipeline stages per rank (parallelism.pipeline_parallel_schedule = \"",
+              p.pipeline_parallel_schedule,
+              "\"): checkpoints of a pipeline with several stages per rank are not supported yet (GPipe and 1F1B "
+              "hold one)");
   for (const int s : LocalStageIndices(pl.split, pp->rank(), pp->size())) {
     models::llama::LlamaForCausalLM part(model_config_, c10::Device(c10::kMeta), pl.split.parts[s]);
     part->to(ScalarTypeOf(config_.training.dtype));

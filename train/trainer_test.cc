@@ -247,6 +247,38 @@ TEST(TrainerResume, AtTheSameMeshBitwise) {
   EXPECT_TRUE(ResumeAndTrain(2, {}, dump, kSteps, 6).empty());
 }
 
+// FSDP 4 -> pp 2 x dp 2 with 1F1B (at step 2) -> pp 4 with GPipe (at step 4): each pipeline
+// rank saves and loads its stage's part under the whole model's names, so a checkpoint moves
+// between pipeline degrees (and to none) as between meshes; every resumed step is the
+// uninterrupted run's within two meshes' tolerances.
+TEST(TrainerResume, AcrossPipelineDegrees) {
+  const std::string fsdp = fsdp::testing::NewTestPath("resume_pp_fsdp4"),
+                    pp2 = fsdp::testing::NewTestPath("resume_pp2"), pp4 = fsdp::testing::NewTestPath("resume_pp4");
+  const std::vector<StepResult> uninterrupted = ResumeAndTrain(4, {}, fsdp, kSteps, -1);
+  CopyCheckpoint(fsdp, pp2, 2);
+  const std::vector<StepResult> on_pp2 =
+      ResumeAndTrain(4, {"--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"}, pp2, 4, 2);
+  CopyCheckpoint(pp2, pp4, 4);
+  const std::vector<StepResult> on_pp4 =
+      ResumeAndTrain(4,
+                     {"--parallelism.pipeline_parallel_degree=4", "--parallelism.pipeline_parallel_schedule=GPipe",
+                      "--training.local_batch_size=8", "--parallelism.pipeline_parallel_microbatch_size=2"},
+                     pp4, kSteps, 4);
+  std::vector<StepResult> resumed = on_pp2;
+  resumed.insert(resumed.end(), on_pp4.begin(), on_pp4.end());
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i].step, want[i].step);
+    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
+    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
+  }
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+  // And back to no pipeline: FSDP 4 loads the pp 4 run's last checkpoint.
+  EXPECT_TRUE(ResumeAndTrain(4, {}, pp4, kSteps, kSteps).empty());
+}
+
 // FSDP 4 -> FSDP 2 x TP 2 (at step 2) -> HSDP 2 x 2 (at step 4): the data stream, the schedule
 // and the weights go on, so every resumed step is the uninterrupted FSDP 4 run's within two
 // meshes' tolerances (each mesh lies within MeshTolerances() of the one-rank run).
