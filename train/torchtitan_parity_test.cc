@@ -5,8 +5,10 @@
 // the same initial weights (torchtitan's init_weights, exported in Hugging Face's names, which
 // both load) and the same windows: 20 steps of loss, grad norm and learning rate, at FSDP
 // (dp_shard 4), HSDP (2 x 2), FSDP + TP (2 x 2), gradient accumulation 2, full and selective
-// (per-operator, torchtitan's SelectiveAC) activation checkpointing. Skipped, with the reason, without the peer venv or
-// its torchtitan.
+// (per-operator, torchtitan's SelectiveAC) activation checkpointing, and pipeline parallelism
+// against torchtitan's own (its pipeline_llm over PyTorch's torch.distributed.pipelining
+// schedules): pp 2 x dp 2 with 1F1B, Interleaved1F1B and ZBVZeroBubble, pp 2 x TP 2 with 1F1B.
+// Skipped, with the reason, without the peer venv or its torchtitan.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -43,11 +45,18 @@ struct Case {
   const char* ac;
   // torchtitan's default fused qkv projection, and its CheckpointManager saving step kSaveStep.
   bool torchtitan_checkpoint = false;
+  // parallelism.pipeline_parallel_{degree,schedule,microbatch_size}.
+  int64_t pp = 1;
+  const char* pp_schedule = "1F1B";
+  int64_t pp_microbatch_size = 1;
 };
 
 constexpr int64_t kSaveStep = 10;
 
 // The global batch is 8 windows of 32 tokens in every case; local batch x dp x accumulation.
+// With pp 2 the 2 layers split as torchtitan splits them (the embedding and the head count as a
+// layer each): 1F1B's two stages are embedding + layer 0 and layer 1 + head, Interleaved1F1B's
+// and ZBVZeroBubble's four the embedding, a layer each and the head (placed 0 1 0 1 and 0 1 1 0).
 constexpr Case kCases[] = {
     {"one_rank", 1, 1, 1, 8, "none"},
     {"fsdp4", 4, 1, 1, 2, "none"},
@@ -57,6 +66,31 @@ constexpr Case kCases[] = {
     {"fsdp2_full_ac", 2, 1, 1, 4, "full"},
     {"fsdp2_selective_ac", 2, 1, 1, 4, "selective"},
     {"fsdp2_tp2_selective_ac", 4, 1, 2, 4, "selective"},
+    {.name = "pp2_dp2_1f1b", .world = 4, .dp_replicate = 1, .tp = 1, .local_batch_size = 4, .ac = "none", .pp = 2},
+    {.name = "pp2_dp2_interleaved1f1b",
+     .world = 4,
+     .dp_replicate = 1,
+     .tp = 1,
+     .local_batch_size = 4,
+     .ac = "none",
+     .pp = 2,
+     .pp_schedule = "Interleaved1F1B"},
+    {.name = "pp2_dp2_zbv",
+     .world = 4,
+     .dp_replicate = 1,
+     .tp = 1,
+     .local_batch_size = 4,
+     .ac = "none",
+     .pp = 2,
+     .pp_schedule = "ZBVZeroBubble"},
+    {.name = "pp2_tp2_1f1b",
+     .world = 4,
+     .dp_replicate = 1,
+     .tp = 2,
+     .local_batch_size = 8,
+     .ac = "none",
+     .pp = 2,
+     .pp_microbatch_size = 2},
 };
 
 std::string SpecJson(const Case& c) {
@@ -67,7 +101,11 @@ std::string SpecJson(const Case& c) {
       R"( "n_kv_heads": 2, "vocab_size": 2048, "lr": 0.0008, "warmup_steps": 3, "decay_ratio": 0.5,)",
       R"( "decay_type": "cosine", "min_lr_factor": 0.1, "max_norm": 1.0, "ac": ")", c.ac,
       R"(", "dataset": "train/testdata/corpus/train", "seed": 5)",
-      c.torchtitan_checkpoint ? absl::StrCat(R"(, "fuse_qkv": true, "checkpoint_step": )", kSaveStep) : "", "}");
+      c.torchtitan_checkpoint ? absl::StrCat(R"(, "fuse_qkv": true, "checkpoint_step": )", kSaveStep) : "",
+      c.pp > 1 ? absl::StrCat(R"(, "pp": )", c.pp, R"(, "pp_schedule": ")", c.pp_schedule,
+                              R"(", "pp_microbatch_size": )", c.pp_microbatch_size)
+               : "",
+      "}");
 }
 
 struct Reference {
@@ -108,27 +146,34 @@ const Reference& TorchtitanRun(const Case& c) {
   return r;
 }
 
-// Our trainer's arguments for `c`'s run, starting from the weights in `hf_init`.
+// Our trainer's arguments for `c`'s run, starting from the weights in `hf_init` (with a
+// pipeline, LoadIntoStageParts loads them: the trainer refuses initial_load_path there).
 std::vector<std::string> OursArgs(const Case& c, const std::string& hf_init) {
-  return {"--model.dim=64",
-          "--model.n_layers=2",
-          "--model.n_heads=4",
-          "--model.n_kv_heads=2",
-          "--training.seq_len=32",
-          absl::StrCat("--training.local_batch_size=", c.local_batch_size),
-          "--training.global_batch_size=8",
-          absl::StrCat("--training.steps=", kSteps),
-          "--training.mixed_precision_param=float32",
-          absl::StrCat("--parallelism.data_parallel_replicate_degree=", c.dp_replicate),
-          absl::StrCat("--parallelism.tensor_parallel_degree=", c.tp),
-          absl::StrCat("--activation_checkpoint.mode=", c.ac),
-          "--lr_scheduler.warmup_steps=3",
-          "--lr_scheduler.decay_ratio=0.5",
-          "--lr_scheduler.decay_type=cosine",
-          "--lr_scheduler.min_lr_factor=0.1",
-          "--dataloader.dataset_path=train/testdata/corpus/train",
-          "--checkpoint.initial_load_path=" + hf_init,
-          "--checkpoint.initial_load_in_hf=true"};
+  std::vector<std::string> args = {"--model.dim=64",
+                                   "--model.n_layers=2",
+                                   "--model.n_heads=4",
+                                   "--model.n_kv_heads=2",
+                                   "--training.seq_len=32",
+                                   absl::StrCat("--training.local_batch_size=", c.local_batch_size),
+                                   "--training.global_batch_size=8",
+                                   absl::StrCat("--training.steps=", kSteps),
+                                   "--training.mixed_precision_param=float32",
+                                   absl::StrCat("--parallelism.data_parallel_replicate_degree=", c.dp_replicate),
+                                   absl::StrCat("--parallelism.tensor_parallel_degree=", c.tp),
+                                   absl::StrCat("--activation_checkpoint.mode=", c.ac),
+                                   "--lr_scheduler.warmup_steps=3",
+                                   "--lr_scheduler.decay_ratio=0.5",
+                                   "--lr_scheduler.decay_type=cosine",
+                                   "--lr_scheduler.min_lr_factor=0.1",
+                                   "--dataloader.dataset_path=train/testdata/corpus/train"};
+  if (c.pp > 1) {
+    args.insert(args.end(), {absl::StrCat("--parallelism.pipeline_parallel_degree=", c.pp),
+                             absl::StrCat("--parallelism.pipeline_parallel_schedule=", c.pp_schedule),
+                             absl::StrCat("--parallelism.pipeline_parallel_microbatch_size=", c.pp_microbatch_size)});
+  } else {
+    args.insert(args.end(), {"--checkpoint.initial_load_path=" + hf_init, "--checkpoint.initial_load_in_hf=true"});
+  }
+  return args;
 }
 
 // Our trainer's steps on `c`'s mesh: LoadCheckpoint, `after_load` (every rank), then `steps`
@@ -151,6 +196,27 @@ std::vector<StepResult> OursRun(const Case& c, const std::vector<std::string>& a
   return out;
 }
 
+// A pipelined trainer's initial weights from `hf_init` (torchtitan's, in Hugging Face's names,
+// which are our parameter names): each of this rank's stage parts takes its parameters' full
+// values (LoadFullStateDict keeps this rank's FSDP / TP shard) before the first step; its
+// buffers keep theirs. The trainer does not yet load initial_load_path into a pipeline.
+void LoadIntoStageParts(Trainer& trainer, const std::string& hf_init) {
+  const checkpoint::TensorDict hf = checkpoint::LoadSafetensors(hf_init + "/model.safetensors");
+  size_t loaded = 0;
+  for (models::llama::LlamaForCausalLM part : trainer.model_parts()) {
+    fsdp2::FullStateDict state;
+    for (const auto& item : part->named_parameters()) {
+      const at::Tensor* value = hf.find(item.key());
+      TORCH_CHECK(value != nullptr, hf_init, " has no ", item.key());
+      state.insert(item.key(), *value);
+      ++loaded;
+    }
+    for (const auto& item : part->named_buffers()) state.insert(item.key(), item.value());
+    fsdp2::LoadFullStateDict(*part, state);
+  }
+  TORCH_CHECK(loaded > 0, "no stage parameter loaded");
+}
+
 double MaxRelDiff(const std::vector<double>& a, const std::vector<double>& b) {
   double d = 0;
   for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]) / std::abs(b[i]));
@@ -171,7 +237,9 @@ struct Tolerances {
 // (a spread that happens to be tiny) and sqrt(n) ulps for the gradient norm (torch's float32
 // norm kernels' own rounding over the largest gradient, lm_head's n = 2048 x 64 elements, which
 // differs with the sharding). A wrong convention (rope layout, loss scale, schedule, packing)
-// moves the loss by 1e-3 or more in the first steps.
+// moves the loss by 1e-3 or more in the first steps. A pipeline is one more such order (the
+// microbatches' losses and gradients summed on each stage, the norm over the stages): the
+// spread of torchtitan's own pipelined run covers it, so the same argument holds there.
 Tolerances TolerancesOf(const Reference& theirs, const Reference& one_rank) {
   constexpr double kEps = std::numeric_limits<float>::epsilon();
   const double loss_spread = MaxRelDiff(theirs.losses, one_rank.losses);
@@ -184,7 +252,11 @@ TEST_P(TorchtitanParity, LossGradNormAndLrMatchTorchtitanStepForStep) {
   const Reference& theirs = TorchtitanRun(c);
   if (!theirs.skip_reason.empty()) GTEST_SKIP() << theirs.skip_reason;
   const Reference& one_rank = TorchtitanRun(kCases[0]);
-  const std::vector<StepResult> ours = OursRun(c, OursArgs(c, theirs.dir + "/hf_init"));
+  const std::string hf_init = theirs.dir + "/hf_init";
+  const std::vector<StepResult> ours =
+      OursRun(c, OursArgs(c, hf_init), kSteps,
+              c.pp > 1 ? [&](Trainer& trainer, int) { LoadIntoStageParts(trainer, hf_init); }
+                       : std::function<void(Trainer&, int)>());
   ASSERT_EQ(ours.size(), static_cast<size_t>(kSteps));
   std::vector<double> losses, norms;
   for (const StepResult& r : ours) {

@@ -11,6 +11,13 @@ its learning-rate schedule, its loss (components/loss.py, summed cross-entropy d
 global valid-token count) and torchtitan's Trainer.train_step re-run over those components
 (torchtitan/trainer.py), for SPEC's steps, on windows packed by torchtitan's own
 HuggingFaceTextDataset (hf_datasets/text_datasets.py) over the prepared dataset's documents.
+With SPEC's "pp" > 1 ("pp_schedule", default "1F1B"; "pp_microbatch_size", default 1) the model
+goes through torchtitan's pipeline_llm instead (distributed/pipeline_parallel.py: its stage split,
+parallelize_llama on each part, PyTorch's PipelineStage on the CPU and the schedule with the loss),
+each part takes its keys of the initial weights, and each micro-batch runs as
+Trainer.pp_forward_backward_step runs it (the positions go to every stage as keyword arguments);
+the loss, known on the last stage's rank, is summed over the pp mesh, and clip_grad_norm_ reduces
+over it.
 Writes
   OUT_DIR/hf_init/model.safetensors   the initial weights (torchtitan's init_weights, seeded),
                                       in Hugging Face's names (torchtitan's Llama3StateDictAdapter)
@@ -82,6 +89,7 @@ from torchtitan.config.configs import ParallelismConfig, TrainingConfig, Compile
 from torchtitan.distributed import ParallelDims  # noqa: E402
 from torchtitan.distributed import utils as dist_utils  # noqa: E402
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: E402
+from torchtitan.distributed.pipeline_parallel import pipeline_llm  # noqa: E402
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim  # noqa: E402
 from torchtitan.models.common.attention import FusedQKVLinear, ScaledDotProductAttention  # noqa: E402
 from torchtitan.models.llama3 import (  # noqa: E402
@@ -135,6 +143,9 @@ def parallelism_config(spec):
         # The DTensor path: its loss-parallel cross-entropy reads the vocab-sharded logits
         # outside the Trainer's spmd_types context.
         spmd_backend="partial_dtensor",
+        pipeline_parallel_degree=spec.get("pp", 1),
+        pipeline_parallel_schedule=spec.get("pp_schedule", "1F1B"),
+        pipeline_parallel_microbatch_size=spec.get("pp_microbatch_size", 1),
     )
 
 
@@ -268,6 +279,26 @@ class _NoData(torch.utils.data.IterableDataset):
         return iter(())
 
 
+def pipelined_forward_backward(schedule, has_first_stage, has_last_stage, spec, inputs, positions, labels,
+                               global_valid):
+    """Trainer.pp_forward_backward_step on this rank's rows of one micro-batch: its data loader
+    hands out pp_microbatch_size rows at a time (consecutive rows of the local batch), the
+    tokens go to the first stage, the positions (post_dataloading_process's extra kwargs) to
+    every stage, the labels and the global valid-token count to the loss on the last stage.
+    The loss is the sum of the last stage's microbatch losses; 0 elsewhere (torchtitan
+    returns -1 there and logs from the last stage)."""
+    size = spec.get("pp_microbatch_size", 1)
+    rows = [slice(i, i + size) for i in range(0, inputs.shape[0], size)]
+    losses = [] if has_last_stage else None
+    schedule.step(arg_mbs=[(inputs[r],) for r in rows] if has_first_stage else None,
+                  kwarg_mbs=[{"positions": positions[r]} for r in rows],
+                  target_mbs=[labels[r] for r in rows] if has_last_stage else None,
+                  losses=losses, loss_kwargs={"global_valid_tokens": global_valid}, return_outputs=False)
+    if has_last_stage:
+        return torch.sum(torch.stack(losses))
+    return torch.zeros((), dtype=torch.float32)
+
+
 def worker(rank, spec, out_dir, store, init_state, windows):
     torch.set_num_threads(1)
     world = spec["world"]
@@ -282,23 +313,40 @@ def worker(rank, spec, out_dir, store, init_state, windows):
         mixed_precision_param="float32", mixed_precision_reduce="float32")
     config, model = build_model(spec, parallelism)
     ac = {"none": None, "full": FullAC.Config(), "selective": SelectiveAC.Config()}[spec["ac"]]
-    model = parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
-                              compile_config=CompileConfig(), ac_config=ac, dump_folder=out_dir)
-    for module in model.modules():
-        if hasattr(module, "set_force_sum_reduction_for_comms"):
-            module.set_force_sum_reduction_for_comms(True)
-    with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))  # the rope cache; weights replaced next
-    load_initial_weights(model, spec, init_state)
-    model.train()
+    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+    if dims.pp_enabled:
+        # Trainer.__init__ under pp: pipeline_llm splits the model into this rank's stages'
+        # parts (torchtitan's _generate_llm_fqn_per_model_part), runs parallelize_llama on
+        # each and builds the schedule with the loss (scale_grads off).
+        pipeline = pipeline_llm(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                                compile_config=CompileConfig(), ac_config=ac, dump_folder=out_dir,
+                                device=torch.device("cpu"), model_config=config, parallelize_fn=parallelize_llama,
+                                loss_fn=loss_fn)
+        del model
+        pp_schedule, model_parts, has_first_stage, has_last_stage = pipeline
+    else:
+        model = parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                                  compile_config=CompileConfig(), ac_config=ac, dump_folder=out_dir)
+        pp_schedule, model_parts = None, [model]
+    for part in model_parts:
+        for module in part.modules():
+            if hasattr(module, "set_force_sum_reduction_for_comms"):
+                module.set_force_sum_reduction_for_comms(True)
+        with torch.no_grad():
+            part.init_weights(buffer_device=torch.device("cpu"))  # the rope cache; weights replaced next
+        if pp_schedule is None:
+            load_initial_weights(part, spec, init_state)
+        else:  # a stage's part keeps the whole model's names for what it holds (_split_module)
+            held = part.state_dict().keys()
+            load_initial_weights(part, spec, {k: v for k, v in init_state.items() if k in held})
+        part.train()
 
     optimizer_config = default_adamw(lr=spec["lr"])
     optimizer_config.implementation = "for-loop"
-    optimizer = OptimizersContainer(optimizer_config, model_parts=[model])
+    optimizer = OptimizersContainer(optimizer_config, model_parts=model_parts)
     schedulers = LRSchedulersContainer.Config(
         warmup_steps=spec["warmup_steps"], decay_ratio=spec["decay_ratio"], decay_type=spec["decay_type"],
         min_lr_factor=spec["min_lr_factor"]).build(optimizers=optimizer, training_steps=spec["steps"])
-    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
 
     batch_mesh = dims.get_optional_mesh("batch")
     dp, local = dims.dp_replicate * dims.dp_shard, spec["local_batch_size"]
@@ -306,6 +354,7 @@ def worker(rank, spec, out_dir, store, init_state, windows):
     accumulation = spec["global_batch_size"] // (local * dp)
     checkpointer = train_state = None
     if spec.get("checkpoint_step"):
+        assert pp_schedule is None, "checkpoint_step with pp is not implemented here"
         train_state = _TrainState()
         loader = ParallelAwareDataloader(_NoData(), dp_rank=dp_rank, dp_world_size=dp, batch_size=local)
         checkpointer = CheckpointManager(
@@ -341,13 +390,23 @@ def worker(rank, spec, out_dir, store, init_state, windows):
             else local_valid
         accumulated = None
         for inputs, positions, labels in micro:
+            if pp_schedule is not None:
+                loss = pipelined_forward_backward(pp_schedule, has_first_stage, has_last_stage, spec,
+                                                  inputs, positions, labels, global_valid)
+                accumulated = loss.detach().clone() if accumulated is None else accumulated.add_(loss.detach())
+                continue
             pred = model(inputs, positions=positions)
             loss, _ = loss_fn(pred, labels, global_valid)
             del pred
             loss.backward()
             accumulated = loss.detach().clone() if accumulated is None else accumulated.add_(loss.detach())
-        grad_norm = dist_utils.clip_grad_norm_(list(model.parameters()), spec["max_norm"], foreach=True,
-                                               pp_mesh=None, ep_enabled=False)
+        if pp_schedule is not None:
+            # The step's loss is known on the last stage's rank: summed over the pp mesh (the
+            # other ranks contribute 0) so that every rank, rank 0 included, holds it.
+            dist.all_reduce(accumulated, group=dims.get_mesh("pp").get_group())
+        grad_norm = dist_utils.clip_grad_norm_([p for part in model_parts for p in part.parameters()],
+                                               spec["max_norm"], foreach=True,
+                                               pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=False)
         optimizer.step()
         schedulers.step()
         if checkpointer is not None:  # Trainer.train: the step's counters, then checkpointer.save
