@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -299,22 +300,28 @@ StepResult Trainer::Step(bool global_metrics) {
     accumulated.add_(loss.detach());
   }
   r.model_seconds = Seconds(model_start);
-  // optim: clip_grad_norm_ (the total norm before clipping), optimizer, schedule.
+  return FinishStep(r, accumulated.to(at::kDouble).reshape({1}), local_valid, global_metrics, start,
+                    [&] { return fsdp2::clip_grad_norm_(*model_, config_.training.max_norm).item<double>(); });
+}
+
+// optim: clip_grad_norm_ (the total norm before clipping), optimizer, schedule; then
+// collect_dist_metrics: global_avg_loss = sum of the ranks' accumulated losses; max loss = the
+// largest rank's local mean (its accumulated loss * global / local tokens).
+StepResult Trainer::FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t local_valid, bool global_metrics,
+                               Clock::time_point start, const std::function<double()>& clip) {
   const Clock::time_point optimizer_start = Clock::now();
-  r.grad_norm = fsdp2::clip_grad_norm_(*model_, config_.training.max_norm).item<double>();
+  r.grad_norm = clip();
   optimizer_->step();
   lr_schedulers_->Step();
   r.optimizer_seconds = Seconds(optimizer_start);
-  // collect_dist_metrics: global_avg_loss = sum of the ranks' accumulated losses; max loss =
-  // the largest rank's local mean (its accumulated loss * global / local tokens).
   const double local_mean =
-      local_valid > 0 ? accumulated.item<double>() * static_cast<double>(r.global_tokens) / local_valid : 0.0;
+      local_valid > 0 ? loss_sum.item<double>() * static_cast<double>(r.global_tokens) / local_valid : 0.0;
   if (!global_metrics) {
     r.loss = r.max_loss = local_mean;
     r.seconds = Seconds(start);
     return r;
   }
-  r.loss = AllReduce(meshes_.batch, accumulated.to(at::kDouble).reshape({1}), comm::ReduceOp::Sum()).item<double>();
+  r.loss = AllReduce(meshes_.batch, loss_sum, comm::ReduceOp::Sum()).item<double>();
   r.max_loss = AllReduce(meshes_.batch, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
   TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
               "); stopping training");
@@ -340,26 +347,10 @@ StepResult Trainer::PipelinedStep(StepResult r, const std::vector<TokenBatch>& m
   at::Tensor summed = accumulated.to(at::kDouble).reshape({1});
   meshes_.pp->group(0)->all_reduce(summed)->wait();  // only the last stage's rank holds the losses
   r.model_seconds = Seconds(model_start);
-  const Clock::time_point optimizer_start = Clock::now();
   std::vector<torch::nn::Module*> modules;
   for (auto& part : pl.parts) modules.push_back(part.ptr().get());
-  r.grad_norm = ClipGradNormAcrossStages(modules, meshes_.pp->group(0), config_.training.max_norm);
-  optimizer_->step();
-  lr_schedulers_->Step();
-  r.optimizer_seconds = Seconds(optimizer_start);
-  const double local_mean =
-      local_valid > 0 ? summed.item<double>() * static_cast<double>(r.global_tokens) / local_valid : 0.0;
-  if (!global_metrics) {
-    r.loss = r.max_loss = local_mean;
-    r.seconds = Seconds(start);
-    return r;
-  }
-  r.loss = AllReduce(meshes_.batch, summed, comm::ReduceOp::Sum()).item<double>();
-  r.max_loss = AllReduce(meshes_.batch, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
-  TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
-              "); stopping training");
-  r.seconds = Seconds(start);
-  return r;
+  return FinishStep(r, summed, local_valid, global_metrics, start,
+                    [&] { return ClipGradNormAcrossStages(modules, meshes_.pp->group(0), config_.training.max_norm); });
 }
 
 Trainer::ValidationResult Trainer::Validate() {

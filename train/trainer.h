@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -136,6 +137,8 @@ class Trainer {
 
   StepResult PipelinedStep(StepResult r, const std::vector<TokenBatch>& micro_batches, int64_t local_valid,
                            bool global_metrics, std::chrono::steady_clock::time_point start);
+  StepResult FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t local_valid, bool global_metrics,
+                        std::chrono::steady_clock::time_point start, const std::function<double()>& clip);
   void BuildPipeline();
 
   JobConfig config_;
