@@ -126,8 +126,7 @@ const Tolerances& MeshTolerances() {
   return t;
 }
 
-TEST_P(TrainerMeshes, TrainsAsOneRank) {
-  const auto& [world, overrides] = GetParam();
+void ExpectTrainsAsOneRank(int world, const std::vector<std::string>& overrides) {
   const std::vector<StepResult>& reference = MeshTolerances().reference;
   const double spread = MeshTolerances().spread;
   const double loss_tolerance = MeshTolerances().loss;
@@ -139,6 +138,21 @@ TEST_P(TrainerMeshes, TrainsAsOneRank) {
   }
   EXPECT_LE(MaxRelDiff(got, reference, &StepResult::loss), loss_tolerance) << "spread of one rank's orders: " << spread;
   EXPECT_LE(MaxRelDiff(got, reference, &StepResult::grad_norm), norm_tolerance);
+}
+
+TEST_P(TrainerMeshes, TrainsAsOneRank) { ExpectTrainsAsOneRank(GetParam().first, GetParam().second); }
+
+// parallelism.pipeline_parallel_schedule_csv: a compute-only schedule from a file (PyTorch's
+// _load_csv format) replaces the named one; here rank 1 runs each backward right after its
+// forward, rank 0 three forwards ahead.
+TEST(Trainer, ACustomCsvPipelineScheduleTrainsAsOneRank) {
+  const std::string csv = fsdp::testing::NewTestPath("schedule") + ".csv";
+  {
+    std::ofstream out(csv);
+    out << "0F0,0F1,0F2,0B0,0F3,0B1,0B2,0B3\r\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\r\n";
+  }
+  ExpectTrainsAsOneRank(4, {"--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4",
+                            "--parallelism.pipeline_parallel_schedule_csv=" + csv});
 }
 
 INSTANTIATE_TEST_SUITE_P(
