@@ -96,7 +96,8 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
                                        "pp2_dp2_selective_ac",
                                        "pp2_tp2_1f1b",
                                        "pp2_tp2_no_sp_interleaved1f1b",
-                                       "pp2_tp2_zbv"};
+                                       "pp2_tp2_zbv",
+                                       "pp2_dp2_tp2_1f1b"};
   return kNames[info.index];
 }
 
@@ -205,7 +206,12 @@ INSTANTIATE_TEST_SUITE_P(
                                                    "--parallelism.tensor_parallel_degree=2",
                                                    "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
                                                    "--training.local_batch_size=8",
-                                                   "--parallelism.pipeline_parallel_microbatch_size=4"})),
+                                                   "--parallelism.pipeline_parallel_microbatch_size=4"}),
+        // 3-D: pp 2 x dp 2 x tp 2 on 8 ranks.
+        std::make_pair(8, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                   "--parallelism.tensor_parallel_degree=2",
+                                                   "--training.local_batch_size=4",
+                                                   "--parallelism.pipeline_parallel_microbatch_size=2"})),
     MeshName);
 
 // Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of
