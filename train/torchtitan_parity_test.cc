@@ -91,6 +91,15 @@ constexpr Case kCases[] = {
      .ac = "none",
      .pp = 2,
      .pp_microbatch_size = 2},
+    // 3-D: pp 2 x dp 2 x tp 2 on 8 processes.
+    {.name = "pp2_dp2_tp2_1f1b",
+     .world = 8,
+     .dp_replicate = 1,
+     .tp = 2,
+     .local_batch_size = 4,
+     .ac = "none",
+     .pp = 2,
+     .pp_microbatch_size = 2},
 };
 
 std::string SpecJson(const Case& c) {
