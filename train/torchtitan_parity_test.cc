@@ -49,9 +49,19 @@ struct Case {
   int64_t pp = 1;
   const char* pp_schedule = "1F1B";
   int64_t pp_microbatch_size = 1;
+  int64_t n_layers = 2;  // model.n_layers (more for pp 4's interleaved stages)
 };
 
 constexpr int64_t kSaveStep = 10;
+
+// torchtitan on one rank with the 6-layer model of the pp 4 cases: their spread's reference.
+constexpr Case kOneRankSixLayers = {.name = "one_rank_6_layers",
+                                    .world = 1,
+                                    .dp_replicate = 1,
+                                    .tp = 1,
+                                    .local_batch_size = 8,
+                                    .ac = "none",
+                                    .n_layers = 6};
 
 // The global batch is 8 windows of 32 tokens in every case; local batch x dp x accumulation.
 // With pp 2 the 2 layers split as torchtitan splits them (the embedding and the head count as a
@@ -91,6 +101,28 @@ constexpr Case kCases[] = {
      .ac = "none",
      .pp = 2,
      .pp_microbatch_size = 2},
+    // pp 4 with the looped and the V schedules: 8 stages over 6 layers, the embedding and the
+    // head alone on the first and last.
+    {.name = "pp4_interleaved1f1b",
+     .world = 4,
+     .dp_replicate = 1,
+     .tp = 1,
+     .local_batch_size = 8,
+     .ac = "none",
+     .pp = 4,
+     .pp_schedule = "Interleaved1F1B",
+     .pp_microbatch_size = 2,
+     .n_layers = 6},
+    {.name = "pp4_zbv",
+     .world = 4,
+     .dp_replicate = 1,
+     .tp = 1,
+     .local_batch_size = 8,
+     .ac = "none",
+     .pp = 4,
+     .pp_schedule = "ZBVZeroBubble",
+     .pp_microbatch_size = 2,
+     .n_layers = 6},
     // 3-D: pp 2 x dp 2 x tp 2 on 8 processes.
     {.name = "pp2_dp2_tp2_1f1b",
      .world = 8,
@@ -106,7 +138,7 @@ std::string SpecJson(const Case& c) {
   return absl::StrCat(
       R"({"world": )", c.world, R"(, "dp_replicate": )", c.dp_replicate, R"(, "tp": )", c.tp,
       R"(, "sp": true, "steps": )", kSteps, R"(, "seq_len": 32, "local_batch_size": )", c.local_batch_size,
-      R"(, "global_batch_size": 8, "dim": 64, "n_layers": 2, "n_heads": 4,)",
+      R"(, "global_batch_size": 8, "dim": 64, "n_layers": )" + std::to_string(c.n_layers) + R"(, "n_heads": 4,)",
       R"( "n_kv_heads": 2, "vocab_size": 2048, "lr": 0.0008, "warmup_steps": 3, "decay_ratio": 0.5,)",
       R"( "decay_type": "cosine", "min_lr_factor": 0.1, "max_norm": 1.0, "ac": ")", c.ac,
       R"(", "dataset": "train/testdata/corpus/train", "seed": 5)",
@@ -159,7 +191,7 @@ const Reference& TorchtitanRun(const Case& c) {
 // pipeline, LoadIntoStageParts loads them: the trainer refuses initial_load_path there).
 std::vector<std::string> OursArgs(const Case& c, const std::string& hf_init) {
   std::vector<std::string> args = {"--model.dim=64",
-                                   "--model.n_layers=2",
+                                   "--model.n_layers=" + std::to_string(c.n_layers),
                                    "--model.n_heads=4",
                                    "--model.n_kv_heads=2",
                                    "--training.seq_len=32",
@@ -260,7 +292,9 @@ TEST_P(TorchtitanParity, LossGradNormAndLrMatchTorchtitanStepForStep) {
   const Case& c = GetParam();
   const Reference& theirs = TorchtitanRun(c);
   if (!theirs.skip_reason.empty()) GTEST_SKIP() << theirs.skip_reason;
-  const Reference& one_rank = TorchtitanRun(kCases[0]);
+  ASSERT_TRUE(c.n_layers == kCases[0].n_layers || c.n_layers == kOneRankSixLayers.n_layers)
+      << "no one-rank torchtitan run of " << c.n_layers << " layers for the spread";
+  const Reference& one_rank = TorchtitanRun(c.n_layers == kCases[0].n_layers ? kCases[0] : kOneRankSixLayers);
   const std::string hf_init = theirs.dir + "/hf_init";
   const std::vector<StepResult> ours =
       OursRun(c, OursArgs(c, hf_init), kSteps,
