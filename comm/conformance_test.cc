@@ -466,6 +466,9 @@ TEST_P(Conformance, PointToPointArgumentsAreChecked) {
     EXPECT_ERROR_CONTAINS(pg->batch_isend_irecv({{ProcessGroup::P2POp::Kind::kSend, t, (pg->rank() + 1) % W, 0},
                                                  {ProcessGroup::P2POp::Kind::kRecv, t, W + 3, 0}}),
                           "batch_isend_irecv: ops[1] (recv): peer must be another rank of this group");
+    // Every check above is local, so without this a rank could finish and close its Gloo pairs
+    // while a slower one is still in connectFullMesh ("Connection closed by peer").
+    pg->barrier()->wait();
   });
 }
 
@@ -478,6 +481,9 @@ TEST_P(Conformance, RecvWaitTimesOut) {
   }
   if (world() < 2) GTEST_SKIP() << "point-to-point needs a peer";
   RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    // Every rank's Gloo pairs connected before rank 1 times out: Gloo then closes its pair with
+    // rank 0, and a rank still in connectFullMesh would fail ("Connection closed by peer").
+    pg->barrier()->wait();
     const bool late_send = b == Backend::kThreaded;
     if (pg->rank() != 1) {
       // Alive past rank 1's timeout (a Gloo peer that left would close the pair first).
