@@ -48,6 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/pair_flags.h"
+#include "bench/pipeline_bubble_model.h"
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
 #include "pipelining/pipeline_schedule.h"
@@ -65,6 +66,9 @@ using fsdp::pipelining::PipelineScheduleOptions;
 using fsdp::pipelining::PipelineStage;
 using fsdp::pipelining::ScheduleKind;
 using Clock = std::chrono::steady_clock;
+using fsdp::bench::ReplayedBubble;
+using fsdp::bench::StageCosts;
+using fsdp::bench::TheoryBubble;
 
 ProcessGroupPtr& Group() {
   static ProcessGroupPtr group;
@@ -116,81 +120,6 @@ struct FixedCostStage : torch::nn::Module {
   FixedCostStage() { w = register_parameter("w", at::ones({1})); }
   at::Tensor w;
 };
-
-// The schedule's bubble with the nominal costs and free communication: every rank's compute
-// actions in its lowered order, each starting when the rank is free and its input is there
-// (F after the previous stage's F, B / I after the next stage's B / I, W after its I).
-// Returns 1 - mean(busy) / makespan, and the makespan (us) in `makespan_us`.
-double SimulatedBubble(const std::map<int, std::vector<Action>>& lowered, int num_stages, int v, double* makespan_us) {
-  std::map<int, std::vector<Action>> compute;
-  for (const auto& [rank, list] : lowered) {
-    for (const Action& a : list) {
-      for (const Action& leaf : a.sub_actions.empty() ? std::vector<Action>{a} : a.sub_actions) {
-        if (leaf.IsCompute()) compute[rank].push_back(leaf);
-      }
-    }
-  }
-  auto cost = [&](const Action& a) {
-    switch (a.type) {
-      case ActionType::kForward: return kForwardUs / v;
-      case ActionType::kFullBackward: return (kInputUs + kWeightUs) / v;
-      case ActionType::kBackwardInput: return a.stage == 0 ? 0.0 : kInputUs / v;  // stage 0: no input gradient
-      case ActionType::kBackwardWeight: return kWeightUs / v;
-      default: return 0.0;
-    }
-  };
-  // (0 forward | 1 input gradient | 2 weight gradient, stage, microbatch) -> finish time.
-  std::map<std::tuple<int, int, int>, double> done;
-  std::map<int, size_t> next;
-  std::map<int, double> free_at, busy;
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (auto& [rank, list] : compute) {
-      while (next[rank] < list.size()) {
-        const Action& a = list[next[rank]];
-        const int s = a.stage, mb = a.microbatch.value_or(0);
-        std::optional<std::tuple<int, int, int>> dep;
-        if (a.type == ActionType::kForward && s > 0) dep = {0, s - 1, mb};
-        if (a.type == ActionType::kFullBackward || a.type == ActionType::kBackwardInput) {
-          dep = s + 1 < num_stages ? std::tuple{1, s + 1, mb} : std::tuple{0, s, mb};
-        }
-        if (a.type == ActionType::kBackwardWeight) dep = {1, s, mb};
-        double ready = free_at[rank];
-        if (dep) {
-          auto it = done.find(*dep);
-          if (it == done.end()) break;
-          ready = std::max(ready, it->second);
-        }
-        free_at[rank] = ready + cost(a);
-        busy[rank] += cost(a);
-        done[{a.type == ActionType::kForward          ? 0
-              : a.type == ActionType::kBackwardWeight ? 2
-                                                      : 1,
-              s, mb}] = free_at[rank];
-        ++next[rank];
-        moved = true;
-      }
-    }
-  }
-  double makespan = 0, busy_sum = 0;
-  for (auto& [rank, list] : compute) {
-    if (next[rank] != list.size()) return NAN;  // not runnable as replayed
-    makespan = std::max(makespan, free_at[rank]);
-    busy_sum += busy[rank];
-  }
-  *makespan_us = makespan;
-  return 1 - busy_sum / static_cast<double>(compute.size()) / makespan;
-}
-
-double TheoryBubble(ScheduleKind kind, int p, int v, int m) {
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-    case ScheduleKind::k1F1B: return (p - 1.0) / (m + p - 1.0);
-    case ScheduleKind::kInterleaved1F1B:
-    case ScheduleKind::kLoopedBFS: return (p - 1.0) / (v * m + p - 1.0);
-    default: return NAN;
-  }
-}
 
 void BM_Bubble(benchmark::State& state, ScheduleKind kind) {
   const ProcessGroupPtr& group = Group();
@@ -252,7 +181,8 @@ void BM_Bubble(benchmark::State& state, ScheduleKind kind) {
   double sim_step_us = 0;
   state.counters["bubble"] = bubble_sum / iterations;
   state.counters["theory"] = TheoryBubble(kind, p, v, m);
-  state.counters["sim"] = SimulatedBubble(schedule.all_actions(), num_stages, v, &sim_step_us);
+  state.counters["sim"] =
+      ReplayedBubble(schedule.all_actions(), num_stages, v, StageCosts{kForwardUs, kInputUs, kWeightUs}, &sim_step_us);
   state.counters["step_ms"] = step_sum / iterations * 1e-3;
   state.counters["busy_ms"] = busy_sum / iterations * 1e-3;
   state.counters["sim_step_ms"] = sim_step_us * 1e-3;

@@ -62,7 +62,7 @@ fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:pipelining_bench TESTONLY OPTION FSDP_BUILD_BENCH
-  SRCS pipelining_bench.cc
+  SRCS pipeline_bubble_model.cc pipeline_bubble_model.h pipelining_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard //pipelining //pipelining:schedule_ir
        //testing:peer_python @libtorch @system//:absl @system//:benchmark)
 
@@ -149,9 +149,9 @@ fsdp_cc_library(//checkpoint:dcp INSTALL PCH aten
 # ================================================================ //comm
 fsdp_cc_library(//comm INSTALL PCH aten
   SRCS comm_trace.cc fake_process_group.cc flight_recorder.cc forwarding_process_group.cc
-       internal/interned_string.h internal/reduce_math.cc internal/reduce_math.h
-       object_collectives.cc process_group.cc profiler_range.cc threaded_process_group.cc
-       torchrun_env.cc
+       internal/entry_clock.cc internal/entry_clock.h internal/interned_string.h
+       internal/reduce_math.cc internal/reduce_math.h object_collectives.cc process_group.cc
+       profiler_range.cc threaded_process_group.cc torchrun_env.cc
   HDRS comm_trace.h fake_process_group.h flight_recorder.h forwarding_process_group.h
        object_collectives.h process_group.h profiler_range.h reduce_op.h threaded_process_group.h
        torchrun_env.h work.h

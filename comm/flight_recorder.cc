@@ -2,9 +2,6 @@
 
 #include <c10/util/Exception.h>
 #include <pthread.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -25,6 +22,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/internal/entry_clock.h"
 #include "comm/internal/interned_string.h"
 #include "comm/profiler_range.h"
 #include "env/environment.h"
@@ -33,6 +31,10 @@
 
 namespace fsdp::comm {
 namespace {
+
+using internal::Tsc;
+using internal::TscKeepsTime;
+using internal::WallNs;
 
 // PyTorch's defaults (torch/csrc/distributed/c10d/FlightRecorder.hpp, ProcessGroupNCCL.cpp).
 constexpr int64_t kDefaultCapacity = 2000;
@@ -71,35 +73,6 @@ int64_t ReadCapacity() {
   TORCH_CHECK(end != nullptr && *end == '\0' && parsed >= 0 && parsed <= (int64_t{1} << 24),
               "TORCH_FR_BUFFER_SIZE must be an entry count in [0, 16777216], got '", value, "'");
   return parsed;
-}
-
-int64_t WallNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// Whether the time-stamp counter can stand for the wall clock: the kernel keeps time with it
-// (its clocksource is "tsc" only while it finds the counter invariant and synchronized across
-// CPUs, and it demotes it otherwise). x86-64 only; elsewhere entries read the wall clock.
-bool TscKeepsTime() {
-#if defined(__x86_64__)
-  static const bool tsc = [] {
-    std::ifstream f("/sys/devices/system/clocksource/clocksource0/current_clocksource");
-    std::string source;
-    return static_cast<bool>(f >> source) && source == "tsc";
-  }();
-  return tsc;
-#else
-  return false;
-#endif
-}
-
-int64_t Tsc() {
-#if defined(__x86_64__)
-  return static_cast<int64_t>(__rdtsc());
-#else
-  return 0;
-#endif
 }
 
 // This thread's name, interned for the life of the process (an entry keeps the pointer; the

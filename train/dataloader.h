@@ -20,7 +20,7 @@
 // visits the documents in the order torch.randperm(num_documents,
 // generator=torch.Generator().manual_seed(seed + epoch)) returns (at::randperm with a CPU
 // generator seeded seed + epoch here: the same mt19937 and the same kernel, so Python reproduces
-// it). seed defaults to 42, so the seeds are torchtitan's 42 + epoch.
+// it). seed defaults to 42, so epoch e's generator starts from torchtitan's 42 + e.
 //
 // Addressing: per epoch order, prefix sums of the documents' input-token counts; window k is
 // found by binary search, O(log num_documents) per fragment, with no buffer to carry: the
