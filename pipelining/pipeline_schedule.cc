@@ -409,8 +409,7 @@ void PipelineSchedule::Perform(const Action& action, const std::vector<std::vect
       stage.ScaleGrads(options_.scale_grads ? options_.n_microbatches : 1);
       return;
     case ActionType::kOverlapFB:
-      for (const Action& sub : action.sub_actions) Perform(sub, arg_mbs, target_mbs);
-      return;
+      break;  // a container (stage -1, so StageOf has rejected it): step() performs its sub-actions
   }
   TORCH_CHECK(false, "unknown action ", action.ToString());
 }
