@@ -12,7 +12,7 @@
 # and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
 #   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
-#     //env:environment_test //examples:restart_test
+#     //env:environment_test //examples:restart_test //float8:float8_test
 #     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
 #     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
 #     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //metrics:step_metrics_test
@@ -367,6 +367,19 @@ fsdp_cc_binary(//examples/llama:llama_demo
   DEPS :llama_training //checkpoint //comm //comm:gloo //comm:main_guard //dcp:core //dcp:fsdp2
        //examples:training_checkpoints //fsdp/fsdp2 //mesh //metrics @libtorch @system//:absl
        @system//:absl_flags)
+
+# ================================================================ //float8
+fsdp_cc_library(//float8 INSTALL
+  SRCS config.cc float8_linear.cc float8_tensor.cc fsdp_float8.cc
+  HDRS config.h float8_linear.h float8_tensor.h fsdp_float8.h
+  DEPS //comm //dtensor //fsdp/fsdp2 //fsdp/fsdp2:api //fsdp/hooked_module //mesh @libtorch
+       @system//:absl)
+
+fsdp_cc_test(//float8:float8_test SIZE small SMOKE
+  SRCS float8_test.cc
+  DATA testdata/golden_float8.txt
+  DEPS :float8 //fsdp/hooked_module //testing:expect_error //testing:float_tolerance
+       //testing:golden_file @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/activation_checkpointing
 fsdp_cc_library(//fsdp/activation_checkpointing INSTALL

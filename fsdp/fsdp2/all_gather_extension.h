@@ -41,10 +41,18 @@ class AllGatherExtension {
                                           const MixedPrecisionPolicy& mp_policy) = 0;
 
   // Called after each all-gather with the gathered inputs (input i of every rank stacked
-  // along dim 0, in rank order) and the metadata. Returns the unsharded parameter data:
-  // a contiguous tensor of the unsharded numel in `param_dtype`. `out` is undefined the first
-  // time; afterwards it is the tensor returned the first time (its storage re-allocated):
-  // write into it and return it, since autograd may hold views of it.
+  // along dim 0, in rank order) and the metadata. Returns the unsharded parameter data,
+  // either
+  //  - a contiguous tensor of the unsharded numel in `param_dtype`. `out` is undefined the
+  //    first time; afterwards it is the tensor returned the first time (its storage
+  //    re-allocated): write into it and return it, since autograd may hold views of it; or
+  //  - a placeholder: a tensor of the unsharded size in `param_dtype` whose strides are all 0
+  //    (one element, expanded), for an extension whose module reads the gathered values from
+  //    the extension itself (float8's weights, float8/fsdp_float8.h). FSDP registers it as
+  //    the unsharded parameter, so autograd still accumulates the parameter's gradient, and
+  //    allocates no unsharded storage. The gathered outputs are views of FSDP's all-gather
+  //    buffer when there is one input: they stay valid while the parameter is unsharded, and
+  //    a view saved for backward sees the data of the next unshard (same storage).
   virtual at::Tensor PostAllGather(const std::vector<at::Tensor>& outputs, const c10::IValue& metadata,
                                    c10::ScalarType param_dtype, const at::Tensor& out) = 0;
 };

@@ -18,6 +18,15 @@ at::Tensor CastIfNeeded(const at::Tensor& t, std::optional<c10::ScalarType> dtyp
   return dtype && t.scalar_type() != *dtype ? t.to(*dtype) : t;
 }
 
+// An extension's placeholder for the unsharded data (AllGatherExtension::PostAllGather).
+bool IsPlaceholder(const at::Tensor& data, const std::vector<int64_t>& orig_size, c10::ScalarType dtype) {
+  if (!data.defined() || data.scalar_type() != dtype || data.sizes() != c10::IntArrayRef(orig_size)) return false;
+  for (const int64_t s : data.strides()) {
+    if (s != 0) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 FSDPParam::FSDPParam(at::Tensor param, ParamModuleInfo module_info, FSDPMeshInfo mesh_info,
@@ -251,6 +260,14 @@ void FSDPParam::InitExtensionUnshardedParam() {
   const c10::ScalarType dtype = param_dtype_.value_or(orig_dtype_);
   if (extension_unsharded_.defined()) AllocStorage(extension_unsharded_);
   at::Tensor data = extension_->PostAllGather(outputs, extension_metadata_, dtype, extension_unsharded_);
+  if (IsPlaceholder(data, layout_.orig_size, dtype)) {
+    TORCH_CHECK(!extension_unsharded_.defined(), "fsdp_post_all_gather of ", module_info_.param_name,
+                " returned a placeholder after returning unsharded data");
+    unsharded_view_ = data;
+    extension_inputs_.clear();
+    extension_metadata_ = c10::IValue();
+    return;
+  }
   TORCH_CHECK(
       data.defined() && data.numel() == Numel(layout_.orig_size) && data.scalar_type() == dtype && data.is_contiguous(),
       "fsdp_post_all_gather of ", module_info_.param_name, " must return a contiguous ", c10::toString(dtype),

@@ -26,6 +26,7 @@
 #include <variant>
 #include <vector>
 
+#include "dtensor/dtensor_spec.h"
 #include "fsdp/common/fsdp_state_base.h"
 #include "fsdp/fsdp2/fsdp_api.h"
 #include "fsdp/hooked_module/forward_tensors.h"
@@ -156,6 +157,9 @@ struct FSDPParamInfo {
   std::vector<int64_t> shape;        // global (unsharded, and across tensor parallelism)
   std::vector<int64_t> shard_shape;  // this rank's shard (unpadded)
   c10::ScalarType dtype;             // the sharded parameter's (the optimizer's) dtype
+  // The sharded parameter's DTensor layout: the FSDP mesh (and tensor-parallel dims), what a
+  // reduction over all its shards needs (e.g. float8's scale precompute).
+  dtensor::DTensorSpec sharding_spec;
 };
 struct FSDPGroupInfo {
   // The FQN of each module of the call (one; several for fully_shard(list)); "" is root.

@@ -24,6 +24,12 @@ bool HookedModule::RemoveForwardHook(const ForwardHook* hook) {
   return true;
 }
 
+void HookedModule::SetForwardReplacement(std::shared_ptr<ForwardReplacementBase> replacement) {
+  TORCH_CHECK(!replacement || AcceptsReplacement(*replacement),
+              "SetForwardReplacement: the replacement's Forward signature is not this module's forward's");
+  replacement_ = std::move(replacement);
+}
+
 std::vector<at::Tensor> HookedModule::RunPreForward(std::vector<at::Tensor> args) const {
   // Indexing, not iterators: the hook list must not change during forward (see the contract),
   // and an index stays valid enough to fail the count check below rather than crash.

@@ -21,6 +21,12 @@
 // Contract: adding or removing hooks is not thread-safe and must not happen from inside the
 // module's own forward; forward itself may run concurrently only if every hook allows it
 // (FSDP's do not). A hook's PreForward must return as many tensors as it received.
+//
+// Forward replacement: a module instance's own forward (the body between its hooks) can be
+// replaced by a ForwardReplacement of the same signature. This is how
+// float8::convert_to_float8_training turns a Linear into a float8 linear in place: PyTorch
+// swaps the module object, but a C++ model's members are typed holders, so here the module,
+// its parameters and FQNs stay and its forward changes.
 // Forward arguments and outputs are searched for tensors with fsdp::ForwardTensors
 // (fsdp/hooked_module/forward_tensors.h; specialize it for other types); with hooks attached the
 // forward must return tensors (a static_assert says so).
@@ -54,6 +60,19 @@ class ForwardHook {
 
 enum class HookPosition { kInnermost, kOutermost };
 
+// The untyped base of a forward replacement (see the contract above).
+class ForwardReplacementBase {
+ public:
+  virtual ~ForwardReplacementBase() = default;
+};
+
+// Replaces the forward `R forward(A...)` of one HookedImpl instance.
+template <class R, class... A>
+class ForwardReplacement : public ForwardReplacementBase {
+ public:
+  virtual R Forward(A... args) = 0;
+};
+
 // Mix-in base of every module that runs forward hooks (HookedImpl<Impl> derives from it).
 class HookedModule {
  public:
@@ -75,6 +94,11 @@ class HookedModule {
     return nullptr;
   }
 
+  // Replaces this module's own forward with `replacement` (null restores it). Errors if its
+  // type is not ForwardReplacement<R, A...> for the module's forward `R forward(A...)`.
+  void SetForwardReplacement(std::shared_ptr<ForwardReplacementBase> replacement);
+  const std::shared_ptr<ForwardReplacementBase>& forward_replacement() const { return replacement_; }
+
   // Runs the hooks around `body` (the wrapped forward, called with copies of `args` whose
   // tensors went through the PreForwards) and hands the output's tensors to the PostForwards.
   template <class R, class Body, class... Args>
@@ -84,11 +108,23 @@ class HookedModule {
   std::vector<at::Tensor> RunPreForward(std::vector<at::Tensor> args) const;
   void RunPostForward(const std::vector<at::Tensor*>& outputs) const;
 
+  // Whether `replacement` has the ForwardReplacement type of this module's forward.
+  virtual bool AcceptsReplacement(const ForwardReplacementBase& replacement) const = 0;
+
   std::vector<std::shared_ptr<ForwardHook>> hooks_;
+
+ protected:
+  std::shared_ptr<ForwardReplacementBase> replacement_;
 };
 
 // The HookedModule base of `module`, or null if its type cannot run hooks.
 inline HookedModule* AsHooked(torch::nn::Module& module) { return dynamic_cast<HookedModule*>(&module); }
+// The forward replacement of `module` if it has one of type T, or null.
+template <class T>
+std::shared_ptr<T> FindForwardReplacement(torch::nn::Module& module) {
+  HookedModule* hooked = AsHooked(module);
+  return hooked ? std::dynamic_pointer_cast<T>(hooked->forward_replacement()) : nullptr;
+}
 // The first hook of type H attached to `module`, or null.
 template <class H>
 std::shared_ptr<H> FindForwardHook(torch::nn::Module& module) {
@@ -123,9 +159,20 @@ template <class Impl, class R, class C, class... A>
 class HookedImpl<Impl, R (C::*)(A...)> : public Impl, public HookedModule {
  public:
   using Impl::Impl;
+  using Replacement = ForwardReplacement<R, A...>;
   R forward(A... args) {
-    if (!has_forward_hooks()) return Impl::forward(std::forward<A>(args)...);
-    return RunForwardHooks<R>([this](auto&... a) -> R { return Impl::forward(a...); }, std::forward<A>(args)...);
+    if (!has_forward_hooks()) return Body(std::forward<A>(args)...);
+    return RunForwardHooks<R>([this](auto&... a) -> R { return Body(a...); }, std::forward<A>(args)...);
+  }
+
+ private:
+  template <class... B>
+  R Body(B&&... args) {
+    if (replacement_) return static_cast<Replacement&>(*replacement_).Forward(std::forward<B>(args)...);
+    return Impl::forward(std::forward<B>(args)...);
+  }
+  bool AcceptsReplacement(const ForwardReplacementBase& r) const override {
+    return dynamic_cast<const Replacement*>(&r) != nullptr;
   }
 };
 
@@ -133,9 +180,20 @@ template <class Impl, class R, class C, class... A>
 class HookedImpl<Impl, R (C::*)(A...) const> : public Impl, public HookedModule {
  public:
   using Impl::Impl;
+  using Replacement = ForwardReplacement<R, A...>;
   R forward(A... args) const {
-    if (!has_forward_hooks()) return Impl::forward(std::forward<A>(args)...);
-    return RunForwardHooks<R>([this](auto&... a) -> R { return Impl::forward(a...); }, std::forward<A>(args)...);
+    if (!has_forward_hooks()) return Body(std::forward<A>(args)...);
+    return RunForwardHooks<R>([this](auto&... a) -> R { return Body(a...); }, std::forward<A>(args)...);
+  }
+
+ private:
+  template <class... B>
+  R Body(B&&... args) const {
+    if (replacement_) return static_cast<Replacement&>(*replacement_).Forward(std::forward<B>(args)...);
+    return Impl::forward(std::forward<B>(args)...);
+  }
+  bool AcceptsReplacement(const ForwardReplacementBase& r) const override {
+    return dynamic_cast<const Replacement*>(&r) != nullptr;
   }
 };
 

@@ -137,5 +137,37 @@ TEST(HookedModule, Errors) {
   EXPECT_EQ(FindForwardHook<RecordingHook>(*m).get(), h.get());
 }
 
+// Replaces ScaleImpl's forward: x * 10 + the module's own scale.
+class TenTimes : public ForwardReplacement<at::Tensor, const at::Tensor&> {
+ public:
+  explicit TenTimes(const ScaleImpl& module) : module_(module) {}
+  at::Tensor Forward(const at::Tensor& x) override { return x * 10 + module_.scale; }
+
+ private:
+  const ScaleImpl& module_;
+};
+class WrongSignature : public ForwardReplacement<at::Tensor, at::Tensor> {
+ public:
+  at::Tensor Forward(at::Tensor x) override { return x; }
+};
+
+TEST(HookedModule, ForwardReplacementRunsBetweenTheHooks) {
+  Hooked<ScaleImpl> m(3.0);
+  const at::Tensor x = at::arange(4, at::kFloat);
+  auto replacement = std::make_shared<TenTimes>(*m);
+  m->SetForwardReplacement(replacement);
+  EXPECT_TRUE(at::equal(m(x), x * 10 + 3));
+  std::vector<std::string> log;
+  m->AddForwardHook(std::make_shared<RecordingHook>("h", &log, /*add=*/1, /*mul=*/2));
+  EXPECT_TRUE(at::equal(m(x), ((x + 1) * 10 + 3) * 2));
+  EXPECT_EQ(log, (std::vector<std::string>{"pre h 1", "post h 1"}));
+  EXPECT_EQ(FindForwardReplacement<TenTimes>(*m), replacement);
+  EXPECT_EQ(FindForwardReplacement<WrongSignature>(*m), nullptr);
+  m->SetForwardReplacement(nullptr);  // restores Impl::forward
+  EXPECT_TRUE(at::equal(m(x), (x + 1) * 3 * 2));
+  EXPECT_ERROR_CONTAINS(m->SetForwardReplacement(std::make_shared<WrongSignature>()),
+                        "replacement's Forward signature is not this module's forward's");
+}
+
 }  // namespace
 }  // namespace fsdp
