@@ -381,6 +381,11 @@ fsdp_cc_test(//float8:float8_test SIZE small SMOKE
   DEPS :float8 //fsdp/hooked_module //testing:expect_error //testing:float_tolerance
        //testing:golden_file @libtorch @system//:gtest_main)
 
+fsdp_cc_test(//float8:fsdp_float8_test SIZE medium
+  SRCS fsdp_float8_test.cc
+  DEPS :float8 //comm //fsdp/fsdp2 //fsdp/hooked_module //mesh //testing:expect_error
+       //testing:multi_rank @libtorch @system//:gtest_main)
+
 # ================================================================ //fsdp/activation_checkpointing
 fsdp_cc_library(//fsdp/activation_checkpointing INSTALL
   SRCS checkpoint.cc checkpoint_wrapper.cc selective_checkpoint.cc

@@ -3,8 +3,8 @@
 // (PyTorch's fsdp_pre_all_gather / fsdp_post_all_gather on a tensor subclass).
 //
 // LibTorch parameters cannot carry methods, so the module that owns such a parameter
-// provides the extension: it implements AllGatherExtensionProvider, and fully_shard asks it
-// once per parameter.
+// provides the extension: it (or its forward replacement, fsdp/hooked_module/hooked_module.h)
+// implements AllGatherExtensionProvider, and fully_shard asks it once per parameter.
 #ifndef FSDP_FSDP_FSDP2_ALL_GATHER_EXTENSION_H_
 #define FSDP_FSDP_FSDP2_ALL_GATHER_EXTENSION_H_
 

@@ -196,7 +196,14 @@ ManagedParams GetManagedParams(const std::vector<torch::nn::Module*>& managed,
 
 void InitAllGatherExtensions(FSDPParamGroup& group, const MixedPrecisionPolicy& mp_policy) {
   for (const auto& p : group.fsdp_params()) {
-    const auto* provider = dynamic_cast<const AllGatherExtensionProvider*>(p->module_info().module);
+    // The module itself, or its forward replacement (a float8 linear, float8/float8_linear.h).
+    torch::nn::Module* module = p->module_info().module;
+    const auto* provider = dynamic_cast<const AllGatherExtensionProvider*>(module);
+    if (provider == nullptr) {
+      const HookedModule* hooked = AsHooked(*module);
+      if (hooked != nullptr)
+        provider = dynamic_cast<const AllGatherExtensionProvider*>(hooked->forward_replacement().get());
+    }
     if (provider == nullptr) continue;
     if (auto extension = provider->all_gather_extension(p->module_info().param_name)) {
       p->SetAllGatherExtension(std::move(extension), mp_policy);
