@@ -7,8 +7,11 @@
 #include <sstream>
 #include <utility>
 
+#include "comm/process_group.h"
+#include "distributed_parameters/distributed_parameters.h"
 #include "float8/float8_tensor.h"
 #include "float8/fsdp_float8.h"
+#include "mesh/device_mesh.h"
 
 namespace fsdp::float8 {
 namespace {
@@ -23,9 +26,27 @@ struct Operand {
   Operand t() const { return fp8 ? Operand{fp8->t(), {}} : Operand{std::nullopt, hp.t()}; }
 };
 
-Operand Cast(const at::Tensor& hp, const CastConfig& cast, int64_t axis, bool round_pow2) {
+// A 2-D operand's tensor-parallel split: the dim sharded over `group` (-1: replicated).
+struct Split {
+  int64_t dim = -1;
+  comm::ProcessGroupPtr group;
+};
+
+// Casts a 2-D operand. Its scale is what torchao computes on the DTensor: an amax over a
+// sharded dim (tensorwise: every dim; axiswise: the reduced `axis`) is all-reduced (MAX)
+// over the tensor-parallel group, so every rank casts with the global scale.
+Operand Cast(const at::Tensor& hp, const CastConfig& cast, int64_t axis, bool round_pow2, const Split& split = {}) {
   if (cast.scaling_type == ScalingType::kDisabled) return Operand{std::nullopt, hp};
-  return Operand{ToFloat8Dynamic(hp, cast, axis, round_pow2), {}};
+  const bool reduce = split.dim >= 0 && (cast.scaling_granularity == ScalingGranularity::kTensorwise ||
+                                         (axis < 0 ? axis + hp.dim() : axis) == split.dim);
+  if (!reduce) return Operand{ToFloat8Dynamic(hp, cast, axis, round_pow2), {}};
+  return Operand{ToFloat8Dynamic(hp, cast, axis, round_pow2,
+                                 [&](at::Tensor amax) {
+                                   amax = amax.contiguous();
+                                   split.group->all_reduce(amax, comm::ReduceOp::Max())->wait();
+                                   return amax;
+                                 }),
+                 {}};
 }
 
 at::Tensor Mm(const Operand& a, const Operand& b, const GemmConfig& gemm, const ResolvedFloat8Config& c) {
@@ -40,6 +61,8 @@ at::Tensor Mm(const Operand& a, const Operand& b, const GemmConfig& gemm, const 
 struct MatmulState : torch::CustomClassHolder {
   ResolvedFloat8Config config;
   std::optional<Float8Tensor> weight_t_fp8;
+  // Under tensor parallelism: how input [M, K], weight_t [K, N] and grad_output [M, N] are split.
+  Split input, weight_t, grad_output;
 };
 
 // torchao's matmul_with_hp_or_float8_args: input [..., K] @ weight_t [K, N].
@@ -50,9 +73,9 @@ struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
     const ResolvedFloat8Config& c = state->config;
     const int64_t k = input.size(-1);
     const at::Tensor input_2d = input.reshape({-1, k});
-    const Operand a = Cast(input_2d, c.input, -1, c.round_scales_to_power_of_2);
+    const Operand a = Cast(input_2d, c.input, -1, c.round_scales_to_power_of_2, state->input);
     const Operand b = state->weight_t_fp8 ? Operand{state->weight_t_fp8, {}}
-                                          : Cast(weight_t, c.weight, 0, c.round_scales_to_power_of_2);
+                                          : Cast(weight_t, c.weight, 0, c.round_scales_to_power_of_2, state->weight_t);
     at::Tensor out = Mm(a, b, c.gemm_output, c);
     std::vector<int64_t> shape = input.sizes().vec();
     shape.back() = out.size(-1);
@@ -72,9 +95,9 @@ struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
 
     at::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
-      const Operand go = Cast(go_2d, c.grad_output, -1, pow2);
-      const Operand w =
-          state->weight_t_fp8 ? Operand{state->weight_t_fp8, {}} : Cast(weight_t, c.weight_for_grad_input, -1, pow2);
+      const Operand go = Cast(go_2d, c.grad_output, -1, pow2, state->grad_output);
+      const Operand w = state->weight_t_fp8 ? Operand{state->weight_t_fp8, {}}
+                                            : Cast(weight_t, c.weight_for_grad_input, -1, pow2, state->weight_t);
       grad_input = Mm(go, w.t(), c.gemm_grad_input, c);
       std::vector<int64_t> shape = grad_output.sizes().vec();
       shape.back() = grad_input.size(-1);
@@ -83,8 +106,8 @@ struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
     at::Tensor grad_weight_t;
     if (ctx->needs_input_grad(1)) {
       const at::Tensor input_2d = input.reshape({-1, input.size(-1)});
-      const Operand go = Cast(go_2d, c.grad_output_for_grad_weight, 0, pow2);
-      const Operand in = Cast(input_2d, c.input_for_grad_weight, 0, pow2);
+      const Operand go = Cast(go_2d, c.grad_output_for_grad_weight, 0, pow2, state->grad_output);
+      const Operand in = Cast(input_2d, c.input_for_grad_weight, 0, pow2, state->input);
       grad_weight_t = Mm(go.t(), in, c.gemm_grad_weight, c).t();
     }
     return {grad_input, grad_weight_t, at::Tensor()};
@@ -133,6 +156,26 @@ at::Tensor Float8Linear::Forward(const at::Tensor& input) {
               input.dim() ? input.size(-1) : 0, ") must equal in_features (", weight.size(1), ")");
   auto state = c10::make_intrusive<MatmulState>();
   state->config = config_;
+  // A tensor-parallel style shards the weight on dim 0 (colwise: weight_t and grad_output
+  // split on N) or dim 1 (rowwise: input and weight_t split on K).
+  if (const auto* distributed = distributed_parameters::FindDistributedParameters(linear_)) {
+    for (const auto& [name, spec] : distributed->named_parameter_specs()) {
+      if (name != "weight") continue;
+      for (int d = 0; d < spec.mesh->ndim(); ++d) {
+        const auto& placement = spec.placements[d];
+        if (!placement.is_shard() || spec.mesh->size(d) == 1) continue;
+        const comm::ProcessGroupPtr& group = spec.mesh->group(d);
+        TORCH_CHECK(!state->input.group && !state->weight_t.group, "Float8Linear: weight ", spec.ToString(),
+                    " is sharded on more than one mesh dim; float8 takes one tensor-parallel dim");
+        if (placement.is_shard(0)) {
+          state->weight_t = state->grad_output = Split{1, group};
+        } else {
+          state->input = Split{1, group};
+          state->weight_t = Split{0, group};
+        }
+      }
+    }
+  }
   if (weight_all_gather_) {
     if (auto gathered = weight_all_gather_->Gathered(weight)) state->weight_t_fp8 = gathered->t();
   }
