@@ -75,6 +75,11 @@ fsdp_cc_library(//bench:step_slope TESTONLY OPTION FSDP_BUILD_BENCH
   HDRS step_slope.h
   DEPS //testing:peer_python @system//:absl @system//:benchmark)
 
+fsdp_cc_binary(//bench:float8_bench TESTONLY OPTION FSDP_BUILD_BENCH
+  SRCS float8_bench.cc
+  DEPS :linear_stack :pair_flags :step_slope //comm:main_guard //float8 //fsdp/hooked_module
+       @libtorch @system//:absl @system//:benchmark)
+
 fsdp_cc_binary(//bench:tp_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS tp_bench.cc
   DEPS :linear_stack :pair_flags :step_slope //comm //comm:main_guard //tensor_parallel
@@ -838,7 +843,7 @@ fsdp_cc_test(//train:train_test SIZE medium SMOKE
        testdata/golden_train_data.txt testdata/corpus/train.index testdata/corpus/train.tokens
        testdata/corpus/validation.index testdata/corpus/validation.tokens
   TAGS peer_python
-  DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset :trainer //comm
+  DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset :trainer //comm //float8
        //fsdp/hooked_module //mesh //pipelining //testing:float_tolerance //fsdp/fsdp2
        //models/llama //testing:multi_rank //testing:test_dir //testing:expect_error
        //testing:golden_file //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
@@ -864,9 +869,9 @@ fsdp_cc_library(//train:trainer INSTALL
   HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h pipeline_llama.h selective_ac.h
        tensorboard.h torchtitan_checkpoint.h trainer.h
   DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset //checkpoint:dcp //comm
-       //dcp:core //dcp:stateful //dcp:fsdp2 //dtensor //fsdp/activation_checkpointing //fsdp/fsdp2
-       //mesh //metrics //models/llama //pipelining //pipelining:schedule_ir //tensor_parallel
-       @libtorch @system//:absl)
+       //dcp:core //dcp:stateful //dcp:fsdp2 //dtensor //float8 //fsdp/activation_checkpointing
+       //fsdp/fsdp2 //mesh //metrics //models/llama //pipelining //pipelining:schedule_ir
+       //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_binary(//train INSTALL
   SRCS train_main.cc

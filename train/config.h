@@ -45,6 +45,8 @@ struct ModelConfig {
   std::optional<int64_t> dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
   std::optional<double> ffn_dim_multiplier, norm_eps, rope_theta;
   std::optional<bool> enable_weight_tying;
+  // torchtitan's model converters applied before parallelizing: "float8" (the [float8] table).
+  std::vector<std::string> converters;
 };
 
 enum class OptimizerName { kAdamW };
@@ -106,6 +108,26 @@ struct ActivationCheckpointConfig {
   // SelectiveAC: the matmuls with the weight shape of a Linear whose name contains one of these
   // are always recomputed (train/selective_ac.h).
   std::vector<std::string> force_recompute_mm_shapes_by_fqns = {"moe.router.gate"};
+};
+
+enum class Float8Recipe { kTensorwise, kRowwise, kRowwiseWithGwHp };
+
+// [float8]: torchtitan 0.3.0's Float8LinearConverter.Config (components/quantization/float8.py)
+// and torchao's float8 all-gather options (float8/float8_linear.h, fsdp_float8.h); used when
+// model.converters names "float8".
+struct Float8Config {
+  Float8Recipe recipe_name = Float8Recipe::kRowwise;
+  // Linears whose FQN (ours or torchtitan 0.3.0's: "lm_head", "qkv_linear.wq") contains an entry stays
+  // in high precision, as do those with in or out features not multiples of 16;
+  // "auto_filter_small_kn" adds torchao's size thresholds.
+  std::vector<std::string> filter_fqns;
+  // float32 matmuls of the dequantized operands instead of _scaled_mm (for hardware without
+  // float8; the recipe stays, where torchtitan 0.3.0 switches to tensorwise).
+  bool emulate = false;
+  // tensorwise only: FSDP2 all-gathers the weights in float8.
+  bool enable_fsdp_float8_all_gather = false;
+  // with the float8 all-gather: every weight's scale from one all-reduce after the optimizer step.
+  bool precompute_float8_dynamic_scale_for_fsdp = false;
 };
 
 // [dataloader]: a prepared token dataset (docs/guide/data_format.md), packed as torchtitan's
@@ -178,6 +200,7 @@ struct JobConfig {
   TrainingConfig training;
   ParallelismConfig parallelism;
   ActivationCheckpointConfig activation_checkpoint;
+  Float8Config float8;
   DataloaderConfig dataloader;
   ValidatorConfig validator;
   MetricsConfig metrics;

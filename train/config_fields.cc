@@ -86,13 +86,13 @@ std::vector<Section> Sections(JobConfig& c) {
   std::vector<Section> sections;
   sections.push_back({"", {Bind("hf_assets_path", c.hf_assets_path), Bind("dump_folder", c.dump_folder)}});
   ModelConfig& model = c.model;
-  sections.push_back(
-      {"model",
-       {Bind("name", model.name), Bind("flavor", model.flavor), Bind("dim", model.dim),
-        Bind("n_layers", model.n_layers), Bind("n_heads", model.n_heads), Bind("n_kv_heads", model.n_kv_heads),
-        Bind("vocab_size", model.vocab_size), Bind("multiple_of", model.multiple_of),
-        Bind("ffn_dim_multiplier", model.ffn_dim_multiplier), Bind("norm_eps", model.norm_eps),
-        Bind("rope_theta", model.rope_theta), Bind("enable_weight_tying", model.enable_weight_tying)}});
+  sections.push_back({"model",
+                      {Bind("name", model.name), Bind("flavor", model.flavor), Bind("dim", model.dim),
+                       Bind("n_layers", model.n_layers), Bind("n_heads", model.n_heads),
+                       Bind("n_kv_heads", model.n_kv_heads), Bind("vocab_size", model.vocab_size),
+                       Bind("multiple_of", model.multiple_of), Bind("ffn_dim_multiplier", model.ffn_dim_multiplier),
+                       Bind("norm_eps", model.norm_eps), Bind("rope_theta", model.rope_theta),
+                       Bind("enable_weight_tying", model.enable_weight_tying), Bind("converters", model.converters)}});
   OptimizerConfig& opt = c.optimizer;
   sections.push_back({"optimizer",
                       {BindChoice("name", opt.name, {{"AdamW", OptimizerName::kAdamW}}), Bind("lr", opt.lr),
@@ -137,6 +137,15 @@ std::vector<Section> Sections(JobConfig& c) {
                                    {"selective", ActivationCheckpointMode::kSelective}}),
                        Bind("preserve_rng_state", ac.preserve_rng_state),
                        Bind("force_recompute_mm_shapes_by_fqns", ac.force_recompute_mm_shapes_by_fqns)}});
+  Float8Config& f8 = c.float8;
+  sections.push_back({"float8",
+                      {BindChoice("recipe_name", f8.recipe_name,
+                                  {{"tensorwise", Float8Recipe::kTensorwise},
+                                   {"rowwise", Float8Recipe::kRowwise},
+                                   {"rowwise_with_gw_hp", Float8Recipe::kRowwiseWithGwHp}}),
+                       Bind("filter_fqns", f8.filter_fqns), Bind("emulate", f8.emulate),
+                       Bind("enable_fsdp_float8_all_gather", f8.enable_fsdp_float8_all_gather),
+                       Bind("precompute_float8_dynamic_scale_for_fsdp", f8.precompute_float8_dynamic_scale_for_fsdp)}});
   DataloaderConfig& d = c.dataloader;
   sections.push_back(
       {"dataloader", {Bind("dataset_path", d.dataset_path), Bind("infinite", d.infinite), Bind("seed", d.seed)}});

@@ -133,6 +133,19 @@ TEST(JobConfig, EachBadInputIsOneErrorNamingTheKeyAndValue) {
   EXPECT_ERROR_CONTAINS(Parse("[optimizer]\nbetas = [0.9]\n"), "optimizer.betas = [0.9] must have two numbers");
   EXPECT_ERROR_CONTAINS(Parse("[optimizer]\nbetas = [0.9, \"x\"]\n"), "must be an array of two numbers");
   EXPECT_ERROR_CONTAINS(Parse("[optimizer]\nname = \"SGD\"\n"), "optimizer.name = \"SGD\" is not one of AdamW");
+  EXPECT_ERROR_CONTAINS(ValidateConfig(Parse("[model]\nconverters = [\"mx\"]\n"), 1),
+                        "model.converters: unknown converter \"mx\"");
+  EXPECT_ERROR_CONTAINS(Parse("[float8]\nrecipe_name = \"colwise\"\n"),
+                        "float8.recipe_name = \"colwise\" is not one of");
+  EXPECT_ERROR_CONTAINS(
+      ValidateConfig(Parse("[float8]\nenable_fsdp_float8_all_gather = true\n"), 1),
+      "float8.enable_fsdp_float8_all_gather = true needs float8.recipe_name = \"tensorwise\" (torchao "
+      "all-gathers float8 weights with tensorwise scales only), got \"rowwise\"");
+  EXPECT_ERROR_CONTAINS(
+      ValidateConfig(Parse("[float8]\nrecipe_name = \"tensorwise\"\nprecompute_float8_dynamic_scale_for_fsdp = true\n"),
+                     1),
+      "float8.precompute_float8_dynamic_scale_for_fsdp = true needs "
+      "float8.enable_fsdp_float8_all_gather = true");
   EXPECT_ERROR_CONTAINS(Parse("[lr_scheduler]\ndecay_type = \"exp\"\n"),
                         "lr_scheduler.decay_type = \"exp\" is not one of linear, sqrt, cosine");
   EXPECT_ERROR_CONTAINS(Parse("[training]\nmixed_precision_reduce = \"bfloat16\"\n"), "is not one of float32");

@@ -48,6 +48,19 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
   }
   WarmupStableDecay(config.lr_scheduler, t.steps);  // names the lr_scheduler key it rejects
 
+  // torchtitan's model converters; [float8] as torchao allows it.
+  for (const std::string& converter : config.model.converters) {
+    TORCH_CHECK(converter == "float8", "model.converters: unknown converter \"", converter, "\" (known: \"float8\")");
+  }
+  const Float8Config& f8 = config.float8;
+  TORCH_CHECK(!f8.enable_fsdp_float8_all_gather || f8.recipe_name == Float8Recipe::kTensorwise,
+              "float8.enable_fsdp_float8_all_gather = true needs float8.recipe_name = \"tensorwise\" (torchao "
+              "all-gathers float8 weights with tensorwise scales only), got \"",
+              f8.recipe_name == Float8Recipe::kRowwise ? "rowwise" : "rowwise_with_gw_hp", "\"");
+  TORCH_CHECK(!f8.precompute_float8_dynamic_scale_for_fsdp || f8.enable_fsdp_float8_all_gather,
+              "float8.precompute_float8_dynamic_scale_for_fsdp = true needs float8.enable_fsdp_float8_all_gather = "
+              "true (the scales it precomputes are the float8 all-gather's)");
+
   const ParallelismConfig& p = config.parallelism;
   CheckAtLeast("parallelism.data_parallel_replicate_degree", p.data_parallel_replicate_degree, 1);
   CheckMinusOneOrPositive("parallelism.data_parallel_shard_degree", p.data_parallel_shard_degree);

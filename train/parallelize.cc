@@ -3,11 +3,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "float8/float8_linear.h"
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/meta_init.h"
@@ -15,6 +17,7 @@
 #include "models/llama/hf_config.h"
 #include "models/llama/parallelize.h"
 #include "train/selective_ac.h"
+#include "train/torchtitan_checkpoint.h"
 
 namespace fsdp::train {
 namespace {
@@ -103,8 +106,46 @@ ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDeg
   return m;
 }
 
+int ConvertFloat8(models::llama::LlamaForCausalLM& model, const JobConfig& config) {
+  const auto& converters = config.model.converters;
+  if (std::find(converters.begin(), converters.end(), "float8") == converters.end()) return 0;
+  const Float8Config& f8 = config.float8;
+  const char* recipe = f8.recipe_name == Float8Recipe::kTensorwise ? "tensorwise"
+                       : f8.recipe_name == Float8Recipe::kRowwise  ? "rowwise"
+                                                                   : "rowwise_with_gw_hp";
+  float8::Float8LinearConfig c = float8::Float8LinearConfig::FromRecipeName(recipe);
+  c.emulate = f8.emulate;
+  c.enable_fsdp_float8_all_gather = f8.enable_fsdp_float8_all_gather;
+  // torchtitan's filter_fqns name torchtitan's modules ("layers.0.attention.qkv_linear.wq");
+  // ours are Hugging Face's: a Linear is filtered when either name contains an entry.
+  std::vector<std::string> fqns;
+  bool auto_filter = false;
+  for (const std::string& f : f8.filter_fqns) {
+    if (f == "auto_filter_small_kn") {
+      auto_filter = true;
+    } else {
+      fqns.push_back(f);
+    }
+  }
+  TORCH_CHECK(!auto_filter || f8.recipe_name != Float8Recipe::kRowwiseWithGwHp,
+              "float8.filter_fqns = [\"auto_filter_small_kn\"] has no size thresholds for recipe_name = "
+              "\"rowwise_with_gw_hp\" (torchao's _auto_filter_for_recipe: tensorwise and rowwise)");
+  const float8::ModuleFilterFn base = auto_filter ? float8::AutoFilterForRecipe(recipe, {}) : float8::FilterFqns({});
+  const float8::ModuleFilterFn filter = [base, fqns](const torch::nn::LinearImpl& linear, const std::string& fqn) {
+    if (!base(linear, fqn)) return false;
+    const std::string titan = TorchtitanFqn(fqn + ".weight");
+    const std::string titan_module = titan.substr(0, titan.size() - std::string(".weight").size());
+    return std::none_of(fqns.begin(), fqns.end(), [&](const std::string& f) {
+      return fqn.find(f) != std::string::npos || titan_module.find(f) != std::string::npos;
+    });
+  };
+  return float8::convert_to_float8_training(*model, c, filter);
+}
+
 std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config,
                                                 const ParallelMeshes& meshes) {
+  // torchtitan converts the model (its config) before parallelizing it.
+  ConvertFloat8(model, config);
   if (meshes.tp) {
     // Built on the meta device and initialized after sharding: no values to broadcast.
     models::llama::ApplyTensorParallel(

@@ -56,6 +56,10 @@ struct ParallelMeshes {
 
 ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees);
 
+// With model.converters = ["float8"]: converts the model's Linears to float8 linears per
+// [float8] (float8/float8_linear.h); returns how many. ParallelizeLlama calls it first.
+int ConvertFloat8(models::llama::LlamaForCausalLM& model, const JobConfig& config);
+
 // Returns the fully_shard handles, the root's last.
 std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config,
                                                 const ParallelMeshes& meshes);

@@ -16,6 +16,7 @@
 #include "checkpoint/dcp_storage.h"
 #include "dcp/checkpoint_dirs.h"
 #include "dcp/hf.h"
+#include "float8/fsdp_float8.h"
 #include "fsdp/fsdp2/clip_grad_norm.h"
 #include "metrics/step_metrics.h"
 #include "models/llama/flavors.h"
@@ -312,6 +313,9 @@ StepResult Trainer::FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t
   const Clock::time_point optimizer_start = Clock::now();
   r.grad_norm = clip();
   optimizer_->step();
+  if (config_.float8.precompute_float8_dynamic_scale_for_fsdp) {
+    for (auto& part : model_parts()) float8::precompute_float8_dynamic_scale_for_fsdp(*part);
+  }
   lr_schedulers_->Step();
   r.optimizer_seconds = Seconds(optimizer_start);
   const double local_mean =

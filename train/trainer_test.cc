@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
+#include "float8/float8_linear.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "models/llama/flavors.h"
 #include "testing/expect_error.h"
@@ -340,6 +341,19 @@ TEST(Trainer, ValidationIsTheMeanOverTheValidationSet) {
   // Untrained, the model predicts nearly uniformly over the vocabulary: about log(2048).
   EXPECT_NEAR(losses[0], std::log(2048.0), 0.5);
   EXPECT_NE(losses[2], losses[0]);
+}
+
+// model.converters = ["float8"]: every Linear but those float8.filter_fqns names, by our FQN
+// ("lm_head") or torchtitan 0.3.0's ("qkv_linear.wq" is each q_proj).
+TEST(Trainer, Float8ConvertsTheLinearsTorchtitansFilterKeeps) {
+  const JobConfig config = SmallJob({"--model.converters=float8", "--float8.filter_fqns=lm_head,qkv_linear.wq"});
+  models::llama::LlamaForCausalLM model(ResolveModelConfig(config, 1), c10::Device(c10::kMeta));
+  EXPECT_EQ(ConvertFloat8(model, config), 2 * 6);  // 2 layers x (k, v, o, gate, up, down)
+  EXPECT_EQ(float8::AsFloat8Linear(*model->lm_head), nullptr);
+  EXPECT_EQ(float8::AsFloat8Linear(*model->model->decoder_layers[0]->self_attn->q_proj), nullptr);
+  EXPECT_NE(float8::AsFloat8Linear(*model->model->decoder_layers[0]->self_attn->k_proj), nullptr);
+  models::llama::LlamaForCausalLM plain(ResolveModelConfig(SmallJob({}), 1), c10::Device(c10::kMeta));
+  EXPECT_EQ(ConvertFloat8(plain, SmallJob({})), 0);  // no converter named
 }
 
 TEST(Trainer, BadJobsNameTheirKeyBeforeTraining) {

@@ -124,7 +124,7 @@ CONFIG_GOLDEN = "train/testdata/golden_config_defaults.toml"
 CONFIG_DOC = f"""
 torchtitan {torchtitan.__version__}'s defaults for the keys of train/config.h that torchtitan has
 (testing/golden/gen_train.py): each value read from a default-constructed torchtitan config class.
-[optimizer] is default_adamw()'s catch-all AdamW group; [activation_checkpoint] mode is the class
+[optimizer] is default_adamw()'s catch-all AdamW group; [float8] is Float8LinearConverter.Config; [activation_checkpoint] mode is the class
 Trainer.Config defaults to; [dataloader] is HuggingFaceTextDataLoader.Config. A None default is
 left out (it is an unset optional here). Keys of ours that torchtitan does not have are absent.
 """
@@ -146,6 +146,7 @@ def write_config_defaults():
     from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.metrics import MetricsProcessor
     from torchtitan.components.optimizer import default_adamw
+    from torchtitan.components.quantization import Float8LinearConverter
     from torchtitan.components.validate import Validator
     from torchtitan.config.configs import CommConfig, DebugConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -173,6 +174,7 @@ def write_config_defaults():
                                        preserve_rng_state=trainer.activation_checkpoint.preserve_rng_state,
                                        force_recompute_mm_shapes_by_fqns=SelectiveAC.Config().force_recompute_mm_shapes_by_fqns),
                                   ["mode", "preserve_rng_state", "force_recompute_mm_shapes_by_fqns"]),
+        "float8": (Float8LinearConverter.Config(), ["recipe_name", "filter_fqns", "emulate"]),
         "dataloader": (HuggingFaceTextDataLoader.Config(), ["dataset_path", "infinite"]),
         "validator": (Validator.Config(), ["enable", "freq", "steps"]),
         "metrics": (MetricsProcessor.Config(), ["log_freq", "enable_tensorboard", "save_tb_folder", "save_for_all_ranks"]),

@@ -149,8 +149,38 @@ def parallelism_config(spec):
     )
 
 
+def float8_convert(config, f8):
+    """torchtitan's Float8LinearConverter.convert (components/quantization/float8.py) with
+    torchao 0.18's recipe SPEC["float8"]["recipe"] (emulate as given): every Linear.Config that
+    module_filter_fn keeps becomes torchtitan's Float8Linear.Config. The converter's own
+    constructor is bypassed: it refuses CPUs unless emulating, and then replaces the recipe by
+    tensorwise."""
+    from torchao.float8 import Float8LinearConfig
+    from torchtitan.components.quantization.float8 import Float8Linear
+    from torchtitan.components.quantization.utils import module_filter_fn
+
+    recipe = Float8LinearConfig.from_recipe_name(f8["recipe"])
+    fields = {f: getattr(recipe, f) for f in recipe.__dataclass_fields__}
+    fields["emulate"] = f8.get("emulate", False)
+    torchao_config = Float8LinearConfig(**fields)
+    for fqn, linear, parent, attr in config.traverse(Linear.Config):
+        if not module_filter_fn(linear, fqn, f8.get("filter_fqns", [])):
+            continue
+        new = Float8Linear.Config(in_features=linear.in_features, out_features=linear.out_features,
+                                  bias=linear.bias, param_init=linear.param_init, _torchao_config=torchao_config)
+        if parent is None:
+            config = new
+        elif isinstance(parent, list):
+            parent[attr] = new
+        else:
+            setattr(parent, attr, new)
+    return config
+
+
 def build_model(spec, parallelism):
     config = model_config(spec)
+    if spec.get("float8"):
+        config = float8_convert(config, spec["float8"])
     config.update_from_config(config=_Config(parallelism))
     return config, config.build()
 
