@@ -15,6 +15,7 @@
 #include "float8/float8_linear.h"
 #include "float8/fsdp_float8.h"
 #include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 #include "testing/expect_error.h"
@@ -197,6 +198,40 @@ TEST(Float8AllGather, NoHighPrecisionUnshardedWeight) {
     at::Tensor amax = model->b->weight.abs().max();
     pg->all_reduce(amax, comm::ReduceOp::Max())->wait();
     EXPECT_EQ(scale.item<float>(), static_cast<float>(448.0 / amax.item<double>()));
+  });
+}
+
+// State dicts see the high-precision sharded parameters, never the float8 all-gather: a
+// converted, sharded model's full state dict is the unconverted model's, and it loads back.
+TEST(Float8AllGather, StateDictsAreTheHighPrecisionParameters) {
+  RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    const auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    auto sharded = [&](bool convert) {
+      Mlp model;
+      if (convert) {
+        Float8LinearConfig config;
+        config.enable_fsdp_float8_all_gather = true;
+        convert_to_float8_training(*model, config);
+      }
+      fsdp2::fully_shard(model->a.ptr(), {.mesh = mesh});
+      fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
+      return model;
+    };
+    Mlp converted = sharded(true);
+    converted(at::ones({2, 32})).sum().backward();  // one float8 all-gather before the state dict
+    const fsdp2::FullStateDict full = fsdp2::GetFullStateDict(*converted);
+    const fsdp2::FullStateDict plain = fsdp2::GetFullStateDict(*sharded(false));
+    ASSERT_EQ(full.size(), 3u);
+    for (const auto& item : plain) {
+      const at::Tensor* got = full.find(item.key());
+      ASSERT_NE(got, nullptr) << item.key();
+      EXPECT_TRUE(at::equal(*got, item.value())) << item.key();
+    }
+    fsdp2::FullStateDict doubled;
+    for (const auto& item : plain) doubled.insert(item.key(), item.value() * 2);
+    fsdp2::LoadFullStateDict(*converted, doubled);
+    const fsdp2::FullStateDict reloaded = fsdp2::GetFullStateDict(*converted);
+    for (const auto& item : doubled) EXPECT_TRUE(at::equal(*reloaded.find(item.key()), item.value())) << item.key();
   });
 }
 
