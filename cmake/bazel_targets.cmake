@@ -388,8 +388,8 @@ fsdp_cc_test(//float8:float8_test SIZE small SMOKE
 
 fsdp_cc_test(//float8:fsdp_float8_test SIZE medium
   SRCS fsdp_float8_test.cc
-  DEPS :float8 //comm //fsdp/fsdp2 //fsdp/hooked_module //mesh //testing:expect_error
-       //testing:multi_rank @libtorch @system//:gtest_main)
+  DEPS :float8 //comm //fsdp/fsdp2 //fsdp/hooked_module //mesh //tensor_parallel
+       //testing:expect_error //testing:multi_rank @libtorch @system//:gtest_main)
 
 fsdp_cc_test(//float8:tensor_parallel_test SIZE small
   SRCS tensor_parallel_test.cc

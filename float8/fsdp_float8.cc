@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -77,9 +78,15 @@ void precompute_float8_dynamic_scale_for_fsdp(torch::nn::Module& root) {
   for (const auto& group : groups) {
     for (const auto& p : group.params) managed.emplace(p.fqn, &p);
   }
-  std::vector<Float8WeightAllGather*> extensions;
-  std::vector<at::Tensor> amaxes;
-  const dtensor::DTensorSpec* spec = nullptr;
+  // The weights by the ranks their shards spread over (mesh and sharded dims): one stacked
+  // all-reduce per dim of each; FSDP and FSDP + TP models have one such set.
+  struct Reduction {
+    mesh::DeviceMeshPtr mesh;
+    std::vector<int> dims;
+    std::vector<Float8WeightAllGather*> extensions;
+    std::vector<at::Tensor> amaxes;
+  };
+  std::vector<Reduction> reductions;
   for (const auto& item : root.named_modules("", /*include_self=*/true)) {
     const auto f8 = AsFloat8Linear(*item.value());
     if (!f8 || !f8->weight_all_gather()) continue;
@@ -90,29 +97,31 @@ void precompute_float8_dynamic_scale_for_fsdp(torch::nn::Module& root) {
     const at::Tensor& weight = f8->linear().weight;
     TORCH_CHECK(!f8->weight_all_gather()->Gathered(weight), "precompute_float8_dynamic_scale_for_fsdp: weight '", fqn,
                 "' is unsharded; call it between steps (after the optimizer step)");
-    const dtensor::DTensorSpec& s = found->second->sharding_spec;
-    if (spec == nullptr) spec = &s;
-    TORCH_CHECK(s.mesh == spec->mesh && s.placements == spec->placements,
-                "precompute_float8_dynamic_scale_for_fsdp: "
-                "weight '",
-                fqn, "' is laid out as ", s.ToString(), ", another float8 weight as ", spec->ToString(),
-                "; one all-reduce needs one layout");
-    TORCH_CHECK(extensions.empty() || extensions.front()->float8_dtype() == f8->weight_all_gather()->float8_dtype(),
-                "precompute_float8_dynamic_scale_for_fsdp: float8 weights of different dtypes");
-    extensions.push_back(f8->weight_all_gather().get());
-    amaxes.push_back(LocalAmax(weight));
+    Float8WeightAllGather* extension = f8->weight_all_gather().get();
+    TORCH_CHECK(
+        reductions.empty() || reductions.front().extensions.front()->float8_dtype() == extension->float8_dtype(),
+        "precompute_float8_dynamic_scale_for_fsdp: float8 weights of different dtypes");
+    const dtensor::DTensorSpec& spec = found->second->sharding_spec;
+    std::vector<int> dims;
+    for (int d = 0; d < spec.mesh->ndim(); ++d) {
+      if (spec.placements[d].is_shard()) dims.push_back(d);
+    }
+    auto it = std::find_if(reductions.begin(), reductions.end(),
+                           [&](const Reduction& r) { return r.mesh == spec.mesh && r.dims == dims; });
+    if (it == reductions.end()) it = reductions.insert(reductions.end(), Reduction{spec.mesh, dims, {}, {}});
+    it->extensions.push_back(extension);
+    it->amaxes.push_back(LocalAmax(weight));
   }
-  if (extensions.empty()) return;
-  at::Tensor amax = at::stack(amaxes);
-  for (int d = 0; d < spec->mesh->ndim(); ++d) {
-    if (spec->placements[d].is_shard()) AllReduceMax(amax, spec->mesh->group(d));
+  for (Reduction& r : reductions) {
+    at::Tensor amax = at::stack(r.amaxes);
+    for (const int d : r.dims) AllReduceMax(amax, r.mesh->group(d));
+    // torchao clamps in the weights' dtype, then divides in float64.
+    const c10::ScalarType weight_dtype = amax.scalar_type();
+    at::Tensor scale = Float8Max(r.extensions.front()->float8_dtype()) / at::clamp(amax, kAmaxEps).to(at::kDouble);
+    if (weight_dtype == at::kHalf) scale = at::clamp(scale, c10::nullopt, 65504.0);
+    scale = scale.to(at::kFloat);
+    for (size_t i = 0; i < r.extensions.size(); ++i) r.extensions[i]->set_precomputed_scale(scale[i]);
   }
-  // torchao clamps in the weights' dtype, then divides in float64.
-  const c10::ScalarType weight_dtype = amax.scalar_type();
-  at::Tensor scale = Float8Max(extensions.front()->float8_dtype()) / at::clamp(amax, kAmaxEps).to(at::kDouble);
-  if (weight_dtype == at::kHalf) scale = at::clamp(scale, c10::nullopt, 65504.0);
-  scale = scale.to(at::kFloat);
-  for (size_t i = 0; i < extensions.size(); ++i) extensions[i]->set_precomputed_scale(scale[i]);
 }
 
 }  // namespace fsdp::float8

@@ -68,9 +68,9 @@ class Float8WeightAllGather : public fsdp2::AllGatherExtension {
 };
 
 // Computes the tensorwise scale of every float8-all-gathered weight in root's tree with one
-// all-reduce (MAX of the stacked local amaxes over the weights' FSDP mesh, and their tensor-
-// parallel dims), for the next unshards. Call after the optimizer step, between steps. Errors:
-// a converted weight no fully_shard manages, weights of different float8 dtypes or meshes.
+// all-reduce per sharded mesh dim (MAX of the stacked local amaxes over the weights' FSDP mesh
+// and their tensor-parallel dim), for the next unshards. Call after the optimizer step, between
+// steps. Errors: a converted weight no fully_shard manages, weights of different float8 dtypes.
 void precompute_float8_dynamic_scale_for_fsdp(torch::nn::Module& root);
 
 }  // namespace fsdp::float8

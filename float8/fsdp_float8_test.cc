@@ -18,6 +18,8 @@
 #include "fsdp/fsdp2/state_dict.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
+#include "tensor_parallel/parallel_style.h"
+#include "tensor_parallel/parallelize_module.h"
 #include "testing/expect_error.h"
 #include "testing/multi_rank.h"
 
@@ -198,6 +200,44 @@ TEST(Float8AllGather, NoHighPrecisionUnshardedWeight) {
     at::Tensor amax = model->b->weight.abs().max();
     pg->all_reduce(amax, comm::ReduceOp::Max())->wait();
     EXPECT_EQ(scale.item<float>(), static_cast<float>(448.0 / amax.item<double>()));
+  });
+}
+
+// FSDP x TP (dp 2 x tp 2, a colwise, b rowwise, c replicated over tp): with every scale
+// precomputed (before the first step too), the float8 all-gather casts each shard with the
+// weight's global scale, which is the scale the float8 linear's own cast of the tensor-
+// parallel shard computes without it: the same bits.
+TEST(Float8AllGather, FsdpTimesTensorParallelSameBitsWithPrecomputedScales) {
+  RunOnRanks(Backend::kThreaded, 4, [](const comm::ProcessGroupPtr& pg) {
+    auto mesh = mesh::DeviceMesh::Create(pg, {2, 2}, {"dp", "tp"});
+    auto run = [&](bool all_gather) {
+      Mlp model;
+      Float8LinearConfig config;
+      config.enable_fsdp_float8_all_gather = all_gather;
+      convert_to_float8_training(*model, config);
+      tensor_parallel::parallelize_module(
+          *model, (*mesh)["tp"],
+          {{"a", tensor_parallel::ColwiseParallel()}, {"b", tensor_parallel::RowwiseParallel()}});
+      fsdp2::fully_shard(model->a.ptr(), {.mesh = (*mesh)["dp"]});
+      fsdp2::fully_shard(model->b.ptr(), {.mesh = (*mesh)["dp"]});
+      fsdp2::fully_shard(model->c.ptr(), {.mesh = (*mesh)["dp"]});
+      fsdp2::fully_shard(model.ptr(), {.mesh = (*mesh)["dp"]});
+      if (all_gather) precompute_float8_dynamic_scale_for_fsdp(*model);
+      torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(0.05));
+      at::Generator data = at::make_generator<at::CPUGeneratorImpl>(100 + mesh->coordinate()[0]);
+      TrainRun out;
+      for (int step = 0; step < kSteps; ++step) {
+        const at::Tensor loss = model(at::randn({8, 32}, data) * 3).pow(2).mean();
+        loss.backward();
+        optim.step();
+        optim.zero_grad();
+        if (all_gather) precompute_float8_dynamic_scale_for_fsdp(*model);
+        out.losses.push_back(loss.detach());
+      }
+      for (const auto& p : model->parameters()) out.params.push_back(p.detach().clone());
+      return out;
+    };
+    ExpectSameBits(run(true), run(false));
   });
 }
 
