@@ -11,14 +11,14 @@
 # INSTALL: in the CMake package (`cmake --install`): the public libraries, not testonly,
 # and the libraries they link.
 # Smoke set (FSDP_CMAKE_SMOKE=ON builds these by default; `ctest -L smoke`):
-#   //checkpoint:checkpoint_test //comm:comm_test //dcp:dcp_test //device:stream_test
-#     //env:environment_test //examples:restart_test //float8:float8_test
-#     //fsdp/activation_checkpointing:activation_checkpointing_test //fsdp/common:common_test
-#     //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test //fsdp/hooked_module:hooked_module_test
-#     //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test //metrics:step_metrics_test
-#     //models/llama:llama_test //pickle:pickle_test //pipelining:schedule_ir_test
-#     //tensor_parallel:tensor_parallel_test //testing:testing_test //tests:cross_package_test
-#     //tools:fsdp_memory_test //train:train_test
+#   //checkpoint:checkpoint_test //comm:comm_test //context_parallel:ring_attention_test
+#     //dcp:dcp_test //device:stream_test //env:environment_test //examples:restart_test
+#     //float8:float8_test //fsdp/activation_checkpointing:activation_checkpointing_test
+#     //fsdp/common:common_test //fsdp/fsdp1:golden_test //fsdp/fsdp2:golden_test
+#     //fsdp/hooked_module:hooked_module_test //fuzz:corrupt_checkpoint_test //mesh:device_mesh_test
+#     //metrics:step_metrics_test //models/llama:llama_test //pickle:pickle_test
+#     //pipelining:schedule_ir_test //tensor_parallel:tensor_parallel_test //testing:testing_test
+#     //tests:cross_package_test //tools:fsdp_memory_test //train:train_test
 #   //fsdp/fsdp2: golden_test (FSDP2 layouts vs the PyTorch 2.15 corpus; 2 TUs, fsdp2_test is 9)
 #   //fsdp/fsdp1: golden_test (FSDP1 layouts vs the PyTorch 2.15 corpus; 1 TU)
 #   //dtensor: no smoke test (dtensor_test is 4 TUs; //tensor_parallel's smoke test runs DTensor's
@@ -213,6 +213,17 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
   SRCS nccl_test.cc
   DEPS :nccl //testing:multi_rank @libtorch @system//:gtest_main
   CUDA_DEPS @cuda//:cudart)
+
+# ================================================================ //context_parallel
+fsdp_cc_library(//context_parallel INSTALL
+  SRCS load_balancer.cc ring_attention.cc
+  HDRS load_balancer.h ring_attention.h
+  DEPS //comm @libtorch)
+
+fsdp_cc_test(//context_parallel:ring_attention_test SIZE small SMOKE
+  SRCS ring_attention_test.cc
+  DEPS :context_parallel //comm //testing:expect_error //testing:float_tolerance
+       //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //dcp
 fsdp_cc_library(//dcp:stateful INSTALL

@@ -27,7 +27,7 @@ APT_CHECK_PACKAGES=(cmake ninja-build ccache clang libclang-rt-14-dev)
 # package cannot be left out by accident). Not under the sanitizers: examples/, whose tests
 # start the demo programs and torchrun as processes over library code that the packages' own
 # tests already run here.
-CHECK_TARGETS=(//pickle/... //checkpoint/... //dcp/... //env/... //comm/... //device/... //mesh/... //dtensor/... //fsdp/... //optim_state/... //metrics/... //tensor_parallel/... //pipelining/... //float8/... //models/... //train/... //testing/... //tests/... //tools/... //fuzz/...)
+CHECK_TARGETS=(//pickle/... //checkpoint/... //dcp/... //env/... //comm/... //device/... //mesh/... //dtensor/... //fsdp/... //optim_state/... //metrics/... //tensor_parallel/... //pipelining/... //float8/... //context_parallel/... //models/... //train/... //testing/... //tests/... //tools/... //fuzz/...)
 # shellcheck disable=SC2034  # read by tools/x/check_test.py, not by ./x
 CHECK_UNSANITIZED=(//examples/...)
 # Not conformance_test: its Gloo-heavy runs crash TSan's own deadlock detector inside c10d.

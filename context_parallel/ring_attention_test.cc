@@ -1,0 +1,188 @@
+// Ring attention against attention over the whole sequence on one rank: values and gradients
+// of q, k, v, causal (head-tail load balanced and not) and not, both rotate methods, GQA, 2 and
+// 4 ranks; the collectives each rotate method issues; the load balancer's layout; errors.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+
+#include "comm/comm_trace.h"
+#include "context_parallel/load_balancer.h"
+#include "context_parallel/ring_attention.h"
+#include "testing/expect_error.h"
+#include "testing/float_tolerance.h"
+#include "testing/multi_rank.h"
+
+namespace fsdp::context_parallel {
+namespace {
+
+using fsdp::testing::Backend;
+using fsdp::testing::RunOnRanks;
+
+struct Case {
+  std::string name;
+  int world;
+  bool causal, balanced;
+  RotateMethod rotate;
+  int64_t heads = 4, kv_heads = 4;
+  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+};
+
+constexpr int64_t kBatch = 2, kSeq = 32, kDim = 16;
+
+struct Inputs {
+  at::Tensor q, k, v, grad_out;
+};
+
+Inputs MakeInputs(int64_t heads, int64_t kv_heads) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  return {at::randn({kBatch, heads, kSeq, kDim}, gen), at::randn({kBatch, kv_heads, kSeq, kDim}, gen),
+          at::randn({kBatch, kv_heads, kSeq, kDim}, gen), at::randn({kBatch, heads, kSeq, kDim}, gen)};
+}
+
+// The reference and the magnitudes the tolerance scales with, in float64 over the whole
+// sequence (k, v repeated to q's heads; their gradients summed back over each group).
+struct Reference {
+  at::Tensor out, dq, dk, dv;                  // values
+  at::Tensor out_mag, dq_mag, dk_mag, dv_mag;  // sums of |terms| of each value
+};
+
+at::Tensor SumGroups(const at::Tensor& t, int64_t kv_heads) {
+  return t.reshape({t.size(0), kv_heads, -1, t.size(2), t.size(3)}).sum(2);
+}
+
+Reference MakeReference(const Inputs& in, bool causal) {
+  const int64_t rep = in.q.size(1) / in.k.size(1), kv_heads = in.k.size(1);
+  const at::Tensor q = in.q.to(at::kDouble), k = in.k.to(at::kDouble).repeat_interleave(rep, 1);
+  const at::Tensor v = in.v.to(at::kDouble).repeat_interleave(rep, 1), dout = in.grad_out.to(at::kDouble);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+  at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * scale;
+  if (causal) s = s.masked_fill(at::ones({kSeq, kSeq}, at::kBool).triu(1), -INFINITY);
+  const at::Tensor p = at::softmax(s, -1);
+  Reference r;
+  r.out = at::matmul(p, v);
+  const at::Tensor dp = at::matmul(dout, v.transpose(-1, -2));
+  const at::Tensor d = (dout * r.out).sum(-1, true);
+  const at::Tensor ds = p * (dp - d);
+  r.dq = at::matmul(ds, k) * scale;
+  r.dk = SumGroups(at::matmul(ds.transpose(-1, -2), q) * scale, kv_heads);
+  r.dv = SumGroups(at::matmul(p.transpose(-1, -2), dout), kv_heads);
+  const at::Tensor a = p * (at::matmul(dout.abs(), v.abs().transpose(-1, -2)) + d.abs());
+  r.out_mag = at::matmul(p, v.abs());
+  r.dq_mag = at::matmul(a, k.abs()) * scale;
+  r.dk_mag = SumGroups(at::matmul(a.transpose(-1, -2), q.abs()) * scale, kv_heads);
+  r.dv_mag = SumGroups(at::matmul(p.transpose(-1, -2), dout.abs()), kv_heads);
+  return r;
+}
+
+// Every value is a sum over the sequence of products; float32 evaluations in two orders (the
+// flash kernel's blocks over the whole sequence against the ring's blocks and merges) differ
+// by at most 2 gamma(terms) times the sum of the terms' magnitudes (SummationOrderTolerance),
+// and each of the ring's W merges and the kernels' exp / log add a few float32 roundings
+// relative to that magnitude: 16 W u more. A wrong block, mask or merge is off by a
+// sizeable fraction of the magnitude.
+void ExpectClose(const at::Tensor& ours, const at::Tensor& reference, const at::Tensor& magnitude, int world,
+                 const std::string& what) {
+  const double u = testing::UnitRoundoff(at::kFloat);
+  const double rel = testing::SummationOrderTolerance(at::kFloat, kSeq) + 16.0 * world * u;
+  const at::Tensor excess = (ours.to(at::kDouble) - reference).abs() - magnitude * rel - 1e-30;
+  EXPECT_LE(excess.max().item<double>(), 0.0)
+      << what << ": max |diff| " << (ours.to(at::kDouble) - reference).abs().max().item<double>();
+}
+
+class RingAttentionTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RingAttentionTest, ValuesAndGradientsEqualWholeSequenceAttention) {
+  const Case& c = GetParam();
+  const Inputs in = MakeInputs(c.heads, c.kv_heads);
+  const Reference ref = MakeReference(in, c.causal);
+  RunOnRanks(Backend::kThreaded, c.world, [&](const comm::ProcessGroupPtr& pg) {
+    const int rank = pg->rank();
+    auto shard = [&](const at::Tensor& t) { return ShardSequence(t, 2, rank, c.world, c.balanced); };
+    const at::Tensor q = shard(in.q).requires_grad_(), k = shard(in.k).requires_grad_();
+    const at::Tensor v = shard(in.v).requires_grad_();
+    const at::Tensor out =
+        RingAttention(q, k, v, c.causal, pg, {.rotate_method = c.rotate, .load_balanced = c.balanced});
+    out.backward(shard(in.grad_out));
+    ExpectClose(out, shard(ref.out), shard(ref.out_mag), c.world, "out");
+    ExpectClose(q.grad(), shard(ref.dq), shard(ref.dq_mag), c.world, "dq");
+    ExpectClose(k.grad(), shard(ref.dk), shard(ref.dk_mag), c.world, "dk");
+    ExpectClose(v.grad(), shard(ref.dv), shard(ref.dv_mag), c.world, "dv");
+    // And the whole output back in order.
+    ExpectClose(UnshardSequence(out.detach(), 2, pg, c.balanced), ref.out, ref.out_mag, c.world, "unsharded out");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ring, RingAttentionTest,
+    ::testing::Values(Case{"causal_balanced_allgather_w2", 2, true, true, RotateMethod::kAllGather},
+                      Case{"causal_balanced_alltoall_w2", 2, true, true, RotateMethod::kAllToAll},
+                      Case{"causal_balanced_allgather_w4", 4, true, true, RotateMethod::kAllGather},
+                      Case{"causal_balanced_alltoall_w4", 4, true, true, RotateMethod::kAllToAll},
+                      Case{"causal_contiguous_allgather_w4", 4, true, false, RotateMethod::kAllGather},
+                      Case{"causal_contiguous_alltoall_w4", 4, true, false, RotateMethod::kAllToAll},
+                      Case{"full_allgather_w4", 4, false, false, RotateMethod::kAllGather},
+                      Case{"full_alltoall_w2", 2, false, false, RotateMethod::kAllToAll},
+                      Case{"gqa_causal_balanced_w4", 4, true, true, RotateMethod::kAllGather, 4, 2}),
+    [](const auto& info) { return info.param.name; });
+
+int64_t Count(const comm::CommTrace& trace, const std::string& op) {
+  int64_t n = 0;
+  for (const auto& r : trace.records()) n += r.op == op;
+  return n;
+}
+
+// PyTorch's rotaters (_attention.py): the forward all-gathers the key / value blocks once
+// (kAllGather) or permutes them W - 1 times (kAllToAll: permute_tensor, an all_to_all_single);
+// the backward does the same for the blocks and permutes the key / value gradients W times.
+TEST(RingAttention, CollectivesPerRotateMethodAsPyTorchs) {
+  const Inputs in = MakeInputs(4, 4);
+  for (const RotateMethod rotate : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
+    RunOnRanks(Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+      auto trace = std::make_shared<comm::CommTrace>(pg);
+      auto shard = [&](const at::Tensor& t) { return ShardSequence(t, 2, pg->rank(), 4); };
+      const at::Tensor q = shard(in.q).requires_grad_();
+      const at::Tensor out = RingAttention(q, shard(in.k), shard(in.v), true, trace, {.rotate_method = rotate});
+      const bool gather = rotate == RotateMethod::kAllGather;
+      EXPECT_EQ(Count(*trace, "all_gather_into_tensor"), gather ? 1 : 0);
+      EXPECT_EQ(Count(*trace, "all_to_all_single"), gather ? 0 : 3);
+      trace->clear();
+      out.sum().backward();
+      EXPECT_EQ(Count(*trace, "all_gather_into_tensor"), gather ? 1 : 0);
+      EXPECT_EQ(Count(*trace, "all_to_all_single"), gather ? 4 : 3 + 4);
+    });
+  }
+}
+
+TEST(LoadBalancer, HeadTailChunksAndTheirInverse) {
+  // Rank r of W holds chunks r and 2W-1-r of 2W (PyTorch's example: 8 positions over 2 ranks).
+  EXPECT_TRUE(at::equal(ShardPositions(8, 0, 2), at::tensor({0, 1, 6, 7}, at::kLong)));
+  EXPECT_TRUE(at::equal(ShardPositions(8, 1, 2), at::tensor({2, 3, 4, 5}, at::kLong)));
+  EXPECT_TRUE(at::equal(ShardPositions(8, 1, 4, /*load_balanced=*/false), at::tensor({2, 3}, at::kLong)));
+  const at::Tensor ids = at::arange(24, at::kLong).reshape({2, 12});
+  EXPECT_TRUE(
+      at::equal(ShardSequence(ids, 1, 2, 3), at::tensor({4, 5, 6, 7, 16, 17, 18, 19}, at::kLong).reshape({2, 4})));
+  EXPECT_ERROR_CONTAINS(ShardSequence(ids, 1, 0, 5), "the sequence length 12 must be divisible by 10");
+  EXPECT_ERROR_CONTAINS(ShardSequence(ids, 1, 3, 3), "cp_rank 3 outside [0, cp_size = 3)");
+  EXPECT_ERROR_CONTAINS(ShardSequence(ids, 2, 0, 3), "seq_dim 2 outside a 2-D tensor");
+}
+
+TEST(RingAttention, BadInputsAreErrors) {
+  RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    const at::Tensor q = at::randn({1, 4, 8, 16}), k = at::randn({1, 4, 8, 16});
+    EXPECT_ERROR_CONTAINS(RingAttention(q, k, k, false, pg), "load balancing requires is_causal = true");
+    EXPECT_ERROR_CONTAINS(RingAttention(q, k.narrow(2, 0, 6), k.narrow(2, 0, 6), true, pg),
+                          "is_causal requires the same query and context sequence lengths, got 8 and 6");
+    EXPECT_ERROR_CONTAINS(RingAttention(q, at::randn({1, 3, 8, 16}), at::randn({1, 3, 8, 16}), true, pg),
+                          "q's heads a multiple of k's");
+    EXPECT_ERROR_CONTAINS(RingAttention(q.narrow(2, 0, 7), k.narrow(2, 0, 7), k.narrow(2, 0, 7), true, pg),
+                          "its length must be even, got 7");
+    EXPECT_ERROR_CONTAINS(RingAttention(q[0], k, k, true, pg), "must be 4-D");
+  });
+}
+
+}  // namespace
+}  // namespace fsdp::context_parallel
