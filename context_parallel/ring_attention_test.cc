@@ -14,6 +14,7 @@
 #include "context_parallel/ring_attention.h"
 #include "testing/expect_error.h"
 #include "testing/float_tolerance.h"
+#include "testing/golden_file.h"
 #include "testing/multi_rank.h"
 
 namespace fsdp::context_parallel {
@@ -54,13 +55,13 @@ at::Tensor SumGroups(const at::Tensor& t, int64_t kv_heads) {
   return t.reshape({t.size(0), kv_heads, -1, t.size(2), t.size(3)}).sum(2);
 }
 
-Reference MakeReference(const Inputs& in, bool causal) {
+Reference MakeReferenceOfLength(const Inputs& in, bool causal, int64_t seq) {
   const int64_t rep = in.q.size(1) / in.k.size(1), kv_heads = in.k.size(1);
   const at::Tensor q = in.q.to(at::kDouble), k = in.k.to(at::kDouble).repeat_interleave(rep, 1);
   const at::Tensor v = in.v.to(at::kDouble).repeat_interleave(rep, 1), dout = in.grad_out.to(at::kDouble);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(in.q.size(3)));
   at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * scale;
-  if (causal) s = s.masked_fill(at::ones({kSeq, kSeq}, at::kBool).triu(1), -INFINITY);
+  if (causal) s = s.masked_fill(at::ones({seq, seq}, at::kBool).triu(1), -INFINITY);
   const at::Tensor p = at::softmax(s, -1);
   Reference r;
   r.out = at::matmul(p, v);
@@ -78,6 +79,8 @@ Reference MakeReference(const Inputs& in, bool causal) {
   return r;
 }
 
+Reference MakeReference(const Inputs& in, bool causal) { return MakeReferenceOfLength(in, causal, kSeq); }
+
 // Every value is a sum over the sequence of products; float32 evaluations in two orders (the
 // flash kernel's blocks over the whole sequence against the ring's blocks and merges) differ
 // by at most 2 gamma(terms) times the sum of the terms' magnitudes (SummationOrderTolerance),
@@ -85,9 +88,9 @@ Reference MakeReference(const Inputs& in, bool causal) {
 // relative to that magnitude: 16 W u more. A wrong block, mask or merge is off by a
 // sizeable fraction of the magnitude.
 void ExpectClose(const at::Tensor& ours, const at::Tensor& reference, const at::Tensor& magnitude, int world,
-                 const std::string& what) {
+                 const std::string& what, int64_t seq = kSeq) {
   const double u = testing::UnitRoundoff(at::kFloat);
-  const double rel = testing::SummationOrderTolerance(at::kFloat, kSeq) + 16.0 * world * u;
+  const double rel = testing::SummationOrderTolerance(at::kFloat, seq) + 16.0 * world * u;
   const at::Tensor excess = (ours.to(at::kDouble) - reference).abs() - magnitude * rel - 1e-30;
   EXPECT_LE(excess.max().item<double>(), 0.0)
       << what << ": max |diff| " << (ours.to(at::kDouble) - reference).abs().max().item<double>();
@@ -155,6 +158,66 @@ TEST(RingAttention, CollectivesPerRotateMethodAsPyTorchs) {
       EXPECT_EQ(Count(*trace, "all_to_all_single"), gather ? 4 : 3 + 4);
     });
   }
+}
+
+// Against PyTorch's own ring (testdata/golden_ring_attention.txt, testing/golden/
+// gen_context_parallel.py: _templated_ring_attention and its backward on Gloo processes):
+// each rank's output and gradients within the same summation-order tolerance (both run the
+// same kernel over the same blocks; the merges' order of operations may differ), and the same
+// collectives in kind and count.
+std::string Counts(const comm::CommTrace& trace) {
+  const int64_t gathers = Count(trace, "all_gather_into_tensor"), a2a = Count(trace, "all_to_all_single");
+  std::string out;
+  if (gathers > 0) out += "all_gather=" + std::to_string(gathers);
+  if (a2a > 0) out += (out.empty() ? "" : " ") + std::string("all_to_all=") + std::to_string(a2a);
+  return out.empty() ? "-" : out;
+}
+
+TEST(RingAttention, EqualsPyTorchsRingOnGlooProcesses) {
+  const auto records = testing::ReadGoldenFile("context_parallel/testdata/golden_ring_attention.txt");
+  int cases = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto& c = records[i];
+    if (c[0] != "case") continue;
+    ++cases;
+    SCOPED_TRACE(c[1]);
+    const int world = static_cast<int>(testing::GoldenInt(c[2]));
+    const bool causal = c[3] == "1", balanced = c[4] == "1";
+    const RotateMethod rotate = c[5] == "alltoall" ? RotateMethod::kAllToAll : RotateMethod::kAllGather;
+    std::vector<int64_t> q_shape = testing::GoldenInts(c[6]), kv_shape = q_shape;
+    kv_shape[1] = testing::GoldenInt(c[7]);
+    auto tensor = [](const std::string& field, const std::vector<int64_t>& shape) {
+      return at::tensor(testing::GoldenNums(field), at::kDouble).reshape(shape).to(at::kFloat);
+    };
+    const Inputs in{tensor(c[8], q_shape), tensor(c[9], kv_shape), tensor(c[10], kv_shape), tensor(c[11], q_shape)};
+    const int64_t seq = q_shape[2];
+    ASSERT_EQ(seq, kSeq / 2);  // the golden cases' length
+    const Reference ref = MakeReferenceOfLength(in, causal, seq);
+    RunOnRanks(Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
+      const int rank = pg->rank();
+      const auto& theirs = records[i + 1 + rank];
+      ASSERT_EQ(theirs[0], "rank");
+      ASSERT_EQ(testing::GoldenInt(theirs[2]), rank);
+      auto trace = std::make_shared<comm::CommTrace>(pg);
+      auto shard = [&](const at::Tensor& t) { return ShardSequence(t, 2, rank, world, balanced); };
+      const at::Tensor q = shard(in.q).requires_grad_(), k = shard(in.k).requires_grad_();
+      const at::Tensor v = shard(in.v).requires_grad_();
+      const at::Tensor out =
+          RingAttention(q, k, v, causal, trace, {.rotate_method = rotate, .load_balanced = balanced});
+      EXPECT_EQ(Counts(*trace), theirs[7]);
+      trace->clear();
+      out.backward(shard(in.grad_out));
+      EXPECT_EQ(Counts(*trace), theirs[8]);
+      auto golden = [&](int field, const at::Tensor& like) {
+        return at::tensor(testing::GoldenNums(theirs[field]), at::kDouble).reshape(like.sizes());
+      };
+      ExpectClose(out, golden(3, out), shard(ref.out_mag), world, "out", seq);
+      ExpectClose(q.grad(), golden(4, q), shard(ref.dq_mag), world, "dq", seq);
+      ExpectClose(k.grad(), golden(5, k), shard(ref.dk_mag), world, "dk", seq);
+      ExpectClose(v.grad(), golden(6, v), shard(ref.dv_mag), world, "dv", seq);
+    });
+  }
+  EXPECT_EQ(cases, 7);
 }
 
 TEST(LoadBalancer, HeadTailChunksAndTheirInverse) {
