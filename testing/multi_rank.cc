@@ -452,7 +452,17 @@ std::vector<RankOutcome> RunOnRanksCollect(Backend backend, int world_size, cons
   const std::string unavailable = BackendUnavailableReason(backend, world_size);
   TORCH_CHECK(unavailable.empty(), "RunOnRanks(", BackendName(backend), ", world_size ", world_size, "): ", unavailable,
               " (skip first: FSDP_SKIP_IF_BACKEND_UNAVAILABLE)");
-  return RunAsProcesses(backend, world_size, call_index, options);
+  // FreePort's port was free when it looked; another process may take it before rank 0's
+  // store listens on it. Then rank 0 fails with EADDRINUSE before the body runs (the others
+  // time out connecting): run the call again on a fresh port.
+  constexpr int kPortAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    std::vector<RankOutcome> outcomes = RunAsProcesses(backend, world_size, call_index, options);
+    const bool port_taken = !outcomes.empty() && !outcomes[0].ok &&
+                            outcomes[0].message.find("EADDRINUSE") != std::string::npos &&
+                            outcomes[0].message.find("failed to listen") != std::string::npos;
+    if (!port_taken || attempt == kPortAttempts) return outcomes;
+  }
 }
 
 void RunOnRanks(Backend backend, int world_size, const RankBody& body, const RunOptions& options) {
