@@ -222,8 +222,9 @@ fsdp_cc_library(//context_parallel INSTALL
 
 fsdp_cc_test(//context_parallel:ring_attention_test SIZE small SMOKE
   SRCS ring_attention_test.cc
+  DATA testdata/golden_ring_attention.txt
   DEPS :context_parallel //comm //testing:expect_error //testing:float_tolerance
-       //testing:multi_rank @libtorch @system//:gtest_main)
+       //testing:golden_file //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //dcp
 fsdp_cc_library(//dcp:stateful INSTALL
@@ -634,8 +635,8 @@ fsdp_cc_test(//metrics:step_metrics_test SIZE small SMOKE PCH aten
 fsdp_cc_library(//models/llama INSTALL
   SRCS flavors.cc hf_config.cc model.cc parallelize.cc
   HDRS flavors.h hf_config.h model.h parallelize.h
-  DEPS //checkpoint:json //dtensor //fsdp/activation_checkpointing //fsdp/hooked_module //fsdp/meta
-       //mesh //tensor_parallel @libtorch @system//:absl)
+  DEPS //checkpoint:json //comm //context_parallel //dtensor //fsdp/activation_checkpointing
+       //fsdp/hooked_module //fsdp/meta //mesh //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_test(//models/llama:llama_test SIZE small SMOKE
   SRCS hf_config_test.cc model_test.cc parallelize_test.cc
@@ -880,9 +881,9 @@ fsdp_cc_library(//train:trainer INSTALL
   HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h pipeline_llama.h selective_ac.h
        tensorboard.h torchtitan_checkpoint.h trainer.h
   DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset //checkpoint:dcp //comm
-       //dcp:core //dcp:stateful //dcp:fsdp2 //dtensor //float8 //fsdp/activation_checkpointing
-       //fsdp/fsdp2 //mesh //metrics //models/llama //pipelining //pipelining:schedule_ir
-       //tensor_parallel @libtorch @system//:absl)
+       //context_parallel //dcp:core //dcp:stateful //dcp:fsdp2 //dtensor //float8
+       //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh //metrics //models/llama //pipelining
+       //pipelining:schedule_ir //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_binary(//train INSTALL
   SRCS train_main.cc

@@ -96,6 +96,12 @@ struct ParallelismConfig {
   std::optional<int64_t> pipeline_parallel_layers_per_stage;
   int64_t pipeline_parallel_first_stage_less_layers = 1;
   int64_t pipeline_parallel_last_stage_less_layers = 1;
+  // Context parallelism (torchtitan's keys): the degree, the load balancer ("headtail"; unset:
+  // none, contiguous shards), and the ring's rotate method as PyTorch's set_rotate_method
+  // ("allgather", "alltoall").
+  int64_t context_parallel_degree = 1;
+  std::optional<std::string> context_parallel_load_balancer = "headtail";
+  std::string context_parallel_rotate_method = "allgather";
 };
 
 enum class ActivationCheckpointMode { kNone, kFull, kSelective };
@@ -237,6 +243,7 @@ JobConfig LoadConfig(const CommandLine& command_line);
 // accumulation from the global batch.
 struct ResolvedDegrees {
   int64_t dp_replicate, dp_shard, tp;
+  int64_t cp = 1;  // parallelism.context_parallel_degree
   int64_t dp() const { return dp_replicate * dp_shard; }
   int64_t global_batch_size, gradient_accumulation_steps;
   int64_t pp = 1;  // parallelism.pipeline_parallel_degree

@@ -56,6 +56,7 @@ Field BindOptional(std::string_view key, std::optional<T>& m, Kind kind) {
 Field Bind(std::string_view key, std::optional<int64_t>& m) { return BindOptional(key, m, Kind::kInt); }
 Field Bind(std::string_view key, std::optional<double>& m) { return BindOptional(key, m, Kind::kFloat); }
 Field Bind(std::string_view key, std::optional<bool>& m) { return BindOptional(key, m, Kind::kBool); }
+Field Bind(std::string_view key, std::optional<std::string>& m) { return BindOptional(key, m, Kind::kString); }
 
 // An enum as one of its names (torchtitan's Literal[...] fields).
 template <class E>
@@ -128,7 +129,10 @@ std::vector<Section> Sections(JobConfig& c) {
                        Bind("pipeline_parallel_microbatch_size", p.pipeline_parallel_microbatch_size),
                        Bind("pipeline_parallel_layers_per_stage", p.pipeline_parallel_layers_per_stage),
                        Bind("pipeline_parallel_first_stage_less_layers", p.pipeline_parallel_first_stage_less_layers),
-                       Bind("pipeline_parallel_last_stage_less_layers", p.pipeline_parallel_last_stage_less_layers)}});
+                       Bind("pipeline_parallel_last_stage_less_layers", p.pipeline_parallel_last_stage_less_layers),
+                       Bind("context_parallel_degree", p.context_parallel_degree),
+                       Bind("context_parallel_load_balancer", p.context_parallel_load_balancer),
+                       Bind("context_parallel_rotate_method", p.context_parallel_rotate_method)}});
   ActivationCheckpointConfig& ac = c.activation_checkpoint;
   sections.push_back({"activation_checkpoint",
                       {BindChoice("mode", ac.mode,

@@ -133,6 +133,19 @@ TEST(JobConfig, EachBadInputIsOneErrorNamingTheKeyAndValue) {
   EXPECT_ERROR_CONTAINS(Parse("[optimizer]\nbetas = [0.9]\n"), "optimizer.betas = [0.9] must have two numbers");
   EXPECT_ERROR_CONTAINS(Parse("[optimizer]\nbetas = [0.9, \"x\"]\n"), "must be an array of two numbers");
   EXPECT_ERROR_CONTAINS(Parse("[optimizer]\nname = \"SGD\"\n"), "optimizer.name = \"SGD\" is not one of AdamW");
+  EXPECT_ERROR_CONTAINS(ValidateConfig(Parse("[parallelism]\ncontext_parallel_degree = 3\n"), 4),
+                        "the world size 4 is not a multiple of data_parallel_replicate_degree * "
+                        "context_parallel_degree * tensor_parallel_degree * pipeline_parallel_degree = 3");
+  EXPECT_ERROR_CONTAINS(
+      ValidateConfig(Parse("[parallelism]\ncontext_parallel_degree = 4\n[training]\nseq_len = 20\n"), 4),
+      "training.seq_len = 20 is not divisible by 8 (2 x parallelism.context_parallel_degree");
+  EXPECT_ERROR_CONTAINS(ValidateConfig(Parse("[parallelism]\ncontext_parallel_load_balancer = \"ptrr\"\n"), 1),
+                        "parallelism.context_parallel_load_balancer = \"ptrr\": \"headtail\" or None");
+  EXPECT_ERROR_CONTAINS(ValidateConfig(Parse("[parallelism]\ncontext_parallel_rotate_method = \"ring\"\n"), 1),
+                        "context_parallel_rotate_method = \"ring\" is not one of allgather, alltoall");
+  EXPECT_ERROR_CONTAINS(
+      ValidateConfig(Parse("[parallelism]\ncontext_parallel_degree = 2\npipeline_parallel_degree = 2\n"), 4),
+      "context and pipeline parallelism together are not supported yet");
   EXPECT_ERROR_CONTAINS(ValidateConfig(Parse("[model]\nconverters = [\"mx\"]\n"), 1),
                         "model.converters: unknown converter \"mx\"");
   EXPECT_ERROR_CONTAINS(Parse("[float8]\nrecipe_name = \"colwise\"\n"),
@@ -169,14 +182,14 @@ TEST(ValidateConfig, PipelineDegreesAndWhatPipelinesDoNotYetSupport) {
   EXPECT_EQ(d.pp, 2);
   EXPECT_EQ(d.dp_shard, 4);
   EXPECT_ERROR_CONTAINS(ValidateConfig(c, 7),
-                        "is not a multiple of data_parallel_replicate_degree * "
+                        "is not a multiple of data_parallel_replicate_degree * context_parallel_degree * "
                         "tensor_parallel_degree * pipeline_parallel_degree = 2");
   JobConfig bad = c;
   bad.parallelism.data_parallel_shard_degree = 2;
   EXPECT_ERROR_CONTAINS(
       ValidateConfig(bad, 8),
       "pipeline_parallel_degree (2) * data_parallel_replicate_degree (1) * data_parallel_shard_degree "
-      "(2) * tensor_parallel_degree (1) = 4, not the world size 8");
+      "(2) * context_parallel_degree (1) * tensor_parallel_degree (1) = 4, not the world size 8");
   bad = c;
   bad.parallelism.pipeline_parallel_schedule = "Zigzag";
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "parallelism.pipeline_parallel_schedule = \"Zigzag\"");
@@ -217,8 +230,8 @@ TEST(ValidateConfig, BadValuesNameTheirKey) {
     return c;
   };
   EXPECT_ERROR_CONTAINS(ValidateConfig(with([](JobConfig& c) { c.parallelism.data_parallel_shard_degree = 3; }), 4),
-                        "data_parallel_replicate_degree (1) * data_parallel_shard_degree (3) * tensor_parallel_degree "
-                        "(1) = 3, not the world size 4");
+                        "data_parallel_replicate_degree (1) * data_parallel_shard_degree (3) * context_parallel_degree "
+                        "(1) * tensor_parallel_degree (1) = 3, not the world size 4");
   EXPECT_ERROR_CONTAINS(ValidateConfig(with([](JobConfig& c) { c.parallelism.tensor_parallel_degree = 3; }), 4),
                         "data_parallel_shard_degree = -1: the world size 4 is not a multiple of");
   EXPECT_ERROR_CONTAINS(ValidateConfig(with([](JobConfig& c) { c.parallelism.data_parallel_shard_degree = 0; }), 4),

@@ -72,23 +72,48 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
   if (p.pipeline_parallel_layers_per_stage) {
     CheckAtLeast("parallelism.pipeline_parallel_layers_per_stage", *p.pipeline_parallel_layers_per_stage, 1);
   }
-  ResolvedDegrees degrees{
-      p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree, 0, 0,
-      p.pipeline_parallel_degree};
-  const int64_t others = degrees.dp_replicate * degrees.tp * degrees.pp;
+  CheckAtLeast("parallelism.context_parallel_degree", p.context_parallel_degree, 1);
+  ResolvedDegrees degrees{p.data_parallel_replicate_degree,
+                          p.data_parallel_shard_degree,
+                          p.tensor_parallel_degree,
+                          p.context_parallel_degree,
+                          0,
+                          0,
+                          p.pipeline_parallel_degree};
+  const int64_t others = degrees.dp_replicate * degrees.cp * degrees.tp * degrees.pp;
   if (degrees.dp_shard == -1) {
     TORCH_CHECK(world_size % others == 0, "parallelism.data_parallel_shard_degree = -1: the world size ", world_size,
-                " is not a multiple of data_parallel_replicate_degree * tensor_parallel_degree * "
-                "pipeline_parallel_degree = ",
+                " is not a multiple of data_parallel_replicate_degree * context_parallel_degree * "
+                "tensor_parallel_degree * pipeline_parallel_degree = ",
                 others);
     degrees.dp_shard = world_size / others;
   }
-  TORCH_CHECK(degrees.pp * degrees.dp_replicate * degrees.dp_shard * degrees.tp == world_size,
-              "parallelism: pipeline_parallel_degree (", degrees.pp, ") * data_parallel_replicate_degree (",
-              degrees.dp_replicate, ") * data_parallel_shard_degree (", degrees.dp_shard,
-              ") * tensor_parallel_degree (", degrees.tp,
-              ") = ", degrees.pp * degrees.dp_replicate * degrees.dp_shard * degrees.tp, ", not the world size ",
-              world_size);
+  const int64_t product = degrees.pp * degrees.dp_replicate * degrees.dp_shard * degrees.cp * degrees.tp;
+  TORCH_CHECK(product == world_size, "parallelism: pipeline_parallel_degree (", degrees.pp,
+              ") * data_parallel_replicate_degree (", degrees.dp_replicate, ") * data_parallel_shard_degree (",
+              degrees.dp_shard, ") * context_parallel_degree (", degrees.cp, ") * tensor_parallel_degree (", degrees.tp,
+              ") = ", product, ", not the world size ", world_size);
+  const auto& balancer = p.context_parallel_load_balancer;
+  TORCH_CHECK(!balancer || *balancer == "headtail", "parallelism.context_parallel_load_balancer = \"",
+              balancer.value_or(""),
+              "\": \"headtail\" or None (\"ptrr\" balances FlexAttention, which the model "
+              "does not use)");
+  TORCH_CHECK(p.context_parallel_rotate_method == "allgather" || p.context_parallel_rotate_method == "alltoall",
+              "parallelism.context_parallel_rotate_method = \"", p.context_parallel_rotate_method,
+              "\" is not one of allgather, alltoall");
+  if (degrees.cp > 1) {
+    const int64_t pieces = balancer ? 2 * degrees.cp : degrees.cp;
+    TORCH_CHECK(t.seq_len % pieces == 0, "training.seq_len = ", t.seq_len, " is not divisible by ", pieces,
+                balancer ? " (2 x parallelism.context_parallel_degree: head-tail chunks)"
+                         : " (parallelism.context_parallel_degree)");
+    TORCH_CHECK(degrees.pp == 1, "parallelism.context_parallel_degree = ", degrees.cp,
+                " with pipeline_parallel_degree = ", degrees.pp,
+                ": context and pipeline parallelism together are "
+                "not supported yet");
+    TORCH_CHECK(degrees.dp_replicate == 1, "parallelism.context_parallel_degree = ", degrees.cp,
+                " with data_parallel_replicate_degree = ", degrees.dp_replicate,
+                ": HSDP with context parallelism is not supported yet");
+  }
   if (degrees.pp > 1) {
     // A schedule name PyTorch knows (its message names it), a CSV file that exists, and what
     // the trainer does not yet do with a pipeline: each an error before anything runs.

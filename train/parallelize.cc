@@ -90,6 +90,17 @@ models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t t
 
 ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees) {
   ParallelMeshes m;
+  if (degrees.cp > 1) {  // ValidateConfig: no pp, no HSDP
+    m.world = mesh::DeviceMesh::Create(world, {degrees.dp_shard, degrees.cp, degrees.tp}, {"dp_shard", "cp", "tp"});
+    m.fsdp = m.world->flatten({"dp_shard", "cp"}, "dp_shard_cp");
+    m.tp = degrees.tp > 1 ? (*m.world)["tp"] : nullptr;
+    m.cp = (*m.world)["cp"];
+    m.batch = (*m.world)["dp_shard"];
+    m.loss = m.fsdp;
+    m.dp_rank = m.batch->coordinate()[0];
+    m.dp_size = m.batch->size();
+    return m;
+  }
   if (degrees.pp > 1) {
     m.world = mesh::DeviceMesh::Create(world, {degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.tp},
                                        {"pp", "dp_replicate", "dp_shard", "tp"});
@@ -101,6 +112,7 @@ ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDeg
   m.fsdp = degrees.dp_replicate > 1 ? m.world->slice({"dp_replicate", "dp_shard"}) : (*m.world)["dp_shard"];
   m.tp = degrees.tp > 1 ? (*m.world)["tp"] : nullptr;
   m.batch = degrees.dp_replicate > 1 ? m.world->flatten({"dp_replicate", "dp_shard"}, "dp") : (*m.world)["dp_shard"];
+  m.loss = m.batch;
   m.dp_rank = m.batch->coordinate()[0];
   m.dp_size = m.batch->size();
   return m;
@@ -146,6 +158,14 @@ std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM&
                                                 const ParallelMeshes& meshes) {
   // torchtitan converts the model (its config) before parallelizing it.
   ConvertFloat8(model, config);
+  if (meshes.cp) {
+    const ParallelismConfig& p = config.parallelism;
+    models::llama::ApplyContextParallel(
+        *model, meshes.cp->group(0),
+        {.rotate_method = p.context_parallel_rotate_method == "alltoall" ? context_parallel::RotateMethod::kAllToAll
+                                                                         : context_parallel::RotateMethod::kAllGather,
+         .load_balanced = p.context_parallel_load_balancer.has_value()});
+  }
   if (meshes.tp) {
     // Built on the meta device and initialized after sharding: no values to broadcast.
     models::llama::ApplyTensorParallel(

@@ -8,9 +8,11 @@
 //   replacing its values) and checks them against the tensor-parallel degree: one c10::Error
 //   naming the key, its value and the degree. Reads no file but that config.json.
 // - BuildMeshes is collective over `world` (it creates the sub-groups): the world mesh
-//   (dp_replicate, dp_shard, tp), with pipeline parallelism (pp, dp_replicate, dp_shard, tp), FSDP's mesh (1-D
-//   dp_shard, or dp_replicate x dp_shard for HSDP), the tp mesh and the flattened data-parallel mesh the loss and token
-//   counts reduce over.
+//   (dp_replicate, dp_shard, tp), with pipeline parallelism (pp, dp_replicate, dp_shard, tp), with
+//   context parallelism (dp_shard, cp, tp); FSDP's mesh (1-D dp_shard, dp_replicate x dp_shard for
+//   HSDP, dp_shard x cp flattened with context parallelism, as torchtitan's dp_shard_cp), the tp
+//   and cp meshes, the flattened data-parallel mesh that reads the batch and the one the loss and
+//   token counts reduce over (with cp's ranks, which hold the same rows' other tokens).
 // - ParallelizeLlama, on an unsharded model (on the meta device: TP broadcasts no values),
 //   every rank alike: tensor parallelism on the tp
 //   mesh (enable_sequence_parallel), activation checkpointing on every decoder layer (full, or
@@ -46,10 +48,13 @@ models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t t
 c10::ScalarType ScalarTypeOf(DType dtype);
 
 struct ParallelMeshes {
-  mesh::DeviceMeshPtr world;  // (dp_replicate, dp_shard, tp), or (pp, dp_replicate, dp_shard, tp)
-  mesh::DeviceMeshPtr fsdp;   // dp_shard, or (dp_replicate, dp_shard)
+  // (dp_replicate, dp_shard, tp), (pp, dp_replicate, dp_shard, tp) or (dp_shard, cp, tp)
+  mesh::DeviceMeshPtr world;
+  mesh::DeviceMeshPtr fsdp;   // dp_shard, (dp_replicate, dp_shard), or dp_shard x cp flattened
   mesh::DeviceMeshPtr tp;     // null when the tp degree is 1
-  mesh::DeviceMeshPtr batch;  // the data-parallel ranks as one dim: loss and token sums
+  mesh::DeviceMeshPtr cp;     // null when the cp degree is 1
+  mesh::DeviceMeshPtr batch;  // the data-parallel ranks as one dim: who reads which rows
+  mesh::DeviceMeshPtr loss;   // batch x cp: the ranks whose tokens make the global batch
   mesh::DeviceMeshPtr pp;     // null when the pp degree is 1
   int64_t dp_rank = 0, dp_size = 1;
 };

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/dcp_storage.h"
+#include "context_parallel/load_balancer.h"
 #include "dcp/checkpoint_dirs.h"
 #include "dcp/hf.h"
 #include "float8/fsdp_float8.h"
@@ -270,6 +271,17 @@ Trainer::~Trainer() = default;
 
 at::Tensor Trainer::Forward(const TokenBatch& batch) { return model_(batch.input, batch.positions); }
 
+TokenBatch Trainer::LocalTokens(TokenBatch batch) const {
+  if (!meshes_.cp) return batch;
+  const int64_t rank = meshes_.cp->coordinate()[0], cp = meshes_.cp->size();
+  const bool balanced = config_.parallelism.context_parallel_load_balancer.has_value();
+  if (!batch.positions.defined()) batch.positions = at::arange(batch.input.size(1), at::kLong).unsqueeze(0);
+  batch.input = context_parallel::ShardSequence(batch.input, 1, rank, cp, balanced);
+  batch.labels = context_parallel::ShardSequence(batch.labels, 1, rank, cp, balanced);
+  batch.positions = context_parallel::ShardSequence(batch.positions, 1, rank, cp, balanced);
+  return batch;
+}
+
 StepResult Trainer::Step(bool global_metrics) {
   const Clock::time_point start = Clock::now();
   StepResult r;
@@ -281,7 +293,7 @@ StepResult Trainer::Step(bool global_metrics) {
   int64_t local_valid = 0;
   const Clock::time_point data_start = Clock::now();
   for (int64_t m = 0; m < degrees_.gradient_accumulation_steps; ++m) {
-    micro_batches.push_back(data_->NextBatch());
+    micro_batches.push_back(LocalTokens(data_->NextBatch()));
     r.local_tokens += micro_batches.back().labels.numel();
     local_valid += micro_batches.back().labels.ne(kIgnoreIndex).sum().item<int64_t>();
   }
@@ -290,7 +302,7 @@ StepResult Trainer::Step(bool global_metrics) {
   // global_valid_tokens: the batch mesh's sum, before any forward (every micro-batch's loss
   // divides by it).
   r.global_tokens =
-      AllReduce(meshes_.batch, at::tensor({local_valid}, at::kLong), comm::ReduceOp::Sum()).item<int64_t>();
+      AllReduce(meshes_.loss, at::tensor({local_valid}, at::kLong), comm::ReduceOp::Sum()).item<int64_t>();
   TORCH_CHECK(r.global_tokens > 0, "step ", r.step, ": the global batch has no valid token");
   if (pipeline_ != nullptr) return PipelinedStep(r, micro_batches, local_valid, global_metrics, start);
   at::Tensor accumulated = at::zeros({}, at::kFloat);
@@ -325,8 +337,8 @@ StepResult Trainer::FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t
     r.seconds = Seconds(start);
     return r;
   }
-  r.loss = AllReduce(meshes_.batch, loss_sum, comm::ReduceOp::Sum()).item<double>();
-  r.max_loss = AllReduce(meshes_.batch, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
+  r.loss = AllReduce(meshes_.loss, loss_sum, comm::ReduceOp::Sum()).item<double>();
+  r.max_loss = AllReduce(meshes_.loss, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
   TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
               "); stopping training");
   r.seconds = Seconds(start);
@@ -377,12 +389,12 @@ Trainer::ValidationResult Trainer::Validate() {
   at::Tensor sums = at::zeros({2}, at::kDouble);  // loss sum, valid tokens
   ValidationResult result;
   for (int64_t b = 0; b < batches; ++b) {
-    const TokenBatch batch = loader.NextBatch();
+    const TokenBatch batch = LocalTokens(loader.NextBatch());
     result.local_tokens += batch.labels.numel();
     sums[0] += CrossEntropySum(Forward(batch), batch.labels).to(at::kDouble);
     sums[1] += batch.labels.ne(kIgnoreIndex).sum().to(at::kDouble);
   }
-  sums = AllReduce(meshes_.batch, sums, comm::ReduceOp::Sum());
+  sums = AllReduce(meshes_.loss, sums, comm::ReduceOp::Sum());
   result.loss = sums[0].item<double>() / sums[1].item<double>();
   return result;
 }

@@ -131,6 +131,9 @@ class Trainer {
 
  private:
   at::Tensor Forward(const TokenBatch& batch);
+  // This rank's tokens of a data-parallel batch: with context parallelism its part of each
+  // row's sequence (input, labels and positions alike; head-tail with the load balancer).
+  TokenBatch LocalTokens(TokenBatch batch) const;
   // dump_folder/checkpoint.folder: the step-<N> checkpoints and the Hugging Face export.
   std::string CheckpointFolder() const;
   void LoadInitialCheckpoint();

@@ -98,7 +98,11 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
                                        "pp2_tp2_1f1b",
                                        "pp2_tp2_no_sp_interleaved1f1b",
                                        "pp2_tp2_zbv",
-                                       "pp2_dp2_tp2_1f1b"};
+                                       "pp2_dp2_tp2_1f1b",
+                                       "cp2",
+                                       "cp2_dp2_alltoall",
+                                       "cp2_tp2",
+                                       "cp4_contiguous"};
   return kNames[info.index];
 }
 
@@ -212,7 +216,20 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(8, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
                                                    "--parallelism.tensor_parallel_degree=2",
                                                    "--training.local_batch_size=4",
-                                                   "--parallelism.pipeline_parallel_microbatch_size=2"})),
+                                                   "--parallelism.pipeline_parallel_microbatch_size=2"}),
+        // Context parallelism: cp 2 (head-tail, all-gather ring), cp 2 x dp 2 (the all-to-all
+        // ring), cp 2 x tp 2, cp 4 without load balancing.
+        std::make_pair(2, std::vector<std::string>{"--parallelism.context_parallel_degree=2",
+                                                   "--training.local_batch_size=8"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.context_parallel_degree=2",
+                                                   "--parallelism.context_parallel_rotate_method=alltoall",
+                                                   "--training.local_batch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.context_parallel_degree=2",
+                                                   "--parallelism.tensor_parallel_degree=2",
+                                                   "--training.local_batch_size=8"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.context_parallel_degree=4",
+                                                   "--parallelism.context_parallel_load_balancer=None",
+                                                   "--training.local_batch_size=8"})),
     MeshName);
 
 // Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of

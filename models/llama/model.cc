@@ -101,6 +101,15 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   q = q * c + RotateHalf(q) * sn;
   k = k * c + RotateHalf(k) * sn;
 
+  if (context_parallel) {
+    // torchtitan's context_parallel(): SDPA over the cp group's ring (its kernels' scale and
+    // causal mask; kv heads shared as enable_gqa shares them).
+    TORCH_CHECK(config.attention == AttentionKernel::kSdpa,
+                "context parallelism needs the kSdpa attention kernel (ring attention is SDPA's)");
+    const at::Tensor out = context_parallel::RingAttention(q, k, v, /*is_causal=*/true, context_parallel->group,
+                                                           context_parallel->options);
+    return o_proj(out.transpose(1, 2).contiguous().reshape({b, s, -1}));
+  }
   if (config.attention == AttentionKernel::kSdpa) {
     // torchtitan's ScaledDotProductAttention (models/common/attention.py): default scale
     // head_dim^-0.5, is_causal, kv heads shared through enable_gqa.

@@ -37,11 +37,14 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "comm/process_group.h"
+#include "context_parallel/ring_attention.h"
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
@@ -84,6 +87,12 @@ struct LlamaConfig {
 using Linear = Hooked<torch::nn::LinearImpl>;
 using Embedding = Hooked<torch::nn::EmbeddingImpl>;
 
+// Ring attention's group and options (ApplyContextParallel).
+struct ContextParallelAttention {
+  comm::ProcessGroupPtr group;
+  context_parallel::RingAttentionOptions options;
+};
+
 // LlamaRMSNorm: y = weight * (x * rsqrt(mean(x^2) + eps)), normalized in float32, with eps
 // inside the square root.
 struct RMSNormImpl : torch::nn::Module {
@@ -105,6 +114,9 @@ struct AttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   LlamaConfig config;
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // Set by ApplyContextParallel (parallelize.h): the sequence is sharded over this group and
+  // attention is ring attention (context_parallel/ring_attention.h).
+  std::shared_ptr<const ContextParallelAttention> context_parallel;
 };
 using Attention = Hooked<AttentionImpl>;
 

@@ -73,6 +73,15 @@ void ApplyTensorParallel(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr&
   tpar::parallelize_module(model, tp_mesh, plan, options.src_data_rank);
 }
 
+void ApplyContextParallel(LlamaForCausalLMImpl& model, const comm::ProcessGroupPtr& cp_group,
+                          const context_parallel::RingAttentionOptions& options) {
+  TORCH_CHECK(cp_group != nullptr, "ApplyContextParallel: cp_group is null");
+  TORCH_CHECK(model.config.attention == AttentionKernel::kSdpa,
+              "ApplyContextParallel: context parallelism needs the kSdpa attention kernel");
+  auto setting = std::make_shared<const ContextParallelAttention>(ContextParallelAttention{cp_group, options});
+  for (auto& layer : model.model->decoder_layers) layer->self_attn->context_parallel = setting;
+}
+
 at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels) {
   const std::optional<dtensor::DTensor> d = tensor_parallel::AsDTensor(logits);
   TORCH_CHECK(d.has_value(),

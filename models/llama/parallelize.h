@@ -40,6 +40,14 @@ struct TensorParallelOptions {
 void ApplyTensorParallel(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr& tp_mesh,
                          const TensorParallelOptions& options = {});
 
+// Context parallelism: every decoder layer's attention becomes ring attention over
+// `cp_group` (context_parallel/ring_attention.h, PyTorch's context_parallel() for SDPA); the
+// caller shards the tokens, labels and positions along the sequence (context_parallel/
+// load_balancer.h: head-tail when options.load_balanced). Errors: a null group, a model whose
+// attention kernel is not kSdpa.
+void ApplyContextParallel(LlamaForCausalLMImpl& model, const comm::ProcessGroupPtr& cp_group,
+                          const context_parallel::RingAttentionOptions& options);
+
 // CausalLMLoss (model.h) of ApplyTensorParallel's vocab-sharded logits (loss parallel: no
 // gather). A c10::Error when the logits carry no DTensor layout.
 at::Tensor CausalLMLossParallel(const at::Tensor& logits, const at::Tensor& labels);
