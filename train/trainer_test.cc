@@ -22,6 +22,7 @@
 #include "float8/float8_linear.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "models/llama/flavors.h"
+#include "testing/allocation_counter.h"
 #include "testing/expect_error.h"
 #include "testing/golden_file.h"
 #include "testing/multi_rank.h"
@@ -371,6 +372,37 @@ TEST(Trainer, Float8ConvertsTheLinearsTorchtitansFilterKeeps) {
   EXPECT_NE(float8::AsFloat8Linear(*model->model->decoder_layers[0]->self_attn->k_proj), nullptr);
   models::llama::LlamaForCausalLM plain(ResolveModelConfig(SmallJob({}), 1), c10::Device(c10::kMeta));
   EXPECT_EQ(ConvertFloat8(plain, SmallJob({})), 0);  // no converter named
+}
+
+// Context parallelism is what lets a sequence longer than a rank's memory train: a step's peak
+// on one rank at 8x the sequence exceeds the allowance one rank needs at 1x (its peak plus a
+// quarter), and at cp 8 the 8x sequence trains with every rank within that allowance (each
+// holds an eighth of the tokens' activations and, with FSDP over dp_shard x cp, an eighth of
+// the parameters and optimizer state). Counted per rank thread (testing/allocation_counter.h),
+// over the trainer's construction and two steps.
+TEST(Trainer, ContextParallelTrainsEightTimesTheSequenceInOneRanksAllowance) {
+  testing::ScopedAllocationCounter::Install();
+  auto peaks = [](int world, const std::vector<std::string>& overrides) {
+    const JobConfig config = SmallJob(overrides);
+    std::vector<int64_t> peak(world, 0);
+    fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
+      testing::ScopedAllocationCounter counter;
+      Trainer trainer(config, pg);
+      trainer.Step();
+      trainer.Step();
+      peak[pg->rank()] = counter.peak();
+    });
+    return peak;
+  };
+  const int64_t allowance = peaks(1, {"--training.local_batch_size=8"})[0] * 5 / 4;
+  const int64_t long_one_rank = peaks(1, {"--training.local_batch_size=8", "--training.seq_len=256"})[0];
+  EXPECT_GT(long_one_rank, allowance);
+  const std::vector<int64_t> long_cp8 =
+      peaks(8, {"--training.local_batch_size=8", "--training.seq_len=256", "--parallelism.context_parallel_degree=8"});
+  for (int r = 0; r < 8; ++r) EXPECT_LE(long_cp8[r], allowance) << "rank " << r;
+  std::printf("peak bytes: one rank at seq 32 %ld (allowance %ld), at seq 256 %ld; cp 8 at seq 256, rank 0 %ld\n",
+              static_cast<long>(allowance * 4 / 5), static_cast<long>(allowance), static_cast<long>(long_one_rank),
+              static_cast<long>(long_cp8[0]));
 }
 
 TEST(Trainer, BadJobsNameTheirKeyBeforeTraining) {
