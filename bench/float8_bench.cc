@@ -18,9 +18,7 @@
 #include <vector>
 
 #include "bench/linear_stack.h"
-#include "bench/pair_flags.h"
 #include "bench/step_slope.h"
-#include "comm/main_guard.h"
 #include "float8/float8_linear.h"
 #include "fsdp/hooked_module/hooked_module.h"
 
@@ -48,33 +46,8 @@ void BM_Step(benchmark::State& state, bool ours) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
-  return fsdp::comm::RunMain([&]() -> int {
-    std::vector<char*> args(argv, argv + argc);
-    const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-    const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;
-    at::set_num_threads(1);  // as bench/tp: repeatable on a shared 2-core machine
-    int args_count = static_cast<int>(args.size());
-    benchmark::Initialize(&args_count, args.data());
-    // Ours and raw alternate, repeated as pairs, so machine noise hits both alike.
-    for (int rep = 0; rep < pair_repetitions; ++rep) {
-      for (int64_t blocks : {16, 64}) {
-        for (bool ours : {true, false}) {
-          benchmark::RegisterBenchmark(ours ? "Step/ours" : "Step/raw", BM_Step, ours)
-              ->Arg(blocks)
-              ->Unit(benchmark::kMicrosecond)
-              ->UseRealTime();
-        }
-      }
-    }
-    fsdp::bench::StepSlopeReporter reporter("float8 step", "float8 Linear");
-    benchmark::RunSpecifiedBenchmarks(&reporter);
-    const char* twin = "torchao 0.18 float8 (eager)";
-    reporter.PrintSummary(
-        peer ? fsdp::bench::RunPeerStepSlope("bench/peer/float8_step_peer.py", "float8", twin, pair_repetitions)
-             : std::nullopt,
-        twin);
-    benchmark::Shutdown();
-    return 0;
-  });
+  return fsdp::bench::RunStepSlopeMain(
+      argc, argv,
+      {"float8 step", "float8 Linear", "bench/peer/float8_step_peer.py", "float8", "torchao 0.18 float8 (eager)"},
+      BM_Step);
 }

@@ -8,6 +8,8 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/pair_flags.h"
+#include "comm/main_guard.h"
 #include "testing/peer_python.h"
 
 namespace fsdp::bench {
@@ -103,6 +107,47 @@ inline std::optional<double> RunPeerStepSlope(const char* script, const char* ou
                 seconds[{ours_side, blocks}] * 1e6, seconds[{"raw", blocks}] * 1e6);
   }
   return (overhead(64) - overhead(16)) / 48 * 1e6;
+}
+
+// The main of a step benchmark whose two sides are one function (bench/tp, bench/float8):
+// "Step/ours" and "Step/raw" at 16 and 64 blocks, alternating and repeated as pairs
+// (--pair_repetitions) so that machine noise hits both alike, one intra-op thread, then the
+// slope summary beside the twin `peer_script` (--peer=0 skips it).
+struct StepSlopeBench {
+  const char* what;         // "tp step"
+  const char* unit;         // "tensor-parallel Linear"
+  const char* peer_script;  // "bench/peer/tp_step_peer.py"
+  const char* peer_side;    // the twin's name for the ours side: "tp"
+  const char* twin;         // "PyTorch 2.15 tensor parallel (fake group)"
+};
+inline int RunStepSlopeMain(int argc, char** argv, const StepSlopeBench& bench,
+                            void (*step)(benchmark::State& state, bool ours)) {
+  // Any error: one line "[rank R] error: ..." on stderr and exit 1 (comm/main_guard.h).
+  return comm::RunMain([&]() -> int {
+    std::vector<char*> args(argv, argv + argc);
+    const int pair_repetitions = TakePairRepetitions(args);
+    const bool peer = TakeIntFlag(args, "--peer=", 1) != 0;
+    at::set_num_threads(1);  // repeatable on a shared 2-core machine, as bench/fsdp2
+    int args_count = static_cast<int>(args.size());
+    benchmark::Initialize(&args_count, args.data());
+    for (int rep = 0; rep < pair_repetitions; ++rep) {
+      for (int64_t blocks : {16, 64}) {
+        for (bool ours : {true, false}) {
+          benchmark::RegisterBenchmark(ours ? "Step/ours" : "Step/raw", step, ours)
+              ->Arg(blocks)
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
+      }
+    }
+    StepSlopeReporter reporter(bench.what, bench.unit);
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    reporter.PrintSummary(
+        peer ? RunPeerStepSlope(bench.peer_script, bench.peer_side, bench.twin, pair_repetitions) : std::nullopt,
+        bench.twin);
+    benchmark::Shutdown();
+    return 0;
+  });
 }
 
 }  // namespace fsdp::bench

@@ -10,30 +10,16 @@ Prints one line per block count and side, "PEER <float8|raw> <blocks> <median st
 import sys
 
 import torch
-import torch.nn as nn
 from torchao.float8 import convert_to_float8_training
 
-from step_timing import median_step_seconds
+from step_timing import LinearStack, median_step_seconds
 
 DIM, BATCH = 16, 16
 
 
-class Stack(nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        for i in range(blocks):
-            self.add_module(f"l{i}", nn.Linear(DIM, DIM))
-        self.blocks = blocks
-
-    def forward(self, x):
-        for i in range(self.blocks):
-            x = getattr(self, f"l{i}")(x)
-        return x
-
-
 def step_seconds(blocks, float8, repetitions):
     torch.manual_seed(0)
-    net = Stack(blocks)
+    net = LinearStack(blocks, DIM)
     if float8:
         convert_to_float8_training(net)
     return median_step_seconds(net, torch.randn(BATCH, DIM), repetitions)

@@ -1,9 +1,26 @@
-"""The timing loop the step-benchmark twins share (fsdp2_step_peer.py, tp_step_peer.py):
-three warm-up steps, then the median over REPETITIONS runs of enough steps for ~0.2 s each."""
+"""What the step-benchmark twins share (fsdp2_step_peer.py, tp_step_peer.py, float8_step_peer.py):
+the stack of Linears, and the timing loop: three warm-up steps, then the median over REPETITIONS
+runs of enough steps for ~0.2 s each."""
 import statistics
 import time
 
 import torch
+import torch.nn as nn
+
+
+class LinearStack(nn.Module):
+    """`blocks` Linear(dim, dim) layers named l0, l1, ... applied in turn (bench/linear_stack.h)."""
+
+    def __init__(self, blocks, dim):
+        super().__init__()
+        for i in range(blocks):
+            self.add_module(f"l{i}", nn.Linear(dim, dim))
+        self.blocks = blocks
+
+    def forward(self, x):
+        for i in range(self.blocks):
+            x = getattr(self, f"l{i}")(x)
+        return x
 
 
 def median_step_seconds(net, x, repetitions):

@@ -12,32 +12,18 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from step_timing import median_step_seconds
+from step_timing import LinearStack, median_step_seconds
 
 TP, DIM, BATCH = 4, 8, 8
 
 
-class Stack(nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        for i in range(blocks):
-            self.add_module(f"l{i}", nn.Linear(DIM, DIM))
-        self.blocks = blocks
-
-    def forward(self, x):
-        for i in range(self.blocks):
-            x = getattr(self, f"l{i}")(x)
-        return x
-
-
 def step_seconds(blocks, tp, repetitions, mesh):
     torch.manual_seed(0)
-    net = Stack(blocks)
+    net = LinearStack(blocks, DIM)
     if tp:
         parallelize_module(net, mesh, {f"l{i}": ColwiseParallel() if i % 2 == 0 else RowwiseParallel()
                                        for i in range(blocks)})
