@@ -73,7 +73,8 @@ fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH
 
 fsdp_cc_library(//bench:step_slope TESTONLY OPTION FSDP_BUILD_BENCH
   HDRS step_slope.h
-  DEPS //testing:peer_python @system//:absl @system//:benchmark)
+  DEPS :pair_flags //comm:main_guard //testing:peer_python @libtorch @system//:absl
+       @system//:benchmark)
 
 fsdp_cc_binary(//bench:float8_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS float8_bench.cc
@@ -223,6 +224,7 @@ fsdp_cc_library(//context_parallel INSTALL
 fsdp_cc_test(//context_parallel:ring_attention_test SIZE small SMOKE
   SRCS ring_attention_test.cc
   DATA testdata/golden_ring_attention.txt
+  TAGS float_parity
   DEPS :context_parallel //comm //testing:expect_error //testing:float_tolerance
        //testing:golden_file //testing:multi_rank @libtorch @system//:gtest_main)
 
@@ -395,6 +397,7 @@ fsdp_cc_library(//float8 INSTALL
 fsdp_cc_test(//float8:float8_test SIZE small SMOKE
   SRCS float8_test.cc
   DATA testdata/golden_float8.txt
+  TAGS float_parity
   DEPS :float8 //fsdp/hooked_module //testing:expect_error //testing:float_tolerance
        //testing:golden_file @libtorch @system//:gtest_main)
 
@@ -405,6 +408,7 @@ fsdp_cc_test(//float8:fsdp_float8_test SIZE medium
 
 fsdp_cc_test(//float8:tensor_parallel_test SIZE small
   SRCS tensor_parallel_test.cc
+  TAGS float_parity
   DEPS :float8 //comm //fsdp/hooked_module //mesh //tensor_parallel //testing:float_tolerance
        //testing:multi_rank @libtorch @system//:gtest_main)
 
@@ -856,9 +860,10 @@ fsdp_cc_test(//train:train_test SIZE medium SMOKE
        testdata/corpus/validation.index testdata/corpus/validation.tokens
   TAGS peer_python
   DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset :trainer //comm //float8
-       //fsdp/hooked_module //mesh //pipelining //testing:float_tolerance //fsdp/fsdp2
-       //models/llama //testing:multi_rank //testing:test_dir //testing:expect_error
-       //testing:golden_file //testing:peer_python @libtorch @system//:absl @system//:gtest_main)
+       //fsdp/hooked_module //mesh //pipelining //testing:allocation_counter
+       //testing:float_tolerance //fsdp/fsdp2 //models/llama //testing:multi_rank //testing:test_dir
+       //testing:expect_error //testing:golden_file //testing:peer_python @libtorch @system//:absl
+       @system//:gtest_main)
 
 fsdp_cc_library(//train:pipeline_fsdp INSTALL
   SRCS pipeline_fsdp.cc
