@@ -13,7 +13,6 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/sgd.h>
 
 #include <vector>
 
@@ -32,15 +31,7 @@ using Net = fsdp::bench::LinearStackImpl<fsdp::Hooked<torch::nn::LinearImpl>>;
 void BM_Step(benchmark::State& state, bool ours) {
   Net net(state.range(0), kDim);
   if (ours) fsdp::float8::convert_to_float8_training(net);
-  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(1e-4));
-  const at::Tensor x = at::randn({kBatch, kDim});
-  auto step = [&] {
-    net.forward(x).sum().backward();
-    opt.step();
-    opt.zero_grad();
-  };
-  for (int i = 0; i < 3; ++i) step();  // allocator warm-up
-  for (auto _ : state) step();
+  fsdp::bench::RunTrainingSteps(state, net, kBatch, kDim);
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -107,6 +109,22 @@ inline std::optional<double> RunPeerStepSlope(const char* script, const char* ou
                 seconds[{ours_side, blocks}] * 1e6, seconds[{"raw", blocks}] * 1e6);
   }
   return (overhead(64) - overhead(16)) / 48 * 1e6;
+}
+
+// The timed loop of the step benchmarks: one training step (forward of a [batch, dim] input,
+// sum, backward, SGD step, zero_grad) per iteration, after three warm-up steps (plan caches,
+// the allocator), as the twins' step_timing.py.
+template <class Net>
+void RunTrainingSteps(benchmark::State& state, Net& net, int64_t batch, int64_t dim) {
+  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(1e-4));
+  const at::Tensor x = at::randn({batch, dim});
+  auto step = [&] {
+    net.forward(x).sum().backward();
+    opt.step();
+    opt.zero_grad();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  for (auto _ : state) step();
 }
 
 // The main of a step benchmark whose two sides are one function (bench/tp, bench/float8):

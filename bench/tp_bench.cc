@@ -17,7 +17,6 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/sgd.h>
 
 #include <string>
 #include <vector>
@@ -40,24 +39,11 @@ constexpr int64_t kBatch = 8;
 using RawNet = fsdp::bench::LinearStackImpl<torch::nn::Linear>;
 using TpNet = fsdp::bench::LinearStackImpl<fsdp::Hooked<torch::nn::LinearImpl>>;
 
-template <class Net>
-void RunSteps(benchmark::State& state, Net& net) {
-  torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(1e-4));
-  const at::Tensor x = at::randn({kBatch, kDim});
-  auto step = [&] {
-    net.forward(x).sum().backward();
-    opt.step();
-    opt.zero_grad();
-  };
-  for (int i = 0; i < 3; ++i) step();  // plan caches, allocator warm-up
-  for (auto _ : state) step();
-}
-
 void BM_Step(benchmark::State& state, bool ours) {
   const int64_t blocks = state.range(0);
   if (!ours) {
     RawNet net(blocks, kDim);
-    return RunSteps(state, net);
+    return fsdp::bench::RunTrainingSteps(state, net, kBatch, kDim);
   }
   TpNet net(blocks, kDim);
   auto mesh = fsdp::mesh::DeviceMesh::Create(fsdp::comm::CreateFakeProcessGroup(0, kTp), {kTp});
@@ -67,7 +53,7 @@ void BM_Step(benchmark::State& state, bool ours) {
                       i % 2 == 0 ? fsdp::tensor_parallel::ColwiseParallel() : fsdp::tensor_parallel::RowwiseParallel());
   }
   fsdp::tensor_parallel::parallelize_module(net, mesh, plan);
-  RunSteps(state, net);
+  fsdp::bench::RunTrainingSteps(state, net, kBatch, kDim);
 }
 
 }  // namespace
