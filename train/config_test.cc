@@ -143,9 +143,6 @@ TEST(JobConfig, EachBadInputIsOneErrorNamingTheKeyAndValue) {
                         "parallelism.context_parallel_load_balancer = \"ptrr\": \"headtail\" or None");
   EXPECT_ERROR_CONTAINS(ValidateConfig(Parse("[parallelism]\ncontext_parallel_rotate_method = \"ring\"\n"), 1),
                         "context_parallel_rotate_method = \"ring\" is not one of allgather, alltoall");
-  EXPECT_ERROR_CONTAINS(
-      ValidateConfig(Parse("[parallelism]\ncontext_parallel_degree = 2\npipeline_parallel_degree = 2\n"), 4),
-      "context and pipeline parallelism together are not supported yet");
   EXPECT_ERROR_CONTAINS(ValidateConfig(Parse("[model]\nconverters = [\"mx\"]\n"), 1),
                         "model.converters: unknown converter \"mx\"");
   EXPECT_ERROR_CONTAINS(Parse("[float8]\nrecipe_name = \"colwise\"\n"),

@@ -106,13 +106,6 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
     TORCH_CHECK(t.seq_len % pieces == 0, "training.seq_len = ", t.seq_len, " is not divisible by ", pieces,
                 balancer ? " (2 x parallelism.context_parallel_degree: head-tail chunks)"
                          : " (parallelism.context_parallel_degree)");
-    TORCH_CHECK(degrees.pp == 1, "parallelism.context_parallel_degree = ", degrees.cp,
-                " with pipeline_parallel_degree = ", degrees.pp,
-                ": context and pipeline parallelism together are "
-                "not supported yet");
-    TORCH_CHECK(degrees.dp_replicate == 1, "parallelism.context_parallel_degree = ", degrees.cp,
-                " with data_parallel_replicate_degree = ", degrees.dp_replicate,
-                ": HSDP with context parallelism is not supported yet");
   }
   if (degrees.pp > 1) {
     // A schedule name PyTorch knows (its message names it), a CSV file that exists, and what

@@ -90,29 +90,37 @@ models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t t
 
 ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDegrees& degrees) {
   ParallelMeshes m;
-  if (degrees.cp > 1) {  // ValidateConfig: no pp, no HSDP
-    m.world = mesh::DeviceMesh::Create(world, {degrees.dp_shard, degrees.cp, degrees.tp}, {"dp_shard", "cp", "tp"});
-    m.fsdp = m.world->flatten({"dp_shard", "cp"}, "dp_shard_cp");
-    m.tp = degrees.tp > 1 ? (*m.world)["tp"] : nullptr;
-    m.cp = (*m.world)["cp"];
-    m.batch = (*m.world)["dp_shard"];
-    m.loss = m.fsdp;
-    m.dp_rank = m.batch->coordinate()[0];
-    m.dp_size = m.batch->size();
-    return m;
-  }
+  // torchtitan's ParallelDims order; pp and cp only when used (each dim creates groups).
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
   if (degrees.pp > 1) {
-    m.world = mesh::DeviceMesh::Create(world, {degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.tp},
-                                       {"pp", "dp_replicate", "dp_shard", "tp"});
-    m.pp = (*m.world)["pp"];
-  } else {
-    m.world = mesh::DeviceMesh::Create(world, {degrees.dp_replicate, degrees.dp_shard, degrees.tp},
-                                       {"dp_replicate", "dp_shard", "tp"});
+    shape.push_back(degrees.pp);
+    names.push_back("pp");
   }
-  m.fsdp = degrees.dp_replicate > 1 ? m.world->slice({"dp_replicate", "dp_shard"}) : (*m.world)["dp_shard"];
+  shape.insert(shape.end(), {degrees.dp_replicate, degrees.dp_shard});
+  names.insert(names.end(), {"dp_replicate", "dp_shard"});
+  if (degrees.cp > 1) {
+    shape.push_back(degrees.cp);
+    names.push_back("cp");
+  }
+  shape.push_back(degrees.tp);
+  names.push_back("tp");
+  m.world = mesh::DeviceMesh::Create(world, shape, names);
+  m.pp = degrees.pp > 1 ? (*m.world)["pp"] : nullptr;
   m.tp = degrees.tp > 1 ? (*m.world)["tp"] : nullptr;
-  m.batch = degrees.dp_replicate > 1 ? m.world->flatten({"dp_replicate", "dp_shard"}, "dp") : (*m.world)["dp_shard"];
-  m.loss = m.batch;
+  const bool hsdp = degrees.dp_replicate > 1;
+  m.batch = hsdp ? m.world->flatten({"dp_replicate", "dp_shard"}, "dp") : (*m.world)["dp_shard"];
+  if (degrees.cp > 1) {
+    // torchtitan's dp_shard_cp: FSDP shards over the data-parallel and context-parallel ranks
+    // together; the loss and token counts sum over every rank holding tokens of the batch.
+    m.cp = (*m.world)["cp"];
+    const mesh::DeviceMeshPtr shard_cp = m.world->flatten({"dp_shard", "cp"}, "dp_shard_cp");
+    m.fsdp = hsdp ? mesh::Concatenate({(*m.world)["dp_replicate"], shard_cp}) : shard_cp;
+    m.loss = hsdp ? m.world->flatten({"dp_replicate", "dp_shard", "cp"}, "dp_cp") : shard_cp;
+  } else {
+    m.fsdp = hsdp ? m.world->slice({"dp_replicate", "dp_shard"}) : (*m.world)["dp_shard"];
+    m.loss = m.batch;
+  }
   m.dp_rank = m.batch->coordinate()[0];
   m.dp_size = m.batch->size();
   return m;

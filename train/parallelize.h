@@ -8,9 +8,9 @@
 //   replacing its values) and checks them against the tensor-parallel degree: one c10::Error
 //   naming the key, its value and the degree. Reads no file but that config.json.
 // - BuildMeshes is collective over `world` (it creates the sub-groups): the world mesh
-//   (dp_replicate, dp_shard, tp), with pipeline parallelism (pp, dp_replicate, dp_shard, tp), with
-//   context parallelism (dp_shard, cp, tp); FSDP's mesh (1-D dp_shard, dp_replicate x dp_shard for
-//   HSDP, dp_shard x cp flattened with context parallelism, as torchtitan's dp_shard_cp), the tp
+//   (dp_replicate, dp_shard, tp), with pp first and cp before tp when they are used; FSDP's mesh
+//   (1-D dp_shard, dp_replicate x dp_shard for HSDP, dp_shard x cp flattened in place of
+//   dp_shard with context parallelism, as torchtitan's dp_shard_cp), the tp
 //   and cp meshes, the flattened data-parallel mesh that reads the batch and the one the loss and
 //   token counts reduce over (with cp's ranks, which hold the same rows' other tokens).
 // - ParallelizeLlama, on an unsharded model (on the meta device: TP broadcasts no values),
@@ -48,9 +48,10 @@ models::llama::LlamaConfig ResolveModelConfig(const JobConfig& config, int64_t t
 c10::ScalarType ScalarTypeOf(DType dtype);
 
 struct ParallelMeshes {
-  // (dp_replicate, dp_shard, tp), (pp, dp_replicate, dp_shard, tp) or (dp_shard, cp, tp)
+  // ([pp,] dp_replicate, dp_shard, [cp,] tp): pp and cp only when their degree is > 1
   mesh::DeviceMeshPtr world;
-  mesh::DeviceMeshPtr fsdp;   // dp_shard, (dp_replicate, dp_shard), or dp_shard x cp flattened
+  // dp_shard or (dp_replicate, dp_shard); with cp, dp_shard x cp flattened in place of dp_shard
+  mesh::DeviceMeshPtr fsdp;
   mesh::DeviceMeshPtr tp;     // null when the tp degree is 1
   mesh::DeviceMeshPtr cp;     // null when the cp degree is 1
   mesh::DeviceMeshPtr batch;  // the data-parallel ranks as one dim: who reads which rows

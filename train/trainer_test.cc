@@ -103,7 +103,9 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
                                        "cp2",
                                        "cp2_dp2_alltoall",
                                        "cp2_tp2",
-                                       "cp4_contiguous"};
+                                       "cp4_contiguous",
+                                       "hsdp2_cp2",
+                                       "pp2_cp2_1f1b"};
   return kNames[info.index];
 }
 
@@ -230,7 +232,14 @@ INSTANTIATE_TEST_SUITE_P(
                                                    "--training.local_batch_size=8"}),
         std::make_pair(4, std::vector<std::string>{"--parallelism.context_parallel_degree=4",
                                                    "--parallelism.context_parallel_load_balancer=None",
-                                                   "--training.local_batch_size=8"})),
+                                                   "--training.local_batch_size=8"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.context_parallel_degree=2",
+                                                   "--parallelism.data_parallel_replicate_degree=2",
+                                                   "--training.local_batch_size=4"}),
+        std::make_pair(4, std::vector<std::string>{"--parallelism.context_parallel_degree=2",
+                                                   "--parallelism.pipeline_parallel_degree=2",
+                                                   "--training.local_batch_size=8",
+                                                   "--parallelism.pipeline_parallel_microbatch_size=4"})),
     MeshName);
 
 // Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of
