@@ -76,6 +76,11 @@ fsdp_cc_library(//bench:step_slope TESTONLY OPTION FSDP_BUILD_BENCH
   DEPS :pair_flags //comm:main_guard //testing:peer_python @libtorch @system//:absl
        @system//:benchmark)
 
+fsdp_cc_binary(//bench:context_parallel_bench TESTONLY OPTION FSDP_BUILD_BENCH
+  SRCS context_parallel_bench.cc
+  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //context_parallel //testing:peer_python
+       @libtorch @system//:absl @system//:benchmark)
+
 fsdp_cc_binary(//bench:float8_bench TESTONLY OPTION FSDP_BUILD_BENCH
   SRCS float8_bench.cc
   DEPS :linear_stack :pair_flags :step_slope //comm:main_guard //float8 //fsdp/hooked_module
