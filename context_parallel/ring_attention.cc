@@ -25,6 +25,16 @@ Block BlockBehavior(int rank, int world, int i, bool is_causal, bool load_balanc
   return source < rank || load_balanced ? Block::kFull : Block::kSkip;
 }
 
+// Which part of step i's block attends with load balancing (head-tail chunks): all of it at
+// step 0; then the earlier half of the key / value block from a rank before this one, or the
+// later half of this rank's queries against a block from a rank after it.
+enum class Part { kWhole, kEarlierKeys, kLaterQueries };
+
+Part BlockPart(int rank, int i, bool is_causal, bool load_balanced) {
+  if (i == 0 || !load_balanced || !is_causal) return Part::kWhole;
+  return i <= rank ? Part::kEarlierKeys : Part::kLaterQueries;
+}
+
 // Passes flat buffers round the ring: step i's buffer is rank (rank - i)'s. PyTorch's
 // _AllGatherRotater (one all-gather, then chunks) and _AllToAllRotater (permute_tensor to
 // the next rank: an all_to_all_single whose only non-empty piece goes to rank + 1).
@@ -148,17 +158,11 @@ std::pair<at::Tensor, at::Tensor> RingForward(const at::Tensor& query, at::Tenso
     if (i < world - 1) rotater.Exchange(FlatKv(key, value));
     const Block block = BlockBehavior(rank, world, i, s.is_causal, balanced);
     if (block == Block::kSkip) continue;
-    at::Tensor q = query, k = key, v = value;
-    bool partial = false;
-    if (i > 0 && balanced && s.is_causal) {
-      if (i <= rank) {
-        k = Half(key, 0);
-        v = Half(value, 0);
-      } else {
-        q = Half(query, 1);
-        partial = true;
-      }
-    }
+    const Part part = BlockPart(rank, i, s.is_causal, balanced);
+    const at::Tensor q = part == Part::kLaterQueries ? Half(query, 1) : query;
+    const at::Tensor k = part == Part::kEarlierKeys ? Half(key, 0) : key;
+    const at::Tensor v = part == Part::kEarlierKeys ? Half(value, 0) : value;
+    const bool partial = part == Part::kLaterQueries;
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, block == Block::kCausal,
                                                                       std::nullopt, s.options.scale);
     merger.Step(out, lse, partial);
@@ -186,18 +190,11 @@ std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tenso
     const Block block = BlockBehavior(rank, world, i, s.is_causal, balanced);
     at::Tensor grad_query_, grad_key_, grad_value_;
     if (block != Block::kSkip) {
-      at::Tensor q = query, k = key, v = value, o = out, dout = grad_out, l = lse;
-      if (i > 0 && balanced && s.is_causal) {
-        if (i <= rank) {
-          k = Half(key, 0);
-          v = Half(value, 0);
-        } else {
-          q = Half(query, 1);
-          o = Half(out, 1);
-          dout = Half(grad_out, 1);
-          l = Half(lse, 1).contiguous();
-        }
-      }
+      const Part part = BlockPart(rank, i, s.is_causal, balanced);
+      const bool later = part == Part::kLaterQueries, earlier = part == Part::kEarlierKeys;
+      const at::Tensor q = later ? Half(query, 1) : query, o = later ? Half(out, 1) : out;
+      const at::Tensor dout = later ? Half(grad_out, 1) : grad_out, l = later ? Half(lse, 1).contiguous() : lse;
+      const at::Tensor k = earlier ? Half(key, 0) : key, v = earlier ? Half(value, 0) : value;
       std::tie(grad_query_, grad_key_, grad_value_) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
           dout, q, k, v, o, l, 0.0, block == Block::kCausal, std::nullopt, s.options.scale);
     } else {
