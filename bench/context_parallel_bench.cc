@@ -8,6 +8,9 @@
 // collectives alone with the same sizes (the forward's and the backward's all-gather of the
 // key / value blocks, the backward's W all_to_all_single of their gradients). The summary
 // prints OneRank / Ring (the speed-up) and Comm / Ring (the communication's share).
+// RingContiguous/<seq>: the same ring on contiguous shards, without load balancing: its time is
+// the most loaded rank's (a barrier starts each call), so RingContiguous / Ring is what the
+// head-tail balancer saves.
 //
 // Overhead/ours: the ring's host cost per call, forward and backward of a tiny sequence (two
 // tokens per chunk, one head of 8), where the kernels and messages are small; in the same run
@@ -56,16 +59,16 @@ std::map<std::string, std::vector<double>>& CpuTimes() {
 }
 
 // Every rank runs every benchmark; a barrier before each timed call lines the ranks up.
-void BM_Ring(benchmark::State& state, int64_t heads, int64_t dim) {
+void BM_Ring(benchmark::State& state, int64_t heads, int64_t dim, bool balanced) {
   const int64_t seq = state.range(0), world = Group()->size(), rank = Group()->rank();
   auto local = [&](int64_t h) {
-    return cp::ShardSequence(at::randn({1, h, seq, dim}), 2, rank, world).requires_grad_();
+    return cp::ShardSequence(at::randn({1, h, seq, dim}), 2, rank, world, balanced).requires_grad_();
   };
   const at::Tensor q = local(heads), k = local(heads), v = local(heads);
   const at::Tensor go = at::randn_like(q);
   for (auto _ : state) {
     Group()->barrier()->wait();
-    cp::RingAttention(q, k, v, /*is_causal=*/true, Group()).backward(go);
+    cp::RingAttention(q, k, v, /*is_causal=*/true, Group(), {.load_balanced = balanced}).backward(go);
   }
 }
 
@@ -156,9 +159,12 @@ void PrintSummary(const std::vector<int64_t>& seqs, int64_t tiny_seq) {
     const std::string s = std::to_string(seq);
     const std::string it = seq <= 1024 ? "/iterations:20/real_time" : "/iterations:5/real_time";
     const double ring = median("Ring/" + s + it), one = median("OneRank/" + s + it);
-    const double comm = median("Comm/" + s + it);
-    std::printf("seq %5lld at cp %d: ring %.0f us, one rank %.0f us (speed-up %.2fx), collectives %.0f us (%.0f%%)\n",
-                static_cast<long long>(seq), Group()->size(), ring, one, one / ring, comm, 100 * comm / ring);
+    const double comm = median("Comm/" + s + it), contiguous = median("RingContiguous/" + s + it);
+    std::printf(
+        "seq %5lld at cp %d: ring %.0f us, one rank %.0f us (speed-up %.2fx), collectives %.0f us (%.0f%%); "
+        "without load balancing %.0f us (%.2fx the balanced ring)\n",
+        static_cast<long long>(seq), Group()->size(), ring, one, one / ring, comm, 100 * comm / ring, contiguous,
+        contiguous / ring);
   }
   const std::string tiny = "Overhead/ours/" + std::to_string(tiny_seq) + "/iterations:200/real_time";
   const double ours = median(tiny);
@@ -191,7 +197,12 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < pair_repetitions; ++rep) {
       for (const int64_t seq : seqs) {
         const int iterations = seq <= 1024 ? 20 : 5;
-        benchmark::RegisterBenchmark("Ring", BM_Ring, kHeads, kDim)
+        benchmark::RegisterBenchmark("Ring", BM_Ring, kHeads, kDim, true)
+            ->Arg(seq)
+            ->Iterations(iterations)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+        benchmark::RegisterBenchmark("RingContiguous", BM_Ring, kHeads, kDim, false)
             ->Arg(seq)
             ->Iterations(iterations)
             ->Unit(benchmark::kMicrosecond)
@@ -207,7 +218,7 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }
-      benchmark::RegisterBenchmark("Overhead/ours", BM_Ring, 1, kTinyDim)
+      benchmark::RegisterBenchmark("Overhead/ours", BM_Ring, 1, kTinyDim, true)
           ->Arg(tiny_seq)
           ->Iterations(200)
           ->Unit(benchmark::kMicrosecond)
