@@ -18,6 +18,7 @@
 // kernels with the same shapes on W Gloo processes (bench/peer/context_parallel_peer.py;
 // --peer=0 skips it). PyTorch / ours is the summary's last line.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include <unistd.h>

@@ -76,7 +76,7 @@ fsdp_cc_library(//bench:step_slope TESTONLY OPTION FSDP_BUILD_BENCH
   DEPS :pair_flags //comm:main_guard //testing:peer_python @libtorch @system//:absl
        @system//:benchmark)
 
-fsdp_cc_binary(//bench:context_parallel_bench TESTONLY OPTION FSDP_BUILD_BENCH
+fsdp_cc_binary(//bench:context_parallel_bench TESTONLY OPTION FSDP_BUILD_BENCH PCH aten
   SRCS context_parallel_bench.cc
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard //context_parallel //testing:peer_python
        @libtorch @system//:absl @system//:benchmark)
@@ -221,12 +221,12 @@ fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
   CUDA_DEPS @cuda//:cudart)
 
 # ================================================================ //context_parallel
-fsdp_cc_library(//context_parallel INSTALL
+fsdp_cc_library(//context_parallel INSTALL PCH aten
   SRCS load_balancer.cc ring_attention.cc
   HDRS load_balancer.h ring_attention.h
   DEPS //comm @libtorch)
 
-fsdp_cc_test(//context_parallel:ring_attention_test SIZE small SMOKE
+fsdp_cc_test(//context_parallel:ring_attention_test SIZE small SMOKE PCH aten
   SRCS ring_attention_test.cc
   DATA testdata/golden_ring_attention.txt
   TAGS float_parity
