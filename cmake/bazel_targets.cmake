@@ -857,7 +857,8 @@ fsdp_cc_library(//train:config INSTALL PCH none
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
   SRCS config_test.cc data_test.cc lr_scheduler_test.cc pipeline_fsdp_test.cc pipeline_llama_test.cc
-       selective_ac_test.cc tensorboard_test.cc torchtitan_checkpoint_test.cc trainer_test.cc
+       selective_ac_test.cc tensorboard_test.cc torchtitan_checkpoint_test.cc trainer_resume_test.cc
+       trainer_test.cc trainer_test_support.h
   DATA configs/debugmodel.toml configs/demo.toml ../models/llama/testdata/golden_llama3_flavors.txt
        testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
        testdata/golden_pipeline_split.txt testdata/golden_sac_save_ops.txt

@@ -1,8 +1,8 @@
 // The trainer (train/trainer.h) on threaded ranks against itself on one rank: the same global
 // batch split over FSDP (dp_shard 4), HSDP (2 x 2), FSDP + TP (2 x 2, with and without
 // sequence parallel), gradient accumulation and full activation checkpointing must train the
-// same model step for step; a run resumed from its checkpoint at the same mesh (bitwise) or at
-// others. And the errors a job meets before and while it trains.
+// same model step for step (resuming from checkpoints: trainer_resume_test.cc). And the errors
+// a job meets before and while it trains.
 // Against torchtitan's own components: tests/peer (the torchtitan parity test).
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
@@ -30,53 +30,16 @@
 #include "train/config.h"
 #include "train/parallelize.h"
 #include "train/trainer.h"
+#include "train/trainer_test_support.h"
 
 namespace fsdp::train {
 namespace {
 
-// A small job on the shipped corpus: float32 (so that the comparisons see reduction order,
-// not bf16 rounding), 6 steps with warmup and decay.
-constexpr int64_t kSteps = 6;
-JobConfig SmallJob(const std::vector<std::string>& overrides) {
-  std::vector<std::string> args = {"--model.dim=64",
-                                   "--model.n_layers=2",
-                                   "--model.n_heads=4",
-                                   "--model.n_kv_heads=2",
-                                   "--training.seq_len=32",
-                                   "--training.global_batch_size=8",
-                                   "--training.local_batch_size=2",
-                                   absl::StrCat("--training.steps=", kSteps),
-                                   "--training.mixed_precision_param=float32",
-                                   "--activation_checkpoint.mode=none",
-                                   "--lr_scheduler.warmup_steps=2",
-                                   "--lr_scheduler.decay_ratio=0.5",
-                                   "--debug.seed=5",
-                                   "--dataloader.dataset_path=train/testdata/corpus/train"};
-  args.insert(args.end(), overrides.begin(), overrides.end());
-  return ParseConfig("", "test", ParseCommandLine(args).overrides);
-}
-
-std::vector<StepResult> Train(int world_size, const std::vector<std::string>& overrides) {
-  const JobConfig config = SmallJob(overrides);
-  std::vector<std::vector<StepResult>> per_rank(world_size);
-  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world_size, [&](const comm::ProcessGroupPtr& pg) {
-    Trainer trainer(config, pg);
-    for (int64_t s = 0; s < kSteps; ++s) per_rank[pg->rank()].push_back(trainer.Step());
-  });
-  for (int r = 1; r < world_size; ++r) {  // every rank reports the same global step
-    for (int64_t s = 0; s < kSteps; ++s) {
-      EXPECT_EQ(per_rank[r][s].loss, per_rank[0][s].loss) << "rank " << r << " step " << s;
-      EXPECT_EQ(per_rank[r][s].grad_norm, per_rank[0][s].grad_norm) << "rank " << r << " step " << s;
-    }
-  }
-  return per_rank[0];
-}
-
-double MaxRelDiff(const std::vector<StepResult>& a, const std::vector<StepResult>& b, double StepResult::*field) {
-  double d = 0;
-  for (size_t s = 0; s < a.size(); ++s) d = std::max(d, std::abs(a[s].*field - b[s].*field) / std::abs(b[s].*field));
-  return d;
-}
+using test_support::kSteps;
+using test_support::MaxRelDiff;
+using test_support::MeshTolerances;
+using test_support::SmallJob;
+using test_support::Train;
 
 class TrainerMeshes : public ::testing::TestWithParam<std::pair<int, std::vector<std::string>>> {};
 
@@ -107,32 +70,6 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
                                        "hsdp2_cp2",
                                        "pp2_cp2_1f1b"};
   return kNames[info.index];
-}
-
-// The loss's tolerance is measured, not guessed: the one-rank run against itself with each
-// batch taken in two micro-batches (another legitimate order of the same float32 sums) gives
-// the spread that summation order alone causes on this machine's kernels; a sharded run sums
-// in yet another order, so it must lie within a few such spreads (4x, plus 64 float32 ulps for
-// a spread that happens to be tiny). The gradient norm is computed in float32 by torch's norm
-// kernels over each rank's shards (as torch.nn.utils.clip_grad_norm_ computes it): its
-// rounding grows with the elements summed, sqrt(n) ulps for n of them (a random walk of n
-// roundings), n = the largest gradient's, lm_head's 2048 x 64. A wrong shard, a missed
-// reduction or a wrong loss scale moves either by 1e-3 or more.
-struct Tolerances {
-  std::vector<StepResult> reference;  // one rank
-  double spread = 0, loss = 0, norm = 0;
-};
-const Tolerances& MeshTolerances() {
-  static const Tolerances t = [] {
-    constexpr double kEps = std::numeric_limits<float>::epsilon();
-    Tolerances t;
-    t.reference = Train(1, {"--training.local_batch_size=8"});
-    t.spread = MaxRelDiff(Train(1, {"--training.local_batch_size=4"}), t.reference, &StepResult::loss);  // accum 2
-    t.loss = 4 * t.spread + 64 * kEps;
-    t.norm = 4 * t.spread + std::sqrt(2048.0 * 64.0) * kEps;
-    return t;
-  }();
-  return t;
 }
 
 void ExpectTrainsAsOneRank(int world, const std::vector<std::string>& overrides) {
@@ -241,117 +178,6 @@ INSTANTIATE_TEST_SUITE_P(
                                                    "--training.local_batch_size=8",
                                                    "--parallelism.pipeline_parallel_microbatch_size=4"})),
     MeshName);
-
-// Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of
-// SmallJob(overrides) with checkpoints under `dump` every 2 steps; loads the newest (or
-// --checkpoint.load_step) first, then steps until `until`, saving when due. Rank 0's results
-// of the steps it ran.
-std::vector<StepResult> ResumeAndTrain(int world, std::vector<std::string> overrides, const std::string& dump,
-                                       int64_t until, int64_t expect_loaded) {
-  for (const std::string o : {"--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
-                              "--checkpoint.last_save_model_only=false"}) {
-    overrides.push_back(o);
-  }
-  overrides.push_back("--dump_folder=" + dump);
-  const JobConfig config = SmallJob(overrides);
-  std::vector<StepResult> results;
-  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
-    Trainer trainer(config, pg);
-    EXPECT_EQ(trainer.LoadCheckpoint(), expect_loaded);
-    while (trainer.step() < until) {
-      const StepResult r = trainer.Step();
-      trainer.SaveCheckpoint();
-      if (pg->rank() == 0) results.push_back(r);
-    }
-  });
-  return results;
-}
-
-void CopyCheckpoint(const std::string& from_dump, const std::string& to_dump, int64_t step) {
-  const std::string name = "checkpoint/step-" + std::to_string(step);
-  std::filesystem::create_directories(to_dump + "/checkpoint");
-  std::filesystem::copy(from_dump + "/" + name, to_dump + "/" + name, std::filesystem::copy_options::recursive);
-}
-
-TEST(TrainerResume, AtTheSameMeshBitwise) {
-  const std::string dump = fsdp::testing::NewTestPath("resume_same");
-  const std::vector<StepResult> uninterrupted = ResumeAndTrain(2, {}, dump, kSteps, -1);
-  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
-  // Saved at 2, 4 and 6 (the last one whole: last_save_model_only = false).
-  for (int64_t step : {2, 4, 6}) {
-    EXPECT_TRUE(std::filesystem::exists(dump + "/checkpoint/step-" + std::to_string(step) + "/.metadata")) << step;
-  }
-  const std::vector<StepResult> resumed = ResumeAndTrain(2, {"--checkpoint.load_step=2"}, dump, kSteps, 2);
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    const StepResult& want = uninterrupted[i + 2];
-    EXPECT_EQ(resumed[i].step, want.step);
-    EXPECT_EQ(resumed[i].loss, want.loss) << "step " << want.step;
-    EXPECT_EQ(resumed[i].grad_norm, want.grad_norm) << "step " << want.step;
-    EXPECT_EQ(resumed[i].lr, want.lr) << "step " << want.step;
-    EXPECT_EQ(resumed[i].global_tokens, want.global_tokens) << "step " << want.step;
-  }
-  // The newest complete checkpoint by default: the run is over.
-  EXPECT_TRUE(ResumeAndTrain(2, {}, dump, kSteps, 6).empty());
-}
-
-// FSDP 4 -> pp 2 x dp 2 with 1F1B (at step 2) -> pp 4 with GPipe (at step 4): each pipeline
-// rank saves and loads its stage's part under the whole model's names, so a checkpoint moves
-// between pipeline degrees (and to none) as between meshes; every resumed step is the
-// uninterrupted run's within two meshes' tolerances.
-TEST(TrainerResume, AcrossPipelineDegrees) {
-  const std::string fsdp = fsdp::testing::NewTestPath("resume_pp_fsdp4"),
-                    pp2 = fsdp::testing::NewTestPath("resume_pp2"), pp4 = fsdp::testing::NewTestPath("resume_pp4");
-  const std::vector<StepResult> uninterrupted = ResumeAndTrain(4, {}, fsdp, kSteps, -1);
-  CopyCheckpoint(fsdp, pp2, 2);
-  const std::vector<StepResult> on_pp2 =
-      ResumeAndTrain(4, {"--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"}, pp2, 4, 2);
-  CopyCheckpoint(pp2, pp4, 4);
-  const std::vector<StepResult> on_pp4 =
-      ResumeAndTrain(4,
-                     {"--parallelism.pipeline_parallel_degree=4", "--parallelism.pipeline_parallel_schedule=GPipe",
-                      "--training.local_batch_size=8", "--parallelism.pipeline_parallel_microbatch_size=2"},
-                     pp4, kSteps, 4);
-  std::vector<StepResult> resumed = on_pp2;
-  resumed.insert(resumed.end(), on_pp4.begin(), on_pp4.end());
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
-  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    EXPECT_EQ(resumed[i].step, want[i].step);
-    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
-    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
-  }
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
-  // And back to no pipeline: FSDP 4 loads the pp 4 run's last checkpoint.
-  EXPECT_TRUE(ResumeAndTrain(4, {}, pp4, kSteps, kSteps).empty());
-}
-
-// FSDP 4 -> FSDP 2 x TP 2 (at step 2) -> HSDP 2 x 2 (at step 4): the data stream, the schedule
-// and the weights go on, so every resumed step is the uninterrupted FSDP 4 run's within two
-// meshes' tolerances (each mesh lies within MeshTolerances() of the one-rank run).
-TEST(TrainerResume, AtOtherMeshesAsTheUninterruptedRun) {
-  const std::string fsdp = fsdp::testing::NewTestPath("resume_fsdp4"), tp = fsdp::testing::NewTestPath("resume_tp"),
-                    hsdp = fsdp::testing::NewTestPath("resume_hsdp");
-  const std::vector<StepResult> uninterrupted = ResumeAndTrain(4, {}, fsdp, kSteps, -1);
-  CopyCheckpoint(fsdp, tp, 2);
-  const std::vector<StepResult> on_tp =
-      ResumeAndTrain(4, {"--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4"}, tp, 4, 2);
-  CopyCheckpoint(tp, hsdp, 4);
-  const std::vector<StepResult> on_hsdp =
-      ResumeAndTrain(4, {"--parallelism.data_parallel_replicate_degree=2"}, hsdp, kSteps, 4);
-  std::vector<StepResult> resumed = on_tp;
-  resumed.insert(resumed.end(), on_hsdp.begin(), on_hsdp.end());
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
-  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    EXPECT_EQ(resumed[i].step, want[i].step);
-    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
-    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
-  }
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
-}
 
 TEST(Trainer, ValidationIsTheMeanOverTheValidationSet) {
   const JobConfig config = SmallJob(

@@ -1,0 +1,138 @@
+// The trainer resumed from its checkpoints (train/checkpoint_state.h, dcp/checkpoint_manager.h):
+// at the same mesh bitwise, at other meshes and pipeline degrees as the uninterrupted run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/process_group.h"
+#include "testing/multi_rank.h"
+#include "testing/test_dir.h"
+#include "train/config.h"
+#include "train/trainer.h"
+#include "train/trainer_test_support.h"
+
+namespace fsdp::train {
+namespace {
+
+using test_support::kSteps;
+using test_support::MaxRelDiff;
+using test_support::MeshTolerances;
+using test_support::SmallJob;
+using test_support::Train;
+
+// Checkpointed runs (train/checkpoint_state.h, dcp/checkpoint_manager.h): `world` ranks of
+// SmallJob(overrides) with checkpoints under `dump` every 2 steps; loads the newest (or
+// --checkpoint.load_step) first, then steps until `until`, saving when due. Rank 0's results
+// of the steps it ran.
+std::vector<StepResult> ResumeAndTrain(int world, std::vector<std::string> overrides, const std::string& dump,
+                                       int64_t until, int64_t expect_loaded) {
+  for (const std::string o : {"--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
+                              "--checkpoint.last_save_model_only=false"}) {
+    overrides.push_back(o);
+  }
+  overrides.push_back("--dump_folder=" + dump);
+  const JobConfig config = SmallJob(overrides);
+  std::vector<StepResult> results;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(config, pg);
+    EXPECT_EQ(trainer.LoadCheckpoint(), expect_loaded);
+    while (trainer.step() < until) {
+      const StepResult r = trainer.Step();
+      trainer.SaveCheckpoint();
+      if (pg->rank() == 0) results.push_back(r);
+    }
+  });
+  return results;
+}
+
+void CopyCheckpoint(const std::string& from_dump, const std::string& to_dump, int64_t step) {
+  const std::string name = "checkpoint/step-" + std::to_string(step);
+  std::filesystem::create_directories(to_dump + "/checkpoint");
+  std::filesystem::copy(from_dump + "/" + name, to_dump + "/" + name, std::filesystem::copy_options::recursive);
+}
+
+TEST(TrainerResume, AtTheSameMeshBitwise) {
+  const std::string dump = fsdp::testing::NewTestPath("resume_same");
+  const std::vector<StepResult> uninterrupted = ResumeAndTrain(2, {}, dump, kSteps, -1);
+  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
+  // Saved at 2, 4 and 6 (the last one whole: last_save_model_only = false).
+  for (int64_t step : {2, 4, 6}) {
+    EXPECT_TRUE(std::filesystem::exists(dump + "/checkpoint/step-" + std::to_string(step) + "/.metadata")) << step;
+  }
+  const std::vector<StepResult> resumed = ResumeAndTrain(2, {"--checkpoint.load_step=2"}, dump, kSteps, 2);
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    const StepResult& want = uninterrupted[i + 2];
+    EXPECT_EQ(resumed[i].step, want.step);
+    EXPECT_EQ(resumed[i].loss, want.loss) << "step " << want.step;
+    EXPECT_EQ(resumed[i].grad_norm, want.grad_norm) << "step " << want.step;
+    EXPECT_EQ(resumed[i].lr, want.lr) << "step " << want.step;
+    EXPECT_EQ(resumed[i].global_tokens, want.global_tokens) << "step " << want.step;
+  }
+  // The newest complete checkpoint by default: the run is over.
+  EXPECT_TRUE(ResumeAndTrain(2, {}, dump, kSteps, 6).empty());
+}
+
+// FSDP 4 -> pp 2 x dp 2 with 1F1B (at step 2) -> pp 4 with GPipe (at step 4): each pipeline
+// rank saves and loads its stage's part under the whole model's names, so a checkpoint moves
+// between pipeline degrees (and to none) as between meshes; every resumed step is the
+// uninterrupted run's within two meshes' tolerances.
+TEST(TrainerResume, AcrossPipelineDegrees) {
+  const std::string fsdp = fsdp::testing::NewTestPath("resume_pp_fsdp4"),
+                    pp2 = fsdp::testing::NewTestPath("resume_pp2"), pp4 = fsdp::testing::NewTestPath("resume_pp4");
+  const std::vector<StepResult> uninterrupted = ResumeAndTrain(4, {}, fsdp, kSteps, -1);
+  CopyCheckpoint(fsdp, pp2, 2);
+  const std::vector<StepResult> on_pp2 =
+      ResumeAndTrain(4, {"--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"}, pp2, 4, 2);
+  CopyCheckpoint(pp2, pp4, 4);
+  const std::vector<StepResult> on_pp4 =
+      ResumeAndTrain(4,
+                     {"--parallelism.pipeline_parallel_degree=4", "--parallelism.pipeline_parallel_schedule=GPipe",
+                      "--training.local_batch_size=8", "--parallelism.pipeline_parallel_microbatch_size=2"},
+                     pp4, kSteps, 4);
+  std::vector<StepResult> resumed = on_pp2;
+  resumed.insert(resumed.end(), on_pp4.begin(), on_pp4.end());
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i].step, want[i].step);
+    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
+    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
+  }
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+  // And back to no pipeline: FSDP 4 loads the pp 4 run's last checkpoint.
+  EXPECT_TRUE(ResumeAndTrain(4, {}, pp4, kSteps, kSteps).empty());
+}
+
+// FSDP 4 -> FSDP 2 x TP 2 (at step 2) -> HSDP 2 x 2 (at step 4): the data stream, the schedule
+// and the weights go on, so every resumed step is the uninterrupted FSDP 4 run's within two
+// meshes' tolerances (each mesh lies within MeshTolerances() of the one-rank run).
+TEST(TrainerResume, AtOtherMeshesAsTheUninterruptedRun) {
+  const std::string fsdp = fsdp::testing::NewTestPath("resume_fsdp4"), tp = fsdp::testing::NewTestPath("resume_tp"),
+                    hsdp = fsdp::testing::NewTestPath("resume_hsdp");
+  const std::vector<StepResult> uninterrupted = ResumeAndTrain(4, {}, fsdp, kSteps, -1);
+  CopyCheckpoint(fsdp, tp, 2);
+  const std::vector<StepResult> on_tp =
+      ResumeAndTrain(4, {"--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4"}, tp, 4, 2);
+  CopyCheckpoint(tp, hsdp, 4);
+  const std::vector<StepResult> on_hsdp =
+      ResumeAndTrain(4, {"--parallelism.data_parallel_replicate_degree=2"}, hsdp, kSteps, 4);
+  std::vector<StepResult> resumed = on_tp;
+  resumed.insert(resumed.end(), on_hsdp.begin(), on_hsdp.end());
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i].step, want[i].step);
+    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
+    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
+  }
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+}
+
+}  // namespace
+}  // namespace fsdp::train
