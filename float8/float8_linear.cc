@@ -41,11 +41,7 @@ Operand Cast(const at::Tensor& hp, const CastConfig& cast, int64_t axis, bool ro
                                          (axis < 0 ? axis + hp.dim() : axis) == split.dim);
   if (!reduce) return Operand{ToFloat8Dynamic(hp, cast, axis, round_pow2), {}};
   return Operand{ToFloat8Dynamic(hp, cast, axis, round_pow2,
-                                 [&](at::Tensor amax) {
-                                   amax = amax.contiguous();
-                                   split.group->all_reduce(amax, comm::ReduceOp::Max())->wait();
-                                   return amax;
-                                 }),
+                                 [&](const at::Tensor& amax) { return AllReduceAmax(amax, split.group); }),
                  {}};
 }
 

@@ -29,9 +29,17 @@ at::Tensor AmaxToScale(const at::Tensor& amax, c10::ScalarType float8_dtype, boo
 
 at::Tensor TensorToAmax(const at::Tensor& x, ScalingGranularity granularity, std::optional<int64_t> axiswise_dim) {
   at::NoGradGuard no_grad;
-  if (granularity == ScalingGranularity::kTensorwise) return at::max(at::abs(x));
+  if (granularity == ScalingGranularity::kTensorwise) {
+    return x.numel() > 0 ? at::max(at::abs(x)) : at::zeros({}, x.options());
+  }
   TORCH_CHECK(axiswise_dim.has_value(), "TensorToAmax: axiswise scaling needs an axiswise_dim");
   return at::amax(at::abs(x), {*axiswise_dim}, /*keepdim=*/true);
+}
+
+at::Tensor AllReduceAmax(at::Tensor amax, const comm::ProcessGroupPtr& group) {
+  amax = amax.contiguous();
+  if (group->size() > 1) group->all_reduce(amax, comm::ReduceOp::Max())->wait();
+  return amax;
 }
 
 Float8Tensor ToFloat8(const at::Tensor& hp, const at::Tensor& scale, c10::ScalarType float8_dtype,

@@ -15,6 +15,7 @@
 
 #include <optional>
 
+#include "comm/process_group.h"
 #include "float8/config.h"
 
 namespace fsdp::float8 {
@@ -39,9 +40,14 @@ struct Float8Tensor {
 // to a power of two when asked (torchao's amax_to_scale).
 at::Tensor AmaxToScale(const at::Tensor& amax, c10::ScalarType float8_dtype, bool round_scales_to_power_of_2);
 
-// max |x| over the whole tensor (0-D), or over `axiswise_dim` keeping it (torchao's
-// tensor_to_amax without the cross-rank reduction; callers that need one all-reduce it).
+// max |x| over the whole tensor (0-D; 0 for an empty one, e.g. an uneven FSDP shard), or over
+// `axiswise_dim` keeping it (torchao's tensor_to_amax without the cross-rank reduction;
+// AllReduceAmax is that reduction).
 at::Tensor TensorToAmax(const at::Tensor& x, ScalingGranularity granularity, std::optional<int64_t> axiswise_dim);
+
+// The amax over the ranks of `group` (an all-reduce of MAX; collective), for the scale of a
+// tensor whose shards the ranks hold.
+at::Tensor AllReduceAmax(at::Tensor amax, const comm::ProcessGroupPtr& group);
 
 // hp.float() * scale, saturated to +-float8_max, cast to `float8_dtype`
 // (hp_tensor_and_scale_to_float8).

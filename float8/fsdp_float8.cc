@@ -15,16 +15,6 @@
 #include "mesh/device_mesh.h"
 
 namespace fsdp::float8 {
-namespace {
-
-// max |x|, 0 for an empty shard (an uneven FSDP split can leave a rank none).
-at::Tensor LocalAmax(const at::Tensor& x) { return x.numel() > 0 ? at::max(at::abs(x)) : at::zeros({}, x.options()); }
-
-void AllReduceMax(at::Tensor& t, const comm::ProcessGroupPtr& group) {
-  if (group->size() > 1) group->all_reduce(t, comm::ReduceOp::Max())->wait();
-}
-
-}  // namespace
 
 fsdp2::AllGatherExtension::PreAllGatherResult Float8WeightAllGather::PreAllGather(
     const at::Tensor& sharded_param, const mesh::DeviceMesh& shard_mesh, const std::vector<int64_t>& orig_size,
@@ -35,8 +25,8 @@ fsdp2::AllGatherExtension::PreAllGatherResult Float8WeightAllGather::PreAllGathe
   at::Tensor scale = precomputed_scale_;
   if (!scale.defined()) {
     // The shard dim is the mesh's last (HSDP's replicas hold the same weight).
-    at::Tensor amax = LocalAmax(sharded_param);
-    AllReduceMax(amax, shard_mesh.group(shard_mesh.ndim() - 1));
+    const at::Tensor amax = AllReduceAmax(TensorToAmax(sharded_param, ScalingGranularity::kTensorwise, std::nullopt),
+                                          shard_mesh.group(shard_mesh.ndim() - 1));
     scale = AmaxToScale(amax, float8_dtype_, /*round_scales_to_power_of_2=*/false);
   }
   at::Tensor data = ToFloat8(sharded_param, scale, float8_dtype_, std::nullopt).data;
@@ -110,11 +100,11 @@ void precompute_float8_dynamic_scale_for_fsdp(torch::nn::Module& root) {
                            [&](const Reduction& r) { return r.mesh == spec.mesh && r.dims == dims; });
     if (it == reductions.end()) it = reductions.insert(reductions.end(), Reduction{spec.mesh, dims, {}, {}});
     it->extensions.push_back(extension);
-    it->amaxes.push_back(LocalAmax(weight));
+    it->amaxes.push_back(TensorToAmax(weight, ScalingGranularity::kTensorwise, std::nullopt));
   }
   for (Reduction& r : reductions) {
     at::Tensor amax = at::stack(r.amaxes);
-    for (const int d : r.dims) AllReduceMax(amax, r.mesh->group(d));
+    for (const int d : r.dims) amax = AllReduceAmax(amax, r.mesh->group(d));
     // torchao clamps in the weights' dtype, then divides in float64.
     const c10::ScalarType weight_dtype = amax.scalar_type();
     at::Tensor scale = Float8Max(r.extensions.front()->float8_dtype()) / at::clamp(amax, kAmaxEps).to(at::kDouble);
