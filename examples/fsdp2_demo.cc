@@ -432,8 +432,8 @@ int TrainFromScratch(const World& w, const std::string& checkpoint_dir, int64_t 
       const bool root = group.module_fqns.front().empty();
       std::string names;
       for (const auto& p : group.params) {
-        names +=
-            absl::StrCat(" ", p.fqn, " [", absl::StrJoin(p.shape, ","), "]->[", absl::StrJoin(p.shard_shape, ","), "]");
+        names += absl::StrCat(" ", p.fqn, " [", absl::StrJoin(p.sharding_spec.shape, ","), "]->[",
+                              absl::StrJoin(p.shard_shape, ","), "]");
       }
       std::printf("fully_shard(%s): %zu tensors%s\n", root ? "root" : group.module_fqns.front().c_str(),
                   group.params.size(), root ? (":" + names).c_str() : "");

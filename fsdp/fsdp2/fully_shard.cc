@@ -91,8 +91,7 @@ std::vector<FSDPGroupInfo> ListFSDPGroups(torch::nn::Module& root) {
       const auto name = param_names.find(p->param().unsafeGetTensorImpl());
       TORCH_CHECK(name != param_names.end(), "ListFSDPGroups: an FSDP parameter of module '", group.module_fqns.front(),
                   "' is not a parameter of root's module tree (", p->ToString(), ")");
-      group.params.push_back(
-          {name->second, p->sharding_spec().shape, p->sharded_size(), p->param().scalar_type(), p->sharding_spec()});
+      group.params.push_back({name->second, p->sharded_size(), p->param().scalar_type(), p->sharding_spec()});
     }
   }
   return groups;

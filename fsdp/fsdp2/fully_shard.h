@@ -154,11 +154,11 @@ std::optional<FSDPModule> AsFSDPModule(torch::nn::Module& module);
 // `model` in Python, where each FSDPModule's parameters show as DTensors.
 struct FSDPParamInfo {
   std::string fqn;                   // the parameter's name in root.named_parameters()
-  std::vector<int64_t> shape;        // global (unsharded, and across tensor parallelism)
   std::vector<int64_t> shard_shape;  // this rank's shard (unpadded)
   c10::ScalarType dtype;             // the sharded parameter's (the optimizer's) dtype
-  // The sharded parameter's DTensor layout: the FSDP mesh (and tensor-parallel dims), what a
-  // reduction over all its shards needs (e.g. float8's scale precompute).
+  // The sharded parameter's DTensor layout: the FSDP mesh (and tensor-parallel dims) and the
+  // global shape (unsharded, and across tensor parallelism), e.g. for a reduction over all its
+  // shards (float8's scale precompute).
   dtensor::DTensorSpec sharding_spec;
 };
 struct FSDPGroupInfo {
