@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <variant>
@@ -41,10 +42,22 @@ struct OffloadPolicy {
   bool pin_memory = false;
 };
 
-// Names of the data-parallel dims of an SPMD mesh (PyTorch's DataParallelMeshDims).
+// Names of the data-parallel dims of an SPMD mesh (PyTorch's DataParallelMeshDims): each
+// of `shard` and `replicate` is one dim name or several (`{"dp_shard", "cp"}`), several being
+// flattened into one dim as PyTorch does (their names in mesh order, joined by '_'). `shard`
+// only: FSDP; both: HSDP (the replicate dims before the shard dims); `replicate` only: DDP.
+// At least one is set.
 struct DataParallelMeshDims {
-  std::string shard;
-  std::optional<std::string> replicate;
+  // Implicit from one name or a braced list of names, as Python's `str | tuple[str, ...]`.
+  struct Names {
+    Names() = default;
+    Names(const char* name) : names{name} {}             // NOLINT(google-explicit-constructor)
+    Names(std::string name) : names{std::move(name)} {}  // NOLINT(google-explicit-constructor)
+    Names(std::initializer_list<std::string> list) : names(list) {}
+    std::vector<std::string> names;
+  };
+  Names shard;
+  Names replicate;
 };
 
 struct FullyShardOptions {
@@ -63,7 +76,7 @@ struct FullyShardOptions {
   bool replicate = false;
   // SPMD: `mesh` is the whole SPMD mesh (any number of named dims), every parameter is a
   // DTensor on it (a DistributedParameterModule spec) with Replicate on these dims, and
-  // FSDP shards over `shard` (HSDP: and replicates over `replicate`, which must precede it).
+  // FSDP shards over `shard` and replicates over `replicate` (DataParallelMeshDims).
   std::optional<DataParallelMeshDims> dp_mesh_dims;
   // Parameters must already live here, or on the meta device: then only this rank's shard
   // is allocated, here, and filled by fsdp::fsdp2::InitMetaParameters or a state dict

@@ -96,7 +96,7 @@ FSDPMeshInfo GetMeshInfo(const FullyShardOptions& options) {
               "fully_shard expects a 1D or 2D DeviceMesh but got ", mesh->ToString());
   if (options.dp_mesh_dims) {
     TORCH_CHECK(!options.replicate, "fully_shard: replicate is not supported with dp_mesh_dims");
-    return FSDPMeshInfo::Spmd(mesh, options.dp_mesh_dims->shard, options.dp_mesh_dims->replicate);
+    return FSDPMeshInfo::Spmd(mesh, options.dp_mesh_dims->shard.names, options.dp_mesh_dims->replicate.names);
   }
   if (options.replicate) return FSDPMeshInfo::Ddp(mesh);
   if (mesh->ndim() == 1) return FSDPMeshInfo::Fsdp(mesh);

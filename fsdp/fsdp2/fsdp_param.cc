@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fsdp/common/storage.h"
@@ -90,6 +92,8 @@ void FSDPParam::InitShardingSpec(const std::vector<int64_t>& local_size, c10::Sc
     InitShardingSpecSpmd(dtype);
     return;
   }
+  const bool hsdp = mesh_info_.kind == FSDPMeshInfo::Kind::kHsdp;
+  sharding_spec_fsdp_dim_ = mesh_info_.shards() ? (hsdp ? 1 : 0) : -1;
   if (!tp_spec_) {
     dtensor::Placements placements;
     switch (mesh_info_.kind) {
@@ -109,7 +113,7 @@ void FSDPParam::InitShardingSpec(const std::vector<int64_t>& local_size, c10::Sc
     if (tp_spec_->placements[m].is_shard(layout_.shard_dim)) split_factor *= tp_spec_->mesh->size(static_cast<int>(m));
   }
   dtensor::Placements placements;
-  if (mesh_info_.kind == FSDPMeshInfo::Kind::kHsdp) placements.push_back(Placement::Replicate());
+  if (hsdp) placements.push_back(Placement::Replicate());
   if (mesh_info_.kind == FSDPMeshInfo::Kind::kDdp) {
     placements.push_back(Placement::Replicate());
   } else {
@@ -121,8 +125,10 @@ void FSDPParam::InitShardingSpec(const std::vector<int64_t>& local_size, c10::Sc
 }
 
 // The parameter is a DTensor on the whole SPMD mesh, Replicate on the data-parallel dims;
-// FSDP turns its dp shard dim into Shard, or StridedShard when mesh dims to its right shard
-// the same tensor dim (they split first, so FSDP's chunks interleave with theirs).
+// FSDP turns each dp shard dim into Shard, or StridedShard when mesh dims to its right shard
+// the same tensor dim (they split first, so FSDP's chunks interleave with theirs). Several dp
+// shard dims become one flattened dim in the first one's place (PyTorch 2.15's
+// _build_spmd_sharding_spec; HSDP: after a Replicate for the replicate dims, dropped there).
 void FSDPParam::InitShardingSpecSpmd(c10::ScalarType dtype) {
   using dtensor::Placement;
   const mesh::DeviceMeshPtr& spmd = mesh_info_.spmd_mesh;
@@ -132,21 +138,48 @@ void FSDPParam::InitShardingSpecSpmd(c10::ScalarType dtype) {
               "objects: ",
               tp_spec_->mesh->ToString(), " vs ", spmd->ToString(), " (", module_info_.param_name, ")");
   const dtensor::Placements& orig = tp_spec_->placements;
-  auto expect_replicate = [&](int idx, const char* what) {
-    if (idx < 0) return;
-    TORCH_CHECK(orig[idx].is_replicate(), "Expected Replicate() on DP ", what, " dim '", spmd->dim_names()[idx],
-                "' (index ", idx, ") but got ", orig[idx].ToString());
+  const std::vector<int>& shard_dims = mesh_info_.spmd_dp_shard_dims;
+  const std::vector<int>& replicate_dims = mesh_info_.spmd_dp_replicate_dims;
+  auto expect_replicate = [&](const std::vector<int>& dims, const char* what) {
+    for (int idx : dims) {
+      TORCH_CHECK(orig[idx].is_replicate(), "Expected Replicate() on DP ", what, " dim '", spmd->dim_names()[idx],
+                  "' (index ", idx, ") but got ", orig[idx].ToString());
+    }
   };
-  expect_replicate(mesh_info_.spmd_dp_shard_dim, "shard");
-  expect_replicate(mesh_info_.spmd_dp_replicate_dim, "replicate");
-  int64_t split_factor = 1;
-  for (int j = mesh_info_.spmd_dp_shard_dim + 1; j < spmd->ndim(); ++j) {
-    if (orig[j].is_shard(layout_.shard_dim)) split_factor *= spmd->size(j);
-  }
+  expect_replicate(shard_dims, "shard");
+  expect_replicate(replicate_dims, "replicate");
   dtensor::Placements placements = orig;
-  placements[mesh_info_.spmd_dp_shard_dim] =
-      split_factor > 1 ? Placement::StridedShard(layout_.shard_dim, split_factor) : Placement::Shard(layout_.shard_dim);
-  sharding_spec_ = dtensor::DTensorSpec::Make(spmd, placements, tp_spec_->shape, dtype);
+  for (int d : shard_dims) {
+    int64_t split_factor = 1;
+    for (int j = d + 1; j < spmd->ndim(); ++j) {
+      if (orig[j].is_shard(layout_.shard_dim)) split_factor *= spmd->size(j);
+    }
+    placements[d] = split_factor > 1 ? Placement::StridedShard(layout_.shard_dim, split_factor)
+                                     : Placement::Shard(layout_.shard_dim);
+  }
+  if (shard_dims.size() <= 1) {
+    sharding_spec_fsdp_dim_ = shard_dims.empty() ? -1 : shard_dims[0];
+    sharding_spec_ = dtensor::DTensorSpec::Make(spmd, placements, tp_spec_->shape, dtype);
+    return;
+  }
+  const bool hsdp = mesh_info_.kind == FSDPMeshInfo::Kind::kHsdp;
+  auto contains = [](const std::vector<int>& dims, int d) {
+    return std::find(dims.begin(), dims.end(), d) != dims.end();
+  };
+  std::vector<mesh::DeviceMeshPtr> submeshes;
+  dtensor::Placements spec_placements;
+  for (int d = 0; d < spmd->ndim(); ++d) {
+    if (d == shard_dims[0]) {
+      submeshes.push_back(mesh_info_.mesh);  // HSDP: (replicate, shard), both flattened as needed
+      if (hsdp) spec_placements.push_back(Placement::Replicate());
+      sharding_spec_fsdp_dim_ = static_cast<int>(spec_placements.size());
+      spec_placements.push_back(placements[d]);
+    } else if (!contains(shard_dims, d) && !(hsdp && contains(replicate_dims, d))) {
+      submeshes.push_back((*spmd)[spmd->dim_names()[d]]);
+      spec_placements.push_back(placements[d]);
+    }
+  }
+  sharding_spec_ = dtensor::DTensorSpec::Make(mesh::Concatenate(submeshes), spec_placements, tp_spec_->shape, dtype);
 }
 
 void FSDPParam::InitDtypeAttrs(const MixedPrecisionPolicy& policy) {

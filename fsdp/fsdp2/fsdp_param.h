@@ -120,10 +120,13 @@ class FSDPParam {
   void MarkInitialized() { needs_init_ = false; }
 
   // The sharded parameter as a DTensor (Shard(dim) on the FSDP mesh; (Replicate, Shard) for
-  // HSDP; (StridedShard, tp placements...) for FSDP + TP).
+  // HSDP; (StridedShard, tp placements...) for FSDP + TP; on an SPMD mesh its placements
+  // with several dp shard dims flattened into one).
   dtensor::DTensor ShardedDTensor() const;
   dtensor::DTensor ShardedGradDTensor() const;
   const dtensor::DTensorSpec& sharding_spec() const { return sharding_spec_; }
+  // The dim of sharding_spec()'s mesh that FSDP shards over; -1 when it only replicates (DDP).
+  int sharding_spec_fsdp_dim() const { return sharding_spec_fsdp_dim_; }
 
   const at::Tensor& param() const { return param_; }
   const ParamModuleInfo& module_info() const { return module_info_; }
@@ -170,6 +173,7 @@ class FSDPParam {
   c10::Device device_{c10::kCPU};
   std::optional<dtensor::DTensorSpec> tp_spec_;
   dtensor::DTensorSpec sharding_spec_;
+  int sharding_spec_fsdp_dim_ = -1;
   DimShardLayout layout_;
   std::string fqn_;
 

@@ -2,7 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace fsdp {
 
@@ -24,18 +27,55 @@ FSDPMeshInfo FSDPMeshInfo::Ddp(mesh::DeviceMeshPtr mesh) {
   return FSDPMeshInfo{Kind::kDdp, std::move(mesh)};
 }
 
-FSDPMeshInfo FSDPMeshInfo::Spmd(mesh::DeviceMeshPtr spmd_mesh, const std::string& shard,
-                                const std::optional<std::string>& replicate) {
+namespace {
+
+// The indices of `names` in `spmd`, which must name distinct dims in the mesh's order
+// (PyTorch's mesh[names] refuses any other order).
+std::vector<int> DimIndices(const mesh::DeviceMesh& spmd, const std::vector<std::string>& names, const char* what) {
+  std::vector<int> indices;
+  const std::vector<std::string>& dims = spmd.dim_names();
+  for (const std::string& name : names) {
+    TORCH_CHECK(std::find(dims.begin(), dims.end(), name) != dims.end(), "FSDP: Mesh dim name '", name,
+                "' (dp_mesh_dims.", what, ") not found in mesh.mesh_dim_names (", absl::StrJoin(dims, ", "), ")");
+    indices.push_back(spmd.dim_index(name));
+    TORCH_CHECK(indices.size() == 1 || indices.back() > indices[indices.size() - 2], "FSDP: dp_mesh_dims.", what, " (",
+                absl::StrJoin(names, ", "), ") must name distinct mesh dims in the mesh's order (",
+                absl::StrJoin(dims, ", "), ")");
+  }
+  return indices;
+}
+
+// One named dim, or several flattened into one (PyTorch's mesh[names]._flatten("_".join(names))).
+mesh::DeviceMeshPtr DataParallelSubmesh(const mesh::DeviceMesh& spmd, const std::vector<std::string>& names) {
+  if (names.size() == 1) return spmd[names[0]];
+  return spmd.slice(names)->flatten(names, absl::StrJoin(names, "_"));
+}
+
+}  // namespace
+
+FSDPMeshInfo FSDPMeshInfo::Spmd(mesh::DeviceMeshPtr spmd_mesh, const std::vector<std::string>& shard,
+                                const std::vector<std::string>& replicate) {
   TORCH_CHECK(spmd_mesh != nullptr, "FSDP: mesh is null");
+  TORCH_CHECK(!shard.empty() || !replicate.empty(),
+              "FSDP: At least one of shard or replicate must be set in dp_mesh_dims");
   TORCH_CHECK(!spmd_mesh->dim_names().empty(), "FSDP: dp_mesh_dims needs a mesh with dim names, got ",
               spmd_mesh->ToString());
-  FSDPMeshInfo info = replicate ? Hsdp(spmd_mesh->slice({*replicate, shard})) : Fsdp((*spmd_mesh)[shard]);
-  info.spmd_dp_shard_dim = spmd_mesh->dim_index(shard);
-  if (replicate) {
-    info.spmd_dp_replicate_dim = spmd_mesh->dim_index(*replicate);
-    TORCH_CHECK(info.spmd_dp_replicate_dim < info.spmd_dp_shard_dim, "FSDP: the dp replicate dim '", *replicate,
-                "' must come before the dp shard dim '", shard, "' in ", spmd_mesh->ToString());
+  std::vector<int> shard_dims = DimIndices(*spmd_mesh, shard, "shard");
+  std::vector<int> replicate_dims = DimIndices(*spmd_mesh, replicate, "replicate");
+  FSDPMeshInfo info;
+  if (replicate.empty()) {
+    info = Fsdp(DataParallelSubmesh(*spmd_mesh, shard));
+  } else if (shard.empty()) {
+    info = Ddp(DataParallelSubmesh(*spmd_mesh, replicate));
+  } else {
+    TORCH_CHECK(replicate_dims.back() < shard_dims.front(), "FSDP: the dp replicate dims (",
+                absl::StrJoin(replicate, ", "), ") must come before the dp shard dims (", absl::StrJoin(shard, ", "),
+                ") in ", spmd_mesh->ToString());
+    info =
+        Hsdp(mesh::Concatenate({DataParallelSubmesh(*spmd_mesh, replicate), DataParallelSubmesh(*spmd_mesh, shard)}));
   }
+  info.spmd_dp_shard_dims = std::move(shard_dims);
+  info.spmd_dp_replicate_dims = std::move(replicate_dims);
   info.spmd_mesh = std::move(spmd_mesh);
   return info;
 }

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "mesh/device_mesh.h"
@@ -20,18 +21,21 @@ struct FSDPMeshInfo {
   Kind kind = Kind::kFsdp;
   mesh::DeviceMeshPtr mesh;
   // SPMD (fully_shard's dp_mesh_dims): parameters are DTensors on `spmd_mesh`, Replicate on
-  // its data-parallel dims; `mesh` is the slice of those dims. Null otherwise.
+  // its data-parallel dims; `mesh` is those dims (several shard or several replicate dims
+  // flattened into one). Null otherwise.
   mesh::DeviceMeshPtr spmd_mesh;
-  int spmd_dp_shard_dim = -1;      // index in spmd_mesh
-  int spmd_dp_replicate_dim = -1;  // index in spmd_mesh (HSDP), or -1
+  std::vector<int> spmd_dp_shard_dims;      // indices in spmd_mesh, ascending; none for DDP
+  std::vector<int> spmd_dp_replicate_dims;  // indices in spmd_mesh, ascending; none for FSDP
 
   static FSDPMeshInfo Fsdp(mesh::DeviceMeshPtr mesh);
   static FSDPMeshInfo Hsdp(mesh::DeviceMeshPtr mesh);
   static FSDPMeshInfo Ddp(mesh::DeviceMeshPtr mesh);
 
-  // FSDP (shard only) or HSDP (replicate given) over dims of an SPMD mesh, by name.
-  static FSDPMeshInfo Spmd(mesh::DeviceMeshPtr spmd_mesh, const std::string& shard,
-                           const std::optional<std::string>& replicate);
+  // FSDP (shard only), HSDP (both) or DDP (replicate only) over named dims of an SPMD mesh,
+  // as PyTorch 2.15's _get_mesh_info_from_named_dims: several names are flattened into one
+  // dim named by joining them with '_' (collective over the world, as mesh::flatten).
+  static FSDPMeshInfo Spmd(mesh::DeviceMeshPtr spmd_mesh, const std::vector<std::string>& shard,
+                           const std::vector<std::string>& replicate);
 
   bool is_spmd_mesh() const { return spmd_mesh != nullptr; }
   bool shards() const { return kind != Kind::kDdp; }

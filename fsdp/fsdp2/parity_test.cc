@@ -283,6 +283,67 @@ TEST(FsdpTpParity, TwoByTwoMeshEqualsSingleRank) {
   }
 }
 
+// dp_mesh_dims naming several dims (torchtitan's dp_shard x cp): FSDP over them flattened,
+// on 8 ranks with tp 2 (FSDP), a replicate dim (HSDP) or no shard dims (DDP). The flattened
+// data-parallel ranks each take a slice of the batch (what cp's sequence slices are to a
+// token-wise model), so training equals one rank's on the whole batch (the root: FSDP over
+// all data-parallel dims flattened).
+TEST(FsdpTpParity, SpmdMeshFlattensSeveralDataParallelDims) {
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    DataParallelMeshDims dims;
+    std::vector<std::string> dp_names;  // the data-parallel dims, in mesh order
+    const char* placements;             // of block 0's fc1.weight
+    const char* spec_mesh;
+  };
+  const Case cases[] = {
+      {{2, 2, 2},
+       {"dp_shard", "cp", "tp"},
+       {.shard = {"dp_shard", "cp"}},
+       {"dp_shard", "cp"},
+       "(StridedShard(dim=0, sf=2), Shard(dim=0))",
+       "(dp_shard_cp=4, tp=2)"},
+      {{2, 2, 2, 1},
+       {"dp_replicate", "dp_shard", "cp", "tp"},
+       {.shard = {"dp_shard", "cp"}, .replicate = "dp_replicate"},
+       {"dp_replicate", "dp_shard", "cp"},
+       "(Replicate(), Shard(dim=0), Shard(dim=0))",
+       "(dp_replicate=2, dp_shard_cp=4, tp=1)"},
+      {{2, 2, 2},
+       {"dp_shard", "cp", "tp"},
+       {.replicate = {"dp_shard", "cp"}},
+       {"dp_shard", "cp"},
+       "(Replicate(), Replicate(), Shard(dim=0))",
+       "(dp_shard=2, cp=2, tp=2)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec_mesh);
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 8, [&c](const comm::ProcessGroupPtr& pg) {
+      auto mesh = mesh::DeviceMesh::Create(pg, c.shape, c.names);
+      auto dp = mesh->slice(c.dp_names)->flatten(c.dp_names, "dp");
+      Net ref(NetOptions{.hidden = 8});
+      InitDeterministic(*ref);
+      TPNet model(*ref, (*mesh)["tp"], mesh);
+      for (auto& b : model->layers) fully_shard(b.ptr(), {.mesh = mesh, .dp_mesh_dims = c.dims});
+      fully_shard(model.ptr(), {.mesh = dp});
+      const auto& fc1 = CollectStates(*model)[1]->param_group()->fsdp_params()[0];
+      EXPECT_EQ(dtensor::ToString(fc1->sharding_spec().placements), c.placements);
+      EXPECT_NE(fc1->sharding_spec().mesh->ToString().find(c.spec_mesh), std::string::npos)
+          << fc1->sharding_spec().mesh->ToString();
+      // HSDP's two replicas see the same slices (their mean is each one's).
+      parity::Train({.world = 4, .rank = static_cast<int>(dp->local_rank(0) % 4), .steps = kSteps}, ref,
+                    {.params = model->parameters(), .micro_batch = [&](const at::Tensor& x, const at::Tensor& y, bool) {
+                       torch::nn::functional::mse_loss(model(x), y).backward();
+                     }});
+      // Sliced vs whole-batch gradient sums through kSteps AdamW steps (parity::ParamTolerance's
+      // float32 argument).
+      parity::ExpectParamsMatch(FullParams(*model), *ref, parity::ParamTolerance(kSteps, /*bf16_params=*/false),
+                                absl::StrCat(c.spec_mesh, " rank ", pg->rank()));
+    });
+  }
+}
+
 // The uneven FSDP + TP layouts: colwise Linear(9, 18) and Linear(9, 27) and a
 // rowwise Linear(9, 5) on dp 2 x tp 2. PyTorch 2.15's _StridedShard (torch.chunk into sf
 // pieces, then each over dp) describes FSDP's chunk of each TP shard exactly, so the full
@@ -434,6 +495,17 @@ TEST(FsdpTpParity, SpmdMeshErrors) {
     TPNet other_mesh(*plain, (*mesh)["tp"], mesh::DeviceMesh::Create(pg, {2, 2}, {"a", "tp"}));
     EXPECT_ERROR_CONTAINS(fully_shard(other_mesh->layers[0].ptr(), spmd),
                           "Expected param's DTensor mesh to be the same mesh passed to fully_shard");
+    TPNet on_mesh(*plain, (*mesh)["tp"], mesh);
+    const auto shard_with = [&](DataParallelMeshDims dims) {
+      fully_shard(on_mesh->layers[1].ptr(), {.mesh = mesh, .dp_mesh_dims = std::move(dims)});
+    };
+    EXPECT_ERROR_CONTAINS(shard_with({}), "At least one of shard or replicate must be set in dp_mesh_dims");
+    EXPECT_ERROR_CONTAINS(shard_with({.shard = {"dp", "cp"}}),
+                          "Mesh dim name 'cp' (dp_mesh_dims.shard) not found in mesh.mesh_dim_names (dp, tp)");
+    EXPECT_ERROR_CONTAINS(shard_with({.shard = {"tp", "dp"}}),
+                          "dp_mesh_dims.shard (tp, dp) must name distinct mesh dims in the mesh's order (dp, tp)");
+    EXPECT_ERROR_CONTAINS(shard_with({.shard = "dp", .replicate = "tp"}),
+                          "the dp replicate dims (tp) must come before the dp shard dims (dp)");
   });
 }
 

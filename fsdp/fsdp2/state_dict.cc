@@ -229,19 +229,10 @@ at::Tensor GatherLikeParam(const FSDPParam& p, const at::Tensor& local) {
   // with it only while FSDP's chunks do not straddle (e.g. not for a colwise Linear(17, 19)
   // on dp 3 x tp 2, whose TP shards of 10 and 9 rows FSDP cuts 4/4/2 and 3/3/3).
   const dtensor::DTensorSpec& spec = p.sharding_spec();
+  const int fsdp_dim = p.sharding_spec_fsdp_dim();
+  if (fsdp_dim < 0) return dtensor::DTensor::FromSpec(local, *tp).full_tensor().detach();  // DDP: local is the TP shard
   dtensor::Placements fsdp_only(spec.placements.size(), dtensor::Placement::Replicate());
-  // The FSDP dim: on the concatenated (dp..., tp...) mesh the shard among the leading dp
-  // dims; on an SPMD mesh (the TP spec spans it) the shard where the TP spec replicates.
-  const bool spmd = tp->mesh->ndim() == spec.mesh->ndim();
-  const size_t dp_dims = spmd ? spec.placements.size() : spec.placements.size() - tp->placements.size();
-  bool found = false;
-  for (size_t m = 0; m < dp_dims && !found; ++m) {
-    if (spec.placements[m].is_shard(p.shard_dim()) && (!spmd || tp->placements[m].is_replicate())) {
-      fsdp_only[m] = dtensor::Placement::Shard(p.shard_dim());
-      found = true;
-    }
-  }
-  TORCH_CHECK(found, "GatherLikeParam(", p.fqn(), "): no FSDP shard dim in ", dtensor::ToString(spec.placements));
+  fsdp_only[fsdp_dim] = dtensor::Placement::Shard(p.shard_dim());
   const dtensor::DTensorSpec tp_local_spec =
       dtensor::DTensorSpec::Make(spec.mesh, fsdp_only, p.layout().orig_size, local.scalar_type());
   const at::Tensor tp_local = dtensor::DTensor::FromSpec(local, tp_local_spec).full_tensor();

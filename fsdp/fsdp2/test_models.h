@@ -38,10 +38,11 @@ using test_models::TrainSteps;
 using test_models::UniqueParameters;
 
 // The SPMD-mesh path of fully_shard's dp_mesh_dims (fsdp/fsdp2/fsdp_api.h) wants the
-// parameters' specs on the whole (dp, tp) mesh, with `dp_placement` on dp. A style shards
-// over (*spmd)["tp"] and reports specs on that 1-D mesh; this hook, added outermost, restates
-// them on the whole mesh (distributed_parameters/distributed_parameters.h: the outermost
-// DistributedParameterModule hook is the one found).
+// parameters' specs on the whole mesh (its "tp" dim and data-parallel dims), with
+// `dp_placement` on every dim but "tp". A style shards over (*spmd)["tp"] and reports specs on
+// that 1-D mesh; this hook, added outermost, restates them on the whole mesh
+// (distributed_parameters/distributed_parameters.h: the outermost DistributedParameterModule
+// hook is the one found).
 class SpmdLayoutHook final : public ForwardHook, public distributed_parameters::DistributedParameterModule {
  public:
   SpmdLayoutHook(std::shared_ptr<distributed_parameters::DistributedParameterModule> style, mesh::DeviceMeshPtr spmd,
@@ -50,7 +51,9 @@ class SpmdLayoutHook final : public ForwardHook, public distributed_parameters::
   std::vector<std::pair<std::string, dtensor::DTensorSpec>> named_parameter_specs() const override {
     auto specs = style_->named_parameter_specs();
     for (auto& [name, spec] : specs) {
-      spec = dtensor::DTensorSpec::Make(spmd_, {dp_, spec.placements[0]}, spec.shape, spec.dtype);
+      dtensor::Placements placements(spmd_->ndim(), dp_);
+      placements[spmd_->dim_index("tp")] = spec.placements[0];
+      spec = dtensor::DTensorSpec::Make(spmd_, placements, spec.shape, spec.dtype);
     }
     return specs;
   }
