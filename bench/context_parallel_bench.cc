@@ -16,7 +16,12 @@
 // tokens per chunk, one head of 8), where the kernels and messages are small; in the same run
 // Overhead/pytorch, PyTorch 2.15's _templated_ring_attention and its backward over the same
 // kernels with the same shapes on W Gloo processes (bench/peer/context_parallel_peer.py;
-// --peer=0 skips it). PyTorch / ours is the summary's last line.
+// --peer=0 skips it). Bookkeeping/ours and Bookkeeping/pytorch: the same tiny calls on a fake
+// process group of W ranks (comm/fake_process_group.h; PyTorch's "fake" backend), whose
+// collectives return at once: what is left is each ring's own host work plus the same CPU
+// flash kernels, which Kernels/ours (and the twin) time alone, so that the summary's last
+// line compares the bookkeeping: a call's CPU time on the fake group less its kernels' (CPU
+// time: this machine's other processes do not count, as they do in wall time).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
@@ -32,6 +37,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/pair_flags.h"
+#include "comm/fake_process_group.h"
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
 #include "context_parallel/load_balancer.h"
@@ -60,16 +66,17 @@ std::map<std::string, std::vector<double>>& CpuTimes() {
 }
 
 // Every rank runs every benchmark; a barrier before each timed call lines the ranks up.
-void BM_Ring(benchmark::State& state, int64_t heads, int64_t dim, bool balanced) {
-  const int64_t seq = state.range(0), world = Group()->size(), rank = Group()->rank();
+void BM_Ring(benchmark::State& state, const fsdp::comm::ProcessGroupPtr& group, int64_t heads, int64_t dim,
+             bool balanced) {
+  const int64_t seq = state.range(0), world = group->size(), rank = group->rank();
   auto local = [&](int64_t h) {
     return cp::ShardSequence(at::randn({1, h, seq, dim}), 2, rank, world, balanced).requires_grad_();
   };
   const at::Tensor q = local(heads), k = local(heads), v = local(heads);
   const at::Tensor go = at::randn_like(q);
   for (auto _ : state) {
-    Group()->barrier()->wait();
-    cp::RingAttention(q, k, v, /*is_causal=*/true, Group(), {.load_balanced = balanced}).backward(go);
+    group->barrier()->wait();
+    cp::RingAttention(q, k, v, /*is_causal=*/true, group, {.load_balanced = balanced}).backward(go);
   }
 }
 
@@ -99,38 +106,61 @@ void BM_Comm(benchmark::State& state) {
   }
 }
 
-// PyTorch's per-call seconds from the twin, run once by rank 0 (the others wait).
-double& PeerSeconds() {
-  static double seconds = NAN;
-  return seconds;
-}
-double& PeerCpuSeconds() {
-  static double seconds = NAN;
-  return seconds;
+// The CPU flash kernels one tiny ring call runs on this rank, alone: forward and backward of
+// its own block (causal), then of each other block's attended part (load balancing: the
+// earlier half of the keys of a block from a rank before this one, else the later half of
+// the queries), with the ring's shapes.
+void BM_Kernels(benchmark::State& state, const fsdp::comm::ProcessGroupPtr& group) {
+  const int64_t seq = state.range(0), world = group->size(), rank = group->rank();
+  const at::Tensor q = at::randn({1, 1, seq / world, kTinyDim}), k = at::randn_like(q), v = at::randn_like(q);
+  const auto half = [](const at::Tensor& t, int64_t h) { return t.narrow(2, h * t.size(2) / 2, t.size(2) / 2); };
+  for (auto _ : state) {
+    for (int64_t i = 0; i < world; ++i) {
+      const bool earlier_keys = i > 0 && i <= rank, later_queries = i > rank;
+      const at::Tensor qi = later_queries ? half(q, 1) : q;
+      const at::Tensor ki = earlier_keys ? half(k, 0) : k, vi = earlier_keys ? half(v, 0) : v;
+      auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qi, ki, vi, 0.0, i == 0);
+      benchmark::DoNotOptimize(
+          at::_scaled_dot_product_flash_attention_for_cpu_backward(out, qi, ki, vi, out, lse, 0.0, i == 0));
+    }
+  }
 }
 
-void BM_PeerOverhead(benchmark::State& state) {
-  if (Group()->rank() == 0 && std::isnan(PeerSeconds())) {
+// PyTorch's per-call wall and CPU seconds from the twin on `backend` ("gloo" or "fake"), run
+// once by rank 0 (the others wait).
+struct PeerTimes {
+  double seconds = NAN, cpu_seconds = NAN, kernel_seconds = NAN;
+};
+PeerTimes& Peer(const std::string& backend) {
+  static std::map<std::string, PeerTimes> times;
+  return times[backend];
+}
+
+void BM_PeerOverhead(benchmark::State& state, const std::string& backend) {
+  PeerTimes& peer = Peer(backend);
+  if (Group()->rank() == 0 && std::isnan(peer.seconds)) {
     std::string why_not;
     const std::string python = fsdp::testing::PeerPythonOrCacheDefault(&why_not);
     const char* script = "bench/peer/context_parallel_peer.py";
     std::string output;
     if (!python.empty() && ::access(script, R_OK) == 0) {
-      fsdp::testing::RunCommand(absl::StrCat("'", python, "' ", script, " --world ", Group()->size(), " --seq ",
-                                             4 * Group()->size(), " --dim ", kTinyDim),
+      fsdp::testing::RunCommand(absl::StrCat("'", python, "' ", script, " --backend ", backend, " --world ",
+                                             Group()->size(), " --seq ", 4 * Group()->size(), " --dim ", kTinyDim),
                                 &output);
       const size_t at = output.find("PEER ");
-      if (at != std::string::npos) std::sscanf(output.c_str() + at, "PEER %lf %lf", &PeerSeconds(), &PeerCpuSeconds());
+      if (at != std::string::npos) {
+        std::sscanf(output.c_str() + at, "PEER %lf %lf %lf", &peer.seconds, &peer.cpu_seconds, &peer.kernel_seconds);
+      }
     }
-    if (std::isnan(PeerSeconds())) std::printf("PyTorch's ring: skipped (%s%s)\n", why_not.c_str(), output.c_str());
+    if (std::isnan(peer.seconds)) std::printf("PyTorch's ring: skipped (%s%s)\n", why_not.c_str(), output.c_str());
   }
   Group()->barrier()->wait();
   for (auto _ : state) {
-    if (std::isnan(PeerSeconds())) {
+    if (std::isnan(peer.seconds)) {
       state.SkipWithError("no PyTorch time");
       break;
     }
-    state.SetIterationTime(PeerSeconds());
+    state.SetIterationTime(peer.seconds);
   }
 }
 
@@ -170,11 +200,25 @@ void PrintSummary(const std::vector<int64_t>& seqs, int64_t tiny_seq) {
   const std::string tiny = "Overhead/ours/" + std::to_string(tiny_seq) + "/iterations:200/real_time";
   const double ours = median(tiny);
   const double ours_cpu = CpuTimes().count(tiny) ? Median(CpuTimes()[tiny]) : NAN;
-  const double theirs = PeerSeconds() * 1e6, theirs_cpu = PeerCpuSeconds() * 1e6;
-  std::printf("tiny ring call (fwd + bwd), wall: ours %.1f us, PyTorch %.1f us, PyTorch / ours %.1f\n", ours, theirs,
-              theirs / ours);
-  std::printf("tiny ring call (fwd + bwd), CPU: ours %.1f us, PyTorch %.1f us, PyTorch / ours %.1f\n", ours_cpu,
-              theirs_cpu, theirs_cpu / ours_cpu);
+  const PeerTimes& gloo = Peer("gloo");
+  std::printf("tiny ring call (fwd + bwd) on Gloo, wall: ours %.1f us, PyTorch %.1f us, PyTorch / ours %.1f\n", ours,
+              gloo.seconds * 1e6, gloo.seconds * 1e6 / ours);
+  std::printf("tiny ring call (fwd + bwd) on Gloo, CPU: ours %.1f us, PyTorch %.1f us, PyTorch / ours %.1f\n", ours_cpu,
+              gloo.cpu_seconds * 1e6, gloo.cpu_seconds * 1e6 / ours_cpu);
+  const auto median_cpu = [](const std::string& name) {
+    auto it = CpuTimes().find(name);
+    return it == CpuTimes().end() ? NAN : Median(it->second);
+  };
+  const double fake_call = median_cpu("Bookkeeping/ours/" + std::to_string(tiny_seq) + "/iterations:2000/real_time");
+  const double kernels = median_cpu("Kernels/ours/" + std::to_string(tiny_seq) + "/iterations:2000/real_time");
+  const PeerTimes& fake = Peer("fake");
+  std::printf("tiny ring call (fwd + bwd) on a fake group, CPU: ours %.1f us, PyTorch %.1f us, PyTorch / ours %.1f\n",
+              fake_call, fake.cpu_seconds * 1e6, fake.cpu_seconds * 1e6 / fake_call);
+  const double ours_book = fake_call - kernels, theirs_book = (fake.cpu_seconds - fake.kernel_seconds) * 1e6;
+  std::printf(
+      "bookkeeping per tiny call (that less the kernels' CPU, ours %.1f us, PyTorch's %.1f us): ours %.1f us, "
+      "PyTorch %.1f us, PyTorch / ours %.1f\n",
+      kernels, fake.kernel_seconds * 1e6, ours_book, theirs_book, theirs_book / ours_book);
 }
 
 }  // namespace
@@ -195,15 +239,16 @@ int main(int argc, char** argv) {
     // Fixed iteration counts: every rank must run the same collectives.
     const std::vector<int64_t> seqs = {1024, 4096};
     const int64_t tiny_seq = 4 * Group()->size();
+    const fsdp::comm::ProcessGroupPtr fake = fsdp::comm::CreateFakeProcessGroup(Group()->rank(), Group()->size());
     for (int rep = 0; rep < pair_repetitions; ++rep) {
       for (const int64_t seq : seqs) {
         const int iterations = seq <= 1024 ? 20 : 5;
-        benchmark::RegisterBenchmark("Ring", BM_Ring, kHeads, kDim, true)
+        benchmark::RegisterBenchmark("Ring", BM_Ring, Group(), kHeads, kDim, true)
             ->Arg(seq)
             ->Iterations(iterations)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
-        benchmark::RegisterBenchmark("RingContiguous", BM_Ring, kHeads, kDim, false)
+        benchmark::RegisterBenchmark("RingContiguous", BM_Ring, Group(), kHeads, kDim, false)
             ->Arg(seq)
             ->Iterations(iterations)
             ->Unit(benchmark::kMicrosecond)
@@ -219,13 +264,25 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }
-      benchmark::RegisterBenchmark("Overhead/ours", BM_Ring, 1, kTinyDim, true)
+      benchmark::RegisterBenchmark("Overhead/ours", BM_Ring, Group(), 1, kTinyDim, true)
           ->Arg(tiny_seq)
           ->Iterations(200)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
-      if (peer) {
-        benchmark::RegisterBenchmark("Overhead/pytorch", BM_PeerOverhead)
+      benchmark::RegisterBenchmark("Bookkeeping/ours", BM_Ring, fake, 1, kTinyDim, true)
+          ->Arg(tiny_seq)
+          ->Iterations(2000)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark("Kernels/ours", BM_Kernels, fake)
+          ->Arg(tiny_seq)
+          ->Iterations(2000)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+      for (const char* backend : {"gloo", "fake"}) {
+        if (!peer) break;
+        const std::string name = std::string(backend) == "gloo" ? "Overhead/pytorch" : "Bookkeeping/pytorch";
+        benchmark::RegisterBenchmark(name.c_str(), BM_PeerOverhead, std::string(backend))
             ->Arg(tiny_seq)
             ->Iterations(1)
             ->Unit(benchmark::kMicrosecond)

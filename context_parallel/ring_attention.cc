@@ -66,7 +66,8 @@ class Rotater {
     if (method_ == RotateMethod::kAllToAll) return received_;
     const int world = group_->size();
     const int source = ((group_->rank() - steps_) % world + world) % world;
-    return gathered_.chunk(world)[source];
+    const int64_t numel = gathered_.numel() / world;
+    return gathered_.narrow(0, source * numel, numel);
   }
 
  private:
@@ -77,8 +78,15 @@ class Rotater {
   comm::WorkPtr work_;
 };
 
+// chunk `half` (0 or 1) of two along the sequence.
+at::Tensor Half(const at::Tensor& t, int half) {
+  const int64_t length = t.size(kSeqDim) / 2;
+  return t.narrow(kSeqDim, half * length, length);
+}
+
 // out / lse of one block merged into the running result (PyTorch's _SDPAMerger), on the
-// later half of the queries when `partial`.
+// later half of the queries when `partial`. The running tensors are the first block's kernel
+// outputs, updated in place: a merge is three kernels and no copy of the other half.
 class Merger {
  public:
   explicit Merger(bool convert_to_f32) : convert_to_f32_(convert_to_f32) {}
@@ -96,18 +104,14 @@ class Merger {
       lse_ = lse;
       return;
     }
-    at::Tensor running_out = partial ? out_.chunk(2, kSeqDim)[1] : out_;
-    at::Tensor running_lse = partial ? lse_.chunk(2, kSeqDim)[1] : lse_;
-    // github.com/zhuzilin/ring-flash-attention/pull/34: the stable form PyTorch uses.
-    at::Tensor merged_out = running_out - at::sigmoid(lse - running_lse) * (running_out - out);
-    at::Tensor merged_lse = running_lse - at::log_sigmoid(running_lse - lse);
-    if (partial) {
-      out_ = at::cat({out_.chunk(2, kSeqDim)[0], merged_out}, kSeqDim);
-      lse_ = at::cat({lse_.chunk(2, kSeqDim)[0], merged_lse}, kSeqDim);
-    } else {
-      out_ = merged_out;
-      lse_ = merged_lse;
-    }
+    at::Tensor running_out = partial ? Half(out_, 1) : out_;
+    at::Tensor running_lse = partial ? Half(lse_, 1) : lse_;
+    // PyTorch's stable form (github.com/zhuzilin/ring-flash-attention/pull/34):
+    //   out = running_out - sigmoid(lse - running_lse) * (running_out - out), a lerp towards
+    //   out by that sigmoid; lse = running_lse - log_sigmoid(running_lse - lse), which is
+    //   logaddexp(running_lse, lse).
+    running_out.lerp_(out, at::sigmoid(lse - running_lse));
+    running_lse.copy_(at::logaddexp(running_lse, lse));
   }
 
   std::pair<at::Tensor, at::Tensor> Results() const {
@@ -127,16 +131,6 @@ std::pair<at::Tensor, at::Tensor> SplitKv(const at::Tensor& buffer, const at::Te
 }
 
 at::Tensor FlatKv(const at::Tensor& k, const at::Tensor& v) { return at::cat({k.reshape(-1), v.reshape(-1)}); }
-
-// chunk `half` (0 or 1) of two along the sequence.
-at::Tensor Half(const at::Tensor& t, int half) { return t.chunk(2, kSeqDim)[half]; }
-
-// `original` with its chunk `half` of two along the sequence increased by `add`.
-at::Tensor AddToHalf(const at::Tensor& original, const at::Tensor& add, int half) {
-  std::vector<at::Tensor> chunks = original.chunk(2, kSeqDim);
-  chunks[half] = chunks[half] + add;
-  return at::cat(chunks, kSeqDim);
-}
 
 struct RingState : torch::CustomClassHolder {
   comm::ProcessGroupPtr group;
@@ -170,55 +164,51 @@ std::pair<at::Tensor, at::Tensor> RingForward(const at::Tensor& query, at::Tenso
   return merger.Results();
 }
 
+// The gradients accumulate in place: grad_query in the first block's kernel output, the key /
+// value gradients in the buffer each step receives (this rank's from the previous one).
 std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tensor& query, at::Tensor key,
                                      at::Tensor value, const at::Tensor& out, const at::Tensor& lse,
                                      const RingState& s) {
   const int rank = s.group->rank(), world = s.group->size();
   const bool balanced = s.options.load_balanced;
   const c10::ScalarType accum = s.options.convert_to_f32 ? at::kFloat : query.scalar_type();
-  at::Tensor grad_query = at::zeros_like(query, query.options().dtype(accum));
-  at::Tensor grad_key = at::zeros_like(key, key.options().dtype(accum));
-  at::Tensor grad_value = at::zeros_like(value, value.options().dtype(accum));
   key = key.contiguous();
   value = value.contiguous();
   const at::Tensor k0 = key, v0 = value;
+  at::Tensor grad_query, grad_key, grad_value;
   Rotater kv_rotater(s.group, s.options.rotate_method);
   Rotater dkv_rotater(s.group, RotateMethod::kAllToAll);  // PyTorch passes gradients this way always
   for (int i = 0; i < world; ++i) {
     if (i > 0) std::tie(key, value) = SplitKv(kv_rotater.Next(), k0, v0);
     if (i != world - 1) kv_rotater.Exchange(FlatKv(key, value));
     const Block block = BlockBehavior(rank, world, i, s.is_causal, balanced);
-    at::Tensor grad_query_, grad_key_, grad_value_;
+    at::Tensor block_grad_query, block_grad_key, block_grad_value;
     if (block != Block::kSkip) {
       const Part part = BlockPart(rank, i, s.is_causal, balanced);
       const bool later = part == Part::kLaterQueries, earlier = part == Part::kEarlierKeys;
       const at::Tensor q = later ? Half(query, 1) : query, o = later ? Half(out, 1) : out;
       const at::Tensor dout = later ? Half(grad_out, 1) : grad_out, l = later ? Half(lse, 1).contiguous() : lse;
       const at::Tensor k = earlier ? Half(key, 0) : key, v = earlier ? Half(value, 0) : value;
-      std::tie(grad_query_, grad_key_, grad_value_) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-          dout, q, k, v, o, l, 0.0, block == Block::kCausal, std::nullopt, s.options.scale);
-    } else {
-      grad_query_ = at::zeros_like(query, query.options().dtype(accum));
-      grad_key_ = at::zeros_like(key, key.options().dtype(accum));
-      grad_value_ = at::zeros_like(value, value.options().dtype(accum));
+      std::tie(block_grad_query, block_grad_key, block_grad_value) =
+          at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, o, l, 0.0, block == Block::kCausal,
+                                                                   std::nullopt, s.options.scale);
     }
-    if (i == 0) {
-      grad_key = grad_key + grad_key_;
-      grad_value = grad_value + grad_value_;
+    if (i == 0) {  // block 0 is this rank's own, always attended
+      grad_query = block_grad_query.to(accum);
+      grad_key = block_grad_key.to(accum);
+      grad_value = block_grad_value.to(accum);
     } else {
-      std::tie(grad_key, grad_value) = SplitKv(dkv_rotater.Next(), grad_key, grad_value);
-      if (i <= rank && balanced) {
-        grad_key = AddToHalf(grad_key, grad_key_, 0);
-        grad_value = AddToHalf(grad_value, grad_value_, 0);
-      } else {
-        grad_key = grad_key + grad_key_;
-        grad_value = grad_value + grad_value_;
+      std::tie(grad_key, grad_value) = SplitKv(dkv_rotater.Next(), k0, v0);
+      if (block != Block::kSkip) {
+        const bool earlier_keys = i <= rank && balanced;
+        (earlier_keys ? Half(grad_key, 0) : grad_key).add_(block_grad_key);
+        (earlier_keys ? Half(grad_value, 0) : grad_value).add_(block_grad_value);
+        (i <= rank || !balanced ? grad_query : Half(grad_query, 1)).add_(block_grad_query);
       }
     }
     dkv_rotater.Exchange(FlatKv(grad_key, grad_value));
-    grad_query = i <= rank || !balanced ? grad_query + grad_query_ : AddToHalf(grad_query, grad_query_, 1);
   }
-  const auto [gk, gv] = SplitKv(dkv_rotater.Next().to(key.scalar_type()), grad_key, grad_value);
+  const auto [gk, gv] = SplitKv(dkv_rotater.Next().to(key.scalar_type()), k0, v0);
   return {grad_query.to(query.scalar_type()), gk, gv};
 }
 
