@@ -100,6 +100,11 @@ int64_t CheckpointManager::Load() {
   for (const auto& item : stateful_) {
     if (!excluded(item.first)) load.stateful.push_back(item);
   }
+  if (options_.stored_fqn) {
+    const auto stored = [name = options_.stored_fqn](const std::string& fqn) { return StoredTensor{name(fqn), {}}; };
+    load.layout.model = stored;
+    load.layout.optimizer = stored;
+  }
   dcp::Load(model_, excluded("optimizer") ? nullptr : optimizer_, StepDirectory(step), load);
   return step;
 }
@@ -114,6 +119,7 @@ void CheckpointManager::Save(int64_t step, bool last_step) {
   const std::string dir = StepDirectory(step);
   SaveOptions save;
   save.flatten_optimizer_state_dict = options_.flatten_optimizer_state_dict;
+  save.stored_fqn = options_.stored_fqn;
   if (options_.on_rank_file_written) {
     save.on_rank_file_written = [hook = options_.on_rank_file_written, step](const std::string& file) {
       hook(step, file);

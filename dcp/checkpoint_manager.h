@@ -74,6 +74,9 @@ struct CheckpointManagerOptions {
   // SaveOptions::flatten_optimizer_state_dict for every save (torchtitan's, and required
   // where ranks hold different parameters: pipeline stages).
   bool flatten_optimizer_state_dict = false;
+  // SaveOptions::stored_fqn for every save, and its inverse (StoredLayout) for every load: the
+  // checkpoint's name for each model FQN. Null: the FQNs.
+  std::function<std::string(const std::string& fqn)> stored_fqn;
   // Called on each rank's writing thread once its data file of the checkpoint of `step` is on
   // disk, before `.metadata` (dcp::SaveOptions::on_rank_file_written: e.g. an upload, or a test's
   // fault). Null: none.

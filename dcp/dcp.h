@@ -116,6 +116,11 @@ struct SaveOptions {
   // stages): their nested "param_groups.<i>.params" lists would collide under one key. Load
   // reads either form.
   bool flatten_optimizer_state_dict = false;
+  // The checkpoint's name for each of the model's FQNs, which also keys its optimizer state and
+  // param groups (StoredLayout's model / optimizer for a load of it). The names must stay
+  // distinct. Null: the FQNs themselves. E.g. a module holding a rank's pipeline stages as
+  // children "0", "1", ... saves them under the whole model's names by dropping that prefix.
+  std::function<std::string(const std::string& fqn)> stored_fqn;
 };
 
 // Where a checkpoint another program wrote keeps one of the model's tensors (StoredLayout).

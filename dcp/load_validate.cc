@@ -15,7 +15,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -242,12 +241,10 @@ void LoadJob::ValidateParamGroups() {
   }
   // A model holding part of the checkpoint's (a pipeline stage) takes the groups' parameters
   // it has, and the groups that keep any: as PyTorch's _split_optim_state_dict maps the
-  // optimizer's own parameters to the stored groups and ignores the rest.
-  absl::flat_hash_set<std::string> ours;
-  for (const auto& [fqn, param] : UniqueParameters(model_)) {
-    ours.insert(fqn);
-    ours.insert(StoredOptimizer(fqn).fqn);
-  }
+  // optimizer's own parameters to the stored groups and ignores the rest. A group lists stored
+  // names: each stands for our parameters stored there (StoredLayout).
+  absl::flat_hash_map<std::string, std::vector<std::string>> ours_of;  // by stored FQN
+  for (const auto& [fqn, param] : UniqueParameters(model_)) ours_of[StoredOptimizer(fqn).fqn].push_back(fqn);
   size_t expected = 0;
   for (auto& [g, group] : groups) {
     TORCH_CHECK(g == expected, kLoad, ": the checkpoint '", dir_, "' has no entry '", prefix, expected,
@@ -257,8 +254,9 @@ void LoadJob::ValidateParamGroups() {
                 ": the checkpoint '", dir_, "' has no entry '", prefix, g, ".params'");
     const bool was_empty = group.params.empty();
     std::vector<std::string> kept;
-    for (std::string& fqn : group.params) {
-      if (ours.contains(fqn)) kept.push_back(std::move(fqn));
+    for (const std::string& stored : group.params) {
+      if (auto it = ours_of.find(stored); it != ours_of.end())
+        kept.insert(kept.end(), it->second.begin(), it->second.end());
     }
     if (!was_empty && kept.empty()) continue;  // none of this group's parameters is in the model
     group.params = std::move(kept);

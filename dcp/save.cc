@@ -144,7 +144,8 @@ RankPlan MakePlan(torch::nn::Module& model, const torch::optim::Optimizer* optim
                   std::strerror(errno), ")");
     }
     if (options.kind != StateDictKind::kSharded) plan.adapter->CheckFullSave(caller);
-    plan.sources = internal::CollectSaveSources(model, *plan.adapter, optimizer, options.flatten_optimizer_state_dict);
+    plan.sources = internal::CollectSaveSources(model, *plan.adapter, optimizer, options.flatten_optimizer_state_dict,
+                                                options.stored_fqn);
     internal::AddStateful(options.stateful, plan.sources, caller);
     if (options.kind == StateDictKind::kFullRank0 && plan.rank != 0) return;
     mine = ListCandidates(plan, options.kind);

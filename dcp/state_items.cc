@@ -9,6 +9,7 @@
 
 #include <variant>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -180,20 +181,23 @@ optim_state::OptionMap PythonOnlyOptions(const std::string& optimizer) {
 
 namespace {
 
-// The model's entries: this rank's part of each sharded parameter, every other tensor whole.
-void AddModel(torch::nn::Module& model, const ModelAdapter& adapter, SaveSources& out) {
+using StoredFqn = std::function<std::string(const std::string&)>;
+
+// The model's entries under their stored names: this rank's part of each sharded parameter,
+// every other tensor whole.
+void AddModel(torch::nn::Module& model, const ModelAdapter& adapter, const StoredFqn& stored_fqn, SaveSources& out) {
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().defined()) continue;
+    const std::string fqn = stored_fqn(item.key());
     if (const ShardedParam* p = adapter.Sharded(item.key())) {
-      if (p->local().defined())
-        out.tensors.push_back(ShardedSource(ModelKey(item.key()), ModelPath(item.key()), p->local(), *p));
+      if (p->local().defined()) out.tensors.push_back(ShardedSource(ModelKey(fqn), ModelPath(fqn), p->local(), *p));
       continue;
     }
-    out.tensors.push_back(WholeSource(ModelKey(item.key()), ModelPath(item.key()), item.value()));
+    out.tensors.push_back(WholeSource(ModelKey(fqn), ModelPath(fqn), item.value()));
   }
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined())
-      out.tensors.push_back(WholeSource(ModelKey(item.key()), ModelPath(item.key()), item.value()));
+    const std::string fqn = stored_fqn(item.key());
+    if (item.value().defined()) out.tensors.push_back(WholeSource(ModelKey(fqn), ModelPath(fqn), item.value()));
   }
 }
 
@@ -260,16 +264,31 @@ void AddParamGroups(const optim_state::OptimStateDict& sd, bool flatten, SaveSou
 }  // namespace
 
 SaveSources CollectSaveSources(torch::nn::Module& model, const ModelAdapter& adapter,
-                               const torch::optim::Optimizer* optimizer, bool flatten_param_groups) {
+                               const torch::optim::Optimizer* optimizer, bool flatten_param_groups,
+                               const StoredFqn& stored_fqn) {
   SaveSources out;
-  AddModel(model, adapter, out);
+  const StoredFqn name_of = stored_fqn ? stored_fqn : [](const std::string& fqn) { return fqn; };
+  if (stored_fqn) {
+    absl::flat_hash_map<std::string, std::string> fqn_of;
+    const auto check = [&](const std::string& fqn) {
+      const auto [it, inserted] = fqn_of.emplace(stored_fqn(fqn), fqn);
+      TORCH_CHECK(inserted || it->second == fqn, "dcp: SaveOptions::stored_fqn gives both '", it->second, "' and '",
+                  fqn, "' the name '", it->first, "'");
+    };
+    for (const auto& item : model.named_parameters(/*recurse=*/true)) check(item.key());
+    for (const auto& item : model.named_buffers(/*recurse=*/true)) check(item.key());
+  }
+  AddModel(model, adapter, name_of, out);
   if (optimizer == nullptr) return out;
-  const optim_state::OptimStateDict sd = adapter.GetOptimState(model, *optimizer);
+  optim_state::OptimStateDict sd = adapter.GetOptimState(model, *optimizer);
   absl::flat_hash_set<std::string> params;
   for (const auto& [fqn, param] : UniqueParameters(model)) params.insert(fqn);
   for (const auto& [fqn, state] : sd.state) {
     TORCH_CHECK(params.contains(fqn), "dcp: the optimizer holds state for '", fqn, "', which is not a parameter");
-    for (const auto& [name, value] : state) AddStateValue(fqn, name, value, adapter.Sharded(fqn), out);
+    for (const auto& [name, value] : state) AddStateValue(name_of(fqn), name, value, adapter.Sharded(fqn), out);
+  }
+  for (optim_state::ParamGroupState& group : sd.param_groups) {
+    for (std::string& fqn : group.params) fqn = name_of(fqn);
   }
   AddParamGroups(sd, flatten_param_groups, out);
   return out;

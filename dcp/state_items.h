@@ -103,9 +103,12 @@ void AddStateful(const StatefulItems& items, SaveSources& out, const char* calle
 // `optimizer` may be null (model only). Model entries in named_parameters() then
 // named_buffers() order (tied parameters under each name, as state_dict()), then the
 // optimizer's state and param groups.
-// `flatten_param_groups`: SaveOptions::flatten_optimizer_state_dict.
+// `flatten_param_groups`: SaveOptions::flatten_optimizer_state_dict; `stored_fqn`:
+// SaveOptions::stored_fqn (null: the FQNs), whose names must be distinct (else a c10::Error
+// naming both FQNs).
 SaveSources CollectSaveSources(torch::nn::Module& model, const ModelAdapter& adapter,
-                               const torch::optim::Optimizer* optimizer, bool flatten_param_groups = false);
+                               const torch::optim::Optimizer* optimizer, bool flatten_param_groups = false,
+                               const std::function<std::string(const std::string&)>& stored_fqn = nullptr);
 
 // The param group options PyTorch 2.15's optimizer of this adapter name has and LibTorch's
 // lacks, with their defaults (maximize, foreach, capturable, differentiable, fused,

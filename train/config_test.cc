@@ -201,6 +201,12 @@ TEST(ValidateConfig, PipelineDegreesAndWhatPipelinesDoNotYetSupport) {
   bad.checkpoint.last_save_in_hf = true;
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "the Hugging Face export of a pipelined model is not supported yet");
   bad = c;
+  bad.checkpoint.initial_load_path = "/some/hf/dir";
+  bad.checkpoint.initial_load_in_hf = true;
+  EXPECT_ERROR_CONTAINS(
+      ValidateConfig(bad, 8),
+      "checkpoint.initial_load_in_hf = true: loading a Hugging Face checkpoint into a pipelined model");
+  bad = c;
   bad.parallelism.pipeline_parallel_degree = 0;
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "parallelism.pipeline_parallel_degree = 0 must be at least 1");
 }

@@ -131,8 +131,10 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
                 "supported yet");
     TORCH_CHECK(!config.validator.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
                 " with validator.enable = true: validation of a pipelined model is not supported yet");
-    TORCH_CHECK(config.checkpoint.initial_load_path.empty(), "parallelism.pipeline_parallel_degree = ", degrees.pp,
-                " with checkpoint.initial_load_path set: loading into a pipelined model is not supported yet");
+    TORCH_CHECK(config.checkpoint.initial_load_path.empty() || !config.checkpoint.initial_load_in_hf,
+                "parallelism.pipeline_parallel_degree = ", degrees.pp,
+                " with checkpoint.initial_load_in_hf = true: loading a Hugging Face checkpoint into a pipelined "
+                "model is not supported yet");
   }
 
   // torchtitan's Trainer.__init__: global batch = local batch * dp degree * accumulation steps.

@@ -32,6 +32,11 @@ namespace fsdp::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using StoredFqn = std::function<std::string(const std::string&)>;
+
+// A name in Trainer::Pipeline::parts_module without its part's index ("1.layers.3.x" ->
+// "layers.3.x"): the whole model's.
+std::string WholeModelFqn(const std::string& fqn) { return fqn.substr(fqn.find('.') + 1); }
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
@@ -121,7 +126,7 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
     dcp::StatefulItems items;
     for (const auto& [name, object] : stateful_) items.emplace_back(name, object.get());
     checkpointer_ = std::make_unique<dcp::CheckpointManager>(
-        *model_, optimizer_.get(), std::move(items),
+        CheckpointedModel(), optimizer_.get(), std::move(items),
         dcp::CheckpointManagerOptions{.folder = CheckpointFolder(),
                                       .interval = ck.interval,
                                       .keep_latest_k = ck.keep_latest_k,
@@ -133,7 +138,8 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                       .last_save_model_only = ck.last_save_model_only,
                                       .export_dtype = ExportScalarType(ck.export_dtype),
                                       // Pipeline stages hold different parameters (dcp.h).
-                                      .flatten_optimizer_state_dict = degrees_.pp > 1},
+                                      .flatten_optimizer_state_dict = degrees_.pp > 1,
+                                      .stored_fqn = degrees_.pp > 1 ? WholeModelFqn : StoredFqn()},
         world_);
   }
 }
@@ -162,6 +168,15 @@ void Trainer::LoadInitialCheckpoint() {
   const bool torchtitan = IsTorchtitanCheckpoint(metadata);
   dcp::LoadOptions options;
   if (torchtitan) options.layout = TorchtitanLayout(model_config_, metadata);
+  if (pipeline_ != nullptr) {  // the parts' FQNs are the whole model's after their index
+    const auto whole = [](const std::function<dcp::StoredTensor(const std::string&)>& stored) {
+      return [stored](const std::string& fqn) {
+        return stored ? stored(WholeModelFqn(fqn)) : dcp::StoredTensor{WholeModelFqn(fqn), {}};
+      };
+    };
+    options.layout.model = whole(options.layout.model);
+    options.layout.optimizer = whole(options.layout.optimizer);
+  }
   const auto excluded = [&](const std::string& name) {
     return ck.initial_load_model_only || std::find(ck.exclude_from_loading.begin(), ck.exclude_from_loading.end(),
                                                    name) != ck.exclude_from_loading.end();
@@ -171,7 +186,7 @@ void Trainer::LoadInitialCheckpoint() {
     const bool absent = torchtitan && (name == "dataloader" || name == "rng");
     if (!excluded(name) && !absent) options.stateful.emplace_back(name, object.get());
   }
-  dcp::Load(*model_, excluded("optimizer") ? nullptr : optimizer_.get(), ck.initial_load_path, options);
+  dcp::Load(CheckpointedModel(), excluded("optimizer") ? nullptr : optimizer_.get(), ck.initial_load_path, options);
   if (torchtitan && !excluded("dataloader")) {
     // The data position of torchtitan's step: this trainer's stream after as many global batches.
     const int64_t windows = progress_.step * data_->global_batch_size();
@@ -194,6 +209,8 @@ void Trainer::SaveCheckpoint() {
 struct Trainer::Pipeline {
   PipelineSplit split;
   std::vector<models::llama::LlamaForCausalLM> parts;  // this rank's, by stage index
+  // What checkpoints save and load: the parts as children "0", "1", ... (WholeModelFqn).
+  std::shared_ptr<torch::nn::Module> parts_module;
   std::vector<std::shared_ptr<pipelining::PipelineStage>> stages;
   std::unique_ptr<pipelining::PipelineSchedule> schedule;
   bool has_first = false, has_last = false;
@@ -213,14 +230,6 @@ void Trainer::BuildPipeline() {
   pl.split = PipelineLayerSplit(p, model_config_.num_hidden_layers, config_.training.local_batch_size);
   const comm::ProcessGroupPtr& pp = meshes_.pp->group(0);
   const int num_stages = static_cast<int>(pl.split.parts.size());
-  // A checkpoint holds each rank's one model: with one stage per rank that is its part, named
-  // as the whole model's, and the ranks' parts together are the whole model (any pp degree
-  // loads it). Several parts per rank would need one model over them.
-  TORCH_CHECK(!config_.checkpoint.enable || num_stages == pp->size(), "checkpoint.enable = true with ",
-              num_stages / pp->size(), " pipeline stages per rank (parallelism.pipeline_parallel_schedule = \"",
-              p.pipeline_parallel_schedule,
-              "\"): checkpoints of a pipeline with several stages per rank are not supported yet (GPipe and 1F1B "
-              "hold one)");
   for (const int s : LocalStageIndices(pl.split, pp->rank(), pp->size())) {
     models::llama::LlamaForCausalLM part(model_config_, c10::Device(c10::kMeta), pl.split.parts[s]);
     part->to(ScalarTypeOf(config_.training.dtype));
@@ -244,6 +253,10 @@ void Trainer::BuildPipeline() {
     pl.has_last = pl.has_last || last;
   }
   model_ = pl.parts.front();
+  // Each part is named as the whole model's, so the ranks' parts together are the whole model
+  // under its names and a checkpoint moves between pipeline degrees (any, and none).
+  pl.parts_module = std::make_shared<torch::nn::Module>("PipelineParts");
+  for (size_t i = 0; i < pl.parts.size(); ++i) pl.parts_module->register_module(std::to_string(i), pl.parts[i].ptr());
   pipelining::PipelineScheduleOptions options{
       .n_microbatches = static_cast<int>(pl.split.n_microbatches),
       // torchtitan's loss: the summed cross-entropy over the global valid tokens; scale_grads
@@ -261,6 +274,8 @@ void Trainer::BuildPipeline() {
     pl.schedule = std::make_unique<pipelining::PipelineSchedule>(pl.split.kind, pl.stages, options);
   }
 }
+
+torch::nn::Module& Trainer::CheckpointedModel() { return pipeline_ != nullptr ? *pipeline_->parts_module : *model_; }
 
 std::vector<models::llama::LlamaForCausalLM> Trainer::model_parts() const {
   if (pipeline_ != nullptr) return pipeline_->parts;

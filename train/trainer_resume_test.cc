@@ -1,5 +1,6 @@
 // The trainer resumed from its checkpoints (train/checkpoint_state.h, dcp/checkpoint_manager.h):
-// at the same mesh bitwise, at other meshes and pipeline degrees as the uninterrupted run.
+// at the same mesh bitwise, at other meshes, pipeline degrees and schedules (one or several
+// stages per rank) as the uninterrupted run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -106,6 +107,52 @@ TEST(TrainerResume, AcrossPipelineDegrees) {
   EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
   // And back to no pipeline: FSDP 4 loads the pp 4 run's last checkpoint.
   EXPECT_TRUE(ResumeAndTrain(4, {}, pp4, kSteps, kSteps).empty());
+}
+
+// Several stages per rank: FSDP 4 -> pp 2 x dp 2 with Interleaved1F1B (four stages, two per
+// rank, at step 2) -> pp 2 with ZBVZeroBubble (V placement, at step 4) -> FSDP 4. Each rank
+// saves and loads its two parts under the whole model's names (Trainer's parts module); the
+// resumed steps are the uninterrupted run's within two meshes' tolerances. And
+// checkpoint.initial_load_path into a pipeline: the FSDP run's step-2 checkpoint, loaded into
+// Interleaved1F1B parts, continues as the resumed run does.
+TEST(TrainerResume, WithSeveralPipelineStagesPerRank) {
+  const std::string fsdp = fsdp::testing::NewTestPath("resume_multistage_fsdp4"),
+                    interleaved = fsdp::testing::NewTestPath("resume_interleaved"),
+                    zbv = fsdp::testing::NewTestPath("resume_zbv"),
+                    initial = fsdp::testing::NewTestPath("resume_initial_load");
+  const std::vector<StepResult> uninterrupted = ResumeAndTrain(4, {}, fsdp, kSteps, -1);
+  const std::vector<std::string> pp2 = {"--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"};
+  const auto with = [&](const char* schedule) {
+    std::vector<std::string> o = pp2;
+    o.push_back(absl::StrCat("--parallelism.pipeline_parallel_schedule=", schedule));
+    return o;
+  };
+  CopyCheckpoint(fsdp, interleaved, 2);
+  const std::vector<StepResult> on_interleaved = ResumeAndTrain(4, with("Interleaved1F1B"), interleaved, 4, 2);
+  CopyCheckpoint(interleaved, zbv, 4);
+  const std::vector<StepResult> on_zbv = ResumeAndTrain(4, with("ZBVZeroBubble"), zbv, kSteps, 4);
+  std::vector<StepResult> resumed = on_interleaved;
+  resumed.insert(resumed.end(), on_zbv.begin(), on_zbv.end());
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i].step, want[i].step);
+    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
+  }
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+  EXPECT_TRUE(ResumeAndTrain(4, {}, zbv, kSteps, kSteps).empty());  // back to FSDP 4
+
+  std::vector<std::string> load = with("Interleaved1F1B");
+  load.push_back(absl::StrCat("--checkpoint.initial_load_path=", fsdp, "/checkpoint/step-2"));
+  load.push_back("--checkpoint.initial_load_model_only=false");  // the optimizer, schedule and data too
+  const std::vector<StepResult> loaded = ResumeAndTrain(4, load, initial, 4, -1);
+  ASSERT_EQ(loaded.size(), on_interleaved.size());
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    EXPECT_EQ(loaded[i].step, on_interleaved[i].step);
+    EXPECT_EQ(loaded[i].loss, on_interleaved[i].loss) << "step " << loaded[i].step;
+    EXPECT_EQ(loaded[i].grad_norm, on_interleaved[i].grad_norm) << "step " << loaded[i].step;
+  }
 }
 
 // FSDP 4 -> FSDP 2 x TP 2 (at step 2) -> HSDP 2 x 2 (at step 4): the data stream, the schedule
