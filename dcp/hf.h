@@ -19,7 +19,10 @@
 //    every rank, before any tensor changes: every model tensor's key is there (a tied
 //    parameter: any of its names), every checkpoint key is some model tensor's, and each has
 //    the model's global shape. Missing and unexpected keys are one error listing them
-//    (allow_partial_load: missing keys keep their values and unexpected ones are ignored);
+//    (allow_partial_load: missing keys keep their values and unexpected ones are ignored;
+//    allow_unexpected_keys: only unexpected ones are ignored, as PyTorch's dcp.load ignores
+//    checkpoint keys its state dict lacks, for a model that holds part of the checkpoint,
+//    such as a rank's pipeline stages);
 //    a shape mismatch is always an error. Each rank then reads only the byte ranges of its own
 //    boxes (rows of a Shard(0) parameter, a column range per row under TP), converting dtype
 //    (a bf16 file into fp32 parameters) on the way: into the live shards where they are CPU
@@ -27,7 +30,9 @@
 //    meta-device model, FSDP1, all_or_nothing) into fresh local tensors installed once every
 //    rank read all of it. Read errors fail every rank; in place, the model is then partly
 //    loaded (the error says so).
-//  * SaveHuggingFace writes, under `dir`, each rank's boxes to `sharded/` in PyTorch's per-rank
+//  * SaveHuggingFace exports every tensor any rank's model has (ranks may hold different ones,
+//    as a rank's pipeline stages; a key two ranks give different shapes or dtypes is an
+//    error). It writes, under `dir`, each rank's boxes to `sharded/` in PyTorch's per-rank
 //    layout (`shard-<s>-model-<i>-of-<n>.safetensors`, s = rank + 1; a rank's second box of
 //    one tensor, as under some FSDP + TP layouts, goes to shard s + world size, and so on;
 //    replicated tensors written once, as dcp::Save's dedup chooses), in `dtype` when given
@@ -72,6 +77,7 @@ using HfKeyFn = std::function<std::string(const std::string& fqn)>;
 struct HfLoadOptions {
   HfKeyFn key_of;
   bool allow_partial_load = false;
+  bool allow_unexpected_keys = false;
   // As LoadOptions::all_or_nothing (dcp.h).
   bool all_or_nothing = false;
 };

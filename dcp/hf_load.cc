@@ -80,7 +80,7 @@ class HfLoadJob {
       targets_.push_back(std::move(target));
     }
     for (const checkpoint::HfTensor& h : reader_->tensors()) {
-      if (!claimed.contains(h.name)) unexpected.push_back(h.name);
+      if (!claimed.contains(h.name) && !options_.allow_unexpected_keys) unexpected.push_back(h.name);
     }
     TORCH_CHECK(misshaped.empty(), kLoadHf, ": ", misshaped.size(), " tensors of '", dir_,
                 "' do not have the model's shape: ", absl::StrJoin(misshaped, "; "));

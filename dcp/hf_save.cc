@@ -150,6 +150,67 @@ std::vector<checkpoint::HfExportTensor> ExportTensors(const checkpoint::HfCheckp
   return out;
 }
 
+// `exported` as bytes for AllGatherBytes: per tensor its name, dtype and shape.
+std::vector<char> EncodeExported(const std::vector<checkpoint::HfExportTensor>& exported) {
+  std::vector<char> out;
+  const auto put = [&out](const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    out.insert(out.end(), c, c + n);
+  };
+  for (const checkpoint::HfExportTensor& t : exported) {
+    const uint64_t length = t.name.size(), dims = t.shape.size();
+    const int32_t dtype = static_cast<int32_t>(t.dtype);
+    put(&length, sizeof(length));
+    put(t.name.data(), length);
+    put(&dtype, sizeof(dtype));
+    put(&dims, sizeof(dims));
+    put(t.shape.data(), dims * sizeof(int64_t));
+  }
+  return out;
+}
+
+// Every rank's exported tensors (EncodeExported), each once, in rank order of first sight: so
+// ranks that hold different tensors (a rank's pipeline stages) export the whole model, and
+// ranks that hold the same ones export them as any one of them would. A name two ranks give
+// different dtypes or shapes is an error.
+std::vector<checkpoint::HfExportTensor> UnionOfExported(const std::vector<std::vector<char>>& every_rank,
+                                                        const char* caller) {
+  std::vector<checkpoint::HfExportTensor> out;
+  absl::flat_hash_map<std::string, size_t> index;
+  for (size_t rank = 0; rank < every_rank.size(); ++rank) {
+    const std::vector<char>& bytes = every_rank[rank];
+    size_t at = 0;
+    const auto get = [&](void* p, size_t n) {
+      TORCH_INTERNAL_ASSERT(at + n <= bytes.size(), caller, ": a short list of exported tensors from rank ", rank);
+      std::memcpy(p, bytes.data() + at, n);
+      at += n;
+    };
+    while (at < bytes.size()) {
+      checkpoint::HfExportTensor t;
+      uint64_t length = 0, dims = 0;
+      int32_t dtype = 0;
+      get(&length, sizeof(length));
+      t.name.resize(length);
+      get(t.name.data(), length);
+      get(&dtype, sizeof(dtype));
+      t.dtype = static_cast<at::ScalarType>(dtype);
+      get(&dims, sizeof(dims));
+      t.shape.resize(dims);
+      get(t.shape.data(), dims * sizeof(int64_t));
+      const auto [it, inserted] = index.emplace(t.name, out.size());
+      if (inserted) {
+        out.push_back(std::move(t));
+        continue;
+      }
+      const checkpoint::HfExportTensor& first = out[it->second];
+      TORCH_CHECK(first.dtype == t.dtype && first.shape == t.shape, caller, ": rank ", rank, " exports '", t.name,
+                  "' as ", t.dtype, " ", c10::str(c10::IntArrayRef(t.shape)), " but an earlier rank as ", first.dtype,
+                  " ", c10::str(c10::IntArrayRef(first.shape)));
+    }
+  }
+  return out;
+}
+
 // What a rank writes, planned (collective over the model's world): its per-rank files, each
 // tensor a box of the model's (a view, or a CPU snapshot for an async save), and the export's
 // layout.
@@ -194,7 +255,10 @@ HfSavePlan PlanHfSave(torch::nn::Module& model, const std::string& dir, const Hf
     }
   });
   const std::vector<char> keep = internal::DedupOverWorld(plan.world, error, items, caller);
+  const std::vector<std::vector<char>> every_rank_exported =
+      plan.size > 1 ? comm::AllGatherBytes(plan.world, EncodeExported(exported)) : std::vector<std::vector<char>>{};
   error = internal::ErrorOf([&] {
+    if (plan.size > 1) exported = UnionOfExported(every_rank_exported, caller);
     plan.layout = checkpoint::HfExportLayout(exported, options.consolidate ? options.max_shard_size : 0);
     absl::flat_hash_map<size_t, int64_t> boxes_of;  // tensor -> boxes planned so far
     at::NoGradGuard no_grad;

@@ -197,16 +197,6 @@ TEST(ValidateConfig, PipelineDegreesAndWhatPipelinesDoNotYetSupport) {
   bad.parallelism.pipeline_parallel_schedule_csv = "/nonexistent/schedule.csv";
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "\"/nonexistent/schedule.csv\" does not exist");
   bad = c;
-  bad.checkpoint.enable = true;
-  bad.checkpoint.last_save_in_hf = true;
-  EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "the Hugging Face export of a pipelined model is not supported yet");
-  bad = c;
-  bad.checkpoint.initial_load_path = "/some/hf/dir";
-  bad.checkpoint.initial_load_in_hf = true;
-  EXPECT_ERROR_CONTAINS(
-      ValidateConfig(bad, 8),
-      "checkpoint.initial_load_in_hf = true: loading a Hugging Face checkpoint into a pipelined model");
-  bad = c;
   bad.parallelism.pipeline_parallel_degree = 0;
   EXPECT_ERROR_CONTAINS(ValidateConfig(bad, 8), "parallelism.pipeline_parallel_degree = 0 must be at least 1");
 }

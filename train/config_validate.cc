@@ -125,16 +125,8 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
         t.local_batch_size % p.pipeline_parallel_microbatch_size == 0,
         "training.local_batch_size = ", t.local_batch_size,
         " is not divisible by parallelism.pipeline_parallel_microbatch_size = ", p.pipeline_parallel_microbatch_size);
-    TORCH_CHECK(!(config.checkpoint.enable && config.checkpoint.last_save_in_hf),
-                "parallelism.pipeline_parallel_degree = ", degrees.pp,
-                " with checkpoint.last_save_in_hf = true: the Hugging Face export of a pipelined model is not "
-                "supported yet");
     TORCH_CHECK(!config.validator.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
                 " with validator.enable = true: validation of a pipelined model is not supported yet");
-    TORCH_CHECK(config.checkpoint.initial_load_path.empty() || !config.checkpoint.initial_load_in_hf,
-                "parallelism.pipeline_parallel_degree = ", degrees.pp,
-                " with checkpoint.initial_load_in_hf = true: loading a Hugging Face checkpoint into a pipelined "
-                "model is not supported yet");
   }
 
   // torchtitan's Trainer.__init__: global batch = local batch * dp degree * accumulation steps.

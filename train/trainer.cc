@@ -97,7 +97,12 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
     ParallelizeLlama(model_, config_, meshes_);
     InitTorchtitanWeights(model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
   }
-  if (!ck.initial_load_path.empty() && ck.initial_load_in_hf) dcp::LoadHuggingFace(*model_, ck.initial_load_path);
+  if (!ck.initial_load_path.empty() && ck.initial_load_in_hf) {
+    // A pipeline rank's parts hold some of the checkpoint's tensors, under their index.
+    dcp::LoadHuggingFace(
+        CheckpointedModel(), ck.initial_load_path,
+        {.key_of = degrees_.pp > 1 ? WholeModelFqn : StoredFqn(), .allow_unexpected_keys = degrees_.pp > 1});
+  }
   // torchtitan's set_determinism: deterministic ATen algorithms (an error where one has none).
   if (config_.debug.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 
@@ -449,9 +454,11 @@ void Trainer::Train(std::ostream& log) {
   if (checkpointer_ != nullptr) checkpointer_->Wait();
   if (ck.enable && ck.last_save_in_hf) {
     const std::string dir = ExportDirectory();
-    dcp::SaveHuggingFace(
-        *model_, dir,
-        {.dtype = ExportScalarType(ck.export_dtype), .keep_sharded = false, .copy_files_from = config_.hf_assets_path});
+    dcp::SaveHuggingFace(CheckpointedModel(), dir,
+                         {.key_of = degrees_.pp > 1 ? WholeModelFqn : StoredFqn(),
+                          .dtype = ExportScalarType(ck.export_dtype),
+                          .keep_sharded = false,
+                          .copy_files_from = config_.hf_assets_path});
     if (world_->rank() == 0) log << "exported the model in Hugging Face's layout to " << dir << std::endl;
   }
 }

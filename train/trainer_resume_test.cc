@@ -1,14 +1,19 @@
 // The trainer resumed from its checkpoints (train/checkpoint_state.h, dcp/checkpoint_manager.h):
 // at the same mesh bitwise, at other meshes, pipeline degrees and schedules (one or several
 // stages per rank) as the uninterrupted run.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
+#include "fsdp/fsdp2/state_dict.h"
 #include "testing/multi_rank.h"
 #include "testing/test_dir.h"
 #include "train/config.h"
@@ -152,6 +157,60 @@ TEST(TrainerResume, WithSeveralPipelineStagesPerRank) {
     EXPECT_EQ(loaded[i].step, on_interleaved[i].step);
     EXPECT_EQ(loaded[i].loss, on_interleaved[i].loss) << "step " << loaded[i].step;
     EXPECT_EQ(loaded[i].grad_norm, on_interleaved[i].grad_norm) << "step " << loaded[i].step;
+  }
+}
+
+// The full tensors of every part of each rank's model, by name (the parts' names are the whole
+// model's); collective over each part's FSDP group, so every rank calls it.
+void CollectFullParams(Trainer& trainer, std::mutex& mu, std::map<std::string, at::Tensor>& out) {
+  for (auto part : trainer.model_parts()) {
+    const fsdp2::FullStateDict full = fsdp2::GetFullStateDict(*part);
+    const std::lock_guard<std::mutex> lock(mu);
+    for (const auto& item : full) out[item.key()] = item.value();
+  }
+}
+
+// checkpoint.last_save_in_hf from a pipeline with two stages per rank (Interleaved1F1B, pp 2 x
+// dp 2): the export holds the whole model, each tensor written by the ranks that hold it, so
+// that an FSDP 4 job and another Interleaved1F1B job that start from it
+// (checkpoint.initial_load_in_hf) hold the trained weights bitwise.
+TEST(TrainerResume, PipelineExportsAndLoadsHuggingFaceCheckpoints) {
+  const std::string dump = fsdp::testing::NewTestPath("pp_hf_export");
+  const std::vector<std::string> interleaved = {"--parallelism.pipeline_parallel_degree=2",
+                                                "--training.local_batch_size=4",
+                                                "--parallelism.pipeline_parallel_schedule=Interleaved1F1B"};
+  std::vector<std::string> first = interleaved;
+  first.insert(first.end(), {"--training.steps=2", "--checkpoint.enable=true", "--checkpoint.last_save_in_hf=true",
+                             "--dump_folder=" + dump});
+  std::mutex mu;
+  std::map<std::string, at::Tensor> trained, on_fsdp, on_pipeline;
+  std::string exported;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(SmallJob(first), pg);
+    std::ostringstream log;
+    trainer.Train(log);
+    CollectFullParams(trainer, mu, trained);
+    if (pg->rank() == 0) exported = trainer.ExportDirectory();
+  });
+  ASSERT_TRUE(std::filesystem::exists(exported + "/model.safetensors.index.json"));
+  const std::string load = "--checkpoint.initial_load_path=" + exported;
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(SmallJob({load, "--checkpoint.initial_load_in_hf=true"}), pg);
+    CollectFullParams(trainer, mu, on_fsdp);
+  });
+  std::vector<std::string> second = interleaved;
+  second.insert(second.end(), {load, "--checkpoint.initial_load_in_hf=true"});
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(SmallJob(second), pg);
+    CollectFullParams(trainer, mu, on_pipeline);
+  });
+  ASSERT_FALSE(trained.empty());
+  for (const auto* loaded : {&on_fsdp, &on_pipeline}) {
+    ASSERT_EQ(loaded->size(), trained.size());
+    for (const auto& [name, want] : trained) {
+      ASSERT_TRUE(loaded->count(name)) << name;
+      EXPECT_TRUE(at::equal(loaded->at(name), want)) << name;
+    }
   }
 }
 
