@@ -25,6 +25,8 @@ struct PipelineSchedule::StepState {
   std::map<int, at::Tensor> losses;   // mb -> the last stage's loss
   std::set<int> unshard_pending;      // stages whose UNSHARD was issued and not yet waited for
   std::set<int> finalized;            // stages whose REDUCE_GRAD resharded them already
+  bool backward = false;              // step() with a loss_fn; not eval()
+  bool compute_losses = false;        // the last stage computes loss_fn per microbatch
 
   // The current action's start, for options.on_action.
   std::chrono::steady_clock::time_point action_start;
@@ -216,6 +218,16 @@ void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tenso
 
 std::vector<at::Tensor> PipelineSchedule::step(const std::vector<at::Tensor>& args, const at::Tensor& target,
                                                std::vector<at::Tensor>* losses) {
+  return Run(args, target, losses, /*backward=*/static_cast<bool>(options_.loss_fn));
+}
+
+std::vector<at::Tensor> PipelineSchedule::eval(const std::vector<at::Tensor>& args, const at::Tensor& target,
+                                               std::vector<at::Tensor>* losses) {
+  return Run(args, target, losses, /*backward=*/false);
+}
+
+std::vector<at::Tensor> PipelineSchedule::Run(const std::vector<at::Tensor>& args, const at::Tensor& target,
+                                              std::vector<at::Tensor>* losses, bool backward) {
   const int n = options_.n_microbatches;
   bool has_first = false;
   bool has_last = false;
@@ -229,14 +241,17 @@ std::vector<at::Tensor> PipelineSchedule::step(const std::vector<at::Tensor>& ar
     arg_mbs = SplitIntoMicrobatches(args, n);
   }
   std::vector<at::Tensor> target_mbs;
-  const bool backward = static_cast<bool>(options_.loss_fn);
-  if (has_last && backward) {
+  // eval(): losses where a target is given (PyTorch's _maybe_compute_loss).
+  const bool compute_losses = has_last && options_.loss_fn && (backward || target.defined());
+  if (compute_losses) {
     TORCH_CHECK(target.defined(), "step: this rank holds the last stage and a loss_fn is set: target is undefined");
     target_mbs = SplitTensorIntoMicrobatches(target, n);
   }
   for (auto& s : stages_) s->BeginStep(n, stage_to_rank_);
   InferMetaIfNeeded(arg_mbs);
   state_ = std::make_unique<StepState>();
+  state_->backward = backward;
+  state_->compute_losses = compute_losses;
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& action = actions_[i];
     try {
@@ -263,7 +278,7 @@ std::vector<at::Tensor> PipelineSchedule::step(const std::vector<at::Tensor>& ar
   for (auto& s : stages_) {
     if (!s->is_last()) continue;
     merged = MergeMicrobatches(s->TakeOutputChunks());
-    if (losses != nullptr && backward) {
+    if (losses != nullptr && compute_losses) {
       TORCH_CHECK(static_cast<int>(state_->losses.size()) == n, "expecting ", n, " losses but got ",
                   state_->losses.size());
       losses->clear();
@@ -284,7 +299,7 @@ void PipelineSchedule::TimedPerform(const Action& action, const std::vector<std:
 
 void PipelineSchedule::Perform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
                                const std::vector<at::Tensor>& target_mbs) {
-  const bool backward = static_cast<bool>(options_.loss_fn);
+  const bool backward = state_->backward;
   PipelineStage& stage = StageOf(action);
   const int s = action.stage;
   const int mb = action.microbatch.value_or(-1);
@@ -367,7 +382,7 @@ void PipelineSchedule::Perform(const Action& action, const std::vector<std::vect
       }
       restart_clock();
       std::vector<at::Tensor> out = stage.Forward(mb, stage.is_first() ? arg_mbs.at(mb) : std::vector<at::Tensor>{});
-      if (stage.is_last() && backward) st.losses[mb] = options_.loss_fn(out, target_mbs.at(mb));
+      if (stage.is_last() && st.compute_losses) st.losses[mb] = options_.loss_fn(out, target_mbs.at(mb));
       if (next_local != nullptr) next_local->SetLocalForwardInput(mb, out);
       return;
     }

@@ -76,6 +76,11 @@ class PipelineSchedule {
   // other ranks); `target`: the whole batch's target (used on the last stage's rank).
   std::vector<at::Tensor> step(const std::vector<at::Tensor>& args, const at::Tensor& target = {},
                                std::vector<at::Tensor>* losses = nullptr);
+  // PyTorch's eval(): the same step with the forwards only (no backward action runs, no
+  // gradient changes); the last stage computes loss_fn per microbatch where `target` is given
+  // and fills `losses`. Run it under at::NoGradGuard to keep no autograd graph.
+  std::vector<at::Tensor> eval(const std::vector<at::Tensor>& args, const at::Tensor& target = {},
+                               std::vector<at::Tensor>* losses = nullptr);
 
   // This rank's lowered action list (PyTorch's pipeline_order_with_comms[rank]).
   const std::vector<Action>& actions() const { return actions_; }
@@ -84,6 +89,8 @@ class PipelineSchedule {
 
  private:
   void Init(const PipelineOrder& compute_order);
+  std::vector<at::Tensor> Run(const std::vector<at::Tensor>& args, const at::Tensor& target,
+                              std::vector<at::Tensor>* losses, bool backward);
   void InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs);
   // Perform, timed for options_.on_action when set.
   void TimedPerform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,

@@ -152,6 +152,18 @@ void RunAgainstReference(const Case& c, bool static_meta) {
         EXPECT_TRUE(losses.empty());
       }
     }
+    // eval(): the same losses and output from the forwards alone; no gradient appears.
+    for (auto& l : layers) l->zero_grad();
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> losses;
+    const std::vector<at::Tensor> out = schedule.eval({Input()}, Target(), &losses);
+    for (size_t k = 0; k < stages.size(); ++k) {
+      EXPECT_FALSE(layers[k]->weight.grad().defined()) << "stage " << stages[k]->stage_index();
+      if (!stages[k]->is_last()) continue;
+      ASSERT_EQ(losses.size(), static_cast<size_t>(c.n_mb));
+      for (int m = 0; m < c.n_mb; ++m) ExpectClose(losses[m], ref.losses[m], Tolerance(c.n_mb), "eval loss");
+      ExpectClose(out.at(0), ref.output, Tolerance(c.n_mb), "eval output");
+    }
   });
 }
 

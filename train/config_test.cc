@@ -171,7 +171,7 @@ TEST(JobConfig, EachBadInputIsOneErrorNamingTheKeyAndValue) {
                         "is not one of default, always, never");
 }
 
-TEST(ValidateConfig, PipelineDegreesAndWhatPipelinesDoNotYetSupport) {
+TEST(ValidateConfig, PipelineDegreesSchedulesAndMicrobatches) {
   JobConfig c;
   c.training.local_batch_size = 4;
   c.parallelism.pipeline_parallel_degree = 2;

@@ -108,8 +108,8 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
                          : " (parallelism.context_parallel_degree)");
   }
   if (degrees.pp > 1) {
-    // A schedule name PyTorch knows (its message names it), a CSV file that exists, and what
-    // the trainer does not yet do with a pipeline: each an error before anything runs.
+    // A schedule name PyTorch knows (its message names it), a CSV file that exists, and
+    // microbatches that divide the local batch: each an error before anything runs.
     try {
       pipelining::ScheduleKindFromName(p.pipeline_parallel_schedule);
     } catch (const c10::Error& e) {
@@ -125,8 +125,6 @@ ResolvedDegrees ValidateConfig(const JobConfig& config, int64_t world_size) {
         t.local_batch_size % p.pipeline_parallel_microbatch_size == 0,
         "training.local_batch_size = ", t.local_batch_size,
         " is not divisible by parallelism.pipeline_parallel_microbatch_size = ", p.pipeline_parallel_microbatch_size);
-    TORCH_CHECK(!config.validator.enable, "parallelism.pipeline_parallel_degree = ", degrees.pp,
-                " with validator.enable = true: validation of a pipelined model is not supported yet");
   }
 
   // torchtitan's Trainer.__init__: global batch = local batch * dp degree * accumulation steps.

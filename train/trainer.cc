@@ -389,6 +389,19 @@ StepResult Trainer::PipelinedStep(StepResult r, const std::vector<TokenBatch>& m
                     [&] { return ClipGradNormAcrossStages(modules, meshes_.pp->group(0), config_.training.max_norm); });
 }
 
+// The summed cross-entropy of a batch; with a pipeline (torchtitan's validator under pp) through
+// the schedule's eval(), known on the last stage's rank (0 elsewhere).
+at::Tensor Trainer::ValidationLossSum(const TokenBatch& batch) {
+  if (pipeline_ == nullptr) return CrossEntropySum(Forward(batch), batch.labels).to(at::kDouble);
+  Pipeline& pl = *pipeline_;
+  pl.global_tokens = 1;  // the schedule's loss is then each microbatch's sum
+  std::vector<at::Tensor> losses;
+  pl.schedule->eval({batch.input, batch.positions}, batch.labels, &losses);
+  at::Tensor sum = at::zeros({}, at::kDouble);
+  for (const at::Tensor& loss : losses) sum += loss.to(at::kDouble);
+  return sum;
+}
+
 Trainer::ValidationResult Trainer::Validate() {
   TORCH_CHECK(validation_data_ != nullptr, "Validate: validator.enable is false");
   at::NoGradGuard no_grad;
@@ -411,8 +424,13 @@ Trainer::ValidationResult Trainer::Validate() {
   for (int64_t b = 0; b < batches; ++b) {
     const TokenBatch batch = LocalTokens(loader.NextBatch());
     result.local_tokens += batch.labels.numel();
-    sums[0] += CrossEntropySum(Forward(batch), batch.labels).to(at::kDouble);
+    sums[0] += ValidationLossSum(batch);
     sums[1] += batch.labels.ne(kIgnoreIndex).sum().to(at::kDouble);
+  }
+  if (pipeline_ != nullptr) {  // the losses are on the last stage's rank
+    at::Tensor loss = sums.narrow(0, 0, 1).clone();
+    meshes_.pp->group(0)->all_reduce(loss)->wait();
+    sums[0] = loss[0];
   }
   sums = AllReduce(meshes_.loss, sums, comm::ReduceOp::Sum());
   result.loss = sums[0].item<double>() / sums[1].item<double>();

@@ -143,6 +143,7 @@ class Trainer {
   StepResult FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t local_valid, bool global_metrics,
                         std::chrono::steady_clock::time_point start, const std::function<double()>& clip);
   void BuildPipeline();
+  at::Tensor ValidationLossSum(const TokenBatch& batch);
   // What checkpoints save and load: the model, or with pipeline parallelism this rank's parts.
   torch::nn::Module& CheckpointedModel();
 

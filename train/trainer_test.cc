@@ -196,6 +196,37 @@ TEST(Trainer, ValidationIsTheMeanOverTheValidationSet) {
   EXPECT_NE(losses[2], losses[0]);
 }
 
+// Validation of a pipeline (the schedule's eval(): forwards only, the loss on the last stage),
+// with one stage per rank (1F1B) and two (Interleaved1F1B): the FSDP 4 run's validation loss,
+// untrained and after two steps, within two meshes' tolerances of the training losses.
+TEST(Trainer, ValidatesAPipelineAsTheUnpipelinedModel) {
+  const std::vector<std::string> validation = {
+      "--validator.enable=true", "--validator.dataset_path=train/testdata/corpus/validation", "--validator.steps=2"};
+  const auto run = [&](std::vector<std::string> overrides) {
+    overrides.insert(overrides.end(), validation.begin(), validation.end());
+    std::vector<double> losses(2);
+    fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 4, [&](const comm::ProcessGroupPtr& pg) {
+      Trainer trainer(SmallJob(overrides), pg);
+      const double untrained = trainer.Validate().loss;
+      trainer.Step();
+      trainer.Step();
+      const double trained = trainer.Validate().loss;
+      if (pg->rank() == 0) losses = {untrained, trained};
+    });
+    return losses;
+  };
+  const std::vector<double> want = run({});
+  for (const char* schedule : {"1F1B", "Interleaved1F1B"}) {
+    SCOPED_TRACE(schedule);
+    const std::vector<double> got = run({"--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4",
+                                         absl::StrCat("--parallelism.pipeline_parallel_schedule=", schedule)});
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE(std::abs(got[i] - want[i]), 2 * MeshTolerances().loss * std::abs(want[i]))
+          << (i ? "trained" : "untrained");
+    }
+  }
+}
+
 // model.converters = ["float8"]: every Linear but those float8.filter_fqns names, by our FQN
 // ("lm_head") or torchtitan 0.3.0's ("qkv_linear.wq" is each q_proj).
 TEST(Trainer, Float8ConvertsTheLinearsTorchtitansFilterKeeps) {
