@@ -3,7 +3,8 @@
 // shrunk through its config fields), parallelize_llama, LR schedule, loss, packing and
 // Trainer.train_step on CPU Gloo, against our Trainer on threaded ranks with the same config,
 // the same initial weights (torchtitan's init_weights, exported in Hugging Face's names, which
-// both load) and the same windows: 20 steps of loss, grad norm and learning rate, at FSDP
+// both load) and the same windows: 20 steps of loss, grad norm and learning rate, and the final
+// parameters, at FSDP
 // (dp_shard 4), HSDP (2 x 2), FSDP + TP (2 x 2), gradient accumulation 2, full and selective
 // (per-operator, torchtitan's SelectiveAC) activation checkpointing, and pipeline parallelism
 // against torchtitan's own (its pipeline_llm over PyTorch's torch.distributed.pipelining
@@ -19,6 +20,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -189,10 +191,40 @@ std::string SpecJson(const Case& c) {
       c.float8 ? absl::StrCat(R"(, "float8": {"recipe": ")", c.float8, R"(", "filter_fqns": ["output"]})") : "", "}");
 }
 
+using NamedTensors = std::map<std::string, at::Tensor>;
+
 struct Reference {
   std::string skip_reason, dir;
   std::vector<double> losses, grad_norms, lrs;
+  NamedTensors final_params;  // after the last step, in Hugging Face's names (= ours)
 };
+
+// Every rank's `final/rank<r>.safetensors` of a torchtitan run merged (pipeline ranks hold
+// different parts; data-parallel replicas the same values).
+NamedTensors LoadFinalParams(const std::string& dir, int world) {
+  NamedTensors out;
+  for (int r = 0; r < world; ++r) {
+    const checkpoint::TensorDict part =
+        checkpoint::LoadSafetensors(absl::StrCat(dir, "/final/rank", r, ".safetensors"));
+    for (const auto& item : part) {
+      auto [it, inserted] = out.emplace(item.key(), item.value());
+      TORCH_CHECK(inserted || at::equal(it->second, item.value()), dir, ": ranks disagree on the final ", item.key());
+    }
+  }
+  return out;
+}
+
+// The largest elementwise difference between two runs' final parameters (the same names).
+double MaxAbsDiff(const NamedTensors& a, const NamedTensors& b) {
+  TORCH_CHECK(a.size() == b.size(), "final parameters: ", a.size(), " vs ", b.size(), " tensors");
+  double d = 0;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    TORCH_CHECK(it != b.end(), "final parameters: ", name, " only on one side");
+    d = std::max(d, (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>());
+  }
+  return d;
+}
 
 // torchtitan's run of `c`, once per case per process.
 const Reference& TorchtitanRun(const Case& c) {
@@ -224,11 +256,12 @@ const Reference& TorchtitanRun(const Case& c) {
   r.losses = values("losses");
   r.grad_norms = values("grad_norms");
   r.lrs = values("lrs");
+  r.final_params = LoadFinalParams(r.dir, c.world);
   return r;
 }
 
 // Our trainer's arguments for `c`'s run, starting from the weights in `hf_init` (with a
-// pipeline, LoadIntoStageParts loads them: the trainer refuses initial_load_path there).
+// pipeline, each rank's parts load their tensors of it).
 std::vector<std::string> OursArgs(const Case& c, const std::string& hf_init) {
   std::vector<std::string> args = {"--model.dim=64",
                                    "--model.n_layers=" + std::to_string(c.n_layers),
@@ -259,16 +292,17 @@ std::vector<std::string> OursArgs(const Case& c, const std::string& hf_init) {
     args.insert(args.end(), {absl::StrCat("--parallelism.pipeline_parallel_degree=", c.pp),
                              absl::StrCat("--parallelism.pipeline_parallel_schedule=", c.pp_schedule),
                              absl::StrCat("--parallelism.pipeline_parallel_microbatch_size=", c.pp_microbatch_size)});
-  } else {
-    args.insert(args.end(), {"--checkpoint.initial_load_path=" + hf_init, "--checkpoint.initial_load_in_hf=true"});
   }
+  args.insert(args.end(), {"--checkpoint.initial_load_path=" + hf_init, "--checkpoint.initial_load_in_hf=true"});
   return args;
 }
 
 // Our trainer's steps on `c`'s mesh: LoadCheckpoint, `after_load` (every rank), then `steps`
-// Step() + SaveCheckpoint().
+// Step() + SaveCheckpoint(); `final_params` set: every rank's parts' full parameters after them.
 std::vector<StepResult> OursRun(const Case& c, const std::vector<std::string>& args, int64_t steps = kSteps,
-                                const std::function<void(Trainer&, int rank)>& after_load = nullptr) {
+                                const std::function<void(Trainer&, int rank)>& after_load = nullptr,
+                                NamedTensors* final_params = nullptr) {
+  std::mutex mu;
   const JobConfig config = ParseConfig("", "test", ParseCommandLine(args).overrides);
   std::vector<StepResult> out;
   fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, c.world, [&](const comm::ProcessGroupPtr& pg) {
@@ -281,29 +315,14 @@ std::vector<StepResult> OursRun(const Case& c, const std::vector<std::string>& a
       trainer.SaveCheckpoint();
     }
     if (pg->rank() == 0) out = mine;
+    if (final_params == nullptr) return;
+    for (models::llama::LlamaForCausalLM part : trainer.model_parts()) {
+      const fsdp2::FullStateDict full = fsdp2::GetFullStateDict(*part);  // collective over the part's mesh
+      const std::lock_guard<std::mutex> lock(mu);
+      for (const auto& item : full) (*final_params)[item.key()] = item.value();
+    }
   });
   return out;
-}
-
-// A pipelined trainer's initial weights from `hf_init` (torchtitan's, in Hugging Face's names,
-// which are our parameter names): each of this rank's stage parts takes its parameters' full
-// values (LoadFullStateDict keeps this rank's FSDP / TP shard) before the first step; its
-// buffers keep theirs. The trainer does not yet load initial_load_path into a pipeline.
-void LoadIntoStageParts(Trainer& trainer, const std::string& hf_init) {
-  const checkpoint::TensorDict hf = checkpoint::LoadSafetensors(hf_init + "/model.safetensors");
-  size_t loaded = 0;
-  for (models::llama::LlamaForCausalLM part : trainer.model_parts()) {
-    fsdp2::FullStateDict state;
-    for (const auto& item : part->named_parameters()) {
-      const at::Tensor* value = hf.find(item.key());
-      TORCH_CHECK(value != nullptr, hf_init, " has no ", item.key());
-      state.insert(item.key(), *value);
-      ++loaded;
-    }
-    for (const auto& item : part->named_buffers()) state.insert(item.key(), item.value());
-    fsdp2::LoadFullStateDict(*part, state);
-  }
-  TORCH_CHECK(loaded > 0, "no stage parameter loaded");
 }
 
 double MaxRelDiff(const std::vector<double>& a, const std::vector<double>& b) {
@@ -376,11 +395,8 @@ TEST_P(TorchtitanParity, LossGradNormAndLrMatchTorchtitanStepForStep) {
     one_rank_case.float8 = c.float8;
   }
   const Reference& one_rank = TorchtitanRun(one_rank_case);
-  const std::string hf_init = theirs.dir + "/hf_init";
-  const std::vector<StepResult> ours =
-      OursRun(c, OursArgs(c, hf_init), kSteps,
-              c.pp > 1 ? [&](Trainer& trainer, int) { LoadIntoStageParts(trainer, hf_init); }
-                       : std::function<void(Trainer&, int)>());
+  NamedTensors final_params;
+  const std::vector<StepResult> ours = OursRun(c, OursArgs(c, theirs.dir + "/hf_init"), kSteps, nullptr, &final_params);
   ASSERT_EQ(ours.size(), static_cast<size_t>(kSteps));
   std::vector<double> losses, norms;
   for (const StepResult& r : ours) {
@@ -399,9 +415,23 @@ TEST_P(TorchtitanParity, LossGradNormAndLrMatchTorchtitanStepForStep) {
     EXPECT_LE(std::abs(norms[s] - theirs.grad_norms[s]), tol.norm_by_step[s] * std::abs(theirs.grad_norms[s]))
         << "ours " << norms[s] << ", torchtitan " << theirs.grad_norms[s];
   }
-  std::printf("%s: max rel diff loss %.3g (tol %.3g), grad norm %.3g (tol %.3g); torchtitan's spread %.3g / %.3g\n",
-              c.name, MaxRelDiff(losses, theirs.losses), loss_tolerance, MaxRelDiff(norms, theirs.grad_norms),
-              norm_tolerance, loss_spread, norm_spread);
+  // The final parameters, by the same argument: within 4 times the largest elementwise
+  // difference between torchtitan's two runs (Adam turns a rounding difference in a near-zero
+  // gradient into up to a learning rate per step), plus 64 float32 ulps of the largest weight
+  // (the one-rank case's spread is 0). A wrong update moves an element by about a learning
+  // rate (8e-4) per step, some 25 times that floor.
+  double largest = 0;
+  for (const auto& [name, t] : theirs.final_params) largest = std::max(largest, t.abs().max().item<double>());
+  const double param_spread = MaxAbsDiff(theirs.final_params, one_rank.final_params);
+  const double param_tolerance = 4 * param_spread + 64 * std::numeric_limits<float>::epsilon() * largest;
+  ASSERT_EQ(final_params.size(), theirs.final_params.size());
+  const double param_diff = MaxAbsDiff(final_params, theirs.final_params);
+  EXPECT_LE(param_diff, param_tolerance);
+  std::printf(
+      "%s: max rel diff loss %.3g (tol %.3g), grad norm %.3g (tol %.3g); torchtitan's spread %.3g / %.3g; final "
+      "parameters max abs diff %.3g (tol %.3g, spread %.3g)\n",
+      c.name, MaxRelDiff(losses, theirs.losses), loss_tolerance, MaxRelDiff(norms, theirs.grad_norms), norm_tolerance,
+      loss_spread, norm_spread, param_diff, param_tolerance, param_spread);
   EXPECT_LT(theirs.losses.back(), theirs.losses.front());  // it learns
 }
 

@@ -26,6 +26,9 @@ Writes
                                       time of each step) and peak_bytes (the largest rank's
                                       LibTorch CPU allocation peak over steps 2.., counted as
                                       metrics/allocation_window.h counts ours: bench/peer/train_bench.py)
+  OUT_DIR/final/rank<r>.safetensors   rank r's model parts' parameters after the last step, full
+                                      (each DTensor gathered), in Hugging Face's names (q/k
+                                      permuted by Llama3StateDictAdapter.to_hf, as hf_init)
   OUT_DIR/checkpoint/step-N           with SPEC's "checkpoint_step" N: torchtitan's CheckpointManager
                                       (components/checkpointer/dcp.py) saving the model, its
                                       OptimizersContainer, LR schedulers, train state and a
@@ -457,6 +460,12 @@ def worker(rank, spec, out_dir, store, init_state, windows):
     window.__exit__(None, None, None)
     if checkpointer is not None:
         checkpointer.close()
+    final = {}
+    for part in model_parts:  # full_tensor: collective over the ranks of each part's mesh
+        final.update({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in part.state_dict().items()})
+    hf = Llama3StateDictAdapter(config, None).to_hf({k: v.detach().clone() for k, v in final.items()})
+    os.makedirs(os.path.join(out_dir, "final"), exist_ok=True)
+    save_file({k: v.contiguous() for k, v in hf.items()}, os.path.join(out_dir, "final", f"rank{rank}.safetensors"))
     out = {"losses": torch.tensor(losses, dtype=torch.float64),
            "max_losses": torch.tensor(max_losses, dtype=torch.float64),
            "grad_norms": torch.tensor(norms, dtype=torch.float64),
