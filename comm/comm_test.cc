@@ -288,6 +288,30 @@ TEST(CommTrace, RecordsExactBytesOfEveryCollective) {
   });
 }
 
+// CommTrace::all_records(): a world's records and those of the subgroups made from it, at any
+// depth ({0, 1}, then its {1}).
+TEST(CommTrace, AllRecordsGatherTheSubgroups) {
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 4, [](const ProcessGroupPtr& pg) {
+    auto trace = std::make_shared<CommTrace>(pg);
+    trace->barrier()->wait();
+    auto pair = trace->new_subgroup({0, 1});
+    if (pair == nullptr) {
+      EXPECT_EQ(trace->all_records().size(), 1u);
+      return;
+    }
+    pair->all_reduce(at::zeros({2}), ReduceOp::Sum())->wait();
+    auto one = pair->new_subgroup({1});
+    if (one != nullptr) one->broadcast(at::zeros({1}), 0)->wait();
+    const auto records = trace->all_records();
+    ASSERT_EQ(records.size(), pg->rank() == 1 ? 3u : 2u);
+    EXPECT_EQ(records[0].op, "barrier");
+    EXPECT_EQ(records[1].op, "all_reduce");
+    EXPECT_EQ(records[1].group_size, 2);
+    if (pg->rank() == 1) EXPECT_EQ(records[2].op, "broadcast");
+    EXPECT_EQ(trace->records().size(), 1u);  // its own
+  });
+}
+
 // ------------------------------------------------------------------ torchrun env
 
 std::function<std::optional<std::string>(const std::string&)> Env(std::map<std::string, std::string> vars) {

@@ -38,7 +38,28 @@ WorkPtr CommTrace::Intercept(const CollectiveCall& call, c10::function_ref<WorkP
 
 std::shared_ptr<ProcessGroup> CommTrace::DoNewSubgroup(const std::vector<int>& ranks) {
   auto sub = inner()->new_subgroup(ranks);
-  return sub ? std::make_shared<CommTrace>(std::move(sub)) : nullptr;
+  if (!sub) return nullptr;
+  auto traced = std::make_shared<CommTrace>(std::move(sub));
+  std::lock_guard<std::mutex> lock(mu_);
+  subgroups_.push_back(traced);
+  return traced;
+}
+
+std::vector<CollectiveRecord> CommTrace::all_records() const {
+  std::vector<CollectiveRecord> out;
+  std::vector<std::shared_ptr<CommTrace>> subgroups;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = records_;
+    for (const auto& weak : subgroups_) {
+      if (auto sub = weak.lock()) subgroups.push_back(std::move(sub));
+    }
+  }
+  for (const auto& sub : subgroups) {
+    const std::vector<CollectiveRecord> theirs = sub->all_records();
+    out.insert(out.end(), theirs.begin(), theirs.end());
+  }
+  return out;
 }
 
 std::vector<CollectiveRecord> CommTrace::records() const {

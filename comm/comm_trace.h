@@ -29,7 +29,8 @@ struct CollectiveRecord {
 
 // Forwards every call to `inner` and records it (one record per call, in call order).
 // Records are taken after argument validation, so a rejected call is not recorded.
-// Subgroups are traced too (each with its own records). The record methods are thread-safe.
+// Subgroups are traced too (each with its own records; all_records() gathers them). The record
+// methods are thread-safe.
 class CommTrace final : public ForwardingProcessGroup {
  public:
   explicit CommTrace(ProcessGroupPtr inner);
@@ -37,6 +38,9 @@ class CommTrace final : public ForwardingProcessGroup {
   std::string backend_name() const override;
 
   std::vector<CollectiveRecord> records() const;
+  // This group's records, then those of every subgroup made from it (recursively, each in its
+  // creation order): everything one rank's program issued through this world.
+  std::vector<CollectiveRecord> all_records() const;
   void clear();
   // Byte totals over the records of `op` ("" = every op).
   int64_t total_input_bytes(const std::string& op = "") const;
@@ -52,7 +56,8 @@ class CommTrace final : public ForwardingProcessGroup {
   int64_t SumBytes(const std::string& op, int64_t CollectiveRecord::*field) const;
 
   mutable std::mutex mu_;  // pthread-based, so ThreadSanitizer sees it (Debian's absl is not instrumented)
-  std::vector<CollectiveRecord> records_;  // guarded by mu_
+  std::vector<CollectiveRecord> records_;            // guarded by mu_
+  std::vector<std::weak_ptr<CommTrace>> subgroups_;  // guarded by mu_
 };
 
 }  // namespace fsdp::comm

@@ -21,12 +21,13 @@ struct PipelineSchedule::StepState {
   std::map<std::pair<int, int>, std::vector<comm::WorkPtr>> forward_recvs;   // (stage, mb)
   std::map<std::pair<int, int>, std::vector<comm::WorkPtr>> backward_recvs;  // (stage, mb)
   std::map<std::tuple<ActionType, int, int>, std::vector<comm::WorkPtr>> pending_sends;
-  std::map<int, int> backward_count;  // stage -> B or W done
-  std::map<int, at::Tensor> losses;   // mb -> the last stage's loss
-  std::set<int> unshard_pending;      // stages whose UNSHARD was issued and not yet waited for
-  std::set<int> finalized;            // stages whose REDUCE_GRAD resharded them already
-  bool backward = false;              // step() with a loss_fn; not eval()
-  bool compute_losses = false;        // the last stage computes loss_fn per microbatch
+  std::map<int, int> backward_count;               // stage -> B or W done
+  std::map<int, at::Tensor> losses;                // mb -> the last stage's loss
+  std::set<int> unshard_pending;                   // stages whose UNSHARD was issued and not yet waited for
+  std::set<int> finalized;                         // stages whose REDUCE_GRAD resharded them already
+  bool backward = false;                           // step() with a loss_fn; not eval()
+  std::vector<std::vector<at::Tensor>> kwarg_mbs;  // by microbatch; empty without kwargs
+  bool compute_losses = false;                     // the last stage computes loss_fn per microbatch
 
   // The current action's start, for options.on_action.
   std::chrono::steady_clock::time_point action_start;
@@ -173,7 +174,8 @@ PipelineStage& PipelineSchedule::StageOf(const Action& action) {
   TORCH_CHECK(false, "action ", action.ToString(), " names stage ", action.stage, ", not on this rank");
 }
 
-void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs) {
+void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs,
+                                         const std::vector<std::vector<at::Tensor>>& kwarg_mbs) {
   bool all = true;
   for (auto& s : stages_) all = all && s->has_meta();
   if (all) return;
@@ -201,7 +203,8 @@ void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tenso
       group->recv(payload, src, meta_tag_base + s->stage_index())->wait();
       inputs = DecodeMeta(payload, s->stage_index());
     }
-    previous = s->InferMeta(s->is_first() ? arg_mbs[0] : std::vector<at::Tensor>{}, inputs);
+    previous = s->InferMeta(s->is_first() ? arg_mbs[0] : std::vector<at::Tensor>{}, inputs,
+                            kwarg_mbs.empty() ? std::vector<at::Tensor>{} : kwarg_mbs[0]);
     previous_stage = s->stage_index();
     if (!s->is_last() && stage_to_rank_(s->stage_index() + 1) != group->rank()) {
       at::Tensor payload = EncodeMeta(previous);
@@ -217,17 +220,18 @@ void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tenso
 }
 
 std::vector<at::Tensor> PipelineSchedule::step(const std::vector<at::Tensor>& args, const at::Tensor& target,
-                                               std::vector<at::Tensor>* losses) {
-  return Run(args, target, losses, /*backward=*/static_cast<bool>(options_.loss_fn));
+                                               std::vector<at::Tensor>* losses, const std::vector<at::Tensor>& kwargs) {
+  return Run(args, target, losses, kwargs, /*backward=*/static_cast<bool>(options_.loss_fn));
 }
 
 std::vector<at::Tensor> PipelineSchedule::eval(const std::vector<at::Tensor>& args, const at::Tensor& target,
-                                               std::vector<at::Tensor>* losses) {
-  return Run(args, target, losses, /*backward=*/false);
+                                               std::vector<at::Tensor>* losses, const std::vector<at::Tensor>& kwargs) {
+  return Run(args, target, losses, kwargs, /*backward=*/false);
 }
 
 std::vector<at::Tensor> PipelineSchedule::Run(const std::vector<at::Tensor>& args, const at::Tensor& target,
-                                              std::vector<at::Tensor>* losses, bool backward) {
+                                              std::vector<at::Tensor>* losses, const std::vector<at::Tensor>& kwargs,
+                                              bool backward) {
   const int n = options_.n_microbatches;
   bool has_first = false;
   bool has_last = false;
@@ -247,9 +251,12 @@ std::vector<at::Tensor> PipelineSchedule::Run(const std::vector<at::Tensor>& arg
     TORCH_CHECK(target.defined(), "step: this rank holds the last stage and a loss_fn is set: target is undefined");
     target_mbs = SplitTensorIntoMicrobatches(target, n);
   }
+  const std::vector<std::vector<at::Tensor>> kwarg_mbs =
+      kwargs.empty() ? std::vector<std::vector<at::Tensor>>{} : SplitIntoMicrobatches(kwargs, n);
   for (auto& s : stages_) s->BeginStep(n, stage_to_rank_);
-  InferMetaIfNeeded(arg_mbs);
+  InferMetaIfNeeded(arg_mbs, kwarg_mbs);
   state_ = std::make_unique<StepState>();
+  state_->kwarg_mbs = kwarg_mbs;
   state_->backward = backward;
   state_->compute_losses = compute_losses;
   for (size_t i = 0; i < actions_.size(); ++i) {
@@ -381,7 +388,9 @@ void PipelineSchedule::Perform(const Action& action, const std::vector<std::vect
         st.forward_recvs.erase(it);
       }
       restart_clock();
-      std::vector<at::Tensor> out = stage.Forward(mb, stage.is_first() ? arg_mbs.at(mb) : std::vector<at::Tensor>{});
+      std::vector<at::Tensor> out =
+          stage.Forward(mb, stage.is_first() ? arg_mbs.at(mb) : std::vector<at::Tensor>{},
+                        st.kwarg_mbs.empty() ? std::vector<at::Tensor>{} : st.kwarg_mbs.at(mb));
       if (stage.is_last() && st.compute_losses) st.losses[mb] = options_.loss_fn(out, target_mbs.at(mb));
       if (next_local != nullptr) next_local->SetLocalForwardInput(mb, out);
       return;

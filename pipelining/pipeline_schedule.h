@@ -73,14 +73,17 @@ class PipelineSchedule {
                    std::vector<std::shared_ptr<PipelineStage>> stages, PipelineScheduleOptions options);
 
   // One step (see above). `args`: the whole batch's arguments of the first stage (ignored on
-  // other ranks); `target`: the whole batch's target (used on the last stage's rank).
+  // other ranks); `target`: the whole batch's target (used on the last stage's rank);
+  // `kwargs`: whole-batch tensors every rank passes (PyTorch's keyword arguments of step(), as
+  // torchtitan passes the positions), split into microbatches and given to every stage's
+  // forward after its inputs: never sent between stages.
   std::vector<at::Tensor> step(const std::vector<at::Tensor>& args, const at::Tensor& target = {},
-                               std::vector<at::Tensor>* losses = nullptr);
+                               std::vector<at::Tensor>* losses = nullptr, const std::vector<at::Tensor>& kwargs = {});
   // PyTorch's eval(): the same step with the forwards only (no backward action runs, no
   // gradient changes); the last stage computes loss_fn per microbatch where `target` is given
   // and fills `losses`. Run it under at::NoGradGuard to keep no autograd graph.
   std::vector<at::Tensor> eval(const std::vector<at::Tensor>& args, const at::Tensor& target = {},
-                               std::vector<at::Tensor>* losses = nullptr);
+                               std::vector<at::Tensor>* losses = nullptr, const std::vector<at::Tensor>& kwargs = {});
 
   // This rank's lowered action list (PyTorch's pipeline_order_with_comms[rank]).
   const std::vector<Action>& actions() const { return actions_; }
@@ -90,8 +93,9 @@ class PipelineSchedule {
  private:
   void Init(const PipelineOrder& compute_order);
   std::vector<at::Tensor> Run(const std::vector<at::Tensor>& args, const at::Tensor& target,
-                              std::vector<at::Tensor>* losses, bool backward);
-  void InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs);
+                              std::vector<at::Tensor>* losses, const std::vector<at::Tensor>& kwargs, bool backward);
+  void InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs,
+                         const std::vector<std::vector<at::Tensor>>& kwarg_mbs);
   // Perform, timed for options_.on_action when set.
   void TimedPerform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
                     const std::vector<at::Tensor>& target_mbs);

@@ -1,7 +1,7 @@
 // PipelineStage and PipelineSchedule on Threaded ranks against one process running the same
 // model on the same microbatches (the independent reference): every schedule's losses,
-// merged outputs and per-stage gradients; custom CSV schedules; metadata given or inferred;
-// non-differentiable inputs (token ids); bad arguments and a failing stage.
+// merged outputs and per-stage gradients, and eval(); custom CSV schedules; metadata given or
+// inferred; kwargs; non-differentiable inputs (token ids); bad arguments and a failing stage.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/embedding.h>
@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/comm_trace.h"
 #include "pipelining/action.h"
 #include "pipelining/microbatch.h"
 #include "pipelining/pipeline_schedule.h"
@@ -217,6 +218,52 @@ TEST(PipelineSchedule, WithoutALossFunctionRunsForwardsOnly) {
     std::vector<at::Tensor> out = schedule.step({Input()});
     EXPECT_FALSE(layer->weight.grad().defined());
     if (group->rank() == 1) ExpectClose(out.at(0), ref.output, Tolerance(3), "output");
+  });
+}
+
+// kwargs (PyTorch's keyword arguments of step()): every rank passes the whole batch's; each
+// stage's forward gets its microbatch's after its inputs, and none of them travels: one
+// activation per microbatch crosses the boundary each way (CommTrace). Gradients and losses
+// as one process computing tanh(l1(tanh(l0(x)) * scale)) * scale per microbatch.
+TEST(PipelineSchedule, KwargsReachEveryStageWithoutBeingSent) {
+  const int n_mb = 3;
+  const at::Tensor scale = (at::arange(1, kBatch + 1, at::kDouble) / kBatch).unsqueeze(1);
+  std::vector<std::shared_ptr<torch::nn::LinearImpl>> ref_layers = {MakeLayer(0), MakeLayer(1)};
+  const auto xs = SplitTensorIntoMicrobatches(Input(), n_mb), ts = SplitTensorIntoMicrobatches(Target(), n_mb),
+             ss = SplitTensorIntoMicrobatches(scale, n_mb);
+  std::vector<at::Tensor> ref_losses;
+  for (int m = 0; m < n_mb; ++m) {
+    at::Tensor h = xs[m];
+    for (auto& l : ref_layers) h = at::tanh(l->forward(h)) * ss[m];
+    at::Tensor loss = at::mse_loss(h, ts[m]);
+    loss.backward();
+    ref_losses.push_back(loss.detach());
+  }
+  RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    auto trace = std::make_shared<comm::CommTrace>(pg);
+    auto layer = MakeLayer(pg->rank());
+    StageForward forward = [layer](const std::vector<at::Tensor>& in) {
+      EXPECT_EQ(in.size(), 2u);  // the input, then the kwarg
+      return std::vector<at::Tensor>{at::tanh(layer->forward(in[0])) * in[1]};
+    };
+    auto stage = std::make_shared<PipelineStage>(layer, forward, pg->rank(), 2, trace);
+    PipelineSchedule schedule(ScheduleKind::k1F1B, {stage}, {.n_microbatches = n_mb, .loss_fn = Mse});
+    schedule.step({Input()}, Target(), nullptr, {scale});  // infers the shapes
+    layer->zero_grad();
+    trace->clear();
+    std::vector<at::Tensor> losses;
+    schedule.step({Input()}, Target(), &losses, {scale});
+    int64_t sends = 0, recvs = 0;
+    for (const comm::CollectiveRecord& r : trace->records()) {
+      sends += r.op == "send";
+      recvs += r.op == "recv";
+      EXPECT_EQ(r.input_numel + r.output_numel, kBatch / n_mb * kDim) << r.op;  // an activation, not a scale
+    }
+    EXPECT_EQ(sends, n_mb);
+    EXPECT_EQ(recvs, n_mb);
+    const double tol = Tolerance(n_mb);
+    ExpectClose(layer->weight.grad(), ref_layers[pg->rank()]->weight.grad() / n_mb, tol, "weight grad");
+    if (pg->rank() == 1) ExpectClose(at::stack(losses), at::stack(ref_losses), tol, "losses");
   });
 }
 

@@ -98,7 +98,8 @@ int PipelineStage::PrevRank() const { return stage_to_rank_(stage_index_ - 1); }
 int PipelineStage::NextRank() const { return stage_to_rank_(stage_index_ + 1); }
 
 std::vector<TensorMeta> PipelineStage::InferMeta(const std::vector<at::Tensor>& first_args,
-                                                 const std::vector<TensorMeta>& inputs) {
+                                                 const std::vector<TensorMeta>& inputs,
+                                                 const std::vector<at::Tensor>& kwargs) {
   std::vector<at::Tensor> in;
   if (is_first()) {
     in = first_args;
@@ -110,6 +111,7 @@ std::vector<TensorMeta> PipelineStage::InferMeta(const std::vector<at::Tensor>& 
   std::vector<at::Tensor> out;
   {
     at::NoGradGuard no_grad;
+    in.insert(in.end(), kwargs.begin(), kwargs.end());
     out = forward_(in);
   }
   TORCH_CHECK(!out.empty(), "stage ", stage_index_, "'s forward returned no tensors");
@@ -218,7 +220,8 @@ void PipelineStage::SetLocalForwardInput(int mb, const std::vector<at::Tensor>& 
   m.inputs_set = true;
 }
 
-std::vector<at::Tensor> PipelineStage::Forward(int mb, const std::vector<at::Tensor>& args) {
+std::vector<at::Tensor> PipelineStage::Forward(int mb, const std::vector<at::Tensor>& args,
+                                               const std::vector<at::Tensor>& kwargs) {
   CheckMicrobatch(mb, "F");
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(!m.forwarded, "stage ", stage_index_, " ran microbatch ", mb, "'s forward twice");
@@ -231,7 +234,9 @@ std::vector<at::Tensor> PipelineStage::Forward(int mb, const std::vector<at::Ten
     }
   }
   CheckAgainstMeta(m.inputs, inputs_, "inputs", mb);
-  std::vector<at::Tensor> out = forward_(m.inputs);
+  std::vector<at::Tensor> in = m.inputs;
+  in.insert(in.end(), kwargs.begin(), kwargs.end());
+  std::vector<at::Tensor> out = forward_(in);
   CheckAgainstMeta(out, outputs_, "outputs", mb);
   m.outputs = out;
   m.forwarded = true;

@@ -43,7 +43,10 @@
 
 namespace fsdp::pipelining {
 
-using StageForward = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+// A stage's forward of one microbatch: `in` holds its inputs (the first stage's arguments, or
+// the activations the previous stage sent) followed by the microbatch's kwargs (PyTorch's
+// keyword arguments of step(): tensors every rank passes, given to every stage, never sent).
+using StageForward = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& in)>;
 
 // The shape and dtype of one activation of one microbatch.
 struct TensorMeta {
@@ -116,8 +119,9 @@ class PipelineStage {
   void BeginStep(int n_microbatches, std::function<int(int)> stage_to_rank);
   bool has_meta() const { return !inputs_.empty() && !outputs_.empty(); }
   // Metadata inference of this stage: `inputs` are the microbatch-0 arguments (first stage)
-  // or the previous stage's output metadata. Returns the output metadata.
-  std::vector<TensorMeta> InferMeta(const std::vector<at::Tensor>& first_args, const std::vector<TensorMeta>& inputs);
+  // or the previous stage's output metadata; `kwargs` microbatch 0's. Returns the output metadata.
+  std::vector<TensorMeta> InferMeta(const std::vector<at::Tensor>& first_args, const std::vector<TensorMeta>& inputs,
+                                    const std::vector<at::Tensor>& kwargs = {});
   int PrevRank() const;
   int NextRank() const;
   // Tags of this stage's traffic: its activations to stage+1 and its gradients to stage-1
@@ -132,8 +136,10 @@ class PipelineStage {
   void ReleaseForwardSend(int mb);
 
   // Forward of microbatch mb: `args` on the first stage, the received (or locally set) inputs
-  // otherwise. Returns the outputs (kept for backward and, on the last stage, for the merge).
-  std::vector<at::Tensor> Forward(int mb, const std::vector<at::Tensor>& args);
+  // otherwise, then `kwargs`. Returns the outputs (kept for backward and, on the last stage,
+  // for the merge).
+  std::vector<at::Tensor> Forward(int mb, const std::vector<at::Tensor>& args,
+                                  const std::vector<at::Tensor>& kwargs = {});
   void SetLocalForwardInput(int mb, const std::vector<at::Tensor>& previous_outputs);
   // Full (B) or input-only (I) backward of microbatch mb; `loss` on the last stage.
   void Backward(int mb, const at::Tensor& loss, bool full);

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_dict_file.h"
+#include "comm/comm_trace.h"
 #include "comm/process_group.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "optim_state/fsdp2_optim_state.h"
@@ -192,12 +194,52 @@ std::string SpecJson(const Case& c) {
 }
 
 using NamedTensors = std::map<std::string, at::Tensor>;
+// [rank][step] -> "all_gather", "reduce_scatter", "send", "recv" -> how many.
+using CommCounts = std::vector<std::vector<std::map<std::string, int64_t>>>;
 
 struct Reference {
   std::string skip_reason, dir;
   std::vector<double> losses, grad_norms, lrs;
   NamedTensors final_params;  // after the last step, in Hugging Face's names (= ours)
+  CommCounts comm_counts;
 };
+
+// OUT_DIR/comm_counts/rank<r>.json: [{"all_gather": n, ...} per step], parsed by hand (flat
+// objects of non-negative integers, as json.dump writes them).
+CommCounts LoadCommCounts(const std::string& dir, int world) {
+  CommCounts out(world);
+  for (int r = 0; r < world; ++r) {
+    const std::string path = absl::StrCat(dir, "/comm_counts/rank", r, ".json");
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    TORCH_CHECK(!text.empty(), "cannot read ", path);
+    for (size_t at = text.find('{'); at != std::string::npos; at = text.find('{', at)) {
+      const size_t end = text.find('}', at);
+      TORCH_CHECK(end != std::string::npos, path, ": an unterminated object");
+      std::map<std::string, int64_t>& step = out[r].emplace_back();
+      for (size_t q = text.find('"', at); q < end; q = text.find('"', q)) {
+        const size_t close = text.find('"', q + 1);
+        const std::string key = text.substr(q + 1, close - q - 1);
+        step[key] = std::strtoll(text.c_str() + text.find(':', close) + 1, nullptr, 10);
+        q = close + 1;
+      }
+      at = end;
+    }
+  }
+  return out;
+}
+
+// Counts of what CommCounter counts on the reference's side, from our records.
+std::map<std::string, int64_t> CountOf(const std::vector<comm::CollectiveRecord>& records) {
+  std::map<std::string, int64_t> out = {{"all_gather", 0}, {"reduce_scatter", 0}, {"send", 0}, {"recv", 0}};
+  for (const comm::CollectiveRecord& r : records) {
+    if (r.op == "all_gather_into_tensor") ++out["all_gather"];
+    if (r.op == "reduce_scatter_tensor") ++out["reduce_scatter"];
+    if (r.op == "send") ++out["send"];
+    if (r.op == "recv") ++out["recv"];
+  }
+  return out;
+}
 
 // Every rank's `final/rank<r>.safetensors` of a torchtitan run merged (pipeline ranks hold
 // different parts; data-parallel replicas the same values).
@@ -257,6 +299,7 @@ const Reference& TorchtitanRun(const Case& c) {
   r.grad_norms = values("grad_norms");
   r.lrs = values("lrs");
   r.final_params = LoadFinalParams(r.dir, c.world);
+  r.comm_counts = LoadCommCounts(r.dir, c.world);
   return r;
 }
 
@@ -298,20 +341,31 @@ std::vector<std::string> OursArgs(const Case& c, const std::string& hf_init) {
 }
 
 // Our trainer's steps on `c`'s mesh: LoadCheckpoint, `after_load` (every rank), then `steps`
-// Step() + SaveCheckpoint(); `final_params` set: every rank's parts' full parameters after them.
+// Step() + SaveCheckpoint(); `final_params` set: every rank's parts' full parameters after them;
+// `comm_counts` set: each rank's counts per step (its world traced by comm::CommTrace).
 std::vector<StepResult> OursRun(const Case& c, const std::vector<std::string>& args, int64_t steps = kSteps,
                                 const std::function<void(Trainer&, int rank)>& after_load = nullptr,
-                                NamedTensors* final_params = nullptr) {
+                                NamedTensors* final_params = nullptr, CommCounts* comm_counts = nullptr) {
   std::mutex mu;
+  if (comm_counts != nullptr) comm_counts->assign(c.world, {});
   const JobConfig config = ParseConfig("", "test", ParseCommandLine(args).overrides);
   std::vector<StepResult> out;
   fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, c.world, [&](const comm::ProcessGroupPtr& pg) {
-    Trainer trainer(config, pg);
+    const auto trace = comm_counts != nullptr ? std::make_shared<comm::CommTrace>(pg) : nullptr;
+    Trainer trainer(config, trace != nullptr ? trace : pg);
     trainer.LoadCheckpoint();
     if (after_load) after_load(trainer, pg->rank());
     std::vector<StepResult> mine;
     for (int64_t s = 0; s < steps; ++s) {
+      // all_records() keeps each group's records together: a step's are the counts' growth.
+      const std::map<std::string, int64_t> before =
+          trace != nullptr ? CountOf(trace->all_records()) : std::map<std::string, int64_t>{};
       mine.push_back(trainer.Step());
+      if (trace != nullptr) {
+        std::map<std::string, int64_t> counts = CountOf(trace->all_records());
+        for (auto& [kind, n] : counts) n -= before.at(kind);
+        (*comm_counts)[pg->rank()].push_back(counts);
+      }
       trainer.SaveCheckpoint();
     }
     if (pg->rank() == 0) out = mine;
@@ -396,7 +450,12 @@ TEST_P(TorchtitanParity, LossGradNormAndLrMatchTorchtitanStepForStep) {
   }
   const Reference& one_rank = TorchtitanRun(one_rank_case);
   NamedTensors final_params;
-  const std::vector<StepResult> ours = OursRun(c, OursArgs(c, theirs.dir + "/hf_init"), kSteps, nullptr, &final_params);
+  CommCounts comm_counts;
+  // Without TP: PyTorch's TP collectives go through DTensor's functional collectives, which
+  // CommCounter does not see.
+  const bool count = c.tp == 1;
+  const std::vector<StepResult> ours =
+      OursRun(c, OursArgs(c, theirs.dir + "/hf_init"), kSteps, nullptr, &final_params, count ? &comm_counts : nullptr);
   ASSERT_EQ(ours.size(), static_cast<size_t>(kSteps));
   std::vector<double> losses, norms;
   for (const StepResult& r : ours) {
@@ -427,6 +486,21 @@ TEST_P(TorchtitanParity, LossGradNormAndLrMatchTorchtitanStepForStep) {
   ASSERT_EQ(final_params.size(), theirs.final_params.size());
   const double param_diff = MaxAbsDiff(final_params, theirs.final_params);
   EXPECT_LE(param_diff, param_tolerance);
+  // FSDP's all-gathers and reduce-scatters and the pipeline's sends and receives, per rank and
+  // step, as many as torchtitan's run issues. From step 2: a pipeline's first step also carries
+  // each side's shape inference (ours sends a length and the metadata per stage boundary;
+  // PyTorch's sends pickled metadata and runs each stage's forward once more).
+  // Without a pipeline the trainer's non-finite gradient sentinel (no PyTorch counterpart)
+  // all-gathers its flags once per backward: once per accumulated micro-batch.
+  const int64_t sentinel = c.pp > 1 ? 0 : 8 / (c.local_batch_size * (c.world / c.tp));
+  for (int r = 0; count && r < c.world; ++r) {
+    ASSERT_EQ(comm_counts[r].size(), theirs.comm_counts[r].size()) << "rank " << r;
+    for (size_t s = 1; s < comm_counts[r].size(); ++s) {
+      std::map<std::string, int64_t> fsdp_and_p2p = comm_counts[r][s];
+      fsdp_and_p2p["all_gather"] -= sentinel;
+      EXPECT_EQ(fsdp_and_p2p, theirs.comm_counts[r][s]) << "rank " << r << " step " << s + 1;
+    }
+  }
   std::printf(
       "%s: max rel diff loss %.3g (tol %.3g), grad norm %.3g (tol %.3g); torchtitan's spread %.3g / %.3g; final "
       "parameters max abs diff %.3g (tol %.3g, spread %.3g)\n",

@@ -244,13 +244,13 @@ void Trainer::BuildPipeline() {
     units.pop_back();
     pipelining::PipelineStageOptions options;
     options.data_parallel = std::make_shared<FsdpStageDataParallel>(root, units);
-    // Activations: the tokens (the hidden state after the first stage) and each token's
-    // rotary position, which every stage needs; the last stage returns the logits.
+    // in: the tokens (the hidden state after the first stage), then each token's rotary
+    // position, which every rank has and passes as a kwarg (torchtitan passes the positions to
+    // every stage as a keyword argument): only the hidden state travels; the last stage
+    // returns the logits.
     const bool last = s == num_stages - 1;
-    pipelining::StageForward forward = [part, last](const std::vector<at::Tensor>& in) mutable {
-      at::Tensor out = part(in[0], in.size() > 1 ? in[1] : at::Tensor());
-      if (last || in.size() < 2) return std::vector<at::Tensor>{out};
-      return std::vector<at::Tensor>{out, in[1]};
+    pipelining::StageForward forward = [part](const std::vector<at::Tensor>& in) mutable {
+      return std::vector<at::Tensor>{part(in[0], in.size() > 1 ? in[1] : at::Tensor())};
     };
     pl.stages.push_back(std::make_shared<pipelining::PipelineStage>(part.ptr(), forward, s, num_stages, pp, options));
     pl.parts.push_back(part);
@@ -366,7 +366,7 @@ StepResult Trainer::FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t
 }
 
 // train_step with a pipeline (torchtitan's forward_backward_step under pp): each micro-batch
-// through the schedule (tokens and positions into the first stage, labels to the last); the
+// through the schedule (tokens into the first stage, positions to every stage, labels to the last); the
 // loss, known on the last stage, summed over the pipeline group so every rank reports it;
 // clipping over the pipeline's stages.
 StepResult Trainer::PipelinedStep(StepResult r, const std::vector<TokenBatch>& micro_batches, int64_t local_valid,
@@ -377,7 +377,7 @@ StepResult Trainer::PipelinedStep(StepResult r, const std::vector<TokenBatch>& m
   const Clock::time_point model_start = Clock::now();
   for (const TokenBatch& batch : micro_batches) {
     std::vector<at::Tensor> losses;
-    pl.schedule->step({batch.input, batch.positions}, batch.labels, &losses);
+    pl.schedule->step({batch.input}, batch.labels, &losses, {batch.positions});
     for (const at::Tensor& loss : losses) accumulated.add_(loss.to(at::kFloat));
   }
   at::Tensor summed = accumulated.to(at::kDouble).reshape({1});
@@ -396,7 +396,7 @@ at::Tensor Trainer::ValidationLossSum(const TokenBatch& batch) {
   Pipeline& pl = *pipeline_;
   pl.global_tokens = 1;  // the schedule's loss is then each microbatch's sum
   std::vector<at::Tensor> losses;
-  pl.schedule->eval({batch.input, batch.positions}, batch.labels, &losses);
+  pl.schedule->eval({batch.input}, batch.labels, &losses, {batch.positions});
   at::Tensor sum = at::zeros({}, at::kDouble);
   for (const at::Tensor& loss : losses) sum += loss.to(at::kDouble);
   return sum;

@@ -29,6 +29,8 @@ Writes
   OUT_DIR/final/rank<r>.safetensors   rank r's model parts' parameters after the last step, full
                                       (each DTensor gathered), in Hugging Face's names (q/k
                                       permuted by Llama3StateDictAdapter.to_hf, as hf_init)
+  OUT_DIR/comm_counts/rank<r>.json    per step, rank r's FSDP all-gathers and reduce-scatters and
+                                      the pipeline's sends and receives (CommCounter)
   OUT_DIR/checkpoint/step-N           with SPEC's "checkpoint_step" N: torchtitan's CheckpointManager
                                       (components/checkpointer/dcp.py) saving the model, its
                                       OptimizersContainer, LR schedulers, train state and a
@@ -332,10 +334,42 @@ def pipelined_forward_backward(schedule, has_first_stage, has_last_stage, spec, 
     return torch.zeros((), dtype=torch.float32)
 
 
+class CommCounter:
+    """Counts the torch.distributed calls FSDP2 (_fsdp_collectives.py: all_gather_single,
+    reduce_scatter_single) and the pipelining stages (P2POps of isend / irecv, alone or in
+    batch_isend_irecv) make, per step. torch.distributed and its distributed_c10d get the same
+    wrapper, since P2POp checks its op against the latter's."""
+
+    KINDS = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
+             "isend": "send", "irecv": "recv"}
+
+    def __init__(self):
+        import torch.distributed.distributed_c10d as c10d
+        self.steps, self.current = [], dict.fromkeys(self.KINDS.values(), 0)
+        for name, kind in self.KINDS.items():
+            wrapped = self._counting(getattr(dist, name), kind)
+            for module in (dist, c10d):
+                if hasattr(module, name):
+                    setattr(module, name, wrapped)
+
+    def _counting(self, fn, kind):
+        def counted(*args, **kwargs):
+            self.current[kind] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    def begin_step(self):
+        self.current = dict.fromkeys(self.KINDS.values(), 0)
+
+    def end_step(self):
+        self.steps.append(self.current)
+
+
 def worker(rank, spec, out_dir, store, init_state, windows):
     torch.set_num_threads(1)
     world = spec["world"]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    counter = CommCounter()
     parallelism = parallelism_config(spec)
     dist_utils.set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__
     dims = ParallelDims.from_config(parallelism, world)
@@ -406,6 +440,7 @@ def worker(rank, spec, out_dir, store, init_state, windows):
         if step == 1 and memory is not None:
             memory.mark()  # steady steps: the optimizer state exists from here on
         start = time.perf_counter()
+        counter.begin_step()
         # Trainer.train_step, over this rank's rows of each micro-batch (train/dataloader.h).
         optimizer.zero_grad(set_to_none=True)
         lrs.append(schedulers.schedulers[0].get_last_lr()[0])
@@ -457,6 +492,7 @@ def worker(rank, spec, out_dir, store, init_state, windows):
             max_losses.append(float(accumulated))
         norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
         seconds.append(time.perf_counter() - start)
+        counter.end_step()
     window.__exit__(None, None, None)
     if checkpointer is not None:
         checkpointer.close()
@@ -465,6 +501,9 @@ def worker(rank, spec, out_dir, store, init_state, windows):
         final.update({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in part.state_dict().items()})
     hf = Llama3StateDictAdapter(config, None).to_hf({k: v.detach().clone() for k, v in final.items()})
     os.makedirs(os.path.join(out_dir, "final"), exist_ok=True)
+    os.makedirs(os.path.join(out_dir, "comm_counts"), exist_ok=True)
+    with open(os.path.join(out_dir, "comm_counts", f"rank{rank}.json"), "w") as f:
+        json.dump(counter.steps, f)
     save_file({k: v.contiguous() for k, v in hf.items()}, os.path.join(out_dir, "final", f"rank{rank}.safetensors"))
     out = {"losses": torch.tensor(losses, dtype=torch.float64),
            "max_losses": torch.tensor(max_losses, dtype=torch.float64),
