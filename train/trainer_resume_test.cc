@@ -60,6 +60,24 @@ void CopyCheckpoint(const std::string& from_dump, const std::string& to_dump, in
   std::filesystem::copy(from_dump + "/" + name, to_dump + "/" + name, std::filesystem::copy_options::recursive);
 }
 
+// `first` then `second` (runs resumed from step 2 and then 4) against the uninterrupted run's
+// steps 3..kSteps: the same steps, learning rates and token counts, the losses and gradient
+// norms within two meshes' tolerances (each mesh lies within MeshTolerances() of one rank's).
+void ExpectContinuesUninterrupted(const std::vector<StepResult>& first, const std::vector<StepResult>& second,
+                                  const std::vector<StepResult>& uninterrupted) {
+  std::vector<StepResult> resumed = first;
+  resumed.insert(resumed.end(), second.begin(), second.end());
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i].step, want[i].step);
+    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
+    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
+  }
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
+  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+}
+
 TEST(TrainerResume, AtTheSameMeshBitwise) {
   const std::string dump = fsdp::testing::NewTestPath("resume_same");
   const std::vector<StepResult> uninterrupted = ResumeAndTrain(2, {}, dump, kSteps, -1);
@@ -99,17 +117,7 @@ TEST(TrainerResume, AcrossPipelineDegrees) {
                      {"--parallelism.pipeline_parallel_degree=4", "--parallelism.pipeline_parallel_schedule=GPipe",
                       "--training.local_batch_size=8", "--parallelism.pipeline_parallel_microbatch_size=2"},
                      pp4, kSteps, 4);
-  std::vector<StepResult> resumed = on_pp2;
-  resumed.insert(resumed.end(), on_pp4.begin(), on_pp4.end());
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
-  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    EXPECT_EQ(resumed[i].step, want[i].step);
-    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
-    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
-  }
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+  ExpectContinuesUninterrupted(on_pp2, on_pp4, uninterrupted);
   // And back to no pipeline: FSDP 4 loads the pp 4 run's last checkpoint.
   EXPECT_TRUE(ResumeAndTrain(4, {}, pp4, kSteps, kSteps).empty());
 }
@@ -136,16 +144,7 @@ TEST(TrainerResume, WithSeveralPipelineStagesPerRank) {
   const std::vector<StepResult> on_interleaved = ResumeAndTrain(4, with("Interleaved1F1B"), interleaved, 4, 2);
   CopyCheckpoint(interleaved, zbv, 4);
   const std::vector<StepResult> on_zbv = ResumeAndTrain(4, with("ZBVZeroBubble"), zbv, kSteps, 4);
-  std::vector<StepResult> resumed = on_interleaved;
-  resumed.insert(resumed.end(), on_zbv.begin(), on_zbv.end());
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
-  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    EXPECT_EQ(resumed[i].step, want[i].step);
-    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
-  }
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+  ExpectContinuesUninterrupted(on_interleaved, on_zbv, uninterrupted);
   EXPECT_TRUE(ResumeAndTrain(4, {}, zbv, kSteps, kSteps).empty());  // back to FSDP 4
 
   std::vector<std::string> load = with("Interleaved1F1B");
@@ -227,17 +226,7 @@ TEST(TrainerResume, AtOtherMeshesAsTheUninterruptedRun) {
   CopyCheckpoint(tp, hsdp, 4);
   const std::vector<StepResult> on_hsdp =
       ResumeAndTrain(4, {"--parallelism.data_parallel_replicate_degree=2"}, hsdp, kSteps, 4);
-  std::vector<StepResult> resumed = on_tp;
-  resumed.insert(resumed.end(), on_hsdp.begin(), on_hsdp.end());
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
-  const std::vector<StepResult> want(uninterrupted.begin() + 2, uninterrupted.end());
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    EXPECT_EQ(resumed[i].step, want[i].step);
-    EXPECT_EQ(resumed[i].lr, want[i].lr) << "step " << want[i].step;
-    EXPECT_EQ(resumed[i].global_tokens, want[i].global_tokens) << "step " << want[i].step;
-  }
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::loss), 2 * MeshTolerances().loss);
-  EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
+  ExpectContinuesUninterrupted(on_tp, on_hsdp, uninterrupted);
 }
 
 }  // namespace
