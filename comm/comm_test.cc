@@ -307,7 +307,9 @@ TEST(CommTrace, AllRecordsGatherTheSubgroups) {
     EXPECT_EQ(records[0].op, "barrier");
     EXPECT_EQ(records[1].op, "all_reduce");
     EXPECT_EQ(records[1].group_size, 2);
-    if (pg->rank() == 1) EXPECT_EQ(records[2].op, "broadcast");
+    if (pg->rank() == 1) {
+      EXPECT_EQ(records[2].op, "broadcast");
+    }
     EXPECT_EQ(trace->records().size(), 1u);  // its own
   });
 }
