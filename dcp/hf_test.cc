@@ -194,7 +194,9 @@ TEST(HuggingFace, KeyMismatchesFailEveryRankBeforeAnythingChanges) {
     const FullState partial = GetFull(t);
     EXPECT_TRUE(at::equal(*partial.model.find("scale"), at::arange(4, at::kFloat)));
     for (const auto& item : before.model) {
-      if (item.key() != "scale") EXPECT_TRUE(at::equal(*partial.model.find(item.key()), item.value())) << item.key();
+      if (item.key() != "scale") {
+        EXPECT_TRUE(at::equal(*partial.model.find(item.key()), item.value())) << item.key();
+      }
     }
   });
   // Another model's shapes: an error naming both, on every rank.

@@ -40,7 +40,9 @@ void ExpectShardsOf(torch::nn::Module& model, torch::nn::Module& reference, cons
     ++whole;
   }
   EXPECT_GT(whole, 0) << what;
-  if (what != "one rank") EXPECT_GT(sharded, 0) << what;
+  if (what != "one rank") {
+    EXPECT_GT(sharded, 0) << what;
+  }
 }
 
 TEST(DcpTensorParallel, ATensorParallelCheckpointReshardsFromTwoToFourAndOne) {

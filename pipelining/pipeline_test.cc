@@ -7,6 +7,8 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -374,14 +376,18 @@ TEST(PipelineSchedule, AFailingStageFailsTheStepOnEveryRank) {
 }
 
 // options.on_action: every action of the rank's lowered list, in order, with its times; a
-// forward's interval starts after its receive (rank 0's forwards sleep 30 ms each, so rank 1
-// waits for its input; that wait is not inside its F).
+// forward's interval starts after its receive: rank 1's forward of a microbatch starts only
+// once rank 0's forward of it has ended (causality, not a time bound: rank 0's forwards sleep
+// so that rank 1 is waiting for its input when an F that counted the wait would start).
 TEST(PipelineSchedule, OnActionTimesEveryActionWithoutItsWaits) {
   using Clock = std::chrono::steady_clock;
+  constexpr auto kRank0ForwardSleep = std::chrono::milliseconds(30);
+  constexpr int kMicrobatches = 2;
+  std::array<std::atomic<int64_t>, kMicrobatches> rank0_forward_end{};  // steady_clock ticks
   RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& group) {
     auto layer = MakeLayer(group->rank());
     StageForward forward = [&, layer](const std::vector<at::Tensor>& in) {
-      if (group->rank() == 0 && at::GradMode::is_enabled()) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      if (group->rank() == 0 && at::GradMode::is_enabled()) std::this_thread::sleep_for(kRank0ForwardSleep);
       return LayerForward(layer)(in);
     };
     struct Timed {
@@ -389,7 +395,7 @@ TEST(PipelineSchedule, OnActionTimesEveryActionWithoutItsWaits) {
       Clock::time_point start, end;
     };
     std::vector<Timed> timed;
-    PipelineScheduleOptions options{.n_microbatches = 2, .loss_fn = Mse};
+    PipelineScheduleOptions options{.n_microbatches = kMicrobatches, .loss_fn = Mse};
     options.on_action = [&](const Action& a, Clock::time_point start, Clock::time_point end) {
       timed.push_back({a, start, end});
     };
@@ -406,16 +412,21 @@ TEST(PipelineSchedule, OnActionTimesEveryActionWithoutItsWaits) {
       EXPECT_LE(step_start, timed[i].start) << i;
       EXPECT_LE(timed[i].start, timed[i].end) << i;
       EXPECT_LE(timed[i].end, step_end) << i;
-      if (i > 0) EXPECT_LE(timed[i - 1].end, timed[i].start) << i;
+      if (i > 0) {
+        EXPECT_LE(timed[i - 1].end, timed[i].start) << i;
+      }
     }
     for (const Timed& t : timed) {
-      if (t.action.type != ActionType::kForward) continue;
-      const auto took = t.end - t.start;
-      if (group->rank() == 0) {
-        EXPECT_GE(took, std::chrono::milliseconds(30)) << t.action.ToString();
-      } else {
-        EXPECT_LT(took, std::chrono::milliseconds(25)) << t.action.ToString() << ": the receive's wait counted";
-        if (t.action.microbatch == 0) EXPECT_GE(t.start - step_start, std::chrono::milliseconds(30));
+      if (t.action.type == ActionType::kForward && group->rank() == 0) {
+        EXPECT_GE(t.end - t.start, kRank0ForwardSleep) << t.action.ToString();
+        rank0_forward_end[t.action.microbatch.value()] = t.end.time_since_epoch().count();
+      }
+    }
+    group->barrier()->wait();  // rank 0's times are recorded
+    for (const Timed& t : timed) {
+      if (t.action.type == ActionType::kForward && group->rank() == 1) {
+        EXPECT_GE(t.start.time_since_epoch().count(), rank0_forward_end[t.action.microbatch.value()].load())
+            << t.action.ToString() << ": the receive's wait counted";
       }
     }
   });

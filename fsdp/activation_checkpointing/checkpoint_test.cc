@@ -273,6 +273,28 @@ TEST(CheckpointMemory, LiveAfterForwardIsAboutTheBlockInputsNotTheActivations) {
             << " bytes (block input " << input_bytes << ")\n";
 }
 
+// PyTorch's checkpoint frees a block's saved input once that block's backward ran, while the
+// rest of the graph (here kept alive by `loss`) still exists: peak memory of a backward pass
+// depends on it (full activation checkpointing in the trainer).
+TEST(CheckpointMemory, BackwardReleasesEachBlockInput) {
+  std::vector<CkptBlock> blocks;
+  for (int i = 0; i < 4; ++i) blocks.emplace_back(8, 16);
+  const at::Tensor x = Input(4, 8);
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> block_inputs;  // of blocks 1..3
+  at::Tensor h = x;
+  for (auto& b : blocks) {
+    h = b(h);
+    block_inputs.push_back(h.storage().getWeakStorageImpl());
+  }
+  block_inputs.pop_back();  // the last block's output is no block's input
+  const at::Tensor loss = h.sum();
+  h.reset();
+  for (const auto& weak : block_inputs) EXPECT_FALSE(weak.expired());  // saved for backward
+  loss.backward();
+  EXPECT_TRUE(blocks[0]->fc1->weight.grad().defined());
+  for (size_t i = 0; i < block_inputs.size(); ++i) EXPECT_TRUE(block_inputs[i].expired()) << "input of block " << i + 1;
+}
+
 TEST(CheckpointErrors, BadArgumentsAndUnsupportedUses) {
   const at::Tensor x = Input(2, 3);
   auto id = [](const std::vector<at::Tensor>& in) { return in[0] * 2; };

@@ -85,7 +85,11 @@ R CheckpointForward(const CheckpointableModule& ckpt, const torch::nn::Module& m
   std::vector<at::Tensor> inputs;
   for (at::Tensor* t : CollectForwardTensors(*copies)) inputs.push_back(*t);
   // The first forward's output, whose tensors are then replaced by the checkpoint's outputs.
-  auto first = std::make_shared<std::optional<std::decay_t<R>>>();
+  struct FirstOutput {
+    std::optional<std::decay_t<R>> value;
+    bool taken = false;  // by this call: a recomputation's output is not kept
+  };
+  auto first = std::make_shared<FirstOutput>();
   CheckpointMultiFn fn = [copies, first, body](const std::vector<at::Tensor>& in) {
     Tuple local = *copies;  // recomputations never see the tensors of an earlier call
     const std::vector<at::Tensor*> slots = CollectForwardTensors(local);
@@ -95,14 +99,20 @@ R CheckpointForward(const CheckpointableModule& ckpt, const torch::nn::Module& m
     ForwardTensors<std::decay_t<R>>::Collect(out, outs);
     std::vector<at::Tensor> result;
     for (at::Tensor* t : outs) result.push_back(*t);
-    if (!first->has_value()) first->emplace(std::move(out));
+    if (!first->taken) first->value.emplace(std::move(out));
     return result;
   };
   CheckpointOptions options = ckpt.checkpoint_options();
   options.params = module.parameters(/*recurse=*/true);
   std::vector<at::Tensor> outs = checkpoint_multi(std::move(fn), inputs, std::move(options));
-  std::decay_t<R> result = std::move(first->value());
-  first->reset();  // the recomputation keeps only the tensors it returns
+  std::decay_t<R> result = std::move(*first->value);
+  // `fn` lives as long as the autograd node, whose saved data outlives its backward: keeping a
+  // recomputed output there, or the tensors of `copies` (the recomputation takes them from the
+  // checkpoint's saved inputs, which backward releases), would keep each checkpointed module's
+  // input and recomputed activations until the whole graph is freed.
+  first->value.reset();
+  first->taken = true;
+  for (at::Tensor* t : CollectForwardTensors(*copies)) *t = at::Tensor();
   std::vector<at::Tensor*> slots;
   ForwardTensors<std::decay_t<R>>::Collect(result, slots);
   TORCH_CHECK(slots.size() == outs.size(), "checkpointed forward: ", outs.size(), " outputs for ", slots.size(),

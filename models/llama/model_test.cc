@@ -130,7 +130,9 @@ TEST(InitTorchtitanParameter, DrawsTorchtitansDistributions) {
       EXPECT_NEAR(inside.mean().item<double>(), 0.0, 6 * std / std::sqrt(static_cast<double>(kN)));
       EXPECT_GE(t.min().item<double>(), lo);
       EXPECT_LE(t.max().item<double>(), hi);
-      if (hi / std > 3) EXPECT_GT(t.abs().max().item<double>(), 3 * std);  // not cut at 3 std
+      if (hi / std > 3) {
+        EXPECT_GT(t.abs().max().item<double>(), 3 * std);  // not cut at 3 std
+      }
     }
     ++checked;
   }
