@@ -20,11 +20,11 @@
 // LoadCold/{ours,raw}: the same after dropping every file of both from the page cache
 //   (posix_fadvise DONTNEED, untimed) before each iteration, so the reads reach the disk.
 // AsyncStall/ours: what an async checkpoint costs the training step: dcp::AsyncSave with a
-//   Stager (dcp/stager.h, buffers allocated at the warm-up save) until it returns (the plan,
-//   the copy into the staging buffers, the fragments gathered to rank 0); the previous save's
-//   write is waited for untimed. AsyncStall/raw: copying as many bytes as the staged snapshot
-//   between two preallocated, touched buffers (memcpy), then a barrier (AsyncSave's gather
-//   makes the ranks meet). Goal: ours / raw time <= 1.2.
+//   Stager (dcp/stager.h, buffers allocated at the warm-up save) until it returns (the plan's
+//   agreement, the copy into the staging buffers); the previous save's write is waited for
+//   untimed. AsyncStall/raw: copying as many bytes as the staged snapshot between two
+//   preallocated, touched buffers (memcpy), then a barrier (AsyncSave's plan agreement makes
+//   the ranks meet). Goal: ours / raw time <= 1.2.
 // StepsWithSaves/ours: the steady state of a run that checkpoints: kSaveInterval training steps
 //   (forward and backward of a batch of 8, AdamW) and an AsyncSave through the Stager after the
 //   last, waiting first for the previous save's write (as dcp::CheckpointManager does), which

@@ -215,12 +215,14 @@ class AsyncSaveHandle {
 
 // Save, split: synchronously (collective on the model's group) the plan is made, this rank's
 // items are copied to the CPU (a snapshot: training may change the model right after the
-// call) and serialized values encoded, and the fragments (which depend only on shapes and
-// dtypes) are gathered to rank 0; then a background thread writes this rank's file and,
-// after every rank's thread has written its own (agreed over `background_group`), rank 0's
-// writes `.metadata`. `background_group`: a group of the same ranks that nothing else uses
-// until wait() returns (PyTorch's async_save advises a separate Gloo group too); null: one
-// is created from the model's world group (collective, new_subgroup) for this save.
+// call) and serialized values encoded; then a background thread writes this rank's file,
+// sends rank 0 its fragment (which depends only on shapes and dtypes) over
+// `background_group` once every rank's thread has written its own, and rank 0's writes
+// `.metadata`. So the caller waits for one small collective and the copy (torchtitan's
+// async_mode "async" waits for the copy; PyTorch's async_save plans on the writing thread).
+// `background_group`: a group of the same ranks that nothing else uses until wait() returns
+// (PyTorch's async_save advises a separate Gloo group too); null: one is created from the
+// model's world group (collective, new_subgroup) for this save.
 AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimizer* optimizer, const std::string& dir,
                           const SaveOptions& options = {}, comm::ProcessGroupPtr background_group = nullptr);
 

@@ -346,10 +346,9 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
       cache->payload = payload;
     }
   });
-  // Rank 0 parses the fragments on the writing thread: only `.metadata` needs them, and the
-  // parse is a large part of what the step would otherwise wait for (docs/development/benchmarks.md).
-  auto gathered = std::make_shared<const std::vector<std::vector<char>>>(
-      internal::GatherOrThrow(world, error, payload, 0, kAsyncSave));
+  // The fragments go to rank 0 on the writing thread, over the background group: only
+  // `.metadata` needs them, so the step does not wait for that gather (nor rank 0 for their
+  // parse); an error above is reported there too, on every rank, at wait().
   const comm::ProcessGroupPtr group = internal::BackgroundGroup(world, std::move(background_group), kAsyncSave);
   const int rank = plan.rank;
   auto paths = std::make_shared<RankPlan>(std::move(plan));
@@ -357,23 +356,26 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   paths->adapter.reset();
   std::shared_ptr<std::promise<void>> release =
       options.stager ? internal::StagerAccess::MarkBusy(*options.stager) : nullptr;
-  return internal::StartAsyncSave([items, paths, predicted = std::move(predicted), gathered, dir, rank, group,
-                                   on_written = options.on_rank_file_written, release] {
-    std::string err = internal::ErrorOf([&] {
-      if (items->empty()) return;
-      DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
-      SetObjectPaths(*paths, written);
-      TORCH_CHECK(written.entries == predicted.entries, kAsyncSave, ": rank ", rank, " wrote '",
-                  checkpoint::DcpDataFileName(rank), "' in '", dir,
-                  "' with another layout than the one it announced to rank 0 (an archive length that depends on the "
-                  "values?); the checkpoint stays incomplete");
-      if (on_written) on_written(DataFilePath(dir, rank));
-    });
+  return internal::StartAsyncSave([items, paths, predicted = std::move(predicted), payload = std::move(payload), error,
+                                   dir, rank, group, on_written = options.on_rank_file_written, release] {
+    std::string err = error;
+    if (err.empty()) {
+      err = internal::ErrorOf([&] {
+        if (items->empty()) return;
+        DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
+        SetObjectPaths(*paths, written);
+        TORCH_CHECK(written.entries == predicted.entries, kAsyncSave, ": rank ", rank, " wrote '",
+                    checkpoint::DcpDataFileName(rank), "' in '", dir,
+                    "' with another layout than the one it announced to rank 0 (an archive length that depends on "
+                    "the values?); the checkpoint stays incomplete");
+        if (on_written) on_written(DataFilePath(dir, rank));
+      });
+    }
     items->tensors.clear();             // the snapshot is on disk: free it before waiting for the others
     if (release) release->set_value();  // and the stager's buffers may take the next one
-    internal::AgreeOrThrow(group, err, kAsyncSave);
+    const auto gathered = internal::GatherOrThrow(group, err, payload, 0, kAsyncSave);
     std::string md_error;
-    if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, ParseFragments(*gathered)); });
+    if (rank == 0) md_error = internal::ErrorOf([&] { checkpoint::WriteMetadata(dir, ParseFragments(gathered)); });
     const std::vector<char> root = comm::BroadcastBytes(group, std::vector<char>(md_error.begin(), md_error.end()), 0);
     TORCH_CHECK(md_error.empty(), md_error);
     TORCH_CHECK(root.empty(), kAsyncSave, ": rank 0 failed: ", std::string(root.begin(), root.end()));
