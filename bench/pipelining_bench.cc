@@ -25,6 +25,11 @@
 // raw loop per lowered action of rank 0's list (the same divisor for both sides) and PyTorch /
 // ours. `python3 tools/bench_ratio.py bench/out/pipelining.json` prints ours / PyTorch per step.
 //
+// --fake_world=W: instead of Gloo processes, one process as the last rank of a fake process
+// group of W ranks (comm/fake_process_group.h: sends and receives return at once; the twin runs
+// on PyTorch's fake group likewise), the Overhead benchmarks only: the runtime's host work per
+// action without the noise of the p2p transport.
+//
 // Every rank runs the same benchmarks with fixed iteration counts; only rank 0 reports.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -49,6 +54,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/pair_flags.h"
 #include "bench/pipeline_bubble_model.h"
+#include "comm/fake_process_group.h"
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
 #include "pipelining/pipeline_schedule.h"
@@ -200,6 +206,13 @@ bool& Breakdown() {
   return breakdown;
 }
 
+// --fake_world: the group is fake (the reporting rank is its last).
+bool& Fake() {
+  static bool fake = false;
+  return fake;
+}
+bool Reports() { return Fake() || Group()->rank() == 0; }
+
 // Seconds per step, every repetition, by benchmark name (rank 0's; for the summary).
 std::map<std::string, std::vector<double>>& Seconds() {
   static std::map<std::string, std::vector<double>> seconds;
@@ -231,9 +244,10 @@ void BM_OverheadOurs(benchmark::State& state, ScheduleKind kind) {
   for (int s = 0; s < p * v; ++s) {
     if (fsdp::pipelining::StageRank(kind, s, p) != rank) continue;
     auto l = TinyLinear();
+    // Shapes given (as the twin gives PyTorch's): a fake group cannot infer them.
     stages.push_back(std::make_shared<PipelineStage>(
         l, [l](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{l->forward(in[0])}; }, s, p * v,
-        group));
+        group, fsdp::pipelining::PipelineStageOptions{.inputs = {{{1, 1}}}, .outputs = {{{1, 1}}}}));
   }
   PipelineScheduleOptions options{.n_microbatches = m, .loss_fn = Mse};
   // --breakdown=1: time per action type (rank 0 prints it after the run; the clock reads cost
@@ -249,12 +263,12 @@ void BM_OverheadOurs(benchmark::State& state, ScheduleKind kind) {
   PipelineSchedule schedule(kind, stages, options);
   const at::Tensor x = at::linspace(-1, 1, m).reshape({m, 1});
   const at::Tensor target = x * 0.3;
-  for (int i = 0; i < 3; ++i) schedule.step({x}, target);  // shape inference, warm-up
+  for (int i = 0; i < 3; ++i) schedule.step({x}, target);  // warm-up
   group->barrier()->wait();
   per_type.clear();
   for (auto _ : state) schedule.step({x}, target);
-  if (Breakdown() && rank == 0) {
-    std::string line = absl::StrCat(Name(kind), " rank 0, us per action (count per step):");
+  if (Breakdown() && Reports()) {
+    std::string line = absl::StrCat(Name(kind), " rank ", rank, ", us per action (count per step):");
     for (auto& [type, t] : per_type) {
       absl::StrAppend(
           &line, " ", std::string(fsdp::pipelining::ActionTypeName(type)), " ",
@@ -335,7 +349,7 @@ void BM_PeerRound(benchmark::State& state) {
   for (auto _ : state) {
     PeerSeconds().clear();
     PeerCpuSeconds().clear();
-    if (Group()->rank() == 0) {
+    if (Reports()) {
       std::string why_not;
       const std::string python = fsdp::testing::PeerPythonOrCacheDefault(&why_not);
       const char* script = "bench/peer/pipelining_peer.py";
@@ -344,10 +358,11 @@ void BM_PeerRound(benchmark::State& state) {
             (python.empty() ? why_not : absl::StrCat(script, " is not under the working directory")).c_str());
       } else {
         std::string output;
-        const int status = fsdp::testing::RunCommand(
-            absl::StrCat("'", python, "' ", script, " --world ", Group()->size(), " --microbatches ",
-                         kOverheadMicrobatches, " --steps ", kOverheadSteps),
-            &output);
+        const int status =
+            fsdp::testing::RunCommand(absl::StrCat("'", python, "' ", script, " --world ", Group()->size(),
+                                                   " --backend ", Fake() ? "fake" : "gloo", " --microbatches ",
+                                                   kOverheadMicrobatches, " --steps ", kOverheadSteps),
+                                      &output);
         for (size_t at = output.find("PEER "); at != std::string::npos; at = output.find("PEER ", at + 1)) {
           char name[32] = {};
           double s = 0, cpu = 0;
@@ -435,10 +450,11 @@ void PrintBubbleSummary() {
 
 void PrintOverheadSummary() {
   std::printf(
-      "\nPipeline runtime host overhead, %d Gloo processes, %d microbatches of a Linear(1, 1) per stage; "
-      "rank 0's process CPU time and wall time per step in us (medians over repetitions); overhead per "
-      "action = (step - raw loop) CPU time / actions of rank 0's lowered list\n",
-      Group()->size(), kOverheadMicrobatches);
+      "\nPipeline runtime host overhead, %s, %d microbatches of a Linear(1, 1) per stage; "
+      "rank %d's process CPU time and wall time per step in us (medians over repetitions); overhead per "
+      "action = (step - raw loop) CPU time / actions of that rank's lowered list\n",
+      absl::StrCat(Group()->size(), Fake() ? " ranks of a fake process group" : " Gloo processes").c_str(),
+      kOverheadMicrobatches, Group()->rank());
   std::printf("%-22s %7s %9s %9s %11s %11s %9s %9s %11s\n", "schedule", "actions", "ours cpu", "torch cpu",
               "ours us/act", "torch us/act", "ours wall", "torch wall", "torch/ours");
   auto med = [](std::map<std::string, std::vector<double>>& m, const std::string& key) { return Median(m[key]) * 1e6; };
@@ -464,7 +480,7 @@ void PrintOverheadSummary() {
 
 void RegisterAll(int pair_repetitions, bool peer) {
   const std::string m = absl::StrCat("/", kBubbleMicrobatches);
-  for (int rep = 0; rep < pair_repetitions; ++rep) {
+  for (int rep = 0; rep < pair_repetitions && !Fake(); ++rep) {
     for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
       benchmark::RegisterBenchmark(absl::StrCat("Bubble/", Name(kind), m).c_str(), BM_Bubble, kind)
           ->Iterations(5)
@@ -510,21 +526,27 @@ int main(int argc, char** argv) {
   return fsdp::comm::RunMain([&]() -> int {
     at::set_num_threads(1);                  // W processes share the machine's cores
     ::prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // the fixed-cost stages' sleeps end on time
-    fsdp::comm::GlooOptions options;
-    options.hostname = "127.0.0.1";
-    Group() = fsdp::comm::CreateGlooProcessGroupFromEnv(options);
     std::vector<char*> args(argv, argv + argc);
+    const int fake_world = fsdp::bench::TakeIntFlag(args, "--fake_world=", 0);
+    Fake() = fake_world > 0;
+    if (Fake()) {
+      Group() = fsdp::comm::CreateFakeProcessGroup(fake_world - 1, fake_world);
+    } else {
+      fsdp::comm::GlooOptions options;
+      options.hostname = "127.0.0.1";
+      Group() = fsdp::comm::CreateGlooProcessGroupFromEnv(options);
+    }
     const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
     const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;
     Breakdown() = fsdp::bench::TakeIntFlag(args, "--breakdown=", 0) != 0;
-    fsdp::bench::QuietUnlessRankZero(args, Group()->rank());
+    fsdp::bench::QuietUnlessRankZero(args, Fake() ? 0 : Group()->rank());
     int args_count = static_cast<int>(args.size());
     benchmark::Initialize(&args_count, args.data());
     RegisterAll(pair_repetitions, peer);
     Reporter reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);
-    if (Group()->rank() == 0 && !Bubbles().empty()) PrintBubbleSummary();
-    if (Group()->rank() == 0 && !ActionCounts().empty()) PrintOverheadSummary();
+    if (Reports() && !Bubbles().empty()) PrintBubbleSummary();
+    if (Reports() && !ActionCounts().empty()) PrintOverheadSummary();
     std::fflush(stdout);
     Group()->barrier()->wait();
     benchmark::Shutdown();

@@ -1,7 +1,10 @@
 """PyTorch 2.15's side of bench/pipelining's Overhead benchmarks: its pipeline schedules
-(torch.distributed.pipelining) with the same tiny model on the same number of Gloo processes.
+(torch.distributed.pipelining) with the same tiny model on the same number of Gloo processes,
+or (--backend fake) as the last rank of PyTorch's fake process group of W ranks in this
+process, whose sends and receives return at once (what is left is the schedule's host work).
 
-Usage: python pipelining_peer.py --world W [--microbatches 16] [--steps 40] [--schedules GPipe,1F1B]
+Usage: python pipelining_peer.py --world W [--backend gloo|fake] [--microbatches 16] [--steps 40]
+                                 [--schedules GPipe,1F1B]
 Every stage is one Linear(1, 1) (weight 0.5, bias 0.1), the batch `microbatches` rows of one
 feature, MSE loss against 0.3 x; GPipe and 1F1B one stage per rank, the others two (placement
 as the schedule's: loop, or "v" for ZBVZeroBubble and DualPipeV). Per schedule: 3 warm-up
@@ -63,7 +66,9 @@ def run_schedule(name, rank, world, m, steps, x, target):
 
     v = 1 if name in SINGLE else 2
     n = world * v
-    stages = [PipelineStage(tiny_linear(), s, n, torch.device("cpu"))
+    # Shapes given, as bench/pipelining gives ours (a fake group cannot infer them).
+    stages = [PipelineStage(tiny_linear(), s, n, torch.device("cpu"), input_args=(torch.empty(1, 1),),
+                            output_args=(torch.empty(1, 1),))
               for s in range(n) if stage_rank(name, s, world) == rank]
     cls = get_schedule_class(name)
     schedule = cls(stages[0] if name in SINGLE else stages, n_microbatches=m, loss_fn=F.mse_loss)
@@ -121,8 +126,13 @@ def run_raw(v, rank, world, m, steps, x, target):
     return timed(step, steps)
 
 
-def run(rank, world, init_file, m, steps, schedules):
-    peer_common.init_gloo(rank, world, init_file)
+def run(rank, world, init_file, m, steps, schedules, backend="gloo"):
+    if backend == "gloo":
+        peer_common.init_gloo(rank, world, init_file)
+    else:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        torch.set_num_threads(1)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     x = torch.linspace(-1, 1, m).reshape(m, 1)
     target = x * 0.3
     results = []
@@ -135,10 +145,13 @@ def run(rank, world, init_file, m, steps, schedules):
             if rank == 0:
                 traceback.print_exc()
             results.append((name, (float("nan"), float("nan"))))
-    if rank == 0:
+    if rank == 0 or backend == "fake":
         for name, (wall, cpu) in results:
             print(f"PEER {name} {wall:.9f} {cpu:.9f}", flush=True)
-    peer_common.finish_gloo()
+    if backend == "gloo":
+        peer_common.finish_gloo()
+    else:
+        dist.destroy_process_group()
 
 
 def main():
@@ -147,8 +160,14 @@ def main():
     parser.add_argument("--microbatches", type=int, default=16)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    parser.add_argument("--backend", choices=["gloo", "fake"], default="gloo")
     args = parser.parse_args()
-    peer_common.spawn(run, args.world, args.microbatches, args.steps, args.schedules.split(","))
+    if args.backend == "fake":
+        # The last rank: its stages get no gradient from a peer, which PyTorch's single-stage
+        # schedules need from a fake receive (they fail on rank 0 with "requires a gradient").
+        run(args.world - 1, args.world, None, args.microbatches, args.steps, args.schedules.split(","), "fake")
+    else:
+        peer_common.spawn(run, args.world, args.microbatches, args.steps, args.schedules.split(","))
 
 
 if __name__ == "__main__":
