@@ -704,7 +704,7 @@ fsdp_cc_test(//pipelining:schedule_ir_test SIZE small SMOKE PCH none
        @system//:absl @system//:gtest_main)
 
 fsdp_cc_library(//pipelining INSTALL
-  SRCS microbatch.cc pipeline_schedule.cc stage.cc
+  SRCS microbatch.cc pipeline_schedule.cc split_backward.cc split_backward.h stage.cc
   HDRS microbatch.h pipeline_schedule.h stage.h
   DEPS :schedule_ir //comm @libtorch)
 

@@ -4,6 +4,7 @@
 // inferred; kwargs; non-differentiable inputs (token ids); bad arguments and a failing stage.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
@@ -188,6 +189,58 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A custom compute-only schedule from a CSV file (PyTorch's _load_csv), run with loop
 // placement: rank 1 runs its backward of microbatch 0 before its second forward.
+// Backward calls of the operation between a stage's Linear and its tanh, per stage.
+std::array<std::atomic<int>, 8> counted_backwards{};
+
+struct CountBackward : torch::autograd::Function<CountBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t stage) {
+    ctx->saved_data["stage"] = stage;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    ++counted_backwards[ctx->saved_data["stage"].toInt()];
+    return {grads[0], at::Tensor()};
+  }
+};
+
+// PyTorch's split backward: W computes the parameters' gradients from where their paths
+// join the inputs' (the Linear), with what I left there, so the operations above it run once
+// per microbatch, in I; walking the graph again from the outputs would run them twice. The
+// first stage, whose input needs no gradient, runs its whole backward in W.
+TEST(PipelineSchedule, WeightBackwardStartsWhereTheInputBackwardStopped) {
+  constexpr int kRanks = 2, kStages = 4, kMicrobatches = 4;
+  for (ScheduleKind kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZBVZeroBubble}) {
+    for (auto& c : counted_backwards) c = 0;
+    const Reference ref = RunReference(kStages, kMicrobatches);
+    RunOnRanks(Backend::kThreaded, kRanks, [&](const comm::ProcessGroupPtr& group) {
+      std::vector<std::shared_ptr<PipelineStage>> stages;
+      std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
+      for (int s = 0; s < kStages; ++s) {
+        if (StageRank(kind, s, kRanks) != group->rank()) continue;
+        auto l = MakeLayer(s);
+        layers.push_back(l);
+        StageForward forward = [l, s](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{at::tanh(CountBackward::apply(l->forward(in[0]), s))};
+        };
+        stages.push_back(std::make_shared<PipelineStage>(l, forward, s, kStages, group));
+      }
+      PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
+      schedule.step({Input()}, Target());
+      for (size_t k = 0; k < stages.size(); ++k) {
+        const int s = stages[k]->stage_index();
+        ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
+                    "stage " + std::to_string(s) + " weight grad");
+        ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
+                    "stage " + std::to_string(s) + " bias grad");
+      }
+    });
+    for (int s = 0; s < kStages; ++s) {
+      EXPECT_EQ(counted_backwards[s].load(), kMicrobatches) << ScheduleName(kind) << " stage " << s;
+    }
+  }
+}
+
 TEST(PipelineSchedule, RunsACustomScheduleFromCsv) {
   const int n_mb = 4;
   const std::string path =

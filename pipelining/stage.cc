@@ -8,6 +8,8 @@
 #include <sstream>
 #include <utility>
 
+#include "pipelining/split_backward.h"
+
 namespace fsdp::pipelining {
 
 // What one microbatch leaves between its actions.
@@ -19,7 +21,10 @@ struct PipelineStage::Microbatch {
   std::vector<at::Tensor> output_grads;  // one per floating output: received or set locally
   bool output_grads_set = false;
   std::vector<at::Tensor> input_grads;  // one per floating input, after backward
-  // The weight half of a split backward: the roots and their gradients, kept by I for W.
+  // The weight half of a split backward, kept by I for W: where the parameters' gradients
+  // continue from (pipelining/split_backward.h), or for a stage without differentiable
+  // inputs (the first) the roots and their gradients, for a full backward in W.
+  internal::WeightGradientPlan weight_plan;
   std::vector<at::Tensor> weight_roots;
   std::vector<at::Tensor> weight_root_grads;
   bool forwarded = false;
@@ -283,20 +288,24 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, bool full) {
     for (const at::Tensor& t : differentiable_inputs) {
       m.input_grads.push_back(t.grad().defined() ? t.grad() : at::zeros_like(t));
     }
-  } else {
-    // Input half: the inputs' gradients only, the graph kept for the weight half. (PyTorch's
-    // stage_backward_input keeps the intermediate gradients for W instead; here W walks the
-    // graph again from the roots, restricted to the parameters: the same gradients, more work.)
-    if (!roots.empty() && !differentiable_inputs.empty()) {
-      std::vector<at::Tensor> grads =
-          torch::autograd::grad(roots, differentiable_inputs, root_grads, /*retain_graph=*/true,
-                                /*create_graph=*/false, /*allow_unused=*/true);
-      for (size_t i = 0; i < grads.size(); ++i) {
-        m.input_grads.push_back(grads[i].defined() ? grads[i] : at::zeros_like(differentiable_inputs[i]));
-      }
-    } else {
-      for (const at::Tensor& t : differentiable_inputs) m.input_grads.push_back(at::zeros_like(t));
+  } else if (!roots.empty() && !differentiable_inputs.empty()) {
+    // Input half (PyTorch's stage_backward_input): the inputs' gradients, and what W needs to
+    // compute the parameters' from where their paths join the inputs'. The graph above those
+    // points goes with the outputs.
+    std::vector<at::Tensor> params;
+    for (const at::Tensor& p : module_->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
     }
+    const std::vector<at::Tensor> grads =
+        internal::BackwardInput(roots, root_grads, differentiable_inputs, params, m.weight_plan);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      m.input_grads.push_back(grads[i].defined() ? grads[i] : at::zeros_like(differentiable_inputs[i]));
+    }
+    m.outputs.clear();
+    m.awaiting_weight = true;
+  } else {
+    // No input needs a gradient (the first stage): W is the whole backward, as PyTorch's.
+    for (const at::Tensor& t : differentiable_inputs) m.input_grads.push_back(at::zeros_like(t));
     m.weight_roots = roots;
     m.weight_root_grads = root_grads;
     m.awaiting_weight = true;
@@ -315,6 +324,7 @@ void PipelineStage::BackwardWeight(int mb) {
   TORCH_CHECK(it != microbatches_.end() && it->second.awaiting_weight, "stage ", stage_index_, " runs microbatch ", mb,
               "'s weight backward (W) without its input backward (I) first");
   Microbatch& m = it->second;
+  internal::BackwardWeight(m.weight_plan);
   std::vector<at::Tensor> params;
   for (const at::Tensor& p : module_->parameters()) {
     if (p.requires_grad()) params.push_back(p);
