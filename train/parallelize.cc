@@ -216,6 +216,14 @@ std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM&
   };
   if (model->model->embed_tokens) shard(model->model->embed_tokens.ptr(), reshard_blocks);
   for (auto& layer : model->model->decoder_layers) shard(layer.ptr(), reshard_blocks);
+  // The final norm and the head: one group of their own, as torchtitan's apply_fsdp. In the
+  // root's group their gradients would be reduced, and their unsharded weights and gradients
+  // freed, only at the end of backward (the root's inputs, token ids, take no gradient).
+  if (model->model->norm && model->lm_head) {
+    fsdp2::FullyShardOptions o = options;
+    o.reshard_after_forward = reshard_root;
+    units.push_back(fsdp2::fully_shard({model->model->norm.ptr(), model->lm_head.ptr()}, o).front());
+  }
   shard(model.ptr(), reshard_root);
   // torchtitan's disable_fsdp_gradient_division: the loss is a sum over this rank's tokens
   // divided by the global token count, so the gradients are summed, not averaged.

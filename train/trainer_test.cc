@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
 #include "float8/float8_linear.h"
+#include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "models/llama/flavors.h"
 #include "testing/allocation_counter.h"
@@ -438,6 +439,23 @@ TEST(Trainer, MetaInitAfterShardingIsTheUnshardedInit) {
       ASSERT_NE(got, nullptr) << item.key();
       EXPECT_TRUE(at::equal(*got, item.value())) << item.key();
     }
+  });
+}
+
+// torchtitan's apply_fsdp groups: the embedding, each block, the final norm with the head (so
+// their gradients are reduced and their unsharded weights freed right after their backward,
+// not at the end of it with the root's), and the root with nothing of its own.
+TEST(Trainer, FsdpGroupsAreTorchtitans) {
+  const JobConfig config = SmallJob({});
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainer trainer(config, pg);
+    std::vector<std::vector<std::string>> groups;
+    for (const fsdp2::FSDPGroupInfo& g : fsdp2::ListFSDPGroups(*trainer.model())) {
+      if (!g.params.empty()) groups.push_back(g.module_fqns);
+    }
+    const std::vector<std::vector<std::string>> expected = {
+        {"model.embed_tokens"}, {"model.layers.0"}, {"model.layers.1"}, {"model.norm", "lm_head"}};
+    EXPECT_EQ(groups, expected);
   });
 }
 
