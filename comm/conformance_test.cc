@@ -392,6 +392,9 @@ TEST_P(Conformance, PointToPointRingEveryDtype) {
   SKIP_IF_UNAVAILABLE();
   if (world() < 2) GTEST_SKIP() << "point-to-point needs a peer";
   RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    // Every rank's Gloo pairs connected before any rank can finish: a rank done with its
+    // neighbours would close its pairs while another is still in connectFullMesh.
+    pg->barrier()->wait();
     const int W = pg->size(), r = pg->rank(), next = (r + 1) % W, prev = (r + W - 1) % W;
     const c10::Device device = RankDevice(b, r);
     for (auto dtype : kDtypes) {
@@ -423,6 +426,9 @@ TEST_P(Conformance, PointToPointKeepsOrderPerTag) {
   SKIP_IF_UNAVAILABLE();
   if (world() < 2) GTEST_SKIP() << "point-to-point needs a peer";
   RunOnRanks(backend(), world(), [b = backend()](const ProcessGroupPtr& pg) {
+    // Every rank's Gloo pairs connected before ranks 2.. leave: they have nothing to do, and
+    // closing their pairs failed rank 0's connectFullMesh ("Connection closed by peer").
+    pg->barrier()->wait();
     const c10::Device device = RankDevice(b, pg->rank());
     const auto message = [&](int tag, int k) {
       return at::full({3}, static_cast<double>(tag * 10 + k), at::TensorOptions().device(device));
