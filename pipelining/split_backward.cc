@@ -171,10 +171,12 @@ std::vector<at::Tensor> BackwardInput(const std::vector<at::Tensor>& roots, cons
   std::vector<NodePtr> root_nodes, input_nodes, param_nodes;
   for (const at::Tensor& r : roots) root_nodes.push_back(GradFnOrAccumulator(r));
   std::vector<at::Tensor> inputs_with_grad;
-  for (const at::Tensor& t : inputs) {
-    if (NodePtr n = GradFnOrAccumulator(t)) {
+  std::vector<size_t> with_grad_index;  // into `inputs`
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (NodePtr n = GradFnOrAccumulator(inputs[i])) {
       input_nodes.push_back(std::move(n));
-      inputs_with_grad.push_back(t);
+      inputs_with_grad.push_back(inputs[i]);
+      with_grad_index.push_back(i);
     }
   }
   for (const at::Tensor& p : params) {
@@ -191,10 +193,7 @@ std::vector<at::Tensor> BackwardInput(const std::vector<at::Tensor>& roots, cons
     const std::vector<at::Tensor> computed = torch::autograd::grad(roots, inputs_with_grad, root_grads,
                                                                    /*retain_graph=*/true, /*create_graph=*/false,
                                                                    /*allow_unused=*/true);
-    size_t k = 0;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (GradFnOrAccumulator(inputs[i])) grads[i] = computed[k++];
-    }
+    for (size_t k = 0; k < computed.size(); ++k) grads[with_grad_index[k]] = computed[k];
   }
   return grads;
 }

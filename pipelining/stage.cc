@@ -34,6 +34,15 @@ struct PipelineStage::Microbatch {
 
 namespace {
 
+// The module's parameters that take gradients (the weight half's targets).
+std::vector<at::Tensor> TrainableParameters(torch::nn::Module& module) {
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : module.parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  return params;
+}
+
 bool IsDifferentiable(at::ScalarType dtype) { return at::isFloatingType(dtype) || at::isComplexType(dtype); }
 
 std::vector<TensorMeta> DifferentiableMeta(const std::vector<TensorMeta>& meta) {
@@ -292,12 +301,8 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, bool full) {
     // Input half (PyTorch's stage_backward_input): the inputs' gradients, and what W needs to
     // compute the parameters' from where their paths join the inputs'. The graph above those
     // points goes with the outputs.
-    std::vector<at::Tensor> params;
-    for (const at::Tensor& p : module_->parameters()) {
-      if (p.requires_grad()) params.push_back(p);
-    }
     const std::vector<at::Tensor> grads =
-        internal::BackwardInput(roots, root_grads, differentiable_inputs, params, m.weight_plan);
+        internal::BackwardInput(roots, root_grads, differentiable_inputs, TrainableParameters(*module_), m.weight_plan);
     for (size_t i = 0; i < grads.size(); ++i) {
       m.input_grads.push_back(grads[i].defined() ? grads[i] : at::zeros_like(differentiable_inputs[i]));
     }
@@ -325,10 +330,7 @@ void PipelineStage::BackwardWeight(int mb) {
               "'s weight backward (W) without its input backward (I) first");
   Microbatch& m = it->second;
   internal::BackwardWeight(m.weight_plan);
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : module_->parameters()) {
-    if (p.requires_grad()) params.push_back(p);
-  }
+  const std::vector<at::Tensor> params = TrainableParameters(*module_);
   if (!m.weight_roots.empty() && !params.empty()) {
     torch::autograd::backward(m.weight_roots, m.weight_root_grads, /*retain_graph=*/false,
                               /*create_graph=*/false, params);
