@@ -394,10 +394,10 @@ fsdp_cc_binary(//examples/llama:llama_demo
 
 # ================================================================ //float8
 fsdp_cc_library(//float8 INSTALL
-  SRCS config.cc float8_linear.cc float8_tensor.cc fsdp_float8.cc
-  HDRS config.h float8_linear.h float8_tensor.h fsdp_float8.h
+  SRCS config.cc float8_linear.cc float8_parallel_style.cc float8_tensor.cc fsdp_float8.cc
+  HDRS config.h float8_linear.h float8_parallel_style.h float8_tensor.h fsdp_float8.h
   DEPS //comm //distributed_parameters //dtensor //fsdp/fsdp2 //fsdp/fsdp2:api //fsdp/hooked_module
-       //mesh @libtorch @system//:absl)
+       //mesh //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_test(//float8:float8_test SIZE small SMOKE
   SRCS float8_test.cc
@@ -414,8 +414,8 @@ fsdp_cc_test(//float8:fsdp_float8_test SIZE medium
 fsdp_cc_test(//float8:tensor_parallel_test SIZE small
   SRCS tensor_parallel_test.cc
   TAGS float_parity
-  DEPS :float8 //comm //fsdp/hooked_module //mesh //tensor_parallel //testing:float_tolerance
-       //testing:multi_rank @libtorch @system//:gtest_main)
+  DEPS :float8 //comm //fsdp/hooked_module //mesh //tensor_parallel //testing:expect_error
+       //testing:float_tolerance //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //fsdp/activation_checkpointing
 fsdp_cc_library(//fsdp/activation_checkpointing INSTALL

@@ -52,14 +52,27 @@ at::Tensor Mm(const Operand& a, const Operand& b, const GemmConfig& gemm, const 
   return Float8Mm(*a.fp8, *b.fp8, gemm, c.emulate, c.pad_inner_dim);
 }
 
-// What the matmul's backward needs beside its saved tensors: the config, and the weight
-// already in float8 when FSDP all-gathered it so (transposed: [in, out]).
+// What the matmul's backward needs beside its saved tensors: the config, the weight already
+// in float8 when FSDP all-gathered it so (transposed: [in, out]), the input already in float8
+// when a float8 tensor-parallel style cast it before its all-gather ([M, K]).
 struct MatmulState : torch::CustomClassHolder {
   ResolvedFloat8Config config;
   std::optional<Float8Tensor> weight_t_fp8;
+  std::optional<Float8Tensor> input_fp8;
   // Under tensor parallelism: how input [M, K], weight_t [K, N] and grad_output [M, N] are split.
   Split input, weight_t, grad_output;
 };
+
+// A tensor a float8 style already cast (FindFloat8), as a 2-D operand for a cast `cast`:
+// torchao uses such a tensor as it is ("we assume the cast honored the config"); a disabled
+// cast takes the high-precision values.
+std::optional<Float8Tensor> AlreadyCast(const at::Tensor& hp, const CastConfig& cast) {
+  if (cast.scaling_type == ScalingType::kDisabled) return std::nullopt;
+  std::optional<Float8Tensor> fp8 = FindFloat8(hp);
+  if (!fp8 || fp8->axiswise_dim) return std::nullopt;  // the styles cast tensorwise
+  fp8->data = fp8->data.reshape({-1, fp8->data.size(-1)});
+  return fp8;
+}
 
 // torchao's matmul_with_hp_or_float8_args: input [..., K] @ weight_t [K, N].
 struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
@@ -69,7 +82,8 @@ struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
     const ResolvedFloat8Config& c = state->config;
     const int64_t k = input.size(-1);
     const at::Tensor input_2d = input.reshape({-1, k});
-    const Operand a = Cast(input_2d, c.input, -1, c.round_scales_to_power_of_2, state->input);
+    const Operand a = state->input_fp8 ? Operand{state->input_fp8, {}}
+                                       : Cast(input_2d, c.input, -1, c.round_scales_to_power_of_2, state->input);
     const Operand b = state->weight_t_fp8 ? Operand{state->weight_t_fp8, {}}
                                           : Cast(weight_t, c.weight, 0, c.round_scales_to_power_of_2, state->weight_t);
     at::Tensor out = Mm(a, b, c.gemm_output, c);
@@ -88,10 +102,16 @@ struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
     const bool pow2 = c.round_scales_to_power_of_2;
     const at::Tensor& grad_output = grads[0];
     const at::Tensor go_2d = grad_output.reshape({-1, grad_output.size(-1)});
+    // A float8 style casts the gradient before its backward all-gather; torchao then uses
+    // those bits for both matmuls.
+    const auto cast_grad_output = [&](const CastConfig& cast, int64_t axis) {
+      if (auto fp8 = AlreadyCast(grad_output, cast)) return Operand{std::move(fp8), {}};
+      return Cast(go_2d, cast, axis, pow2, state->grad_output);
+    };
 
     at::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
-      const Operand go = Cast(go_2d, c.grad_output, -1, pow2, state->grad_output);
+      const Operand go = cast_grad_output(c.grad_output, -1);
       const Operand w = state->weight_t_fp8 ? Operand{state->weight_t_fp8, {}}
                                             : Cast(weight_t, c.weight_for_grad_input, -1, pow2, state->weight_t);
       grad_input = Mm(go, w.t(), c.gemm_grad_input, c);
@@ -102,8 +122,10 @@ struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
     at::Tensor grad_weight_t;
     if (ctx->needs_input_grad(1)) {
       const at::Tensor input_2d = input.reshape({-1, input.size(-1)});
-      const Operand go = Cast(go_2d, c.grad_output_for_grad_weight, 0, pow2, state->grad_output);
-      const Operand in = Cast(input_2d, c.input_for_grad_weight, 0, pow2, state->input);
+      const Operand go = cast_grad_output(c.grad_output_for_grad_weight, 0);
+      const Operand in = state->input_fp8 && c.input_for_grad_weight.scaling_type != ScalingType::kDisabled
+                             ? Operand{state->input_fp8, {}}
+                             : Cast(input_2d, c.input_for_grad_weight, 0, pow2, state->input);
       grad_weight_t = Mm(go.t(), in, c.gemm_grad_weight, c).t();
     }
     return {grad_input, grad_weight_t, at::Tensor()};
@@ -175,6 +197,7 @@ at::Tensor Float8Linear::Forward(const at::Tensor& input) {
   if (weight_all_gather_) {
     if (auto gathered = weight_all_gather_->Gathered(weight)) state->weight_t_fp8 = gathered->t();
   }
+  state->input_fp8 = AlreadyCast(input, config_.input);
   at::Tensor out = Float8Matmul::apply(input, weight.t(), std::move(state));
   if (linear_.bias.defined()) out = out + linear_.bias.to(out.scalar_type());
   return out;

@@ -2,9 +2,24 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace fsdp::float8 {
 namespace {
+
+using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+// The float8 tensors high-precision ones stand for, by TensorImpl address; the weak pointer
+// tells a live tensor from a new one at a reused address. Pruned as it grows.
+absl::flat_hash_map<const c10::TensorImpl*, std::pair<WeakTensor, Float8Tensor>>& Float8Annotations() {
+  thread_local absl::flat_hash_map<const c10::TensorImpl*, std::pair<WeakTensor, Float8Tensor>> map;
+  return map;
+}
+constexpr size_t kPruneAnnotationsAbove = 256;
 
 bool IsRowMajor(at::IntArrayRef stride) { return stride[0] > stride[1] && stride[1] == 1; }
 
@@ -20,6 +35,29 @@ Float8Tensor Float8Tensor::t() const {
 }
 
 at::Tensor Float8Tensor::ToOriginalPrecision() const { return data.to(orig_dtype) / scale; }
+
+void AnnotateFloat8(const at::Tensor& hp, Float8Tensor fp8) {
+  TORCH_CHECK(hp.defined() && fp8.data.defined(), "AnnotateFloat8: undefined tensor");
+  TORCH_CHECK(hp.sizes() == fp8.data.sizes(), "AnnotateFloat8: the high-precision tensor's shape ", hp.sizes(),
+              " differs from the float8 tensor's ", fp8.data.sizes());
+  auto& map = Float8Annotations();
+  if (map.size() >= kPruneAnnotationsAbove) {
+    absl::erase_if(map, [](const auto& item) { return item.second.first.expired(); });
+  }
+  map.insert_or_assign(hp.unsafeGetTensorImpl(), std::pair(WeakTensor(hp.getIntrusivePtr()), std::move(fp8)));
+}
+
+std::optional<Float8Tensor> FindFloat8(const at::Tensor& hp) {
+  if (!hp.defined()) return std::nullopt;
+  auto& map = Float8Annotations();
+  const auto it = map.find(hp.unsafeGetTensorImpl());
+  if (it == map.end()) return std::nullopt;
+  if (it->second.first.expired()) {
+    map.erase(it);
+    return std::nullopt;
+  }
+  return it->second.second;
+}
 
 at::Tensor AmaxToScale(const at::Tensor& amax, c10::ScalarType float8_dtype, bool round_scales_to_power_of_2) {
   at::Tensor scale = (Float8Max(float8_dtype) / at::clamp(amax.to(at::kDouble), kAmaxEps)).to(at::kFloat);

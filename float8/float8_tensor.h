@@ -68,6 +68,16 @@ Float8Tensor ToFloat8Dynamic(const at::Tensor& hp, const CastConfig& cast, int64
                   axiswise_dim);
 }
 
+// A high-precision tensor that stands for a float8 one: torchao's float8 tensor-parallel styles
+// hand a Float8TrainingTensor inside a DTensor to the float8 linears, which LibTorch cannot
+// carry, so the styles (float8_parallel_style.h) pass its dequantized values (data / scale) with
+// the float8 tensor recorded beside them, and a float8 linear given such an input or gradient
+// uses those bits instead of casting again (torchao's tensor_already_casted_to_fp8). Keyed by
+// exactly that tensor (not a view or a result computed from it), weakly held, per thread (as
+// tensor_parallel/local_annotation.h).
+void AnnotateFloat8(const at::Tensor& hp, Float8Tensor fp8);
+std::optional<Float8Tensor> FindFloat8(const at::Tensor& hp);
+
 // a @ b for a [M, K] and b [K, N] float8 tensors, in a.orig_dtype (torchao's float8_mm:
 // preprocess_addmm + addmm_float8_unwrapped): a made row-major and b column-major, a tensorwise
 // scale repeated to match an axiswise one, at::_scaled_mm with the inverse scales; rowwise

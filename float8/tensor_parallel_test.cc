@@ -11,11 +11,14 @@
 #include <cmath>
 #include <string>
 
+#include "comm/comm_trace.h"
 #include "float8/float8_linear.h"
+#include "float8/float8_parallel_style.h"
 #include "fsdp/hooked_module/hooked_module.h"
 #include "mesh/device_mesh.h"
 #include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/parallelize_module.h"
+#include "testing/expect_error.h"
 #include "testing/float_tolerance.h"
 #include "testing/multi_rank.h"
 
@@ -89,6 +92,150 @@ TEST(Float8TensorParallel, ColwiseThenRowwiseEqualsUnsharded) {
       ExpectWithin(ours.grad_down, reference.grad_down.chunk(2, 1)[pg->rank()], 6, rounding, "down.weight.grad");
     });
   }
+}
+
+// ---------------------------------------------------------------- torchao's float8 styles
+
+using dtensor::Placement;
+
+// Llama's feed-forward: w2(silu(w1(x)) * w3(x)), fed sequence-sharded activations.
+struct FeedForwardImpl : torch::nn::Module {
+  explicit FeedForwardImpl(c10::ScalarType dtype) {
+    w1 = register_module("w1", Linear(torch::nn::LinearOptions(32, 64).bias(false)));
+    w3 = register_module("w3", Linear(torch::nn::LinearOptions(32, 64).bias(false)));
+    w2 = register_module("w2", Linear(torch::nn::LinearOptions(64, 32).bias(false)));
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+    torch::NoGradGuard no_grad;
+    for (auto& p : parameters()) p.set_data((at::randn(p.sizes(), gen) * 0.2).to(dtype));
+  }
+  at::Tensor forward(const at::Tensor& x) { return w2(at::silu(w1(x)) * w3(x)); }
+  Linear w1{nullptr}, w3{nullptr}, w2{nullptr};
+};
+using FeedForward = Hooked<FeedForwardImpl>;
+
+struct SpStep {
+  at::Tensor output, grad_input;
+  std::vector<at::Tensor> grads;
+  int64_t all_gather_bytes = 0, all_reduces = 0;
+};
+
+// One forward and backward on this rank's sequence slice of a [2, 8, 32] batch, under the
+// generic styles or torchao's float8 ones; the loss weights each output element differently,
+// so the gradient reaching w2 is not uniform.
+SpStep SequenceParallelStep(const comm::ProcessGroupPtr& pg, bool float8_styles, c10::ScalarType dtype) {
+  namespace tp = tensor_parallel;
+  auto trace = std::make_shared<comm::CommTrace>(pg);
+  auto mesh = mesh::DeviceMesh::Create(trace, {pg->size()});
+  FeedForward ffn(dtype);
+  convert_to_float8_training(*ffn, Float8LinearConfig::FromRecipeName("tensorwise"));
+  const Placement seq = Placement::Shard(1), rep = Placement::Replicate();
+  tp::ParallelizePlan plan;
+  if (float8_styles) {
+    plan = {{"", PrepareFloat8ModuleInput({.input_layouts = {seq}, .desired_input_layouts = {rep}})},
+            {"w1", Float8ColwiseParallel()},
+            {"w3", Float8ColwiseParallel()},
+            {"w2", Float8RowwiseParallel({.output_layouts = seq})}};
+  } else {
+    plan = {{"", tp::PrepareModuleInput({.input_layouts = {seq}, .desired_input_layouts = {rep}})},
+            {"w1", tp::ColwiseParallel()},
+            {"w3", tp::ColwiseParallel()},
+            {"w2", tp::RowwiseParallel({.output_layouts = seq})}};
+  }
+  tp::parallelize_module(*ffn, mesh, plan);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  const at::Tensor x_full = at::randn({2, 8, 32}, gen).to(dtype);
+  const at::Tensor weights_full = at::rand({2, 8, 32}, gen).to(dtype);
+  const int64_t slice = 8 / pg->size();
+  const at::Tensor x = x_full.narrow(1, pg->rank() * slice, slice).clone().requires_grad_();
+  const at::Tensor y = ffn->forward(x);
+  (y * weights_full.narrow(1, pg->rank() * slice, slice)).sum().backward();
+  SpStep step{y.detach(), x.grad(), {}, trace->total_output_bytes("all_gather_into_tensor"), 0};
+  for (const auto& p : ffn->parameters()) step.grads.push_back(p.grad());
+  for (const auto& r : trace->records()) step.all_reduces += r.op == "all_reduce";
+  return step;
+}
+
+// The float8 styles cast each sharded activation with the whole tensor's scale before its
+// all-gather, which gives the bits casting after a high-precision all-gather gives (the
+// generic styles over the same float8 linears, checked against the unsharded float8 layers
+// above): outputs and gradients equal bit for bit, while the two all-gathers (forward input,
+// backward output gradient) carry one byte per element instead of the dtype's.
+TEST(Float8TensorParallelStyles, MoveFloat8AndEqualTheGenericStyles) {
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int world : {2, 4}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " world=" + std::to_string(world));
+      fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, world, [&](const comm::ProcessGroupPtr& pg) {
+        const SpStep generic = SequenceParallelStep(pg, false, dtype);
+        const SpStep ours = SequenceParallelStep(pg, true, dtype);
+        EXPECT_TRUE(at::equal(ours.output, generic.output));
+        EXPECT_TRUE(at::equal(ours.grad_input, generic.grad_input));
+        ASSERT_EQ(ours.grads.size(), 3u);
+        for (size_t i = 0; i < ours.grads.size(); ++i) EXPECT_TRUE(at::equal(ours.grads[i], generic.grads[i])) << i;
+        // Each all-gather's output is the whole [2, 8, 32] activation or its gradient.
+        const int64_t elements = 2 * 8 * 32;
+        EXPECT_EQ(generic.all_gather_bytes, 2 * elements * c10::elementSize(dtype));
+        EXPECT_EQ(ours.all_gather_bytes, 2 * elements);
+        // Amax all-reduces, as torchao's styles cast: forward: the module input once for w1
+        // and w3, the three sharded weights, w2's K-sharded input; backward: each output
+        // gradient once (w1, w3 column-sharded; w2's sequence-sharded), shared by its two
+        // matmuls, and the three weights for the input gradients. Casting each gradient per
+        // matmul again (as without the styles) would add two for w1 and w3.
+        EXPECT_EQ(ours.all_reduces, (1 + 3 + 1) + (3 + 3));
+      });
+    }
+  }
+}
+
+TEST(Float8TensorParallelStyles, ReprsAreTorchaos) {
+  EXPECT_EQ(Float8ColwiseParallel()->ToString(),
+            "Float8ColwiseParallel(input_layouts=(Replicate(),), output_layouts=(Shard(dim=-1),), "
+            "use_local_output=True)");
+  EXPECT_EQ(Float8RowwiseParallel({.output_layouts = Placement::Shard(1)})->ToString(),
+            "Float8RowwiseParallel(input_layouts=(Shard(dim=-1),), output_layouts=(Shard(dim=1),), "
+            "use_local_output=True)");
+  EXPECT_EQ(PrepareFloat8ModuleInput(
+                {.input_layouts = {Placement::Shard(1)}, .desired_input_layouts = {Placement::Replicate()}})
+                ->ToString(),
+            "PrepareFloat8ModuleInput(input_layouts=(Shard(dim=1),), desired_input_layouts=(Replicate(),), "
+            "input_kwarg_layouts={}, desired_input_kwarg_layouts={}, use_local_output=False)");
+}
+
+TEST(Float8TensorParallelStyles, Errors) {
+  fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    namespace tp = tensor_parallel;
+    auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    {
+      FeedForward plain(at::kFloat);  // not converted
+      EXPECT_ERROR_CONTAINS(tp::parallelize_module(*plain, mesh, {{"w1", Float8ColwiseParallel()}}),
+                            "Float8ColwiseParallel: expecting module 'w1' to be a float8 linear");
+      EXPECT_ERROR_CONTAINS(
+          tp::parallelize_module(*plain, mesh,
+                                 {{"", PrepareFloat8ModuleInput({.input_layouts = {Placement::Shard(1)},
+                                                                 .desired_input_layouts = {Placement::Replicate()}})}}),
+          "has no float8 linear below it");
+    }
+    FeedForward rowwise(at::kFloat);
+    convert_to_float8_training(*rowwise, Float8LinearConfig::FromRecipeName("rowwise"));
+    EXPECT_ERROR_CONTAINS(tp::parallelize_module(*rowwise, mesh, {{"w2", Float8RowwiseParallel()}}),
+                          "Float8RowwiseParallel: module 'w2' casts its input");
+    FeedForward ffn(at::kFloat);
+    convert_to_float8_training(*ffn, Float8LinearConfig::FromRecipeName("tensorwise"));
+    EXPECT_ERROR_CONTAINS(
+        tp::parallelize_module(*ffn, mesh,
+                               {{"", PrepareFloat8ModuleInput({.input_layouts = {Placement::Shard(1)},
+                                                               .desired_input_layouts = {Placement::Replicate()},
+                                                               .fwd_config_submodule_fqn = "w4"})}}),
+        "fwd_config_submodule_fqn 'w4' is not a float8 linear below it");
+    EXPECT_ERROR_CONTAINS(PrepareFloat8ModuleInput({.float8_dtype = at::kFloat8_e5m2}),
+                          "float8_dtype Float8_e5m2 is not supported");
+    auto custom = std::make_shared<const tp::StyleRedistribution>();
+    EXPECT_ERROR_CONTAINS(Float8ColwiseParallel({.redistribution = custom}), "options.redistribution must be null");
+    // A Partial input has no value to cast.
+    tp::parallelize_module(*ffn, mesh,
+                           {{"", PrepareFloat8ModuleInput({.input_layouts = {Placement::Partial()},
+                                                           .desired_input_layouts = {Placement::Replicate()}})}});
+    EXPECT_ERROR_CONTAINS(ffn->forward(at::ones({2, 8, 32})), "cannot cast a Partial tensor");
+  });
 }
 
 }  // namespace

@@ -30,7 +30,22 @@ using ::fsdp::dtensor::RedistributeGradLayouts;
 using ::fsdp::dtensor::RedistributeLocal;
 using ::fsdp::dtensor::ToString;
 using ::fsdp::dtensor::ValidatePlacements;
+at::Tensor StyleRedistribution::Input(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
+                                      const RedistributeGradLayouts& grads) const {
+  return RedistributeLocal(local, src, dst, grads);
+}
+
+at::Tensor StyleRedistribution::Output(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) const {
+  return RedistributeLocal(local, src, dst);
+}
+
 namespace {
+
+// DTensor's redistribute, for styles given none.
+StyleRedistributionPtr OrDefault(StyleRedistributionPtr redistribution) {
+  static const auto kDefault = std::make_shared<const StyleRedistribution>();
+  return redistribution ? std::move(redistribution) : kDefault;
+}
 
 std::string LayoutTuple(const std::vector<std::optional<Placement>>& layouts) {
   std::vector<std::string> parts;
@@ -122,9 +137,9 @@ bool RequireOneOutput(const std::vector<at::Tensor*>& outputs, const std::string
 
 // The output's layout -> output_layouts; annotated (a DTensor) unless use_local_output.
 at::Tensor PrepareOutput(const at::Tensor& out, const DTensorSpec& spec, const Placement& output_layout,
-                         bool use_local_output) {
+                         bool use_local_output, const StyleRedistribution& redistribution) {
   const Placements dst = ValidatePlacements({output_layout}, 1, out.dim(), "output_layouts");
-  at::Tensor result = RedistributeLocal(out, spec, dst);
+  at::Tensor result = redistribution.Output(out, spec, dst);
   if (!use_local_output) AnnotateLocal(result, {spec.WithPlacements(dst), ReplicatePartials(dst)});
   return result;
 }
@@ -148,11 +163,12 @@ ModuleKind KindOf(torch::nn::Module& module, const std::string& fqn, const char*
 class ColwiseHook : public ParameterStyleHook {
  public:
   ColwiseHook(ModuleKind kind, Placement input_layout, Placement output_layout, bool use_local_output,
-              mesh::DeviceMeshPtr mesh, std::string fqn)
+              StyleRedistributionPtr redistribution, mesh::DeviceMeshPtr mesh, std::string fqn)
       : kind_(kind),
         input_layout_(input_layout),
         output_layout_(output_layout),
         use_local_output_(use_local_output),
+        redistribution_(OrDefault(std::move(redistribution))),
         mesh_(std::move(mesh)),
         fqn_(std::move(fqn)) {}
 
@@ -172,7 +188,7 @@ class ColwiseHook : public ParameterStyleHook {
     // collective in backward takes it to the input's layout.
     RedistributeGradLayouts grads{.output_grad = std::nullopt, .input_grad = in.grad_placements};
     if (kind_ == ModuleKind::kLinear) grads.output_grad = Placements{Placement::Partial()};
-    args[0] = RedistributeLocal(args[0], in.spec, {Placement::Replicate()}, grads);
+    args[0] = redistribution_->Input(args[0], in.spec, {Placement::Replicate()}, grads);
     return args;
   }
 
@@ -184,7 +200,7 @@ class ColwiseHook : public ParameterStyleHook {
     shape.back() = global_columns_;
     const DTensorSpec spec =
         DTensorSpec::Make(mesh_, {Placement::Shard(out.dim() - 1)}, std::move(shape), out.scalar_type(), {});
-    out = PrepareOutput(out, spec, output_layout_, use_local_output_);
+    out = PrepareOutput(out, spec, output_layout_, use_local_output_, *redistribution_);
   }
 
  private:
@@ -192,6 +208,7 @@ class ColwiseHook : public ParameterStyleHook {
   Placement input_layout_;
   Placement output_layout_;
   bool use_local_output_;
+  StyleRedistributionPtr redistribution_;
   mesh::DeviceMeshPtr mesh_;
   std::string fqn_;
   int64_t global_columns_ = 0;
@@ -202,12 +219,13 @@ class ColwiseHook : public ParameterStyleHook {
 class RowwiseHook : public ParameterStyleHook {
  public:
   RowwiseHook(ModuleKind kind, torch::nn::Module& module, Placement input_layout, Placement output_layout,
-              bool use_local_output, mesh::DeviceMeshPtr mesh, std::string fqn)
+              bool use_local_output, StyleRedistributionPtr redistribution, mesh::DeviceMeshPtr mesh, std::string fqn)
       : kind_(kind),
         module_(&module),
         input_layout_(input_layout),
         output_layout_(output_layout),
         use_local_output_(use_local_output),
+        redistribution_(OrDefault(std::move(redistribution))),
         mesh_(std::move(mesh)),
         fqn_(std::move(fqn)) {}
 
@@ -232,7 +250,7 @@ class RowwiseHook : public ParameterStyleHook {
     const LocalAnnotation in = InputLayout(args[0], mesh_, input_layout_, fqn_, "RowwiseParallel");
     if (kind_ == ModuleKind::kLinear) {
       const Placements desired{Placement::Shard(args[0].dim() - 1)};
-      args[0] = RedistributeLocal(args[0], in.spec, desired, {.input_grad = in.grad_placements});
+      args[0] = redistribution_->Input(args[0], in.spec, desired, {.input_grad = in.grad_placements});
       // The bias joins the partial sums in PostForward, once over the ranks.
       if (bias_.defined()) dynamic_cast<torch::nn::LinearImpl*>(module_)->bias = at::Tensor();
       return args;
@@ -265,7 +283,7 @@ class RowwiseHook : public ParameterStyleHook {
     }
     const DTensorSpec spec =
         DTensorSpec::Make(mesh_, {Placement::Partial()}, partial.sizes().vec(), partial.scalar_type(), {});
-    *outputs[0] = PrepareOutput(partial, spec, output_layout_, use_local_output_);
+    *outputs[0] = PrepareOutput(partial, spec, output_layout_, use_local_output_, *redistribution_);
   }
 
  private:
@@ -274,6 +292,7 @@ class RowwiseHook : public ParameterStyleHook {
   Placement input_layout_;
   Placement output_layout_;
   bool use_local_output_;
+  StyleRedistributionPtr redistribution_;
   mesh::DeviceMeshPtr mesh_;
   std::string fqn_;
   int64_t row_begin_ = 0;
@@ -349,11 +368,12 @@ void CheckLayoutCounts(const Layouts& given, const Layouts& desired, const char*
 
 class PrepareInputHook : public ForwardHook {
  public:
-  PrepareInputHook(Layouts input_layouts, Layouts desired, bool use_local_output, mesh::DeviceMeshPtr mesh,
-                   std::string fqn)
+  PrepareInputHook(Layouts input_layouts, Layouts desired, bool use_local_output, StyleRedistributionPtr redistribution,
+                   mesh::DeviceMeshPtr mesh, std::string fqn)
       : input_layouts_(std::move(input_layouts)),
         desired_(std::move(desired)),
         use_local_output_(use_local_output),
+        redistribution_(OrDefault(std::move(redistribution))),
         mesh_(std::move(mesh)),
         fqn_(std::move(fqn)) {}
 
@@ -367,7 +387,7 @@ class PrepareInputHook : public ForwardHook {
       const Placements dst = desired_[i] ? ValidatePlacements({*desired_[i]}, 1, args[i].dim(), "desired_input_layouts")
                                          : in.spec.placements;
       const Placements grad = use_local_output_ ? ReplicatePartials(dst) : PartialsForReplicates(dst);
-      args[i] = RedistributeLocal(args[i], in.spec, dst, {.output_grad = grad, .input_grad = in.grad_placements});
+      args[i] = redistribution_->Input(args[i], in.spec, dst, {.output_grad = grad, .input_grad = in.grad_placements});
       if (!use_local_output_) AnnotateLocal(args[i], {in.spec.WithPlacements(dst), grad});
     }
     return args;
@@ -377,6 +397,7 @@ class PrepareInputHook : public ForwardHook {
   Layouts input_layouts_;
   Layouts desired_;
   bool use_local_output_;
+  StyleRedistributionPtr redistribution_;
   mesh::DeviceMeshPtr mesh_;
   std::string fqn_;
 };
@@ -430,7 +451,8 @@ class ColwiseStyle : public ParallelStyle {
     const ModuleKind kind = KindOf(module, fqn, "ColwiseParallel");
     HookedModule& hooked = RequireHooked(module, fqn, "ColwiseParallel");
     RequireNoParameterStyle(hooked, fqn, "ColwiseParallel");
-    auto hook = std::make_shared<ColwiseHook>(kind, input(), output(), o_.use_local_output, mesh, fqn);
+    auto hook =
+        std::make_shared<ColwiseHook>(kind, input(), output(), o_.use_local_output, o_.redistribution, mesh, fqn);
     hook->Partition(module, src_data_rank);
     hooked.AddForwardHook(std::move(hook));
   }
@@ -455,7 +477,8 @@ class RowwiseStyle : public ParallelStyle {
     HookedModule& hooked = RequireHooked(module, fqn, "RowwiseParallel");
     RequireNoParameterStyle(hooked, fqn, "RowwiseParallel");
     const Placement in = o_.input_layouts.value_or(Placement::Shard(-1));
-    auto hook = std::make_shared<RowwiseHook>(kind, module, in, output(), o_.use_local_output, mesh, fqn);
+    auto hook =
+        std::make_shared<RowwiseHook>(kind, module, in, output(), o_.use_local_output, o_.redistribution, mesh, fqn);
     hook->Partition(src_data_rank);
     hooked.AddForwardHook(std::move(hook));
   }
@@ -500,7 +523,7 @@ class PrepareInputStyle : public ParallelStyle {
     RequireOneDimMesh(mesh, fqn, "PrepareModuleInput");
     RequireHooked(module, fqn, "PrepareModuleInput")
         .AddForwardHook(std::make_shared<PrepareInputHook>(o_.input_layouts, o_.desired_input_layouts,
-                                                           o_.use_local_output, mesh, fqn));
+                                                           o_.use_local_output, o_.redistribution, mesh, fqn));
   }
   std::string ToString() const override {
     return absl::StrCat("PrepareModuleInput(input_layouts=", LayoutTuple(o_.input_layouts),
@@ -538,7 +561,7 @@ class PrepareOutputStyle : public ParallelStyle {
 class PrepareInputOutputStyle : public ParallelStyle {
  public:
   explicit PrepareInputOutputStyle(PrepareModuleInputOutputOptions o)
-      : input_({o.input_layouts, o.desired_input_layouts, o.use_local_input}),
+      : input_({o.input_layouts, o.desired_input_layouts, o.use_local_input, nullptr}),
         output_({o.output_layouts, o.desired_output_layouts, o.use_local_output}) {}
   void Apply(torch::nn::Module& module, const std::string& fqn, const mesh::DeviceMeshPtr& mesh) const override {
     input_.Apply(module, fqn, mesh);

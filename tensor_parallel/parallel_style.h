@@ -45,10 +45,31 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/dtensor.h"
+#include "dtensor/dtensor_spec.h"
 #include "dtensor/placement.h"
 #include "mesh/device_mesh.h"
 
 namespace fsdp::tensor_parallel {
+
+// How a style moves its module's input and output between layouts: the redistribute calls
+// of PyTorch's styles' _prepare_input_fn / _prepare_output_fn. The default is DTensor's
+// redistribute (dtensor::RedistributeLocal); torchao's float8 styles
+// (float8/float8_parallel_style.h) cast to float8 around it, as their Python subclasses
+// override those two static methods. Called from the styles' hooks, on the forward's thread.
+class StyleRedistribution {
+ public:
+  virtual ~StyleRedistribution() = default;
+  // The module's input `local`, laid out as `src`, to `dst`; its gradient arrives as
+  // grads.output_grad and leaves as grads.input_grad.
+  virtual at::Tensor Input(const at::Tensor& local, const dtensor::DTensorSpec& src, const dtensor::Placements& dst,
+                           const dtensor::RedistributeGradLayouts& grads) const;
+  // The module's output `local`, laid out as `src`, to `dst` (its gradient: Replicate where
+  // a placement is Partial).
+  virtual at::Tensor Output(const at::Tensor& local, const dtensor::DTensorSpec& src,
+                            const dtensor::Placements& dst) const;
+};
+using StyleRedistributionPtr = std::shared_ptr<const StyleRedistribution>;
 
 // PyTorch's ParallelStyle.
 class ParallelStyle {
@@ -74,6 +95,8 @@ struct LinearStyleOptions {
   // The layout of the output. Colwise default Shard(-1), Rowwise default Replicate.
   std::optional<dtensor::Placement> output_layouts;
   bool use_local_output = true;
+  // How the input and output move (null: DTensor's redistribute).
+  StyleRedistributionPtr redistribution;
 };
 
 // Linear: weight and bias Shard(0), input -> Replicate, output Shard(-1) -> output_layouts.
@@ -98,6 +121,8 @@ struct PrepareModuleInputOptions {
   std::vector<std::optional<dtensor::Placement>> input_layouts;
   std::vector<std::optional<dtensor::Placement>> desired_input_layouts;
   bool use_local_output = false;
+  // How the inputs move (null: DTensor's redistribute).
+  StyleRedistributionPtr redistribution;
 };
 ParallelStylePtr PrepareModuleInput(PrepareModuleInputOptions options);
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "float8/float8_linear.h"
+#include "float8/float8_parallel_style.h"
 #include "fsdp/activation_checkpointing/checkpoint_wrapper.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/fsdp2/meta_init.h"
@@ -162,6 +163,28 @@ int ConvertFloat8(models::llama::LlamaForCausalLM& model, const JobConfig& confi
   return float8::convert_to_float8_training(*model, c, filter);
 }
 
+namespace {
+
+// Whether every decoder layer's linears are float8 with tensorwise scaling (what torchao's
+// float8 tensor-parallel styles take); false without layers.
+bool BlockLinearsAreTensorwiseFloat8(models::llama::LlamaForCausalLM& model) {
+  auto& layers = model->model->decoder_layers;
+  if (layers.empty()) return false;
+  for (auto& layer : layers) {
+    for (const auto& item : layer->named_modules("", /*include_self=*/false)) {
+      if (dynamic_cast<torch::nn::LinearImpl*>(item.value().get()) == nullptr) continue;
+      const auto f8 = float8::AsFloat8Linear(*item.value());
+      if (!f8 || f8->config().input.scaling_granularity != float8::ScalingGranularity::kTensorwise ||
+          f8->config().grad_output.scaling_granularity != float8::ScalingGranularity::kTensorwise) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config,
                                                 const ParallelMeshes& meshes) {
   // torchtitan converts the model (its config) before parallelizing it.
@@ -176,8 +199,19 @@ std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM&
   }
   if (meshes.tp) {
     // Built on the meta device and initialized after sharding: no values to broadcast.
-    models::llama::ApplyTensorParallel(
-        *model, meshes.tp, {.sequence_parallel = config.parallelism.enable_sequence_parallel, .src_data_rank = {}});
+    models::llama::TensorParallelOptions tp{.sequence_parallel = config.parallelism.enable_sequence_parallel,
+                                            .src_data_rank = {}};
+    if (BlockLinearsAreTensorwiseFloat8(model)) {
+      // torchtitan's apply_tp with enable_float8_tensorwise_tp (before 0.3.0, which keeps the
+      // generic styles): the same values, the sequence-parallel all-gathers in float8.
+      tp.colwise = float8::Float8ColwiseParallel;
+      tp.rowwise = float8::Float8RowwiseParallel;
+      tp.prepare_module_input = [](tensor_parallel::PrepareModuleInputOptions o) {
+        return float8::PrepareFloat8ModuleInput(
+            {.input_layouts = o.input_layouts, .desired_input_layouts = o.desired_input_layouts});
+      };
+    }
+    models::llama::ApplyTensorParallel(*model, meshes.tp, tp);
   }
   // torchtitan's apply_ac: FullAC or SelectiveAC on every decoder layer.
   const ActivationCheckpointConfig& ac = config.activation_checkpoint;

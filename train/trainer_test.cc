@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/comm_trace.h"
 #include "comm/process_group.h"
 #include "float8/float8_linear.h"
 #include "fsdp/fsdp2/fully_shard.h"
@@ -239,6 +240,32 @@ TEST(Trainer, Float8ConvertsTheLinearsTorchtitansFilterKeeps) {
   EXPECT_NE(float8::AsFloat8Linear(*model->model->decoder_layers[0]->self_attn->k_proj), nullptr);
   models::llama::LlamaForCausalLM plain(ResolveModelConfig(SmallJob({}), 1), c10::Device(c10::kMeta));
   EXPECT_EQ(ConvertFloat8(plain, SmallJob({})), 0);  // no converter named
+}
+
+// Tensorwise float8 linears under tensor parallelism take torchao's float8 styles, as
+// torchtitan's apply_tp did with enable_float8_tensorwise_tp: each layer's two
+// sequence-parallel all-gathers of activations (self_attn's and mlp's inputs) and two of
+// output gradients (o_proj's, down_proj's) move float8 bytes. The rowwise recipe keeps the
+// generic styles (torchao's float8 styles assume tensorwise scales).
+TEST(Trainer, TensorwiseFloat8UnderTensorParallelGathersFloat8) {
+  for (const std::string recipe : {"tensorwise", "rowwise"}) {
+    SCOPED_TRACE(recipe);
+    const JobConfig config = SmallJob(
+        {"--model.converters=float8", "--float8.recipe_name=" + recipe, "--parallelism.tensor_parallel_degree=2"});
+    fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+      auto trace = std::make_shared<comm::CommTrace>(pg);
+      Trainer trainer(config, trace);
+      trace->clear();
+      trainer.Step();
+      int64_t float8_gathers = 0;
+      for (const comm::CollectiveRecord& r : trace->all_records()) {
+        // A whole micro-batch's activation: local_batch_size 2 x seq_len 32 x dim 64.
+        float8_gathers += r.op == "all_gather_into_tensor" && r.dtype == at::kByte && r.output_numel == 2 * 32 * 64;
+      }
+      // 4 micro-batches (global batch 8, local 2, dp 1) x 2 layers x 4 all-gathers.
+      EXPECT_EQ(float8_gathers, recipe == "tensorwise" ? 4 * 2 * 4 : 0);
+    });
+  }
 }
 
 // Context parallelism is what lets a sequence longer than a rank's memory train: a step's peak

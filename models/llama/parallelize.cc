@@ -39,8 +39,8 @@ void ApplyTensorParallel(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr&
   namespace tpar = tensor_parallel;
   const Placement seq = Placement::Shard(1), rep = Placement::Replicate();
   const Placement between = options.sequence_parallel ? seq : rep;  // the blocks' activations
-  const auto colwise = [] { return tpar::ColwiseParallel(); };
-  const auto rowwise_out = [&] { return tpar::RowwiseParallel({.output_layouts = between}); };
+  const auto colwise = [&] { return options.colwise({}); };
+  const auto rowwise_out = [&] { return options.rowwise({.output_layouts = between}); };
   // A pipeline stage's part (LlamaParts) may lack the layers, the embedding or the norm + head:
   // the plan names what the part has.
   const bool layers = !model.model->decoder_layers.empty();
@@ -67,8 +67,8 @@ void ApplyTensorParallel(LlamaForCausalLMImpl& model, const mesh::DeviceMeshPtr&
                  {"model.layers.*.post_attention_layernorm", tpar::SequenceParallel()},
                  // forward(hidden, cos, sin): only the hidden states are sharded.
                  {"model.layers.*.self_attn",
-                  tpar::PrepareModuleInput({{seq, std::nullopt, std::nullopt}, {rep, std::nullopt, std::nullopt}})},
-                 {"model.layers.*.mlp", tpar::PrepareModuleInput({{seq}, {rep}})}});
+                  options.prepare_module_input({{seq, std::nullopt, std::nullopt}, {rep, std::nullopt, std::nullopt}})},
+                 {"model.layers.*.mlp", options.prepare_module_input({{seq}, {rep}})}});
   }
   tpar::parallelize_module(model, tp_mesh, plan, options.src_data_rank);
 }

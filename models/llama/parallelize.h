@@ -15,10 +15,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 
 #include "mesh/device_mesh.h"
 #include "models/llama/model.h"
+#include "tensor_parallel/parallel_style.h"
 
 namespace fsdp::models::llama {
 
@@ -33,6 +35,15 @@ struct TensorParallelOptions {
   // parameter); nullopt: each rank keeps its own part (a meta-device model, initialized after
   // sharding, or one every rank initialized alike).
   std::optional<int> src_data_rank = 0;
+  // The styles of the blocks' linears (q/k/v, gate/up colwise; o_proj, down_proj rowwise) and of
+  // self_attn's and mlp's inputs under sequence parallelism: torchtitan's apply_tp takes
+  // torchao's float8 ones (float8/float8_parallel_style.h) for tensorwise float8 linears.
+  std::function<tensor_parallel::ParallelStylePtr(tensor_parallel::LinearStyleOptions)> colwise =
+      tensor_parallel::ColwiseParallel;
+  std::function<tensor_parallel::ParallelStylePtr(tensor_parallel::LinearStyleOptions)> rowwise =
+      tensor_parallel::RowwiseParallel;
+  std::function<tensor_parallel::ParallelStylePtr(tensor_parallel::PrepareModuleInputOptions)> prepare_module_input =
+      tensor_parallel::PrepareModuleInput;
 };
 
 // q/k/v and gate/up colwise, o_proj and down_proj rowwise, embed_tokens rowwise, lm_head colwise
