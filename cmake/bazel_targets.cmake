@@ -248,8 +248,8 @@ fsdp_cc_library(//dcp:core INSTALL
   SRCS checkpoint_dirs.cc checkpoint_manager.cc hf_load.cc hf_model.cc hf_model.h hf_save.cc load.cc
        load_job.h load_validate.cc save.cc stager.cc stager_access.h
   HDRS checkpoint_dirs.h checkpoint_manager.h dcp.h hf.h stager.h
-  DEPS :internal :stateful //checkpoint //checkpoint:dcp //comm //fsdp/meta //optim_state:core
-       @libtorch @system//:absl)
+  DEPS :internal :stateful //checkpoint //checkpoint:dcp //comm //device //fsdp/meta
+       //optim_state:core @libtorch @system//:absl)
 
 fsdp_cc_library(//dcp:fsdp2 ALWAYSLINK INSTALL
   SRCS fsdp2_adapter.cc
@@ -269,7 +269,7 @@ fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
        dcp_test_trainees.h dict_state_testing.h fsdp1_test.cc hf_test.cc large_model_test.cc
        tp_test.cc
   TAGS float_parity
-  DEPS :stateful :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //dtensor
+  DEPS :stateful :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //device //dtensor
        //tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime
        //fsdp/fsdp2 //fsdp/fsdp2:runtime //fsdp/fsdp2:test_models //fsdp/hooked_module //fsdp/meta
        //mesh //optim_state:core //optim_state:fsdp2 //testing:allocation_counter

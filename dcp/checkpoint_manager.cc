@@ -142,10 +142,17 @@ void CheckpointManager::Save(int64_t step, bool last_step) {
     std::iota(ranks.begin(), ranks.end(), 0);
     background_ = world_->new_subgroup(ranks, "checkpoint_manager_async_save");
   }
-  if (stager_ == nullptr) stager_ = std::make_shared<Stager>(options_.pin_memory);
+  if (stager_ == nullptr) {
+    stager_ = std::make_shared<Stager>(
+        StagerOptions{.pin_memory = options_.pin_memory, .async_staging = options_.async_staging});
+  }
   save.stager = stager_;
   in_flight_ = std::make_unique<AsyncSaveHandle>(AsyncSave(model_, optimizer_, dir, save, background_));
   in_flight_dir_ = dir;
+}
+
+void CheckpointManager::MaybeWaitForStaging() {
+  if (stager_ != nullptr) stager_->WaitForStaging();
 }
 
 void CheckpointManager::Wait() {

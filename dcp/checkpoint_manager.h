@@ -18,8 +18,9 @@
 //    last_save_model_only (torchtitan's default; a run then cannot resume from it, only export),
 //    in export_dtype.
 //    With `async`, the save is a dcp::AsyncSave into reused staging buffers (dcp/stager.h): the
-//    step waits only for the copy into them; at most one save is in flight (the next Save waits
-//    for it first: last_wait_seconds()).
+//    step waits only for the copy into them, or with async_staging not even for that (call
+//    MaybeWaitForStaging() before the optimizer step changes what was saved); at most one save
+//    is in flight (the next Save waits for it first: last_wait_seconds()).
 //  * keep_latest_k > 0: once a save is complete (for an async one: when it is waited for),
 //    rank 0 removes the older complete checkpoints beyond the newest k and any incomplete
 //    directory older than the newest complete one (but a Hugging Face export's): an older checkpoint is removed only
@@ -66,6 +67,9 @@ struct CheckpointManagerOptions {
   // Async saves copy into buffers allocated once and reused (dcp/stager.h); pinned where CUDA
   // is (torchtitan's async_with_pinned_mem).
   bool pin_memory = false;
+  // The copy into them overlaps the next step (StagerOptions::async_staging; torchtitan's
+  // async_with_pinned_mem): MaybeWaitForStaging() before the optimizer step.
+  bool async_staging = false;
   bool enable_first_step_checkpoint = false;
   bool last_save_model_only = true;
   // The dtype of the model-only last save's floating-point tensors (torchtitan's export_dtype;
@@ -95,6 +99,9 @@ class CheckpointManager {
   void Save(int64_t step, bool last_step = false);
   // Waits for the save in flight (rethrowing its error on every rank) and purges.
   void Wait();
+  // torchtitan's maybe_wait_for_staging: blocks until the last async save's copy into its
+  // buffers finished (at once without async_staging), throwing its error. Local.
+  void MaybeWaitForStaging();
   // folder/step-<step>.
   std::string StepDirectory(int64_t step) const;
   // The scan of `folder` the last Load made to find the newest complete checkpoint (its

@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "dcp/checkpoint_manager.h"
 #include "dcp/dcp_test_trainees.h"
 #include "dcp/dict_state_testing.h"
+#include "device/stream.h"
 
 namespace fsdp::dcp {
 namespace {
@@ -208,7 +210,7 @@ TEST(Stager, ReusesItsBuffersAndEachSaveHoldsItsOwnSnapshot) {
   std::vector<std::vector<at::Tensor>> saved(3);
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(W(2), pg, 11);
-    auto stager = std::make_shared<Stager>(/*pin_memory=*/false);
+    auto stager = std::make_shared<Stager>(StagerOptions{.pin_memory = false});
     SaveOptions options;
     options.stager = stager;
     std::vector<AsyncSaveHandle> handles;
@@ -236,6 +238,86 @@ TEST(Stager, ReusesItsBuffersAndEachSaveHoldsItsOwnSnapshot) {
   }
 }
 
+// The parameters' values each rank-0 save holds, loaded back.
+std::vector<at::Tensor> LoadedParameters(const std::string& dir) {
+  std::vector<at::Tensor> loaded;
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 99);
+    Load(*t.module, t.opt.get(), dir);
+    if (pg->rank() == 0) {
+      for (const at::Tensor& p : t.module->parameters()) loaded.push_back(p.detach().clone());
+    }
+  });
+  return loaded;
+}
+
+// Async staging (PyTorch's use_async_staging, torchtitan's async_with_pinned_mem): the copy
+// into the buffers runs on the staging stream after AsyncSave returned. Each rank's stream is
+// held shut by a gate, so the save provably returns before its copy, and the copy provably
+// runs after what the host does next: with WaitForStaging first the checkpoint holds the
+// values at the save; changing the parameters before it (what the optimizer step would do
+// without maybe_wait_for_staging) changes the checkpoint. A copy that fails (a stream whose
+// earlier work failed) fails WaitForStaging and the save on every rank.
+TEST(Stager, AsyncStagingCopiesAfterTheSaveReturnsAndBeforeTheWait) {
+  const std::string root = NewDir("stager_async");
+  std::vector<at::Tensor> at_save, changed;
+  for (const bool wait_first : {true, false}) {
+    fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+      Trainee t = Build(W(2), pg, 11);
+      Train(t, 0, 1);
+      const device::StreamPtr stream =
+          device::NewAsyncCpuStream("test staging", comm::kDefaultTimeout, std::chrono::microseconds(0));
+      std::promise<void> open;
+      std::shared_future<void> gate = open.get_future().share();
+      stream->Launch([gate] { gate.wait(); });
+      auto stager =
+          std::make_shared<Stager>(StagerOptions{.pin_memory = false, .async_staging = true, .stream = stream});
+      SaveOptions options;
+      options.stager = stager;
+      if (pg->rank() == 0 && wait_first) {
+        for (const at::Tensor& p : t.module->parameters()) at_save.push_back(p.detach().clone());
+      }
+      AsyncSaveHandle handle =
+          AsyncSave(*t.module, t.opt.get(), root + (wait_first ? "/waited" : "/not_waited"), options);
+      EXPECT_FALSE(handle.done());  // its writer waits for the copy behind the gate
+      if (wait_first) {
+        open.set_value();
+        stager->WaitForStaging();
+      }
+      {
+        torch::NoGradGuard no_grad;
+        for (const at::Tensor& p : t.module->parameters()) p.add_(1.0);
+      }
+      if (pg->rank() == 0 && !wait_first) {
+        for (const at::Tensor& p : t.module->parameters()) changed.push_back(p.detach().clone());
+      }
+      if (!wait_first) open.set_value();
+      handle.wait();
+    });
+  }
+  const std::vector<at::Tensor> waited = LoadedParameters(root + "/waited");
+  const std::vector<at::Tensor> not_waited = LoadedParameters(root + "/not_waited");
+  ASSERT_EQ(waited.size(), at_save.size());
+  ASSERT_EQ(not_waited.size(), changed.size());
+  for (size_t i = 0; i < waited.size(); ++i) {
+    EXPECT_TRUE(at::equal(waited[i], at_save[i])) << i;
+    EXPECT_TRUE(at::equal(not_waited[i], changed[i])) << i;
+  }
+
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    const device::StreamPtr stream =
+        device::NewAsyncCpuStream("test staging", comm::kDefaultTimeout, std::chrono::microseconds(0));
+    if (pg->rank() == 0) stream->Launch([] { TORCH_CHECK(false, "injected staging failure"); });
+    auto stager = std::make_shared<Stager>(StagerOptions{.pin_memory = false, .async_staging = true, .stream = stream});
+    SaveOptions options;
+    options.stager = stager;
+    AsyncSaveHandle handle = AsyncSave(*t.module, t.opt.get(), root + "/failed", options);
+    if (pg->rank() == 0) EXPECT_ERROR_CONTAINS(stager->WaitForStaging(), "injected staging failure");
+    EXPECT_ERROR_CONTAINS(handle.wait(), "injected staging failure");
+  });
+}
+
 // A stager reuses the last save's plan and fragment only while nothing changed on any rank: a
 // value whose encoding grows (the fragment changes), then the optimizer joining (the plan
 // changes), each async save's metadata equals a synchronous save's of the same state, and the
@@ -246,7 +328,7 @@ TEST(Stager, ReusedPlansFollowChangesOfTheState) {
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(W(2), pg, 11);
     Train(t, 0, 1);
-    auto stager = std::make_shared<Stager>(/*pin_memory=*/false);
+    auto stager = std::make_shared<Stager>(StagerOptions{.pin_memory = false});
     for (size_t i = 0; i < notes.size(); ++i) {
       DictState state({{"note", notes[i]}, {"rank_count", int64_t{pg->size()}}});
       SaveOptions options;
@@ -281,9 +363,10 @@ TEST(CheckpointManager, BadOptionsAreNamed) {
                           "exclude_from_loading names 'dataloader', which is none of optimizer, train_state");
     CheckpointManager missing(*t.module, t.opt.get(), {}, {.folder = NewDir("manager_missing"), .load_step = 3}, pg);
     EXPECT_ERROR_CONTAINS(missing.Load(), "step-3");
-    EXPECT_ERROR_CONTAINS(AsyncSave(*t.module, t.opt.get(), NewDir("cast_staged"),
-                                    {.stager = std::make_shared<Stager>(false), .dtype = at::kBFloat16}),
-                          "SaveOptions::dtype (BFloat16) with a stager");
+    EXPECT_ERROR_CONTAINS(
+        AsyncSave(*t.module, t.opt.get(), NewDir("cast_staged"),
+                  {.stager = std::make_shared<Stager>(StagerOptions{.pin_memory = false}), .dtype = at::kBFloat16}),
+        "SaveOptions::dtype (BFloat16) with a stager");
   });
 }
 

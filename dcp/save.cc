@@ -356,11 +356,14 @@ AsyncSaveHandle AsyncSave(torch::nn::Module& model, const torch::optim::Optimize
   paths->adapter.reset();
   std::shared_ptr<std::promise<void>> release =
       options.stager ? internal::StagerAccess::MarkBusy(*options.stager) : nullptr;
+  // With async staging the copy into the buffers may still be running.
+  device::EventPtr staged = options.stager ? internal::StagerAccess::StagingEvent(*options.stager) : nullptr;
   return internal::StartAsyncSave([items, paths, predicted = std::move(predicted), payload = std::move(payload), error,
-                                   dir, rank, group, on_written = options.on_rank_file_written, release] {
+                                   dir, rank, group, on_written = options.on_rank_file_written, release, staged] {
     std::string err = error;
     if (err.empty()) {
       err = internal::ErrorOf([&] {
+        if (staged != nullptr) staged->Synchronize(comm::kDefaultTimeout);
         if (items->empty()) return;
         DcpFragment written = checkpoint::WriteRankData(dir, rank, items->tensors, items->bytes);
         SetObjectPaths(*paths, written);

@@ -15,7 +15,11 @@
 namespace fsdp::dcp {
 
 struct Stager::State {
+  StagerOptions options;
   bool pin = false;
+  device::StreamPoolPtr pool;  // a device's streams, when the stager made the staging stream there
+  device::StreamPtr stream;    // async staging's
+  device::EventPtr staging;    // the last async copy's completion, until waited for
   std::vector<at::Tensor> buffers;
   int64_t bytes = 0;
   int64_t allocations = 0;
@@ -24,13 +28,23 @@ struct Stager::State {
   internal::SavePlanCache cache;
 };
 
-Stager::Stager(bool pin_memory) : state_(std::make_unique<State>()) { state_->pin = pin_memory && at::hasCUDA(); }
+Stager::Stager(StagerOptions options) : state_(std::make_unique<State>()) {
+  state_->pin = options.pin_memory && at::hasCUDA();
+  state_->stream = options.stream;
+  state_->options = std::move(options);
+}
 Stager::~Stager() { internal::StagerAccess::WaitIdle(*this); }
 
 int64_t Stager::staged_bytes() const { return state_->bytes; }
 int64_t Stager::allocations() const { return state_->allocations; }
 bool Stager::pinned() const { return state_->pin; }
 double Stager::wait_seconds() const { return state_->wait_seconds; }
+bool Stager::async_staging() const { return state_->options.async_staging; }
+
+void Stager::WaitForStaging() {
+  device::EventPtr staging = std::move(state_->staging);
+  if (staging != nullptr) staging->Synchronize(comm::kDefaultTimeout);
+}
 
 namespace internal {
 
@@ -62,10 +76,32 @@ std::vector<at::Tensor> StagerAccess::Stage(Stager& stager, const std::vector<at
     }
     ++s.allocations;
   }
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < sources.size(); ++i) s.buffers[i].copy_(sources[i]);
+  if (!s.options.async_staging) {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < sources.size(); ++i) s.buffers[i].copy_(sources[i]);
+    return s.buffers;
+  }
+  if (s.stream == nullptr) {
+    const c10::Device device = sources.empty() ? c10::Device(c10::kCPU) : sources.front().device();
+    if (device.is_cpu()) {
+      s.stream = device::NewAsyncCpuStream("dcp staging", comm::kDefaultTimeout, std::chrono::microseconds(0));
+    } else {
+      s.pool = device::StreamPool::Create(device, {});
+      s.stream = s.pool->NewStream("dcp staging");
+    }
+  }
+  // On a device: after the work that produced the sources (the host's CPU work is done).
+  if (s.pool != nullptr) s.stream->WaitStream(s.pool->current());
+  for (const at::Tensor& t : sources) s.stream->KeepAlive(t);
+  s.stream->Launch([buffers = s.buffers, sources] {
+    at::NoGradGuard no_grad;  // the worker's own grad mode: the sources may require grad
+    for (size_t i = 0; i < sources.size(); ++i) buffers[i].copy_(sources[i], /*non_blocking=*/true);
+  });
+  s.staging = s.stream->RecordEvent();
   return s.buffers;
 }
+
+device::EventPtr StagerAccess::StagingEvent(Stager& stager) { return stager.state_->staging; }
 
 std::shared_ptr<std::promise<void>> StagerAccess::MarkBusy(Stager& stager) {
   auto done = std::make_shared<std::promise<void>>();

@@ -9,6 +9,14 @@
 //   options.stager = stager;
 //   auto handle = fsdp::dcp::AsyncSave(*model, &optim, dir, options);   // copies into the buffers
 //
+// With async_staging (PyTorch's StagingOptions.use_async_staging, which torchtitan's
+// async_with_pinned_mem turns on) the copy itself runs on a staging stream, ordered after the
+// work launched before the save (CUDA: a side stream waiting for the current one, non-blocking
+// copies; CPU: a worker thread), so AsyncSave returns before it finished and the copy overlaps
+// the next step's forward and backward. The caller must then call WaitForStaging() before it
+// changes anything the save holds (the optimizer step: torchtitan's maybe_wait_for_staging);
+// the save's writer thread waits for the copy too.
+//
 // Contract: the buffers are pinned (page-locked, through the CUDA host allocator) when
 // `pin_memory` and CUDA is available, else ordinary host memory. A save through a stager first
 // waits until the previous save through it has written its file (that save's thread reads the
@@ -25,15 +33,25 @@
 #include <cstdint>
 #include <memory>
 
+#include "device/stream.h"
+
 namespace fsdp::dcp {
 
 namespace internal {
 struct StagerAccess;  // dcp/save.cc
 }  // namespace internal
 
+struct StagerOptions {
+  bool pin_memory = true;
+  bool async_staging = false;
+  // The stream async staging copies on; null: one the stager makes for the saved tensors'
+  // device at the first save (CPU: an async stream, device/stream.h).
+  device::StreamPtr stream;
+};
+
 class Stager {
  public:
-  explicit Stager(bool pin_memory = true);
+  explicit Stager(StagerOptions options = {});
   ~Stager();
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
@@ -42,6 +60,10 @@ class Stager {
   int64_t allocations() const;   // times the buffers were (re)allocated: 1 in a steady run
   bool pinned() const;           // the buffers are page-locked
   double wait_seconds() const;   // time saves spent waiting for the previous one's write
+  bool async_staging() const;
+  // Blocks until the last save's copy into the buffers finished (at once without async
+  // staging, or when it already did); throws its error (a c10::Error). Thread-compatible.
+  void WaitForStaging();
 
  private:
   friend struct internal::StagerAccess;

@@ -32,8 +32,11 @@ struct StagerAccess {
   // Blocks until the previous save through `stager` has written its file.
   static void WaitIdle(Stager& stager);
   // Copies `sources` (CPU or device tensors) into the buffers, (re)allocated to their layout;
-  // returns the buffers (contiguous host tensors), valid until the next Stage.
+  // returns the buffers (contiguous host tensors), valid until the next Stage. With async
+  // staging the copy is launched, not done: StagingEvent completes when it is.
   static std::vector<at::Tensor> Stage(Stager& stager, const std::vector<at::Tensor>& sources);
+  // The completion of the last Stage's copy (null without async staging).
+  static device::EventPtr StagingEvent(Stager& stager);
   // A save now uses the buffers: the next WaitIdle blocks until the returned promise is set.
   static std::shared_ptr<std::promise<void>> MarkBusy(Stager& stager);
 };

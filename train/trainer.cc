@@ -139,6 +139,7 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                       .exclude_from_loading = ck.exclude_from_loading,
                                       .async = ck.async_mode != AsyncMode::kDisabled,
                                       .pin_memory = ck.async_mode == AsyncMode::kAsyncWithPinnedMem,
+                                      .async_staging = ck.async_mode == AsyncMode::kAsyncWithPinnedMem,
                                       .enable_first_step_checkpoint = ck.enable_first_step_checkpoint,
                                       .last_save_model_only = ck.last_save_model_only,
                                       .export_dtype = ExportScalarType(ck.export_dtype),
@@ -344,6 +345,8 @@ StepResult Trainer::FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t
                                Clock::time_point start, const std::function<double()>& clip) {
   const Clock::time_point optimizer_start = Clock::now();
   r.grad_norm = clip();
+  // An async_with_pinned_mem save may still be copying the parameters and optimizer state.
+  if (checkpointer_ != nullptr) checkpointer_->MaybeWaitForStaging();
   optimizer_->step();
   if (config_.float8.precompute_float8_dynamic_scale_for_fsdp) {
     for (auto& part : model_parts()) float8::precompute_float8_dynamic_scale_for_fsdp(*part);

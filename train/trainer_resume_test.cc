@@ -78,26 +78,43 @@ void ExpectContinuesUninterrupted(const std::vector<StepResult>& first, const st
   EXPECT_LE(MaxRelDiff(resumed, want, &StepResult::grad_norm), 2 * MeshTolerances().norm);
 }
 
+// Synchronous saves, and async_with_pinned_mem's (the copy into the staging buffers overlapping
+// the next step's forward and backward, waited for before its optimizer step): a resumed run
+// is the uninterrupted one bit for bit, and saving does not change the run.
 TEST(TrainerResume, AtTheSameMeshBitwise) {
-  const std::string dump = fsdp::testing::NewTestPath("resume_same");
-  const std::vector<StepResult> uninterrupted = ResumeAndTrain(2, {}, dump, kSteps, -1);
-  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
-  // Saved at 2, 4 and 6 (the last one whole: last_save_model_only = false).
-  for (int64_t step : {2, 4, 6}) {
-    EXPECT_TRUE(std::filesystem::exists(dump + "/checkpoint/step-" + std::to_string(step) + "/.metadata")) << step;
+  std::vector<StepResult> sync_run;
+  for (const std::string mode : {"disabled", "async_with_pinned_mem"}) {
+    SCOPED_TRACE(mode);
+    const std::string dump = fsdp::testing::NewTestPath("resume_same_" + mode);
+    const std::string async_mode = "--checkpoint.async_mode=" + mode;
+    const std::vector<StepResult> uninterrupted = ResumeAndTrain(2, {async_mode}, dump, kSteps, -1);
+    ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
+    // Saved at 2, 4 and 6 (the last one whole: last_save_model_only = false).
+    for (int64_t step : {2, 4, 6}) {
+      EXPECT_TRUE(std::filesystem::exists(dump + "/checkpoint/step-" + std::to_string(step) + "/.metadata")) << step;
+    }
+    const std::vector<StepResult> resumed =
+        ResumeAndTrain(2, {async_mode, "--checkpoint.load_step=2"}, dump, kSteps, 2);
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
+    for (size_t i = 0; i < resumed.size(); ++i) {
+      const StepResult& want = uninterrupted[i + 2];
+      EXPECT_EQ(resumed[i].step, want.step);
+      EXPECT_EQ(resumed[i].loss, want.loss) << "step " << want.step;
+      EXPECT_EQ(resumed[i].grad_norm, want.grad_norm) << "step " << want.step;
+      EXPECT_EQ(resumed[i].lr, want.lr) << "step " << want.step;
+      EXPECT_EQ(resumed[i].global_tokens, want.global_tokens) << "step " << want.step;
+    }
+    if (sync_run.empty()) {
+      sync_run = uninterrupted;
+    } else {
+      for (size_t i = 0; i < uninterrupted.size(); ++i) {
+        EXPECT_EQ(uninterrupted[i].loss, sync_run[i].loss) << "step " << sync_run[i].step;
+        EXPECT_EQ(uninterrupted[i].grad_norm, sync_run[i].grad_norm) << "step " << sync_run[i].step;
+      }
+    }
+    // The newest complete checkpoint by default: the run is over.
+    EXPECT_TRUE(ResumeAndTrain(2, {async_mode}, dump, kSteps, 6).empty());
   }
-  const std::vector<StepResult> resumed = ResumeAndTrain(2, {"--checkpoint.load_step=2"}, dump, kSteps, 2);
-  ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 2));
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    const StepResult& want = uninterrupted[i + 2];
-    EXPECT_EQ(resumed[i].step, want.step);
-    EXPECT_EQ(resumed[i].loss, want.loss) << "step " << want.step;
-    EXPECT_EQ(resumed[i].grad_norm, want.grad_norm) << "step " << want.step;
-    EXPECT_EQ(resumed[i].lr, want.lr) << "step " << want.step;
-    EXPECT_EQ(resumed[i].global_tokens, want.global_tokens) << "step " << want.step;
-  }
-  // The newest complete checkpoint by default: the run is over.
-  EXPECT_TRUE(ResumeAndTrain(2, {}, dump, kSteps, 6).empty());
 }
 
 // FSDP 4 -> pp 2 x dp 2 with 1F1B (at step 2) -> pp 4 with GPipe (at step 4): each pipeline
