@@ -75,7 +75,9 @@ at::Tensor TensorToAmax(const at::Tensor& x, ScalingGranularity granularity, std
 }
 
 at::Tensor AllReduceAmax(at::Tensor amax, const comm::ProcessGroupPtr& group) {
-  amax = amax.contiguous();
+  // A copy: the local amax may be a kept output of selective checkpointing (torchtitan keeps
+  // aten::max), which must not change after the forward (torchao's all_reduce is functional).
+  amax = amax.clone(at::MemoryFormat::Contiguous);
   if (group->size() > 1) group->all_reduce(amax, comm::ReduceOp::Max())->wait();
   return amax;
 }

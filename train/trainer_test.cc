@@ -54,6 +54,7 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
                                        "fsdp2_full_ac",
                                        "fsdp2_selective_ac",
                                        "fsdp2_tp2_selective_ac",
+                                       "fsdp2_tp2_no_sp_selective_ac",
                                        "fsdp2_no_reshard",
                                        "pp2_dp2_1f1b",
                                        "pp2_dp2_gpipe",
@@ -117,6 +118,11 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(2, std::vector<std::string>{"--activation_checkpoint.mode=selective"}),
         std::make_pair(4, std::vector<std::string>{"--activation_checkpoint.mode=selective",
                                                    "--parallelism.tensor_parallel_degree=2"}),
+        // Without sequence parallelism the colwise layers' inputs are Replicate, their gradients
+        // Partial: an alias made for autograd in the recomputation only.
+        std::make_pair(4, std::vector<std::string>{"--activation_checkpoint.mode=selective",
+                                                   "--parallelism.tensor_parallel_degree=2",
+                                                   "--parallelism.enable_sequence_parallel=false"}),
         std::make_pair(2, std::vector<std::string>{"--parallelism.fsdp_reshard_after_forward=never"}),
         // Pipeline parallelism (train/pipeline_llama.h): pp 2 x dp 2 with 1F1B and
         // GPipe (stages: embedding + layer 0, layer 1 + head), Interleaved1F1B and
@@ -266,6 +272,19 @@ TEST(Trainer, TensorwiseFloat8UnderTensorParallelGathersFloat8) {
       EXPECT_EQ(float8_gathers, recipe == "tensorwise" ? 4 * 2 * 4 : 0);
     });
   }
+}
+
+// The float8 styles under selective activation checkpointing (the forward without grad, the
+// recomputation with it) train as without checkpointing.
+TEST(Trainer, TensorwiseFloat8StylesTrainUnderSelectiveCheckpointing) {
+  const std::vector<std::string> float8_tp = {"--model.converters=float8", "--float8.recipe_name=tensorwise",
+                                              "--parallelism.tensor_parallel_degree=2"};
+  std::vector<std::string> selective = float8_tp;
+  selective.push_back("--activation_checkpoint.mode=selective");
+  const std::vector<StepResult> want = Train(2, float8_tp);
+  const std::vector<StepResult> got = Train(2, selective);
+  EXPECT_LE(MaxRelDiff(got, want, &StepResult::loss), MeshTolerances().loss);
+  EXPECT_LE(MaxRelDiff(got, want, &StepResult::grad_norm), MeshTolerances().norm);
 }
 
 // Context parallelism is what lets a sequence longer than a rank's memory train: a step's peak

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,8 @@ class SelectiveCache {
 
   SelectivePolicy policy;
   std::unordered_map<c10::OperatorName, std::vector<Entry>> entries;
+  // Operators with a kept call: only their calls must correspond between the two passes.
+  std::unordered_set<c10::OperatorName> kept_operators;
   std::unordered_map<c10::OperatorName, size_t> replayed;  // per operator, calls of the recomputation so far
 };
 
@@ -120,6 +123,7 @@ void RecordForward(SelectiveCache& cache, const c10::OperatorHandle& op, c10::Di
       entry.kind = SelectiveCache::Kind::kSaved;
       entry.argument_sizes = TensorSizes(arguments);
       Keep(outputs, entry);
+      cache.kept_operators.insert(op.operator_name());
     }
   }
   cache.entries[op.operator_name()].push_back(std::move(entry));
@@ -127,6 +131,14 @@ void RecordForward(SelectiveCache& cache, const c10::OperatorHandle& op, c10::Di
 
 void Replay(SelectiveCache& cache, const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.operator_name();
+  // An operator the forward never kept is recomputed whenever it is called, as PyTorch's
+  // _CachedTorchDispatchMode runs it: its calls need no counterpart. (The forward runs without
+  // grad and the recomputation with it, so aliases made only for autograd, as a custom
+  // Function returning its input, appear in one pass only.)
+  if (!cache.kept_operators.contains(name)) {
+    op.redispatchBoxed(after, stack);
+    return;
+  }
   const size_t index = cache.replayed[name]++;
   auto it = cache.entries.find(name);
   TORCH_CHECK(it != cache.entries.end() && index < it->second.size(), "selective checkpoint: call ", index, " of ",

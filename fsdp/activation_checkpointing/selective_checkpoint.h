@@ -13,10 +13,10 @@
 // During the checkpointed forward every ATen operator call below autograd (after the composite
 // decompositions: aten::mm, not aten::linear) is shown to the policy with its arguments and
 // outputs; the outputs of the calls it saves are kept (as detached aliases sharing the version
-// counter). During the recomputation the same calls, matched by operator and by their index
-// among that operator's calls as PyTorch's _CachedTorchDispatchMode matches them, return the
-// kept outputs instead of running; every other call runs again. Autograd above still records
-// each call, so the gradients are those of full recomputation, bitwise.
+// counter). During the recomputation the calls of an operator with kept calls, matched by their
+// index among that operator's calls as PyTorch's _CachedTorchDispatchMode matches them, return
+// the kept outputs instead of running; every other call runs again, however many there are. Autograd above still
+// records each call, so the gradients are those of full recomputation, bitwise.
 //
 // Same as PyTorch: the policy is asked in the forward only; aten::detach and prim::device are
 // neither shown nor counted; a kept output modified in place before the recomputation is an
@@ -25,8 +25,10 @@
 // view operators) always runs again whatever the policy says, since a kept output cannot redo
 // the mutation or the aliasing; a kept call whose arguments' shapes differ in the recomputation
 // is an error naming the operator (PyTorch matches by index only); the forward runs under
-// no-grad (the reentrant checkpoint of checkpoint.h), so operators that decompose differently
-// with grad mode off would mismatch (an error, not a wrong gradient). Collectives of the comm
+// no-grad (the reentrant checkpoint of checkpoint.h), so a kept operator called a different
+// number of times with grad mode off would mismatch (an error, not a wrong gradient), while
+// calls made in one pass only (aliases and copies autograd needs, a custom Function returning
+// its input) are fine when their operator keeps nothing. Collectives of the comm
 // layer are not ATen operators and always run again (torchtitan keeps _c10d_functional
 // reduce-scatters).
 //

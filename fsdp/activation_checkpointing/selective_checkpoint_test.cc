@@ -219,5 +219,29 @@ TEST(SelectiveCheckpointErrors, InPlaceChangeOfAKeptOutputSecondBackwardAndMisma
   EXPECT_ERROR_CONTAINS(checkpoint(out_of_place, {x}, options), "empty policy");
 }
 
+// The forward runs without grad, the recomputation with it: code that adds an alias or a copy
+// only under grad (DTensor's redistribute of an unchanged tensor whose gradient moves, a custom
+// Function returning its input) calls operators in one pass only. Operators the forward kept
+// nothing of need no counterpart, as in PyTorch; the gradients are full recomputation's.
+TEST(SelectiveCheckpoint, CallsMadeOnlyWithGradNeedNoCounterpart) {
+  Mlp mlp;
+  const at::Tensor x = RandomInput(4, 8, 3);
+  const auto fn = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor h = at::mm(in[0], mlp.fc1->weight.t());
+    if (at::GradMode::is_enabled()) h = h.view_as(h).clone();
+    return at::mm(h.relu(), mlp.fc2->weight.t()).sum();
+  };
+  const at::Tensor plain_x = x.detach().requires_grad_();
+  fn({plain_x}).backward();
+  const at::Tensor want_x = plain_x.grad().clone(), want_w = mlp.fc1->weight.grad().clone();
+  mlp.fc1->weight.mutable_grad().reset();
+  CheckpointOptions options;
+  options.selective_policy = SaveOps({"aten::mm"});
+  const at::Tensor ckpt_x = x.detach().requires_grad_();
+  checkpoint(fn, {ckpt_x}, options).backward();
+  EXPECT_TRUE(at::equal(ckpt_x.grad(), want_x));
+  EXPECT_TRUE(at::equal(mlp.fc1->weight.grad(), want_w));
+}
+
 }  // namespace
 }  // namespace fsdp::activation_checkpointing
