@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
@@ -224,6 +225,56 @@ TEST(PipelineSchedule, WeightBackwardStartsWhereTheInputBackwardStopped) {
           return std::vector<at::Tensor>{at::tanh(CountBackward::apply(l->forward(in[0]), s))};
         };
         stages.push_back(std::make_shared<PipelineStage>(l, forward, s, kStages, group));
+      }
+      PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
+      schedule.step({Input()}, Target());
+      for (size_t k = 0; k < stages.size(); ++k) {
+        const int s = stages[k]->stage_index();
+        ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
+                    "stage " + std::to_string(s) + " weight grad");
+        ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
+                    "stage " + std::to_string(s) + " bias grad");
+      }
+    });
+    for (int s = 0; s < kStages; ++s) {
+      EXPECT_EQ(counted_backwards[s].load(), kMicrobatches) << ScheduleName(kind) << " stage " << s;
+    }
+  }
+}
+
+// A backward that cannot run inside a backward restricted to some inputs, as a reentrant
+// checkpoint's nested backward (fsdp/activation_checkpointing): it throws there.
+struct NeedsWholeBackward : torch::autograd::Function<NeedsWholeBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    TORCH_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
+                "NeedsWholeBackward: inside a partial backward");
+    return {grads[0]};
+  }
+};
+
+// PipelineStageOptions::whole_backward_in_input: the zero-bubble schedules' I runs the whole
+// backward (once per microbatch, never inside a partial one) and W nothing; the gradients are
+// the unpipelined run's.
+TEST(PipelineSchedule, WholeBackwardInInputForModulesThatCannotSplit) {
+  constexpr int kRanks = 2, kStages = 4, kMicrobatches = 4;
+  for (ScheduleKind kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZBVZeroBubble}) {
+    for (auto& c : counted_backwards) c = 0;
+    const Reference ref = RunReference(kStages, kMicrobatches);
+    RunOnRanks(Backend::kThreaded, kRanks, [&](const comm::ProcessGroupPtr& group) {
+      std::vector<std::shared_ptr<PipelineStage>> stages;
+      std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
+      for (int s = 0; s < kStages; ++s) {
+        if (StageRank(kind, s, kRanks) != group->rank()) continue;
+        auto l = MakeLayer(s);
+        layers.push_back(l);
+        StageForward forward = [l, s](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{
+              at::tanh(CountBackward::apply(NeedsWholeBackward::apply(l->forward(in[0])), s))};
+        };
+        stages.push_back(std::make_shared<PipelineStage>(l, forward, s, kStages, group,
+                                                         PipelineStageOptions{.whole_backward_in_input = true}));
       }
       PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
       schedule.step({Input()}, Target());

@@ -80,7 +80,8 @@ PipelineStage::PipelineStage(std::shared_ptr<torch::nn::Module> module, StageFor
       group_(std::move(group)),
       inputs_(std::move(options.inputs)),
       outputs_(std::move(options.outputs)),
-      data_parallel_(std::move(options.data_parallel)) {
+      data_parallel_(std::move(options.data_parallel)),
+      whole_backward_in_input_(options.whole_backward_in_input) {
   TORCH_CHECK(module_ != nullptr, "PipelineStage: module is null");
   TORCH_CHECK(static_cast<bool>(forward_), "PipelineStage: forward is empty");
   TORCH_CHECK(group_ != nullptr, "PipelineStage: group is null");
@@ -292,11 +293,12 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, bool full) {
     }
   }
   m.input_grads.clear();
-  if (full) {
+  if (full || whole_backward_in_input_) {
     if (!roots.empty()) torch::autograd::backward(roots, root_grads);
     for (const at::Tensor& t : differentiable_inputs) {
       m.input_grads.push_back(t.grad().defined() ? t.grad() : at::zeros_like(t));
     }
+    m.awaiting_weight = !full;  // W: nothing left to do
   } else if (!roots.empty() && !differentiable_inputs.empty()) {
     // Input half (PyTorch's stage_backward_input): the inputs' gradients, and what W needs to
     // compute the parameters' from where their paths join the inputs'. The graph above those
@@ -317,7 +319,7 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, bool full) {
   }
   m.backward_input_done = true;
   if (!is_first()) CheckAgainstMeta(m.input_grads, DifferentiableMeta(inputs_), "input gradients", mb);
-  if (full) {
+  if (full || whole_backward_in_input_) {
     m.outputs.clear();
     m.inputs.clear();
   }

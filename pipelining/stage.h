@@ -82,6 +82,12 @@ struct PipelineStageOptions {
   std::vector<TensorMeta> outputs;
   // The data-parallel wrapper of `module`, if any (null: none; UNSHARD, RESHARD do nothing).
   std::shared_ptr<StageDataParallel> data_parallel;
+  // The input half of a split backward (I) runs the whole backward and the weight half (W)
+  // nothing, the schedule's order of actions and communication unchanged. For modules whose
+  // backward cannot be split: a region of fsdp/activation_checkpointing (a reentrant
+  // checkpoint) runs a nested backward, which a backward restricted to some inputs may not
+  // contain (PyTorch's non-reentrant checkpoint can; LibTorch has no saved-tensor hooks).
+  bool whole_backward_in_input = false;
 };
 
 class PipelineSchedule;
@@ -162,6 +168,7 @@ class PipelineStage {
   std::vector<TensorMeta> inputs_;
   std::vector<TensorMeta> outputs_;
   std::shared_ptr<StageDataParallel> data_parallel_;
+  bool whole_backward_in_input_ = false;
   std::function<int(int)> stage_to_rank_;
   int n_microbatches_ = 0;
   std::map<int, Microbatch> microbatches_;

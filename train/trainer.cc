@@ -245,6 +245,9 @@ void Trainer::BuildPipeline() {
     units.pop_back();
     pipelining::PipelineStageOptions options;
     options.data_parallel = std::make_shared<FsdpStageDataParallel>(root, units);
+    // Our activation checkpointing is reentrant: the zero-bubble schedules' input halves
+    // run whole backwards (torchtitan's non-reentrant checkpoint splits them).
+    options.whole_backward_in_input = config_.activation_checkpoint.mode != ActivationCheckpointMode::kNone;
     // in: the tokens (the hidden state after the first stage), then each token's rotary
     // position, which every rank has and passes as a kwarg (torchtitan passes the positions to
     // every stage as a keyword argument): only the hidden state travels; the last stage

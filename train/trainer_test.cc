@@ -62,6 +62,7 @@ std::string MeshName(const ::testing::TestParamInfo<TrainerMeshes::ParamType>& i
                                        "pp2_dp2_zbv",
                                        "pp4_1f1b",
                                        "pp2_dp2_selective_ac",
+                                       "pp2_dp2_zbv_full_ac",
                                        "pp2_tp2_1f1b",
                                        "pp2_tp2_no_sp_interleaved1f1b",
                                        "pp2_tp2_zbv",
@@ -145,6 +146,12 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
                                                    "--training.local_batch_size=4",
                                                    "--activation_checkpoint.mode=selective"}),
+        // A zero-bubble schedule over checkpointed layers: each input half runs the whole
+        // backward (PipelineStageOptions::whole_backward_in_input).
+        std::make_pair(4,
+                       std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
+                                                "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                                                "--training.local_batch_size=4", "--activation_checkpoint.mode=full"}),
         std::make_pair(4, std::vector<std::string>{"--parallelism.pipeline_parallel_degree=2",
                                                    "--parallelism.tensor_parallel_degree=2",
                                                    "--training.local_batch_size=8",
