@@ -23,7 +23,8 @@
 #include "env/environment.h"
 
 namespace fsdp::metrics {
-namespace {
+// Named, not anonymous: AllocationWindow::Reporter (external linkage) holds a LiveBlocks.
+namespace allocation_window_internal {
 
 // FSDP_PEAK_BLOCKS: the large blocks live now, and those live at the highest total since
 // Mark(), with where each was allocated.
@@ -89,7 +90,10 @@ bool PeakBlocksWanted() {
   return wanted && *wanted == env::Get(env::kRank).value_or("0");
 }
 
-}  // namespace
+}  // namespace allocation_window_internal
+
+using allocation_window_internal::LiveBlocks;
+using allocation_window_internal::PeakBlocksWanted;
 
 // A profiler state that only profiles memory: c10's allocators look for it in the thread's
 // PROFILER_STATE slot (and LibTorch code that finds it there expects a ProfilerStateBase;

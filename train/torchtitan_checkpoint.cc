@@ -86,6 +86,7 @@ std::string TorchtitanFqn(const std::string& fqn) {
     if (it != LayerNames().end()) return absl::StrCat("layers.", layer, ".", it->second);
   }
   TORCH_CHECK(false, "torchtitan's Llama3Model has no counterpart of '", fqn, "'");
+  return {};  // unreachable: TORCH_CHECK(false) throws
 }
 
 bool IsTorchtitanCheckpoint(const checkpoint::DcpMetadata& metadata) {
