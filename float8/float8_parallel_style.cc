@@ -33,8 +33,7 @@ Placements ReplicatePartials(Placements placements) {
 // all-reduced (MAX) over every mesh dim that shards it, so the scale is the whole tensor's,
 // as torchao's hp_tensor_to_float8_dynamic on a DTensor. Unrounded, as torchao's styles.
 Float8Tensor CastWhole(const at::Tensor& hp, const DTensorSpec& spec, c10::ScalarType float8_dtype) {
-  TORCH_CHECK(!spec.has_partial(), "float8 tensor-parallel style: cannot cast a Partial tensor ", spec.ToString(),
-              " to float8 (its ranks hold terms of a sum, not its value)");
+  TORCH_INTERNAL_ASSERT(!spec.has_partial());  // Input refuses Partial inputs; gradients are never Partial
   at::Tensor amax = TensorToAmax(hp, ScalingGranularity::kTensorwise, std::nullopt);
   for (int d = 0; d < spec.mesh->ndim(); ++d) {
     if (spec.placements[d].is_shard() && spec.mesh->size(d) > 1) amax = AllReduceAmax(amax, spec.mesh->group(d));
@@ -115,6 +114,8 @@ class Float8Redistribution : public tensor_parallel::StyleRedistribution {
 
   at::Tensor Input(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
                    const dtensor::RedistributeGradLayouts& grads) const override {
+    TORCH_CHECK(!src.has_partial(), "float8 tensor-parallel style: cannot cast a Partial tensor ", src.ToString(),
+                " to float8 (its ranks hold terms of a sum, not its value)");
     std::optional<Float8Tensor> already_cast = FindFloat8(local);
     if (already_cast && src.placements == dst) {
       // Already float8 where it is needed (PrepareFloat8ModuleInput): torchao's
