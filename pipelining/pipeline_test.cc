@@ -205,43 +205,6 @@ struct CountBackward : torch::autograd::Function<CountBackward> {
   }
 };
 
-// PyTorch's split backward: W computes the parameters' gradients from where their paths
-// join the inputs' (the Linear), with what I left there, so the operations above it run once
-// per microbatch, in I; walking the graph again from the outputs would run them twice. The
-// first stage, whose input needs no gradient, runs its whole backward in W.
-TEST(PipelineSchedule, WeightBackwardStartsWhereTheInputBackwardStopped) {
-  constexpr int kRanks = 2, kStages = 4, kMicrobatches = 4;
-  for (ScheduleKind kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZBVZeroBubble}) {
-    for (auto& c : counted_backwards) c = 0;
-    const Reference ref = RunReference(kStages, kMicrobatches);
-    RunOnRanks(Backend::kThreaded, kRanks, [&](const comm::ProcessGroupPtr& group) {
-      std::vector<std::shared_ptr<PipelineStage>> stages;
-      std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
-      for (int s = 0; s < kStages; ++s) {
-        if (StageRank(kind, s, kRanks) != group->rank()) continue;
-        auto l = MakeLayer(s);
-        layers.push_back(l);
-        StageForward forward = [l, s](const std::vector<at::Tensor>& in) {
-          return std::vector<at::Tensor>{at::tanh(CountBackward::apply(l->forward(in[0]), s))};
-        };
-        stages.push_back(std::make_shared<PipelineStage>(l, forward, s, kStages, group));
-      }
-      PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
-      schedule.step({Input()}, Target());
-      for (size_t k = 0; k < stages.size(); ++k) {
-        const int s = stages[k]->stage_index();
-        ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
-                    "stage " + std::to_string(s) + " weight grad");
-        ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
-                    "stage " + std::to_string(s) + " bias grad");
-      }
-    });
-    for (int s = 0; s < kStages; ++s) {
-      EXPECT_EQ(counted_backwards[s].load(), kMicrobatches) << ScheduleName(kind) << " stage " << s;
-    }
-  }
-}
-
 // A backward that cannot run inside a backward restricted to some inputs, as a reentrant
 // checkpoint's nested backward (fsdp/activation_checkpointing): it throws there.
 struct NeedsWholeBackward : torch::autograd::Function<NeedsWholeBackward> {
@@ -254,40 +217,46 @@ struct NeedsWholeBackward : torch::autograd::Function<NeedsWholeBackward> {
   }
 };
 
-// PipelineStageOptions::whole_backward_in_input: the zero-bubble schedules' I runs the whole
-// backward (once per microbatch, never inside a partial one) and W nothing; the gradients are
-// the unpipelined run's.
-TEST(PipelineSchedule, WholeBackwardInInputForModulesThatCannotSplit) {
+// PyTorch's split backward: W computes the parameters' gradients from where their paths
+// join the inputs' (the Linear), with what I left there, so the operations above it run once
+// per microbatch, in I; walking the graph again from the outputs would run them twice. The
+// first stage, whose input needs no gradient, runs its whole backward in W.
+// PipelineStageOptions::whole_backward_in_input: I runs the whole backward (once per
+// microbatch, never inside a partial one: a NeedsWholeBackward in each stage) and W nothing.
+// Either way the gradients are the unpipelined run's.
+TEST(PipelineSchedule, WeightBackwardStartsWhereTheInputBackwardStopped) {
   constexpr int kRanks = 2, kStages = 4, kMicrobatches = 4;
-  for (ScheduleKind kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZBVZeroBubble}) {
-    for (auto& c : counted_backwards) c = 0;
-    const Reference ref = RunReference(kStages, kMicrobatches);
-    RunOnRanks(Backend::kThreaded, kRanks, [&](const comm::ProcessGroupPtr& group) {
-      std::vector<std::shared_ptr<PipelineStage>> stages;
-      std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
-      for (int s = 0; s < kStages; ++s) {
-        if (StageRank(kind, s, kRanks) != group->rank()) continue;
-        auto l = MakeLayer(s);
-        layers.push_back(l);
-        StageForward forward = [l, s](const std::vector<at::Tensor>& in) {
-          return std::vector<at::Tensor>{
-              at::tanh(CountBackward::apply(NeedsWholeBackward::apply(l->forward(in[0])), s))};
-        };
-        stages.push_back(std::make_shared<PipelineStage>(l, forward, s, kStages, group,
-                                                         PipelineStageOptions{.whole_backward_in_input = true}));
-      }
-      PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
-      schedule.step({Input()}, Target());
-      for (size_t k = 0; k < stages.size(); ++k) {
-        const int s = stages[k]->stage_index();
-        ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
-                    "stage " + std::to_string(s) + " weight grad");
-        ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
-                    "stage " + std::to_string(s) + " bias grad");
-      }
-    });
-    for (int s = 0; s < kStages; ++s) {
-      EXPECT_EQ(counted_backwards[s].load(), kMicrobatches) << ScheduleName(kind) << " stage " << s;
+  for (const bool whole : {false, true}) {
+    for (ScheduleKind kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZBVZeroBubble}) {
+      SCOPED_TRACE(std::string(ScheduleName(kind)) + (whole ? " whole_backward_in_input" : ""));
+      for (auto& c : counted_backwards) c = 0;
+      const Reference ref = RunReference(kStages, kMicrobatches);
+      RunOnRanks(Backend::kThreaded, kRanks, [&](const comm::ProcessGroupPtr& group) {
+        std::vector<std::shared_ptr<PipelineStage>> stages;
+        std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
+        for (int s = 0; s < kStages; ++s) {
+          if (StageRank(kind, s, kRanks) != group->rank()) continue;
+          auto l = MakeLayer(s);
+          layers.push_back(l);
+          StageForward forward = [l, s, whole](const std::vector<at::Tensor>& in) {
+            at::Tensor h = l->forward(in[0]);
+            if (whole) h = NeedsWholeBackward::apply(h);
+            return std::vector<at::Tensor>{at::tanh(CountBackward::apply(h, s))};
+          };
+          stages.push_back(std::make_shared<PipelineStage>(l, forward, s, kStages, group,
+                                                           PipelineStageOptions{.whole_backward_in_input = whole}));
+        }
+        PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
+        schedule.step({Input()}, Target());
+        for (size_t k = 0; k < stages.size(); ++k) {
+          const int s = stages[k]->stage_index();
+          ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
+                      "stage " + std::to_string(s) + " weight grad");
+          ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
+                      "stage " + std::to_string(s) + " bias grad");
+        }
+      });
+      for (int s = 0; s < kStages; ++s) EXPECT_EQ(counted_backwards[s].load(), kMicrobatches) << "stage " << s;
     }
   }
 }
