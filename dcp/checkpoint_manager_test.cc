@@ -203,6 +203,19 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, CheckpointManagerStorage, ::testing::Bool
                            return std::string(info.param ? "async" : "sync");
                          });
 
+// The parameters' values each rank-0 save holds, loaded back.
+std::vector<at::Tensor> LoadedParameters(const std::string& dir) {
+  std::vector<at::Tensor> loaded;
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 99);
+    Load(*t.module, t.opt.get(), dir);
+    if (pg->rank() == 0) {
+      for (const at::Tensor& p : t.module->parameters()) loaded.push_back(p.detach().clone());
+    }
+  });
+  return loaded;
+}
+
 // Reused staging buffers (dcp/stager.h): allocated once, each save a snapshot of the moment it
 // was called although training changes the model while the previous save may still write.
 TEST(Stager, ReusesItsBuffersAndEachSaveHoldsItsOwnSnapshot) {
@@ -227,28 +240,10 @@ TEST(Stager, ReusesItsBuffersAndEachSaveHoldsItsOwnSnapshot) {
     EXPECT_FALSE(stager->pinned());  // asked not to (and no CUDA here)
   });
   for (int i = 0; i < 3; ++i) {
-    fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
-      Trainee t = Build(W(2), pg, 99);
-      Load(*t.module, t.opt.get(), root + "/save" + std::to_string(i));
-      if (pg->rank() != 0) return;
-      const std::vector<at::Tensor> params = t.module->parameters();
-      ASSERT_EQ(params.size(), saved[i].size());
-      for (size_t p = 0; p < params.size(); ++p) EXPECT_TRUE(at::equal(params[p], saved[i][p])) << "save " << i;
-    });
+    const std::vector<at::Tensor> params = LoadedParameters(root + "/save" + std::to_string(i));
+    ASSERT_EQ(params.size(), saved[i].size());
+    for (size_t p = 0; p < params.size(); ++p) EXPECT_TRUE(at::equal(params[p], saved[i][p])) << "save " << i;
   }
-}
-
-// The parameters' values each rank-0 save holds, loaded back.
-std::vector<at::Tensor> LoadedParameters(const std::string& dir) {
-  std::vector<at::Tensor> loaded;
-  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
-    Trainee t = Build(W(2), pg, 99);
-    Load(*t.module, t.opt.get(), dir);
-    if (pg->rank() == 0) {
-      for (const at::Tensor& p : t.module->parameters()) loaded.push_back(p.detach().clone());
-    }
-  });
-  return loaded;
 }
 
 // Async staging (PyTorch's use_async_staging, torchtitan's async_with_pinned_mem): the copy

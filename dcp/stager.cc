@@ -17,8 +17,7 @@ namespace fsdp::dcp {
 struct Stager::State {
   StagerOptions options;
   bool pin = false;
-  device::StreamPoolPtr pool;  // a device's streams, when the stager made the staging stream there
-  device::StreamPtr stream;    // async staging's
+  device::StreamPoolPtr pool;  // a device's streams, when the stager made options.stream there
   device::EventPtr staging;    // the last async copy's completion, until waited for
   std::vector<at::Tensor> buffers;
   int64_t bytes = 0;
@@ -30,7 +29,6 @@ struct Stager::State {
 
 Stager::Stager(StagerOptions options) : state_(std::make_unique<State>()) {
   state_->pin = options.pin_memory && at::hasCUDA();
-  state_->stream = options.stream;
   state_->options = std::move(options);
 }
 Stager::~Stager() { internal::StagerAccess::WaitIdle(*this); }
@@ -39,7 +37,6 @@ int64_t Stager::staged_bytes() const { return state_->bytes; }
 int64_t Stager::allocations() const { return state_->allocations; }
 bool Stager::pinned() const { return state_->pin; }
 double Stager::wait_seconds() const { return state_->wait_seconds; }
-bool Stager::async_staging() const { return state_->options.async_staging; }
 
 void Stager::WaitForStaging() {
   device::EventPtr staging = std::move(state_->staging);
@@ -81,23 +78,24 @@ std::vector<at::Tensor> StagerAccess::Stage(Stager& stager, const std::vector<at
     for (size_t i = 0; i < sources.size(); ++i) s.buffers[i].copy_(sources[i]);
     return s.buffers;
   }
-  if (s.stream == nullptr) {
+  device::StreamPtr& stream = s.options.stream;
+  if (stream == nullptr) {
     const c10::Device device = sources.empty() ? c10::Device(c10::kCPU) : sources.front().device();
     if (device.is_cpu()) {
-      s.stream = device::NewAsyncCpuStream("dcp staging", comm::kDefaultTimeout, std::chrono::microseconds(0));
+      stream = device::NewAsyncCpuStream("dcp staging", comm::kDefaultTimeout, std::chrono::microseconds(0));
     } else {
       s.pool = device::StreamPool::Create(device, {});
-      s.stream = s.pool->NewStream("dcp staging");
+      stream = s.pool->NewStream("dcp staging");
     }
   }
   // On a device: after the work that produced the sources (the host's CPU work is done).
-  if (s.pool != nullptr) s.stream->WaitStream(s.pool->current());
-  for (const at::Tensor& t : sources) s.stream->KeepAlive(t);
-  s.stream->Launch([buffers = s.buffers, sources] {
+  if (s.pool != nullptr) stream->WaitStream(s.pool->current());
+  for (const at::Tensor& t : sources) stream->KeepAlive(t);
+  stream->Launch([buffers = s.buffers, sources] {
     at::NoGradGuard no_grad;  // the worker's own grad mode: the sources may require grad
     for (size_t i = 0; i < sources.size(); ++i) buffers[i].copy_(sources[i], /*non_blocking=*/true);
   });
-  s.staging = s.stream->RecordEvent();
+  s.staging = stream->RecordEvent();
   return s.buffers;
 }
 

@@ -60,7 +60,6 @@ class Stager {
   int64_t allocations() const;   // times the buffers were (re)allocated: 1 in a steady run
   bool pinned() const;           // the buffers are page-locked
   double wait_seconds() const;   // time saves spent waiting for the previous one's write
-  bool async_staging() const;
   // Blocks until the last save's copy into the buffers finished (at once without async
   // staging, or when it already did); throws its error (a c10::Error). Thread-compatible.
   void WaitForStaging();

@@ -95,16 +95,8 @@ DTensor DTensor::FromSpec(at::Tensor local, DTensorSpec spec) { return DTensor(s
 at::Tensor RedistributeLocal(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
                              const RedistributeGradLayouts& grad_layouts) {
   const auto plan = PlanRedistribute(src, dst);
-  const auto replicate_partials = [](Placements placements) {
-    for (Placement& p : placements) {
-      if (p.is_partial()) p = Placement::Replicate();
-    }
-    return placements;
-  };
-  // The gradient of a Partial output is Replicate (each partial term's gradient is the
-  // whole output gradient), as torch/distributed/tensor/_redistribute.py's backward.
-  Placements grad_src = grad_layouts.output_grad ? *grad_layouts.output_grad : replicate_partials(plan->dst);
-  Placements grad_dst = grad_layouts.input_grad ? *grad_layouts.input_grad : replicate_partials(src.placements);
+  Placements grad_src = grad_layouts.output_grad ? *grad_layouts.output_grad : ReplicatePartials(plan->dst);
+  Placements grad_dst = grad_layouts.input_grad ? *grad_layouts.input_grad : ReplicatePartials(src.placements);
   const bool backward_moves = grad_src != grad_dst;
   const bool records_grad = local.requires_grad() && at::GradMode::is_enabled();
   if (plan->steps.empty() && (!backward_moves || !records_grad)) return local;

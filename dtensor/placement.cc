@@ -47,4 +47,11 @@ std::string ToString(const Placements& placements) {
   return out + ")";
 }
 
+Placements ReplicatePartials(Placements placements) {
+  for (Placement& p : placements) {
+    if (p.is_partial()) p = Placement::Replicate();
+  }
+  return placements;
+}
+
 }  // namespace fsdp::dtensor

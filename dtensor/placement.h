@@ -67,6 +67,11 @@ using Placements = std::vector<Placement>;
 // "(Shard(dim=0), Replicate())".
 std::string ToString(const Placements& placements);
 
+// `placements` with every Partial made Replicate: how the gradient of a Partial value
+// arrives (each partial term's gradient is the whole output gradient), as
+// torch/distributed/tensor/_redistribute.py's backward.
+Placements ReplicatePartials(Placements placements);
+
 }  // namespace fsdp::dtensor
 
 #endif  // FSDP_DTENSOR_PLACEMENT_H_

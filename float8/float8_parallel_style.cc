@@ -19,15 +19,9 @@ namespace {
 using dtensor::DTensorSpec;
 using dtensor::Placements;
 using dtensor::RedistributeLocal;
+using dtensor::ReplicatePartials;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-Placements ReplicatePartials(Placements placements) {
-  for (auto& p : placements) {
-    if (p.is_partial()) p = dtensor::Placement::Replicate();
-  }
-  return placements;
-}
 
 // Tensorwise dynamic cast of the tensor whose shard `hp` is (laid out as `spec`): the amax is
 // all-reduced (MAX) over every mesh dim that shards it, so the scale is the whole tensor's,
@@ -63,14 +57,18 @@ struct MoveState : torch::CustomClassHolder {
   std::optional<Float8Tensor> already_cast;
 };
 
+// The input cast (unless a style already did) and moved as float8.
+at::Tensor CastAndMove(const at::Tensor& hp, const MoveState& state) {
+  const Float8Tensor fp8 = state.already_cast ? *state.already_cast : CastWhole(hp, state.src, state.float8_dtype);
+  return MoveFloat8(fp8, state.src, state.dst);
+}
+
 // Forward: cast the input (unless a style already did) and move it as float8. Backward: the
 // high-precision gradient redistributed as DTensor's redistribute would (a reduce-scatter of
 // the float8 linears' Partial input gradients).
 struct CastThenRedistribute : torch::autograd::Function<CastThenRedistribute> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hp, c10::intrusive_ptr<MoveState> state) {
-    const Float8Tensor fp8 =
-        state->already_cast ? *state->already_cast : CastWhole(hp, state->src, state->float8_dtype);
-    at::Tensor out = MoveFloat8(fp8, state->src, state->dst);
+    at::Tensor out = CastAndMove(hp, *state);
     state->already_cast.reset();
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     return out;
@@ -130,10 +128,7 @@ class Float8Redistribution : public tensor_parallel::StyleRedistribution {
     state->grads = grads;
     state->float8_dtype = input_dtype_;
     state->already_cast = std::move(already_cast);
-    if (!local.requires_grad() || !at::GradMode::is_enabled()) {
-      const Float8Tensor fp8 = state->already_cast ? *state->already_cast : CastWhole(local, src, input_dtype_);
-      return MoveFloat8(fp8, src, dst);
-    }
+    if (!local.requires_grad() || !at::GradMode::is_enabled()) return CastAndMove(local, *state);
     at::Tensor out = CastThenRedistribute::apply(local, std::move(state));
     // Autograd records the Function on the tensor forward returned, annotation and all.
     TORCH_INTERNAL_ASSERT(FindFloat8(out).has_value());

@@ -28,6 +28,7 @@ using ::fsdp::dtensor::PlacementKind;
 using ::fsdp::dtensor::Placements;
 using ::fsdp::dtensor::RedistributeGradLayouts;
 using ::fsdp::dtensor::RedistributeLocal;
+using ::fsdp::dtensor::ReplicatePartials;
 using ::fsdp::dtensor::ToString;
 using ::fsdp::dtensor::ValidatePlacements;
 at::Tensor StyleRedistribution::Input(const at::Tensor& local, const DTensorSpec& src, const Placements& dst,
@@ -54,13 +55,6 @@ std::string LayoutTuple(const std::vector<std::optional<Placement>>& layouts) {
 }
 std::string LayoutTuple(const Placement& p) { return absl::StrCat("(", p.ToString(), ",)"); }
 const char* PyBool(bool b) { return b ? "True" : "False"; }
-
-Placements ReplicatePartials(Placements placements) {
-  for (Placement& p : placements) {
-    if (p.is_partial()) p = Placement::Replicate();
-  }
-  return placements;
-}
 
 // What consumers of a DTensor input that a PrepareModuleInput made (use_local_output =
 // false) deliver: parallel-style submodules, whose input gradients are Partial where the
