@@ -1,16 +1,23 @@
 #include "context_parallel/ring_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
-#include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
 namespace fsdp::context_parallel {
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr int64_t kSeqDim = 2;
@@ -35,9 +42,30 @@ Part BlockPart(int rank, int i, bool is_causal, bool load_balanced) {
   return i <= rank ? Part::kEarlierKeys : Part::kLaterQueries;
 }
 
-// Passes flat buffers round the ring: step i's buffer is rank (rank - i)'s. PyTorch's
-// _AllGatherRotater (one all-gather, then chunks) and _AllToAllRotater (permute_tensor to
-// the next rank: an all_to_all_single whose only non-empty piece goes to rank + 1).
+// `t.narrow(dim, start, length)` without the dispatcher, for tensors made below autograd
+// (which carry no view metadata either way): narrow goes through narrow, slice and
+// as_strided, three dispatches that cost more than the rest of a merge
+// (docs/development/benchmarks.md, "Ring attention").
+at::Tensor Narrow(const at::Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  TORCH_INTERNAL_ASSERT(t.layout() == at::kStrided && start >= 0 && start + length <= t.size(dim));
+  auto view =
+      c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(t.storage()), t.key_set(), t.dtype());
+  c10::SmallVector<int64_t, 5> sizes(t.sizes().begin(), t.sizes().end());
+  sizes[dim] = length;
+  view->set_sizes_and_strides(sizes, t.strides(), t.storage_offset() + start * t.stride(dim));
+  return at::Tensor(std::move(view));
+}
+
+// chunk `half` (0 or 1) of two along the sequence.
+at::Tensor Half(const at::Tensor& t, int half) {
+  const int64_t length = t.size(kSeqDim) / 2;
+  return Narrow(t, kSeqDim, half * length, length);
+}
+
+// Passes [k; v] buffers (k and v concatenated on dim 0) round the ring: step i's buffer is
+// rank (rank - i)'s. PyTorch's _AllGatherRotater (one all-gather, then chunks) and
+// _AllToAllRotater (permute_tensor to the next rank: an all_to_all_single whose only non-empty
+// piece goes to rank + 1).
 class Rotater {
  public:
   Rotater(comm::ProcessGroupPtr group, RotateMethod method) : group_(std::move(group)), method_(method) {}
@@ -47,15 +75,17 @@ class Rotater {
     const int world = group_->size(), rank = group_->rank();
     if (method_ == RotateMethod::kAllGather) {
       if (gathered_.defined()) return;  // one all-gather serves every step
-      gathered_ = at::empty({world * buffer.numel()}, buffer.options());
-      work_ = group_->all_gather_into_tensor(gathered_, buffer.contiguous());
+      std::vector<int64_t> sizes = buffer.sizes().vec();
+      sizes[0] *= world;
+      gathered_ = at::empty(sizes, buffer.options());
+      work_ = group_->all_gather_into_tensor(gathered_, buffer);
       return;
     }
     std::vector<int64_t> in_splits(world, 0), out_splits(world, 0);
-    in_splits[(rank + 1) % world] = buffer.numel();
-    out_splits[(rank - 1 + world) % world] = buffer.numel();
+    in_splits[(rank + 1) % world] = buffer.size(0);
+    out_splits[(rank - 1 + world) % world] = buffer.size(0);
     received_ = at::empty_like(buffer);
-    work_ = group_->all_to_all_single(received_, buffer.contiguous(), out_splits, in_splits);
+    work_ = group_->all_to_all_single(received_, buffer, out_splits, in_splits);
   }
 
   at::Tensor Next() {
@@ -66,8 +96,8 @@ class Rotater {
     if (method_ == RotateMethod::kAllToAll) return received_;
     const int world = group_->size();
     const int source = ((group_->rank() - steps_) % world + world) % world;
-    const int64_t numel = gathered_.numel() / world;
-    return gathered_.narrow(0, source * numel, numel);
+    const int64_t rows = gathered_.size(0) / world;
+    return Narrow(gathered_, 0, source * rows, rows);
   }
 
  private:
@@ -78,15 +108,51 @@ class Rotater {
   comm::WorkPtr work_;
 };
 
-// chunk `half` (0 or 1) of two along the sequence.
-at::Tensor Half(const at::Tensor& t, int half) {
-  const int64_t length = t.size(kSeqDim) / 2;
-  return t.narrow(kSeqDim, half * length, length);
+// `t` in `dtype`, without a dispatcher round trip when it already is.
+at::Tensor Cast(const at::Tensor& t, c10::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
+
+// PyTorch's stable merge (github.com/zhuzilin/ring-flash-attention/pull/34), in one pass:
+//   running_out = running_out - sigmoid(lse - running_lse) * (running_out - out), a lerp towards
+//   out by that sigmoid, and running_lse = running_lse - log_sigmoid(running_lse - lse), which
+//   is logaddexp(running_lse, lse);
+// out [batch, heads, seq, dim] and lse [batch, heads, seq] with any strides, arithmetic in lse's
+// type as ATen's lerp / logaddexp. Five ATen kernels on blocks this size cost more in dispatch
+// than in arithmetic (docs/development/benchmarks.md, "Ring attention").
+template <typename scalar_t>
+void MergeBlock(const at::Tensor& running_out, const at::Tensor& running_lse, const at::Tensor& out,
+                const at::Tensor& lse) {
+  using acc_t = at::opmath_type<scalar_t>;
+  TORCH_INTERNAL_ASSERT(running_out.sizes() == out.sizes() && running_lse.sizes() == lse.sizes() &&
+                        lse.scalar_type() == c10::CppTypeToScalarType<acc_t>::value &&
+                        running_lse.scalar_type() == lse.scalar_type());
+  scalar_t* const ro = running_out.mutable_data_ptr<scalar_t>();
+  const scalar_t* const o = out.const_data_ptr<scalar_t>();
+  acc_t* const rl = running_lse.mutable_data_ptr<acc_t>();
+  const acc_t* const l = lse.const_data_ptr<acc_t>();
+  const auto ros = running_out.strides(), os = out.strides(), rls = running_lse.strides(), ls = lse.strides();
+  for (int64_t b = 0; b < out.size(0); ++b) {
+    for (int64_t h = 0; h < out.size(1); ++h) {
+      for (int64_t q = 0; q < out.size(2); ++q) {
+        acc_t& running = rl[b * rls[0] + h * rls[1] + q * rls[2]];
+        const acc_t block = l[b * ls[0] + h * ls[1] + q * ls[2]];
+        const acc_t weight = acc_t(1) / (acc_t(1) + std::exp(running - block));  // sigmoid(block - running)
+        scalar_t* const row = ro + b * ros[0] + h * ros[1] + q * ros[2];
+        const scalar_t* const block_row = o + b * os[0] + h * os[1] + q * os[2];
+        for (int64_t d = 0; d < out.size(3); ++d) {
+          const acc_t self = row[d * ros[3]], end = block_row[d * os[3]], diff = end - self;
+          row[d * ros[3]] = std::abs(weight) < acc_t(0.5) ? self + weight * diff : end - diff * (acc_t(1) - weight);
+        }
+        running = std::isinf(running) && running == block
+                      ? running
+                      : std::max(running, block) + std::log1p(std::exp(-std::abs(running - block)));
+      }
+    }
+  }
 }
 
 // out / lse of one block merged into the running result (PyTorch's _SDPAMerger), on the
 // later half of the queries when `partial`. The running tensors are the first block's kernel
-// outputs, updated in place: a merge is three kernels and no copy of the other half.
+// outputs, updated in place: no copy of the other half.
 class Merger {
  public:
   explicit Merger(bool convert_to_f32) : convert_to_f32_(convert_to_f32) {}
@@ -95,28 +161,22 @@ class Merger {
     out_dtype_ = out.scalar_type();
     lse_dtype_ = lse.scalar_type();
     if (convert_to_f32_) {
-      out = out.to(at::kFloat);
-      lse = lse.to(at::kFloat);
+      out = Cast(out, at::kFloat);
+      lse = Cast(lse, at::kFloat);
     }
-    lse = lse.unsqueeze(-1);
     if (!lse_.defined()) {
       out_ = out;
       lse_ = lse;
       return;
     }
-    at::Tensor running_out = partial ? Half(out_, 1) : out_;
-    at::Tensor running_lse = partial ? Half(lse_, 1) : lse_;
-    // PyTorch's stable form (github.com/zhuzilin/ring-flash-attention/pull/34):
-    //   out = running_out - sigmoid(lse - running_lse) * (running_out - out), a lerp towards
-    //   out by that sigmoid; lse = running_lse - log_sigmoid(running_lse - lse), which is
-    //   logaddexp(running_lse, lse).
-    running_out.lerp_(out, at::sigmoid(lse - running_lse));
-    running_lse.copy_(at::logaddexp(running_lse, lse));
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "RingAttention merge", [&] {
+      MergeBlock<scalar_t>(partial ? Half(out_, 1) : out_, partial ? Half(lse_, 1) : lse_, out, lse);
+    });
   }
 
   std::pair<at::Tensor, at::Tensor> Results() const {
     TORCH_INTERNAL_ASSERT(out_.defined(), "RingAttention: no block attended");
-    return {out_.to(out_dtype_), lse_.squeeze(-1).to(lse_dtype_)};
+    return {Cast(out_, out_dtype_), Cast(lse_, lse_dtype_)};
   }
 
  private:
@@ -125,12 +185,13 @@ class Merger {
   c10::ScalarType out_dtype_ = at::kFloat, lse_dtype_ = at::kFloat;
 };
 
-// The k / v views of a flat [k, v] buffer.
-std::pair<at::Tensor, at::Tensor> SplitKv(const at::Tensor& buffer, const at::Tensor& k, const at::Tensor& v) {
-  return {buffer.narrow(0, 0, k.numel()).view(k.sizes()), buffer.narrow(0, k.numel(), v.numel()).view(v.sizes())};
+// The k / v halves of a [k; v] buffer (k and v have the same shape).
+std::pair<at::Tensor, at::Tensor> SplitKv(const at::Tensor& buffer) {
+  const int64_t batch = buffer.size(0) / 2;
+  return {Narrow(buffer, 0, 0, batch), Narrow(buffer, 0, batch, batch)};
 }
 
-at::Tensor FlatKv(const at::Tensor& k, const at::Tensor& v) { return at::cat({k.reshape(-1), v.reshape(-1)}); }
+at::Tensor JoinKv(const at::Tensor& k, const at::Tensor& v) { return at::cat({k, v}); }
 
 struct RingState : torch::CustomClassHolder {
   comm::ProcessGroupPtr group;
@@ -144,12 +205,12 @@ std::pair<at::Tensor, at::Tensor> RingForward(const at::Tensor& query, at::Tenso
   const bool balanced = s.options.load_balanced;
   key = key.contiguous();
   value = value.contiguous();
-  const at::Tensor k0 = key, v0 = value;
   Rotater rotater(s.group, s.options.rotate_method);
   Merger merger(s.options.convert_to_f32);
   for (int i = 0; i < world; ++i) {
-    if (i > 0) std::tie(key, value) = SplitKv(rotater.Next(), k0, v0);
-    if (i < world - 1) rotater.Exchange(FlatKv(key, value));
+    at::Tensor kv;  // a received [k; v] buffer passes on as it is
+    if (i > 0) std::tie(key, value) = SplitKv(kv = rotater.Next());
+    if (i < world - 1) rotater.Exchange(i == 0 ? JoinKv(key, value) : kv);
     const Block block = BlockBehavior(rank, world, i, s.is_causal, balanced);
     if (block == Block::kSkip) continue;
     const Part part = BlockPart(rank, i, s.is_causal, balanced);
@@ -165,7 +226,8 @@ std::pair<at::Tensor, at::Tensor> RingForward(const at::Tensor& query, at::Tenso
 }
 
 // The gradients accumulate in place: grad_query in the first block's kernel output, the key /
-// value gradients in the buffer each step receives (this rank's from the previous one).
+// value gradients in the [grad_key; grad_value] buffer each step receives (this rank's from the
+// previous one), which passes on as it is.
 std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tensor& query, at::Tensor key,
                                      at::Tensor value, const at::Tensor& out, const at::Tensor& lse,
                                      const RingState& s) {
@@ -174,13 +236,13 @@ std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tenso
   const c10::ScalarType accum = s.options.convert_to_f32 ? at::kFloat : query.scalar_type();
   key = key.contiguous();
   value = value.contiguous();
-  const at::Tensor k0 = key, v0 = value;
-  at::Tensor grad_query, grad_key, grad_value;
+  at::Tensor grad_query, grad_kv;  // grad_kv: [grad_key; grad_value]
   Rotater kv_rotater(s.group, s.options.rotate_method);
   Rotater dkv_rotater(s.group, RotateMethod::kAllToAll);  // PyTorch passes gradients this way always
   for (int i = 0; i < world; ++i) {
-    if (i > 0) std::tie(key, value) = SplitKv(kv_rotater.Next(), k0, v0);
-    if (i != world - 1) kv_rotater.Exchange(FlatKv(key, value));
+    at::Tensor kv;
+    if (i > 0) std::tie(key, value) = SplitKv(kv = kv_rotater.Next());
+    if (i != world - 1) kv_rotater.Exchange(i == 0 ? JoinKv(key, value) : kv);
     const Block block = BlockBehavior(rank, world, i, s.is_causal, balanced);
     at::Tensor block_grad_query, block_grad_key, block_grad_value;
     if (block != Block::kSkip) {
@@ -194,11 +256,11 @@ std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tenso
                                                                    std::nullopt, s.options.scale);
     }
     if (i == 0) {  // block 0 is this rank's own, always attended
-      grad_query = block_grad_query.to(accum);
-      grad_key = block_grad_key.to(accum);
-      grad_value = block_grad_value.to(accum);
+      grad_query = Cast(block_grad_query, accum);
+      grad_kv = Cast(JoinKv(block_grad_key, block_grad_value), accum);
     } else {
-      std::tie(grad_key, grad_value) = SplitKv(dkv_rotater.Next(), k0, v0);
+      grad_kv = dkv_rotater.Next();
+      const auto [grad_key, grad_value] = SplitKv(grad_kv);
       if (block != Block::kSkip) {
         const bool earlier_keys = i <= rank && balanced;
         (earlier_keys ? Half(grad_key, 0) : grad_key).add_(block_grad_key);
@@ -206,27 +268,46 @@ std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tenso
         (i <= rank || !balanced ? grad_query : Half(grad_query, 1)).add_(block_grad_query);
       }
     }
-    dkv_rotater.Exchange(FlatKv(grad_key, grad_value));
+    dkv_rotater.Exchange(grad_kv);
   }
-  const auto [gk, gv] = SplitKv(dkv_rotater.Next().to(key.scalar_type()), k0, v0);
-  return {grad_query.to(query.scalar_type()), gk, gv};
+  const auto [gk, gv] = SplitKv(Cast(dkv_rotater.Next(), key.scalar_type()));
+  return {Cast(grad_query, query.scalar_type()), gk, gv};
 }
 
-struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            c10::intrusive_ptr<RingState> state) {
-    auto [out, lse] = RingForward(q, k, v, *state);
-    ctx->save_for_backward({q, k, v, out, lse});
-    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
-    return out;
+// The backward node, written as ATen's generated ones (a `torch::autograd::Function` costs
+// more per call: docs/development/benchmarks.md, "Ring attention").
+struct RingAttentionBackward : torch::autograd::Node {
+  variable_list apply(variable_list&& grads) override {
+    TORCH_CHECK(!released, "RingAttention: backward through the graph a second time needs retain_graph=True");
+    const at::Tensor q = query.unpack(), k = key.unpack(), v = value.unpack();
+    const at::Tensor o = out.unpack(getptr()), l = lse.unpack();
+    const at::Tensor grad_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(o);
+    variable_list result = [&] {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return RingBackward(grad_out, q, k, v, o, l, *state);
+    }();
+    if (at::GradMode::is_enabled()) {
+      // create_graph: the gradients are right, but a backward through them is an error (as
+      // through ATen's flash backward kernel), not a silent zero.
+      auto error = c10::make_intrusive<torch::autograd::NotImplemented>(
+          "RingAttentionBackward", torch::autograd::collect_next_edges(grads[0], q, k, v));
+      torch::autograd::set_history(result, error);
+    }
+    return result;
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const auto state = c10::static_intrusive_pointer_cast<RingState>(ctx->saved_data["state"].toCapsule());
-    std::vector<at::Tensor> g =
-        RingBackward(grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4], *state);
-    return {g[0], g[1], g[2], at::Tensor()};
+  std::string name() const override { return "RingAttentionBackward"; }
+  void release_variables() override {
+    query.reset_data();
+    key.reset_data();
+    value.reset_data();
+    out.reset_data();
+    lse.reset_data();
+    released = true;
   }
+
+  torch::autograd::SavedVariable query, key, value, out, lse;
+  c10::intrusive_ptr<RingState> state;
+  bool released = false;
 };
 
 }  // namespace
@@ -257,7 +338,23 @@ at::Tensor RingAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   state->group = group;
   state->options = options;
   state->is_causal = is_causal;
-  return RingAttentionFunction::apply(q, k, v, std::move(state));
+  // Below autograd: the ring's views, merges and copies record no graph of their own.
+  auto [out, lse] = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return RingForward(q, k, v, *state);
+  }();
+  if (torch::autograd::compute_requires_grad(q, k, v)) {
+    auto node = c10::make_intrusive<RingAttentionBackward>();
+    node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+    node->query = torch::autograd::SavedVariable(q, false);
+    node->key = torch::autograd::SavedVariable(k, false);
+    node->value = torch::autograd::SavedVariable(v, false);
+    node->lse = torch::autograd::SavedVariable(lse, false);
+    node->state = std::move(state);
+    torch::autograd::set_history(out, node);
+    node->out = torch::autograd::SavedVariable(out, true);
+  }
+  return out;
 }
 
 }  // namespace fsdp::context_parallel

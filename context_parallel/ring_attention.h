@@ -12,7 +12,8 @@
 // default; kAllToAll: one all_to_all_single per step passing the block to the next rank, as
 // PyTorch's permute_tensor); each block's attention yields an output and its log-sum-exp,
 // merged into the running result in float32 (out -= sigmoid(lse_b - lse) (out - out_b),
-// lse -= logsigmoid(lse - lse_b)). With a causal mask and load balancing (PyTorch's default,
+// lse -= logsigmoid(lse - lse_b); with convert_to_f32 = false the running output stays in the
+// inputs' dtype). With a causal mask and load balancing (PyTorch's default,
 // _ContextParallelOptions.enable_load_balance), rank r's queries are sequence chunks r and
 // 2W-1-r of 2W, so every block after the first is either the earlier half of a block (full
 // attention) or the later half of the queries (full attention); without load balancing, blocks
@@ -23,7 +24,8 @@
 // dtype, the sequence on dim 2, k and v of one shape, q's heads a multiple of k's; causal
 // attention needs q and k of the same length; load balancing needs causal attention (as
 // PyTorch); with load balancing the local length must be even (two chunks).
-// Collective over `group`; not thread-safe per group (one ring at a time).
+// Collective over `group`; not thread-safe per group (one ring at a time). The output's grad_fn
+// is a RingAttentionBackward node (not differentiable again).
 #ifndef FSDP_CONTEXT_PARALLEL_RING_ATTENTION_H_
 #define FSDP_CONTEXT_PARALLEL_RING_ATTENTION_H_
 

@@ -1,9 +1,13 @@
 // Ring attention against attention over the whole sequence on one rank: values and gradients
 // of q, k, v, causal (head-tail load balanced and not) and not, both rotate methods, GQA, 2 and
-// 4 ranks; the collectives each rotate method issues; the load balancer's layout; errors.
+// 4 ranks, bfloat16 merged in either precision; the backward node under retain_graph; the
+// collectives each rotate method issues; the load balancer's layout; errors.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cmath>
 #include <ostream>
@@ -131,6 +135,75 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"full_alltoall_w2", 2, false, false, RotateMethod::kAllToAll},
                       Case{"gqa_causal_balanced_w4", 4, true, true, RotateMethod::kAllGather, 4, 2}),
     [](const auto& info) { return info.param.name; });
+
+// bfloat16 q, k, v, merged and accumulated in float32 (convert_to_f32, PyTorch's default) or in
+// bfloat16. Beyond the float32 bound of ExpectClose, every bfloat16 rounding of a value (each
+// block's kernel output, and without convert_to_f32 each merge or gradient addition, W of each,
+// plus the final cast) errs by at most its unit roundoff times the value's magnitude: 2 (W + 1)
+// of them.
+TEST(RingAttention, BFloat16MergesInFloat32OrInBFloat16) {
+  constexpr int kWorld = 4;
+  const Inputs bf16 = [] {
+    Inputs in = MakeInputs(4, 4);
+    for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.grad_out}) *t = t->to(at::kBFloat16);
+    return in;
+  }();
+  const Inputs exact{bf16.q.to(at::kFloat), bf16.k.to(at::kFloat), bf16.v.to(at::kFloat), bf16.grad_out.to(at::kFloat)};
+  const Reference ref = MakeReference(exact, /*causal=*/true);
+  const double rel = testing::SummationOrderTolerance(at::kFloat, kSeq) +
+                     16.0 * kWorld * testing::UnitRoundoff(at::kFloat) +
+                     2.0 * (kWorld + 1) * testing::UnitRoundoff(at::kBFloat16);
+  const auto expect_close = [&](const at::Tensor& ours, const at::Tensor& reference, const at::Tensor& magnitude,
+                                const std::string& what) {
+    ASSERT_EQ(ours.scalar_type(), at::kBFloat16) << what;
+    const at::Tensor diff = (ours.to(at::kDouble) - reference).abs();
+    EXPECT_LE((diff - magnitude * rel - 1e-30).max().item<double>(), 0.0)
+        << what << ": max |diff| " << diff.max().item<double>();
+  };
+  for (const bool convert_to_f32 : {true, false}) {
+    SCOPED_TRACE(convert_to_f32 ? "convert_to_f32" : "bfloat16 merges");
+    RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
+      auto shard = [&](const at::Tensor& t) { return ShardSequence(t, 2, pg->rank(), kWorld, true); };
+      const at::Tensor q = shard(bf16.q).requires_grad_(), k = shard(bf16.k).requires_grad_();
+      const at::Tensor v = shard(bf16.v).requires_grad_();
+      const at::Tensor out = RingAttention(q, k, v, true, pg, {.convert_to_f32 = convert_to_f32});
+      out.backward(shard(bf16.grad_out));
+      expect_close(out, shard(ref.out), shard(ref.out_mag), "out");
+      expect_close(q.grad(), shard(ref.dq), shard(ref.dq_mag), "dq");
+      expect_close(k.grad(), shard(ref.dk), shard(ref.dk_mag), "dk");
+      expect_close(v.grad(), shard(ref.dv), shard(ref.dv_mag), "dv");
+    });
+  }
+}
+
+// The backward node keeps its saved tensors under retain_graph (a second backward doubles the
+// gradients) and says so when they were freed; without grad no node is made; a double backward
+// is an error.
+TEST(RingAttention, RetainedGraphBackwardsTwiceAndAFreedOneIsAnError) {
+  constexpr int kWorld = 2;
+  const Inputs in = MakeInputs(4, 4);
+  RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
+    auto shard = [&](const at::Tensor& t) { return ShardSequence(t, 2, pg->rank(), kWorld, true); };
+    const at::Tensor q = shard(in.q).requires_grad_(), k = shard(in.k), v = shard(in.v);
+    const at::Tensor out = RingAttention(q, k, v, true, pg);
+    ASSERT_NE(out.grad_fn(), nullptr);
+    EXPECT_EQ(out.grad_fn()->name(), "RingAttentionBackward");
+    out.backward(shard(in.grad_out), /*retain_graph=*/true);
+    const at::Tensor once = q.grad().clone();
+    out.backward(shard(in.grad_out));
+    EXPECT_TRUE(at::allclose(q.grad(), 2 * once, 0, 0)) << "a retained graph's second backward adds the same gradient";
+    EXPECT_ERROR_CONTAINS(out.backward(shard(in.grad_out)), "RingAttention: backward through the graph a second time");
+    {
+      const at::NoGradGuard no_grad;
+      EXPECT_FALSE(RingAttention(q, k, v, true, pg).requires_grad());
+    }
+    // create_graph: the same gradient, and a backward through it is an error.
+    const at::Tensor dq = torch::autograd::grad({RingAttention(q, k, v, true, pg)}, {q}, {shard(in.grad_out)},
+                                                /*retain_graph=*/std::nullopt, /*create_graph=*/true)[0];
+    EXPECT_TRUE(at::equal(dq.detach(), once));
+    EXPECT_ERROR_CONTAINS(dq.sum().backward(), "derivative for RingAttentionBackward is not implemented");
+  });
+}
 
 int64_t Count(const comm::CommTrace& trace, const std::string& op) {
   int64_t n = 0;
