@@ -45,7 +45,7 @@ Part BlockPart(int rank, int i, bool is_causal, bool load_balanced) {
 // `t.narrow(dim, start, length)` without the dispatcher, for tensors made below autograd
 // (which carry no view metadata either way): narrow goes through narrow, slice and
 // as_strided, three dispatches that cost more than the rest of a merge
-// (docs/development/benchmarks.md, "Ring attention").
+// (docs/design/measured-choices.md, "Ring attention below autograd").
 at::Tensor Narrow(const at::Tensor& t, int64_t dim, int64_t start, int64_t length) {
   TORCH_INTERNAL_ASSERT(t.layout() == at::kStrided && start >= 0 && start + length <= t.size(dim));
   auto view =
@@ -117,7 +117,7 @@ at::Tensor Cast(const at::Tensor& t, c10::ScalarType dtype) { return t.scalar_ty
 //   is logaddexp(running_lse, lse);
 // out [batch, heads, seq, dim] and lse [batch, heads, seq] with any strides, arithmetic in lse's
 // type as ATen's lerp / logaddexp. Five ATen kernels on blocks this size cost more in dispatch
-// than in arithmetic (docs/development/benchmarks.md, "Ring attention").
+// than in arithmetic (docs/design/measured-choices.md, "Ring attention below autograd").
 template <typename scalar_t>
 void MergeBlock(const at::Tensor& running_out, const at::Tensor& running_lse, const at::Tensor& out,
                 const at::Tensor& lse) {
@@ -275,7 +275,7 @@ std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tenso
 }
 
 // The backward node, written as ATen's generated ones (a `torch::autograd::Function` costs
-// more per call: docs/development/benchmarks.md, "Ring attention").
+// more per call: docs/design/measured-choices.md, "Ring attention below autograd").
 struct RingAttentionBackward : torch::autograd::Node {
   variable_list apply(variable_list&& grads) override {
     TORCH_CHECK(!released, "RingAttention: backward through the graph a second time needs retain_graph=True");
