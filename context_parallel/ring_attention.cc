@@ -326,6 +326,10 @@ at::Tensor RingAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.device() == k.device() &&
                   q.device() == v.device(),
               "RingAttention: q, k, v must share dtype and device");
+  TORCH_CHECK(q.device().is_cpu(),
+              "RingAttention: q, k, v must be on the CPU (the ring runs the CPU flash kernels), got ", q.device());
+  TORCH_CHECK(at::isFloatingType(q.scalar_type()), "RingAttention: q, k, v must be floating point, got ",
+              q.scalar_type());
   TORCH_CHECK(!is_causal || q.size(kSeqDim) == k.size(kSeqDim),
               "RingAttention: is_causal requires the same query and context sequence lengths, got ", q.size(kSeqDim),
               " and ", k.size(kSeqDim));

@@ -20,12 +20,14 @@
 // from later ranks are skipped. The backward runs the same ring again for the key / value
 // blocks and passes the accumulating key / value gradients round with all_to_all_single.
 //
-// Preconditions (c10::Error naming the argument otherwise): 4-D q, k, v on one device and
-// dtype, the sequence on dim 2, k and v of one shape, q's heads a multiple of k's; causal
-// attention needs q and k of the same length; load balancing needs causal attention (as
-// PyTorch); with load balancing the local length must be even (two chunks).
-// Collective over `group`; not thread-safe per group (one ring at a time). The output's grad_fn
-// is a RingAttentionBackward node (not differentiable again).
+// Preconditions (c10::Error naming the argument otherwise): 4-D floating-point q, k, v of one
+// dtype on the CPU (the ring calls the CPU flash kernels; there is no CUDA ring yet), the
+// sequence on dim 2, k and v of one shape, q's heads a multiple of k's; causal attention needs
+// q and k of the same length; load balancing needs causal attention (as PyTorch); with load
+// balancing the local length must be even (two chunks).
+//
+// Collective over `group`; not thread-safe per group (one ring at a time). The output's
+// grad_fn is a RingAttentionBackward node (not differentiable again).
 #ifndef FSDP_CONTEXT_PARALLEL_RING_ATTENTION_H_
 #define FSDP_CONTEXT_PARALLEL_RING_ATTENTION_H_
 

@@ -317,6 +317,11 @@ TEST(RingAttention, BadInputsAreErrors) {
     EXPECT_ERROR_CONTAINS(RingAttention(q.narrow(2, 0, 7), k.narrow(2, 0, 7), k.narrow(2, 0, 7), true, pg),
                           "its length must be even, got 7");
     EXPECT_ERROR_CONTAINS(RingAttention(q[0], k, k, true, pg), "must be 4-D");
+    const at::Tensor m = at::empty({1, 4, 8, 16}, at::kMeta);
+    EXPECT_ERROR_CONTAINS(RingAttention(m, m, m, true, pg),
+                          "must be on the CPU (the ring runs the CPU flash kernels), got meta");
+    const at::Tensor i = at::ones({1, 4, 8, 16}, at::kInt);
+    EXPECT_ERROR_CONTAINS(RingAttention(i, i, i, true, pg), "must be floating point, got Int");
   });
 }
 
