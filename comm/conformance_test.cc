@@ -505,7 +505,9 @@ TEST_P(Conformance, RecvWaitTimesOut) {
         const std::string message = e.what_without_backtrace();
         EXPECT_TRUE(absl::StrContains(absl::AsciiStrToLower(message), "timed out")) << message;
         EXPECT_TRUE(absl::StrContains(message, "recv Float[4] from rank 0 tag 2")) << message;
-        if (late_send) EXPECT_TRUE(absl::StrContains(message, "rank 0 sent nothing")) << message;
+        if (late_send) {
+          EXPECT_TRUE(absl::StrContains(message, "rank 0 sent nothing")) << message;
+        }
       }
       if (!late_send) return;
       work->wait();
