@@ -32,7 +32,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipelining/action.h"
@@ -109,6 +111,9 @@ class PipelineSchedule {
   int num_stages_ = 0;
   std::map<int, std::vector<Action>> lowered_;
   std::vector<Action> actions_;
+  // (stage, microbatch) of each I in actions_ whose next action, past waits for sends, is its
+  // own W: that I runs the whole backward (nothing can use its input gradient before W ends).
+  std::set<std::pair<int, int>> input_with_weight_;
   struct StepState;
   std::unique_ptr<StepState> state_;
 

@@ -261,6 +261,79 @@ TEST(PipelineSchedule, WeightBackwardStartsWhereTheInputBackwardStopped) {
   }
 }
 
+// A Linear whose backward counts its calls per stage: under a split backward it is where the
+// parameters' path joins the input's, so I and W each run it.
+struct CountedLinear : torch::autograd::Function<CountedLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& b, int64_t stage) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["stage"] = stage;
+    return at::linear(x, w, b);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    ++counted_backwards[ctx->saved_data["stage"].toInt()];
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    return {g.mm(saved[1]), g.t().mm(saved[0]), g.sum(0), at::Tensor()};
+  }
+};
+
+// An I whose next action in the rank's list, past waits for sends, is its own W runs the whole
+// backward in one autograd pass (the joining Linear's backward once) and W nothing; any other I
+// splits (twice).
+// ZBV's list has both kinds at 2 ranks, InterleavedZeroBubble's last rank only split ones;
+// the gradients are the unpipelined run's either way.
+TEST(PipelineSchedule, AnInputBackwardFollowedByItsWeightBackwardIsOnePass) {
+  constexpr int kRanks = 2, kStages = 4, kMicrobatches = 4;
+  for (ScheduleKind kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZBVZeroBubble}) {
+    SCOPED_TRACE(std::string(ScheduleName(kind)));
+    for (auto& c : counted_backwards) c = 0;
+    std::array<std::atomic<int>, kStages> expected{};
+    std::atomic<int> one_pass{0}, two_passes{0};
+    const Reference ref = RunReference(kStages, kMicrobatches);
+    RunOnRanks(Backend::kThreaded, kRanks, [&](const comm::ProcessGroupPtr& group) {
+      std::vector<std::shared_ptr<PipelineStage>> stages;
+      std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
+      for (int s = 0; s < kStages; ++s) {
+        if (StageRank(kind, s, kRanks) != group->rank()) continue;
+        auto l = MakeLayer(s);
+        layers.push_back(l);
+        StageForward forward = [l, s](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{at::tanh(CountedLinear::apply(in[0], l->weight, l->bias, s))};
+        };
+        stages.push_back(std::make_shared<PipelineStage>(l, forward, s, kStages, group));
+      }
+      PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
+      const std::vector<Action>& list = schedule.actions();
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].type != ActionType::kBackwardInput) continue;
+        size_t j = i + 1;
+        while (j < list.size() && (list[j].type == ActionType::kWaitSendF || list[j].type == ActionType::kWaitSendB)) {
+          ++j;
+        }
+        const bool adjacent = j < list.size() && list[j].type == ActionType::kBackwardWeight &&
+                              list[j].stage == list[i].stage && list[j].microbatch == list[i].microbatch;
+        // The first stage's input needs no gradient: its backward is one pass either way.
+        const bool one = adjacent || list[i].stage == 0;
+        expected[list[i].stage] += one ? 1 : 2;
+        ++(one && list[i].stage != 0 ? one_pass : two_passes);
+      }
+      schedule.step({Input()}, Target());
+      for (size_t k = 0; k < stages.size(); ++k) {
+        const int s = stages[k]->stage_index();
+        ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
+                    "stage " + std::to_string(s) + " weight grad");
+        ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
+                    "stage " + std::to_string(s) + " bias grad");
+      }
+    });
+    for (int s = 0; s < kStages; ++s) EXPECT_EQ(counted_backwards[s].load(), expected[s].load()) << "stage " << s;
+    EXPECT_GT(two_passes.load(), 0);
+    if (kind == ScheduleKind::kZBVZeroBubble) EXPECT_GT(one_pass.load(), 0);
+  }
+}
+
 TEST(PipelineSchedule, RunsACustomScheduleFromCsv) {
   const int n_mb = 4;
   const std::string path =

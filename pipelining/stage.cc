@@ -263,7 +263,9 @@ std::vector<at::Tensor> PipelineStage::Forward(int mb, const std::vector<at::Ten
   return out;
 }
 
-void PipelineStage::Backward(int mb, const at::Tensor& loss, bool full) {
+void PipelineStage::Backward(int mb, const at::Tensor& loss, BackwardPart part) {
+  const bool full = part == BackwardPart::kFull;
+  const bool whole = full || part == BackwardPart::kInputWithWeight || whole_backward_in_input_;
   CheckMicrobatch(mb, full ? "B" : "I");
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(m.forwarded, "stage ", stage_index_, " runs microbatch ", mb, "'s backward before its forward");
@@ -293,7 +295,7 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, bool full) {
     }
   }
   m.input_grads.clear();
-  if (full || whole_backward_in_input_) {
+  if (whole) {
     if (!roots.empty()) torch::autograd::backward(roots, root_grads);
     for (const at::Tensor& t : differentiable_inputs) {
       m.input_grads.push_back(t.grad().defined() ? t.grad() : at::zeros_like(t));
@@ -319,7 +321,7 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, bool full) {
   }
   m.backward_input_done = true;
   if (!is_first()) CheckAgainstMeta(m.input_grads, DifferentiableMeta(inputs_), "input gradients", mb);
-  if (full || whole_backward_in_input_) {
+  if (whole) {
     m.outputs.clear();
     m.inputs.clear();
   }

@@ -148,7 +148,11 @@ class PipelineStage {
                                   const std::vector<at::Tensor>& kwargs = {});
   void SetLocalForwardInput(int mb, const std::vector<at::Tensor>& previous_outputs);
   // Full (B) or input-only (I) backward of microbatch mb; `loss` on the last stage.
-  void Backward(int mb, const at::Tensor& loss, bool full);
+  // kInputWithWeight: I that also runs what W would (W then has nothing left to do), the same
+  // gradients in one autograd pass instead of two; PipelineSchedule asks for it when an I's
+  // next action (past waits for sends) is its own W.
+  enum class BackwardPart { kFull, kInput, kInputWithWeight };
+  void Backward(int mb, const at::Tensor& loss, BackwardPart part);
   // The weight half (W) after an input-only backward.
   void BackwardWeight(int mb);
   std::vector<at::Tensor> LocalBackwardOutput(int mb) const;
