@@ -112,7 +112,8 @@ class PipelineSchedule {
   std::map<int, std::vector<Action>> lowered_;
   std::vector<Action> actions_;
   // (stage, microbatch) of each I in actions_ whose next action, past waits for sends, is its
-  // own W: that I runs the whole backward (nothing can use its input gradient before W ends).
+  // own W: that I runs the whole backward (nothing can use its input gradient before W ends;
+  // docs/design/measured-choices.md, "One autograd pass for an I followed by its own W").
   std::set<std::pair<int, int>> input_with_weight_;
   struct StepState;
   std::unique_ptr<StepState> state_;
