@@ -11,6 +11,7 @@
 #include "distributed_parameters/distributed_parameters.h"
 #include "float8/float8_tensor.h"
 #include "float8/fsdp_float8.h"
+#include "fsdp/fsdp2/fully_shard.h"
 #include "mesh/device_mesh.h"
 
 namespace fsdp::float8 {
@@ -142,14 +143,22 @@ bool Contains(const std::string& fqn, const std::vector<std::string>& parts) {
 using HookedLinearImpl = HookedImpl<torch::nn::LinearImpl>;
 
 // The Linears `filter` selects, children before parents as torchao's swap_linear_layers
-// visits them; errors for one that cannot take a float8 forward.
+// visits them; errors for one that cannot take a float8 forward. `sharded_by`: the FQN of the
+// nearest fully_shard'ed module at or above `module` (nullptr: none in root's tree).
 void CollectPostOrder(torch::nn::Module& module, const std::string& fqn, const ModuleFilterFn& filter,
+                      const std::string* sharded_by,
                       std::vector<std::pair<std::string, torch::nn::LinearImpl*>>& selected) {
+  if (fsdp2::AsFSDPModule(module)) sharded_by = &fqn;
   for (const auto& child : module.named_children()) {
-    CollectPostOrder(*child.value(), fqn.empty() ? child.key() : fqn + "." + child.key(), filter, selected);
+    CollectPostOrder(*child.value(), fqn.empty() ? child.key() : fqn + "." + child.key(), filter, sharded_by, selected);
   }
   auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&module);
   if (!linear || (filter && !filter(*linear, fqn))) return;
+  // FSDP2 looks for a float8 all-gather when it shards: converting later would leave the
+  // weights all-gathered in high precision and the precomputed scales unused.
+  TORCH_CHECK(sharded_by == nullptr, "convert_to_float8_training: Linear '", fqn,
+              "' is already under fully_shard (of '", *sharded_by,
+              "'); convert before fully_shard, as torchao's and torchtitan's order is");
   auto* hooked = dynamic_cast<HookedLinearImpl*>(linear);
   TORCH_CHECK(hooked != nullptr, "convert_to_float8_training: Linear '", fqn,
               "' is a torch::nn::Linear; only fsdp::Hooked<torch::nn::LinearImpl> modules can take a float8 forward "
@@ -251,7 +260,7 @@ int convert_to_float8_training(torch::nn::Module& root, const Float8LinearConfig
                                const ModuleFilterFn& module_filter_fn) {
   Resolve(config);  // a bad config fails before anything changes
   std::vector<std::pair<std::string, torch::nn::LinearImpl*>> selected;
-  CollectPostOrder(root, "", module_filter_fn, selected);
+  CollectPostOrder(root, "", module_filter_fn, /*sharded_by=*/nullptr, selected);
   for (auto& [fqn, linear] : selected) {
     dynamic_cast<HookedLinearImpl&>(*linear).SetForwardReplacement(std::make_shared<Float8Linear>(*linear, config));
   }

@@ -284,5 +284,25 @@ TEST(Float8AllGather, PrecomputeNeedsFullyShard) {
                         "weight 'a.weight' has the float8 all-gather but no fully_shard manages it");
 }
 
+// FSDP2 installs the float8 all-gather when it shards, so a conversion after fully_shard
+// would silently all-gather in high precision: it is an error naming the Linear and the
+// fully_shard'ed module, and converts nothing.
+TEST(Float8AllGather, ConvertAfterFullyShardIsAnError) {
+  RunOnRanks(Backend::kThreaded, 2, [](const comm::ProcessGroupPtr& pg) {
+    Mlp model;
+    const auto mesh = mesh::DeviceMesh::Create(pg, {2});
+    fsdp2::fully_shard(model->b.ptr(), {.mesh = mesh});
+    Float8LinearConfig config;
+    config.enable_fsdp_float8_all_gather = true;
+    EXPECT_ERROR_CONTAINS(convert_to_float8_training(*model, config),
+                          "Linear 'b' is already under fully_shard (of 'b'); convert before fully_shard");
+    fsdp2::fully_shard(model.ptr(), {.mesh = mesh});
+    EXPECT_ERROR_CONTAINS(convert_to_float8_training(*model, config),
+                          "Linear 'a' is already under fully_shard (of ''); convert before fully_shard");
+    EXPECT_EQ(AsFloat8Linear(*model->a), nullptr);
+    EXPECT_EQ(AsFloat8Linear(*model->c), nullptr);
+  });
+}
+
 }  // namespace
 }  // namespace fsdp::float8

@@ -128,7 +128,8 @@ struct Float8Config {
   // "auto_filter_small_kn" adds torchao's size thresholds.
   std::vector<std::string> filter_fqns;
   // float32 matmuls of the dequantized operands instead of _scaled_mm (for hardware without
-  // float8; the recipe stays, where torchtitan 0.3.0 switches to tensorwise).
+  // float8) with torchao's default recipe, tensorwise, whatever recipe_name says: torchtitan
+  // 0.3.0's Float8LinearConverter replaces the config with Float8LinearConfig(emulate=True).
   bool emulate = false;
   // tensorwise only: FSDP2 all-gathers the weights in float8.
   bool enable_fsdp_float8_all_gather = false;

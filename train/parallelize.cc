@@ -134,7 +134,10 @@ int ConvertFloat8(models::llama::LlamaForCausalLM& model, const JobConfig& confi
   const char* recipe = f8.recipe_name == Float8Recipe::kTensorwise ? "tensorwise"
                        : f8.recipe_name == Float8Recipe::kRowwise  ? "rowwise"
                                                                    : "rowwise_with_gw_hp";
-  float8::Float8LinearConfig c = float8::Float8LinearConfig::FromRecipeName(recipe);
+  // torchtitan 0.3.0's Float8LinearConverter: with emulate, torchao's default config
+  // (tensorwise) emulated, whatever recipe_name says.
+  float8::Float8LinearConfig c =
+      f8.emulate ? float8::Float8LinearConfig{} : float8::Float8LinearConfig::FromRecipeName(recipe);
   c.emulate = f8.emulate;
   c.enable_fsdp_float8_all_gather = f8.enable_fsdp_float8_all_gather;
   // torchtitan's filter_fqns name torchtitan's modules ("layers.0.attention.qkv_linear.wq");

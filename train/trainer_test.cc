@@ -255,6 +255,25 @@ TEST(Trainer, Float8ConvertsTheLinearsTorchtitansFilterKeeps) {
   EXPECT_EQ(ConvertFloat8(plain, SmallJob({})), 0);  // no converter named
 }
 
+// float8.emulate = true is torchtitan 0.3.0's Float8LinearConfig(emulate=True): torchao's
+// default recipe (tensorwise: e5m2 gradients, no power-of-2 scales), whatever recipe_name says.
+TEST(Trainer, Float8EmulateIsTorchaosDefaultRecipeEmulated) {
+  for (const bool emulate : {false, true}) {
+    SCOPED_TRACE(emulate);
+    const JobConfig config = SmallJob({"--model.converters=float8", "--float8.recipe_name=rowwise",
+                                       absl::StrCat("--float8.emulate=", emulate ? "true" : "false")});
+    models::llama::LlamaForCausalLM model(ResolveModelConfig(config, 1), c10::Device(c10::kMeta));
+    ASSERT_GT(ConvertFloat8(model, config), 0);
+    const auto f8 = float8::AsFloat8Linear(*model->model->decoder_layers[0]->mlp->down_proj);
+    ASSERT_NE(f8, nullptr);
+    EXPECT_EQ(f8->config().emulate, emulate);
+    EXPECT_EQ(f8->config().input.scaling_granularity,
+              emulate ? float8::ScalingGranularity::kTensorwise : float8::ScalingGranularity::kAxiswise);
+    EXPECT_EQ(*f8->config().grad_output.target_dtype, emulate ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn);
+    EXPECT_EQ(f8->config().round_scales_to_power_of_2, !emulate);
+  }
+}
+
 // Tensorwise float8 linears under tensor parallelism take torchao's float8 styles, as
 // torchtitan's apply_tp did with enable_float8_tensorwise_tp: each layer's two
 // sequence-parallel all-gathers of activations (self_attn's and mlp's inputs) and two of
