@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint_reader.h"
@@ -184,6 +186,28 @@ TEST(ChunkArchive, StreamsWhatWriteCheckpointBuildsAndReadsBack) {
                             .Finish(at::zeros({3}, at::kUInt16)),
                         "test: cannot write a UInt16 tensor");
   EXPECT_EQ(out.size(), 0);
+}
+
+// A file another process truncates while it is being written is an error at Commit, which
+// leaves nothing at the path (a checkpoint file cut short never looks complete).
+TEST(AtomicFile, CommitRejectsATemporaryTruncatedByAnotherProcess) {
+  const std::string path = fsdp::testing::NewTestPath("truncated") + ".bin";
+  const std::vector<char> bytes(4096, 'x');
+  {
+    AtomicFile out(path, "test");
+    out.Write(bytes);
+    std::string tmp;
+    const std::filesystem::path p(path);
+    for (const auto& entry : std::filesystem::directory_iterator(p.parent_path())) {
+      if (absl::StartsWith(entry.path().filename().string(), p.filename().string() + ".tmp.")) tmp = entry.path();
+    }
+    ASSERT_FALSE(tmp.empty());
+    ASSERT_EQ(::truncate(tmp.c_str(), 100), 0);
+    EXPECT_ERROR_CONTAINS(out.Commit(), "holds 100 bytes after 4096 were written (truncated or changed by another");
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  WriteFileAtomically(path, bytes, "test");  // untouched, the same bytes commit
+  EXPECT_EQ(ReadFile(path, "test"), bytes);
 }
 
 }  // namespace

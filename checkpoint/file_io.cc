@@ -70,6 +70,12 @@ void AtomicFile::Write(const char* data, size_t size) {
 
 void AtomicFile::Commit() {
   if (::fsync(fd_.get()) != 0) Fail("fsync", errno);
+  // Another process may have truncated (or written to) the temporary meanwhile: a checkpoint
+  // whose `.metadata` points past a file's end must never look complete.
+  struct stat st {};
+  if (::fstat(fd_.get(), &st) != 0) Fail("fstat", errno);
+  TORCH_CHECK(st.st_size == size_, caller_, ": writing '", path_, "' failed: its temporary '", tmp_, "' holds ",
+              st.st_size, " bytes after ", size_, " were written (truncated or changed by another process?)");
   if (::close(fd_.Release()) != 0) {
     const int error = errno;
     ::unlink(tmp_.c_str());

@@ -47,7 +47,8 @@ class ScopedFd {
   int fd_;
 };
 
-// WriteFileAtomically in pieces: Write appends, Commit syncs and renames the temporary over
+// WriteFileAtomically in pieces: Write appends, Commit syncs, checks that the temporary holds
+// exactly the bytes written (another process may have truncated it) and renames it over
 // `path`. Destroyed without Commit (an error on the way), the temporary is removed and `path`
 // is untouched. Errors as WriteFileAtomically's.
 class AtomicFile {
