@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <system_error>
 #include <utility>
@@ -112,10 +113,21 @@ int64_t CheckpointManager::Load() {
 void CheckpointManager::Save(int64_t step, bool last_step) {
   last_wait_seconds_ = 0;
   const bool due = last_step || step % options_.interval == 0 || (step == 1 && options_.enable_first_step_checkpoint);
-  if (!due) return;
+  if (!due) {
+    // A save in flight that ended (on every rank: the ranks agree, so that they all report a
+    // failure at the same step) is finished here: its error surfaces at the step after it.
+    if (in_flight_ != nullptr && AllReduceInt(world_, in_flight_->done() ? 1 : 0, comm::ReduceOp::Min()) == 1) {
+      Wait();
+    }
+    return;
+  }
   const auto wait_start = std::chrono::steady_clock::now();
-  Wait();  // at most one save in flight; its error surfaces here
+  Wait();  // at most one save in flight
   last_wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  ReportFailures([&] { StartSave(step, last_step); });
+}
+
+void CheckpointManager::StartSave(int64_t step, bool last_step) {
   const std::string dir = StepDirectory(step);
   SaveOptions save;
   save.flatten_optimizer_state_dict = options_.flatten_optimizer_state_dict;
@@ -151,6 +163,17 @@ void CheckpointManager::Save(int64_t step, bool last_step) {
   in_flight_dir_ = dir;
 }
 
+void CheckpointManager::ReportFailures(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const c10::Error& e) {
+    if (!options_.continue_on_save_failure) throw;
+    ++failures_;
+    last_failure_ = e.what_without_backtrace();
+    TORCH_WARN(kManager, ": a checkpoint save failed; training goes on (continue_on_save_failure): ", last_failure_);
+  }
+}
+
 void CheckpointManager::MaybeWaitForStaging() {
   if (stager_ != nullptr) stager_->WaitForStaging();
 }
@@ -158,8 +181,10 @@ void CheckpointManager::MaybeWaitForStaging() {
 void CheckpointManager::Wait() {
   if (in_flight_ == nullptr) return;
   std::unique_ptr<AsyncSaveHandle> handle = std::move(in_flight_);
-  handle->wait();  // every rank throws when any rank's write failed
-  Purge();
+  ReportFailures([&] {
+    handle->wait();  // every rank throws when any rank's write failed
+    Purge();
+  });
 }
 
 void CheckpointManager::Purge() {

@@ -31,9 +31,12 @@
 //    and "optimizer" named in exclude_from_loading keep their state ("model" cannot be
 //    excluded). The ranks must agree on the newest complete step (a c10::Error otherwise: the
 //    folder must be shared).
-//  * Errors: a failed save (synchronous, or an async one reported at the next Save or Wait)
-//    throws on every rank, naming the directory and the cause; no older checkpoint has been
-//    removed for it.
+//  * Errors: a failed save throws on every rank, naming the directory and the cause (the OS
+//    error); no older checkpoint has been removed for it. A synchronous one fails its Save; an
+//    async one at the first Save (or Wait) after every rank's writer ended, so at the step
+//    after it: Save is to be called at every step (a step without a save costs one small
+//    all-reduce while a save is in flight). With continue_on_save_failure it is a warning instead
+//    (failures(), last_failure()), and a save due at that step still starts.
 //
 // Contract: the constructor stores references (model, optimizer, objects must outlive the
 // manager) and checks the options (c10::Error naming the option). Load, Save and Wait are
@@ -85,6 +88,9 @@ struct CheckpointManagerOptions {
   // disk, before `.metadata` (dcp::SaveOptions::on_rank_file_written: e.g. an upload, or a test's
   // fault). Null: none.
   std::function<void(int64_t step, const std::string& data_file)> on_rank_file_written;
+  // A failed save is a warning and the run goes on (an older complete checkpoint stays
+  // loadable); false: it throws, as torchtitan's does.
+  bool continue_on_save_failure = false;
 };
 
 class CheckpointManager {
@@ -109,8 +115,14 @@ class CheckpointManager {
   const CheckpointScan& last_scan() const { return last_scan_; }
   // How long the last Save waited for the save before it (async; 0 if it did not).
   double last_wait_seconds() const { return last_wait_seconds_; }
+  // With continue_on_save_failure: how many saves failed, and the last one's error.
+  int64_t failures() const { return failures_; }
+  const std::string& last_failure() const { return last_failure_; }
 
  private:
+  void StartSave(int64_t step, bool last_step);
+  // Runs `body`; its c10::Error propagates, or with continue_on_save_failure is counted and warned.
+  void ReportFailures(const std::function<void()>& body);
   void Purge();
 
   torch::nn::Module& model_;
@@ -123,6 +135,8 @@ class CheckpointManager {
   std::unique_ptr<AsyncSaveHandle> in_flight_;
   std::string in_flight_dir_;
   double last_wait_seconds_ = 0;
+  int64_t failures_ = 0;
+  std::string last_failure_;
   CheckpointScan last_scan_;
 };
 

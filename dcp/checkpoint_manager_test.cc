@@ -2,13 +2,21 @@
 // async), keeps the newest k complete checkpoints and purges older leftovers only, resumes
 // bitwise from the newest complete one (or load_step) with its Stateful objects, excludes what
 // it is told, saves only the model last, and names bad options.
+#include <sys/mount.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dcp/checkpoint_manager.h"
@@ -129,30 +137,131 @@ TEST(CheckpointManager, LoadStepExclusionsLeftoversAndTheModelOnlyLastSave) {
   });
 }
 
-// Storage that fails mid-save: RLIMIT_FSIZE = 0 makes every write to a regular file fail with
-// EFBIG ("File too large"), as a full disk fails with ENOSPC, for the whole process while it
-// holds. No test output is written meanwhile (the log is a regular file too).
-class FailingWrites {
- public:
-  FailingWrites() {
-    std::signal(SIGXFSZ, SIG_IGN);  // the write fails instead of killing the process
-    ::getrlimit(RLIMIT_FSIZE, &saved_);
-    rlimit none = saved_;
-    none.rlim_cur = 0;
-    ::setrlimit(RLIMIT_FSIZE, &none);
-  }
-  ~FailingWrites() { ::setrlimit(RLIMIT_FSIZE, &saved_); }
-
- private:
-  rlimit saved_{};
+// Storage that fails mid-save, three ways; each is process-wide (both ranks are threads of
+// this process) while it is held, and no test output is written meanwhile.
+enum class StorageFault {
+  // RLIMIT_FSIZE = 0: every write to a regular file fails with EFBIG ("File too large").
+  kFileSizeLimit,
+  // The folder is a small tmpfs, filled up: ENOSPC ("No space left on device"). Needs mount(2)
+  // (root with CAP_SYS_ADMIN); the case is skipped, saying so, where it is refused.
+  kDiskFull,
+  // The folder made read-only (root, which permissions do not stop, runs the save with the
+  // effective uid of `nobody`): EACCES ("Permission denied").
+  kNoWritePermission,
 };
 
-class CheckpointManagerStorage : public ::testing::TestWithParam<bool> {};
+std::string FaultName(StorageFault f) {
+  switch (f) {
+    case StorageFault::kFileSizeLimit: return "file_size_limit";
+    case StorageFault::kDiskFull: return "disk_full";
+    case StorageFault::kNoWritePermission: return "no_write_permission";
+  }
+  return "?";
+}
 
+const char* OsError(StorageFault f) {
+  switch (f) {
+    case StorageFault::kFileSizeLimit: return "File too large";
+    case StorageFault::kDiskFull: return "No space left on device";
+    case StorageFault::kNoWritePermission: return "Permission denied";
+  }
+  return "?";
+}
+
+// The folder of a case: a fresh directory, for kDiskFull a 4 MiB tmpfs mounted on it (the
+// checkpoints of this test's model take a few KiB each), unmounted by the destructor.
+class StorageFolder {
+ public:
+  StorageFolder(const std::string& name, StorageFault fault) : path_(NewDir(name)) {
+    std::filesystem::create_directories(path_);
+    if (fault != StorageFault::kDiskFull) return;
+    if (::mount("tmpfs", path_.c_str(), "tmpfs", 0, "size=4m") != 0) {
+      refused_ = std::string("mount of a tmpfs refused (") + std::strerror(errno) + ")";
+      return;
+    }
+    mounted_ = true;
+  }
+  ~StorageFolder() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+  }
+  const std::string& path() const { return path_; }
+  const std::string& refused() const { return refused_; }
+
+ private:
+  std::string path_, refused_;
+  bool mounted_ = false;
+};
+
+// Holds `fault` on `folder` for its lifetime.
+class FailingStorage {
+ public:
+  FailingStorage(StorageFault fault, const std::string& folder) : fault_(fault), folder_(folder) {
+    switch (fault) {
+      case StorageFault::kFileSizeLimit: {
+        std::signal(SIGXFSZ, SIG_IGN);  // the write fails instead of killing the process
+        ::getrlimit(RLIMIT_FSIZE, &saved_limit_);
+        rlimit none = saved_limit_;
+        none.rlim_cur = 0;
+        ::setrlimit(RLIMIT_FSIZE, &none);
+        break;
+      }
+      case StorageFault::kDiskFull: {
+        // Fill what is left, in pages (the last partial page fails with ENOSPC too).
+        const std::string filler = folder + "/filler";
+        std::FILE* f = std::fopen(filler.c_str(), "wb");
+        const std::vector<char> page(4096, 'f');
+        while (f != nullptr && std::fwrite(page.data(), 1, page.size(), f) == page.size()) {
+        }
+        if (f != nullptr) std::fclose(f);
+        break;
+      }
+      case StorageFault::kNoWritePermission:
+        std::filesystem::permissions(folder,
+                                     std::filesystem::perms::owner_write | std::filesystem::perms::group_write |
+                                         std::filesystem::perms::others_write,
+                                     std::filesystem::perm_options::remove);
+        if (::geteuid() == 0) {
+          constexpr uid_t kNobody = 65534;
+          changed_uid_ = ::seteuid(kNobody) == 0;
+        }
+        break;
+    }
+  }
+  ~FailingStorage() {
+    switch (fault_) {
+      case StorageFault::kFileSizeLimit: ::setrlimit(RLIMIT_FSIZE, &saved_limit_); break;
+      case StorageFault::kDiskFull: std::filesystem::remove(folder_ + "/filler"); break;
+      case StorageFault::kNoWritePermission:
+        if (changed_uid_) ::seteuid(0);
+        std::filesystem::permissions(folder_, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+        break;
+    }
+  }
+
+ private:
+  StorageFault fault_;
+  std::string folder_;
+  rlimit saved_limit_{};
+  bool changed_uid_ = false;
+};
+
+// Steps a run takes at most before an async save's failure must have been reported: each waits
+// kPollPause, so together a deadline far beyond writing this test's few KiB.
+constexpr int kMaxPollSteps = 30000;
+constexpr auto kPollPause = std::chrono::milliseconds(2);
+
+class CheckpointManagerStorage : public ::testing::TestWithParam<std::tuple<bool, StorageFault>> {};
+
+// A save that cannot finish is reported on every rank with its directory and the OS error,
+// purges nothing, and leaves the newest complete checkpoint loadable. An async one is reported
+// at a step without a save of its own (the first Save after every rank's writer ended).
 TEST_P(CheckpointManagerStorage, AFailedSaveIsReportedOnEveryRankAndPurgesNothing) {
-  const bool async = GetParam();
-  const std::string folder = NewDir(async ? "manager_fail_async" : "manager_fail_sync");
+  const auto [async, fault] = GetParam();
+  const StorageFolder storage(absl::StrCat("manager_fail_", async ? "async_" : "sync_", FaultName(fault)), fault);
+  if (!storage.refused().empty()) GTEST_SKIP() << storage.refused();
+  const std::string& folder = storage.path();
   std::vector<std::string> errors(2);
+  std::vector<int64_t> reported_at(2, -1);
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
     Trainee t = Build(W(2), pg, 11);
     DictState train(Counter(0));
@@ -166,17 +275,20 @@ TEST_P(CheckpointManagerStorage, AFailedSaveIsReportedOnEveryRankAndPurgesNothin
     train.state = Counter(4);
     pg->barrier()->wait();
     try {
-      std::optional<FailingWrites> failing;
-      if (pg->rank() == 0) failing.emplace();
+      std::optional<FailingStorage> failing;
+      if (pg->rank() == 0) failing.emplace(fault, folder);
       pg->barrier()->wait();
+      int64_t step = 4;
       try {
-        manager.Save(4);  // synchronous: fails here
-        Train(t, 5, 2);   // async: the step goes on; the failure surfaces at the next save
-        train.state = Counter(6);
-        pg->barrier()->wait();
-        manager.Save(6);
+        manager.Save(step);  // synchronous: fails here
+        // Odd steps: never due at interval 2, so only the save in flight can fail them.
+        for (step = 5; step < 5 + 2 * kMaxPollSteps; step += 2) {
+          std::this_thread::sleep_for(kPollPause);
+          manager.Save(step);
+        }
       } catch (const c10::Error& e) {
         errors[pg->rank()] = e.what_without_backtrace();
+        reported_at[pg->rank()] = step;
       }
       pg->barrier()->wait();
     } catch (...) {
@@ -185,8 +297,9 @@ TEST_P(CheckpointManagerStorage, AFailedSaveIsReportedOnEveryRankAndPurgesNothin
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(absl::StrContains(errors[r], folder + "/step-4")) << "rank " << r << ": " << errors[r];
-    EXPECT_TRUE(absl::StrContains(errors[r], "File too large")) << "rank " << r << ": " << errors[r];
+    EXPECT_TRUE(absl::StrContains(errors[r], OsError(fault))) << "rank " << r << ": " << errors[r];
   }
+  EXPECT_EQ(reported_at[0], reported_at[1]);  // the same step on both ranks
   // step-2 was neither purged nor damaged: the run resumes from it.
   EXPECT_FALSE(std::filesystem::exists(folder + "/step-4/.metadata"));
   fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
@@ -198,10 +311,54 @@ TEST_P(CheckpointManagerStorage, AFailedSaveIsReportedOnEveryRankAndPurgesNothin
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(SyncAndAsync, CheckpointManagerStorage, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "async" : "sync");
+INSTANTIATE_TEST_SUITE_P(Faults, CheckpointManagerStorage,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(StorageFault::kFileSizeLimit, StorageFault::kDiskFull,
+                                                              StorageFault::kNoWritePermission)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param) ? "async_" : "sync_",
+                                               FaultName(std::get<1>(info.param)));
                          });
+
+// continue_on_save_failure: the failed save is a warning counted on every rank, the run goes on,
+// and the next due save (the storage healthy again) is complete; nothing older was purged.
+TEST_P(CheckpointManagerRuns, ContinueOnFailureGoesOnAndSavesNextTime) {
+  const bool async = GetParam();
+  const std::string folder = NewDir(async ? "manager_continue_async" : "manager_continue_sync");
+  std::vector<int64_t> failures(2, -1);
+  std::vector<std::string> last(2);
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    DictState train(Counter(0));
+    CheckpointManager manager(
+        *t.module, t.opt.get(), {{"train_state", &train}},
+        {.folder = folder, .interval = 2, .keep_latest_k = 2, .async = async, .continue_on_save_failure = true}, pg);
+    for (int64_t step = 1; step <= 6; ++step) {
+      Train(t, static_cast<int>(step), 1);
+      train.state = Counter(step);
+      if (step == 4) manager.Wait();  // step 2's async write is done before the fault
+      pg->barrier()->wait();
+      {
+        std::optional<FailingStorage> failing;
+        if (step == 4 && pg->rank() == 0) failing.emplace(StorageFault::kFileSizeLimit, folder);
+        pg->barrier()->wait();
+        manager.Save(step);
+        if (step == 4) manager.Wait();  // the async write too happens under the fault
+        pg->barrier()->wait();
+      }
+    }
+    manager.Wait();
+    failures[pg->rank()] = manager.failures();
+    last[pg->rank()] = manager.last_failure();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(failures[r], 1) << "rank " << r;
+    EXPECT_TRUE(absl::StrContains(last[r], folder + "/step-4")) << "rank " << r << ": " << last[r];
+  }
+  EXPECT_TRUE(std::filesystem::exists(folder + "/step-2/.metadata"));  // k = 2 complete: 2 and 6
+  EXPECT_FALSE(std::filesystem::exists(folder + "/step-4/.metadata"));
+  EXPECT_TRUE(std::filesystem::exists(folder + "/step-6/.metadata"));
+}
 
 // The parameters' values each rank-0 save holds, loaded back.
 std::vector<at::Tensor> LoadedParameters(const std::string& dir) {

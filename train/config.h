@@ -182,6 +182,9 @@ struct CheckpointConfig {
   std::vector<std::string> exclude_from_loading;
   bool enable_first_step_checkpoint = false;
   AsyncMode async_mode = AsyncMode::kDisabled;
+  // Ours (torchtitan stops): a failed save is logged and training goes on; an older complete
+  // checkpoint stays loadable (dcp/checkpoint_manager.h).
+  bool continue_on_save_failure = false;
 };
 
 // [comm]: torchtitan's CommConfig.

@@ -176,6 +176,7 @@ std::vector<Section> Sections(JobConfig& c) {
         Bind("keep_latest_k", ck.keep_latest_k), Bind("load_step", ck.load_step),
         Bind("exclude_from_loading", ck.exclude_from_loading),
         Bind("enable_first_step_checkpoint", ck.enable_first_step_checkpoint),
+        Bind("continue_on_save_failure", ck.continue_on_save_failure),
         BindChoice("async_mode", ck.async_mode,
                    {{"disabled", AsyncMode::kDisabled},
                     {"async", AsyncMode::kAsync},

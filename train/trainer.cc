@@ -145,7 +145,8 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
                                       .export_dtype = ExportScalarType(ck.export_dtype),
                                       // Pipeline stages hold different parameters (dcp.h).
                                       .flatten_optimizer_state_dict = degrees_.pp > 1,
-                                      .stored_fqn = degrees_.pp > 1 ? WholeModelFqn : StoredFqn()},
+                                      .stored_fqn = degrees_.pp > 1 ? WholeModelFqn : StoredFqn(),
+                                      .continue_on_save_failure = ck.continue_on_save_failure},
         world_);
   }
 }
@@ -469,7 +470,12 @@ void Trainer::Train(std::ostream& log) {
       const ValidationResult v = Validate();
       metrics.LogValidation(r.step, v.loss, v.local_tokens, Seconds(start));
     }
+    const int64_t failed_saves = checkpointer_ != nullptr ? checkpointer_->failures() : 0;
     SaveCheckpoint();
+    if (checkpointer_ != nullptr && checkpointer_->failures() > failed_saves && writes) {
+      log << "step " << r.step << ": " << checkpointer_->last_failure()
+          << "; training goes on (checkpoint.continue_on_save_failure)" << std::endl;
+    }
     if (checkpointer_ != nullptr && checkpointer_->last_wait_seconds() > 1e-3 && writes) {
       log << "step " << r.step << ": waited " << checkpointer_->last_wait_seconds()
           << " s for the previous checkpoint save to finish" << std::endl;

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
 #include "fsdp/fsdp2/state_dict.h"
@@ -121,6 +123,45 @@ TEST(TrainerResume, AtTheSameMeshBitwise) {
 // rank saves and loads its stage's part under the whole model's names, so a checkpoint moves
 // between pipeline degrees (and to none) as between meshes; every resumed step is the
 // uninterrupted run's within two meshes' tolerances.
+// A save that cannot be made (here: step-2's directory name taken by a file) stops the run on
+// every rank naming it (torchtitan's behaviour), or with checkpoint.continue_on_save_failure
+// leaves the run going and the next save complete.
+TEST(TrainerResume, AFailedSaveStopsTheRunOrWithContinueDoesNot) {
+  for (const bool go_on : {false, true}) {
+    SCOPED_TRACE(go_on);
+    const std::string dump = fsdp::testing::NewTestPath(go_on ? "failed_save_continue" : "failed_save_stop");
+    std::filesystem::create_directories(dump + "/checkpoint");
+    std::ofstream(dump + "/checkpoint/step-2") << "not a checkpoint";
+    const JobConfig config = SmallJob(
+        {"--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.last_save_model_only=false",
+         "--dump_folder=" + dump, absl::StrCat("--checkpoint.continue_on_save_failure=", go_on ? "true" : "false")});
+    std::vector<std::string> errors(2);
+    std::vector<int64_t> reached(2);
+    fsdp::testing::RunOnRanks(fsdp::testing::Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+      Trainer trainer(config, pg);
+      try {
+        while (trainer.step() < 4) {
+          trainer.Step();
+          trainer.SaveCheckpoint();
+        }
+      } catch (const c10::Error& e) {
+        errors[pg->rank()] = e.what_without_backtrace();
+      }
+      reached[pg->rank()] = trainer.step();
+    });
+    for (int r = 0; r < 2; ++r) {
+      if (go_on) {
+        EXPECT_EQ(errors[r], "") << "rank " << r;
+        EXPECT_EQ(reached[r], 4) << "rank " << r;
+      } else {
+        EXPECT_TRUE(absl::StrContains(errors[r], dump + "/checkpoint/step-2")) << "rank " << r << ": " << errors[r];
+        EXPECT_EQ(reached[r], 2) << "rank " << r;
+      }
+    }
+    EXPECT_EQ(std::filesystem::exists(dump + "/checkpoint/step-4/.metadata"), go_on);
+  }
+}
+
 TEST(TrainerResume, AcrossPipelineDegrees) {
   const std::string fsdp = fsdp::testing::NewTestPath("resume_pp_fsdp4"),
                     pp2 = fsdp::testing::NewTestPath("resume_pp2"), pp4 = fsdp::testing::NewTestPath("resume_pp4");
