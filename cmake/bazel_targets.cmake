@@ -292,13 +292,14 @@ fsdp_cc_test(//dcp:interop_test SIZE medium
 
 fsdp_cc_binary(//dcp:crash_trial TESTONLY
   SRCS crash_trial.cc dcp_test_trainees.h dict_state_testing.h
-  DEPS :core :internal :fsdp2 :stateful //checkpoint //checkpoint:dcp //comm //fsdp/fsdp2
-       //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2 //testing:expect_error
-       //testing:multi_rank //testing:test_dir @libtorch @system//:absl @system//:gtest)
+  DEPS :core :internal :fsdp2 :stateful //checkpoint //checkpoint:dcp //comm
+       //comm:init_process_group //fsdp/fsdp2 //fsdp/fsdp2:test_models //mesh //optim_state:fsdp2
+       //testing:expect_error //testing:multi_rank //testing:test_dir @libtorch @system//:absl
+       @system//:gtest)
 
 fsdp_cc_test(//dcp:crash_test SIZE large PCH none
   SRCS crash_test.cc
-  DEPS //testing:test_dir @system//:gtest_main)
+  DEPS //testing:free_port //testing:test_dir @system//:gtest_main)
 
 # ================================================================ //device
 fsdp_cc_library(//device INSTALL PCH aten
@@ -368,8 +369,8 @@ fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRe
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
   TAGS float_parity peer_python
-  DEPS //testing:test_dir //fsdp/fsdp2 //testing:multi_rank //testing:peer_python @libtorch
-       @system//:absl @system//:gtest)
+  DEPS //testing:test_dir //fsdp/fsdp2 //testing:free_port //testing:multi_rank
+       //testing:peer_python @libtorch @system//:absl @system//:gtest)
 
 # ================================================================ //examples/llama
 fsdp_cc_library(//examples/llama:llama_training
@@ -732,7 +733,8 @@ fsdp_cc_test(//tensor_parallel:tensor_parallel_test SIZE medium SMOKE
 fsdp_cc_library(//testing:multi_rank TESTONLY PCH aten
   SRCS multi_rank.cc
   HDRS multi_rank.h
-  DEPS //comm //comm:c10d //comm:gloo //comm:nccl @libtorch @system//:absl @system//:gtest
+  DEPS :free_port //comm //comm:c10d //comm:gloo //comm:nccl @libtorch @system//:absl
+       @system//:gtest
   CUDA_DEPS @cuda//:cudart)
 
 fsdp_cc_library(//testing:golden_file TESTONLY PCH none
@@ -745,6 +747,9 @@ fsdp_cc_library(//testing:test_dir TESTONLY PCH none
 
 fsdp_cc_library(//testing:peer_python TESTONLY PCH none
   HDRS peer_python.h)
+
+fsdp_cc_library(//testing:free_port TESTONLY PCH none
+  HDRS free_port.h)
 
 fsdp_cc_library(//testing:expect_error TESTONLY
   HDRS expect_error.h
@@ -913,4 +918,5 @@ fsdp_cc_test(//train:launch_test SIZE medium PCH none
   DATA configs/debugmodel.toml testdata/corpus/train.index testdata/corpus/train.tokens
        testdata/corpus/validation.index testdata/corpus/validation.tokens
   ARGS FSDP_TARGET_FILE://train:train
-  DEPS @system//:gtest)
+  TAGS peer_python
+  DEPS //testing:free_port //testing:peer_python @system//:gtest)

@@ -6,13 +6,10 @@
 // load must succeed (no folder that looks complete is damaged: the metadata is read with the
 // validating reader, every chunk CRC-checked), hold the step its folder names, and the next
 // step's loss must equal the uninterrupted run's bitwise.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/free_port.h"
 #include "testing/test_dir.h"
 
 extern char** environ;
@@ -69,25 +67,11 @@ int Wait(const Child& c) {
   return status;
 }
 
-// A TCP port on 127.0.0.1 that was free a moment ago: each run's MASTER_PORT.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  EXPECT_TRUE(ok) << "no free port";
-  return ok ? ntohs(addr.sin_port) : 0;
-}
-
 constexpr int kWorld = 2;
 
 // One run of crash_trial's train mode: a process per rank, `out_prefix`.rank<r> its output.
 std::vector<Child> SpawnRun(const std::vector<std::string>& args, const std::string& out_prefix) {
-  const int port = FreePort();
+  const int port = fsdp::testing::FreePort();
   std::vector<Child> ranks;
   for (int r = 0; r < kWorld; ++r) {
     ranks.push_back(

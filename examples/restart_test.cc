@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "fsdp/fsdp2/state_dict.h"
+#include "testing/free_port.h"
 #include "testing/multi_rank.h"
 #include "testing/peer_python.h"
 #include "testing/test_dir.h"

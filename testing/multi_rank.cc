@@ -3,10 +3,8 @@
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -32,6 +30,7 @@
 #include "comm/gloo_process_group.h"
 #include "comm/nccl_process_group.h"
 #include "comm/threaded_process_group.h"
+#include "testing/free_port.h"
 
 #ifdef FSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -472,20 +471,6 @@ void RunOnRanks(Backend backend, int world_size, const RankBody& body, const Run
                     << ") failed: " << outcome.message;
     }
   }
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  TORCH_CHECK(fd >= 0, "FreePort: socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  TORCH_CHECK(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "FreePort: bind() failed");
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 }  // namespace fsdp::testing

@@ -66,9 +66,6 @@ struct RankOutcome {
   std::string message;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT).
-int FreePort();
-
 // Runs `body` once per rank and returns every rank's outcome; rank failures do not throw.
 // When a threaded rank throws, the other ranks' pending and later collectives fail with
 // "rank R failed: <message>" at once. GoogleTest assertions inside `body` work on every
