@@ -285,6 +285,15 @@ TEST(TrainerResume, AtOtherMeshesAsTheUninterruptedRun) {
   const std::vector<StepResult> on_hsdp =
       ResumeAndTrain(4, {"--parallelism.data_parallel_replicate_degree=2"}, hsdp, kSteps, 4);
   ExpectContinuesUninterrupted(on_tp, on_hsdp, uninterrupted);
+  // The other ways: FSDP 4 -> HSDP 2 x 2 directly, and FSDP 2 x TP 2 back to FSDP 4.
+  const std::string hsdp_direct = fsdp::testing::NewTestPath("resume_hsdp_direct"),
+                    back = fsdp::testing::NewTestPath("resume_fsdp_back");
+  CopyCheckpoint(fsdp, hsdp_direct, 2);
+  const std::vector<StepResult> on_hsdp_direct =
+      ResumeAndTrain(4, {"--parallelism.data_parallel_replicate_degree=2"}, hsdp_direct, 4, 2);
+  CopyCheckpoint(tp, back, 4);
+  const std::vector<StepResult> back_on_fsdp = ResumeAndTrain(4, {}, back, kSteps, 4);
+  ExpectContinuesUninterrupted(on_hsdp_direct, back_on_fsdp, uninterrupted);
 }
 
 }  // namespace
