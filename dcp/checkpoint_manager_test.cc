@@ -320,6 +320,39 @@ INSTANTIATE_TEST_SUITE_P(Faults, CheckpointManagerStorage,
                                                FaultName(std::get<1>(info.param)));
                          });
 
+// At most one save in flight: while step 2's async write is held (its upload hook waits for a
+// gate), Save(4) blocks; once the gate opens it returns, and last_wait_seconds() counts the wait
+// (at least the time this test waited to see it blocked).
+TEST(CheckpointManagerAsync, TheNextSaveWaitsForTheOneInFlightAndSaysHowLong) {
+  const std::string folder = NewDir("manager_one_in_flight");
+  constexpr auto kBlocked = std::chrono::milliseconds(100);
+  std::promise<void> gate;
+  const std::shared_future<void> open = gate.get_future().share();
+  fsdp::testing::RunOnRanks(Backend::kThreaded, 2, [&](const comm::ProcessGroupPtr& pg) {
+    Trainee t = Build(W(2), pg, 11);
+    DictState train(Counter(0));
+    CheckpointManagerOptions options{.folder = folder, .interval = 2, .async = true};
+    options.on_rank_file_written = [open](int64_t step, const std::string&) {
+      if (step == 2) open.wait();
+    };
+    CheckpointManager manager(*t.module, t.opt.get(), {{"train_state", &train}}, options, pg);
+    Train(t, 1, 2);
+    train.state = Counter(2);
+    manager.Save(2);  // returns; the write waits at the gate
+    Train(t, 3, 2);
+    train.state = Counter(4);
+    std::future<void> next = std::async(std::launch::async, [&] { manager.Save(4); });
+    EXPECT_EQ(next.wait_for(kBlocked), std::future_status::timeout) << "Save(4) did not wait for step 2's save";
+    pg->barrier()->wait();
+    if (pg->rank() == 0) gate.set_value();
+    next.get();
+    EXPECT_GE(manager.last_wait_seconds(), std::chrono::duration<double>(kBlocked).count());
+    manager.Wait();
+  });
+  EXPECT_TRUE(std::filesystem::exists(folder + "/step-2/.metadata"));
+  EXPECT_TRUE(std::filesystem::exists(folder + "/step-4/.metadata"));
+}
+
 // continue_on_save_failure: the failed save is a warning counted on every rank, the run goes on,
 // and the next due save (the storage healthy again) is complete; nothing older was purged.
 TEST_P(CheckpointManagerRuns, ContinueOnFailureGoesOnAndSavesNextTime) {
