@@ -217,7 +217,7 @@ fsdp_cc_library(//comm:nccl INSTALL PCH aten
 
 fsdp_cc_test(//comm:nccl_test SIZE small PCH aten
   SRCS nccl_test.cc
-  DEPS :nccl //testing:multi_rank @libtorch @system//:gtest_main
+  DEPS :nccl //testing:free_port //testing:multi_rank @libtorch @system//:gtest_main
   CUDA_DEPS @cuda//:cudart)
 
 # ================================================================ //context_parallel

@@ -2,14 +2,12 @@
 // (run anywhere), and a one-rank ProcessGroupNCCL on GPU 0 (skipped, with the reason, where
 // no GPU is visible).
 #include "comm/nccl_process_group.h"
+#include "testing/free_port.h"
 #include "testing/multi_rank.h"
 
 #include <ATen/ATen.h>
-#include <arpa/inet.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,26 +37,10 @@ std::string ErrorOf(Fn&& fn) {
   return "";
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 29500;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TorchrunEnv OneRankEnv() {
   TorchrunEnv env;
   env.master_addr = "127.0.0.1";
-  env.master_port = FreePort();
+  env.master_port = fsdp::testing::FreePort();
   return env;
 }
 
