@@ -906,7 +906,8 @@ fsdp_cc_binary(//train INSTALL
   DEPS :config :trainer //comm //comm:gloo //comm:main_guard @libtorch)
 
 fsdp_cc_test(//train:torchtitan_parity_test SIZE large
-  SRCS torchtitan_parity_test.cc
+  SRCS torchtitan_checkpoint_interop_test.cc torchtitan_parity_test.cc torchtitan_runs.cc
+       torchtitan_runs.h
   DATA testdata/torchtitan_reference.py testdata/corpus/train.index testdata/corpus/train.tokens
        testdata/corpus/validation.index testdata/corpus/validation.tokens
   TAGS float_parity peer_python
