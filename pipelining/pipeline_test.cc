@@ -101,6 +101,17 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, double tol, cons
   EXPECT_LE((got - want).abs().max().item<double>(), tol * scale) << what << "\ngot\n" << got << "\nwant\n" << want;
 }
 
+// Each of this rank's stages' weight and bias gradients against the unpipelined run's.
+void ExpectReferenceGrads(const std::vector<std::shared_ptr<PipelineStage>>& stages,
+                          const std::vector<std::shared_ptr<torch::nn::LinearImpl>>& layers, const Reference& ref,
+                          double tol) {
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const int s = stages[k]->stage_index();
+    ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], tol, "stage " + std::to_string(s) + " weight grad");
+    ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], tol, "stage " + std::to_string(s) + " bias grad");
+  }
+}
+
 struct Case {
   ScheduleKind kind;
   int ranks;
@@ -141,10 +152,8 @@ void RunAgainstReference(const Case& c, bool static_meta) {
       std::vector<at::Tensor> losses;
       std::vector<at::Tensor> out = schedule.step({Input()}, Target(), &losses);
       const double tol = Tolerance(c.n_mb);
+      ExpectReferenceGrads(stages, layers, ref, tol);
       for (size_t k = 0; k < stages.size(); ++k) {
-        const int s = stages[k]->stage_index();
-        ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], tol, "stage " + std::to_string(s) + " weight grad");
-        ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], tol, "stage " + std::to_string(s) + " bias grad");
         if (stages[k]->is_last()) {
           ASSERT_EQ(losses.size(), static_cast<size_t>(c.n_mb));
           for (int m = 0; m < c.n_mb; ++m) ExpectClose(losses[m], ref.losses[m], tol, "loss " + std::to_string(m));
@@ -248,13 +257,7 @@ TEST(PipelineSchedule, WeightBackwardStartsWhereTheInputBackwardStopped) {
         }
         PipelineSchedule schedule(kind, stages, {.n_microbatches = kMicrobatches, .loss_fn = Mse});
         schedule.step({Input()}, Target());
-        for (size_t k = 0; k < stages.size(); ++k) {
-          const int s = stages[k]->stage_index();
-          ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
-                      "stage " + std::to_string(s) + " weight grad");
-          ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
-                      "stage " + std::to_string(s) + " bias grad");
-        }
+        ExpectReferenceGrads(stages, layers, ref, Tolerance(kMicrobatches));
       });
       for (int s = 0; s < kStages; ++s) EXPECT_EQ(counted_backwards[s].load(), kMicrobatches) << "stage " << s;
     }
@@ -320,13 +323,7 @@ TEST(PipelineSchedule, AnInputBackwardFollowedByItsWeightBackwardIsOnePass) {
         ++(one && list[i].stage != 0 ? one_pass : two_passes);
       }
       schedule.step({Input()}, Target());
-      for (size_t k = 0; k < stages.size(); ++k) {
-        const int s = stages[k]->stage_index();
-        ExpectClose(layers[k]->weight.grad(), ref.weight_grads[s], Tolerance(kMicrobatches),
-                    "stage " + std::to_string(s) + " weight grad");
-        ExpectClose(layers[k]->bias.grad(), ref.bias_grads[s], Tolerance(kMicrobatches),
-                    "stage " + std::to_string(s) + " bias grad");
-      }
+      ExpectReferenceGrads(stages, layers, ref, Tolerance(kMicrobatches));
     });
     for (int s = 0; s < kStages; ++s) EXPECT_EQ(counted_backwards[s].load(), expected[s].load()) << "stage " << s;
     EXPECT_GT(two_passes.load(), 0);
