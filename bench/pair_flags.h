@@ -40,7 +40,7 @@ inline void QuietUnlessRankZero(std::vector<char*>& args, int rank) {
   args.erase(
       std::remove_if(args.begin() + 1, args.end(), [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
       args.end());
-  std::freopen("/dev/null", "w", stdout);
+  if (std::freopen("/dev/null", "w", stdout) == nullptr) std::perror("freopen /dev/null");
 }
 
 }  // namespace fsdp::bench

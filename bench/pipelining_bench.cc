@@ -21,14 +21,21 @@
 // number of Gloo processes (bench/peer/pipelining_peer.py from the peer venv; --peer=0 skips
 // it). `Raw<v>/ours/16` and the twin's `Raw<v>/pytorch/16`: the same stages' forwards and
 // backwards with blocking recv / isend in GPipe order, written out by hand (the floor: compute
-// and p2p without a runtime). The summary prints per schedule the step, its overhead over the
-// raw loop per lowered action of rank 0's list (the same divisor for both sides) and PyTorch /
-// ours. `python3 tools/bench_ratio.py bench/out/pipelining.json` prints ours / PyTorch per step.
+// and p2p without a runtime); `Raw2V` in the V placement of ZBVZeroBubble and DualPipeV;
+// `Raw2Split` / `Raw2VSplit` with each backward split into the input's and the weights'
+// gradients with plain autograd, as the zero-bubble schedules must compute them (two autograd
+// passes instead of one). The summary prints per schedule the step, its overhead over the
+// floor (the raw loop of its placement, with the schedule's share of split backwards taken
+// from the split one) per lowered action of rank 0's list (the same divisor for both sides)
+// and PyTorch / ours. `python3 tools/bench_ratio.py bench/out/pipelining.json` prints ours /
+// PyTorch per step.
 //
 // --fake_world=W: instead of Gloo processes, one process as the last rank of a fake process
 // group of W ranks (comm/fake_process_group.h: sends and receives return at once; the twin runs
 // on PyTorch's fake group likewise), the Overhead benchmarks only: the runtime's host work per
-// action without the noise of the p2p transport.
+// action without the noise of the p2p transport. With --callgrind=1 each Overhead loop runs
+// twice, with kCallgrindSteps steps, each run dumped: tools/callgrind_pipelining.sh counts both
+// sides' instructions per action.
 //
 // Every rank runs the same benchmarks with fixed iteration counts; only rank 0 reports.
 #include <ATen/ATen.h>
@@ -42,6 +49,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,8 +60,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/callgrind_loop.h"
 #include "bench/pair_flags.h"
 #include "bench/pipeline_bubble_model.h"
+#include "bench/pipeline_overhead_floor.h"
 #include "comm/fake_process_group.h"
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
@@ -72,9 +82,13 @@ using fsdp::pipelining::PipelineScheduleOptions;
 using fsdp::pipelining::PipelineStage;
 using fsdp::pipelining::ScheduleKind;
 using Clock = std::chrono::steady_clock;
+using fsdp::bench::RawLoop;
+using fsdp::bench::RawLoopOf;
 using fsdp::bench::ReplayedBubble;
+using fsdp::bench::SplitShare;
 using fsdp::bench::StageCosts;
 using fsdp::bench::TheoryBubble;
+using fsdp::bench::TinyLinear;
 
 ProcessGroupPtr& Group() {
   static ProcessGroupPtr group;
@@ -205,6 +219,11 @@ bool& Breakdown() {
   static bool breakdown = false;
   return breakdown;
 }
+// --callgrind: tools/callgrind_pipelining.sh counts the Overhead loops' instructions.
+bool& Callgrind() {
+  static bool callgrind = false;
+  return callgrind;
+}
 
 // --fake_world: the group is fake (the reporting rank is its last).
 bool& Fake() {
@@ -226,16 +245,12 @@ std::map<std::string, int>& ActionCounts() {
   static std::map<std::string, int> counts;
   return counts;
 }
+std::map<std::string, SplitShare>& SplitShares() {
+  static std::map<std::string, SplitShare> shares;
+  return shares;
+}
 
 at::Tensor Mse(const std::vector<at::Tensor>& out, const at::Tensor& target) { return at::mse_loss(out[0], target); }
-
-std::shared_ptr<torch::nn::LinearImpl> TinyLinear() {
-  auto l = std::make_shared<torch::nn::LinearImpl>(1, 1);
-  at::NoGradGuard no_grad;
-  l->weight.fill_(0.5);
-  l->bias.fill_(0.1);
-  return l;
-}
 
 void BM_OverheadOurs(benchmark::State& state, ScheduleKind kind) {
   const ProcessGroupPtr& group = Group();
@@ -266,7 +281,7 @@ void BM_OverheadOurs(benchmark::State& state, ScheduleKind kind) {
   for (int i = 0; i < 3; ++i) schedule.step({x}, target);  // warm-up
   group->barrier()->wait();
   per_type.clear();
-  for (auto _ : state) schedule.step({x}, target);
+  fsdp::bench::TimedLoop(state, absl::StrCat(Name(kind), "/ours/", m), [&] { schedule.step({x}, target); });
   if (Breakdown() && Reports()) {
     std::string line = absl::StrCat(Name(kind), " rank ", rank, ", us per action (count per step):");
     for (auto& [type, t] : per_type) {
@@ -276,64 +291,16 @@ void BM_OverheadOurs(benchmark::State& state, ScheduleKind kind) {
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }
-  ActionCounts()[std::string(fsdp::pipelining::ScheduleName(kind))] = static_cast<int>(schedule.actions().size());
+  ActionCounts()[Name(kind)] = static_cast<int>(schedule.actions().size());
+  SplitShares()[Name(kind)] = fsdp::bench::SplitShareOf(schedule.actions());
   group->barrier()->wait();
 }
 
-// The floor: v stages per rank in loop placement, every forward then every backward (GPipe
-// order, stage by stage), blocking recv and isend (waited at the end of each pass).
-void BM_OverheadRaw(benchmark::State& state, int v) {
-  const ProcessGroupPtr& group = Group();
-  const int p = group->size(), rank = group->rank(), m = kOverheadMicrobatches, n = p * v;
-  std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
-  for (int c = 0; c < v; ++c) layers.push_back(TinyLinear());
-  const at::Tensor x = at::linspace(-1, 1, m).reshape({m, 1});
-  const at::Tensor target = x * 0.3;
-  auto step = [&] {
-    std::vector<std::vector<at::Tensor>> inputs(v), outputs(v);
-    std::vector<fsdp::comm::WorkPtr> sends;
-    for (int c = 0; c < v; ++c) {
-      const int s = c * p + rank;
-      for (int mb = 0; mb < m; ++mb) {
-        at::Tensor in;
-        if (s == 0) {
-          in = x.narrow(0, mb, 1);
-        } else {
-          in = at::empty({1, 1});
-          group->recv(in, (s - 1) % p, 2 * s)->wait();
-          in.requires_grad_(true);
-        }
-        at::Tensor out = layers[c]->forward(in);
-        if (s == n - 1) out = at::mse_loss(out, target.narrow(0, mb, 1));
-        if (s < n - 1) sends.push_back(group->send(out.detach(), (s + 1) % p, 2 * (s + 1)));
-        inputs[c].push_back(in);
-        outputs[c].push_back(out);
-      }
-    }
-    for (auto& w : sends) w->wait();
-    sends.clear();
-    for (int c = v - 1; c >= 0; --c) {
-      const int s = c * p + rank;
-      for (int mb = 0; mb < m; ++mb) {
-        if (s == n - 1) {
-          outputs[c][mb].backward();
-        } else {
-          at::Tensor g = at::empty({1, 1});
-          group->recv(g, (s + 1) % p, 2 * s + 1)->wait();
-          outputs[c][mb].backward(g);
-        }
-        if (s > 0) sends.push_back(group->send(inputs[c][mb].grad(), (s - 1) % p, 2 * (s - 1) + 1));
-      }
-    }
-    for (auto& w : sends) w->wait();
-  };
-  for (int i = 0; i < 3; ++i) step();
-  group->barrier()->wait();
-  for (auto _ : state) step();
-  group->barrier()->wait();
+void BM_OverheadRaw(benchmark::State& state, RawLoop loop) {
+  fsdp::bench::RunRawLoop(state, Group(), loop, kOverheadMicrobatches);
 }
 
-// One run of the twin (every schedule and both raw loops) on rank 0, the other ranks waiting
+// One run of the twin (every schedule and the raw loops) on rank 0, the other ranks waiting
 // in a barrier; its seconds per step by name ("GPipe", ..., "Raw1", "Raw2").
 std::map<std::string, double>& PeerSeconds() {
   static std::map<std::string, double> seconds;
@@ -452,29 +419,53 @@ void PrintOverheadSummary() {
   std::printf(
       "\nPipeline runtime host overhead, %s, %d microbatches of a Linear(1, 1) per stage; "
       "rank %d's process CPU time and wall time per step in us (medians over repetitions); overhead per "
-      "action = (step - raw loop) CPU time / actions of that rank's lowered list\n",
+      "action = (step - floor) CPU time / actions of that rank's lowered list, the floor being the raw loop "
+      "with the share of its backwards split that each runtime runs as two passes (split ours / PyTorch's)\n",
       absl::StrCat(Group()->size(), Fake() ? " ranks of a fake process group" : " Gloo processes").c_str(),
       kOverheadMicrobatches, Group()->rank());
-  std::printf("%-22s %7s %9s %9s %11s %11s %9s %9s %11s\n", "schedule", "actions", "ours cpu", "torch cpu",
-              "ours us/act", "torch us/act", "ours wall", "torch wall", "torch/ours");
+  std::printf("%-22s %7s %11s %9s %9s %11s %11s %9s %9s %11s\n", "schedule", "actions", "split", "ours cpu",
+              "torch cpu", "ours us/act", "torch us/act", "ours wall", "torch wall", "torch/ours");
   auto med = [](std::map<std::string, std::vector<double>>& m, const std::string& key) { return Median(m[key]) * 1e6; };
+  // The CPU time of `side`'s raw loop for `kind` with `share` of its backwards split: each
+  // backward costs a whole one or an I and a W, so the floor interpolates.
+  auto floor = [&](ScheduleKind kind, double share, const std::string& side) {
+    const double whole = med(CpuSeconds(), absl::StrCat(RawLoopOf(kind, false).Name(), "/", side));
+    if (share == 0) return whole;
+    return whole + share * (med(CpuSeconds(), absl::StrCat(RawLoopOf(kind, true).Name(), "/", side)) - whole);
+  };
   for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
     const std::string name = Name(kind);
-    const std::string raw = absl::StrCat("Raw", StagesPerRank(kind));
     if (!Seconds().count(name + "/ours")) continue;
     const int actions = ActionCounts()[name];
+    const SplitShare share = SplitShares()[name];
     const double ours_cpu = med(CpuSeconds(), name + "/ours"), torch_cpu = med(CpuSeconds(), name + "/pytorch");
-    const double ours_per = (ours_cpu - med(CpuSeconds(), raw + "/ours")) / actions;
-    const double torch_per = (torch_cpu - med(CpuSeconds(), raw + "/pytorch")) / actions;
-    std::printf("%-22s %7d %9.0f %9.0f %11.2f %11.2f %9.0f %9.0f %11.1f\n", name.c_str(), actions, ours_cpu, torch_cpu,
-                ours_per, torch_per, med(Seconds(), name + "/ours"), med(Seconds(), name + "/pytorch"),
-                torch_per / ours_per);
+    const double ours_per = (ours_cpu - floor(kind, share.ours, "ours")) / actions;
+    const double torch_per = (torch_cpu - floor(kind, share.pytorch, "pytorch")) / actions;
+    std::printf("%-22s %7d %5.2f/%5.2f %9.0f %9.0f %11.2f %11.2f %9.0f %9.0f %11.1f\n", name.c_str(), actions,
+                share.ours, share.pytorch, ours_cpu, torch_cpu, ours_per, torch_per, med(Seconds(), name + "/ours"),
+                med(Seconds(), name + "/pytorch"), torch_per / ours_per);
   }
-  for (int v : {1, 2}) {
-    const std::string raw = absl::StrCat("Raw", v);
-    std::printf("raw loop, %d stage(s) per rank: ours cpu %.0f us, wall %.0f us; PyTorch cpu %.0f us, wall %.0f us\n",
-                v, med(CpuSeconds(), raw + "/ours"), med(Seconds(), raw + "/ours"), med(CpuSeconds(), raw + "/pytorch"),
-                med(Seconds(), raw + "/pytorch"));
+  for (RawLoop loop : fsdp::bench::kRawLoops) {
+    const std::string raw = loop.Name();
+    std::printf("raw loop %-10s: ours cpu %.0f us, wall %.0f us; PyTorch cpu %.0f us, wall %.0f us\n", raw.c_str(),
+                med(CpuSeconds(), absl::StrCat(raw, "/ours")), med(Seconds(), absl::StrCat(raw, "/ours")),
+                med(CpuSeconds(), absl::StrCat(raw, "/pytorch")), med(Seconds(), absl::StrCat(raw, "/pytorch")));
+  }
+}
+
+// The step counts of the two runs of each Overhead loop under --callgrind: the instructions
+// per step are the slope between them, which cancels what bracketing a loop costs (PyTorch's
+// side toggles callgrind from Python, bench/peer/pipelining_peer.py).
+constexpr int kCallgrindSteps[] = {4, 20};
+
+void RegisterOverhead(const std::string& name, std::function<void(benchmark::State&)> body) {
+  for (int steps : Callgrind() ? std::vector<int>(std::begin(kCallgrindSteps), std::end(kCallgrindSteps))
+                               : std::vector<int>{kOverheadSteps}) {
+    benchmark::RegisterBenchmark(absl::StrCat(name, "/ours/", kOverheadMicrobatches).c_str(), body)
+        ->Iterations(steps)
+        ->MeasureProcessCPUTime()
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
 }
 
@@ -490,23 +481,16 @@ void RegisterAll(int pair_repetitions, bool peer) {
   }
   const std::string o = absl::StrCat("/", kOverheadMicrobatches);
   for (int rep = 0; rep < pair_repetitions; ++rep) {
-    for (int v : {1, 2}) {
-      benchmark::RegisterBenchmark(absl::StrCat("Raw", v, "/ours", o).c_str(), BM_OverheadRaw, v)
-          ->Iterations(kOverheadSteps)
-          ->MeasureProcessCPUTime()
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+    for (RawLoop loop : fsdp::bench::kRawLoops) {
+      RegisterOverhead(loop.Name(), [loop](benchmark::State& state) { BM_OverheadRaw(state, loop); });
     }
     for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
-      benchmark::RegisterBenchmark(absl::StrCat(Name(kind), "/ours", o).c_str(), BM_OverheadOurs, kind)
-          ->Iterations(kOverheadSteps)
-          ->MeasureProcessCPUTime()
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      RegisterOverhead(Name(kind), [kind](benchmark::State& state) { BM_OverheadOurs(state, kind); });
     }
     if (!peer) continue;
     benchmark::RegisterBenchmark("PeerRound", BM_PeerRound)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
-    std::vector<std::string> names{"Raw1", "Raw2"};
+    std::vector<std::string> names;
+    for (RawLoop loop : fsdp::bench::kRawLoops) names.push_back(loop.Name());
     for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
       names.emplace_back(fsdp::pipelining::ScheduleName(kind));
     }
@@ -516,6 +500,19 @@ void RegisterAll(int pair_repetitions, bool peer) {
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
     }
+  }
+}
+
+// Under --callgrind, what tools/pipelining_callgrind.py needs beside the dumps: per schedule,
+// the length of the reporting rank's lowered list and its split shares.
+void PrintScheduleShapes() {
+  for (ScheduleKind kind : fsdp::pipelining::kAllScheduleKinds) {
+    const std::string name = Name(kind);
+    if (!ActionCounts().count(name)) continue;
+    const SplitShare share = SplitShares()[name];
+    std::printf("SCHEDULE %s actions=%d split_ours=%.6f split_pytorch=%.6f raw=%s raw_split=%s\n", name.c_str(),
+                ActionCounts()[name], share.ours, share.pytorch, RawLoopOf(kind, false).Name().c_str(),
+                RawLoopOf(kind, true).Name().c_str());
   }
 }
 
@@ -537,8 +534,9 @@ int main(int argc, char** argv) {
       Group() = fsdp::comm::CreateGlooProcessGroupFromEnv(options);
     }
     const int pair_repetitions = fsdp::bench::TakePairRepetitions(args);
-    const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0;
     Breakdown() = fsdp::bench::TakeIntFlag(args, "--breakdown=", 0) != 0;
+    Callgrind() = fsdp::bench::TakeIntFlag(args, "--callgrind=", 0) != 0;
+    const bool peer = fsdp::bench::TakeIntFlag(args, "--peer=", 1) != 0 && !Callgrind();
     fsdp::bench::QuietUnlessRankZero(args, Fake() ? 0 : Group()->rank());
     int args_count = static_cast<int>(args.size());
     benchmark::Initialize(&args_count, args.data());
@@ -546,7 +544,7 @@ int main(int argc, char** argv) {
     Reporter reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);
     if (Reports() && !Bubbles().empty()) PrintBubbleSummary();
-    if (Reports() && !ActionCounts().empty()) PrintOverheadSummary();
+    if (Reports() && !ActionCounts().empty()) Callgrind() ? PrintScheduleShapes() : PrintOverheadSummary();
     std::fflush(stdout);
     Group()->barrier()->wait();
     benchmark::Shutdown();

@@ -62,9 +62,10 @@ fsdp_cc_binary(//bench:comm_bench OPTION FSDP_BUILD_BENCH PCH aten
   DEPS :pair_flags //comm //comm:gloo //comm:main_guard @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:pipelining_bench TESTONLY OPTION FSDP_BUILD_BENCH
-  SRCS pipeline_bubble_model.cc pipeline_bubble_model.h pipelining_bench.cc
-  DEPS :pair_flags //comm //comm:gloo //comm:main_guard //pipelining //pipelining:schedule_ir
-       //testing:peer_python @libtorch @system//:absl @system//:benchmark)
+  SRCS pipeline_bubble_model.cc pipeline_bubble_model.h pipeline_overhead_floor.cc
+       pipeline_overhead_floor.h pipelining_bench.cc
+  DEPS :callgrind_loop :pair_flags //comm //comm:gloo //comm:main_guard //pipelining
+       //pipelining:schedule_ir //testing:peer_python @libtorch @system//:absl @system//:benchmark)
 
 fsdp_cc_binary(//bench:dtensor_bench OPTION FSDP_BUILD_BENCH
   SRCS dtensor_bench.cc

@@ -30,10 +30,11 @@ def json_samples(path):
     return samples
 
 
-def callgrind_samples(prefix):
-    """{(op, arg, side): [instructions per iteration, ...]} from callgrind dumps whose trigger is
-    the client request "<Op>/<side>/<arg> iters=<N>"."""
-    samples = collections.defaultdict(list)
+def callgrind_dumps(prefix):
+    """[(op, arg, side, iterations, instructions)] from the callgrind dumps PREFIX.* whose
+    trigger is "<Op>/<side>/<arg> iters=<N>": a client request (bench/callgrind_loop.h) or
+    `callgrind_control -d` (bench/peer/pipelining_peer.py)."""
+    dumps = []
     for path in sorted(glob.glob(prefix + ".*")):
         if path.endswith(".log"):
             continue
@@ -42,11 +43,21 @@ def callgrind_samples(prefix):
             for line in f:
                 if line.startswith("desc: Trigger: Client Request: "):
                     desc = line.split(": ", 3)[3].strip()
+                elif line.startswith("desc: Trigger: dump "):
+                    desc = line[len("desc: Trigger: dump "):].strip()
                 elif line.startswith("totals:"):
                     totals = int(line.split()[1])
         m = re.fullmatch(r"(\w+)/(\w+)/(\d+) iters=(\d+)", desc or "")
         if m and totals is not None and int(m.group(4)) > 0:
-            samples[(m.group(1), int(m.group(3)), m.group(2))].append(totals / int(m.group(4)))
+            dumps.append((m.group(1), int(m.group(3)), m.group(2), int(m.group(4)), totals))
+    return dumps
+
+
+def callgrind_samples(prefix):
+    """{(op, arg, side): [instructions per iteration, ...]} from callgrind_dumps(prefix)."""
+    samples = collections.defaultdict(list)
+    for op, arg, side, iterations, totals in callgrind_dumps(prefix):
+        samples[(op, arg, side)].append(totals / iterations)
     return samples
 
 

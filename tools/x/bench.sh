@@ -4,7 +4,8 @@
 #   fails on > 10% growth. bench/pipelining runs PyTorch's schedules beside ours where the peer
 #   venv is. --peer: bench/e2e against PyTorch's FSDP2 and FSDP1 from the peer
 #   venv, a table and bench/out/e2e.png; then `train` against torchtitan's components
-#   (bench/peer/train_bench.py). Details: docs/development/benchmarks.md.
+#   (bench/peer/train_bench.py) and the pipeline runtimes' instruction counts
+#   (tools/callgrind_pipelining.sh). Details: docs/development/benchmarks.md.
 
 x_bench() { cmd_bench "$@"; }
 
@@ -87,5 +88,7 @@ cmd_bench() {
   step "train vs torchtitan's components (tokens/s, non-model time, peak memory; JSON lines in bench/out/train.jsonl)"
   : > bench/out/train.jsonl
   "$PEER_PY" bench/peer/train_bench.py "${bin%/bench}/train/train" --reps "$((reps < 3 ? reps : 3))"
+  step "callgrind: the pipeline runtimes' instructions per action beyond the raw loop, ours vs PyTorch's (fake group)"
+  tools/callgrind_pipelining.sh "$PEER_PY"
   return "$budget_status"
 }

@@ -38,3 +38,4 @@ class Bench(XCase):
         self.assertEqual(self.x.calls("tools/e2e_table.py"), [["bench/out/e2e.jsonl"]])
         peer = [c[1:] for c in self.x.calls("python") if c[0] == self.x.peer_venv]
         self.assertIn("bench/peer/train_bench.py", [c[0] for c in peer])
+        self.assertEqual(self.x.calls("tools/callgrind_pipelining.sh"), [[self.x.peer_venv + "/bin/python"]])
