@@ -11,26 +11,42 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+
 #include "pipelining/microbatch.h"
 
 namespace fsdp::pipelining {
 
 // What one step() keeps between actions (PyTorch's fwd_recv_ops, bwd_recv_ops, the pending
-// sends, backward_counter and _internal_losses).
+// sends, backward_counter and _internal_losses). Kept from step to step and cleared, so its
+// tables, the same size every step, are allocated once rather than an entry at a time.
 struct PipelineSchedule::StepState {
-  std::map<std::pair<int, int>, std::vector<comm::WorkPtr>> forward_recvs;   // (stage, mb)
-  std::map<std::pair<int, int>, std::vector<comm::WorkPtr>> backward_recvs;  // (stage, mb)
-  std::map<std::tuple<ActionType, int, int>, std::vector<comm::WorkPtr>> pending_sends;
-  std::map<int, int> backward_count;               // stage -> B or W done
+  absl::flat_hash_map<std::pair<int, int>, std::vector<comm::WorkPtr>> forward_recvs;   // (stage, mb)
+  absl::flat_hash_map<std::pair<int, int>, std::vector<comm::WorkPtr>> backward_recvs;  // (stage, mb)
+  absl::flat_hash_map<std::tuple<ActionType, int, int>, std::vector<comm::WorkPtr>> pending_sends;
+  absl::flat_hash_map<int, int> backward_count;    // stage -> B or W done
   std::map<int, at::Tensor> losses;                // mb -> the last stage's loss
-  std::set<int> unshard_pending;                   // stages whose UNSHARD was issued and not yet waited for
-  std::set<int> finalized;                         // stages whose REDUCE_GRAD resharded them already
+  absl::flat_hash_set<int> unshard_pending;        // stages whose UNSHARD was issued and not yet waited for
+  absl::flat_hash_set<int> finalized;              // stages whose REDUCE_GRAD resharded them already
   bool backward = false;                           // step() with a loss_fn; not eval()
   std::vector<std::vector<at::Tensor>> kwarg_mbs;  // by microbatch; empty without kwargs
   bool compute_losses = false;                     // the last stage computes loss_fn per microbatch
 
   // The current action's start, for options.on_action.
   std::chrono::steady_clock::time_point action_start;
+
+  // Drops what a step left (works, losses and their graphs), keeping the tables' memory.
+  void Clear() {
+    forward_recvs.clear();
+    backward_recvs.clear();
+    pending_sends.clear();
+    backward_count.clear();
+    losses.clear();
+    unshard_pending.clear();
+    finalized.clear();
+    kwarg_mbs.clear();
+  }
 };
 
 namespace {
@@ -268,7 +284,8 @@ std::vector<at::Tensor> PipelineSchedule::Run(const std::vector<at::Tensor>& arg
       kwargs.empty() ? std::vector<std::vector<at::Tensor>>{} : SplitIntoMicrobatches(kwargs, n);
   for (auto& s : stages_) s->BeginStep(n, stage_to_rank_);
   InferMetaIfNeeded(arg_mbs, kwarg_mbs);
-  state_ = std::make_unique<StepState>();
+  if (state_ == nullptr) state_ = std::make_unique<StepState>();
+  state_->Clear();  // a step that failed left its state
   state_->kwarg_mbs = kwarg_mbs;
   state_->backward = backward;
   state_->compute_losses = compute_losses;
@@ -305,7 +322,7 @@ std::vector<at::Tensor> PipelineSchedule::Run(const std::vector<at::Tensor>& arg
       for (auto& [mb, loss] : state_->losses) losses->push_back(loss.detach());
     }
   }
-  state_.reset();
+  state_->Clear();
   return merged;
 }
 

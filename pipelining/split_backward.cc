@@ -7,12 +7,11 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <deque>
+#include <cstdint>
 #include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 
 namespace fsdp::pipelining::internal {
 namespace {
@@ -21,7 +20,6 @@ using torch::autograd::Edge;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 using NodePtr = c10::intrusive_ptr<Node>;
-using NodeSet = absl::flat_hash_set<Node*>;
 
 // _get_grad_fn_or_grad_acc: the node a tensor's gradient flows into (null when none exists:
 // it does not require grad, or is a leaf no operation recorded).
@@ -31,53 +29,43 @@ NodePtr GradFnOrAccumulator(const at::Tensor& t) {
   return torch::autograd::impl::try_get_grad_accumulator(t);
 }
 
-// construct_reverse_graph: each node reachable from `roots` -> the nodes whose next edge it is.
-absl::flat_hash_map<Node*, std::vector<Node*>> ReverseGraph(const std::vector<NodePtr>& roots) {
-  absl::flat_hash_map<Node*, std::vector<Node*>> reverse;
-  std::deque<Node*> queue;
-  NodeSet seen;
-  for (const NodePtr& root : roots) {
-    if (root && seen.insert(root.get()).second) queue.push_back(root.get());
-  }
-  while (!queue.empty()) {
-    Node* node = queue.front();
-    queue.pop_front();
-    for (const Edge& edge : node->next_edges()) {
-      Node* next = edge.function.get();
-      if (next == nullptr) continue;
-      if (seen.insert(next).second) queue.push_back(next);
-      reverse[next].push_back(node);
+// construct_reverse_graph: the nodes reachable from `roots`, numbered in the order a
+// breadth-first walk meets them, and for each the nodes whose next edge it is (its
+// consumers). Arrays indexed by number rather than a map of sets: the walk runs for every I
+// of every microbatch, so it allocates a few arrays, not one per node.
+struct ReverseGraph {
+  explicit ReverseGraph(const std::vector<NodePtr>& roots) {
+    std::vector<std::pair<int, int>> edges;  // (node, a consumer of it)
+    for (const NodePtr& root : roots) {
+      if (root && index.emplace(root.get(), static_cast<int>(nodes.size())).second) nodes.push_back(root.get());
     }
-  }
-  return reverse;
-}
-
-// reverse_closure: the nodes reached from `starts` along reverse edges without entering
-// `targets`, and the targets met on the way.
-std::pair<NodeSet, NodeSet> ReverseClosure(const std::vector<Node*>& starts, const NodeSet& targets,
-                                           const absl::flat_hash_map<Node*, std::vector<Node*>>& reverse) {
-  NodeSet closure, met;
-  std::deque<Node*> queue;
-  for (Node* n : starts) {
-    if (n != nullptr && closure.insert(n).second) queue.push_back(n);
-  }
-  while (!queue.empty()) {
-    Node* node = queue.front();
-    queue.pop_front();
-    auto it = reverse.find(node);
-    if (it == reverse.end()) continue;
-    for (Node* consumer : it->second) {
-      if (closure.contains(consumer)) continue;
-      if (targets.contains(consumer)) {
-        met.insert(consumer);
-        continue;
+    for (size_t head = 0; head < nodes.size(); ++head) {
+      for (const Edge& edge : nodes[head]->next_edges()) {
+        Node* next = edge.function.get();
+        if (next == nullptr) continue;
+        auto [it, inserted] = index.emplace(next, static_cast<int>(nodes.size()));
+        if (inserted) nodes.push_back(next);
+        edges.emplace_back(it->second, static_cast<int>(head));
       }
-      closure.insert(consumer);
-      queue.push_back(consumer);
     }
+    first_consumer.assign(nodes.size() + 1, 0);
+    for (const auto& [node, consumer] : edges) ++first_consumer[node + 1];
+    for (size_t i = 1; i < first_consumer.size(); ++i) first_consumer[i] += first_consumer[i - 1];
+    consumers.resize(edges.size());
+    std::vector<int> fill(first_consumer.begin(), first_consumer.end() - 1);
+    for (const auto& [node, consumer] : edges) consumers[fill[node]++] = consumer;
   }
-  return {std::move(closure), std::move(met)};
-}
+  // The number of `node`, or -1 when the walk did not meet it.
+  int IndexOf(const NodePtr& node) const {
+    auto it = index.find(node.get());
+    return it == index.end() ? -1 : it->second;
+  }
+
+  absl::flat_hash_map<Node*, int> index;
+  std::vector<Node*> nodes;
+  std::vector<int> first_consumer;  // node i's consumers: consumers[first_consumer[i], first_consumer[i + 1])
+  std::vector<int> consumers;
+};
 
 // A pre-hook on an intermediate node: in I it records the gradients flowing into the node; in
 // W (`replace`) it feeds the node what I recorded, whatever reaches it from the other roots.
@@ -119,13 +107,57 @@ class HookGuard {
 };
 
 // get_param_groups: parameters whose gradient paths join the inputs' at the same nodes form
-// one group (merged transitively, so each parameter is in exactly one).
+// one group (merged transitively, so each parameter is in exactly one). A path joins the
+// inputs' at the first node on it (walking from the parameter towards the roots) that the
+// inputs' gradients flow through (reverse_closure of the inputs).
 std::vector<WeightGradientPlan::Group> ParamGroups(const std::vector<NodePtr>& input_nodes,
-                                                   const std::vector<NodePtr>& param_nodes,
-                                                   const absl::flat_hash_map<Node*, std::vector<Node*>>& reverse) {
-  std::vector<Node*> inputs;
-  for (const NodePtr& n : input_nodes) inputs.push_back(n.get());
-  const NodeSet inputs_closure = ReverseClosure(inputs, {}, reverse).first;
+                                                   const std::vector<NodePtr>& param_nodes, const ReverseGraph& graph) {
+  const size_t n = graph.nodes.size();
+  std::vector<int> queue;
+  std::vector<char> inputs_closure(n, 0);
+  for (const NodePtr& node : input_nodes) {
+    const int i = graph.IndexOf(node);
+    if (i >= 0 && !inputs_closure[i]) {
+      inputs_closure[i] = 1;
+      queue.push_back(i);
+    }
+  }
+  for (size_t head = 0; head < queue.size(); ++head) {
+    for (int k = graph.first_consumer[queue[head]]; k < graph.first_consumer[queue[head] + 1]; ++k) {
+      const int consumer = graph.consumers[k];
+      if (!inputs_closure[consumer]) {
+        inputs_closure[consumer] = 1;
+        queue.push_back(consumer);
+      }
+    }
+  }
+  // Per parameter, the walk's visited marks and the met nodes, stamped with the parameter's
+  // number + 1 so the arrays need no clearing between parameters.
+  std::vector<size_t> visited(n, 0), met_stamp(n, 0);
+  std::vector<std::vector<int>> met(param_nodes.size());
+  for (size_t p = 0; p < param_nodes.size(); ++p) {
+    const int start = graph.IndexOf(param_nodes[p]);
+    if (start < 0) continue;  // not in the roots' graph: no path at all
+    const size_t stamp = p + 1;
+    queue.assign(1, start);
+    visited[start] = stamp;
+    for (size_t head = 0; head < queue.size(); ++head) {
+      for (int k = graph.first_consumer[queue[head]]; k < graph.first_consumer[queue[head] + 1]; ++k) {
+        const int consumer = graph.consumers[k];
+        if (visited[consumer] == stamp) continue;
+        if (inputs_closure[consumer]) {
+          if (met_stamp[consumer] != stamp) {
+            met_stamp[consumer] = stamp;
+            met[p].push_back(consumer);
+          }
+          continue;
+        }
+        visited[consumer] = stamp;
+        queue.push_back(consumer);
+      }
+    }
+    std::sort(met[p].begin(), met[p].end());  // the walk's order: deterministic for a graph's shape
+  }
   // Union-find over the parameters, keyed by the intermediates they meet.
   std::vector<size_t> parent(param_nodes.size());
   for (size_t i = 0; i < parent.size(); ++i) parent[i] = i;
@@ -133,28 +165,33 @@ std::vector<WeightGradientPlan::Group> ParamGroups(const std::vector<NodePtr>& i
     while (parent[i] != i) i = parent[i] = parent[parent[i]];
     return i;
   };
-  absl::flat_hash_map<Node*, size_t> owner;  // intermediate -> a parameter meeting it
-  std::vector<std::vector<Node*>> met(param_nodes.size());
-  for (size_t i = 0; i < param_nodes.size(); ++i) {
-    NodeSet hit = ReverseClosure({param_nodes[i].get()}, inputs_closure, reverse).second;
-    met[i].assign(hit.begin(), hit.end());
-    std::sort(met[i].begin(), met[i].end());  // a deterministic order
-    for (Node* node : met[i]) {
-      auto [it, inserted] = owner.emplace(node, i);
-      if (!inserted) parent[find(i)] = find(it->second);
+  std::vector<size_t> owner(n, SIZE_MAX);  // intermediate -> a parameter meeting it
+  for (size_t p = 0; p < param_nodes.size(); ++p) {
+    for (int node : met[p]) {
+      if (owner[node] == SIZE_MAX) {
+        owner[node] = p;
+      } else {
+        parent[find(p)] = find(owner[node]);
+      }
     }
   }
-  absl::flat_hash_map<size_t, size_t> group_of_root;
+  std::vector<size_t> group_of_root(param_nodes.size(), SIZE_MAX);
   std::vector<WeightGradientPlan::Group> groups;
-  absl::flat_hash_set<Node*> placed;
-  for (size_t i = 0; i < param_nodes.size(); ++i) {
-    if (met[i].empty()) continue;  // no path to an input's: PyTorch's param_groups leave it out
-    auto [it, inserted] = group_of_root.emplace(find(i), groups.size());
-    if (inserted) groups.emplace_back();
-    WeightGradientPlan::Group& g = groups[it->second];
-    g.params.emplace_back(param_nodes[i], 0);
-    for (Node* node : met[i]) {
-      if (placed.insert(node).second) g.intermediates.push_back(NodePtr::unsafe_reclaim_from_nonowning(node));
+  std::vector<char> placed(n, 0);
+  for (size_t p = 0; p < param_nodes.size(); ++p) {
+    if (met[p].empty()) continue;  // no path to an input's: PyTorch's param_groups leave it out
+    size_t& group = group_of_root[find(p)];
+    if (group == SIZE_MAX) {
+      group = groups.size();
+      groups.emplace_back();
+    }
+    WeightGradientPlan::Group& g = groups[group];
+    g.params.emplace_back(param_nodes[p], 0);
+    for (int node : met[p]) {
+      if (!placed[node]) {
+        placed[node] = 1;
+        g.intermediates.push_back(NodePtr::unsafe_reclaim_from_nonowning(graph.nodes[node]));
+      }
     }
   }
   for (WeightGradientPlan::Group& g : groups) g.grads.resize(g.intermediates.size());

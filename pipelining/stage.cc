@@ -1,5 +1,6 @@
 #include "pipelining/stage.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -105,7 +106,7 @@ void PipelineStage::ScaleGrads(int factor) {
 void PipelineStage::BeginStep(int n_microbatches, std::function<int(int)> stage_to_rank) {
   n_microbatches_ = n_microbatches;
   stage_to_rank_ = std::move(stage_to_rank);
-  microbatches_.clear();
+  microbatches_.assign(n_microbatches, Microbatch{});
   output_chunks_.clear();
 }
 
@@ -145,8 +146,23 @@ void PipelineStage::CheckMicrobatch(int mb, const char* what) const {
               " outside [0, n_microbatches = ", n_microbatches_, ")");
 }
 
-void PipelineStage::CheckAgainstMeta(const std::vector<at::Tensor>& tensors, const std::vector<TensorMeta>& meta,
-                                     const char* what, int mb) const {
+void PipelineStage::CheckAgainstMeta(const std::vector<at::Tensor>& tensors, const std::vector<TensorMeta>& all_meta,
+                                     const char* what, int mb, bool differentiable_only) const {
+  // Every microbatch passes here several times: compare in place, and build the lists for the
+  // message only when something differs.
+  size_t k = 0;
+  bool same = true;
+  for (const TensorMeta& m : all_meta) {
+    if (differentiable_only && !IsDifferentiable(m.dtype)) continue;
+    if (k == tensors.size()) {
+      same = false;
+      break;
+    }
+    const at::Tensor& t = tensors[k++];
+    same = same && t.defined() && t.scalar_type() == m.dtype && t.sizes() == at::IntArrayRef(m.sizes);
+  }
+  if (same && k == tensors.size()) return;
+  const std::vector<TensorMeta> meta = differentiable_only ? DifferentiableMeta(all_meta) : all_meta;
   std::vector<TensorMeta> got;
   for (const at::Tensor& t : tensors) {
     TORCH_CHECK(t.defined(), "stage ", stage_index_, " microbatch ", mb, ": an undefined tensor among its ", what);
@@ -160,7 +176,7 @@ void PipelineStage::CheckAgainstMeta(const std::vector<at::Tensor>& tensors, con
 std::vector<at::Tensor> PipelineStage::FloatingGradBuffers(const std::vector<TensorMeta>& meta) const {
   std::vector<at::Tensor> out;
   for (const TensorMeta& m : meta) {
-    if (IsDifferentiable(m.dtype)) out.push_back(at::zeros(m.sizes, at::TensorOptions().dtype(m.dtype)));
+    if (IsDifferentiable(m.dtype)) out.push_back(at::empty(m.sizes, at::TensorOptions().dtype(m.dtype)));
   }
   return out;
 }
@@ -171,9 +187,10 @@ std::vector<comm::ProcessGroup::P2POp> PipelineStage::ForwardRecvOps(int mb) {
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(!m.inputs_set, "stage ", stage_index_, " received microbatch ", mb, "'s inputs twice");
   std::vector<comm::ProcessGroup::P2POp> ops;
+  ops.reserve(inputs_.size());
   m.inputs.clear();
   for (const TensorMeta& meta : inputs_) {
-    m.inputs.push_back(at::zeros(meta.sizes, at::TensorOptions().dtype(meta.dtype)));
+    m.inputs.push_back(at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)));
     ops.push_back({comm::ProcessGroup::P2POp::Kind::kRecv, m.inputs.back(), PrevRank(), 2 * (stage_index_ - 1)});
   }
   m.inputs_set = true;
@@ -195,8 +212,7 @@ std::vector<comm::ProcessGroup::P2POp> PipelineStage::ForwardSendOps(int mb) {
 }
 
 void PipelineStage::ReleaseForwardSend(int mb) {
-  auto it = microbatches_.find(mb);
-  if (it != microbatches_.end()) it->second.sent_outputs.clear();
+  if (mb >= 0 && mb < static_cast<int>(microbatches_.size())) microbatches_[mb].sent_outputs.clear();
 }
 
 std::vector<comm::ProcessGroup::P2POp> PipelineStage::BackwardRecvOps(int mb) {
@@ -320,7 +336,7 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, BackwardPart part) 
     m.awaiting_weight = true;
   }
   m.backward_input_done = true;
-  if (!is_first()) CheckAgainstMeta(m.input_grads, DifferentiableMeta(inputs_), "input gradients", mb);
+  if (!is_first()) CheckAgainstMeta(m.input_grads, inputs_, "input gradients", mb, /*differentiable_only=*/true);
   if (whole) {
     m.outputs.clear();
     m.inputs.clear();
@@ -329,15 +345,16 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, BackwardPart part) 
 
 void PipelineStage::BackwardWeight(int mb) {
   CheckMicrobatch(mb, "W");
-  auto it = microbatches_.find(mb);
-  TORCH_CHECK(it != microbatches_.end() && it->second.awaiting_weight, "stage ", stage_index_, " runs microbatch ", mb,
+  Microbatch& m = microbatches_[mb];
+  TORCH_CHECK(m.awaiting_weight, "stage ", stage_index_, " runs microbatch ", mb,
               "'s weight backward (W) without its input backward (I) first");
-  Microbatch& m = it->second;
   internal::BackwardWeight(m.weight_plan);
-  const std::vector<at::Tensor> params = TrainableParameters(*module_);
-  if (!m.weight_roots.empty() && !params.empty()) {
-    torch::autograd::backward(m.weight_roots, m.weight_root_grads, /*retain_graph=*/false,
-                              /*create_graph=*/false, params);
+  if (!m.weight_roots.empty()) {
+    const std::vector<at::Tensor> params = TrainableParameters(*module_);
+    if (!params.empty()) {
+      torch::autograd::backward(m.weight_roots, m.weight_root_grads, /*retain_graph=*/false,
+                                /*create_graph=*/false, params);
+    }
   }
   m.awaiting_weight = false;
   m.weight_roots.clear();
@@ -347,10 +364,9 @@ void PipelineStage::BackwardWeight(int mb) {
 }
 
 std::vector<at::Tensor> PipelineStage::LocalBackwardOutput(int mb) const {
-  auto it = microbatches_.find(mb);
-  TORCH_CHECK(it != microbatches_.end() && it->second.backward_input_done, "stage ", stage_index_,
-              " has no input gradients of microbatch ", mb, " yet");
-  return it->second.input_grads;
+  TORCH_CHECK(mb >= 0 && mb < static_cast<int>(microbatches_.size()) && microbatches_[mb].backward_input_done, "stage ",
+              stage_index_, " has no input gradients of microbatch ", mb, " yet");
+  return microbatches_[mb].input_grads;
 }
 
 void PipelineStage::SetLocalBackwardInput(int mb, const std::vector<at::Tensor>& grads) {

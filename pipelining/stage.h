@@ -33,7 +33,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -160,8 +159,11 @@ class PipelineStage {
   std::vector<std::vector<at::Tensor>> TakeOutputChunks();
 
   void CheckMicrobatch(int mb, const char* what) const;
+  // `tensors` against `meta` (against its differentiable entries only, if so asked).
   void CheckAgainstMeta(const std::vector<at::Tensor>& tensors, const std::vector<TensorMeta>& meta, const char* what,
-                        int mb) const;
+                        int mb, bool differentiable_only = false) const;
+  // Uninitialized buffers for the gradients of `meta`'s differentiable entries, which a receive
+  // fills (torch.empty, as PyTorch's _make_tensor_from_meta).
   std::vector<at::Tensor> FloatingGradBuffers(const std::vector<TensorMeta>& meta) const;
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -175,7 +177,7 @@ class PipelineStage {
   bool whole_backward_in_input_ = false;
   std::function<int(int)> stage_to_rank_;
   int n_microbatches_ = 0;
-  std::map<int, Microbatch> microbatches_;
+  std::vector<Microbatch> microbatches_;  // n_microbatches_ of them, reset by BeginStep
   std::vector<std::vector<at::Tensor>> output_chunks_;
 };
 
