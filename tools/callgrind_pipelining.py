@@ -20,6 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_ratio import callgrind_dumps  # noqa: E402
 
+
 def per_step(prefix):
     """{name: instructions per step} from the slope between each loop's two dumps."""
     runs = collections.defaultdict(dict)
@@ -34,33 +35,48 @@ def per_step(prefix):
     return slopes
 
 
-def main():
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    out = sys.argv[1]
+def overhead(out):
+    """Per SCHEDULE line of OUT/ours.log: (name, actions, split share ours, PyTorch's, ours and
+    PyTorch's instructions per step, per action beyond the floor); None for the last four
+    where a side has no dumps of that schedule. Also both sides' {loop: instructions per step}."""
     ours, torch = per_step(os.path.join(out, "ours")), per_step(os.path.join(out, "pytorch"))
-    shapes = {}
+    shapes = []
     with open(os.path.join(out, "ours.log")) as f:
         for line in f:
             m = re.search(r"SCHEDULE (\S+) actions=(\d+) split_ours=(\S+) split_pytorch=(\S+) raw=(\w+) "
                           r"raw_split=(\w+)", line)
             if m:
-                shapes[m.group(1)] = (int(m.group(2)), float(m.group(3)), float(m.group(4)), m.group(5), m.group(6))
+                shapes.append((m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4)), m.group(5),
+                               m.group(6)))
 
     def floor(side, share, raw, raw_split):
         return side[raw] + share * (side[raw_split] - side[raw]) if share else side[raw]
 
+    rows = []
+    for name, actions, share_ours, share_torch, raw, raw_split in shapes:
+        if name not in ours or name not in torch:
+            rows.append((name, actions, share_ours, share_torch, None, None, None, None))
+            continue
+        rows.append((name, actions, share_ours, share_torch, ours[name], torch[name],
+                     (ours[name] - floor(ours, share_ours, raw, raw_split)) / actions,
+                     (torch[name] - floor(torch, share_torch, raw, raw_split)) / actions))
+    return rows, ours, torch
+
+
+def main():
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    rows, ours, torch = overhead(sys.argv[1])
     print("Instructions per step (slope between two runs of each loop); per action beyond the floor")
     print(f"{'schedule':<22}{'actions':>8}{'split':>12}{'ours':>12}{'PyTorch':>12}"
           f"{'ours/act':>10}{'PyTorch/act':>13}{'ratio':>8}")
-    for name, (actions, share_ours, share_torch, raw, raw_split) in shapes.items():
-        if name not in ours or name not in torch:
+    for name, actions, share_ours, share_torch, ours_step, torch_step, ours_per, torch_per in rows:
+        if ours_step is None:
             print(f"{name:<22} missing: ours {name in ours}, PyTorch {name in torch}")
             continue
-        ours_per = (ours[name] - floor(ours, share_ours, raw, raw_split)) / actions
-        torch_per = (torch[name] - floor(torch, share_torch, raw, raw_split)) / actions
-        print(f"{name:<22}{actions:>8}{share_ours:>6.2f}/{share_torch:<5.2f}{ours[name]:>12.0f}{torch[name]:>12.0f}"
-              f"{ours_per:>10.0f}{torch_per:>13.0f}{torch_per / ours_per if ours_per > 0 else float('inf'):>8.1f}")
+        ratio = f"{torch_per / ours_per:>8.1f}" if ours_per > 0 else "   below the floor"
+        print(f"{name:<22}{actions:>8}{share_ours:>6.2f}/{share_torch:<5.2f}{ours_step:>12.0f}{torch_step:>12.0f}"
+              f"{ours_per:>10.0f}{torch_per:>13.0f}{ratio}")
     for raw in sorted(name for name in ours if name.startswith("Raw")):
         print(f"raw loop {raw:<10} ours {ours.get(raw, float('nan')):>12.0f}   PyTorch {torch.get(raw, float('nan')):>12.0f}")
     return 0

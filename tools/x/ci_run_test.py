@@ -16,7 +16,7 @@ class CiRun(XCase):
         rc, out = self.ci()
         self.assertEqual(rc, 0, out)
         lines = out.rstrip("\n").splitlines()
-        self.assertEqual(lines[-1], "21 passed, 0 failed")
+        self.assertEqual(lines[-1], "22 passed, 0 failed")
         table = lines.index("==> wall time of each part (s)")
         self.assertLess(table, lines.index("==> results (test check)"))
         rows = [ROW.match(line).groups()[:2] for line in lines[table + 1:] if ROW.match(line)]
@@ -35,4 +35,4 @@ class CiRun(XCase):
         self.assertEqual(rc, 1)
         self.assertFalse([c for c in self.x.calls("bazel") if c[0] == "build" and c[-1] == "//..."], "no ./x check")
         self.assertEqual({ROW.match(line).group(1) for line in out.splitlines() if ROW.match(line)}, {"test"})
-        self.assertEqual(out.rstrip("\n").splitlines()[-1], "11 passed, 1 failed")
+        self.assertEqual(out.rstrip("\n").splitlines()[-1], "12 passed, 1 failed")

@@ -56,6 +56,8 @@ test_tree_checks() {
     python3 tools/x_run_test.py "$ROOT"
   tree_check plot-metrics own "the trainer's curves plot on two small runs: python3 tools/plot_metrics_test.py" \
     python3 tools/plot_metrics_test.py
+  tree_check pipeline-overhead own "the pipeline overhead table from made-up callgrind dumps: python3 tools/callgrind_pipelining_test.py" \
+    python3 tools/callgrind_pipelining_test.py
   tree_check x-commands own "./x's commands with a fake bazel (help, arguments, test, check, setup, .ci/run): python3 tools/x_test.py" \
     python3 tools/x_test.py "$ROOT"
 }

@@ -8,9 +8,9 @@ WHOLE = ["--build_tests_only", "//..."]
 CHECKS = ["tools/gen_cmake_targets.py", "tools/check_doc_links.py", "tools/check_layering.py",
           "tools/check_target_deps.py", "tools/check_doc_claims.py", "tools/check_format.py",
           "tools/check_layering_test.py", "tools/check_doc_claims_test.py", "tools/x_run_test.py", "tools/plot_metrics_test.py",
-          "tools/x_test.py"]
+          "tools/callgrind_pipelining_test.py", "tools/x_test.py"]
 PARTS = ["cmake-targets", "doc-links", "layering", "target-deps", "doc-claims", "format", "layering-check",
-         "doc-claims-check", "x", "plot-metrics", "x-commands"]
+         "doc-claims-check", "x", "plot-metrics", "pipeline-overhead", "x-commands"]
 
 
 class WholeSuite(XCase):
@@ -23,7 +23,7 @@ class WholeSuite(XCase):
         self.assertIn(["tools/check_layering.py", self.x.root], self.x.calls())
         self.assertIn(["tools/gen_cmake_targets.py", "--check"], self.x.calls())
         self.assertIn("float_parity rerun under ATEN_CPU_CAPABILITY=avx2: not needed", out)
-        self.assertEqual(self.last_line(out), "12 passed, 0 failed")
+        self.assertEqual(self.last_line(out), "13 passed, 0 failed")
         self.assertTrue(self.steps(out)[-1].startswith(f"results ({' '.join(PARTS)} bazel; times: bazel "), out)
         self.assertEqual([n for n, _ in self.times("test")], ["set-up", *PARTS, "bazel", "total"])
         for part in PARTS + ["bazel"]:
@@ -36,7 +36,7 @@ class WholeSuite(XCase):
             ["test", "--keep_going", "--test_tag_filters=float_parity", "--test_env=ATEN_CPU_CAPABILITY=avx2", *WHOLE],
             ["info", "bazel-testlogs"]])
         self.assertIn(", avx2 rerun ", self.steps(out)[-1])
-        self.assertEqual(self.last_line(out), "13 passed, 0 failed")
+        self.assertEqual(self.last_line(out), "14 passed, 0 failed")
         self.assertEqual([n for n, _ in self.times("test")][-2:], ["avx2", "total"])
 
     def test_failures_are_counted_and_every_part_still_runs(self):
@@ -47,7 +47,7 @@ class WholeSuite(XCase):
         self.assertIn("format: 0 passed, 1 failed", out)
         self.assertIn("FAILED: //fake:test: FAILED", out)
         self.assertEqual(len(self.x.calls("bazel")), 4)
-        self.assertEqual(self.last_line(out), "11 passed, 2 failed")
+        self.assertEqual(self.last_line(out), "12 passed, 2 failed")
 
 
 class Targets(XCase):
@@ -83,7 +83,7 @@ class FreshMachine(XCase):
         self.assertIn("times: build ", self.steps(out)[-1])
         self.assertIn(", peer tests (and the wait) ", self.steps(out)[-1])
         self.assertEqual([n for n, _ in self.times("test")][-4:], ["build", "bazel", "bazel-peer", "total"])
-        self.assertEqual(self.last_line(out), "13 passed, 0 failed")
+        self.assertEqual(self.last_line(out), "14 passed, 0 failed")
 
     def test_one_bazel_test_when_the_peer_venv_is_ready_after_the_build(self):
         rc, out = self.x.run("test", env={"FSDP_AVX2_RERUN": "0", "X_FAKE_BUILD_WAITS": "1"})
@@ -93,4 +93,4 @@ class FreshMachine(XCase):
             ["test", "--keep_going", *WHOLE, "--test_tag_filters=-headers_alone"], ["info", "bazel-testlogs"]])
         self.assertIn("peer venv ready after", out)
         self.assertIn(f"FSDP_PEER_PYTHON={self.x.peer_venv}/bin/python", self.x.read(".bazelrc.user"))
-        self.assertEqual(self.last_line(out), "12 passed, 0 failed")
+        self.assertEqual(self.last_line(out), "13 passed, 0 failed")
