@@ -105,19 +105,12 @@ void RunRawLoop(benchmark::State& state, const comm::ProcessGroupPtr& group, Raw
 }
 
 SplitShare SplitShareOf(const std::vector<pipelining::Action>& actions) {
-  int inputs = 0, merged = 0, full = 0;
-  for (size_t i = 0; i < actions.size(); ++i) {
-    full += actions[i].type == ActionType::kFullBackward;
-    if (actions[i].type != ActionType::kBackwardInput) continue;
-    ++inputs;
-    size_t j = i + 1;
-    while (j < actions.size() &&
-           (actions[j].type == ActionType::kWaitSendF || actions[j].type == ActionType::kWaitSendB)) {
-      ++j;
-    }
-    merged += j < actions.size() && actions[j].type == ActionType::kBackwardWeight &&
-              actions[j].stage == actions[i].stage && actions[j].microbatch == actions[i].microbatch;
+  int inputs = 0, full = 0;
+  for (const pipelining::Action& a : actions) {
+    inputs += a.type == ActionType::kBackwardInput;
+    full += a.type == ActionType::kFullBackward;
   }
+  const int merged = static_cast<int>(pipelining::InputBackwardsFollowedByTheirWeight(actions).size());
   if (inputs + full == 0) return {};
   return {.ours = static_cast<double>(inputs - merged) / (inputs + full),
           .pytorch = static_cast<double>(inputs) / (inputs + full)};

@@ -47,7 +47,7 @@ void RunRawLoop(benchmark::State& state, const comm::ProcessGroupPtr& group, Raw
 
 // The share of a rank's backwards run as two autograd passes: for PyTorch's runtime every I
 // (I / (I + B)); ours runs an I whose own W comes next (past waits for sends) as one pass
-// (pipelining/pipeline_schedule.cc), so its share leaves those out.
+// (pipelining::InputBackwardsFollowedByTheirWeight), so its share leaves those out.
 struct SplitShare {
   double ours = 0, pytorch = 0;
 };

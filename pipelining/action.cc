@@ -259,6 +259,23 @@ std::string ActionsToString(const std::vector<Action>& actions) {
   return absl::StrJoin(parts, ",");
 }
 
+std::set<std::pair<int, int>> InputBackwardsFollowedByTheirWeight(const std::vector<Action>& actions) {
+  std::set<std::pair<int, int>> pairs;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].type != ActionType::kBackwardInput) continue;
+    size_t j = i + 1;  // past waits for earlier sends, which nothing in W needs and W cannot delay
+    while (j < actions.size() &&
+           (actions[j].type == ActionType::kWaitSendF || actions[j].type == ActionType::kWaitSendB)) {
+      ++j;
+    }
+    if (j < actions.size() && actions[j].type == ActionType::kBackwardWeight && actions[j].stage == actions[i].stage &&
+        actions[j].microbatch == actions[i].microbatch) {
+      pairs.insert({actions[i].stage, actions[i].microbatch.value_or(-1)});
+    }
+  }
+  return pairs;
+}
+
 std::string FormatPipelineOrder(const PipelineOrder& order, std::optional<int> error_step) {
   TORCH_CHECK(!order.empty(), "FormatPipelineOrder: the pipeline order has no ranks");
   size_t num_steps = 0;

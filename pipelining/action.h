@@ -19,8 +19,10 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fsdp::pipelining {
@@ -86,6 +88,10 @@ using PipelineOrder = std::map<int, std::vector<std::optional<Action>>>;
 // idle step, comma-separated (for messages and tests).
 std::string ActionsToString(const std::vector<std::optional<Action>>& actions);
 std::string ActionsToString(const std::vector<Action>& actions);
+
+// (stage, microbatch) of each I in `actions` whose next action, past waits for earlier sends,
+// is its own W: nothing can run between the two, so the runtime runs them as one autograd pass.
+std::set<std::pair<int, int>> InputBackwardsFollowedByTheirWeight(const std::vector<Action>& actions);
 
 // _format_pipeline_order, byte-identical: a time step x rank grid, with " <-- ERROR HERE" after
 // the row of `error_step`. PyTorch's quirks kept: the columns are labelled "Rank 0".."Rank

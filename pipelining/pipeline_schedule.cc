@@ -175,19 +175,7 @@ void PipelineSchedule::Init(const PipelineOrder& compute_order) {
   auto it = lowered_.find(group->rank());
   TORCH_CHECK(it != lowered_.end(), "PipelineSchedule: the order has no actions for rank ", group->rank());
   actions_ = it->second;
-  input_with_weight_.clear();
-  for (size_t i = 0; i < actions_.size(); ++i) {
-    if (actions_[i].type != ActionType::kBackwardInput) continue;
-    size_t j = i + 1;  // past waits for earlier sends, which nothing in W needs and W cannot delay
-    while (j < actions_.size() &&
-           (actions_[j].type == ActionType::kWaitSendF || actions_[j].type == ActionType::kWaitSendB)) {
-      ++j;
-    }
-    if (j < actions_.size() && actions_[j].type == ActionType::kBackwardWeight &&
-        actions_[j].stage == actions_[i].stage && actions_[j].microbatch == actions_[i].microbatch) {
-      input_with_weight_.insert({actions_[i].stage, actions_[i].microbatch.value_or(-1)});
-    }
-  }
+  input_with_weight_ = InputBackwardsFollowedByTheirWeight(actions_);
   for (const Action& a : actions_) {
     for (const Action& leaf : a.sub_actions.empty() ? std::vector<Action>{a} : a.sub_actions) {
       TORCH_CHECK(seen.count(leaf.stage) == 1, "PipelineSchedule: rank ", group->rank(), "'s action ", leaf.ToString(),
