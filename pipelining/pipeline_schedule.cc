@@ -8,44 +8,71 @@
 #include <chrono>
 #include <map>
 #include <set>
-#include <tuple>
 #include <utility>
-
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 
 #include "pipelining/microbatch.h"
 
 namespace fsdp::pipelining {
 
 // What one step() keeps between actions (PyTorch's fwd_recv_ops, bwd_recv_ops, the pending
-// sends, backward_counter and _internal_losses). Kept from step to step and cleared, so its
-// tables, the same size every step, are allocated once rather than an entry at a time.
+// sends, backward_counter and _internal_losses), in tables by (this rank's stage, microbatch).
+// Kept from step to step and cleared, so the tables and their work lists, the same size every
+// step, are allocated once rather than an entry at a time.
 struct PipelineSchedule::StepState {
-  absl::flat_hash_map<std::pair<int, int>, std::vector<comm::WorkPtr>> forward_recvs;   // (stage, mb)
-  absl::flat_hash_map<std::pair<int, int>, std::vector<comm::WorkPtr>> backward_recvs;  // (stage, mb)
-  absl::flat_hash_map<std::tuple<ActionType, int, int>, std::vector<comm::WorkPtr>> pending_sends;
-  absl::flat_hash_map<int, int> backward_count;    // stage -> B or W done
-  std::map<int, at::Tensor> losses;                // mb -> the last stage's loss
-  absl::flat_hash_set<int> unshard_pending;        // stages whose UNSHARD was issued and not yet waited for
-  absl::flat_hash_set<int> finalized;              // stages whose REDUCE_GRAD resharded them already
+  // The works of one posted batch of sends or receives, until waited for.
+  struct Posted {
+    std::vector<comm::WorkPtr> works;
+    bool pending = false;
+  };
+  int n_microbatches = 0;
+  std::vector<Posted> forward_recvs;               // [local stage * n_microbatches + mb]
+  std::vector<Posted> backward_recvs;              // the same
+  std::vector<Posted> forward_sends;               // the same
+  std::vector<Posted> backward_sends;              // the same
+  std::vector<int> backward_count;                 // [local stage]: B or W done
+  std::vector<char> unshard_pending;               // [local stage]: UNSHARD issued and not yet waited for
+  std::vector<char> finalized;                     // [local stage]: REDUCE_GRAD resharded it already
+  std::vector<at::Tensor> losses;                  // [mb]: the last stage's loss
   bool backward = false;                           // step() with a loss_fn; not eval()
   std::vector<std::vector<at::Tensor>> kwarg_mbs;  // by microbatch; empty without kwargs
   bool compute_losses = false;                     // the last stage computes loss_fn per microbatch
+  std::vector<comm::ProcessGroup::P2POp> ops;      // the batch being posted
 
   // The current action's start, for options.on_action.
   std::chrono::steady_clock::time_point action_start;
 
-  // Drops what a step left (works, losses and their graphs), keeping the tables' memory.
-  void Clear() {
-    forward_recvs.clear();
-    backward_recvs.clear();
-    pending_sends.clear();
-    backward_count.clear();
+  // Drops what a step left (works, losses and their graphs), keeping the tables' memory, and
+  // sizes the tables for `local_stages` stages and `n` microbatches.
+  void Reset(size_t local_stages, int n) {
+    n_microbatches = n;
+    for (auto* table : {&forward_recvs, &backward_recvs, &forward_sends, &backward_sends}) {
+      for (Posted& p : *table) {
+        p.works.clear();
+        p.pending = false;
+      }
+      table->resize(local_stages * n);
+    }
+    backward_count.assign(local_stages, 0);
+    unshard_pending.assign(local_stages, 0);
+    finalized.assign(local_stages, 0);
     losses.clear();
-    unshard_pending.clear();
-    finalized.clear();
     kwarg_mbs.clear();
+  }
+  Posted& At(std::vector<Posted>& table, int local, int mb) {
+    TORCH_CHECK(mb >= 0 && mb < n_microbatches, "microbatch ", mb, " outside [0, n_microbatches = ", n_microbatches,
+                ")");
+    return table[local * n_microbatches + mb];
+  }
+
+  // Issues `ops` in order into `posted` (what PyTorch's batch_isend_irecv does with the list;
+  // each send and receive validated by the group), whose work list keeps its memory.
+  void Post(comm::ProcessGroup& group, Posted& posted) {
+    for (const comm::ProcessGroup::P2POp& op : ops) {
+      posted.works.push_back(op.kind == comm::ProcessGroup::P2POp::Kind::kSend
+                                 ? group.send(op.tensor, op.peer, op.tag)
+                                 : group.recv(op.tensor, op.peer, op.tag));
+    }
+    posted.pending = true;
   }
 };
 
@@ -168,6 +195,12 @@ void PipelineSchedule::Init(const PipelineOrder& compute_order) {
     TORCH_CHECK(owner == group->rank(), "PipelineSchedule: stage ", s->stage_index(), " belongs on rank ", owner,
                 " under this schedule's placement, not on rank ", group->rank());
   }
+  local_index_.assign(num_stages_, -1);
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    TORCH_CHECK(stages_[i]->stage_index() < num_stages_, "PipelineSchedule: stages[", i, "] has stage_index ",
+                stages_[i]->stage_index(), ", outside [0, num_stages = ", num_stages_, ")");
+    local_index_[stages_[i]->stage_index()] = static_cast<int>(i);
+  }
   TORCH_CHECK(static_cast<int>(compute_order.size()) == group->size(), "PipelineSchedule: the order has ",
               compute_order.size(), " ranks, the group ", group->size());
   lowered_ = LowerWithComms(ComputeOnly(compute_order), options_.n_microbatches, stage_to_rank_, num_stages_,
@@ -184,11 +217,14 @@ void PipelineSchedule::Init(const PipelineOrder& compute_order) {
   }
 }
 
+int PipelineSchedule::LocalIndex(int stage) const {
+  return stage >= 0 && stage < static_cast<int>(local_index_.size()) ? local_index_[stage] : -1;
+}
+
 PipelineStage& PipelineSchedule::StageOf(const Action& action) {
-  for (auto& s : stages_) {
-    if (s->stage_index() == action.stage) return *s;
-  }
-  TORCH_CHECK(false, "action ", action.ToString(), " names stage ", action.stage, ", not on this rank");
+  const int local = LocalIndex(action.stage);
+  TORCH_CHECK(local >= 0, "action ", action.ToString(), " names stage ", action.stage, ", not on this rank");
+  return *stages_[local];
 }
 
 void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tensor>>& arg_mbs,
@@ -273,10 +309,11 @@ std::vector<at::Tensor> PipelineSchedule::Run(const std::vector<at::Tensor>& arg
   for (auto& s : stages_) s->BeginStep(n, stage_to_rank_);
   InferMetaIfNeeded(arg_mbs, kwarg_mbs);
   if (state_ == nullptr) state_ = std::make_unique<StepState>();
-  state_->Clear();  // a step that failed left its state
+  state_->Reset(stages_.size(), n);  // drops what a failed step left
   state_->kwarg_mbs = kwarg_mbs;
   state_->backward = backward;
   state_->compute_losses = compute_losses;
+  state_->losses.resize(compute_losses ? n : 0);
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& action = actions_[i];
     try {
@@ -295,22 +332,25 @@ std::vector<at::Tensor> PipelineSchedule::Run(const std::vector<at::Tensor>& arg
                   FormatPipelineOrder(order, static_cast<int>(i)));
     }
   }
-  for (auto& [key, works] : state_->pending_sends) {
-    TORCH_CHECK(works.empty(), "pipeline: a send of stage ", std::get<1>(key), " microbatch ", std::get<2>(key),
-                " was never waited for (the schedule lacks its WAIT_SEND)");
+  for (const auto* sends : {&state_->forward_sends, &state_->backward_sends}) {
+    for (size_t i = 0; i < sends->size(); ++i) {
+      TORCH_CHECK(!(*sends)[i].pending, "pipeline: a send of stage ", stages_[i / n]->stage_index(), " microbatch ",
+                  i % n, " was never waited for (the schedule lacks its WAIT_SEND)");
+    }
   }
   std::vector<at::Tensor> merged;
   for (auto& s : stages_) {
     if (!s->is_last()) continue;
-    merged = MergeMicrobatches(s->TakeOutputChunks());
+    merged = s->MergeOutputs();
     if (losses != nullptr && compute_losses) {
-      TORCH_CHECK(static_cast<int>(state_->losses.size()) == n, "expecting ", n, " losses but got ",
-                  state_->losses.size());
+      const auto computed = std::count_if(state_->losses.begin(), state_->losses.end(),
+                                          [](const at::Tensor& loss) { return loss.defined(); });
+      TORCH_CHECK(computed == n, "expecting ", n, " losses but got ", computed);
       losses->clear();
-      for (auto& [mb, loss] : state_->losses) losses->push_back(loss.detach());
+      for (const at::Tensor& loss : state_->losses) losses->push_back(loss.detach());
     }
   }
-  state_->Clear();
+  state_->Reset(stages_.size(), n);
   return merged;
 }
 
@@ -324,23 +364,21 @@ void PipelineSchedule::TimedPerform(const Action& action, const std::vector<std:
 
 void PipelineSchedule::Perform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
                                const std::vector<at::Tensor>& target_mbs) {
-  const bool backward = state_->backward;
+  StepState& st = *state_;
+  const bool backward = st.backward;
   PipelineStage& stage = StageOf(action);
   const int s = action.stage;
+  const int local = LocalIndex(s);
   const int mb = action.microbatch.value_or(-1);
-  auto local = [&](int other) -> PipelineStage* {
-    for (auto& x : stages_) {
-      if (x->stage_index() == other) return x.get();
-    }
-    return nullptr;
-  };
-  PipelineStage* next_local = local(s + 1);
-  PipelineStage* prev_local = local(s - 1);
-  StepState& st = *state_;
+  const int next_local = LocalIndex(s + 1);
+  const int prev_local = LocalIndex(s - 1);
   comm::ProcessGroup& group = *stage.group();
   const bool computes = action.type == ActionType::kForward || action.type == ActionType::kFullBackward ||
                         action.type == ActionType::kBackwardInput || action.type == ActionType::kBackwardWeight;
-  if (computes && st.unshard_pending.erase(s) == 1) stage.data_parallel()->WaitUnshard();
+  if (computes && st.unshard_pending[local]) {
+    st.unshard_pending[local] = 0;
+    stage.data_parallel()->WaitUnshard();
+  }
   auto restart_clock = [&] {
     if (options_.on_action) st.action_start = std::chrono::steady_clock::now();
   };
@@ -348,109 +386,115 @@ void PipelineSchedule::Perform(const Action& action, const std::vector<std::vect
   const bool backward_compute = action.type == ActionType::kFullBackward || action.type == ActionType::kBackwardInput ||
                                 action.type == ActionType::kBackwardWeight;
   if (backward && backward_compute && stage.data_parallel() != nullptr) stage.data_parallel()->BeforeBackward();
+  // The receive of this action's microbatch in `table`, waited for.
+  auto wait_received = [&](std::vector<StepState::Posted>& table, const char* what) {
+    StepState::Posted& posted = st.At(table, local, mb);
+    TORCH_CHECK(posted.pending, "computing ", action.ToString(), " before receiving its ", what);
+    WaitAll(posted.works);
+    posted.pending = false;
+  };
   switch (action.type) {
     case ActionType::kSendF: {
-      auto& works = st.pending_sends[{ActionType::kSendF, s, mb}];
-      TORCH_CHECK(works.empty(), "a second SEND_F of stage ", s, " microbatch ", mb, " before its wait");
-      works = group.batch_isend_irecv(stage.ForwardSendOps(mb));
+      StepState::Posted& posted = st.At(st.forward_sends, local, mb);
+      TORCH_CHECK(!posted.pending, "a second SEND_F of stage ", s, " microbatch ", mb, " before its wait");
+      stage.ForwardSendOps(mb, st.ops);
+      st.Post(group, posted);
       return;
     }
     case ActionType::kSendB: {
       if (!backward) return;
-      auto& works = st.pending_sends[{ActionType::kSendB, s, mb}];
-      TORCH_CHECK(works.empty(), "a second SEND_B of stage ", s, " microbatch ", mb, " before its wait");
-      works = group.batch_isend_irecv(stage.BackwardSendOps(mb));
+      StepState::Posted& posted = st.At(st.backward_sends, local, mb);
+      TORCH_CHECK(!posted.pending, "a second SEND_B of stage ", s, " microbatch ", mb, " before its wait");
+      stage.BackwardSendOps(mb, st.ops);
+      st.Post(group, posted);
       return;
     }
     case ActionType::kWaitSendF:
     case ActionType::kWaitSendB: {
-      const ActionType send = action.type == ActionType::kWaitSendF ? ActionType::kSendF : ActionType::kSendB;
-      if (send == ActionType::kSendB && !backward) return;
-      auto it = st.pending_sends.find({send, s, mb});
-      TORCH_CHECK(it != st.pending_sends.end(), action.ToString(), " waits for a send that was never issued");
-      WaitAll(it->second);
-      if (send == ActionType::kSendF) stage.ReleaseForwardSend(mb);
+      const bool forward = action.type == ActionType::kWaitSendF;
+      if (!forward && !backward) return;
+      StepState::Posted& posted = st.At(forward ? st.forward_sends : st.backward_sends, local, mb);
+      TORCH_CHECK(posted.pending, action.ToString(), " waits for a send that was never issued");
+      WaitAll(posted.works);
+      posted.pending = false;
+      if (forward) stage.ReleaseForwardSend(mb);
       return;
     }
     case ActionType::kRecvF: {
-      auto& works = st.forward_recvs[{s, mb}];
-      TORCH_CHECK(works.empty(), "RECV_F twice for stage ", s, " microbatch ", mb, " without its forward");
-      works = group.batch_isend_irecv(stage.ForwardRecvOps(mb));
+      StepState::Posted& posted = st.At(st.forward_recvs, local, mb);
+      TORCH_CHECK(!posted.pending, "RECV_F twice for stage ", s, " microbatch ", mb, " without its forward");
+      stage.ForwardRecvOps(mb, st.ops);
+      st.Post(group, posted);
       return;
     }
     case ActionType::kRecvB: {
       if (!backward) return;
-      auto& works = st.backward_recvs[{s, mb}];
-      TORCH_CHECK(works.empty(), "RECV_B twice for stage ", s, " microbatch ", mb, " without its backward");
-      works = group.batch_isend_irecv(stage.BackwardRecvOps(mb));
+      StepState::Posted& posted = st.At(st.backward_recvs, local, mb);
+      TORCH_CHECK(!posted.pending, "RECV_B twice for stage ", s, " microbatch ", mb, " without its backward");
+      stage.BackwardRecvOps(mb, st.ops);
+      st.Post(group, posted);
       return;
     }
     case ActionType::kUnshard:
       if (stage.data_parallel() != nullptr) {
         stage.data_parallel()->Unshard();
-        st.unshard_pending.insert(s);
+        st.unshard_pending[local] = 1;
       }
       return;
     case ActionType::kReshard:
-      if (stage.data_parallel() != nullptr && st.finalized.erase(s) == 0) {
-        if (st.unshard_pending.erase(s) == 1) stage.data_parallel()->WaitUnshard();
+      if (stage.data_parallel() != nullptr && !st.finalized[local]) {
+        if (st.unshard_pending[local]) {
+          st.unshard_pending[local] = 0;
+          stage.data_parallel()->WaitUnshard();
+        }
         stage.data_parallel()->Reshard();
       }
+      st.finalized[local] = 0;
       return;
     case ActionType::kWaitReduceGrad: return;  // REDUCE_GRAD is synchronous
     case ActionType::kForward: {
-      if (!stage.is_first() && prev_local == nullptr) {
-        auto it = st.forward_recvs.find({s, mb});
-        TORCH_CHECK(it != st.forward_recvs.end(), "computing ", action.ToString(), " before receiving its input");
-        WaitAll(it->second);
-        st.forward_recvs.erase(it);
-      }
+      if (!stage.is_first() && prev_local < 0) wait_received(st.forward_recvs, "input");
       restart_clock();
-      std::vector<at::Tensor> out =
+      const std::vector<at::Tensor>& out =
           stage.Forward(mb, stage.is_first() ? arg_mbs.at(mb) : std::vector<at::Tensor>{},
                         st.kwarg_mbs.empty() ? std::vector<at::Tensor>{} : st.kwarg_mbs.at(mb));
-      if (stage.is_last() && st.compute_losses) st.losses[mb] = options_.loss_fn(out, target_mbs.at(mb));
-      if (next_local != nullptr) next_local->SetLocalForwardInput(mb, out);
+      if (stage.is_last() && st.compute_losses) st.losses.at(mb) = options_.loss_fn(out, target_mbs.at(mb));
+      if (next_local >= 0) stages_[next_local]->SetLocalForwardInput(mb, out);
       return;
     }
     case ActionType::kFullBackward:
     case ActionType::kBackwardInput: {
       if (!backward) return;
       const bool full = action.type == ActionType::kFullBackward;
-      if (!stage.is_last() && next_local == nullptr) {
-        auto it = st.backward_recvs.find({s, mb});
-        TORCH_CHECK(it != st.backward_recvs.end(), "computing ", action.ToString(), " before receiving its gradients");
-        WaitAll(it->second);
-        st.backward_recvs.erase(it);
-      }
+      if (!stage.is_last() && next_local < 0) wait_received(st.backward_recvs, "gradients");
       restart_clock();
       at::Tensor loss;
       if (stage.is_last()) {
-        auto it = st.losses.find(mb);
-        TORCH_CHECK(it != st.losses.end(), "the loss of microbatch ", mb, " is not available");
-        loss = it->second;
+        TORCH_CHECK(mb >= 0 && mb < static_cast<int>(st.losses.size()) && st.losses[mb].defined(),
+                    "the loss of microbatch ", mb, " is not available");
+        loss = st.losses[mb];
       }
-      if (full) ++st.backward_count[s];
+      if (full) ++st.backward_count[local];
       using Part = PipelineStage::BackwardPart;
       stage.Backward(mb, loss,
                      full                                    ? Part::kFull
                      : input_with_weight_.count({s, mb}) > 0 ? Part::kInputWithWeight
                                                              : Part::kInput);
-      if (prev_local != nullptr) prev_local->SetLocalBackwardInput(mb, stage.LocalBackwardOutput(mb));
+      if (prev_local >= 0) stages_[prev_local]->SetLocalBackwardInput(mb, stage.LocalBackwardOutput(mb));
       return;
     }
     case ActionType::kBackwardWeight:
       if (!backward) return;
-      ++st.backward_count[s];
+      ++st.backward_count[local];
       stage.BackwardWeight(mb);
       return;
     case ActionType::kReduceGrad:
       if (!backward) return;
-      TORCH_CHECK(st.backward_count[s] == options_.n_microbatches, "REDUCE_GRAD of stage ", s, " after ",
-                  st.backward_count[s], " of its ", options_.n_microbatches, " backwards");
+      TORCH_CHECK(st.backward_count[local] == options_.n_microbatches, "REDUCE_GRAD of stage ", s, " after ",
+                  st.backward_count[local], " of its ", options_.n_microbatches, " backwards");
       if (stage.data_parallel() != nullptr) {
         stage.data_parallel()->ReduceGrad();
-        st.finalized.insert(s);
+        st.finalized[local] = 1;
       }
       stage.ScaleGrads(options_.scale_grads ? options_.n_microbatches : 1);
       return;

@@ -104,11 +104,13 @@ class PipelineSchedule {
   void Perform(const Action& action, const std::vector<std::vector<at::Tensor>>& arg_mbs,
                const std::vector<at::Tensor>& target_mbs);
   PipelineStage& StageOf(const Action& action);
+  int LocalIndex(int stage) const;  // into stages_; -1 where the stage is not on this rank
 
   std::vector<std::shared_ptr<PipelineStage>> stages_;
   PipelineScheduleOptions options_;
   std::function<int(int)> stage_to_rank_;
   int num_stages_ = 0;
+  std::vector<int> local_index_;  // by stage index
   std::map<int, std::vector<Action>> lowered_;
   std::vector<Action> actions_;
   // (stage, microbatch) of each I in actions_ whose next action, past waits for sends, is its

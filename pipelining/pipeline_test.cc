@@ -159,6 +159,9 @@ void RunAgainstReference(const Case& c, bool static_meta) {
           for (int m = 0; m < c.n_mb; ++m) ExpectClose(losses[m], ref.losses[m], tol, "loss " + std::to_string(m));
           ASSERT_EQ(out.size(), 1u);
           ExpectClose(out[0], ref.output, tol, "merged output");
+          // What step() hands back keeps no autograd graph of the pipeline alive.
+          EXPECT_FALSE(out[0].requires_grad());
+          for (const at::Tensor& loss : losses) EXPECT_FALSE(loss.requires_grad());
         }
       }
       if (std::none_of(stages.begin(), stages.end(), [](auto& s) { return s->is_last(); })) {

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "pipelining/microbatch.h"
 #include "pipelining/split_backward.h"
 
 namespace fsdp::pipelining {
@@ -31,6 +32,16 @@ struct PipelineStage::Microbatch {
   bool forwarded = false;
   bool backward_input_done = false;
   bool awaiting_weight = false;
+
+  // Back to the state before a step, the lists keeping their memory.
+  void Reset() {
+    for (auto* list :
+         {&inputs, &outputs, &sent_outputs, &output_grads, &input_grads, &weight_roots, &weight_root_grads}) {
+      list->clear();
+    }
+    inputs_set = output_grads_set = forwarded = backward_input_done = awaiting_weight = false;
+    weight_plan.groups.clear();
+  }
 };
 
 namespace {
@@ -106,8 +117,10 @@ void PipelineStage::ScaleGrads(int factor) {
 void PipelineStage::BeginStep(int n_microbatches, std::function<int(int)> stage_to_rank) {
   n_microbatches_ = n_microbatches;
   stage_to_rank_ = std::move(stage_to_rank);
-  microbatches_.assign(n_microbatches, Microbatch{});
-  output_chunks_.clear();
+  microbatches_.resize(n_microbatches);
+  for (Microbatch& m : microbatches_) m.Reset();
+  for (std::vector<at::Tensor>& chunk : output_chunks_) chunk.clear();
+  output_chunks_.resize(is_last() ? n_microbatches : 0);
 }
 
 int PipelineStage::PrevRank() const { return stage_to_rank_(stage_index_ - 1); }
@@ -173,73 +186,65 @@ void PipelineStage::CheckAgainstMeta(const std::vector<at::Tensor>& tensors, con
               " (given in PipelineStageOptions or inferred from microbatch 0; microbatches must agree)");
 }
 
-std::vector<at::Tensor> PipelineStage::FloatingGradBuffers(const std::vector<TensorMeta>& meta) const {
-  std::vector<at::Tensor> out;
-  for (const TensorMeta& m : meta) {
-    if (IsDifferentiable(m.dtype)) out.push_back(at::empty(m.sizes, at::TensorOptions().dtype(m.dtype)));
-  }
-  return out;
-}
-
-std::vector<comm::ProcessGroup::P2POp> PipelineStage::ForwardRecvOps(int mb) {
+void PipelineStage::ForwardRecvOps(int mb, P2POps& ops) {
   CheckMicrobatch(mb, "RECV_F");
   TORCH_CHECK(!is_first(), "stage ", stage_index_, " is the first: it receives no activations");
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(!m.inputs_set, "stage ", stage_index_, " received microbatch ", mb, "'s inputs twice");
-  std::vector<comm::ProcessGroup::P2POp> ops;
-  ops.reserve(inputs_.size());
+  ops.clear();
   m.inputs.clear();
   for (const TensorMeta& meta : inputs_) {
     m.inputs.push_back(at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)));
     ops.push_back({comm::ProcessGroup::P2POp::Kind::kRecv, m.inputs.back(), PrevRank(), 2 * (stage_index_ - 1)});
   }
   m.inputs_set = true;
-  return ops;
 }
 
-std::vector<comm::ProcessGroup::P2POp> PipelineStage::ForwardSendOps(int mb) {
+void PipelineStage::ForwardSendOps(int mb, P2POps& ops) {
   CheckMicrobatch(mb, "SEND_F");
   TORCH_CHECK(!is_last(), "stage ", stage_index_, " is the last: it sends no activations");
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(m.forwarded, "stage ", stage_index_, " sends microbatch ", mb, "'s outputs before its forward");
-  std::vector<comm::ProcessGroup::P2POp> ops;
+  ops.clear();
   m.sent_outputs.clear();
   for (const at::Tensor& out : m.outputs) {
     m.sent_outputs.push_back(out.detach().contiguous());
     ops.push_back({comm::ProcessGroup::P2POp::Kind::kSend, m.sent_outputs.back(), NextRank(), ForwardTag()});
   }
-  return ops;
 }
 
 void PipelineStage::ReleaseForwardSend(int mb) {
   if (mb >= 0 && mb < static_cast<int>(microbatches_.size())) microbatches_[mb].sent_outputs.clear();
 }
 
-std::vector<comm::ProcessGroup::P2POp> PipelineStage::BackwardRecvOps(int mb) {
+void PipelineStage::BackwardRecvOps(int mb, P2POps& ops) {
   CheckMicrobatch(mb, "RECV_B");
   TORCH_CHECK(!is_last(), "stage ", stage_index_, " is the last: it receives no gradients");
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(!m.output_grads_set, "stage ", stage_index_, " received microbatch ", mb, "'s gradients twice");
-  m.output_grads = FloatingGradBuffers(outputs_);
-  std::vector<comm::ProcessGroup::P2POp> ops;
-  for (const at::Tensor& g : m.output_grads) {
-    ops.push_back({comm::ProcessGroup::P2POp::Kind::kRecv, g, NextRank(), 2 * (stage_index_ + 1) - 1});
+  // Uninitialized buffers for the differentiable outputs' gradients, which the receives fill
+  // (torch.empty, as PyTorch's _make_tensor_from_meta).
+  ops.clear();
+  m.output_grads.clear();
+  for (const TensorMeta& meta : outputs_) {
+    if (!IsDifferentiable(meta.dtype)) continue;
+    m.output_grads.push_back(at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)));
+    ops.push_back(
+        {comm::ProcessGroup::P2POp::Kind::kRecv, m.output_grads.back(), NextRank(), 2 * (stage_index_ + 1) - 1});
   }
   m.output_grads_set = true;
-  return ops;
 }
 
-std::vector<comm::ProcessGroup::P2POp> PipelineStage::BackwardSendOps(int mb) {
+void PipelineStage::BackwardSendOps(int mb, P2POps& ops) {
   CheckMicrobatch(mb, "SEND_B");
   TORCH_CHECK(!is_first(), "stage ", stage_index_, " is the first: it sends no gradients");
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(m.backward_input_done, "stage ", stage_index_, " sends microbatch ", mb,
               "'s input gradients before its backward");
-  std::vector<comm::ProcessGroup::P2POp> ops;
+  ops.clear();
   for (const at::Tensor& g : m.input_grads) {
     ops.push_back({comm::ProcessGroup::P2POp::Kind::kSend, g, PrevRank(), BackwardTag()});
   }
-  return ops;
 }
 
 void PipelineStage::SetLocalForwardInput(int mb, const std::vector<at::Tensor>& previous_outputs) {
@@ -251,8 +256,8 @@ void PipelineStage::SetLocalForwardInput(int mb, const std::vector<at::Tensor>& 
   m.inputs_set = true;
 }
 
-std::vector<at::Tensor> PipelineStage::Forward(int mb, const std::vector<at::Tensor>& args,
-                                               const std::vector<at::Tensor>& kwargs) {
+const std::vector<at::Tensor>& PipelineStage::Forward(int mb, const std::vector<at::Tensor>& args,
+                                                      const std::vector<at::Tensor>& kwargs) {
   CheckMicrobatch(mb, "F");
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(!m.forwarded, "stage ", stage_index_, " ran microbatch ", mb, "'s forward twice");
@@ -260,23 +265,26 @@ std::vector<at::Tensor> PipelineStage::Forward(int mb, const std::vector<at::Ten
     m.inputs = args;
   } else {
     TORCH_CHECK(m.inputs_set, "stage ", stage_index_, " computes microbatch ", mb, "'s forward before receiving it");
+    // Receive buffers and SetLocalForwardInput's detached copies are leaves of no graph: they
+    // become the backward's leaves in place.
     for (at::Tensor& t : m.inputs) {
-      if (IsDifferentiable(t.scalar_type())) t = t.detach().requires_grad_(true);
+      if (IsDifferentiable(t.scalar_type()) && !t.requires_grad()) t.requires_grad_(true);
     }
   }
   CheckAgainstMeta(m.inputs, inputs_, "inputs", mb);
-  std::vector<at::Tensor> in = m.inputs;
-  in.insert(in.end(), kwargs.begin(), kwargs.end());
-  std::vector<at::Tensor> out = forward_(in);
-  CheckAgainstMeta(out, outputs_, "outputs", mb);
-  m.outputs = out;
-  m.forwarded = true;
-  if (is_last()) {
-    std::vector<at::Tensor> kept;
-    for (const at::Tensor& t : out) kept.push_back(t.detach());
-    output_chunks_.push_back(std::move(kept));
+  if (kwargs.empty()) {
+    m.outputs = forward_(m.inputs);
+  } else {
+    std::vector<at::Tensor> in = m.inputs;
+    in.insert(in.end(), kwargs.begin(), kwargs.end());
+    m.outputs = forward_(in);
   }
-  return out;
+  CheckAgainstMeta(m.outputs, outputs_, "outputs", mb);
+  m.forwarded = true;
+  // The last stage's outputs, for MergeOutputs: as PyTorch's output_chunks, the outputs
+  // themselves (their graph's buffers go with the backward; merged without a graph).
+  if (is_last()) output_chunks_[mb] = m.outputs;
+  return m.outputs;
 }
 
 void PipelineStage::Backward(int mb, const at::Tensor& loss, BackwardPart part) {
@@ -286,8 +294,13 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, BackwardPart part) 
   Microbatch& m = microbatches_[mb];
   TORCH_CHECK(m.forwarded, "stage ", stage_index_, " runs microbatch ", mb, "'s backward before its forward");
   TORCH_CHECK(!m.backward_input_done, "stage ", stage_index_, " ran microbatch ", mb, "'s backward twice");
-  std::vector<at::Tensor> roots;
-  std::vector<at::Tensor> root_grads;
+  // Scratch lists kept by the stage, so a backward allocates none.
+  std::vector<at::Tensor>& roots = scratch_roots_;
+  std::vector<at::Tensor>& root_grads = scratch_root_grads_;
+  std::vector<at::Tensor>& differentiable_inputs = scratch_inputs_;
+  roots.clear();
+  root_grads.clear();
+  differentiable_inputs.clear();
   if (is_last()) {
     TORCH_CHECK(loss.defined(), "stage ", stage_index_, " is the last: its backward needs the microbatch's loss");
     roots.push_back(loss);
@@ -304,7 +317,6 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, BackwardPart part) 
       }
     }
   }
-  std::vector<at::Tensor> differentiable_inputs;
   if (!is_first()) {
     for (const at::Tensor& t : m.inputs) {
       if (IsDifferentiable(t.scalar_type())) differentiable_inputs.push_back(t);
@@ -341,6 +353,9 @@ void PipelineStage::Backward(int mb, const at::Tensor& loss, BackwardPart part) 
     m.outputs.clear();
     m.inputs.clear();
   }
+  roots.clear();  // not to keep the graph alive until the next backward
+  root_grads.clear();
+  differentiable_inputs.clear();
 }
 
 void PipelineStage::BackwardWeight(int mb) {
@@ -377,6 +392,14 @@ void PipelineStage::SetLocalBackwardInput(int mb, const std::vector<at::Tensor>&
   m.output_grads_set = true;
 }
 
-std::vector<std::vector<at::Tensor>> PipelineStage::TakeOutputChunks() { return std::move(output_chunks_); }
+std::vector<at::Tensor> PipelineStage::MergeOutputs() {
+  std::vector<at::Tensor> merged;
+  {
+    at::NoGradGuard no_grad;
+    merged = MergeMicrobatches(output_chunks_);
+  }
+  for (std::vector<at::Tensor>& chunk : output_chunks_) chunk.clear();
+  return merged;
+}
 
 }  // namespace fsdp::pipelining

@@ -134,17 +134,19 @@ class PipelineStage {
   int ForwardTag() const { return 2 * stage_index_; }
   int BackwardTag() const { return 2 * stage_index_ - 1; }
 
-  std::vector<comm::ProcessGroup::P2POp> ForwardRecvOps(int mb);
-  std::vector<comm::ProcessGroup::P2POp> ForwardSendOps(int mb);
-  std::vector<comm::ProcessGroup::P2POp> BackwardRecvOps(int mb);
-  std::vector<comm::ProcessGroup::P2POp> BackwardSendOps(int mb);
+  // The sends and receives of microbatch mb's activations and gradients, written over `ops`.
+  using P2POps = std::vector<comm::ProcessGroup::P2POp>;
+  void ForwardRecvOps(int mb, P2POps& ops);
+  void ForwardSendOps(int mb, P2POps& ops);
+  void BackwardRecvOps(int mb, P2POps& ops);
+  void BackwardSendOps(int mb, P2POps& ops);
   void ReleaseForwardSend(int mb);
 
   // Forward of microbatch mb: `args` on the first stage, the received (or locally set) inputs
   // otherwise, then `kwargs`. Returns the outputs (kept for backward and, on the last stage,
-  // for the merge).
-  std::vector<at::Tensor> Forward(int mb, const std::vector<at::Tensor>& args,
-                                  const std::vector<at::Tensor>& kwargs = {});
+  // for the merge), valid until the microbatch's backward.
+  const std::vector<at::Tensor>& Forward(int mb, const std::vector<at::Tensor>& args,
+                                         const std::vector<at::Tensor>& kwargs = {});
   void SetLocalForwardInput(int mb, const std::vector<at::Tensor>& previous_outputs);
   // Full (B) or input-only (I) backward of microbatch mb; `loss` on the last stage.
   // kInputWithWeight: I that also runs what W would (W then has nothing left to do), the same
@@ -156,15 +158,13 @@ class PipelineStage {
   void BackwardWeight(int mb);
   std::vector<at::Tensor> LocalBackwardOutput(int mb) const;
   void SetLocalBackwardInput(int mb, const std::vector<at::Tensor>& grads);
-  std::vector<std::vector<at::Tensor>> TakeOutputChunks();
+  // The last stage's outputs of this step, merged along the batch dim, without a graph.
+  std::vector<at::Tensor> MergeOutputs();
 
   void CheckMicrobatch(int mb, const char* what) const;
   // `tensors` against `meta` (against its differentiable entries only, if so asked).
   void CheckAgainstMeta(const std::vector<at::Tensor>& tensors, const std::vector<TensorMeta>& meta, const char* what,
                         int mb, bool differentiable_only = false) const;
-  // Uninitialized buffers for the gradients of `meta`'s differentiable entries, which a receive
-  // fills (torch.empty, as PyTorch's _make_tensor_from_meta).
-  std::vector<at::Tensor> FloatingGradBuffers(const std::vector<TensorMeta>& meta) const;
 
   std::shared_ptr<torch::nn::Module> module_;
   StageForward forward_;
@@ -177,8 +177,9 @@ class PipelineStage {
   bool whole_backward_in_input_ = false;
   std::function<int(int)> stage_to_rank_;
   int n_microbatches_ = 0;
-  std::vector<Microbatch> microbatches_;  // n_microbatches_ of them, reset by BeginStep
-  std::vector<std::vector<at::Tensor>> output_chunks_;
+  std::vector<Microbatch> microbatches_;                // n_microbatches_ of them, reset by BeginStep
+  std::vector<std::vector<at::Tensor>> output_chunks_;  // by microbatch, on the last stage
+  std::vector<at::Tensor> scratch_roots_, scratch_root_grads_, scratch_inputs_;  // Backward's, empty between calls
 };
 
 }  // namespace fsdp::pipelining
