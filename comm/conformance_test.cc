@@ -471,7 +471,8 @@ TEST_P(Conformance, PointToPointArgumentsAreChecked) {
     EXPECT_ERROR_CONTAINS(pg->send(at::ones({4, 4}).t(), (pg->rank() + 1) % W), "send");
     EXPECT_ERROR_CONTAINS(pg->batch_isend_irecv({{ProcessGroup::P2POp::Kind::kSend, t, (pg->rank() + 1) % W, 0},
                                                  {ProcessGroup::P2POp::Kind::kRecv, t, W + 3, 0}}),
-                          "batch_isend_irecv: ops[1] (recv): peer must be another rank of this group");
+                          absl::StrCat("batch_isend_irecv: ops[1]: recv: src must be a rank of this group, in [0, ", W,
+                                       "), got ", W + 3));
     // Every check above is local, so without this a rank could finish and close its Gloo pairs
     // while a slower one is still in connectFullMesh ("Connection closed by peer").
     pg->barrier()->wait();

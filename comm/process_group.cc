@@ -293,19 +293,14 @@ WorkPtr ProcessGroup::recv(const at::Tensor& tensor, int src, int tag) {
 }
 
 std::vector<WorkPtr> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) {
+  // Every op checked before any is issued, so a bad one leaves none in flight.
   for (size_t i = 0; i < ops.size(); ++i) {
     const P2POp& p = ops[i];
-    // A pipeline issues these per microbatch: the message is built only for an op that fails.
-    if (p.tensor.defined() && p.tensor.is_contiguous() && !p.tensor.is_sparse() && p.peer >= 0 && p.peer < size_ &&
-        p.peer != rank_ && p.tag >= 0) {
-      continue;
+    try {
+      CheckP2P(p.kind == P2POp::Kind::kSend ? "send" : "recv", p.tensor, p.peer, p.tag);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "batch_isend_irecv: ops[", i, "]: ", e.what_without_backtrace());
     }
-    const std::string op =
-        absl::StrCat("batch_isend_irecv: ops[", i, "] (", p.kind == P2POp::Kind::kSend ? "send" : "recv", ")");
-    CheckTensor(op.c_str(), "tensor", p.tensor);
-    TORCH_CHECK(p.peer >= 0 && p.peer < size_ && p.peer != rank_, op,
-                ": peer must be another rank of this group, in [0, ", size_, ") and not ", rank_, ", got ", p.peer);
-    TORCH_CHECK(p.tag >= 0, op, ": tag must be >= 0, got ", p.tag);
   }
   std::vector<WorkPtr> works;
   for (const P2POp& p : ops)
