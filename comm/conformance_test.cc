@@ -404,8 +404,9 @@ TEST_P(Conformance, PointToPointRingEveryDtype) {
           at::Tensor in = at::full({n}, 99, out.options());
           std::vector<WorkPtr> works;
           if (batched) {
-            works = pg->batch_isend_irecv(
-                {{ProcessGroup::P2POp::Kind::kRecv, in, prev, 3}, {ProcessGroup::P2POp::Kind::kSend, out, next, 3}});
+            pg->batch_isend_irecv(
+                {{ProcessGroup::P2POp::Kind::kRecv, in, prev, 3}, {ProcessGroup::P2POp::Kind::kSend, out, next, 3}},
+                works);
           } else {
             works = {pg->recv(in, prev, 3), pg->send(out, next, 3)};
           }
@@ -469,10 +470,13 @@ TEST_P(Conformance, PointToPointArgumentsAreChecked) {
     EXPECT_ERROR_CONTAINS(pg->send(t, pg->rank()), absl::StrCat("send: dst must not be this rank (", pg->rank(), ")"));
     EXPECT_ERROR_CONTAINS(pg->recv(t, (pg->rank() + 1) % W, -2), "recv: tag must be >= 0, got -2");
     EXPECT_ERROR_CONTAINS(pg->send(at::ones({4, 4}).t(), (pg->rank() + 1) % W), "send");
+    std::vector<WorkPtr> rejected;
     EXPECT_ERROR_CONTAINS(pg->batch_isend_irecv({{ProcessGroup::P2POp::Kind::kSend, t, (pg->rank() + 1) % W, 0},
-                                                 {ProcessGroup::P2POp::Kind::kRecv, t, W + 3, 0}}),
+                                                 {ProcessGroup::P2POp::Kind::kRecv, t, W + 3, 0}},
+                                                rejected),
                           absl::StrCat("batch_isend_irecv: ops[1]: recv: src must be a rank of this group, in [0, ", W,
                                        "), got ", W + 3));
+    EXPECT_TRUE(rejected.empty()) << "a valid op was issued before the bad one was found";
     // Every check above is local, so without this a rank could finish and close its Gloo pairs
     // while a slower one is still in connectFullMesh ("Connection closed by peer").
     pg->barrier()->wait();

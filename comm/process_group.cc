@@ -292,7 +292,7 @@ WorkPtr ProcessGroup::recv(const at::Tensor& tensor, int src, int tag) {
       FlightOp::kRecv, nullptr, &tensor, &tensor, [&] { return DoRecv(tensor, src, tag); }, src);
 }
 
-std::vector<WorkPtr> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) {
+void ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops, std::vector<WorkPtr>& works) {
   // Every op checked before any is issued, so a bad one leaves none in flight.
   for (size_t i = 0; i < ops.size(); ++i) {
     const P2POp& p = ops[i];
@@ -302,10 +302,8 @@ std::vector<WorkPtr> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& o
       TORCH_CHECK(false, "batch_isend_irecv: ops[", i, "]: ", e.what_without_backtrace());
     }
   }
-  std::vector<WorkPtr> works;
   for (const P2POp& p : ops)
     works.push_back(p.kind == P2POp::Kind::kSend ? send(p.tensor, p.peer, p.tag) : recv(p.tensor, p.peer, p.tag));
-  return works;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>& ranks, const std::string& desc) {

@@ -76,14 +76,15 @@ class ProcessGroup {
   WorkPtr send(const at::Tensor& tensor, int dst, int tag = 0);
   WorkPtr recv(const at::Tensor& tensor, int src, int tag = 0);
   // PyTorch's batch_isend_irecv: every op issued, in list order (the backend may coalesce
-  // them), one Work per op. Each op is validated before any is issued.
+  // them), one Work per op appended to `works` (a list the caller may keep from call to call,
+  // as the pipeline runtime does per microbatch). Each op is validated before any is issued.
   struct P2POp {
     enum class Kind { kSend, kRecv } kind;
     at::Tensor tensor;
     int peer = -1;
     int tag = 0;
   };
-  std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& ops);
+  void batch_isend_irecv(const std::vector<P2POp>& ops, std::vector<WorkPtr>& works);
 
   // Creates the group of `ranks` (of this group; sorted, unique). Collective over THIS
   // group: every rank calls it with the same `ranks`, in the same order of calls.

@@ -64,14 +64,9 @@ struct PipelineSchedule::StepState {
     return table[local * n_microbatches + mb];
   }
 
-  // Issues `ops` in order into `posted` (what PyTorch's batch_isend_irecv does with the list;
-  // each send and receive validated by the group), whose work list keeps its memory.
+  // Issues `ops` into `posted`, whose work list keeps its memory from step to step.
   void Post(comm::ProcessGroup& group, Posted& posted) {
-    for (const comm::ProcessGroup::P2POp& op : ops) {
-      posted.works.push_back(op.kind == comm::ProcessGroup::P2POp::Kind::kSend
-                                 ? group.send(op.tensor, op.peer, op.tag)
-                                 : group.recv(op.tensor, op.peer, op.tag));
-    }
+    group.batch_isend_irecv(ops, posted.works);
     posted.pending = true;
   }
 };
