@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -150,6 +152,15 @@ void MergeBlock(const at::Tensor& running_out, const at::Tensor& running_lse, co
   }
 }
 
+// MergeBlock's formula as ATen kernels, for tensors on a device (PyTorch's own expressions:
+// the weight and the difference in lse's float32, the result cast to the running output's type).
+void MergeBlockOnDevice(const at::Tensor& running_out, const at::Tensor& running_lse, const at::Tensor& out,
+                        const at::Tensor& lse) {
+  const at::Tensor weight = at::sigmoid(lse - running_lse).unsqueeze(-1);
+  running_out.copy_(running_out - weight * (running_out - out));
+  running_lse.copy_(at::logaddexp(running_lse, lse));
+}
+
 // out / lse of one block merged into the running result (PyTorch's _SDPAMerger), on the
 // later half of the queries when `partial`. The running tensors are the first block's kernel
 // outputs, updated in place: no copy of the other half.
@@ -169,9 +180,13 @@ class Merger {
       lse_ = lse;
       return;
     }
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "RingAttention merge", [&] {
-      MergeBlock<scalar_t>(partial ? Half(out_, 1) : out_, partial ? Half(lse_, 1) : lse_, out, lse);
-    });
+    const at::Tensor running_out = partial ? Half(out_, 1) : out_, running_lse = partial ? Half(lse_, 1) : lse_;
+    if (!out.device().is_cpu()) {
+      MergeBlockOnDevice(running_out, running_lse, out, lse);
+      return;
+    }
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "RingAttention merge",
+                                    [&] { MergeBlock<scalar_t>(running_out, running_lse, out, lse); });
   }
 
   std::pair<at::Tensor, at::Tensor> Results() const {
@@ -184,6 +199,88 @@ class Merger {
   at::Tensor out_, lse_;
   c10::ScalarType out_dtype_ = at::kFloat, lse_dtype_ = at::kFloat;
 };
+
+// The attention kernel of one block, and its backward, as PyTorch's ring runs the SDPA kernel
+// the dispatcher picked for the inputs: on the CPU the flash kernel; on CUDA the flash kernel
+// for float16 / bfloat16 and the memory-efficient one for float32 (what SDPA picks for those
+// dtypes; flash has no float32 kernel).
+enum class Kernel { kCpuFlash, kCudaFlash, kCudaEfficient };
+
+Kernel KernelFor(const at::Tensor& q) {
+  if (q.device().is_cpu()) return Kernel::kCpuFlash;
+  return q.scalar_type() == at::kFloat ? Kernel::kCudaEfficient : Kernel::kCudaFlash;
+}
+
+// The memory-efficient kernel's log-sum-exp rows are padded to a multiple of 32 (kAlignLSE in
+// aten/src/ATen/native/transformers/cuda/attention.cu); its backward reads them padded.
+constexpr int64_t kEfficientLseAlignment = 32;
+
+// k / v with q's heads, and gradients summed back over each group: the memory-efficient kernel
+// takes no grouped-query inputs (the flash kernels do).
+at::Tensor RepeatHeads(const at::Tensor& t, int64_t heads) {
+  return t.size(1) == heads ? t : t.repeat_interleave(heads / t.size(1), 1);
+}
+
+at::Tensor SumHeadGroups(const at::Tensor& t, int64_t kv_heads) {
+  if (t.size(1) == kv_heads) return t;
+  return t.reshape({t.size(0), kv_heads, t.size(1) / kv_heads, t.size(2), t.size(3)}).sum(2);
+}
+
+// out [batch, heads, q_len, dim] and its log-sum-exp [batch, heads, q_len] (float32).
+std::pair<at::Tensor, at::Tensor> BlockForward(Kernel kernel, const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& v, bool causal, std::optional<double> scale) {
+  switch (kernel) {
+    case Kernel::kCpuFlash: {
+      auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, std::nullopt, scale);
+      return {out, lse};
+    }
+    case Kernel::kCudaFlash: {
+      auto r = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, /*return_debug_mask=*/false, scale);
+      return {std::get<0>(r), std::get<1>(r)};
+    }
+    case Kernel::kCudaEfficient: {
+      const int64_t heads = q.size(1);
+      auto r =
+          at::_scaled_dot_product_efficient_attention(q, RepeatHeads(k, heads), RepeatHeads(v, heads), std::nullopt,
+                                                      /*compute_log_sumexp=*/true, 0.0, causal, scale);
+      return {std::get<0>(r), Narrow(std::get<1>(r), 2, 0, q.size(kSeqDim))};
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "RingAttention: unknown kernel");
+}
+
+// The gradients of q, k, v (k's and v's with their own heads).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> BlockBackward(Kernel kernel, const at::Tensor& dout, const at::Tensor& q,
+                                                             const at::Tensor& k, const at::Tensor& v,
+                                                             const at::Tensor& out, const at::Tensor& lse, bool causal,
+                                                             std::optional<double> scale) {
+  switch (kernel) {
+    case Kernel::kCpuFlash:
+      return at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal,
+                                                                      std::nullopt, scale);
+    case Kernel::kCudaFlash: {
+      // Dense inputs (no cumulative sequence lengths); the Philox seed and offset are read
+      // only with dropout, which the ring does not run.
+      const at::Tensor unused = at::empty({}, at::kLong);
+      return at::_scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse, at::Tensor(), at::Tensor(),
+                                                              q.size(kSeqDim), k.size(kSeqDim), 0.0, causal, unused,
+                                                              unused, scale);
+    }
+    case Kernel::kCudaEfficient: {
+      const int64_t rows = q.size(kSeqDim);
+      const int64_t padded = (rows + kEfficientLseAlignment - 1) / kEfficientLseAlignment * kEfficientLseAlignment;
+      at::Tensor padded_lse = at::zeros({lse.size(0), lse.size(1), padded}, lse.options());
+      padded_lse.narrow(2, 0, rows).copy_(lse);
+      const at::Tensor unused = at::empty({}, at::kLong);
+      const int64_t heads = q.size(1);
+      auto [dq, dk, dv, dbias] = at::_scaled_dot_product_efficient_attention_backward(
+          dout, q, RepeatHeads(k, heads), RepeatHeads(v, heads), at::Tensor(), out, padded_lse, unused, unused, 0.0,
+          {true, true, true, false}, causal, scale);
+      return {dq, SumHeadGroups(dk, k.size(1)), SumHeadGroups(dv, k.size(1))};
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "RingAttention: unknown kernel");
+}
 
 // The k / v halves of a [k; v] buffer (k and v have the same shape).
 std::pair<at::Tensor, at::Tensor> SplitKv(const at::Tensor& buffer) {
@@ -207,6 +304,7 @@ std::pair<at::Tensor, at::Tensor> RingForward(const at::Tensor& query, at::Tenso
   value = value.contiguous();
   Rotater rotater(s.group, s.options.rotate_method);
   Merger merger(s.options.convert_to_f32);
+  const Kernel kernel = KernelFor(query);
   for (int i = 0; i < world; ++i) {
     at::Tensor kv;  // a received [k; v] buffer passes on as it is
     if (i > 0) std::tie(key, value) = SplitKv(kv = rotater.Next());
@@ -218,8 +316,7 @@ std::pair<at::Tensor, at::Tensor> RingForward(const at::Tensor& query, at::Tenso
     const at::Tensor k = part == Part::kEarlierKeys ? Half(key, 0) : key;
     const at::Tensor v = part == Part::kEarlierKeys ? Half(value, 0) : value;
     const bool partial = part == Part::kLaterQueries;
-    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, block == Block::kCausal,
-                                                                      std::nullopt, s.options.scale);
+    auto [out, lse] = BlockForward(kernel, q, k, v, block == Block::kCausal, s.options.scale);
     merger.Step(out, lse, partial);
   }
   return merger.Results();
@@ -239,6 +336,7 @@ std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tenso
   at::Tensor grad_query, grad_kv;  // grad_kv: [grad_key; grad_value]
   Rotater kv_rotater(s.group, s.options.rotate_method);
   Rotater dkv_rotater(s.group, RotateMethod::kAllToAll);  // PyTorch passes gradients this way always
+  const Kernel kernel = KernelFor(query);
   for (int i = 0; i < world; ++i) {
     at::Tensor kv;
     if (i > 0) std::tie(key, value) = SplitKv(kv = kv_rotater.Next());
@@ -252,8 +350,7 @@ std::vector<at::Tensor> RingBackward(const at::Tensor& grad_out, const at::Tenso
       const at::Tensor dout = later ? Half(grad_out, 1) : grad_out, l = later ? Half(lse, 1).contiguous() : lse;
       const at::Tensor k = earlier ? Half(key, 0) : key, v = earlier ? Half(value, 0) : value;
       std::tie(block_grad_query, block_grad_key, block_grad_value) =
-          at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, o, l, 0.0, block == Block::kCausal,
-                                                                   std::nullopt, s.options.scale);
+          BlockBackward(kernel, dout, q, k, v, o, l, block == Block::kCausal, s.options.scale);
     }
     if (i == 0) {  // block 0 is this rank's own, always attended
       grad_query = Cast(block_grad_query, accum);
@@ -326,9 +423,16 @@ at::Tensor RingAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.device() == k.device() &&
                   q.device() == v.device(),
               "RingAttention: q, k, v must share dtype and device");
-  TORCH_CHECK(q.device().is_cpu(),
-              "RingAttention: q, k, v must be on the CPU (the ring runs the CPU flash kernels), got ", q.device());
+  TORCH_CHECK(q.device().is_cpu() || q.device().is_cuda(),
+              "RingAttention: q, k, v must be on the CPU or a CUDA device (the ring runs ATen's SDPA kernels there), "
+              "got ",
+              q.device());
   TORCH_CHECK(at::isFloatingType(q.scalar_type()), "RingAttention: q, k, v must be floating point, got ",
+              q.scalar_type());
+  TORCH_CHECK(q.device().is_cpu() || q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf ||
+                  q.scalar_type() == at::kBFloat16,
+              "RingAttention: on CUDA q, k, v must be float16 or bfloat16 (the flash kernel) or float32 (the "
+              "memory-efficient kernel), got ",
               q.scalar_type());
   TORCH_CHECK(!is_causal || q.size(kSeqDim) == k.size(kSeqDim),
               "RingAttention: is_causal requires the same query and context sequence lengths, got ", q.size(kSeqDim),

@@ -1,7 +1,9 @@
 // Ring attention: scaled dot-product attention over a sequence sharded across the ranks of a
 // context-parallel group, as PyTorch 2.15's torch/distributed/tensor/experimental/
 // _context_parallel/_attention.py computes it (_templated_ring_attention and its backward over
-// aten._scaled_dot_product_flash_attention_for_cpu and its backward kernel).
+// ATen's SDPA kernels: on the CPU aten._scaled_dot_product_flash_attention_for_cpu, on CUDA
+// aten._scaled_dot_product_flash_attention for float16 / bfloat16 and
+// aten._scaled_dot_product_efficient_attention for float32, each with its backward kernel).
 //
 //   // q: [batch, heads, seq / cp, head_dim] on each rank, the sequence head-tail sharded
 //   // (load_balancer.h); k, v may have fewer heads (GQA).
@@ -21,10 +23,11 @@
 // blocks and passes the accumulating key / value gradients round with all_to_all_single.
 //
 // Preconditions (c10::Error naming the argument otherwise): 4-D floating-point q, k, v of one
-// dtype on the CPU (the ring calls the CPU flash kernels; there is no CUDA ring yet), the
-// sequence on dim 2, k and v of one shape, q's heads a multiple of k's; causal attention needs
-// q and k of the same length; load balancing needs causal attention (as PyTorch); with load
-// balancing the local length must be even (two chunks).
+// dtype on one device, the CPU or a CUDA device (there float16, bfloat16 or float32, the
+// dtypes of ATen's CUDA flash and memory-efficient kernels), the sequence on dim 2, k and v
+// of one shape, q's heads a multiple of k's; causal attention needs q and k of the same
+// length; load balancing needs causal attention (as PyTorch); with load balancing the local
+// length must be even (two chunks).
 //
 // Collective over `group`; not thread-safe per group (one ring at a time). The output's
 // grad_fn is a RingAttentionBackward node (not differentiable again).

@@ -176,6 +176,52 @@ TEST(RingAttention, BFloat16MergesInFloat32OrInBFloat16) {
   }
 }
 
+// On a GPU, ATen's CUDA kernels: flash for bfloat16, memory-efficient for float32 (which takes
+// no grouped-query inputs: the ring repeats k / v heads and sums their gradients back), two
+// threaded ranks sharing the device, causal load balanced and not, and full attention, against
+// the float64 reference of the inputs as rounded. float32: ExpectClose's bound. bfloat16: as
+// BFloat16MergesInFloat32OrInBFloat16's, plus the CUDA flash kernel's own bfloat16 roundings
+// of the probabilities before P V in the forward and of P and dS before their products in the
+// backward (at most 2 per value, each within its unit roundoff of the magnitude), twice over.
+TEST(RingAttention, CudaKernelsEqualWholeSequenceAttention) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "needs a CUDA device (a --config=cuda or FSDP_WITH_CUDA build on a GPU host)";
+  constexpr int kWorld = 2;
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t kv_heads : {4, 2}) {
+      for (const auto& [causal, balanced] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
+        SCOPED_TRACE(::testing::Message() << dtype << " kv_heads " << kv_heads << (causal ? " causal" : " full")
+                                          << (balanced ? " balanced" : ""));
+        Inputs in = MakeInputs(4, kv_heads);
+        for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.grad_out}) *t = t->to(dtype).to(at::kFloat);
+        const Reference ref = MakeReference(in, causal);
+        const double u16 = dtype == at::kBFloat16 ? testing::UnitRoundoff(at::kBFloat16) : 0.0;
+        const double rel = testing::SummationOrderTolerance(at::kFloat, kSeq) +
+                           16.0 * kWorld * testing::UnitRoundoff(at::kFloat) + (2.0 * (kWorld + 1) + 4.0) * u16;
+        RunOnRanks(Backend::kThreaded, kWorld, [&](const comm::ProcessGroupPtr& pg) {
+          auto shard = [&](const at::Tensor& t) { return ShardSequence(t, 2, pg->rank(), kWorld, balanced); };
+          auto on_gpu = [&](const at::Tensor& t) { return shard(t).to(cuda, dtype).requires_grad_(); };
+          const at::Tensor q = on_gpu(in.q), k = on_gpu(in.k), v = on_gpu(in.v);
+          const at::Tensor out = RingAttention(q, k, v, causal, pg, {.load_balanced = balanced});
+          out.backward(shard(in.grad_out).to(cuda, dtype));
+          const auto expect_close = [&](const at::Tensor& ours, const at::Tensor& reference,
+                                        const at::Tensor& magnitude, const char* what) {
+            ASSERT_EQ(ours.device(), cuda) << what;
+            ASSERT_EQ(ours.scalar_type(), dtype) << what;
+            const at::Tensor diff = (ours.cpu().to(at::kDouble) - shard(reference)).abs();
+            EXPECT_LE((diff - shard(magnitude) * rel - 1e-30).max().item<double>(), 0.0)
+                << what << ": max |diff| " << diff.max().item<double>();
+          };
+          expect_close(out, ref.out, ref.out_mag, "out");
+          expect_close(q.grad(), ref.dq, ref.dq_mag, "dq");
+          expect_close(k.grad(), ref.dk, ref.dk_mag, "dk");
+          expect_close(v.grad(), ref.dv, ref.dv_mag, "dv");
+        });
+      }
+    }
+  }
+}
+
 // The backward node keeps its saved tensors under retain_graph (a second backward doubles the
 // gradients) and says so when they were freed; without grad no node is made; a double backward
 // is an error.
@@ -319,7 +365,7 @@ TEST(RingAttention, BadInputsAreErrors) {
     EXPECT_ERROR_CONTAINS(RingAttention(q[0], k, k, true, pg), "must be 4-D");
     const at::Tensor m = at::empty({1, 4, 8, 16}, at::kMeta);
     EXPECT_ERROR_CONTAINS(RingAttention(m, m, m, true, pg),
-                          "must be on the CPU (the ring runs the CPU flash kernels), got meta");
+                          "must be on the CPU or a CUDA device (the ring runs ATen's SDPA kernels there), got meta");
     const at::Tensor i = at::ones({1, 4, 8, 16}, at::kInt);
     EXPECT_ERROR_CONTAINS(RingAttention(i, i, i, true, pg), "must be floating point, got Int");
   });
