@@ -268,7 +268,7 @@ fsdp_cc_library(//dcp INSTALL
 fsdp_cc_test(//dcp:dcp_test SIZE medium SMOKE
   SRCS checkpoint_dirs_test.cc checkpoint_manager_test.cc dcp_errors_test.cc dcp_test.cc
        dcp_test_trainees.h dict_state_testing.h fsdp1_test.cc hf_test.cc large_model_test.cc
-       tp_test.cc
+       stager_test.cc tp_test.cc
   TAGS float_parity
   DEPS :stateful :core :dcp :fsdp2 :internal //checkpoint //checkpoint:dcp //comm //device //dtensor
        //tensor_parallel //fsdp/common //fsdp/common:test_models //fsdp/fsdp1 //fsdp/fsdp1:runtime

@@ -14,6 +14,8 @@
 # - Nccl/*: the comm conformance suite, W up to the visible GPUs;
 # - *nccl_processes*: FSDP2 and FSDP1 parity on CUDA vs one rank;
 # - RingAttention.Cuda*: context parallelism's ring over ATen's CUDA attention kernels;
+# - Stager.Cuda*: async checkpoint staging of CUDA parameters into pinned buffers on a side
+#   stream (torchtitan's async_with_pinned_mem);
 # - the demo on CUDA under torchrun, one rank per GPU;
 # - bench/e2e side by side with PyTorch's FSDP2 on the same GPUs: step times, and one profiled
 #   step of each as a Chrome trace (does the all-gather overlap compute?).
@@ -86,7 +88,7 @@ ln -sfn "$NVIDIA_DIR" "$ROOT/third_party/torch_cuda_deps"
 CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
 ln -sfn "$CUDA_HOME_GUESS" "$ROOT/third_party/cuda_root"
 TARGETS=(comm_nccl_test comm_conformance_test fsdp2_fsdp2_test fsdp1_fsdp1_test
-         context_parallel_ring_attention_test examples_fsdp2_demo bench_e2e_bench)
+         context_parallel_ring_attention_test dcp_dcp_test examples_fsdp2_demo bench_e2e_bench)
 [ "$NCCL_ONLY" = 1 ] && TARGETS=(comm_nccl_test)
 LAUNCHER=()
 ! command -v ccache >/dev/null 2>&1 || LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
@@ -125,6 +127,7 @@ run_case conformance comm/conformance_test 'Nccl/*'
 run_case fsdp2_parity fsdp/fsdp2/fsdp2_test '*nccl_processes*'
 run_case fsdp1_parity fsdp/fsdp1/fsdp1_test 'Fsdp1/ParityTest.*nccl_processes*'
 run_case ring_attention context_parallel/ring_attention_test 'RingAttention.Cuda*'
+run_case async_staging dcp/dcp_test 'Stager.Cuda*'
 GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
 echo "--- demo: torchrun --nproc-per-node $GPUS fsdp2_demo --device=cuda"
 t=$SECONDS
