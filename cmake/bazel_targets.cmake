@@ -304,15 +304,15 @@ fsdp_cc_test(//dcp:crash_test SIZE large PCH none
 
 # ================================================================ //device
 fsdp_cc_library(//device INSTALL PCH aten
-  SRCS cpu_stream.cc internal/pools.h stream.cc
-  CUDA_SRCS cuda_stream.cc
+  SRCS cpu_stream.cc device_info.cc internal/cuda_info.h internal/pools.h stream.cc
+  CUDA_SRCS cuda_info.cc cuda_stream.cc
   NOCUDA_SRCS cuda_unavailable.cc
-  HDRS stream.h
+  HDRS device_info.h stream.h
   DEPS //comm //env @libtorch
   CUDA_DEPS @cuda//:cudart @libtorch//:c10_cuda)
 
 fsdp_cc_test(//device:stream_test SIZE small SMOKE PCH aten
-  SRCS stream_test.cc
+  SRCS device_info_test.cc stream_test.cc
   DEPS :device //comm //testing:expect_error //testing:multi_rank @libtorch @system//:gtest_main)
 
 # ================================================================ //distributed_parameters
@@ -863,13 +863,14 @@ fsdp_cc_library(//train:config INSTALL PCH none
 
 fsdp_cc_test(//train:train_test SIZE medium SMOKE
   SRCS config_test.cc data_test.cc lr_scheduler_test.cc pipeline_fsdp_test.cc pipeline_llama_test.cc
-       selective_ac_test.cc tensorboard_test.cc torchtitan_checkpoint_test.cc trainer_resume_test.cc
-       trainer_test.cc trainer_test_support.h
+       selective_ac_test.cc tensorboard_test.cc torchtitan_checkpoint_test.cc trainer_device_test.cc
+       trainer_resume_test.cc trainer_test.cc trainer_test_support.h
   DATA configs/debugmodel.toml configs/demo.toml ../models/llama/testdata/golden_llama3_flavors.txt
        testdata/golden_config_defaults.toml testdata/golden_lr_schedule.txt
-       testdata/golden_pipeline_split.txt testdata/golden_sac_save_ops.txt
-       testdata/golden_train_data.txt testdata/corpus/train.index testdata/corpus/train.tokens
-       testdata/corpus/validation.index testdata/corpus/validation.tokens
+       testdata/golden_peak_flops.txt testdata/golden_pipeline_split.txt
+       testdata/golden_sac_save_ops.txt testdata/golden_train_data.txt testdata/corpus/train.index
+       testdata/corpus/train.tokens testdata/corpus/validation.index
+       testdata/corpus/validation.tokens
   TAGS peer_python
   DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset :trainer //comm //float8
        //fsdp/hooked_module //mesh //pipelining //testing:allocation_counter
@@ -898,13 +899,13 @@ fsdp_cc_library(//train:trainer INSTALL
   HDRS checkpoint_state.h loss.h metrics_log.h parallelize.h pipeline_llama.h selective_ac.h
        tensorboard.h torchtitan_checkpoint.h trainer.h
   DEPS :config :dataloader :lr_scheduler :pipeline_fsdp :token_dataset //checkpoint:dcp //comm
-       //context_parallel //dcp:core //dcp:stateful //dcp:fsdp2 //dtensor //float8
+       //context_parallel //dcp:core //dcp:stateful //dcp:fsdp2 //device //dtensor //float8
        //fsdp/activation_checkpointing //fsdp/fsdp2 //mesh //metrics //models/llama //pipelining
        //pipelining:schedule_ir //tensor_parallel @libtorch @system//:absl)
 
 fsdp_cc_binary(//train INSTALL
   SRCS train_main.cc
-  DEPS :config :trainer //comm //comm:gloo //comm:main_guard @libtorch)
+  DEPS :config :trainer //comm //comm:gloo //comm:main_guard //comm:nccl @libtorch)
 
 fsdp_cc_test(//train:torchtitan_parity_test SIZE large
   SRCS torchtitan_checkpoint_interop_test.cc torchtitan_parity_test.cc torchtitan_runs.cc

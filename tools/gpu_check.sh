@@ -16,6 +16,8 @@
 # - RingAttention.Cuda*: context parallelism's ring over ATen's CUDA attention kernels;
 # - Stager.Cuda*: async checkpoint staging of CUDA parameters into pinned buffers on a side
 #   stream (torchtitan's async_with_pinned_mem);
+# - TrainerDevice.*: the trainer on cuda:0 against the CPU; then `train` on the debugmodel
+#   config in bfloat16 on one GPU (torchtitan's log line: tokens/s, MFU);
 # - the demo on CUDA under torchrun, one rank per GPU;
 # - bench/e2e side by side with PyTorch's FSDP2 on the same GPUs: step times, and one profiled
 #   step of each as a Chrome trace (does the all-gather overlap compute?).
@@ -88,7 +90,8 @@ ln -sfn "$NVIDIA_DIR" "$ROOT/third_party/torch_cuda_deps"
 CUDA_HOME_GUESS="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
 ln -sfn "$CUDA_HOME_GUESS" "$ROOT/third_party/cuda_root"
 TARGETS=(comm_nccl_test comm_conformance_test fsdp2_fsdp2_test fsdp1_fsdp1_test
-         context_parallel_ring_attention_test dcp_dcp_test examples_fsdp2_demo bench_e2e_bench)
+         context_parallel_ring_attention_test dcp_dcp_test train_train_test train examples_fsdp2_demo
+         bench_e2e_bench)
 [ "$NCCL_ONLY" = 1 ] && TARGETS=(comm_nccl_test)
 LAUNCHER=()
 ! command -v ccache >/dev/null 2>&1 || LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
@@ -128,6 +131,20 @@ run_case fsdp2_parity fsdp/fsdp2/fsdp2_test '*nccl_processes*'
 run_case fsdp1_parity fsdp/fsdp1/fsdp1_test 'Fsdp1/ParityTest.*nccl_processes*'
 run_case ring_attention context_parallel/ring_attention_test 'RingAttention.Cuda*'
 run_case async_staging dcp/dcp_test 'Stager.Cuda*'
+run_case trainer train/train_test 'TrainerDevice.*'
+echo "--- train: the debugmodel config on cuda:0 in bfloat16, 30 steps (torchtitan's log line: tps, mfu)"
+t=$SECONDS
+if (cd "$ROOT" && "$BUILD/bin/train/train" --config train/configs/debugmodel.toml --training.steps=30 \
+      --training.mixed_precision_param=bfloat16 --metrics.log_freq=5 --validator.enable=false \
+      --dump_folder="$RESULTS/train") > "$RESULTS/train.txt" 2>&1 && grep -q '^step: 30' "$RESULTS/train.txt"; then
+  trained='<testcase classname="Train" name="debugmodel_cuda_bf16"/>'
+else
+  trained='<testcase classname="Train" name="debugmodel_cuda_bf16"><failure message="no step 30"/></testcase>'
+  rc=1
+fi
+tail -8 "$RESULTS/train.txt"
+printf '<testsuites><testsuite name="Train">%s</testsuite></testsuites>\n' "$trained" > "$RESULTS/train.xml"
+echo "--- train: $((SECONDS - t)) s"
 GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
 echo "--- demo: torchrun --nproc-per-node $GPUS fsdp2_demo --device=cuda"
 t=$SECONDS

@@ -29,10 +29,12 @@ constexpr char kTiny[] =
 
 TEST(TrainNproc, StartsTheRanksItself) {
   std::string out;
-  const int status = RunCommand(g_train + kTiny + " --nproc 2", &out);
+  // CUDA devices hidden, as a user asks for the CPU on a GPU host.
+  const int status = RunCommand("CUDA_VISIBLE_DEVICES= " + g_train + kTiny + " --nproc 2", &out);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_NE(out.find("on 2 ranks: dp_replicate 1 x dp_shard 2 x tp 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("; on the CPU over Gloo\n"), std::string::npos) << out;
   EXPECT_NE(out.find("step:  2  loss:"), std::string::npos) << out;
 }
 

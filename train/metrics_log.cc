@@ -1,14 +1,15 @@
 // See metrics_log.h.
 #include "train/metrics_log.h"
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 
+#include "device/device_info.h"
 #include "metrics/allocation_window.h"
 #include "metrics/step_metrics.h"
 #include "train/tensorboard.h"
@@ -18,10 +19,6 @@ namespace fsdp::train {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-double PhysicalMemoryBytes() {
-  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-}
 
 // Python's f"{n:,}" for a rounded non-negative number.
 std::string WithCommas(double x) {
@@ -52,7 +49,29 @@ std::string LocalMinute() {
   return buf;
 }
 
+bool Contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
 }  // namespace
+
+double TorchtitanPeakFlops(const std::string& name) {
+  // torchtitan's order of tests, which matters ("H20" is in "H200", "B200" in "GB200").
+  if (Contains(name, "A100")) return 312e12;
+  if (Contains(name, "A6000")) return 154.85e12;
+  if (Contains(name, "H100")) {
+    if (Contains(name, "NVL")) return 835e12;
+    if (Contains(name, "PCIe")) return 756e12;
+    return 989e12;
+  }
+  if (Contains(name, "H200")) return 989e12;
+  if (Contains(name, "H20")) return 148e12;
+  if (Contains(name, "GB200") || Contains(name, "GB300")) return 2.5e15;
+  if (Contains(name, "B300") || Contains(name, "B200")) return 2.25e15;
+  if (Contains(name, "MI355X")) return 2500e12;
+  if (Contains(name, "MI300X") || Contains(name, "MI325X")) return 1300e12;
+  if (Contains(name, "MI250X")) return 191.5e12;
+  if (Contains(name, "l40s")) return 362e12;  // torchtitan's spelling: "NVIDIA L40S" falls through
+  return 312e12;
+}
 
 std::string MetricsLog::FormatStep(int64_t step, double loss, double grad_norm, double memory_gib, double memory_pct,
                                    double tps, double tflops, double mfu_pct) {
@@ -66,15 +85,20 @@ std::string MetricsLog::FormatStep(int64_t step, double loss, double grad_norm, 
 }
 
 MetricsLog::MetricsLog(const JobConfig& config, int rank, std::ostream* out, double flops_per_token,
-                       int64_t non_dp_size)
+                       int64_t non_dp_size, c10::Device device)
     : config_(config),
       out_(out),
+      device_(device),
       flops_per_token_(flops_per_token),
       non_dp_size_(non_dp_size),
-      last_log_(std::chrono::steady_clock::now()),
-      memory_(std::make_unique<metrics::AllocationWindow>()) {
+      last_log_(std::chrono::steady_clock::now()) {
+  TORCH_CHECK(device.is_cpu() || (device.is_cuda() && device.has_index()),
+              "MetricsLog: device must be the CPU or a CUDA device with an index, got ", device.str());
+  if (device.is_cpu()) memory_ = std::make_unique<metrics::AllocationWindow>();
+  ResetPeakMemory();
+  memory_capacity_ = static_cast<double>(device::DeviceMemoryBytes(device));
   if (out_ == nullptr) return;
-  peak_flops_ = metrics::MeasureMatmulPeakFlops();
+  peak_flops_ = device.is_cpu() ? metrics::MeasureMatmulPeakFlops() : TorchtitanPeakFlops(device::DeviceName(device));
   if (config.metrics.enable_jsonl) {
     std::filesystem::path path = std::filesystem::path(config.dump_folder) / config.metrics.save_jsonl_file;
     if (rank != 0) path += ".rank" + std::to_string(rank);
@@ -93,6 +117,22 @@ MetricsLog::MetricsLog(const JobConfig& config, int rank, std::ostream* out, dou
 }
 
 MetricsLog::~MetricsLog() = default;
+
+double MetricsLog::PeakMemoryBytes() const {
+  if (memory_ != nullptr) return static_cast<double>(memory_->peak());
+  const c10::CachingDeviceAllocator::DeviceStats stats =
+      c10::getDeviceAllocator(device_.type())->getDeviceStats(device_.index());
+  return static_cast<double>(
+      stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+}
+
+void MetricsLog::ResetPeakMemory() {
+  if (memory_ != nullptr) {
+    memory_->Mark();
+  } else {
+    c10::getDeviceAllocator(device_.type())->resetPeakStats(device_.index());
+  }
+}
 
 void MetricsLog::Write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars,
                        const std::string& json) {
@@ -116,8 +156,8 @@ void MetricsLog::RecordStep(const StepResult& r) {
   const double tps = static_cast<double>(tokens_since_log_) / (delta * static_cast<double>(non_dp_size_));
   const double tflops = flops_per_token_ * tps / 1e12;
   const double mfu = peak_flops_ > 0 ? 100.0 * flops_per_token_ * tps / peak_flops_ : 0.0;
-  const double peak = static_cast<double>(memory_->peak());
-  const double gib = peak / kGiB, pct = 100.0 * peak / PhysicalMemoryBytes();
+  const double peak = PeakMemoryBytes();
+  const double gib = peak / kGiB, pct = 100.0 * peak / memory_capacity_;
   double data = 0, non_model = 0;
   for (const double s : data_seconds_) data += s;
   for (const double s : non_model_seconds_) non_model += s;
@@ -148,17 +188,17 @@ void MetricsLog::RecordStep(const StepResult& r) {
   tokens_since_log_ = 0;
   data_seconds_.clear();
   non_model_seconds_.clear();
-  memory_->Mark();
+  ResetPeakMemory();
   last_log_ = std::chrono::steady_clock::now();
 }
 
 void MetricsLog::LogValidation(int64_t step, double loss, int64_t local_tokens, double seconds) {
-  const double peak = static_cast<double>(memory_->peak());
+  const double peak = PeakMemoryBytes();
   if (out_ != nullptr) {
     char buf[256];
     std::snprintf(
         buf, sizeof(buf), "validate step: %2lld  loss: %7.4f  memory: %5.2fGiB(%.2f%%)  tps: %s",
-        static_cast<long long>(step), loss, peak / kGiB, 100.0 * peak / PhysicalMemoryBytes(),
+        static_cast<long long>(step), loss, peak / kGiB, 100.0 * peak / memory_capacity_,
         WithCommas(seconds > 0 ? static_cast<double>(local_tokens) / (seconds * static_cast<double>(non_dp_size_)) : 0)
             .c_str());
     *out_ << buf << std::endl;

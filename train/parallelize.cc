@@ -189,7 +189,7 @@ bool BlockLinearsAreTensorwiseFloat8(models::llama::LlamaForCausalLM& model) {
 }  // namespace
 
 std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config,
-                                                const ParallelMeshes& meshes) {
+                                                const ParallelMeshes& meshes, c10::Device device) {
   // torchtitan converts the model (its config) before parallelizing it.
   ConvertFloat8(model, config);
   if (meshes.cp) {
@@ -241,6 +241,7 @@ std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM&
   const bool reshard_root = p.fsdp_reshard_after_forward == ReshardAfterForward::kAlways;
   fsdp2::FullyShardOptions options;
   options.mesh = meshes.fsdp;
+  options.device = device;
   options.mp_policy = {.param_dtype = ScalarTypeOf(config.training.mixed_precision_param),
                        .reduce_dtype = ScalarTypeOf(config.training.mixed_precision_reduce),
                        .cast_forward_inputs = false};
@@ -279,8 +280,15 @@ void InitTorchtitanWeights(models::llama::LlamaForCausalLM& model, uint64_t seed
     const std::string& prefix = prefixes.at(&module);
     for (const auto& item : module.named_parameters(/*recurse=*/false)) {
       at::Tensor full = item.value();
-      models::llama::InitTorchtitanParameter(config, prefix.empty() ? item.key() : prefix + "." + item.key(), full,
+      // The draws are a CPU generator's (the same values on every device): on a GPU they are
+      // made on the host and copied.
+      at::Tensor host = full.is_cpu() ? full : at::empty(full.sizes(), full.options().device(at::kCPU));
+      models::llama::InitTorchtitanParameter(config, prefix.empty() ? item.key() : prefix + "." + item.key(), host,
                                              seed);
+      if (!full.is_cpu()) {
+        at::NoGradGuard no_grad;
+        full.copy_(host);
+      }
     }
   });
 }

@@ -66,9 +66,10 @@ ParallelMeshes BuildMeshes(const comm::ProcessGroupPtr& world, const ResolvedDeg
 // [float8] (float8/float8_linear.h); returns how many. ParallelizeLlama calls it first.
 int ConvertFloat8(models::llama::LlamaForCausalLM& model, const JobConfig& config);
 
-// Returns the fully_shard handles, the root's last.
+// Returns the fully_shard handles, the root's last. `device`: fully_shard's, where the meta
+// parameters' shards are materialized (the CPU, or this rank's CUDA device).
 std::vector<fsdp2::FSDPModule> ParallelizeLlama(models::llama::LlamaForCausalLM& model, const JobConfig& config,
-                                                const ParallelMeshes& meshes);
+                                                const ParallelMeshes& meshes, c10::Device device);
 
 // torchtitan's init_weights after sharding: fsdp2::InitMetaParameters with
 // models::llama::InitTorchtitanParameter on each full parameter (seeded by `seed` and its name),

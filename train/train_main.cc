@@ -5,10 +5,11 @@
 //   bazel run //train -- --config train/configs/debugmodel.toml --print-config
 //
 // Launched by torchrun or `./x run` (the torchrun environment: RANK, WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT) it trains on Gloo over every rank; without that environment, on one process, or
-// with `--nproc N` on N processes it starts itself (torchrun --standalone's job: each child gets
-// the torchrun environment on 127.0.0.1; when one fails, the others are stopped and the exit
-// status is 1).
+// MASTER_PORT) it trains over every rank; without that environment, on one process, or with
+// `--nproc N` on N processes it starts itself (torchrun --standalone's job: each child gets the
+// torchrun environment on 127.0.0.1; when one fails, the others are stopped and the exit status
+// is 1). As torchtitan, on a CUDA device where one is visible (a --config=cuda build: rank r on
+// cuda:LOCAL_RANK over NCCL; CUDA_VISIBLE_DEVICES="" hides them), else on the CPU over Gloo.
 // The config is read and validated on every rank before any process group or tensor exists,
 // so a bad key or value is one error line per rank (comm::RunMain) and exit status 1.
 // Relative paths are the caller's: under `bazel run` the program first changes to
@@ -31,8 +32,11 @@
 
 extern char** environ;
 
+#include <ATen/Context.h>
+
 #include "comm/gloo_process_group.h"
 #include "comm/main_guard.h"
+#include "comm/nccl_process_group.h"
 #include "comm/torchrun_env.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -151,30 +155,41 @@ int Run(int argc, char** argv) {
     set_env("TORCH_FR_DUMP_TEMP_FILE", (traces / "rank_").string());
   }
 
-  const fsdp::comm::GlooOptions gloo{
-      .timeout = std::chrono::seconds(std::max(config.comm.init_timeout_seconds, config.comm.train_timeout_seconds))};
+  const std::chrono::seconds timeout(std::max(config.comm.init_timeout_seconds, config.comm.train_timeout_seconds));
+  // torchtitan's device (torchtitan/tools/utils.py: device_type is cuda where it is available).
+  const bool cuda = at::hasCUDA();
+  c10::Device device(c10::kCPU);
   fsdp::comm::ProcessGroupPtr world;
-  if (distributed) {
-    world = fsdp::comm::CreateGlooProcessGroupWithTcpStore(env, gloo);
+  if (cuda) {
+    fsdp::comm::TorchrunEnv nccl_env = env;
+    if (!distributed) {  // one rank of its own: a TCPStore on a free local port
+      nccl_env.master_addr = "127.0.0.1";
+      nccl_env.master_port = FreePort();
+    }
+    world = fsdp::comm::CreateNcclProcessGroupWithTcpStore(nccl_env, {.timeout = timeout});
+    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(nccl_env.local_rank));
+  } else if (distributed) {
+    world = fsdp::comm::CreateGlooProcessGroupWithTcpStore(env, {.timeout = timeout});
   } else {
     const std::filesystem::path store =
         std::filesystem::temp_directory_path() / ("fsdp_train_store_" + std::to_string(getpid()));
     std::filesystem::remove(store);
-    world = fsdp::comm::CreateGlooProcessGroupWithFileStore(store.string(), 0, 1, gloo);
+    world = fsdp::comm::CreateGlooProcessGroupWithFileStore(store.string(), 0, 1, {.timeout = timeout});
   }
-  fsdp::train::Trainer trainer(config, world);
+  fsdp::train::Trainer trainer(config, world, device);
   if (world->rank() == 0) {
     const auto& d = trainer.degrees();
     const auto& m = trainer.model_config();
     std::printf(
         "train: llama3 %s (dim %ld, %ld layers, %ld heads / %ld kv heads, vocab %ld, ffn %ld) on %d ranks: "
         "dp_replicate %ld x dp_shard %ld x tp %ld; global batch %ld (local %ld, accumulation %ld) x seq_len %ld; "
-        "%ld steps\n",
+        "%ld steps; on %s\n",
         config.model.flavor.empty() ? ("from " + config.hf_assets_path).c_str() : config.model.flavor.c_str(),
         long(m.hidden_size), long(m.num_hidden_layers), long(m.num_attention_heads), long(m.num_key_value_heads),
         long(m.vocab_size), long(m.intermediate_size), world->size(), long(d.dp_replicate), long(d.dp_shard),
         long(d.tp), long(d.global_batch_size), long(config.training.local_batch_size),
-        long(d.gradient_accumulation_steps), long(config.training.seq_len), long(config.training.steps));
+        long(d.gradient_accumulation_steps), long(config.training.seq_len), long(config.training.steps),
+        cuda ? "cuda over NCCL" : "the CPU over Gloo");
     std::fflush(stdout);
   }
   trainer.Train(std::cout);

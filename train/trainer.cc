@@ -63,10 +63,15 @@ double TorchtitanFlopsPerToken(const models::llama::LlamaConfig& c, int64_t seq_
   return metrics::DecoderFlopsPerToken(for_matmul, c.num_hidden_layers, c.num_attention_heads, c.head_dim(), seq_len);
 }
 
-Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_(config), world_(std::move(world)) {
+Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world, c10::Device device)
+    : config_(config), world_(std::move(world)), device_(device) {
   TORCH_CHECK(world_ != nullptr, "Trainer: the world process group is null");
+  TORCH_CHECK(device_.is_cpu() || (device_.is_cuda() && device_.has_index()),
+              "Trainer: device must be the CPU or a CUDA device with an index, got ", device_.str());
   // Everything a bad config or file can fail is checked before any collective or allocation.
   degrees_ = ValidateConfig(config_, world_->size());
+  TORCH_CHECK(device_.is_cpu() || degrees_.pp == 1, "parallelism.pipeline_parallel_degree = ", degrees_.pp,
+              ": pipeline parallelism runs on the CPU only for now (this rank trains on ", device_.str(), ")");
   model_config_ = ResolveModelConfig(config_, degrees_.tp);
   TORCH_CHECK(!config_.dataloader.dataset_path.empty(),
               "dataloader.dataset_path is empty: a prepared dataset is required (docs/guide/data_format.md)");
@@ -94,7 +99,7 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world) : config_
   } else {
     model_ = models::llama::LlamaForCausalLM(model_config_, c10::Device(c10::kMeta));
     model_->to(ScalarTypeOf(config_.training.dtype));
-    ParallelizeLlama(model_, config_, meshes_);
+    ParallelizeLlama(model_, config_, meshes_, device_);
     InitTorchtitanWeights(model_, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
   }
   if (!ck.initial_load_path.empty() && ck.initial_load_in_hf) {
@@ -240,7 +245,7 @@ void Trainer::BuildPipeline() {
   for (const int s : LocalStageIndices(pl.split, pp->rank(), pp->size())) {
     models::llama::LlamaForCausalLM part(model_config_, c10::Device(c10::kMeta), pl.split.parts[s]);
     part->to(ScalarTypeOf(config_.training.dtype));
-    std::vector<fsdp2::FSDPModule> units = ParallelizeLlama(part, config_, meshes_);
+    std::vector<fsdp2::FSDPModule> units = ParallelizeLlama(part, config_, meshes_, device_);
     InitTorchtitanWeights(part, static_cast<uint64_t>(config_.debug.seed.value_or(0)));
     const fsdp2::FSDPModule root = units.back();
     units.pop_back();
@@ -297,13 +302,19 @@ Trainer::~Trainer() = default;
 at::Tensor Trainer::Forward(const TokenBatch& batch) { return model_(batch.input, batch.positions); }
 
 TokenBatch Trainer::LocalTokens(TokenBatch batch) const {
-  if (!meshes_.cp) return batch;
-  const int64_t rank = meshes_.cp->coordinate()[0], cp = meshes_.cp->size();
-  const bool balanced = config_.parallelism.context_parallel_load_balancer.has_value();
-  if (!batch.positions.defined()) batch.positions = at::arange(batch.input.size(1), at::kLong).unsqueeze(0);
-  batch.input = context_parallel::ShardSequence(batch.input, 1, rank, cp, balanced);
-  batch.labels = context_parallel::ShardSequence(batch.labels, 1, rank, cp, balanced);
-  batch.positions = context_parallel::ShardSequence(batch.positions, 1, rank, cp, balanced);
+  if (meshes_.cp) {
+    const int64_t rank = meshes_.cp->coordinate()[0], cp = meshes_.cp->size();
+    const bool balanced = config_.parallelism.context_parallel_load_balancer.has_value();
+    if (!batch.positions.defined()) batch.positions = at::arange(batch.input.size(1), at::kLong).unsqueeze(0);
+    batch.input = context_parallel::ShardSequence(batch.input, 1, rank, cp, balanced);
+    batch.labels = context_parallel::ShardSequence(batch.labels, 1, rank, cp, balanced);
+    batch.positions = context_parallel::ShardSequence(batch.positions, 1, rank, cp, balanced);
+  }
+  if (!device_.is_cpu()) {
+    for (at::Tensor* t : {&batch.input, &batch.labels, &batch.positions}) {
+      if (t->defined()) *t = t->to(device_);
+    }
+  }
   return batch;
 }
 
@@ -327,10 +338,10 @@ StepResult Trainer::Step(bool global_metrics) {
   // global_valid_tokens: the batch mesh's sum, before any forward (every micro-batch's loss
   // divides by it).
   r.global_tokens =
-      AllReduce(meshes_.loss, at::tensor({local_valid}, at::kLong), comm::ReduceOp::Sum()).item<int64_t>();
+      AllReduce(meshes_.loss, at::tensor({local_valid}, at::kLong).to(device_), comm::ReduceOp::Sum()).item<int64_t>();
   TORCH_CHECK(r.global_tokens > 0, "step ", r.step, ": the global batch has no valid token");
   if (pipeline_ != nullptr) return PipelinedStep(r, micro_batches, local_valid, global_metrics, start);
-  at::Tensor accumulated = at::zeros({}, at::kFloat);
+  at::Tensor accumulated = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
   const Clock::time_point model_start = Clock::now();
   for (const TokenBatch& batch : micro_batches) {
     const at::Tensor loss = CrossEntropySum(Forward(batch), batch.labels) / static_cast<double>(r.global_tokens);
@@ -365,7 +376,8 @@ StepResult Trainer::FinishStep(StepResult r, const at::Tensor& loss_sum, int64_t
     return r;
   }
   r.loss = AllReduce(meshes_.loss, loss_sum, comm::ReduceOp::Sum()).item<double>();
-  r.max_loss = AllReduce(meshes_.loss, at::tensor({local_mean}, at::kDouble), comm::ReduceOp::Max()).item<double>();
+  r.max_loss =
+      AllReduce(meshes_.loss, at::tensor({local_mean}, at::kDouble).to(device_), comm::ReduceOp::Max()).item<double>();
   TORCH_CHECK(std::isfinite(r.loss), "step ", r.step, ": the loss is not finite (global_avg_loss=", r.loss,
               "); stopping training");
   r.seconds = Seconds(start);
@@ -426,7 +438,7 @@ Trainer::ValidationResult Trainer::Validate() {
   TORCH_CHECK(batches > 0, "validator.dataset_path ", config_.validator.dataset_path,
               ": fewer windows than one global batch of local_batch_size * data-parallel degree = ",
               t.local_batch_size * meshes_.dp_size);
-  at::Tensor sums = at::zeros({2}, at::kDouble);  // loss sum, valid tokens
+  at::Tensor sums = at::zeros({2}, at::TensorOptions(at::kDouble).device(device_));  // loss sum, valid tokens
   ValidationResult result;
   for (int64_t b = 0; b < batches; ++b) {
     const TokenBatch batch = LocalTokens(loader.NextBatch());
@@ -446,7 +458,7 @@ Trainer::ValidationResult Trainer::Validate() {
 
 void Trainer::Train(std::ostream& log) {
   const bool writes = world_->rank() == 0 || config_.metrics.save_for_all_ranks;
-  MetricsLog metrics(config_, world_->rank(), writes ? &log : nullptr, flops_per_token_, degrees_.tp);
+  MetricsLog metrics(config_, world_->rank(), writes ? &log : nullptr, flops_per_token_, degrees_.tp, device_);
   const CheckpointConfig& ck = config_.checkpoint;
   if (const int64_t loaded = LoadCheckpoint(); loaded >= 0 && writes) {
     log << "loaded the checkpoint of step " << loaded << " from " << checkpointer_->StepDirectory(loaded)

@@ -20,6 +20,7 @@
 #ifndef FSDP_TRAIN_TRAINER_H_
 #define FSDP_TRAIN_TRAINER_H_
 
+#include <c10/core/Device.h>
 #include <torch/optim/adamw.h>
 
 #include <chrono>
@@ -69,7 +70,11 @@ struct StepResult {
 
 class Trainer {
  public:
-  Trainer(const JobConfig& config, comm::ProcessGroupPtr world);
+  // `device`: where this rank trains, the CPU (over a Gloo world) or a CUDA device (over
+  // NCCL; torchtitan's cuda:LOCAL_RANK): the model, its gradients and optimizer state, each
+  // batch and the loss and token-count reductions live there. Pipeline parallelism runs on
+  // the CPU only (a c10::Error on CUDA).
+  Trainer(const JobConfig& config, comm::ProcessGroupPtr world, c10::Device device = c10::Device(c10::kCPU));
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -131,8 +136,9 @@ class Trainer {
 
  private:
   at::Tensor Forward(const TokenBatch& batch);
-  // This rank's tokens of a data-parallel batch: with context parallelism its part of each
-  // row's sequence (input, labels and positions alike; head-tail with the load balancer).
+  // This rank's tokens of a data-parallel batch, on its device: with context parallelism its
+  // part of each row's sequence (input, labels and positions alike; head-tail with the load
+  // balancer).
   TokenBatch LocalTokens(TokenBatch batch) const;
   // dump_folder/checkpoint.folder: the step-<N> checkpoints and the Hugging Face export.
   std::string CheckpointFolder() const;
@@ -150,6 +156,7 @@ class Trainer {
   JobConfig config_;
   ResolvedDegrees degrees_;
   comm::ProcessGroupPtr world_;
+  c10::Device device_;
   models::llama::LlamaConfig model_config_;
   ParallelMeshes meshes_;
   models::llama::LlamaForCausalLM model_{nullptr};

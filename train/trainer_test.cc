@@ -30,6 +30,7 @@
 #include "testing/multi_rank.h"
 #include "testing/test_dir.h"
 #include "train/config.h"
+#include "train/metrics_log.h"
 #include "train/parallelize.h"
 #include "train/trainer.h"
 #include "train/trainer_test_support.h"
@@ -485,6 +486,18 @@ TEST(TorchtitanFlopsPerToken, IsTorchtitansCount) {
     ++checked;
   }
   EXPECT_EQ(checked, 18);
+}
+
+// The peak FLOP/s MFU divides by on a CUDA device equals torchtitan's get_peak_flops for each
+// device name of train/testdata/golden_peak_flops.txt (testing/golden/gen_train.py).
+TEST(TorchtitanPeakFlops, IsTorchtitansForEachDeviceName) {
+  int checked = 0;
+  for (const auto& f : fsdp::testing::ReadGoldenFile("train/testdata/golden_peak_flops.txt")) {
+    if (f[0] != "peak_flops") continue;
+    EXPECT_EQ(TorchtitanPeakFlops(f[1]), fsdp::testing::GoldenNum(f[2])) << f[1];
+    ++checked;
+  }
+  EXPECT_EQ(checked, 21);
 }
 
 }  // namespace

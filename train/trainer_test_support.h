@@ -1,4 +1,5 @@
-// What the trainer's tests share (trainer_test.cc, trainer_resume_test.cc): the small job on
+// What the trainer's tests share (trainer_test.cc, trainer_resume_test.cc,
+// trainer_device_test.cc): the small job on
 // the shipped corpus, a run of it on threaded ranks, and the tolerance a run on a mesh is held
 // to against one rank.
 #ifndef FSDP_TRAIN_TRAINER_TEST_SUPPORT_H_

@@ -4,6 +4,7 @@ Run with the peer venv's python (`./x golden` does; the peer venv has torchtitan
 
   train/testdata/golden_lr_schedule.txt     read by train/lr_scheduler_test.cc
   train/testdata/golden_config_defaults.toml  read by train/config_test.cc
+  train/testdata/golden_peak_flops.txt      read by train/trainer_test.cc
 
 Each case builds torchtitan's own LRSchedulersContainer (components/optimizer/lr_scheduler.py,
 LRSchedulersContainer.Config(...).build) over a torch.optim.AdamW and records the learning
@@ -267,10 +268,48 @@ def write_pipeline_splits():
     golden.write()
 
 
+PEAK_GOLDEN = "train/testdata/golden_peak_flops.txt"
+PEAK_DOC = f"""
+torchtitan {torchtitan.__version__}'s peak FLOP/s of a device by its name (torchtitan/tools/utils.py:
+get_peak_flops, with `lspci` absent so that the name decides), read by train/trainer_test.cc;
+fields tab-separated:
+  peak_flops <device name as torch.cuda.get_device_name gives it> <FLOP/s, repr>
+"""
+# Names as torch.cuda.get_device_name reports them, one or more per branch of the table, and
+# some it does not know (its A100 fallback).
+DEVICE_NAMES = [
+    "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA RTX A6000", "NVIDIA H100 80GB HBM3",
+    "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA H20", "NVIDIA GB200",
+    "NVIDIA GB300", "NVIDIA B200", "NVIDIA B300 SXM6 AC", "AMD Instinct MI355X", "AMD Instinct MI300X",
+    "AMD Instinct MI325X", "AMD Instinct MI250X", "NVIDIA L40S", "nvidia l40s", "Tesla V100-SXM2-16GB",
+    "NVIDIA GeForce RTX 4090",
+]
+
+
+def write_peak_flops():
+    import subprocess
+
+    from torchtitan.tools import utils
+
+    def no_lspci(*args, **kwargs):
+        raise FileNotFoundError("lspci")
+
+    golden = gc.GoldenFile(PEAK_GOLDEN, PEAK_DOC)
+    run, subprocess.run = subprocess.run, no_lspci
+    try:
+        for name in DEVICE_NAMES:
+            golden.add(f"peak_flops\t{name}\t{utils.get_peak_flops(name)!r}")
+            golden.records += 1
+    finally:
+        subprocess.run = run
+    golden.write()
+
+
 def main():
     gc.quiet_torch()
     start = time.time()
     write_config_defaults()
+    write_peak_flops()
     write_sac_save_ops()
     write_pipeline_splits()
     golden = gc.GoldenFile(GOLDEN, DOC)
