@@ -2,6 +2,8 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "device/internal/cuda_info.h"
 
 namespace fsdp::device::internal {
@@ -9,14 +11,14 @@ namespace {
 
 cudaDeviceProp Properties(c10::DeviceIndex index) {
   int count = 0;
-  const cudaError_t counted = cudaGetDeviceCount(&count);  // no driver or no device: an error
-  if (counted != cudaSuccess) {
+  std::string why;  // no driver or no device is an error of cudaGetDeviceCount
+  if (const cudaError_t counted = cudaGetDeviceCount(&count); counted != cudaSuccess) {
     (void)cudaGetLastError();
     count = 0;
+    why = std::string(" (cudaGetDeviceCount: ") + cudaGetErrorString(counted) + ")";
   }
   TORCH_CHECK(index >= 0 && index < count, "device cuda:", static_cast<int>(index), " does not exist: ", count,
-              " CUDA device(s) visible", counted == cudaSuccess ? "" : " (cudaGetDeviceCount: ",
-              counted == cudaSuccess ? "" : cudaGetErrorString(counted), counted == cudaSuccess ? "" : ")");
+              " CUDA device(s) visible", why);
   cudaDeviceProp properties{};
   const cudaError_t status = cudaGetDeviceProperties(&properties, index);
   TORCH_CHECK(status == cudaSuccess, "cudaGetDeviceProperties(cuda:", static_cast<int>(index),

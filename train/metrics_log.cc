@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "device/device_info.h"
 #include "metrics/allocation_window.h"
 #include "metrics/step_metrics.h"
@@ -49,27 +50,25 @@ std::string LocalMinute() {
   return buf;
 }
 
-bool Contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
-
 }  // namespace
 
 double TorchtitanPeakFlops(const std::string& name) {
   // torchtitan's order of tests, which matters ("H20" is in "H200", "B200" in "GB200").
-  if (Contains(name, "A100")) return 312e12;
-  if (Contains(name, "A6000")) return 154.85e12;
-  if (Contains(name, "H100")) {
-    if (Contains(name, "NVL")) return 835e12;
-    if (Contains(name, "PCIe")) return 756e12;
+  if (absl::StrContains(name, "A100")) return 312e12;
+  if (absl::StrContains(name, "A6000")) return 154.85e12;
+  if (absl::StrContains(name, "H100")) {
+    if (absl::StrContains(name, "NVL")) return 835e12;
+    if (absl::StrContains(name, "PCIe")) return 756e12;
     return 989e12;
   }
-  if (Contains(name, "H200")) return 989e12;
-  if (Contains(name, "H20")) return 148e12;
-  if (Contains(name, "GB200") || Contains(name, "GB300")) return 2.5e15;
-  if (Contains(name, "B300") || Contains(name, "B200")) return 2.25e15;
-  if (Contains(name, "MI355X")) return 2500e12;
-  if (Contains(name, "MI300X") || Contains(name, "MI325X")) return 1300e12;
-  if (Contains(name, "MI250X")) return 191.5e12;
-  if (Contains(name, "l40s")) return 362e12;  // torchtitan's spelling: "NVIDIA L40S" falls through
+  if (absl::StrContains(name, "H200")) return 989e12;
+  if (absl::StrContains(name, "H20")) return 148e12;
+  if (absl::StrContains(name, "GB200") || absl::StrContains(name, "GB300")) return 2.5e15;
+  if (absl::StrContains(name, "B300") || absl::StrContains(name, "B200")) return 2.25e15;
+  if (absl::StrContains(name, "MI355X")) return 2500e12;
+  if (absl::StrContains(name, "MI300X") || absl::StrContains(name, "MI325X")) return 1300e12;
+  if (absl::StrContains(name, "MI250X")) return 191.5e12;
+  if (absl::StrContains(name, "l40s")) return 362e12;  // torchtitan's spelling: "NVIDIA L40S" falls through
   return 312e12;
 }
 
@@ -92,11 +91,9 @@ MetricsLog::MetricsLog(const JobConfig& config, int rank, std::ostream* out, dou
       flops_per_token_(flops_per_token),
       non_dp_size_(non_dp_size),
       last_log_(std::chrono::steady_clock::now()) {
-  TORCH_CHECK(device.is_cpu() || (device.is_cuda() && device.has_index()),
-              "MetricsLog: device must be the CPU or a CUDA device with an index, got ", device.str());
+  memory_capacity_ = static_cast<double>(device::DeviceMemoryBytes(device));  // checks the device
   if (device.is_cpu()) memory_ = std::make_unique<metrics::AllocationWindow>();
   ResetPeakMemory();
-  memory_capacity_ = static_cast<double>(device::DeviceMemoryBytes(device));
   if (out_ == nullptr) return;
   peak_flops_ = device.is_cpu() ? metrics::MeasureMatmulPeakFlops() : TorchtitanPeakFlops(device::DeviceName(device));
   if (config.metrics.enable_jsonl) {
