@@ -243,20 +243,24 @@ void PipelineSchedule::InferMetaIfNeeded(const std::vector<std::vector<at::Tenso
     } else if (previous_stage == s->stage_index() - 1) {
       inputs = previous;
     } else {
-      at::Tensor length = at::empty({1}, at::kLong);
+      // The messages live on the stage's device, which its group moves (PyTorch's
+      // recv_object_list(device=self.device)).
+      const at::TensorOptions on_device = at::TensorOptions(at::kLong).device(s->device());
+      at::Tensor length = at::empty({1}, on_device);
       const int src = stage_to_rank_(s->stage_index() - 1);
       group->recv(length, src, meta_tag_base + s->stage_index())->wait();
-      TORCH_CHECK(length.item<int64_t>() >= 1, "stage ", s->stage_index(), ": bad metadata length");
-      at::Tensor payload = at::empty({length.item<int64_t>()}, at::kLong);
+      const int64_t n = length.item<int64_t>();
+      TORCH_CHECK(n >= 1, "stage ", s->stage_index(), ": bad metadata length ", n);
+      at::Tensor payload = at::empty({n}, on_device);
       group->recv(payload, src, meta_tag_base + s->stage_index())->wait();
-      inputs = DecodeMeta(payload, s->stage_index());
+      inputs = DecodeMeta(payload.cpu(), s->stage_index());
     }
     previous = s->InferMeta(s->is_first() ? arg_mbs[0] : std::vector<at::Tensor>{}, inputs,
                             kwarg_mbs.empty() ? std::vector<at::Tensor>{} : kwarg_mbs[0]);
     previous_stage = s->stage_index();
     if (!s->is_last() && stage_to_rank_(s->stage_index() + 1) != group->rank()) {
-      at::Tensor payload = EncodeMeta(previous);
-      at::Tensor length = at::tensor(std::vector<int64_t>{payload.numel()}, at::kLong);
+      at::Tensor payload = EncodeMeta(previous).to(s->device());
+      at::Tensor length = at::tensor(std::vector<int64_t>{payload.numel()}, at::kLong).to(s->device());
       const int dst = stage_to_rank_(s->stage_index() + 1);
       in_flight.push_back(length);
       in_flight.push_back(payload);

@@ -90,6 +90,7 @@ PipelineStage::PipelineStage(std::shared_ptr<torch::nn::Module> module, StageFor
       stage_index_(stage_index),
       num_stages_(num_stages),
       group_(std::move(group)),
+      device_(options.device),
       inputs_(std::move(options.inputs)),
       outputs_(std::move(options.outputs)),
       data_parallel_(std::move(options.data_parallel)),
@@ -133,7 +134,8 @@ std::vector<TensorMeta> PipelineStage::InferMeta(const std::vector<at::Tensor>& 
   if (is_first()) {
     in = first_args;
   } else {
-    for (const TensorMeta& m : inputs) in.push_back(at::zeros(m.sizes, at::TensorOptions().dtype(m.dtype)));
+    for (const TensorMeta& m : inputs)
+      in.push_back(at::zeros(m.sizes, at::TensorOptions().dtype(m.dtype).device(device_)));
   }
   std::vector<TensorMeta> in_meta;
   for (const at::Tensor& t : in) in_meta.push_back(TensorMeta::Of(t));
@@ -194,7 +196,7 @@ void PipelineStage::ForwardRecvOps(int mb, P2POps& ops) {
   ops.clear();
   m.inputs.clear();
   for (const TensorMeta& meta : inputs_) {
-    m.inputs.push_back(at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)));
+    m.inputs.push_back(at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype).device(device_)));
     ops.push_back({comm::ProcessGroup::P2POp::Kind::kRecv, m.inputs.back(), PrevRank(), 2 * (stage_index_ - 1)});
   }
   m.inputs_set = true;
@@ -228,7 +230,7 @@ void PipelineStage::BackwardRecvOps(int mb, P2POps& ops) {
   m.output_grads.clear();
   for (const TensorMeta& meta : outputs_) {
     if (!IsDifferentiable(meta.dtype)) continue;
-    m.output_grads.push_back(at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype)));
+    m.output_grads.push_back(at::empty(meta.sizes, at::TensorOptions().dtype(meta.dtype).device(device_)));
     ops.push_back(
         {comm::ProcessGroup::P2POp::Kind::kRecv, m.output_grads.back(), NextRank(), 2 * (stage_index_ + 1) - 1});
   }

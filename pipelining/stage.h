@@ -28,6 +28,7 @@
 #define FSDP_PIPELINING_STAGE_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
@@ -79,6 +80,11 @@ struct PipelineStageOptions {
   // Static metadata of one microbatch's inputs and outputs; empty: inferred at the first step.
   std::vector<TensorMeta> inputs;
   std::vector<TensorMeta> outputs;
+  // Where the stage computes (PyTorch's `device` argument): its receive buffers, the inputs of
+  // its metadata inference and the metadata messages are allocated there. The module's
+  // parameters and the first stage's arguments must live there too, and `group` must move
+  // tensors of it (NCCL: a CUDA device; Gloo: the CPU).
+  c10::Device device = c10::kCPU;
   // The data-parallel wrapper of `module`, if any (null: none; UNSHARD, RESHARD do nothing).
   std::shared_ptr<StageDataParallel> data_parallel;
   // The input half of a split backward (I) runs the whole backward and the weight half (W)
@@ -106,6 +112,7 @@ class PipelineStage {
   torch::nn::Module& module() { return *module_; }
   const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
   const comm::ProcessGroupPtr& group() const { return group_; }
+  c10::Device device() const { return device_; }
   StageDataParallel* data_parallel() const { return data_parallel_.get(); }
   // Empty until given or inferred.
   const std::vector<TensorMeta>& input_meta() const { return inputs_; }
@@ -171,6 +178,7 @@ class PipelineStage {
   int stage_index_;
   int num_stages_;
   comm::ProcessGroupPtr group_;
+  c10::Device device_;
   std::vector<TensorMeta> inputs_;
   std::vector<TensorMeta> outputs_;
   std::shared_ptr<StageDataParallel> data_parallel_;

@@ -16,8 +16,9 @@
 # - RingAttention.Cuda*: context parallelism's ring over ATen's CUDA attention kernels;
 # - Stager.Cuda*: async checkpoint staging of CUDA parameters into pinned buffers on a side
 #   stream (torchtitan's async_with_pinned_mem);
-# - TrainerDevice.*: the trainer on cuda:0 against the CPU; then `train` on the debugmodel
-#   config in bfloat16 on one GPU (torchtitan's log line: tokens/s, MFU);
+# - TrainerDevice.*: the trainer on cuda:0 (one rank; two pipeline stages) against the CPU;
+#   then `train` on the debugmodel config in bfloat16 on one GPU (torchtitan's log line:
+#   tokens/s, MFU);
 # - the demo on CUDA under torchrun, one rank per GPU;
 # - bench/e2e side by side with PyTorch's FSDP2 on the same GPUs: step times, and one profiled
 #   step of each as a Chrome trace (does the all-gather overlap compute?).

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "fsdp/fsdp2/clip_grad_norm.h"
@@ -49,12 +50,17 @@ double ClipGradNormAcrossStages(const std::vector<torch::nn::Module*>& stage_mod
   TORCH_CHECK(norm_type > 0, "ClipGradNormAcrossStages: norm_type must be > 0 or +inf, got ", norm_type);
   // Each stage's norm over its own meshes (max_norm = inf: measure, clip nothing), combined.
   double local = 0;
+  std::optional<c10::Device> device;  // the parameters', where the pipeline group moves tensors
   for (torch::nn::Module* m : stage_modules) {
     TORCH_CHECK(m != nullptr, "ClipGradNormAcrossStages: a stage module is null");
+    if (!device) {
+      const std::vector<at::Tensor> params = m->parameters();
+      if (!params.empty()) device = params.front().device();
+    }
     const double n = fsdp2::clip_grad_norm_(*m, std::numeric_limits<double>::infinity(), norm_type).item<double>();
     local = inf ? std::max(local, n) : local + std::pow(n, norm_type);
   }
-  at::Tensor total = at::tensor({local}, at::kDouble);
+  at::Tensor total = at::tensor({local}, at::kDouble).to(device.value_or(c10::kCPU));
   if (pp->size() > 1) pp->all_reduce(total, inf ? comm::ReduceOp::Max() : comm::ReduceOp::Sum())->wait();
   const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
   // torch.nn.utils.clip_grads_with_norm_'s formula.

@@ -70,8 +70,6 @@ Trainer::Trainer(const JobConfig& config, comm::ProcessGroupPtr world, c10::Devi
               "Trainer: device must be the CPU or a CUDA device with an index, got ", device_.str());
   // Everything a bad config or file can fail is checked before any collective or allocation.
   degrees_ = ValidateConfig(config_, world_->size());
-  TORCH_CHECK(device_.is_cpu() || degrees_.pp == 1, "parallelism.pipeline_parallel_degree = ", degrees_.pp,
-              ": pipeline parallelism runs on the CPU only for now (this rank trains on ", device_.str(), ")");
   model_config_ = ResolveModelConfig(config_, degrees_.tp);
   TORCH_CHECK(!config_.dataloader.dataset_path.empty(),
               "dataloader.dataset_path is empty: a prepared dataset is required (docs/guide/data_format.md)");
@@ -250,6 +248,7 @@ void Trainer::BuildPipeline() {
     const fsdp2::FSDPModule root = units.back();
     units.pop_back();
     pipelining::PipelineStageOptions options;
+    options.device = device_;
     options.data_parallel = std::make_shared<FsdpStageDataParallel>(root, units);
     // Our activation checkpointing is reentrant: the zero-bubble schedules' input halves
     // run whole backwards (torchtitan's non-reentrant checkpoint splits them).
@@ -392,7 +391,7 @@ StepResult Trainer::PipelinedStep(StepResult r, const std::vector<TokenBatch>& m
                                   bool global_metrics, Clock::time_point start) {
   Pipeline& pl = *pipeline_;
   pl.global_tokens = static_cast<double>(r.global_tokens);
-  at::Tensor accumulated = at::zeros({}, at::kFloat);
+  at::Tensor accumulated = at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
   const Clock::time_point model_start = Clock::now();
   for (const TokenBatch& batch : micro_batches) {
     std::vector<at::Tensor> losses;
@@ -416,7 +415,7 @@ at::Tensor Trainer::ValidationLossSum(const TokenBatch& batch) {
   pl.global_tokens = 1;  // the schedule's loss is then each microbatch's sum
   std::vector<at::Tensor> losses;
   pl.schedule->eval({batch.input}, batch.labels, &losses, {batch.positions});
-  at::Tensor sum = at::zeros({}, at::kDouble);
+  at::Tensor sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device_));
   for (const at::Tensor& loss : losses) sum += loss.to(at::kDouble);
   return sum;
 }

@@ -72,8 +72,8 @@ class Trainer {
  public:
   // `device`: where this rank trains, the CPU (over a Gloo world) or a CUDA device (over
   // NCCL; torchtitan's cuda:LOCAL_RANK): the model, its gradients and optimizer state, each
-  // batch and the loss and token-count reductions live there. Pipeline parallelism runs on
-  // the CPU only (a c10::Error on CUDA).
+  // batch and the loss and token-count reductions live there, and with a pipeline each
+  // stage's receive buffers and messages (PipelineStageOptions::device).
   Trainer(const JobConfig& config, comm::ProcessGroupPtr world, c10::Device device = c10::Device(c10::kCPU));
   ~Trainer();
   Trainer(const Trainer&) = delete;
