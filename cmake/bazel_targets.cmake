@@ -370,7 +370,7 @@ fsdp_cc_test(//examples:restart_test SIZE medium SMOKE SMOKE_FILTER "-TorchrunRe
   SRCS restart_test.cc
   ARGS FSDP_TARGET_FILE://examples:fsdp2_demo
   TAGS float_parity peer_python
-  DEPS //testing:test_dir //fsdp/fsdp2 //testing:free_port //testing:multi_rank
+  DEPS //comm //testing:test_dir //fsdp/fsdp2 //testing:free_port //testing:multi_rank
        //testing:peer_python @libtorch @system//:absl @system//:gtest)
 
 # ================================================================ //examples/llama

@@ -25,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "comm/work.h"
 #include "fsdp/fsdp2/state_dict.h"
 #include "testing/free_port.h"
 #include "testing/multi_rank.h"
@@ -91,10 +92,11 @@ std::vector<RankExit> RunDemoProcesses(int world, const std::string& fault, cons
 }
 
 // A survivor's exit is bounded by the lost connection's detection plus rank 0's exit grace
-// (comm/internal/tcp_store.cc), not by the collective timeout (comm::kDefaultTimeout, 5 min).
-// The deadline is a fifth of that timeout: exiting within it shows the survivors stopped on
-// the lost rank and not on the timeout, with room for a loaded machine's slow detection.
-constexpr double kSurvivorExitDeadlineSeconds = 60.0;
+// (comm/internal/tcp_store.cc), not by the collective timeout (comm::kDefaultTimeout, which
+// the demo's groups use). The deadline is a fifth of that timeout: exiting within it shows
+// the survivors stopped on the lost rank and not on the timeout, with room for a loaded
+// machine's slow detection.
+constexpr double kSurvivorExitDeadlineSeconds = std::chrono::duration<double>(fsdp::comm::kDefaultTimeout).count() / 5;
 
 TEST(KilledRank, EverySurvivorPrintsOneLineAndExitsNonZeroBeforeTheTimeout) {
   const std::string dir = NewDir("killed");
